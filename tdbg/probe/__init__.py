@@ -1,0 +1,1 @@
+"""The probe: runs inside the training process, gathers what the TUI shows and serves it."""

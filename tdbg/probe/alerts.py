@@ -1,0 +1,200 @@
+"""Alert rules over resolved steps: non-finite values, missing grads, spikes, stalls, lr 0."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from tdbg.protocol import StepRecord
+
+WINDOW = 100  # recent values a robust z-score is measured against
+MIN_HISTORY = 20  # no spike verdict before this many values
+SPIKE_Z = 8.0  # robust z-score (median/MAD) that counts as a spike
+SPIKE_RATIO = 3.0  # and the value must also be this many times the median
+STALL_FACTOR = 20.0  # a step this many times slower than the median step is a stall...
+STALL_MIN_S = 5.0  # ...and at least this long
+LR_ZERO_STEPS = 3  # lr must stay 0 this many steps (warm-up may start at 0)
+MAX_NAMED = 8  # layers named in one message
+
+
+def alert(kind: str, severity: str, step: int, message: str, layers: Sequence[str] = ()) -> dict:
+    return {
+        "type": "alert",
+        "kind": kind,
+        "severity": severity,
+        "step": step,
+        "time": time.time(),
+        "message": message,
+        "layers": list(layers),
+    }
+
+
+def _names(layers: Sequence[str]) -> str:
+    shown = ", ".join(layers[:MAX_NAMED])
+    return shown + (f" and {len(layers) - MAX_NAMED} more" if len(layers) > MAX_NAMED else "")
+
+
+def robust_z(value: float, history: Sequence[float]) -> float:
+    """How many robust standard deviations (1.4826 MAD) ``value`` lies above the median."""
+    med = statistics.median(history)
+    mad = statistics.median(abs(v - med) for v in history) * 1.4826
+    scale = mad if mad > 0 else max(abs(med) * 1e-3, 1e-12)
+    return (value - med) / scale
+
+
+class AlertRules:
+    """Turns each resolved step into zero or more alerts; a condition alerts on onset only."""
+
+    def __init__(self, layer_names: Sequence[str]) -> None:
+        self.layer_names = list(layer_names)
+        self._losses: deque[float] = deque(maxlen=WINDOW)
+        self._grad_totals: deque[float] = deque(maxlen=WINDOW)
+        self._step_times: deque[float] = deque(maxlen=WINDOW)
+        self._active: dict[str, Any] = {}
+        self._lr_zero_run = 0
+        self.stalled_since: float | None = None
+
+    def _onset(self, key: str, value: Any) -> bool:
+        """True when condition ``key`` starts or changes value; False while it persists."""
+        changed = self._active.get(key) != value
+        self._active[key] = value
+        return changed and value is not None
+
+    def check_step(self, rec: StepRecord, missing_layers: Sequence[int] = ()) -> list[dict]:
+        out: list[dict] = []
+        step = rec.step
+        if rec.loss is not None:
+            if not math.isfinite(rec.loss):
+                if self._onset("loss", "nonfinite"):
+                    out.append(
+                        alert("nonfinite_loss", "error", step, f"loss is {rec.loss} at step {step}")
+                    )
+            else:
+                self._active["loss"] = None
+                if len(self._losses) >= MIN_HISTORY and rec.loss > 0:
+                    z = robust_z(rec.loss, self._losses)
+                    med = statistics.median(self._losses)
+                    if z > SPIKE_Z and rec.loss > SPIKE_RATIO * max(med, 1e-12):
+                        out.append(
+                            alert(
+                                "loss_spike",
+                                "warning",
+                                step,
+                                f"loss spiked to {rec.loss:.4g} (median {med:.4g}, z={z:.0f})",
+                            )
+                        )
+                self._losses.append(rec.loss)
+        if rec.grad_norms is not None:
+            out.extend(self._check_grads(rec, missing_layers))
+        if rec.lr:
+            zero = [i for i, lr in enumerate(rec.lr) if lr == 0.0]
+            self._lr_zero_run = self._lr_zero_run + 1 if zero else 0
+            key = tuple(zero) if self._lr_zero_run >= LR_ZERO_STEPS else None
+            if key is None and not zero:
+                self._active["lr"] = None
+            elif key is not None and self._onset("lr", key):
+                groups = ", ".join(str(i) for i in zero)
+                out.append(
+                    alert(
+                        "lr_zero",
+                        "warning",
+                        step,
+                        f"learning rate is 0 in param group(s) {groups} — nothing is learning",
+                    )
+                )
+        if math.isfinite(rec.step_time) and rec.step_time > 0:
+            self._step_times.append(rec.step_time)
+        return out
+
+    def _check_grads(self, rec: StepRecord, missing_layers: Sequence[int]) -> list[dict]:
+        out: list[dict] = []
+        step, norms, names = rec.step, rec.grad_norms or (), self.layer_names
+        bad = [names[i] for i, v in enumerate(norms) if not math.isfinite(v)]
+        if bad:
+            if self._onset("grad_nonfinite", tuple(bad)):
+                out.append(
+                    alert(
+                        "nonfinite_grad",
+                        "error",
+                        step,
+                        f"non-finite gradient in {_names(bad)}",
+                        bad,
+                    )
+                )
+        else:
+            self._active["grad_nonfinite"] = None
+        missing = [names[i] for i in missing_layers]
+        if self._onset("no_grad", tuple(missing) or None) and missing:
+            out.append(
+                alert(
+                    "no_grad",
+                    "warning",
+                    step,
+                    f"no gradient reached {_names(missing)} (frozen by mistake? detached?)",
+                    missing,
+                )
+            )
+        missing_set = set(missing_layers)
+        zero = [names[i] for i, v in enumerate(norms) if v == 0.0 and i not in missing_set]
+        if self._onset("zero_grad", tuple(zero) or None) and zero:
+            out.append(
+                alert(
+                    "zero_grad",
+                    "warning",
+                    step,
+                    f"all-zero gradient in {_names(zero)} (dead units? detached branch?)",
+                    zero,
+                )
+            )
+        total = rec.grad_total
+        if total is not None and math.isfinite(total):
+            if len(self._grad_totals) >= MIN_HISTORY and total > 0:
+                logs = [math.log10(v) for v in self._grad_totals if v > 0]
+                if len(logs) >= MIN_HISTORY:
+                    z = robust_z(math.log10(total), logs)
+                    med = 10 ** statistics.median(logs)
+                    if z > SPIKE_Z and total > SPIKE_RATIO * med:
+                        top = sorted(range(len(norms)), key=lambda i: -norms[i])[:3]
+                        worst = [names[i] for i in top]
+                        out.append(
+                            alert(
+                                "exploding_grad",
+                                "warning",
+                                step,
+                                f"gradient norm jumped to {total:.3g} "
+                                f"(median {med:.3g}); largest in {_names(worst)}",
+                                worst,
+                            )
+                        )
+            self._grad_totals.append(total)
+        return out
+
+    def check_stall(self, last_step: int, seconds_since_step: float) -> list[dict]:
+        """Called periodically by the probe thread: a loop with no step for far too long."""
+        if len(self._step_times) < 3:
+            return []
+        limit = max(STALL_MIN_S, STALL_FACTOR * statistics.median(self._step_times))
+        if seconds_since_step > limit and self.stalled_since is None:
+            self.stalled_since = time.time() - seconds_since_step
+            return [
+                alert(
+                    "stalled",
+                    "error",
+                    last_step,
+                    f"no step for {seconds_since_step:.0f} s after step {last_step} "
+                    f"(a step usually takes {statistics.median(self._step_times):.3g} s): "
+                    "hung dataloader, collective or deadlock?",
+                )
+            ]
+        return []
+
+    def check_resumed(self, step: int) -> list[dict]:
+        if self.stalled_since is None:
+            return []
+        stalled_for = time.time() - self.stalled_since
+        self.stalled_since = None
+        return [alert("resumed", "info", step, f"the loop resumed after {stalled_for:.0f} s")]

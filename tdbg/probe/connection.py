@@ -1,0 +1,132 @@
+"""One client connection as the probe's server sees it: buffers, deadlines, limits."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections import deque
+from typing import Any
+
+from tdbg.protocol import MAX_INBOUND_FRAME, Decoder, pack
+
+SOFT_LIMIT = 1 << 20  # bytes queued for a client...
+SOFT_LIMIT_SECONDS = 10.0  # ...for this long makes it a slow consumer
+HARD_LIMIT = 8 << 20  # bytes queued: a slow consumer at once
+HANDSHAKE_SECONDS = 5.0
+FRAME_SECONDS = 10.0  # a started frame must complete in this time (slowloris)
+REPLAY_SECONDS = 120.0  # a late client must take the history within this time
+RATE_PER_S = 20.0
+RATE_BURST = 40.0
+ERRORS_PER_MINUTE = 10
+SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+
+
+class Connection:
+    """Outbound data flows: ``backlog`` (history replay and anything queued behind it, packed
+    lazily) -> ``outbuf`` (encoded bytes) -> the kernel. Only ``outbuf`` and live messages count
+    against the slow-consumer limits, so a long history never gets a healthy client dropped."""
+
+    def __init__(self, sock: socket.socket, peer_pid: int) -> None:
+        self.sock = sock
+        self.peer_pid = peer_pid
+        self.decoder = Decoder(MAX_INBOUND_FRAME)
+        self.accepted_at = time.monotonic()
+        self.frame_started: float | None = None
+        self.handshaken = False
+        self.replaying = False
+        self.replay_started = 0.0
+        self.backlog: deque[dict[str, Any] | bytes] = deque()
+        self.outbuf = bytearray()
+        self.over_soft_since: float | None = None
+        self.error_times: deque[float] = deque()
+        self.tokens = RATE_BURST
+        self.refilled = time.monotonic()
+        self.dropped_messages = 0
+        self.closed = False
+
+    # --- outbound ---------------------------------------------------------------------------
+    def queue(self, frame: bytes) -> None:
+        if self.replaying:
+            self.backlog.append(frame)
+        else:
+            self.outbuf += frame
+
+    def start_replay(self, messages: list[dict[str, Any]]) -> None:
+        self.replaying = True
+        self.replay_started = time.monotonic()
+        self.backlog.extend(messages)
+
+    def refill_from_backlog(self) -> None:
+        while self.backlog and len(self.outbuf) < SOFT_LIMIT // 2:
+            item = self.backlog.popleft()
+            self.outbuf += item if isinstance(item, bytes) else pack(item)
+        if not self.backlog:
+            self.replaying = False
+
+    def flush(self) -> bool:
+        """Send what the kernel takes now; False when the peer is gone."""
+        self.refill_from_backlog()
+        while self.outbuf:
+            try:
+                sent = self.sock.send(self.outbuf, SEND_FLAGS)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:  # EPIPE, ECONNRESET: a disconnect, not an error
+                return False
+            del self.outbuf[:sent]
+            self.refill_from_backlog()
+        return True
+
+    @property
+    def wants_write(self) -> bool:
+        return bool(self.outbuf or self.backlog)
+
+    def slow_consumer(self, now: float) -> bool:
+        if self.replaying:
+            return now - self.replay_started > REPLAY_SECONDS
+        queued = len(self.outbuf)
+        if queued > HARD_LIMIT:
+            return True
+        if queued > SOFT_LIMIT:
+            if self.over_soft_since is None:
+                self.over_soft_since = now
+            return now - self.over_soft_since > SOFT_LIMIT_SECONDS
+        self.over_soft_since = None
+        return False
+
+    # --- inbound limits ---------------------------------------------------------------------
+    def take_token(self) -> bool:
+        """Token bucket: 20 commands/s, burst 40."""
+        now = time.monotonic()
+        self.tokens = min(RATE_BURST, self.tokens + (now - self.refilled) * RATE_PER_S)
+        self.refilled = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+    def count_error(self) -> bool:
+        """Record a protocol error; True when the connection has made too many this minute."""
+        now = time.monotonic()
+        self.error_times.append(now)
+        while self.error_times and now - self.error_times[0] > 60.0:
+            self.error_times.popleft()
+        return len(self.error_times) > ERRORS_PER_MINUTE
+
+    def timed_out(self, now: float) -> str | None:
+        if not self.handshaken and now - self.accepted_at > HANDSHAKE_SECONDS:
+            return "no hello within 5 s"
+        if self.decoder.mid_frame:
+            if self.frame_started is None:
+                self.frame_started = now
+            elif now - self.frame_started > FRAME_SECONDS:
+                return "frame not completed within 10 s"
+        else:
+            self.frame_started = None
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()

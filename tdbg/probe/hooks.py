@@ -1,0 +1,119 @@
+"""Forward and optimizer hooks that time the step's phases; every handle kept, all removable."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+perf = time.perf_counter
+
+
+class Mark:
+    """A point in the step: host time always, plus a CUDA event when the model runs on a GPU."""
+
+    __slots__ = ("host", "event")
+
+    def __init__(self, cuda: bool) -> None:
+        self.host = perf()
+        self.event: Any = None
+        if cuda:
+            # Recording an event is an asynchronous enqueue: no host-device sync.
+            self.event = torch.cuda.Event(enable_timing=True)
+            self.event.record()
+
+
+def span(start: Mark | None, end: Mark | None) -> float | None:
+    """Seconds between two marks, or None while a CUDA event is still pending.
+
+    Called from the probe thread; ``Event.query()`` never blocks.
+    """
+    if start is None or end is None:
+        return float("nan")
+    if start.event is not None and end.event is not None:
+        if not end.event.query():
+            return None
+        return float(start.event.elapsed_time(end.event)) / 1000.0
+    return end.host - start.host
+
+
+class StepTimeline:
+    """Marks of one step: forward start/end, optimizer start/end."""
+
+    __slots__ = ("forward_start", "forward_end", "optimizer_start", "optimizer_end")
+
+    def __init__(self) -> None:
+        self.forward_start: Mark | None = None
+        self.forward_end: Mark | None = None
+        self.optimizer_start: Mark | None = None
+        self.optimizer_end: Mark | None = None
+
+
+class PhaseHooks:
+    """Root-module forward hooks and optimizer step hooks feeding a StepTimeline.
+
+    One forward pre-hook and one forward hook on the root module (not per layer), so the cost is
+    two Python calls per forward. ``on_optimizer_step`` runs before the optimizer consumes the
+    gradients, whatever the user's ``zero_grad`` placement.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        cuda: bool,
+        on_optimizer_step: Callable[[], None],
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        self.cuda = cuda
+        self.timeline = StepTimeline()
+        self._on_optimizer_step = on_optimizer_step
+        self._on_error = on_error
+        self.handles: list[RemovableHandle] = [
+            model.register_forward_pre_hook(self._forward_pre),
+            model.register_forward_hook(self._forward_post),
+        ]
+        if optimizer is not None:
+            self.handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
+            self.handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+
+    def take(self) -> StepTimeline:
+        """Hand over this step's marks and start a fresh timeline."""
+        timeline, self.timeline = self.timeline, StepTimeline()
+        return timeline
+
+    def _forward_pre(self, module: nn.Module, args: Any) -> None:
+        try:
+            if self.timeline.forward_start is None and torch.is_grad_enabled():
+                self.timeline.forward_start = Mark(self.cuda)
+        except Exception as exc:
+            self._on_error(exc)
+
+    def _forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        try:
+            if torch.is_grad_enabled():
+                self.timeline.forward_end = Mark(self.cuda)
+        except Exception as exc:
+            self._on_error(exc)
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.timeline.optimizer_start = Mark(self.cuda)
+            self._on_optimizer_step()
+        except Exception as exc:
+            self._on_error(exc)
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.timeline.optimizer_end = Mark(self.cuda)
+        except Exception as exc:
+            self._on_error(exc)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()

@@ -1,0 +1,85 @@
+"""A step handed from the training thread to the probe thread, resolved once its copy is done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tdbg.probe.hooks import Mark, StepTimeline, span
+from tdbg.protocol import NAN, StepRecord
+
+
+@dataclass
+class PendingStep:
+    """What ``probe.step()`` knew, with device values still in flight.
+
+    ``values`` is a host tensor laid out as ``[loss?] + [total, layer_0, ...]`` (the loss first
+    only when ``loss_in_values``); on CUDA it is the target of one non-blocking copy and ``ready``
+    is the event recorded after it. The probe thread reads it only once ``ready.query()``.
+    """
+
+    step: int
+    time: float
+    lr: list[float]
+    step_time: float
+    samples: float
+    tokens: float
+    probe_time: float
+    timeline: StepTimeline
+    previous_end: Mark | None
+    step_mark: Mark
+    loss: float | None = None
+    loss_tensor: Any = None
+    loss_in_values: bool = False
+    values: Any = None
+    ready: Any = None
+    has_grads: bool = False
+    missing_layers: list[int] = field(default_factory=list)
+
+    def resolve(self) -> tuple[StepRecord, list[int]] | None:
+        """The finished record, or None while device work is pending. Never blocks."""
+        if self.ready is not None and not self.ready.query():
+            return None
+        tl = self.timeline
+        fwd_start, fwd_end = tl.forward_start, tl.forward_end
+        opt_start, opt_end = tl.optimizer_start, tl.optimizer_end
+        backward_end = opt_start if opt_start is not None else self.step_mark
+        spans = (
+            span(fwd_start, fwd_end),
+            span(fwd_end, backward_end),
+            span(opt_start, opt_end),
+        )
+        if any(s is None for s in spans):
+            return None
+        forward, backward, optimizer = (NAN if s is None else s for s in spans)
+        data = NAN
+        if self.previous_end is not None and fwd_start is not None:
+            data = max(0.0, fwd_start.host - self.previous_end.host)
+        loss = self.loss
+        grad_total: float | None = None
+        grad_norms: list[float] | None = None
+        if self.values is not None:
+            vals = self.values.tolist()
+            if self.loss_in_values:
+                loss, vals = vals[0], vals[1:]
+            if self.has_grads:
+                grad_total, grad_norms = vals[0], vals[1:]
+        if self.loss_tensor is not None:
+            loss = float(self.loss_tensor)  # a CPU tensor: already computed, no sync
+        record = StepRecord(
+            step=self.step,
+            time=self.time,
+            loss=loss,
+            lr=self.lr,
+            step_time=self.step_time,
+            samples=self.samples,
+            tokens=self.tokens,
+            data_time=data,
+            forward_time=forward,
+            backward_time=backward,
+            optimizer_time=optimizer,
+            probe_time=self.probe_time,
+            grad_total=grad_total,
+            grad_norms=grad_norms,
+        )
+        return record, self.missing_layers

@@ -1,0 +1,440 @@
+"""The probe's thread: a selector loop serving the socket, turning pending steps into records,
+keeping history and fanning each encoded batch out to every client."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from tdbg import __version__
+from tdbg.probe.alerts import AlertRules
+from tdbg.probe.connection import Connection
+from tdbg.probe.endpoint import Endpoint, EndpointError, peer_credentials
+from tdbg.probe.history import History
+from tdbg.probe.log import warn
+from tdbg.probe.pending import PendingStep
+from tdbg.probe.system import SystemSampler
+from tdbg.protocol import (
+    ErrorCode,
+    ProtocolError,
+    StepRecord,
+    negotiate,
+    pack,
+    pack_steps,
+    preamble,
+    validate_client_message,
+)
+
+TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
+STATS_SECONDS = 1.0  # system and probe messages
+INODE_CHECK_SECONDS = 10.0
+MAX_CLIENTS = 8
+INBOX_SIZE = 4096  # pending steps the training thread may run ahead of the probe thread
+MAX_RESOLVE_PER_TICK = 2000
+
+
+class ProbeServer:
+    """Owns the socket, the history and the probe thread(s); the training thread only appends
+    to ``inbox`` (a bounded deque: appending never blocks, the oldest is dropped when full)."""
+
+    def __init__(
+        self,
+        run_info: dict[str, Any],
+        layer_names: list[str],
+        layer_numel: list[int],
+        rank: int,
+        stats: Callable[[], dict[str, Any]],
+        on_error: Callable[[BaseException], None],
+        directory: Any = None,
+    ) -> None:
+        self.inbox: deque[PendingStep] = deque(maxlen=INBOX_SIZE)
+        self.appended = 0  # written by the training thread only
+        self.consumed = 0  # written by the probe thread only
+        self.layer_names = layer_names
+        self.layer_numel = layer_numel
+        self.history = History(len(layer_names))
+        self.rules = AlertRules(layer_names)
+        self.endpoint = Endpoint(rank, run_info, directory)
+        self._stats = stats
+        self._on_error = on_error
+        self._clients: list[Connection] = []
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._sampler = SystemSampler()
+        self.latest_system: dict[str, Any] | None = None
+        self.last_step: int | None = None
+        self.last_step_time = time.monotonic()
+        self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
+        self.rejected_peers = 0
+        self.serving = False
+        self.side_alerts: deque[dict[str, Any]] = deque(maxlen=64)  # from the training thread
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def start(self) -> bool:
+        """Bind and start the threads; False (training goes on) when serving is impossible."""
+        try:
+            listener = self.endpoint.open()
+        except (EndpointError, OSError) as exc:
+            warn(f"tdbg: not serving: {exc}")
+            return False
+        self._selector.register(listener, selectors.EVENT_READ, "listen")
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.serving = True
+        for name, target in (("tdbg-server", self._serve), ("tdbg-sampler", self._sample_loop)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return True
+
+    @property
+    def socket_path(self) -> str | None:
+        return None if self.endpoint.path is None else str(self.endpoint.path)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x", socket.MSG_DONTWAIT)
+
+    def stop(self, timeout: float = 0.5) -> None:
+        """Send bye, close everything, unlink our files; never waits longer than ``timeout``."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.wake()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+        if any(t.is_alive() for t in self._threads):
+            self._shutdown_connections()  # the thread is stuck; close from here
+        with contextlib.suppress(OSError):
+            self._wake_w.close()
+
+    def abandon_after_fork(self) -> None:
+        """In a forked child: drop inherited sockets, touch no files, start nothing."""
+        self._stop.set()
+        for conn in self._clients:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+        self._clients = []
+        self.endpoint.close(unlink=False)
+        for s in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                s.close()
+
+    # --- the probe thread -------------------------------------------------------------------
+    def _serve(self) -> None:
+        next_tick = next_stats = time.monotonic()
+        next_inode = next_tick + INODE_CHECK_SECONDS
+        while not self._stop.is_set():
+            try:
+                timeout = max(0.0, next_tick - time.monotonic())
+                for key, mask in self._selector.select(timeout):
+                    self._on_ready(key, mask)
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + TICK_SECONDS
+                    self._tick(now)
+                if now >= next_stats:
+                    next_stats = now + STATS_SECONDS
+                    self._broadcast_stats(now)
+                if now >= next_inode:
+                    next_inode = now + INODE_CHECK_SECONDS
+                    self._check_inode()
+            except Exception as exc:  # never let the thread die silently
+                self._on_error(exc)
+                time.sleep(TICK_SECONDS)
+        with contextlib.suppress(Exception):
+            self._tick(time.monotonic())
+        self._shutdown_connections()
+
+    def _shutdown_connections(self) -> None:
+        bye = pack({"type": "bye", "reason": "shutdown"})
+        for conn in list(self._clients):
+            conn.backlog.clear()
+            conn.replaying = False
+            conn.outbuf += bye
+            with contextlib.suppress(OSError):
+                conn.sock.setblocking(False)
+                conn.flush()
+            conn.close()
+        self._clients = []
+        self.endpoint.close()
+        with contextlib.suppress(Exception):
+            self._selector.close()
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(STATS_SECONDS):
+            try:
+                self.latest_system = self._sampler.sample()
+            except Exception as exc:
+                self._on_error(exc)
+
+    def _on_ready(self, key: selectors.SelectorKey, mask: int) -> None:
+        if key.data == "listen":
+            self._accept()
+        elif key.data == "wake":
+            with contextlib.suppress(OSError):
+                self._wake_r.recv(4096)
+        else:
+            conn: Connection = key.data
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+            if not conn.closed and mask & selectors.EVENT_WRITE:
+                self._flush(conn)
+
+    def _accept(self) -> None:
+        listener = self.endpoint.listener
+        if listener is None:
+            return
+        for _ in range(MAX_CLIENTS * 2):
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._on_error(exc)
+                return
+            try:
+                pid, uid, _gid = peer_credentials(sock)
+            except OSError:
+                sock.close()
+                continue
+            if uid != os.geteuid():  # R14: closed before a byte is read
+                self.rejected_peers += 1
+                warn(f"tdbg: refused a connection from uid {uid} (pid {pid})")
+                sock.close()
+                continue
+            sock.setblocking(False)
+            conn = Connection(sock, pid)
+            conn.outbuf += preamble()
+            if len(self._clients) >= MAX_CLIENTS:
+                conn.outbuf += pack(
+                    {
+                        "type": "error",
+                        "code": ErrorCode.BUSY,
+                        "id": 0,
+                        "message": f"this probe already serves {MAX_CLIENTS} clients",
+                    }
+                )
+                conn.flush()
+                conn.close()
+                continue
+            self._clients.append(conn)
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._flush(conn)
+
+    def _drop(self, conn: Connection, reason: str | None = None) -> None:
+        if conn.closed:
+            return
+        if reason:
+            conn.outbuf += pack({"type": "bye", "reason": reason})
+            conn.flush()
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(conn.sock)
+        conn.close()
+        with contextlib.suppress(ValueError):
+            self._clients.remove(conn)
+
+    def _flush(self, conn: Connection) -> None:
+        if not conn.flush():
+            self._drop(conn)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
+        with contextlib.suppress(KeyError, ValueError):
+            if self._selector.get_key(conn.sock).events != events:
+                self._selector.modify(conn.sock, events, conn)
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            chunk = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn)
+            return
+        if not chunk:
+            self._drop(conn)
+            return
+        try:
+            messages = conn.decoder.feed(chunk)
+        except ProtocolError as exc:
+            # The stream can no longer be framed: say why, then close.
+            self._reply_error(conn, exc.code, 0, str(exc))
+            self._drop(conn)
+            return
+        for message in messages:
+            if conn.closed:
+                return
+            self._handle(conn, message)
+        if not conn.closed:
+            self._flush(conn)
+
+    def _reply_error(self, conn: Connection, code: str, mid: Any, message: str) -> None:
+        conn.outbuf += pack(
+            {
+                "type": "error",
+                "code": code,
+                "id": mid if isinstance(mid, int) else 0,
+                "message": message,
+            }
+        )
+
+    def _handle(self, conn: Connection, message: dict[str, Any]) -> None:
+        mid = message.get("id", 0)
+        try:
+            validate_client_message(message)
+        except ProtocolError as exc:
+            self._reply_error(conn, exc.code, mid, str(exc))
+            if not conn.handshaken or conn.count_error():
+                self._drop(conn)
+            return
+        mtype = message["type"]
+        if not conn.handshaken:
+            if mtype != "hello":
+                self._reply_error(
+                    conn, ErrorCode.BAD_MESSAGE, mid, "the first message must be hello"
+                )
+                self._drop(conn)
+                return
+            self._welcome(conn, message["args"], mid)
+            return
+        if not conn.take_token():
+            self._reply_error(conn, ErrorCode.RATE_LIMITED, mid, "more than 20 messages/s")
+            return
+        if mtype == "ping":
+            conn.queue(pack({"type": "pong", "id": mid}))
+        elif mtype == "bye":
+            self._drop(conn)
+        else:  # a known type that is not valid after the handshake (a second hello)
+            self._reply_error(conn, ErrorCode.BAD_MESSAGE, mid, f"unexpected {mtype}")
+            if conn.count_error():
+                self._drop(conn)
+
+    def _welcome(self, conn: Connection, args: dict[str, Any], mid: int) -> None:
+        try:
+            proto = negotiate((args["proto_min"], args["proto_max"]))
+        except ProtocolError as exc:
+            self._reply_error(conn, exc.code, mid, str(exc))
+            self._drop(conn)
+            return
+        conn.handshaken = True
+        conn.outbuf += pack(
+            {
+                "type": "welcome",
+                "proto": proto,
+                "server_version": __version__,
+                "run": self.endpoint.run_info,
+            }
+        )
+        replay: list[dict[str, Any]] = [
+            {"type": "layers", "names": self.layer_names, "numel": self.layer_numel},
+            *self.history.replay(),
+        ]
+        for latest in (self.latest_system, self._probe_message()):
+            if latest is not None:
+                replay.append(latest)
+        replay.append({"type": "synced"})
+        conn.start_replay(replay)
+
+    # --- periodic work ----------------------------------------------------------------------
+    def _drain_inbox(self) -> list[tuple[StepRecord, list[int]]]:
+        resolved: list[tuple[StepRecord, list[int]]] = []
+        inbox = self.inbox
+        # Bounded work per wakeup keeps the probe thread's GIL hold short (R42).
+        while inbox and len(resolved) < MAX_RESOLVE_PER_TICK:
+            pending = inbox[0]
+            result = pending.resolve()
+            if result is None:
+                break  # device work still in flight: keep order, try next tick
+            inbox.popleft()
+            self.consumed += 1
+            resolved.append(result)
+        return resolved
+
+    def _tick(self, now: float) -> None:
+        resolved = self._drain_inbox()
+        alerts: list[dict[str, Any]] = []
+        while self.side_alerts:
+            alerts.append(self.side_alerts.popleft())
+        if resolved:
+            self.last_step_time = now
+            alerts.extend(self.rules.check_resumed(resolved[0][0].step))
+        for record, missing in resolved:
+            alerts.extend(self.rules.check_step(record, missing))
+            self.recent_costs.append((record.probe_time, record.step_time))
+            self.last_step = record.step
+        if not resolved and self.last_step is not None:
+            alerts.extend(self.rules.check_stall(self.last_step, now - self.last_step_time))
+        frames: list[bytes] = []
+        if resolved:
+            msg = pack_steps([r for r, _ in resolved], len(self.layer_names))
+            self.history.add(msg)
+            frames.append(pack(msg))
+        for a in alerts:
+            self.history.alerts.append(a)
+            frames.append(pack(a))
+        self._fan_out(frames, now)
+
+    def _fan_out(self, frames: list[bytes], now: float) -> None:
+        for conn in list(self._clients):
+            if not conn.handshaken:
+                reason = conn.timed_out(now)
+                if reason:
+                    self._drop(conn)
+                continue
+            for frame in frames:
+                conn.queue(frame)
+            if conn.slow_consumer(now):
+                self._drop(conn, "slow_consumer")
+                continue
+            if conn.timed_out(now):
+                self._drop(conn)
+                continue
+            self._flush(conn)
+
+    def dropped(self) -> int:
+        return max(0, self.appended - self.consumed - len(self.inbox))
+
+    def _probe_message(self) -> dict[str, Any]:
+        msg = {
+            "type": "probe",
+            "time": time.time(),
+            "clients": len(self._clients),
+            "dropped": self.dropped(),
+            "rejected_peers": self.rejected_peers,
+            "history_bytes": self.history.bytes,
+        }
+        costs = [(p, s) for p, s in self.recent_costs if p == p and s == s]
+        probe_sum, step_sum = sum(p for p, _ in costs), sum(s for _, s in costs)
+        msg["cost_fraction"] = probe_sum / step_sum if step_sum > 0 else None
+        msg.update(self._stats())
+        return msg
+
+    def _broadcast_stats(self, now: float) -> None:
+        frames = [pack(self._probe_message())]
+        if self.latest_system is not None:
+            frames.append(pack(self.latest_system))
+        self._fan_out(frames, now)
+
+    def _check_inode(self) -> None:
+        if self.endpoint.still_ours():
+            return
+        warn("tdbg: the probe's socket was removed or replaced; binding a new one")
+        listener = self.endpoint.listener
+        if listener is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(listener)
+        self.endpoint.close()
+        try:
+            self._selector.register(self.endpoint.open(), selectors.EVENT_READ, "listen")
+        except (EndpointError, OSError) as exc:
+            warn(f"tdbg: not serving any more: {exc}")

@@ -1,0 +1,133 @@
+"""Memory and device figures: torch.cuda allocator stats, NVML per GPU, host stats via psutil."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import psutil
+
+
+class NvmlReader:
+    """Per-GPU figures from NVML; says why when NVML cannot be used (no driver, no GPU)."""
+
+    def __init__(self) -> None:
+        self.problem: str | None = None
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+        try:
+            import pynvml  # from the nvidia-ml-py distribution
+
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+            self._nvml = pynvml
+            if not self._handles:
+                self.problem = "GPU: NVML found no GPU"
+        except ImportError:
+            self.problem = "GPU: pynvml not installed (pip install nvidia-ml-py)"
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self.problem = f"GPU: NVML not available ({_one_line(exc)})"
+
+    def read(self) -> list[dict[str, Any]]:
+        if self._nvml is None:
+            return []
+        nv = self._nvml
+        gpus = []
+        for index, handle in enumerate(self._handles):
+            gpu: dict[str, Any] = {"index": index}
+            gpu["name"] = _try(lambda h=handle: _text(nv.nvmlDeviceGetName(h)))
+            util = _try(lambda h=handle: nv.nvmlDeviceGetUtilizationRates(h))
+            gpu["util"] = None if util is None else float(util.gpu)
+            mem = _try(lambda h=handle: nv.nvmlDeviceGetMemoryInfo(h))
+            gpu["mem_used"] = None if mem is None else int(mem.used)
+            gpu["mem_total"] = None if mem is None else int(mem.total)
+            temp = _try(lambda h=handle: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+            gpu["temp"] = None if temp is None else float(temp)
+            power = _try(lambda h=handle: nv.nvmlDeviceGetPowerUsage(h))
+            gpu["power"] = None if power is None else power / 1000.0  # mW -> W
+            limit = _try(lambda h=handle: nv.nvmlDeviceGetEnforcedPowerLimit(h))
+            gpu["power_limit"] = None if limit is None else limit / 1000.0
+            clock = _try(lambda h=handle: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            gpu["sm_clock"] = None if clock is None else int(clock)
+            gpus.append(gpu)
+        return gpus
+
+
+def _try(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def cuda_allocator_stats() -> tuple[list[dict[str, Any]], str | None]:
+    """Allocator figures per CUDA device in use; host-side bookkeeping only, no device sync."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return [], "CUDA: not available in this process"
+    if not torch.cuda.is_initialized():
+        return [], "CUDA: not in use by this run"
+    out = []
+    for index in range(torch.cuda.device_count()):
+        stats = torch.cuda.memory_stats(index)
+        if not stats:
+            continue
+        out.append(
+            {
+                "index": index,
+                "name": torch.cuda.get_device_name(index),
+                "allocated": int(stats.get("allocated_bytes.all.current", 0)),
+                "reserved": int(stats.get("reserved_bytes.all.current", 0)),
+                "peak": int(stats.get("allocated_bytes.all.peak", 0)),
+                "retries": int(stats.get("num_alloc_retries", 0)),
+                "ooms": int(stats.get("num_ooms", 0)),
+            }
+        )
+    return out, None
+
+
+class SystemSampler:
+    """Builds the ``system`` message: host, CUDA allocator and NVML figures, and what is missing."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process(os.getpid())
+        self._process.cpu_percent(None)  # prime: the first call always returns 0.0
+        self._nvml: NvmlReader | None = None
+
+    def sample(self) -> dict[str, Any]:
+        if self._nvml is None:
+            self._nvml = NvmlReader()  # lazily, in the probe's thread: nvmlInit can take 100s of ms
+        missing: list[str] = []
+        ram = psutil.virtual_memory()
+        host = {
+            "rss": int(self._process.memory_info().rss),
+            "cpu_percent": float(self._process.cpu_percent(None)),
+            "ram_used": int(ram.total - ram.available),
+            "ram_total": int(ram.total),
+        }
+        cuda, why = cuda_allocator_stats()
+        if why:
+            missing.append(why)
+        gpus = self._nvml.read()
+        if self._nvml.problem:
+            missing.append(self._nvml.problem)
+        return {
+            "type": "system",
+            "time": time.time(),
+            "host": host,
+            "cuda": cuda,
+            "gpus": gpus,
+            "missing": missing,
+        }

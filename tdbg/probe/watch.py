@@ -1,0 +1,416 @@
+"""watch(model, optimizer) -> Probe: wiring and lifecycle of the probe in the training process."""
+
+from __future__ import annotations
+
+import atexit
+import math
+import multiprocessing
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from tdbg.probe.alerts import alert
+from tdbg.probe.gradients import GradientStats, GradSample, find_layers
+from tdbg.probe.hooks import Mark, PhaseHooks, perf
+from tdbg.probe.log import warn
+from tdbg.probe.pending import PendingStep
+from tdbg.probe.server import ProbeServer
+
+NAN = float("nan")
+MAX_ERRORS = 100  # circuit breaker (R48)
+MAX_AUTO_INTERVAL = 1000
+EMA = 0.1
+
+_live: weakref.WeakSet[Probe] = weakref.WeakSet()
+_by_model: weakref.WeakKeyDictionary[nn.Module, Probe] = weakref.WeakKeyDictionary()
+
+
+def _rank() -> int:
+    for var in ("RANK", "LOCAL_RANK"):
+        try:
+            return int(os.environ[var])
+        except (KeyError, ValueError):
+            continue
+    return 0
+
+
+def _run_name(name: str | None) -> str:
+    if name:
+        return name
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return script.removesuffix(".py") or "python"
+
+
+def _number(value: Any) -> float:
+    if value is None:
+        return NAN
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return NAN
+
+
+class Probe:
+    """Watches one model (and optionally its optimizer) and serves what it sees.
+
+    Call :meth:`step` once per training iteration. Everything the probe does is wrapped so that
+    an error inside it is counted and reported, never raised into the training loop.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        name: str | None = None,
+        overhead_budget: float = 0.01,
+        grad_every: int | None = None,
+        serve: bool = True,
+        directory: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(
+                f"tdbg.watch: model must be a torch.nn.Module, not {type(model).__name__}"
+            )
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "tdbg.watch: optimizer must be a torch.optim.Optimizer or None, "
+                f"not {type(optimizer).__name__}"
+            )
+        if not overhead_budget > 0:
+            raise ValueError("tdbg.watch: overhead_budget must be > 0 (e.g. 0.01 for 1 %)")
+        if grad_every is not None and (not isinstance(grad_every, int) or grad_every < 1):
+            raise ValueError("tdbg.watch: grad_every must be a positive integer or None (auto)")
+        self.name = _run_name(name)
+        self.overhead_budget = float(overhead_budget)
+        self.grad_every = grad_every
+        self.errors = 0
+        self.last_error: str | None = None
+        self.closed = False
+        self._disabled = False
+        self._pid = os.getpid()
+        self._optimizer = optimizer
+        self._layers = find_layers(model)
+        self._grads = GradientStats(self._layers)
+        self._cuda = any(p.is_cuda for layer in self._layers for p in layer.params)
+        self._step_count = 0
+        self._sample_now = True
+        self._last_sampled = -1
+        self.grad_interval = grad_every or 1
+        self._grad_cost = 0.0  # EMA of seconds per gradient pass
+        self._step_ema = 0.0  # EMA of seconds per step
+        self._sample: GradSample | None = None
+        self._hook_seconds = 0.0
+        self._previous_end: Mark | None = None
+        self._last_host: float | None = None
+        self._reported: set[str] = set()
+        self._hooks = PhaseHooks(
+            model, optimizer, self._cuda, self._on_optimizer_step, self._count_error
+        )
+        if not self._layers:
+            warn(
+                "tdbg: the model has no parameters: only loss, learning rate and timings are shown"
+            )
+        run_info = {
+            "name": self.name,
+            "pid": self._pid,
+            "rank": _rank(),
+            "host": socket.gethostname(),
+            "argv": [str(a)[:200] for a in sys.argv[:32]],
+            "start_time": time.time(),
+            "cwd": os.getcwd(),
+            "torch": torch.__version__,
+            "device": "cuda" if self._cuda else "cpu",
+        }
+        self._server = ProbeServer(
+            run_info,
+            [layer.name for layer in self._layers],
+            [layer.numel for layer in self._layers],
+            _rank(),
+            self._stats,
+            self._count_error,
+            directory=directory,
+        )
+        if serve and multiprocessing.parent_process() is None:
+            self._server.start()
+        _live.add(self)
+
+    # --- public API -------------------------------------------------------------------------
+    @property
+    def socket_path(self) -> str | None:
+        """Where the probe serves, or None when it does not (see stderr for why)."""
+        return self._server.socket_path if self._server.serving else None
+
+    @property
+    def steps(self) -> int:
+        return self._step_count
+
+    def step(self, loss: Any = None, *, samples: Any = None, tokens: Any = None) -> None:
+        """Record one training iteration. ``loss``: a scalar tensor or number (NaN is an alert).
+
+        ``samples`` / ``tokens``: how many this step processed, for samples/s and tokens/s.
+        """
+        if self._disabled:
+            return
+        try:
+            self._step(loss, samples, tokens)
+        except Exception as exc:
+            self._count_error(exc)
+
+    def close(self) -> None:
+        """Remove every hook, stop serving and remove the socket; safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        self._disabled = True
+        self._hooks.remove()
+        if os.getpid() == self._pid:
+            self._server.stop()
+        _live.discard(self)
+
+    def __enter__(self) -> Probe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"serving at {self.socket_path}"
+        return f"<tdbg.Probe {self.name!r} step {self._step_count}, {state}>"
+
+    # --- training thread --------------------------------------------------------------------
+    def _on_optimizer_step(self) -> None:
+        if self._sample_now and self._sample is None:
+            self._compute_grads()
+
+    def _compute_grads(self) -> None:
+        if not self._grads.n_layers:
+            return
+        t0 = perf()
+        self._sample = self._grads.compute()
+        cost = perf() - t0
+        self._hook_seconds += cost
+        if self._grads.replanned:
+            return  # that pass also built index tensors: not what a pass usually costs
+        self._grad_cost = (
+            cost if self._grad_cost == 0.0 else (1 - EMA) * self._grad_cost + EMA * cost
+        )
+
+    def _loss_parts(self, loss: Any) -> tuple[float | None, torch.Tensor | None]:
+        """(python value, device tensor) of the loss; never syncs with the device."""
+        if loss is None:
+            return None, None
+        if isinstance(loss, torch.Tensor):
+            if loss.numel() != 1:
+                self._report_once(
+                    "loss-shape",
+                    f"probe.step(loss): the loss has shape {tuple(loss.shape)}; pass a scalar "
+                    "(e.g. loss.mean()) — loss not recorded",
+                )
+                return None, None
+            return None, loss.detach().reshape(())
+        value = _number(loss)
+        if math.isnan(value) and not isinstance(loss, float):
+            self._report_once(
+                "loss-type", f"probe.step(loss): cannot read a number from {type(loss).__name__}"
+            )
+            return None, None
+        return value, None
+
+    def _step(self, loss: Any, samples: Any, tokens: Any) -> None:
+        t0 = perf()
+        step_mark = Mark(self._cuda)
+        step_time = NAN if self._last_host is None else t0 - self._last_host
+        if self._sample_now and self._sample is None and self._grads.n_layers:
+            self._compute_grads()
+        sample, self._sample = self._sample, None
+        loss_value, loss_tensor = self._loss_parts(loss)
+        pending = PendingStep(
+            step=self._step_count,
+            time=time.time(),
+            lr=self._learning_rates(),
+            step_time=step_time,
+            samples=_number(samples),
+            tokens=_number(tokens),
+            probe_time=NAN,
+            timeline=self._hooks.take(),
+            previous_end=self._previous_end,
+            step_mark=step_mark,
+            loss=loss_value,
+        )
+        values: list[torch.Tensor] = []
+        if loss_tensor is not None:
+            if loss_tensor.device.type == "cpu":
+                pending.loss_tensor = loss_tensor
+            else:
+                device = sample.values.device if sample is not None else loss_tensor.device
+                values.append(loss_tensor.to(device, torch.float32, non_blocking=True).reshape(1))
+                pending.loss_in_values = True
+        if sample is not None:
+            values.append(sample.values)
+            pending.has_grads = True
+            pending.missing_layers = sample.missing
+        if values:
+            vector = values[0] if len(values) == 1 else torch.cat(values)
+            if vector.device.type == "cpu":
+                pending.values = vector
+            else:
+                # The step's one device-to-host copy: asynchronous into pinned memory; the probe
+                # thread reads it once the event after it has completed.
+                pending.values = vector.to("cpu", non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record()
+                pending.ready = ready
+        self._step_count += 1
+        self._update_interval(step_time, sample is not None)
+        end = perf()
+        pending.probe_time = (end - t0) + self._hook_seconds
+        self._hook_seconds = 0.0
+        self._server.inbox.append(pending)
+        self._server.appended += 1
+        self._previous_end = Mark(False)
+        self._last_host = self._previous_end.host
+
+    def _learning_rates(self) -> list[float]:
+        if self._optimizer is None:
+            return []
+        out = []
+        for group in self._optimizer.param_groups:
+            lr = group.get("lr")
+            if isinstance(lr, torch.Tensor):
+                # A tensor lr on the GPU (capturable optimizers) would need a sync to read.
+                out.append(float(lr) if lr.device.type == "cpu" else NAN)
+            else:
+                out.append(_number(lr))
+        return out
+
+    def _update_interval(self, step_time: float, sampled: bool) -> None:
+        if sampled:
+            self._last_sampled = self._step_count - 1
+        if step_time == step_time and step_time > 0:
+            self._step_ema = (
+                step_time
+                if self._step_ema == 0.0
+                else ((1 - EMA) * self._step_ema + EMA * step_time)
+            )
+        if self.grad_every is not None:
+            interval = self.grad_every
+        elif self._step_ema > 0 and self._grad_cost > 0:
+            # Gradient statistics every k steps so that their cost stays within the budget.
+            k = math.ceil(self._grad_cost / (self.overhead_budget * self._step_ema))
+            interval = max(1, min(MAX_AUTO_INTERVAL, k))
+        else:
+            interval = 1
+        self.grad_interval = interval
+        self._sample_now = self._step_count - self._last_sampled >= interval
+
+    # --- errors -----------------------------------------------------------------------------
+    def _report_once(self, key: str, message: str) -> None:
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        warn(f"tdbg: {message}")
+        self._server.side_alerts.append(alert("probe_error", "warning", self._step_count, message))
+
+    def _count_error(self, exc: BaseException) -> None:
+        """Count an exception raised inside probe code; too many and the probe switches off."""
+        try:
+            self.errors += 1
+            frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+            where = f" at {frame[0].filename.rsplit('/', 1)[-1]}:{frame[0].lineno}" if frame else ""
+            self.last_error = f"{type(exc).__name__}: {exc}{where}"[:300]
+            warn(f"tdbg: internal error (training continues): {self.last_error}")
+            self._server.side_alerts.append(
+                alert(
+                    "probe_error",
+                    "warning",
+                    self._step_count,
+                    f"probe error (training continues): {self.last_error}",
+                )
+            )
+            if self.errors >= MAX_ERRORS and not self._disabled:
+                warn(f"tdbg: {MAX_ERRORS} internal errors: the probe switches itself off")
+                self._disabled = True
+                self._hooks.remove()
+                threading.Thread(target=self._server.stop, daemon=True).start()
+        except Exception:
+            self._disabled = True
+
+    def _stats(self) -> dict[str, Any]:
+        return {
+            "grad_interval": self.grad_interval,
+            "grad_mode": "auto" if self.grad_every is None else "fixed",
+            "overhead_budget": self.overhead_budget,
+            "errors": self.errors,
+            "last_error": self.last_error,
+            "steps_seen": self._step_count,
+            "disabled": self._disabled,
+        }
+
+    def _after_fork_in_child(self) -> None:
+        self._disabled = True
+        self.closed = True
+        self._hooks.remove()
+        self._server.abandon_after_fork()
+
+
+def watch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    name: str | None = None,
+    overhead_budget: float = 0.01,
+    grad_every: int | None = None,
+    serve: bool = True,
+    directory: str | os.PathLike[str] | None = None,
+) -> Probe:
+    """Start watching ``model`` (and ``optimizer``); returns at once with a serving Probe.
+
+    ``overhead_budget``: the share of step time gradient statistics may cost (default 1 %);
+    ``grad_every=k`` samples them every k steps instead (1 = every step). In a multiprocessing
+    child (DataLoader workers with spawn) the probe is inert: it never starts a second server.
+    """
+    previous = _by_model.get(model)
+    if previous is not None and not previous.closed:
+        warn("tdbg.watch: this model was already watched; closing the earlier probe")
+        previous.close()
+    probe = Probe(
+        model,
+        optimizer,
+        name=name,
+        overhead_budget=overhead_budget,
+        grad_every=grad_every,
+        serve=serve,
+        directory=directory,
+    )
+    _by_model[model] = probe
+    return probe
+
+
+def _close_all() -> None:
+    for probe in list(_live):
+        try:
+            probe.close()
+        except Exception:
+            pass
+
+
+def _after_fork() -> None:
+    for probe in list(_live):
+        try:
+            probe._after_fork_in_child()
+        except Exception:
+            pass
+    _live.clear()
+
+
+atexit.register(_close_all)
+os.register_at_fork(after_in_child=_after_fork)

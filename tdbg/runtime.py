@@ -1,0 +1,168 @@
+"""Where runs live on disk: the per-user runtime directory, socket names, metadata, discovery."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAX_SOCKET_PATH = 100  # bytes; sun_path is 108 on Linux, 104 on macOS, 92 on some systems
+
+
+class RuntimeDirError(Exception):
+    """The runtime directory is unsafe or cannot be made; the probe must not serve from it."""
+
+
+def runtime_dir() -> Path:
+    """``$TDBG_RUNTIME_DIR``, else ``tdbg-<euid>`` under the temp dir (as tmux does).
+
+    ``$XDG_RUNTIME_DIR`` is not used by default: logind deletes it when the user logs out while
+    the job runs on.
+    """
+    configured = os.environ.get("TDBG_RUNTIME_DIR")
+    if configured:
+        return Path(configured)
+    return Path(tempfile.gettempdir()) / f"tdbg-{os.geteuid()}"
+
+
+def check_private_dir(path: Path) -> None:
+    """Raise RuntimeDirError unless ``path`` is a real directory owned by us with mode 0700."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise RuntimeDirError(f"cannot stat runtime directory {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise RuntimeDirError(f"runtime directory {path} is not a real directory")
+    if st.st_uid != os.geteuid():
+        raise RuntimeDirError(f"runtime directory {path} is owned by uid {st.st_uid}, not us")
+    if st.st_mode & 0o077:
+        raise RuntimeDirError(
+            f"runtime directory {path} has mode {oct(st.st_mode & 0o777)}; it must be 0700"
+        )
+
+
+def ensure_runtime_dir(path: Path | None = None) -> Path:
+    """Create (mode 0700, umask untouched) and verify the runtime directory."""
+    path = path or runtime_dir()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise RuntimeDirError(f"cannot create runtime directory {path}: {exc.strerror}") from None
+    check_private_dir(path)
+    return path
+
+
+def socket_basename(rank: int, pid: int) -> str:
+    return f"{rank}-{pid}"
+
+
+def short_fallback_dir() -> Path:
+    """A short base directory for when the configured one makes socket paths too long."""
+    return Path("/tmp") / f"tdbg-{os.geteuid()}"
+
+
+def probe_socket(path: str | os.PathLike[str], timeout: float = 0.5) -> bool:
+    """True when something accepts connections on the Unix socket at ``path``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(os.fspath(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_private_json(path: Path, data: dict[str, Any]) -> None:
+    """Create ``path`` exclusively (O_EXCL|O_NOFOLLOW, 0600), write JSON, verify the mode."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            raise RuntimeDirError(f"{path} was created with a mode other than 0600")
+        os.write(fd, json.dumps(data, indent=1).encode())
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """A run found on disk: its metadata file and what it says."""
+
+    socket: Path
+    meta: dict[str, Any]
+
+    @property
+    def pid(self) -> int:
+        return int(self.meta.get("pid", -1))
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or self.socket.stem)
+
+    def describe(self) -> str:
+        argv = " ".join(self.meta.get("argv") or [])
+        return f"{self.name}  pid {self.pid}  rank {self.meta.get('rank', 0)}  {argv}".strip()
+
+
+def discover(directory: Path | None = None, clean: bool = True) -> list[RunEntry]:
+    """Live runs in the runtime directory, oldest first; stale files of dead pids are removed."""
+    directory = directory or runtime_dir()
+    entries: list[RunEntry] = []
+    try:
+        check_private_dir(directory)
+        names = sorted(os.listdir(directory))
+    except (RuntimeDirError, OSError):
+        return entries
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        meta_path = directory / name
+        try:
+            meta = json.loads(meta_path.read_text())
+            pid = int(meta["pid"])
+            sock = Path(meta["socket"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not pid_alive(pid):
+            if clean:
+                remove_stale(meta_path, sock)
+            continue
+        if not sock.exists():
+            continue
+        entries.append(RunEntry(sock, meta))
+    entries.sort(key=lambda e: float(e.meta.get("start_time", 0)))
+    return entries
+
+
+def remove_stale(meta_path: Path, sock: Path) -> None:
+    """Remove a dead run's files — only a socket that refuses connections (R13, R55)."""
+    with contextlib.suppress(OSError):
+        if sock.exists() and stat.S_ISSOCK(os.lstat(sock).st_mode) and not probe_socket(sock):
+            os.unlink(sock)
+    for path in (meta_path, Path(str(sock) + ".lock")):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def is_conn_refused(exc: OSError) -> bool:
+    return exc.errno in (errno.ECONNREFUSED, errno.ENOENT)

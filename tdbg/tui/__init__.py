@@ -1,0 +1,1 @@
+"""tdbg-tui: the Textual app that attaches to a probe; never imports torch."""

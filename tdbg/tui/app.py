@@ -1,0 +1,272 @@
+"""The tdbg-tui App: ``make_app(source)`` wires a source to RunState and the monitor screen."""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+from textual.worker import get_current_worker
+
+from tdbg.client import ConnectError, ProbeClient
+from tdbg.runtime import RunEntry, discover
+from tdbg.tui.model import RunState
+from tdbg.tui.screens.help import HelpScreen
+from tdbg.tui.screens.monitor import MonitorScreen
+from tdbg.tui.screens.picker import RunPickerScreen
+from tdbg.tui.screens.waiting import WaitingScreen
+from tdbg.tui.source import DiscoverySource, ReplaySource, SocketSource, Source, resolve_target
+
+REPAINT_INTERVAL = 1 / 8  # seconds; the view repaints at most this often, and only on change
+CLOCK_INTERVAL = 1.0  # repaint at least this often anyway, so the elapsed clock ticks
+
+__all__ = [
+    "DiscoverySource",
+    "ReplaySource",
+    "SocketSource",
+    "TdbgApp",
+    "launch",
+    "make_app",
+    "save_screenshot",
+    "screen_text",
+]
+
+
+class TdbgApp(App[int]):
+    """The monitor. All I/O happens in one thread worker; handlers only fold batches into state."""
+
+    CSS_PATH = "tdbg.tcss"
+    TITLE = "tdbg"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+    ]
+
+    class EventsReceived(Message):
+        """A batch of protocol messages arrived (one post per socket read, not per sample)."""
+
+        def __init__(self, batch: list[dict[str, Any]]) -> None:
+            super().__init__()
+            self.batch = batch
+
+    class ProbeConnected(Message):
+        def __init__(self, run: dict[str, Any], restarted: bool) -> None:
+            super().__init__()
+            self.run = run
+            self.restarted = restarted
+
+    class ConnectionEnded(Message):
+        def __init__(self, reason: str | None) -> None:
+            super().__init__()
+            self.reason = reason
+
+    class SourceNoticed(Message):
+        """The source needs the user (``choices``), is ``waiting``, or has a ``warning``."""
+
+        def __init__(self, kind: str, payload: Any) -> None:
+            super().__init__()
+            self.kind = kind
+            self.payload = payload
+
+    class SourceFailed(Message):
+        def __init__(self, reason: str) -> None:
+            super().__init__()
+            self.reason = reason
+
+    def __init__(self, source: Source) -> None:
+        super().__init__()
+        self.source = source
+        self.state = RunState(source.run)
+        self._painted = -1
+        self._painted_at = 0.0
+        self.batches_applied = 0  # for tests and benchmarks: batches folded into the state
+
+    def get_default_screen(self) -> Screen[Any]:
+        return MonitorScreen(id="monitor")
+
+    @property
+    def monitor(self) -> MonitorScreen:
+        screen = self.screen_stack[0]  # the default screen sits at the bottom of the stack
+        assert isinstance(screen, MonitorScreen)
+        return screen
+
+    def on_mount(self) -> None:
+        self.monitor.show(self.state)
+        self.set_interval(REPAINT_INTERVAL, self._repaint)
+        self._pump()
+
+    # --- the worker: all blocking I/O lives here -------------------------------------------
+
+    @work(thread=True, exclusive=True, group="source")
+    def _pump(self) -> None:
+        worker = get_current_worker()
+        source = self.source
+
+        def notify(kind: str, payload: Any) -> None:
+            self.post_message(self.SourceNoticed(kind, payload))
+
+        try:
+            source.open(notify)
+        except ConnectError as exc:
+            if not source.stopped:
+                self.post_message(self.SourceFailed(str(exc)))
+            return
+        restarted = False
+        while not worker.is_cancelled and not source.stopped:
+            self.post_message(self.ProbeConnected(dict(source.run), restarted))
+            for batch in source.batches():
+                self.post_message(self.EventsReceived(batch))
+            self.post_message(self.ConnectionEnded(source.end_reason))
+            if worker.is_cancelled or not source.reattach(notify):
+                return
+            restarted = True
+
+    # --- handlers: O(batch) state updates, no I/O ------------------------------------------
+
+    def on_tdbg_app_events_received(self, event: EventsReceived) -> None:
+        self.state.apply_many(event.batch)
+        self.batches_applied += 1
+
+    def on_tdbg_app_probe_connected(self, event: ProbeConnected) -> None:
+        if event.restarted:
+            # A restarted run replaces the data: its steps start over.
+            self.state = RunState(event.run)
+            self.monitor.show(self.state)
+            self.notify(
+                f"run {event.run.get('name')} restarted (pid {event.run.get('pid')}): "
+                "showing the new run",
+                timeout=6,
+            )
+        else:
+            self.state.run = dict(event.run) or self.state.run
+        self.state.mark("live")
+        while len(self.screen_stack) > 1 and isinstance(
+            self.screen, WaitingScreen | RunPickerScreen
+        ):
+            self.pop_screen()
+
+    def on_tdbg_app_connection_ended(self, event: ConnectionEnded) -> None:
+        reason = event.reason or "closed"
+        if self.source.watches_for_restart and not self.source.stopped:
+            reason += "; watching for a restart"
+        self.state.mark("ended", reason)
+
+    def on_tdbg_app_source_noticed(self, event: SourceNoticed) -> None:
+        if event.kind == "reconnecting":
+            self.state.mark("reconnecting")
+        elif event.kind == "waiting":
+            self.state.mark("waiting")
+            if not isinstance(self.screen, WaitingScreen):
+                self.push_screen(WaitingScreen(str(event.payload)))
+        elif event.kind == "choices":
+            entries: list[RunEntry] = list(event.payload)
+
+            def chosen(entry: RunEntry | None) -> None:
+                self.source.choose(entry)
+                if entry is None:
+                    self.exit(0)
+
+            self.push_screen(RunPickerScreen(entries), chosen)
+        else:
+            self.notify(str(event.payload), severity="warning")
+
+    def on_tdbg_app_source_failed(self, event: SourceFailed) -> None:
+        self.state.mark("ended", event.reason)
+        self.notify(event.reason, severity="error", timeout=10)
+
+    # --- view ------------------------------------------------------------------------------
+
+    def _repaint(self) -> None:
+        now = self._clock()
+        if self.state.revision == self._painted and now - self._painted_at < CLOCK_INTERVAL:
+            return
+        self._painted = self.state.revision
+        self._painted_at = now
+        with self.batch_update():
+            self.monitor.repaint()
+
+    @staticmethod
+    def _clock() -> float:
+        return time.monotonic()
+
+    @property
+    def painted_revision(self) -> int:
+        """The state revision on screen (tests poll this instead of sleeping)."""
+        return self._painted
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        self.source.close()
+        self.exit(0)
+
+    def on_unmount(self) -> None:
+        self.source.close()
+
+
+def make_app(source: Source) -> TdbgApp:
+    """The app for a source: the CLI, the demos and the tests all build it this way."""
+    return TdbgApp(source)
+
+
+def save_screenshot(app: App[Any], path: str | Path) -> str:
+    """Write an SVG screenshot of a running app (e.g. inside ``run_test``) to ``path``."""
+    target = Path(path)
+    return app.save_screenshot(filename=target.name, path=str(target.parent or "."))
+
+
+def screen_text(app: App[Any]) -> str:
+    """The current screen as plain text, as a user would read it (tests assert on this)."""
+    width, height = app.size
+    console = Console(
+        width=width, height=height, file=io.StringIO(), record=True, color_system=None
+    )
+    console.print(
+        app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
+    )
+    return console.export_text()
+
+
+def error(message: str) -> int:
+    print(f"tdbg-tui: error: {message}", file=sys.stderr)
+    return 2
+
+
+def launch(target: str | None) -> int:
+    """``tdbg-tui [PATH]``: attach, run the app, return the exit code.
+
+    The first connection is made here, before the App starts, so that a wrong path, a socket
+    that is not tdbg or a version mismatch is one plain line on stderr and exit code 2.
+    """
+    source: Source
+    try:
+        if target is None:
+            entries = discover()
+            source = DiscoverySource()
+            if len(entries) == 1:
+                try:
+                    source = SocketSource(client=ProbeClient.connect(entries[0].socket))
+                except ConnectError:
+                    pass  # it may be going away; discovery keeps looking
+        else:
+            path = resolve_target(target)
+            client = ProbeClient.connect(path)
+            source = SocketSource(client=client, directory=Path(path).parent)
+    except ConnectError as exc:
+        return error(str(exc))
+    app = make_app(source)
+    try:
+        result = app.run()
+    finally:
+        source.close()
+    return int(result or app.return_code or 0)

@@ -1,0 +1,1 @@
+"""Widgets of the tdbg monitor, one per module; each gets data through a ``show`` call."""

@@ -1,0 +1,68 @@
+"""AnatomyBar: where a step's time goes (data / forward / backward / optimizer), one bar."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tdbg.tui.model import ANATOMY, RunState, fmt
+
+LABELS = {
+    "data_time": "data",
+    "forward_time": "forward",
+    "backward_time": "backward",
+    "optimizer_time": "optimizer",
+}
+
+
+class AnatomyBar(Static):
+    """A proportional coloured bar plus percentages; ``-input-bound`` when data dominates."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "anatomy-bar--data_time",
+        "anatomy-bar--forward_time",
+        "anatomy-bar--backward_time",
+        "anatomy-bar--optimizer_time",
+        "anatomy-bar--other",
+        "anatomy-bar--warning",
+    }
+
+    def show(self, state: RunState) -> None:
+        shares = state.anatomy()
+        self.set_class(state.input_bound, "-input-bound")
+        width = max(10, self.size.width - 2)
+        bar = Text(no_wrap=True, overflow="crop")
+        used = 0
+        if all(v is None for v in shares.values()):
+            bar.append("step anatomy: n/a (phase timings not measured)")
+        else:
+            for name in ANATOMY:
+                share = shares[name] or 0.0
+                cells = int(round(share * width))
+                cells = min(cells, width - used)
+                style = self.get_component_rich_style(f"anatomy-bar--{name}")
+                bar.append(LABELS[name][:cells].ljust(cells), style)
+                used += cells
+            if used < width:
+                bar.append(
+                    " " * (width - used), self.get_component_rich_style("anatomy-bar--other")
+                )
+        legend = Text(no_wrap=True, overflow="ellipsis")
+        step_time = state.mean_recent("step_time")
+        legend.append(f"step {fmt(None if step_time is None else step_time * 1e3, '.1f', ' ms')}")
+        for name in ANATOMY:
+            part = shares[name]
+            legend.append("  ")
+            legend.append("■", self.get_component_rich_style(f"anatomy-bar--{name}"))
+            legend.append(
+                f" {LABELS[name]} {fmt(None if part is None else part * 100, '.0f', '%')}"
+            )
+        samples = state.throughput("samples")
+        tokens = state.throughput("tokens")
+        legend.append(f"  {fmt(samples, '.4g')} samples/s  {fmt(tokens, '.4g')} tokens/s")
+        if state.input_bound:
+            legend.append("  INPUT-BOUND", self.get_component_rich_style("anatomy-bar--warning"))
+            legend.append(": the data loader is the bottleneck")
+        self.update(Text("\n").join([bar, legend]))

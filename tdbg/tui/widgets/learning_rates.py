@@ -1,0 +1,44 @@
+"""LearningRates: the current learning rate of every param group with a sparkline of its history."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from rich.style import Style
+from rich.text import Text
+from textual.widgets import Static
+
+from tdbg.tui.model import RunState, fmt
+from tdbg.tui.widgets.glyphs import spark
+
+
+class LearningRates(Static):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"learning-rates--spark", "learning-rates--zero"}
+
+    def show(self, state: RunState) -> None:
+        latest = state.latest_lr()
+        if not latest:
+            self.update("n/a (no learning rate reported)")
+            return
+        width = max(8, self.content_size.width)
+        history = state.lr.values
+        text = Text(no_wrap=True, overflow="crop")
+        for g, value in enumerate(latest):
+            if g:
+                text.append("\n")
+            zero = value == 0
+            text.append(f"group {g:<2} ")
+            text.append(f"{fmt(value, '.3e'):>10}\n", self._style(zero))
+            column = history[:, g] if g < history.shape[1] else np.empty(0)
+            # Bucket to the width so the sparkline covers the whole run, not just its tail.
+            if len(column) > width:
+                edges = np.linspace(0, len(column), width + 1).astype(np.int64)
+                column = column[edges[:-1]]
+            text.append(
+                spark(column, width), self.get_component_rich_style("learning-rates--spark")
+            )
+        self.update(text)
+
+    def _style(self, zero: bool) -> Style | str:
+        return self.get_component_rich_style("learning-rates--zero") if zero else ""

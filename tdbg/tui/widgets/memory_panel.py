@@ -1,0 +1,85 @@
+"""MemoryPanel: GPU gauges, the CUDA allocator, process and host memory, and what is missing."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tdbg.tui.model import RunState, fmt, fmt_bytes
+from tdbg.tui.widgets.glyphs import gauge
+
+GAUGE = 8
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if isinstance(a, int | float) and isinstance(b, int | float) and b > 0:
+        return float(a) / float(b)
+    return None
+
+
+class MemoryPanel(Static):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "memory-panel--gauge",
+        "memory-panel--hot",
+        "memory-panel--missing",
+        "memory-panel--dim",
+    }
+
+    def show(self, state: RunState) -> None:
+        system = state.system
+        if system is None:
+            self.update("n/a (no system report yet)")
+            return
+        text = Text(no_wrap=True, overflow="ellipsis")
+        lines: list[Text] = []
+        for gpu in system.get("gpus") or []:
+            lines.append(self._gpu(gpu))
+        for dev in system.get("cuda") or []:
+            line = Text(no_wrap=True, overflow="ellipsis")
+            line.append(f"cuda:{dev.get('index', '?')} ")
+            line.append(
+                f"alloc {fmt_bytes(dev.get('allocated'))}"
+                f"  reserved {fmt_bytes(dev.get('reserved'))}"
+                f"  peak {fmt_bytes(dev.get('peak'))}"
+                f"\n        retries {fmt(dev.get('retries'), 'd')}"
+                f"  ooms {fmt(dev.get('ooms'), 'd')}"
+            )
+            lines.append(line)
+        host = system.get("host") or {}
+        line = Text(no_wrap=True, overflow="ellipsis")
+        ram = _ratio(host.get("ram_used"), host.get("ram_total"))
+        line.append("host  RAM ")
+        line.append(gauge(ram, GAUGE), self._gauge_style(ram))
+        line.append(f" {fmt_bytes(host.get('ram_used'))}/{fmt_bytes(host.get('ram_total'))}")
+        line.append(f"  CPU {fmt(host.get('cpu_percent'), '.0f', '%')}")
+        line.append(f"\n      RSS {fmt_bytes(host.get('rss'))}")
+        lines.append(line)
+        missing_style = self.get_component_rich_style("memory-panel--missing")
+        for reason in system.get("missing") or []:
+            lines.append(Text(f"n/a: {reason}", style=missing_style))
+        text = Text("\n", no_wrap=True).join(lines)
+        self.update(text)
+
+    def _gauge_style(self, fraction: float | None) -> Any:
+        hot = fraction is not None and fraction > 0.9
+        return self.get_component_rich_style("memory-panel--hot" if hot else "memory-panel--gauge")
+
+    def _gpu(self, gpu: dict[str, Any]) -> Text:
+        util = gpu.get("util")
+        util_f = util / 100 if isinstance(util, int | float) else None
+        mem = _ratio(gpu.get("mem_used"), gpu.get("mem_total"))
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append(f"GPU{gpu.get('index', '?')} {str(gpu.get('name') or '')[:24]}\n")
+        line.append("  util ")
+        line.append(gauge(util_f, GAUGE), self._gauge_style(util_f))
+        line.append(f" {fmt(util, '.0f', '%'):>4}  mem ")
+        line.append(gauge(mem, GAUGE), self._gauge_style(mem))
+        line.append(f" {fmt_bytes(gpu.get('mem_used'))} / {fmt_bytes(gpu.get('mem_total'))}")
+        line.append(
+            f"\n  {fmt(gpu.get('temp'), '.0f', '°C')}  {fmt(gpu.get('power'), '.0f')}"
+            f"/{fmt(gpu.get('power_limit'), '.0f', ' W')}"
+            f"  {fmt(gpu.get('sm_clock'), '.0f', ' MHz')}"
+        )
+        return line

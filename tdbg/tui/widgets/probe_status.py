@@ -1,0 +1,26 @@
+"""ProbeStatus: the probe's own cost and health, one line above the footer."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tdbg.tui.model import RunState, fmt
+
+
+class ProbeStatus(Static):
+    def show(self, state: RunState) -> None:
+        probe = state.probe or {}
+        cost = probe.get("cost_fraction")
+        parts = [
+            f"probe {fmt(None if cost is None else cost * 100, '.1f', '%')}",
+            f"grads every {fmt(probe.get('grad_interval'), 'd')} steps",
+            f"dropped {fmt(probe.get('dropped'), 'd')}",
+            f"errors {fmt(probe.get('errors'), 'd')}",
+            f"clients {fmt(probe.get('clients'), 'd')}",
+        ]
+        if probe.get("last_error"):
+            parts.append(f"last error: {probe['last_error']}")
+        if state.errors:
+            parts.append(f"protocol: {state.errors[-1]}")
+        self.update(Text(" · ".join(parts), no_wrap=True, overflow="ellipsis"))

@@ -1,0 +1,340 @@
+"""The tdbg-tui app against replayed runs and a fake probe socket: panels, keys, run lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import ContentSwitcher
+
+from tdbg import protocol
+from tdbg.tui.app import TdbgApp, launch, make_app, save_screenshot, screen_text
+from tdbg.tui.screens.help import HelpScreen
+from tdbg.tui.screens.monitor import MonitorScreen
+from tdbg.tui.screens.picker import RunPickerScreen
+from tdbg.tui.screens.waiting import WaitingScreen
+from tdbg.tui.source import DiscoverySource, ReplaySource, SocketSource, Source
+from tdbg.tui.synthetic import RUN, synthetic_run
+from tdbg.tui.widgets.gradient_table import GradientTable
+
+SIZE = (120, 40)
+
+
+async def wait_for(pilot: Pilot[Any], condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Poll ``condition`` with a deadline; never a bare sleep."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met within the deadline")
+        await pilot.pause(0.02)
+
+
+async def painted(pilot: Pilot[Any], app: TdbgApp) -> None:
+    """Wait until everything received so far is on screen."""
+    await wait_for(pilot, lambda: app.painted_revision == app.state.revision)
+    await pilot.pause()
+
+
+async def ended(pilot: Pilot[Any], app: TdbgApp) -> None:
+    await wait_for(pilot, lambda: app.state.connection == "ended")
+    await painted(pilot, app)
+
+
+async def test_panels_show_the_run() -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=400, n_layers=12), RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        text = screen_text(app)
+        assert "synthetic" in text and "testhost" in text and "pid 4242" in text
+        assert "step 399" in text
+        assert "Loss" in text and "smoothed" in text
+        assert "blocks.0.attn.weight" in text  # gradient table
+        assert "loss_spike" in text and "zero_grad" in text  # alerts
+        assert "NVML not available" in text and "CUDA: not in use" in text  # memory: missing
+        assert "Press p to profile" in text
+        assert "probe 0.6%" in text and "grads every 1 steps" in text
+        assert "forward" in text and "backward" in text  # step anatomy
+
+
+async def test_run_ended_keeps_the_data() -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=200), RUN, batch_size=3))
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        assert app.state.n_steps == 200
+        monitor = app.screen
+        assert isinstance(monitor, MonitorScreen) and monitor.has_class("-ended")
+        text = screen_text(app)
+        assert "run ended (shutdown)" in text
+        assert "step 199" in text and "blocks.0.attn.weight" in text
+
+
+async def test_live_replay_stays_live() -> None:
+    source = ReplaySource(synthetic_run(steps=50), RUN, end=False)
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.n_steps == 50)
+        await painted(pilot, app)
+        assert app.state.connection == "live"
+        assert "live" in screen_text(app)
+
+
+async def test_keys_toggle_heatmap_log_sort_and_help() -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=300, n_layers=8, nan_at=290), RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        monitor = app.screen
+        assert isinstance(monitor, MonitorScreen)
+        assert monitor.has_class("-diverged")
+        switcher = app.query_one("#grad-switcher", ContentSwitcher)
+        assert switcher.current == "grad-table"
+        await pilot.press("h")
+        assert switcher.current == "grad-heatmap"
+        await pilot.pause()
+        assert "heatmap 1e-8" in screen_text(app)
+        assert "×" in screen_text(app)  # the NaN gradient of layer 0 stands out
+        await pilot.press("h")
+        assert switcher.current == "grad-table"
+
+        assert not monitor.log_scale
+        await pilot.press("l")
+        await pilot.pause()
+        assert monitor.log_scale and "log (l)" in screen_text(app)
+
+        table = app.query_one(GradientTable)
+        await pilot.press("s")
+        assert table.sort_mode == "norm"
+        await pilot.pause()
+        # Non-finite norms sort first: the NaN layer heads the table.
+        first = table.get_row_at(0)[0]
+        assert first == "blocks.0.attn.weight"
+        await pilot.press("s")
+        assert table.sort_mode == "trend"
+        await pilot.press("s")
+        assert table.sort_mode == "name"
+
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "heatmap" in screen_text(app)
+        await pilot.press("escape")
+        assert isinstance(app.screen, MonitorScreen)
+
+
+async def test_tab_cycles_panels() -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=20), RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        seen = set()
+        for _ in range(7):
+            await pilot.press("tab")
+            focused = app.focused
+            assert focused is not None
+            seen.add(focused.id)
+        assert {"loss-panel", "grad-table", "memory-panel", "alerts-panel"} <= seen
+
+
+async def test_a_thousand_layers_keep_up() -> None:
+    messages = synthetic_run(steps=300, n_layers=1000, batch=10)
+    app = make_app(ReplaySource(messages, RUN, batch_size=2))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.connection == "ended", timeout=60)
+        await painted(pilot, app)
+        assert app.state.n_steps == 300
+        table = app.query_one(GradientTable)
+        await wait_for(pilot, lambda: table.row_count == 1000)
+        await pilot.press("h")
+        await pilot.pause()
+        assert "heatmap" in screen_text(app)
+
+
+class RestartingSource(Source):
+    """Two runs of the same name, one after the other, as a restarted job would look."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run, self.messages = dict(RUN), synthetic_run(steps=100)
+        self.next = [(dict(RUN, pid=5555), synthetic_run(steps=30))]
+
+    def batches(self) -> Iterator[list[dict[str, Any]]]:
+        self.end_reason = None
+        yield self.messages
+        self.end_reason = "shutdown"
+
+    def reattach(self, notify: Any) -> bool:
+        if not self.next:
+            return False
+        self.run, self.messages = self.next.pop(0)
+        return True
+
+
+async def test_restarted_run_replaces_the_data() -> None:
+    app = make_app(RestartingSource())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.run.get("pid") == 5555)
+        await ended(pilot, app)
+        assert app.state.n_steps == 30
+        assert "pid 5555" in screen_text(app)
+
+
+# --- a fake probe on a real Unix socket ------------------------------------------------------
+
+
+def serve_once(
+    path: str, messages: list[dict[str, Any]], garbage: bool = False
+) -> threading.Thread:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def run() -> None:
+        conn, _ = server.accept()
+        with conn:
+            if garbage:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                return
+            decoder = protocol.Decoder(protocol.MAX_INBOUND_FRAME)
+            while not decoder.feed(conn.recv(65536)):
+                pass
+            welcome = {
+                "type": "welcome",
+                "proto": 1,
+                "server_version": "test",
+                "run": dict(RUN, socket=path),
+            }
+            out = protocol.preamble() + protocol.pack(welcome)
+            for message in messages:
+                out += protocol.pack(message)
+            conn.sendall(out + protocol.pack({"type": "bye", "reason": "shutdown"}))
+        server.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture
+def sock_path() -> Iterator[str]:
+    # Short base directory: sun_path is ~100 bytes.
+    with tempfile.TemporaryDirectory(dir="/tmp") as directory:
+        os.chmod(directory, 0o700)
+        yield os.path.join(directory, "0-1")
+
+
+async def test_socket_source_against_a_fake_probe(sock_path: str) -> None:
+    thread = serve_once(sock_path, synthetic_run(steps=120, n_layers=5))
+    app = make_app(SocketSource(sock_path))
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        assert app.state.n_steps == 120
+        assert app.state.end_reason == "shutdown; watching for a restart"
+        assert "run ended (shutdown" in screen_text(app)
+        assert "blocks.0.attn.weight" in screen_text(app)
+        app.source.stop()  # no restart will come: stop watching discovery
+    thread.join(5)
+
+
+def test_launch_reports_a_missing_path(capsys: pytest.CaptureFixture[str]) -> None:
+    assert launch("/nonexistent/tdbg.sock") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tdbg-tui: error: ") and err.count("\n") == 1
+
+
+def test_launch_reports_a_socket_that_is_not_tdbg(
+    sock_path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    thread = serve_once(sock_path, [], garbage=True)
+    assert launch(sock_path) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tdbg-tui: error: ") and "not a tdbg probe" in err
+    thread.join(5)
+
+
+def test_launch_reports_a_bad_metadata_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    meta = tmp_path / "run.json"
+    meta.write_text("{not json")
+    assert launch(str(meta)) == 2
+    assert capsys.readouterr().err.startswith("tdbg-tui: error: ")
+
+
+async def test_screenshot_is_svg(tmp_path: Path) -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=100, gpu=True), RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        path = save_screenshot(app, tmp_path / "tdbg.svg")
+    assert Path(path).read_text().lstrip().startswith("<svg")
+
+
+def test_tui_never_imports_torch() -> None:
+    code = (
+        "import sys, tdbg.tui.app, tdbg.tui.source, tdbg.tui.model\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_model_never_imports_textual() -> None:
+    code = (
+        "import sys, tdbg.tui.model\n"
+        "assert 'textual' not in sys.modules\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def write_meta(directory: str, sock: str, name: str, start: float) -> None:
+    meta = dict(RUN, name=name, pid=os.getpid(), socket=sock, start_time=start)
+    Path(directory, os.path.basename(sock) + ".json").write_text(json.dumps(meta))
+
+
+async def test_discovery_waits_then_attaches() -> None:
+    with tempfile.TemporaryDirectory(dir="/tmp") as directory:
+        os.chmod(directory, 0o700)
+        app = make_app(DiscoverySource(Path(directory)))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, WaitingScreen))
+            await wait_for(pilot, lambda: "Waiting for a training run" in screen_text(app))
+            sock = os.path.join(directory, "0-1")
+            thread = serve_once(sock, synthetic_run(steps=60))
+            write_meta(directory, sock, "late", 1.0)
+            await ended(pilot, app)
+            assert isinstance(app.screen, MonitorScreen)
+            assert app.state.n_steps == 60
+            app.source.stop()
+        thread.join(5)
+
+
+async def test_several_runs_open_the_picker() -> None:
+    with tempfile.TemporaryDirectory(dir="/tmp") as directory:
+        os.chmod(directory, 0o700)
+        threads = []
+        for i, steps in enumerate((40, 70)):
+            sock = os.path.join(directory, f"0-{i}")
+            threads.append(serve_once(sock, synthetic_run(steps=steps)))
+            write_meta(directory, sock, f"run{i}", float(i))
+        app = make_app(DiscoverySource(Path(directory)))
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, RunPickerScreen))
+            await wait_for(pilot, lambda: "run0" in screen_text(app) and "run1" in screen_text(app))
+            await pilot.press("down", "enter")
+            await ended(pilot, app)
+            assert app.state.n_steps == 70
+            app.source.stop()
+        # The run not picked is still waiting in accept(): connect once so its thread ends.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(os.path.join(directory, "0-0"))
+            s.sendall(protocol.hello("test"))
+        for thread in threads:
+            thread.join(5)
