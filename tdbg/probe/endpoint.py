@@ -42,11 +42,14 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 class Endpoint:
     """A bound, listening AF_UNIX socket plus the metadata file that lets runs be discovered."""
 
-    def __init__(self, rank: int, run_info: dict[str, Any], directory: Path | None = None) -> None:
+    def __init__(
+        self, rank: int, run_info: dict[str, Any], directory: str | os.PathLike[str] | None = None
+    ) -> None:
         self.rank = rank
         self.pid = os.getpid()
         self.run_info = run_info
-        self.directory = directory
+        # watch(directory=...) documents str or PathLike: a str here broke `base / name`.
+        self.directory = Path(directory) if directory is not None else None
         self.listener: socket.socket | None = None
         self.path: Path | None = None
         self.meta_path: Path | None = None

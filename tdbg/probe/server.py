@@ -109,6 +109,7 @@ class ProbeServer:
         if self._stop.is_set():
             return
         self._stop.set()
+        self.serving = False  # socket_path reads None from now on
         self.wake()
         for thread in self._threads:
             if thread is not threading.current_thread():
@@ -121,6 +122,7 @@ class ProbeServer:
     def abandon_after_fork(self) -> None:
         """In a forked child: drop inherited sockets, touch no files, start nothing."""
         self._stop.set()
+        self.serving = False  # the child's socket_path is None: the parent's socket is not its
         for conn in self._clients:
             with contextlib.suppress(OSError):
                 conn.sock.close()
@@ -237,7 +239,9 @@ class ProbeServer:
             return
         if reason:
             conn.outbuf += pack({"type": "bye", "reason": reason})
-            conn.flush()
+        # Best effort, non-blocking: an error reply queued just before (UNSUPPORTED_VERSION,
+        # BAD_FRAME, ...) must reach the peer before the close (R23, R26).
+        conn.flush()
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
         conn.close()

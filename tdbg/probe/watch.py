@@ -230,7 +230,10 @@ class Probe:
         step_mark = Mark(self._cuda)
         step_time = NAN if self._last_host is None else t0 - self._last_host
         if self._sample_now and self._sample is None and self._grads.n_layers:
-            self._compute_grads()
+            try:
+                self._compute_grads()
+            except Exception as exc:  # a failed gradient pass must not cost the step's loss
+                self._count_error(exc)
         sample, self._sample = self._sample, None
         loss_value, loss_tensor = self._loss_parts(loss)
         pending = PendingStep(
@@ -378,7 +381,8 @@ def watch(
     ``grad_every=k`` samples them every k steps instead (1 = every step). In a multiprocessing
     child (DataLoader workers with spawn) the probe is inert: it never starts a second server.
     """
-    previous = _by_model.get(model)
+    # Only a module can be a key of the weak map: anything else gets Probe's clear TypeError.
+    previous = _by_model.get(model) if isinstance(model, nn.Module) else None
     if previous is not None and not previous.closed:
         warn("tdbg.watch: this model was already watched; closing the earlier probe")
         previous.close()

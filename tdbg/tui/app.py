@@ -16,14 +16,14 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from tdbg.client import ConnectError, ProbeClient
+from tdbg.client import ConnectError, ProbeClient, resolve_target
 from tdbg.runtime import RunEntry, discover
 from tdbg.tui.model import RunState
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
-from tdbg.tui.source import DiscoverySource, ReplaySource, SocketSource, Source, resolve_target
+from tdbg.tui.source import DiscoverySource, ReplaySource, SocketSource, Source
 
 REPAINT_INTERVAL = 1 / 8  # seconds; the view repaints at most this often, and only on change
 CLOCK_INTERVAL = 1.0  # repaint at least this often anyway, so the elapsed clock ticks

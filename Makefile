@@ -1,0 +1,33 @@
+# One command per job: `make demo` and `make test` set everything up on a fresh machine first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO ?= mlp
+
+.PHONY: setup demo test lint check clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned to the CPU wheel for development; it is not a dependency of the tdbg package.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(PY) demos/launch.py $(DEMO)
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check tdbg tests demos benchmarks
+	$(VENV)/bin/ruff format --check tdbg tests demos benchmarks
+	$(VENV)/bin/mypy tdbg
+	./.ci/no-unsafe-decoding
+
+check: lint test
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

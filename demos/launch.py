@@ -1,0 +1,117 @@
+"""Run a demo training job in the background and the tdbg TUI attached to it in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+from tdbg.runtime import RunEntry, discover
+
+DEMOS = Path(__file__).resolve().parent
+CHOICES = ("mlp", "transformer", "nan", "cnn")
+START_TIMEOUT = 30.0  # seconds for the job to import torch, build its model and serve
+POLL = 0.05
+TERM_GRACE = 3.0  # seconds between SIGTERM and SIGKILL
+TAIL = 2000  # characters of the job's stderr shown when it fails
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[launcher args] -- [demo args]``."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def tail(log: IO[bytes]) -> str:
+    log.seek(0)
+    return log.read().decode(errors="replace")[-TAIL:].rstrip()
+
+
+def wait_for_probe(job: subprocess.Popen[bytes], runtime: Path, timeout: float) -> RunEntry | None:
+    """The job's run entry once its socket is up; None if the job exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entries = [e for e in discover(runtime) if e.pid == job.pid]
+        if entries:
+            return entries[0]
+        if job.poll() is not None:
+            return None
+        time.sleep(POLL)
+    return None
+
+
+def stop(job: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the demo closes its probe and exits 0), then SIGKILL after a grace period."""
+    if job.poll() is not None:
+        return
+    job.send_signal(signal.SIGTERM)
+    try:
+        job.wait(TERM_GRACE)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ours, demo_args = split_argv(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(
+        description=__doc__,
+        usage="%(prog)s [mlp|transformer|nan|cnn] [-- demo args]",
+        epilog="example: %(prog)s nan -- --nan-at 300 --layer body.4",
+    )
+    p.add_argument("demo", nargs="?", default="mlp", choices=CHOICES, help="default: mlp")
+    args = p.parse_args(ours)
+    # A private runtime directory (mkdtemp makes it 0700): this run cannot meet any other.
+    runtime = Path(tempfile.mkdtemp(prefix="tdbg-demo-"))
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime), PYTHONUNBUFFERED="1")
+    with tempfile.TemporaryFile() as log:
+        # The job must not write to the terminal the TUI owns: stdout dropped, stderr kept.
+        job = subprocess.Popen(
+            [sys.executable, str(DEMOS / f"{args.demo}.py"), *demo_args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,  # Ctrl-C at the terminal reaches us; we stop the job
+        )
+        try:
+            entry = wait_for_probe(job, runtime, START_TIMEOUT)
+            if entry is None:
+                if job.poll() is None:
+                    reason = f"its probe did not start serving within {START_TIMEOUT:g} s"
+                else:
+                    reason = f"it exited with code {job.returncode} before serving"
+                print(f"launch: the {args.demo} demo failed: {reason}", file=sys.stderr)
+                stop(job)
+                text = tail(log)
+                if text:
+                    print(text, file=sys.stderr)
+                return 1
+            from tdbg.tui.app import launch  # after the job starts: the imports overlap
+
+            code = launch(str(entry.socket))
+            if job.poll() not in (None, 0):
+                print(
+                    f"launch: the {args.demo} demo exited with code {job.returncode}:",
+                    file=sys.stderr,
+                )
+                print(tail(log), file=sys.stderr)
+            return code
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            stop(job)
+            shutil.rmtree(runtime, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Shared fixtures: a private runtime directory per test, and no probe outliving its test."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes seconds (spawned interpreters); -m 'not slow'")
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh 0700 directory under /tmp (short, so socket paths stay under 100 bytes),
+    also exported as TDBG_RUNTIME_DIR."""
+    path = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
+    os.chmod(path, 0o700)
+    monkeypatch.setenv("TDBG_RUNTIME_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _close_probes() -> Iterator[None]:
+    """Close every probe a test left open (only if the probe was ever imported: the protocol
+    tests must not pull torch in)."""
+    yield
+    watch = sys.modules.get("tdbg.probe.watch")
+    if watch is not None:
+        watch._close_all()
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 5.0, what: str = "") -> None:
+    """Poll ``condition`` until it is true; fail after ``timeout`` seconds. Never a bare sleep."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what or condition}")
+        time.sleep(0.01)
+
+
+class Loop:
+    """A tiny real training loop on CPU; remembers each step's loss and reference norms."""
+
+    def __init__(self, seed: int = 0, optimizer: bool = True, width: int = 16) -> None:
+        import torch
+        from torch import nn
+
+        torch.manual_seed(seed)
+        self.torch = torch
+        self.model = nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 1))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05) if optimizer else None
+        self.x, self.y = torch.randn(32, 4), torch.randn(32, 1)
+        self.losses: list[float] = []
+        self.norms: list[tuple[float, list[float]]] = []
+
+    def step(self, probe: object = None, reference: bool = False) -> float:
+        from tdbg.probe.gradients import find_layers, reference_norms
+
+        self.model.zero_grad(set_to_none=True)
+        loss = ((self.model(self.x) - self.y) ** 2).mean()
+        loss.backward()
+        if reference:
+            self.norms.append(reference_norms(find_layers(self.model)))
+        if self.opt is not None:
+            self.opt.step()
+        else:
+            with self.torch.no_grad():
+                for p in self.model.parameters():
+                    p -= 0.05 * p.grad
+        if probe is not None:
+            probe.step(loss)  # type: ignore[attr-defined]
+        value = loss.item()
+        self.losses.append(value)
+        return value
+
+    def run(self, n: int, probe: object = None, reference: bool = False) -> None:
+        for _ in range(n):
+            self.step(probe, reference)
+
+
+class Reader:
+    """A real client on a background thread, collecting every message the probe sends."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        import threading
+
+        from tdbg.client import ProbeClient
+
+        self.client = ProbeClient.connect(path)
+        self.messages: list[dict] = []
+        self.ended = False
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self.client.messages():
+                self.messages.append(message)
+        except OSError:
+            pass  # closed by close() before the first read
+        finally:
+            self.ended = True
+
+    def of(self, mtype: str) -> list[dict]:
+        return [m for m in list(self.messages) if m["type"] == mtype]
+
+    def records(self, history: bool | None = None) -> list:
+        from tdbg.protocol import unpack_steps
+
+        return [
+            r
+            for m in self.of("steps")
+            if history is None or bool(m.get("history")) == history
+            for r in unpack_steps(m)
+        ]
+
+    def wait(self, condition: Callable[[Reader], object], timeout: float = 5.0) -> None:
+        wait_until(lambda: condition(self), timeout, "reader condition")
+
+    def close(self) -> None:
+        import socket
+
+        with contextlib.suppress(OSError):
+            self.client.sock.shutdown(socket.SHUT_RDWR)
+        self.client.close()
+        self._thread.join(2.0)
+
+
+@pytest.fixture
+def probe_log(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
+    """What the probe logs (its stderr handler), with the once-a-minute memory cleared."""
+    from tdbg.probe import log
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(log, "_last", {})
+    for handler in log.logger.handlers:
+        if type(handler) is logging.StreamHandler:  # the probe's own, not pytest's capture
+            monkeypatch.setattr(handler, "stream", buffer)
+    yield buffer

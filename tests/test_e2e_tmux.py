@@ -1,0 +1,73 @@
+"""End to end in a real terminal: a demo job, `tdbg-tui` in tmux over a real Unix socket."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from demo_job import demo_job
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+SERVER = f"tdbg-test-{os.getpid()}"  # a private tmux server: no other session's size applies
+
+
+def tmux(*args: str) -> str:
+    cmd = ["tmux", "-L", SERVER, "-f", "/dev/null", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+
+
+def wait_screen(session: str, needles: list[str], timeout: float = 45.0) -> str:
+    deadline = time.monotonic() + timeout
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = tmux("capture-pane", "-p", "-t", session)
+        if all(n in screen for n in needles):
+            return screen
+        time.sleep(0.2)
+    raise AssertionError(f"screen never showed {needles}:\n{screen}")
+
+
+def test_tui_in_tmux_attaches_and_quits(runtime_dir: Path) -> None:
+    session = f"tdbg-e2e-{runtime_dir.name}"
+    args = ("--delay", "0.01", "--nan-at", "200", "--layer", "body.1", "--steps", "100000")
+    with demo_job("nan", *args, runtime=runtime_dir) as (proc, entry):
+        # COLUMNS/LINES inherited from a harness would override the real terminal size.
+        command = (
+            f"env -u COLUMNS -u LINES TDBG_RUNTIME_DIR={runtime_dir} "
+            f"{sys.executable} -m tdbg.cli tui; sleep 30"
+        )
+        tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", command)
+        tmux("set-option", "-g", "window-size", "manual")
+        tmux("resize-window", "-t", session, "-x", "160", "-y", "48")
+        assert (
+            tmux("display", "-p", "-t", session, "#{window_width}x#{window_height}").strip()
+            == "160x48"
+        )
+        try:
+            screen = wait_screen(session, ["live", "Loss", "Gradient norms", "head", "Memory"])
+            assert f"pid {proc.pid}" in screen
+            wait_screen(session, ["non-finite", "body.1"])
+            tmux("send-keys", "-t", session, "?")
+            wait_screen(session, ["tdbg — keys", "quit"])
+            tmux("send-keys", "-t", session, "Escape")
+            # Escape then q at once would read as Alt+q: wait for the help screen to close.
+            deadline = time.monotonic() + 15
+            while "tdbg — keys" in tmux("capture-pane", "-p", "-t", session):
+                assert time.monotonic() < deadline, "Escape did not close the help screen"
+                time.sleep(0.2)
+            tmux("send-keys", "-t", session, "q")
+            # After q the app exits and the shell runs `sleep`: the screen no longer shows the app.
+            deadline = time.monotonic() + 15
+            while "Gradient norms" in tmux("capture-pane", "-p", "-t", session):
+                assert time.monotonic() < deadline, "tdbg-tui did not quit on q"
+                time.sleep(0.2)
+            assert proc.poll() is None, "quitting the TUI must not disturb the training job"
+        finally:
+            tmux("kill-server")
