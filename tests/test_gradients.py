@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tdbg.probe.gradients import GradientStats, find_layers, reference_norms
+from tdbg.probe.gradients import GradientStats, find_layers, reference_norms, total_norm
 
 
 def backward(model: nn.Module, x: torch.Tensor) -> None:
@@ -21,8 +21,8 @@ def fused(model: nn.Module) -> tuple[list, GradientStats, float, list[float], li
     layers = find_layers(model)
     stats = GradientStats(layers)
     sample = stats.compute()
-    values = sample.values.tolist()
-    return layers, stats, values[0], values[1:], sample.missing
+    values = sample.layer_norms()
+    return layers, stats, total_norm(values), values, sample.missing
 
 
 def assert_matches_reference(model: nn.Module) -> tuple[list[str], list[float], list[int]]:
@@ -45,9 +45,9 @@ def test_small_mlp() -> None:
     # a second call with the same plan gives the same answer (the plan is cached)
     layers = find_layers(model)
     stats = GradientStats(layers)
-    first = stats.compute().values.tolist()
+    first = stats.compute().layer_norms()
     assert stats.replanned
-    second = stats.compute().values.tolist()
+    second = stats.compute().layer_norms()
     assert not stats.replanned
     assert first == second
 
@@ -57,11 +57,11 @@ def test_norms_follow_new_gradients() -> None:
     model = nn.Linear(3, 3)
     stats = GradientStats(find_layers(model))
     backward(model, torch.randn(4, 3))
-    a = stats.compute().values.tolist()
+    a = stats.compute().layer_norms()
     for p in model.parameters():
         assert p.grad is not None
         p.grad.mul_(2.0)
-    b = stats.compute().values.tolist()
+    b = stats.compute().layer_norms()
     assert b == pytest.approx([2 * v for v in a], rel=1e-6)
 
 
@@ -170,7 +170,7 @@ def test_model_without_parameters() -> None:
     assert layers == []
     stats = GradientStats(layers)
     sample = stats.compute()
-    assert sample.values.tolist() == [0.0]
+    assert sample.layer_norms() == []
     assert sample.missing == []
     assert reference_norms(layers) == (0.0, [])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -214,7 +215,9 @@ def serve_once(
             out = protocol.preamble() + protocol.pack(welcome)
             for message in messages:
                 out += protocol.pack(message)
-            conn.sendall(out + protocol.pack({"type": "bye", "reason": "shutdown"}))
+            # The app may already have hung up (the picker test leaves runs unattached).
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                conn.sendall(out + protocol.pack({"type": "bye", "reason": "shutdown"}))
         server.close()
 
     thread = threading.Thread(target=run, daemon=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,18 +39,44 @@ def find_layers(model: nn.Module) -> list[Layer]:
 
 @dataclass
 class GradSample:
-    """Device tensors of one sampled step; ``values`` is [total, layer_0, ..., layer_n-1]."""
+    """One sampled step's gradient norms, per parameter, as the fused kernel left them.
 
-    values: torch.Tensor
+    ``values[i]`` is the norm of a parameter of layer ``layer_index[i]``; the probe thread folds
+    them into per-layer norms (:func:`layer_norms`) — after the step's one device-to-host copy on
+    a GPU — so the training thread pays only for the fused norm kernel (and a stack on a GPU).
+    """
+
+    values: torch.Tensor | list[torch.Tensor]  # a list of 0-d tensors when on the CPU
+    layer_index: torch.Tensor  # on the host, int64, one entry per value
+    n_layers: int
     missing: list[int]  # layers with a parameter that requires grad but has no .grad
+
+    @property
+    def on_host(self) -> bool:
+        return isinstance(self.values, list)
+
+    def layer_norms(self, host_values: torch.Tensor | None = None) -> list[float]:
+        values = self.values if host_values is None else host_values
+        if isinstance(values, list):
+            values = torch.stack([v.float() for v in values]) if values else torch.zeros(0)
+        return layer_norms(values, self.layer_index, self.n_layers)
+
+
+def layer_norms(values: torch.Tensor, layer_index: torch.Tensor, n_layers: int) -> list[float]:
+    """Per-layer L2 norms from per-parameter norms (host tensors): sqrt of summed squares."""
+    squares = values.detach().to("cpu", torch.float64).square()
+    out = torch.zeros(n_layers, dtype=torch.float64).index_add_(0, layer_index, squares)
+    return out.sqrt_().tolist()
 
 
 class GradientStats:
-    """Computes per-layer and total gradient norms for a fixed list of layers.
+    """Computes per-parameter gradient norms for a fixed list of layers.
 
-    Cost per call: per (device, dtype) group one fused ``_foreach_norm`` kernel, one stack and one
-    ``index_add_`` into the per-layer buckets; no ``.item()``, no host sync. The Python work is one
-    pass over the parameters to collect their ``.grad`` (a foreach op needs the list anyway).
+    Cost per call on the training thread: per (device, dtype) group one fused ``_foreach_norm``
+    kernel; on a GPU also one stack (plus a cast and a cat when there are several groups) so the
+    step has a single tensor to copy; no ``.item()``, no host sync. The Python work is one pass
+    over the parameters to collect their ``.grad`` (a foreach op needs the list anyway).
+    Per-layer sums happen later, in the probe thread.
     """
 
     def __init__(self, layers: list[Layer]) -> None:
@@ -63,7 +90,9 @@ class GradientStats:
                     self._params.append(param)
                     self._param_layer.append(index)
         self._plan_key: bytes | None = None
-        self._plan: list[tuple[list[int], torch.Tensor]] = []
+        self._plan: list[list[int]] = []
+        self._layer_index = torch.zeros(0, dtype=torch.int64)
+        self._missing: list[int] = []
         self._device: torch.device | None = None
         self.replanned = False  # the last compute() built a new plan (its time is not typical)
 
@@ -73,39 +102,49 @@ class GradientStats:
             self._device = self._params[0].device if self._params else torch.device("cpu")
         return self._device
 
-    def _make_plan(self, grads: list[torch.Tensor | None]) -> list[tuple[list[int], torch.Tensor]]:
-        """Group present grads by (device, dtype); each group gets its layer index tensor."""
+    def _make_plan(self, grads: list[torch.Tensor | None], key: bytes) -> None:
+        """Group present grads by (device, dtype); remember which layer each norm belongs to."""
         groups: dict[tuple[Any, Any], list[int]] = {}
         for i, grad in enumerate(grads):
             if grad is not None:
                 groups.setdefault((grad.device, grad.dtype), []).append(i)
-        plan = []
-        for members in groups.values():
-            index = torch.tensor([self._param_layer[i] for i in members], device=self.device)
-            plan.append((members, index))
-        return plan
+        self._plan = list(groups.values())
+        order = [self._param_layer[i] for members in self._plan for i in members]
+        self._layer_index = torch.tensor(order, dtype=torch.int64)
+        self._missing = sorted({self._param_layer[i] for i, ok in enumerate(key) if not ok})
+        self._plan_key = key
 
     def compute(self) -> GradSample:
         grads = [p.grad for p in self._params]
         key = bytes(g is not None for g in grads)
         self.replanned = key != self._plan_key
         if self.replanned:
-            self._plan = self._make_plan(grads)
-            self._plan_key = key
-        layer_sq = torch.zeros(self.n_layers, dtype=torch.float32, device=self.device)
-        for members, index in self._plan:
+            self._make_plan(grads, key)
+        norms: list[list[torch.Tensor]] = []
+        for members in self._plan:
             group = [grads[i] for i in members]
             if group[0].is_sparse:  # type: ignore[union-attr]
                 group = [g.coalesce().values() for g in group]  # type: ignore[union-attr]
-            norms = torch.stack(torch._foreach_norm(group))  # type: ignore[arg-type]
-            norms = norms.to(device=self.device, dtype=torch.float32, non_blocking=True)
-            layer_sq.index_add_(0, index, norms * norms)
-        total = layer_sq.sum().sqrt().reshape(1)
-        values = torch.cat((total, layer_sq.sqrt()))
-        missing: list[int] = []
-        if 0 in key:
-            missing = sorted({self._param_layer[i] for i, present in enumerate(key) if not present})
-        return GradSample(values, missing)
+            norms.append(torch._foreach_norm(group))  # type: ignore[arg-type]
+        values: torch.Tensor | list[torch.Tensor]
+        if self.device.type == "cpu":
+            # Already on the host: the probe thread stacks them, not the training thread.
+            values = [n for group_norms in norms for n in group_norms]
+        elif len(norms) == 1 and norms[0][0].dtype == torch.float32:
+            values = torch.stack(norms[0])  # one tensor: the step's single copy needs it
+        else:
+            values = torch.cat(
+                [
+                    torch.stack(n).to(device=self.device, dtype=torch.float32, non_blocking=True)
+                    for n in norms
+                ]
+            )
+        return GradSample(values, self._layer_index, self.n_layers, self._missing)
+
+
+def total_norm(layer_norms: list[float]) -> float:
+    """The total L2 norm from per-layer norms (non-finite layers make it non-finite)."""
+    return math.sqrt(math.fsum(v * v for v in layer_norms))
 
 
 def reference_norms(layers: list[Layer]) -> tuple[float, list[float]]:

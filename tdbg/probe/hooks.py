@@ -71,6 +71,7 @@ class PhaseHooks:
     ) -> None:
         self.cuda = cuda
         self.timeline = StepTimeline()
+        self.seconds = 0.0  # time spent inside these hooks since the last take_seconds()
         self._on_optimizer_step = on_optimizer_step
         self._on_error = on_error
         self.handles: list[RemovableHandle] = [
@@ -86,30 +87,38 @@ class PhaseHooks:
         timeline, self.timeline = self.timeline, StepTimeline()
         return timeline
 
+    def take_seconds(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
     def _forward_pre(self, module: nn.Module, args: Any) -> None:
         try:
             if self.timeline.forward_start is None and torch.is_grad_enabled():
-                self.timeline.forward_start = Mark(self.cuda)
+                mark = self.timeline.forward_start = Mark(self.cuda)
+                self.seconds += perf() - mark.host
         except Exception as exc:
             self._on_error(exc)
 
     def _forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
         try:
             if torch.is_grad_enabled():
-                self.timeline.forward_end = Mark(self.cuda)
+                mark = self.timeline.forward_end = Mark(self.cuda)
+                self.seconds += perf() - mark.host
         except Exception as exc:
             self._on_error(exc)
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            self.timeline.optimizer_start = Mark(self.cuda)
+            mark = self.timeline.optimizer_start = Mark(self.cuda)
             self._on_optimizer_step()
+            self.seconds += perf() - mark.host
         except Exception as exc:
             self._on_error(exc)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            self.timeline.optimizer_end = Mark(self.cuda)
+            mark = self.timeline.optimizer_end = Mark(self.cuda)
+            self.seconds += perf() - mark.host
         except Exception as exc:
             self._on_error(exc)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tdbg.probe.gradients import GradSample, total_norm
 from tdbg.probe.hooks import Mark, StepTimeline, span
 from tdbg.protocol import NAN, StepRecord
 
@@ -13,7 +14,7 @@ from tdbg.protocol import NAN, StepRecord
 class PendingStep:
     """What ``probe.step()`` knew, with device values still in flight.
 
-    ``values`` is a host tensor laid out as ``[loss?] + [total, layer_0, ...]`` (the loss first
+    ``values`` is a host tensor laid out as ``[loss?] + [layer_0, layer_1, ...]`` (the loss first
     only when ``loss_in_values``); on CUDA it is the target of one non-blocking copy and ``ready``
     is the event recorded after it. The probe thread reads it only once ``ready.query()``.
     """
@@ -33,7 +34,7 @@ class PendingStep:
     loss_in_values: bool = False
     values: Any = None
     ready: Any = None
-    has_grads: bool = False
+    grads: GradSample | None = None  # this step's sample, when gradients were sampled
     missing_layers: list[int] = field(default_factory=list)
 
     def resolve(self) -> tuple[StepRecord, list[int]] | None:
@@ -58,12 +59,12 @@ class PendingStep:
         loss = self.loss
         grad_total: float | None = None
         grad_norms: list[float] | None = None
-        if self.values is not None:
-            vals = self.values.tolist()
-            if self.loss_in_values:
-                loss, vals = vals[0], vals[1:]
-            if self.has_grads:
-                grad_total, grad_norms = vals[0], vals[1:]
+        host = self.values
+        if host is not None and self.loss_in_values:
+            loss, host = float(host[0]), host[1:]
+        if self.grads is not None:
+            grad_norms = self.grads.layer_norms(None if self.grads.on_host else host)
+            grad_total = total_norm(grad_norms)
         if self.loss_tensor is not None:
             loss = float(self.loss_tensor)  # a CPU tensor: already computed, no sync
         record = StepRecord(

@@ -108,7 +108,8 @@ class Probe:
         self._grad_cost = 0.0  # EMA of seconds per gradient pass
         self._step_ema = 0.0  # EMA of seconds per step
         self._sample: GradSample | None = None
-        self._hook_seconds = 0.0
+        self._grad_seconds = 0.0  # this step's gradient pass
+        self._fixed_cost = 0.0  # EMA of the probe's per-step cost besides gradient passes
         self._previous_end: Mark | None = None
         self._last_host: float | None = None
         self._reported: set[str] = set()
@@ -197,7 +198,7 @@ class Probe:
         t0 = perf()
         self._sample = self._grads.compute()
         cost = perf() - t0
-        self._hook_seconds += cost
+        self._grad_seconds += cost
         if self._grads.replanned:
             return  # that pass also built index tensors: not what a pass usually costs
         self._grad_cost = (
@@ -216,7 +217,7 @@ class Probe:
                     "(e.g. loss.mean()) — loss not recorded",
                 )
                 return None, None
-            return None, loss.detach().reshape(())
+            return None, loss.detach()
         value = _number(loss)
         if math.isnan(value) and not isinstance(loss, float):
             self._report_once(
@@ -254,13 +255,16 @@ class Probe:
             if loss_tensor.device.type == "cpu":
                 pending.loss_tensor = loss_tensor
             else:
-                device = sample.values.device if sample is not None else loss_tensor.device
-                values.append(loss_tensor.to(device, torch.float32, non_blocking=True).reshape(1))
+                device = loss_tensor.device
+                if sample is not None and isinstance(sample.values, torch.Tensor):
+                    device = sample.values.device
+                values.append(loss_tensor.reshape(1).to(device, torch.float32, non_blocking=True))
                 pending.loss_in_values = True
         if sample is not None:
-            values.append(sample.values)
-            pending.has_grads = True
+            pending.grads = sample
             pending.missing_layers = sample.missing
+            if isinstance(sample.values, torch.Tensor):
+                values.append(sample.values)
         if values:
             vector = values[0] if len(values) == 1 else torch.cat(values)
             if vector.device.type == "cpu":
@@ -273,10 +277,15 @@ class Probe:
                 ready.record()
                 pending.ready = ready
         self._step_count += 1
+        # The gradient pass is counted once: in this call or in the optimizer hook that ran it.
+        probe_time = (perf() - t0) + self._hooks.take_seconds()
+        pending.probe_time = probe_time
+        fixed = max(0.0, probe_time - self._grad_seconds)
+        self._grad_seconds = 0.0
+        self._fixed_cost = (
+            fixed if self._fixed_cost == 0.0 else ((1 - EMA) * self._fixed_cost + EMA * fixed)
+        )
         self._update_interval(step_time, sample is not None)
-        end = perf()
-        pending.probe_time = (end - t0) + self._hook_seconds
-        self._hook_seconds = 0.0
         self._server.inbox.append(pending)
         self._server.appended += 1
         self._previous_end = Mark(False)
@@ -307,8 +316,12 @@ class Probe:
         if self.grad_every is not None:
             interval = self.grad_every
         elif self._step_ema > 0 and self._grad_cost > 0:
-            # Gradient statistics every k steps so that their cost stays within the budget.
-            k = math.ceil(self._grad_cost / (self.overhead_budget * self._step_ema))
+            # Gradient statistics every k steps so that they and the probe's fixed per-step
+            # cost together stay within the budget. Where the fixed cost alone eats the budget
+            # (very short steps), the gradients still get a quarter of it rather than nothing.
+            budget = self.overhead_budget * self._step_ema
+            available = max(budget - self._fixed_cost, budget / 4)
+            k = math.ceil(self._grad_cost / available)
             interval = max(1, min(MAX_AUTO_INTERVAL, k))
         else:
             interval = 1

@@ -378,14 +378,15 @@ class RunState:
 
     def _ema_block(self, loss: np.ndarray) -> np.ndarray:
         # A sequential recurrence, so one float op per step in Python; non-finite losses are
-        # skipped so one NaN does not poison the smoothed curve for the rest of the run.
+        # skipped so one NaN does not poison the smoothed curve for the rest of the run, and
+        # the curve has a gap there rather than a flat line hiding a diverged run.
         out = np.empty(len(loss))
         ema = self._ema
         a = EMA_ALPHA
         for i, v in enumerate(loss.tolist()):
             if math.isfinite(v):
                 ema = v if ema is None else ema + a * (v - ema)
-            out[i] = math.nan if ema is None else ema
+            out[i] = ema if ema is not None and math.isfinite(v) else math.nan
         self._ema = ema
         return out
 

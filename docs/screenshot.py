@@ -1,0 +1,41 @@
+"""Make the README's picture: the real TUI attached to the real nan demo, saved as SVG."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from demo_job import demo_job  # noqa: E402
+
+from tdbg.tui.app import make_app, save_screenshot, screen_text  # noqa: E402
+from tdbg.tui.source import SocketSource  # noqa: E402
+
+
+async def capture(out: Path, size: tuple[int, int] = (160, 48), timeout: float = 60.0) -> str:
+    """Run the nan demo, attach the app under its Pilot, wait for the alert, save an SVG."""
+    runtime = Path(tempfile.mkdtemp(prefix="tdbg-shot-", dir="/tmp"))
+    os.chmod(runtime, 0o700)
+    args = ("--delay", "0.004", "--nan-at", "700", "--layer", "body.2", "--steps", "100000")
+    with demo_job("nan", *args, runtime=runtime) as (_proc, entry):
+        app = make_app(SocketSource(path=str(entry.socket)))
+        async with app.run_test(size=size) as pilot:
+            deadline = time.monotonic() + timeout
+            while not (app.state.nonfinite_alerts and "NVML" in screen_text(app)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the demo never showed its non-finite alert")
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # let the charts take in a few more steps
+            await pilot.pause()
+            return save_screenshot(app, out)
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "screenshot.svg"
+    print(asyncio.run(capture(target)))
