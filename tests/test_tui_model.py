@@ -184,3 +184,22 @@ def test_formatting_helpers() -> None:
     assert fmt_bytes(None) == "n/a"
     assert fmt_bytes(1536) == "1.5 KiB"
     assert fmt_loss(float("inf")) == "+inf"
+
+
+def test_scalar_history_is_bounded_recent_steps_exact(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import tdbg.tui.model as model
+
+    monkeypatch.setattr(model, "MAX_SCALAR_ROWS", 1000)
+    state = RunState(RUN)
+    state.apply({"type": "layers", "names": layer_names(3), "numel": [1] * 3})
+    for start in range(0, 20_000, 250):
+        state.apply(pack_steps(step_records(start, 250, 3), 3))
+    steps = state.steps.values
+    assert len(steps) <= 1000 + 250
+    assert state.thinned_steps > 0
+    assert np.all(np.diff(steps) > 0), "thinning must keep the steps in order"
+    assert steps[0] == 0 and steps[-1] == 19_999
+    assert list(steps[-400:]) == list(range(19_600, 20_000)), "recent steps stay exact"
+    n = len(steps)
+    assert len(state.loss.values) == len(state.lr.values) == len(state.loss_ema.values) == n
+    assert all(len(c.values) == n for c in state.cols.values())

@@ -31,6 +31,9 @@ ANATOMY = ("data_time", "forward_time", "backward_time", "optimizer_time")
 RECENT_GRAD_ROWS = 512  # sampled grad rows kept at full resolution
 OLD_GRAD_ROWS = 512  # decimated older rows; the stride doubles whenever this fills
 MAX_ALERTS = 500
+# Per-step scalars kept; past this the older half is thinned to every other step (again and
+# again), so a run of any length costs at most ~25 MiB of history while recent steps stay exact.
+MAX_SCALAR_ROWS = 1 << 18
 EMA_ALPHA = 0.05  # smoothed loss: about a 20-step memory
 RATE_WINDOW = 5.0  # seconds of recent steps that steps/s is measured over
 ANATOMY_WINDOW = 32  # steps averaged for the step-anatomy bar
@@ -115,6 +118,19 @@ class GrowArray:
         else:
             self._data[self.n : need] = block
         self.n = need
+
+    def compress(self, keep: np.ndarray) -> None:
+        """Keep only the rows where ``keep`` is true (a mask over the filled part)."""
+        kept = self._data[: self.n][keep]
+        self._data[: len(kept)] = kept
+        self.n = len(kept)
+
+
+def thin_mask(n: int) -> np.ndarray:
+    """Every row of the newer half; every other row of the older half."""
+    keep = np.ones(n, dtype=bool)
+    keep[1 : n // 2 : 2] = False
+    return keep
 
 
 class GradHistory:
@@ -273,6 +289,7 @@ class RunState:
         self.grads = GradHistory(0)
         self.alerts: deque[Alert] = deque(maxlen=MAX_ALERTS)
         self.alert_count = 0
+        self.thinned_steps = 0  # times the older half of the scalar history was thinned
         self.nonfinite_alerts = 0
         self.system: dict[str, Any] | None = None
         self.probe: dict[str, Any] | None = None
@@ -375,6 +392,25 @@ class RunState:
             self.grad_total.extend(totals)
             if n_layers:
                 self.grads.extend(gsteps, norms.reshape(n_grad, n_layers))
+        self._bound_history()
+
+    def _bound_history(self) -> None:
+        if len(self.steps) > MAX_SCALAR_ROWS:
+            keep = thin_mask(len(self.steps))
+            for arr in (
+                self.steps,
+                self.has_loss,
+                self.loss,
+                self.loss_ema,
+                self.lr,
+                *self.cols.values(),
+            ):
+                arr.compress(keep)
+            self.thinned_steps += 1
+        if len(self.grad_steps) > MAX_SCALAR_ROWS:
+            keep = thin_mask(len(self.grad_steps))
+            self.grad_steps.compress(keep)
+            self.grad_total.compress(keep)
 
     def _ema_block(self, loss: np.ndarray) -> np.ndarray:
         # A sequential recurrence, so one float op per step in Python; non-finite losses are
