@@ -75,7 +75,7 @@ def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str
         "numel": [],
     }
     deadline = None if timeout is None else time.monotonic() + timeout
-    for msg in client.messages(timeout=0.5 if deadline is not None else None):
+    for msg in _messages_until(client, deadline):
         mtype = msg.get("type")
         if mtype == "layers":
             # The probe sends its layers right after welcome: hello carries them.
@@ -117,9 +117,20 @@ def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str
             return
         elif mtype == "error":
             yield {"type": "error", "code": msg.get("code"), "message": msg.get("message")}
-        if deadline is not None and time.monotonic() > deadline:
-            return
-    yield {"type": "end", "reason": "disconnected"}
+    timed_out = deadline is not None and time.monotonic() >= deadline
+    yield {"type": "end", "reason": "timeout" if timed_out else "disconnected"}
+
+
+def _messages_until(client: ProbeClient, deadline: float | None) -> Iterator[dict[str, Any]]:
+    """The client's messages until it closes or ``deadline`` passes (quiet spells included)."""
+    if deadline is None:
+        yield from client.messages()
+        return
+    while not client.peer_closed and time.monotonic() < deadline:
+        for msg in client.messages(timeout=max(0.05, min(0.5, deadline - time.monotonic()))):
+            yield msg
+            if time.monotonic() >= deadline:
+                return
 
 
 def pick_target(target: str | None, wait: float | None) -> str:

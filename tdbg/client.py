@@ -48,6 +48,7 @@ class ProbeClient:
         self._pending = pending
         self._next_id = 1
         self.closed = False
+        self.peer_closed = False  # the probe closed the connection (EOF or reset)
 
     @classmethod
     def connect(
@@ -124,8 +125,10 @@ class ProbeClient:
             except TimeoutError:
                 return
             except OSError:
+                self.peer_closed = True
                 return
             if not chunk:
+                self.peer_closed = True
                 return
             yield from self._decoder.feed(chunk)
 

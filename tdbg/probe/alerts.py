@@ -81,8 +81,9 @@ class RobustWindow:
 class AlertRules:
     """Turns each resolved step into zero or more alerts; a condition alerts on onset only."""
 
-    def __init__(self, layer_names: Sequence[str]) -> None:
+    def __init__(self, layer_names: Sequence[str], frozen: Sequence[int] = ()) -> None:
         self.layer_names = list(layer_names)
+        self.frozen = set(frozen)  # layers with no trainable parameter: a zero norm is expected
         self._losses = RobustWindow()
         self._grad_logs = RobustWindow()  # log10 of the total gradient norm
         self._step_times: deque[float] = deque(maxlen=WINDOW)
@@ -171,7 +172,8 @@ class AlertRules:
                 )
             )
         missing_set = set(missing_layers)
-        zero = [names[i] for i, v in enumerate(norms) if v == 0.0 and i not in missing_set]
+        skip = missing_set | self.frozen
+        zero = [names[i] for i, v in enumerate(norms) if v == 0.0 and i not in skip]
         if self._onset("zero_grad", tuple(zero) or None) and zero:
             out.append(
                 alert(

@@ -19,6 +19,7 @@ REPLAY_SECONDS = 120.0  # a late client must take the history within this time
 RATE_PER_S = 20.0
 RATE_BURST = 40.0
 ERRORS_PER_MINUTE = 10
+RATE_LIMITED_PER_MINUTE = 200  # refusals a client may collect before it is dropped
 SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
@@ -37,9 +38,11 @@ class Connection:
         self.replaying = False
         self.replay_started = 0.0
         self.backlog: deque[dict[str, Any] | bytes] = deque()
+        self.backlog_live_bytes = 0  # live frames waiting behind the replay: they count (R41)
         self.outbuf = bytearray()
         self.over_soft_since: float | None = None
         self.error_times: deque[float] = deque()
+        self.limited_times: deque[float] = deque()
         self.tokens = RATE_BURST
         self.refilled = time.monotonic()
         self.dropped_messages = 0
@@ -49,6 +52,7 @@ class Connection:
     def queue(self, frame: bytes) -> None:
         if self.replaying:
             self.backlog.append(frame)
+            self.backlog_live_bytes += len(frame)
         else:
             self.outbuf += frame
 
@@ -63,6 +67,7 @@ class Connection:
             self.outbuf += item if isinstance(item, bytes) else pack(item)
         if not self.backlog:
             self.replaying = False
+            self.backlog_live_bytes = 0
 
     def flush(self) -> bool:
         """Send what the kernel takes now; False when the peer is gone."""
@@ -84,7 +89,9 @@ class Connection:
 
     def slow_consumer(self, now: float) -> bool:
         if self.replaying:
-            return now - self.replay_started > REPLAY_SECONDS
+            return (
+                self.backlog_live_bytes > HARD_LIMIT or now - self.replay_started > REPLAY_SECONDS
+            )
         queued = len(self.outbuf)
         if queued > HARD_LIMIT:
             return True
@@ -108,11 +115,11 @@ class Connection:
 
     def count_error(self) -> bool:
         """Record a protocol error; True when the connection has made too many this minute."""
-        now = time.monotonic()
-        self.error_times.append(now)
-        while self.error_times and now - self.error_times[0] > 60.0:
-            self.error_times.popleft()
-        return len(self.error_times) > ERRORS_PER_MINUTE
+        return _over(self.error_times, ERRORS_PER_MINUTE)
+
+    def count_rate_limited(self) -> bool:
+        """Record a rate-limit refusal; True when a client ignores them (sustained flooding)."""
+        return _over(self.limited_times, RATE_LIMITED_PER_MINUTE)
 
     def timed_out(self, now: float) -> str | None:
         if not self.handshaken and now - self.accepted_at > HANDSHAKE_SECONDS:
@@ -130,3 +137,12 @@ class Connection:
         self.closed = True
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def _over(times: deque[float], per_minute: int) -> bool:
+    """Add now to a sliding one-minute window; True when it holds more than ``per_minute``."""
+    now = time.monotonic()
+    times.append(now)
+    while times and now - times[0] > 60.0:
+        times.popleft()
+    return len(times) > per_minute

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -20,6 +22,11 @@ class Layer:
     @property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
+
+    @property
+    def trainable(self) -> bool:
+        """False for a frozen layer: its zero norm is expected, not an alert."""
+        return any(p.requires_grad for p in self.params)
 
 
 def find_layers(model: nn.Module) -> list[Layer]:
@@ -103,11 +110,11 @@ class GradientStats:
         return self._device
 
     def _make_plan(self, grads: list[torch.Tensor | None], key: bytes) -> None:
-        """Group present grads by (device, dtype); remember which layer each norm belongs to."""
-        groups: dict[tuple[Any, Any], list[int]] = {}
+        """Group present grads by (device, dtype, layout); remember each norm's layer."""
+        groups: dict[tuple[Any, ...], list[int]] = {}
         for i, grad in enumerate(grads):
             if grad is not None:
-                groups.setdefault((grad.device, grad.dtype), []).append(i)
+                groups.setdefault((grad.device, grad.dtype, grad.layout), []).append(i)
         self._plan = list(groups.values())
         order = [self._param_layer[i] for members in self._plan for i in members]
         self._layer_index = torch.tensor(order, dtype=torch.int64)
@@ -125,20 +132,19 @@ class GradientStats:
             group = [grads[i] for i in members]
             if group[0].is_sparse:  # type: ignore[union-attr]
                 group = [g.coalesce().values() for g in group]  # type: ignore[union-attr]
-            norms.append(torch._foreach_norm(group))  # type: ignore[arg-type]
+            if group[0].dtype in LOW_PRECISION:  # type: ignore[union-attr]
+                # Accumulate in float32: an fp16 norm overflows at 65504, bf16 loses digits.
+                norms.append(torch._foreach_norm(group, 2, dtype=torch.float32))  # type: ignore[arg-type]
+            else:
+                norms.append(torch._foreach_norm(group))  # type: ignore[arg-type]
         values: torch.Tensor | list[torch.Tensor]
         if self.device.type == "cpu":
             # Already on the host: the probe thread stacks them, not the training thread.
             values = [n for group_norms in norms for n in group_norms]
-        elif len(norms) == 1 and norms[0][0].dtype == torch.float32:
+        elif len(norms) == 1:
             values = torch.stack(norms[0])  # one tensor: the step's single copy needs it
         else:
-            values = torch.cat(
-                [
-                    torch.stack(n).to(device=self.device, dtype=torch.float32, non_blocking=True)
-                    for n in norms
-                ]
-            )
+            values = torch.cat([torch.stack(n).to(self.device, non_blocking=True) for n in norms])
         return GradSample(values, self._layer_index, self.n_layers, self._missing)
 
 

@@ -18,13 +18,14 @@ class Mark:
 
     __slots__ = ("host", "event")
 
-    def __init__(self, cuda: bool) -> None:
+    def __init__(self, cuda_device: torch.device | None) -> None:
         self.host = perf()
         self.event: Any = None
-        if cuda:
-            # Recording an event is an asynchronous enqueue: no host-device sync.
+        if cuda_device is not None:
+            # Recording an event is an asynchronous enqueue: no host-device sync. It goes on the
+            # model's device's stream, not the current device's (a rank may never set_device).
             self.event = torch.cuda.Event(enable_timing=True)
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(cuda_device))
 
 
 def span(start: Mark | None, end: Mark | None) -> float | None:
@@ -65,11 +66,12 @@ class PhaseHooks:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer | None,
-        cuda: bool,
+        cuda_device: torch.device | None,
         on_optimizer_step: Callable[[], None],
         on_error: Callable[[BaseException], None],
     ) -> None:
-        self.cuda = cuda
+        self.cuda_device = cuda_device
+        self.active = True  # False once the probe switched itself off; removal comes later
         self.timeline = StepTimeline()
         self.seconds = 0.0  # time spent inside these hooks since the last take_seconds()
         self._on_optimizer_step = on_optimizer_step
@@ -92,32 +94,40 @@ class PhaseHooks:
         return seconds
 
     def _forward_pre(self, module: nn.Module, args: Any) -> None:
+        if not self.active:
+            return
         try:
             if self.timeline.forward_start is None and torch.is_grad_enabled():
-                mark = self.timeline.forward_start = Mark(self.cuda)
+                mark = self.timeline.forward_start = Mark(self.cuda_device)
                 self.seconds += perf() - mark.host
         except Exception as exc:
             self._on_error(exc)
 
     def _forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not self.active:
+            return
         try:
             if torch.is_grad_enabled():
-                mark = self.timeline.forward_end = Mark(self.cuda)
+                mark = self.timeline.forward_end = Mark(self.cuda_device)
                 self.seconds += perf() - mark.host
         except Exception as exc:
             self._on_error(exc)
 
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.active:
+            return
         try:
-            mark = self.timeline.optimizer_start = Mark(self.cuda)
+            mark = self.timeline.optimizer_start = Mark(self.cuda_device)
             self._on_optimizer_step()
             self.seconds += perf() - mark.host
         except Exception as exc:
             self._on_error(exc)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.active:
+            return
         try:
-            mark = self.timeline.optimizer_end = Mark(self.cuda)
+            mark = self.timeline.optimizer_end = Mark(self.cuda_device)
             self.seconds += perf() - mark.host
         except Exception as exc:
             self._on_error(exc)

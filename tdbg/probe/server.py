@@ -38,6 +38,8 @@ INODE_CHECK_SECONDS = 10.0
 MAX_CLIENTS = 8
 INBOX_SIZE = 4096  # pending steps the training thread may run ahead of the probe thread
 MAX_RESOLVE_PER_TICK = 2000
+MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dropped
+LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
 
 
 class ProbeServer:
@@ -53,6 +55,7 @@ class ProbeServer:
         stats: Callable[[], dict[str, Any]],
         on_error: Callable[[BaseException], None],
         directory: Any = None,
+        frozen: list[int] | None = None,
     ) -> None:
         self.inbox: deque[PendingStep] = deque(maxlen=INBOX_SIZE)
         self.appended = 0  # written by the training thread only
@@ -60,7 +63,7 @@ class ProbeServer:
         self.layer_names = layer_names
         self.layer_numel = layer_numel
         self.history = History(len(layer_names))
-        self.rules = AlertRules(layer_names)
+        self.rules = AlertRules(layer_names, frozen or [])
         self.endpoint = Endpoint(rank, run_info, directory)
         self._stats = stats
         self._on_error = on_error
@@ -207,7 +210,7 @@ class ProbeServer:
                 return
             try:
                 pid, uid, _gid = peer_credentials(sock)
-            except OSError:
+            except (OSError, AttributeError):  # no SO_PEERCRED here: nobody is let in
                 sock.close()
                 continue
             if uid != os.geteuid():  # R14: closed before a byte is read
@@ -275,6 +278,12 @@ class ProbeServer:
             self._reply_error(conn, exc.code, 0, str(exc))
             self._drop(conn)
             return
+        if len(messages) > MAX_MESSAGES_PER_READ:
+            # A legitimate client never batches this much; decoding more would only burn the
+            # probe thread's GIL time.
+            self._reply_error(conn, ErrorCode.RATE_LIMITED, 0, "too many messages at once")
+            self._drop(conn)
+            return
         for message in messages:
             if conn.closed:
                 return
@@ -313,6 +322,8 @@ class ProbeServer:
             return
         if not conn.take_token():
             self._reply_error(conn, ErrorCode.RATE_LIMITED, mid, "more than 20 messages/s")
+            if conn.count_rate_limited():  # refused, yet it keeps flooding: close it
+                self._drop(conn)
             return
         if mtype == "ping":
             conn.queue(pack({"type": "pong", "id": mid}))
@@ -356,7 +367,12 @@ class ProbeServer:
         # Bounded work per wakeup keeps the probe thread's GIL hold short (R42).
         while inbox and len(resolved) < MAX_RESOLVE_PER_TICK:
             pending = inbox[0]
-            result = pending.resolve()
+            try:
+                result = pending.resolve()
+            except Exception:
+                inbox.popleft()  # a step that cannot be read must not block every later one
+                self.consumed += 1
+                raise
             if result is None:
                 break  # device work still in flight: keep order, try next tick
             inbox.popleft()
@@ -379,8 +395,10 @@ class ProbeServer:
         if not resolved and self.last_step is not None:
             alerts.extend(self.rules.check_stall(self.last_step, now - self.last_step_time))
         frames: list[bytes] = []
-        if resolved:
-            msg = pack_steps([r for r, _ in resolved], len(self.layer_names))
+        n_layers = len(self.layer_names)
+        per_frame = max(1, LIVE_FRAME_BYTES // (100 + 4 * n_layers))
+        for i in range(0, len(resolved), per_frame):
+            msg = pack_steps([r for r, _ in resolved[i : i + per_frame]], n_layers)
             self.history.add(msg)
             frames.append(pack(msg))
         for a in alerts:

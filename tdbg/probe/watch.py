@@ -100,7 +100,8 @@ class Probe:
         self._optimizer = optimizer
         self._layers = find_layers(model)
         self._grads = GradientStats(self._layers)
-        self._cuda = any(p.is_cuda for layer in self._layers for p in layer.params)
+        cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
+        self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
         self._step_count = 0
         self._sample_now = True
         self._last_sampled = -1
@@ -113,9 +114,6 @@ class Probe:
         self._previous_end: Mark | None = None
         self._last_host: float | None = None
         self._reported: set[str] = set()
-        self._hooks = PhaseHooks(
-            model, optimizer, self._cuda, self._on_optimizer_step, self._count_error
-        )
         if not self._layers:
             warn(
                 "tdbg: the model has no parameters: only loss, learning rate and timings are shown"
@@ -129,7 +127,7 @@ class Probe:
             "start_time": time.time(),
             "cwd": os.getcwd(),
             "torch": torch.__version__,
-            "device": "cuda" if self._cuda else "cpu",
+            "device": str(self._cuda_device or "cpu"),
         }
         self._server = ProbeServer(
             run_info,
@@ -139,8 +137,15 @@ class Probe:
             self._stats,
             self._count_error,
             directory=directory,
+            frozen=[i for i, layer in enumerate(self._layers) if not layer.trainable],
         )
-        if serve and multiprocessing.parent_process() is None:
+        # Hooks last: nothing above can leave them registered behind a failed watch().
+        self._hooks = PhaseHooks(
+            model, optimizer, self._cuda_device, self._on_optimizer_step, self._count_error
+        )
+        if serve:
+            if multiprocessing.parent_process() is not None:
+                warn("tdbg: watching from a multiprocessing child: serving its own socket")
             self._server.start()
         _live.add(self)
 
@@ -160,6 +165,10 @@ class Probe:
         ``samples`` / ``tokens``: how many this step processed, for samples/s and tokens/s.
         """
         if self._disabled:
+            if self._hooks.handles and not self.closed:
+                # Switched off by the circuit breaker: remove the hooks here, at a step
+                # boundary, never from inside a hook while torch iterates over them.
+                self._hooks.remove()
             return
         try:
             self._step(loss, samples, tokens)
@@ -172,9 +181,12 @@ class Probe:
             return
         self.closed = True
         self._disabled = True
-        self._hooks.remove()
-        if os.getpid() == self._pid:
-            self._server.stop()
+        try:
+            self._hooks.remove()
+            if os.getpid() == self._pid:
+                self._server.stop()
+        except Exception as exc:  # closing must never raise into the caller (or atexit)
+            warn(f"tdbg: error while closing the probe: {exc}")
         _live.discard(self)
 
     def __enter__(self) -> Probe:
@@ -226,15 +238,43 @@ class Probe:
             return None, None
         return value, None
 
+    def _count(self, value: Any, what: str) -> float:
+        """samples= / tokens= as a float, without reading a device tensor (that would sync)."""
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            self._report_once(
+                f"{what}-device",
+                f"probe.step({what}=...): a {value.device.type} tensor would need a host sync "
+                "to read; pass a Python int — not recorded",
+            )
+            return NAN
+        return _number(value)
+
     def _step(self, loss: Any, samples: Any, tokens: Any) -> None:
         t0 = perf()
-        step_mark = Mark(self._cuda)
+        if not self._server.serving:
+            # Nobody can ever read what this step would record: keep nothing, compute nothing.
+            self._step_count += 1
+            self._sample_now = False
+            self._hooks.take()
+            return
+        step_mark = Mark(self._cuda_device)
+        # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
         step_time = NAN if self._last_host is None else t0 - self._last_host
+        self._last_host = t0
         if self._sample_now and self._sample is None and self._grads.n_layers:
             try:
                 self._compute_grads()
             except Exception as exc:  # a failed gradient pass must not cost the step's loss
                 self._count_error(exc)
+            fallback = self._sample
+            if (
+                self._optimizer is not None
+                and fallback is not None
+                and not self._sample_seen(fallback)
+            ):
+                # The optimizer did not step (GradScaler skipped it) and zero_grad already ran:
+                # no gradient at all is not "no gradient reached every layer".
+                self._sample = None
         sample, self._sample = self._sample, None
         loss_value, loss_tensor = self._loss_parts(loss)
         pending = PendingStep(
@@ -242,8 +282,8 @@ class Probe:
             time=time.time(),
             lr=self._learning_rates(),
             step_time=step_time,
-            samples=_number(samples),
-            tokens=_number(tokens),
+            samples=self._count(samples, "samples"),
+            tokens=self._count(tokens, "tokens"),
             probe_time=NAN,
             timeline=self._hooks.take(),
             previous_end=self._previous_end,
@@ -269,13 +309,15 @@ class Probe:
             vector = values[0] if len(values) == 1 else torch.cat(values)
             if vector.device.type == "cpu":
                 pending.values = vector
-            else:
+            elif vector.device.type == "cuda":
                 # The step's one device-to-host copy: asynchronous into pinned memory; the probe
-                # thread reads it once the event after it has completed.
+                # thread reads it once the event recorded after it (same stream) has completed.
                 pending.values = vector.to("cpu", non_blocking=True)
                 ready = torch.cuda.Event()
-                ready.record()
+                ready.record(torch.cuda.current_stream(vector.device))
                 pending.ready = ready
+            else:  # mps, xpu, ...: no CUDA events to wait on; a plain copy is correct there
+                pending.values = vector.to("cpu")
         self._step_count += 1
         # The gradient pass is counted once: in this call or in the optimizer hook that ran it.
         probe_time = (perf() - t0) + self._hooks.take_seconds()
@@ -288,8 +330,11 @@ class Probe:
         self._update_interval(step_time, sample is not None)
         self._server.inbox.append(pending)
         self._server.appended += 1
-        self._previous_end = Mark(False)
-        self._last_host = self._previous_end.host
+        self._previous_end = Mark(None)
+
+    def _sample_seen(self, sample: GradSample) -> bool:
+        """Did any trainable layer have a gradient in this sample?"""
+        return len(sample.missing) < sum(1 for layer in self._layers if layer.trainable)
 
     def _learning_rates(self) -> list[float]:
         if self._optimizer is None:
@@ -355,7 +400,7 @@ class Probe:
             if self.errors >= MAX_ERRORS and not self._disabled:
                 warn(f"tdbg: {MAX_ERRORS} internal errors: the probe switches itself off")
                 self._disabled = True
-                self._hooks.remove()
+                self._hooks.active = False  # removed at the next probe.step() or close()
                 threading.Thread(target=self._server.stop, daemon=True).start()
         except Exception:
             self._disabled = True

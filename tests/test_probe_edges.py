@@ -1,0 +1,160 @@
+"""Edge cases found in review: breaker inside a hook, frozen layers, sparse/fp16 grads, skipped
+optimizer steps, flooding clients, slow loops under `tdbg dump --timeout`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Loop, Reader
+from demo_job import demo_job
+from torch import nn
+
+import tdbg
+from tdbg import protocol
+from tdbg.probe import watch as watch_module
+from tdbg.probe.alerts import AlertRules
+from tdbg.probe.gradients import GradientStats, find_layers, reference_norms
+from tdbg.protocol import StepRecord
+
+
+def test_breaker_tripping_inside_the_optimizer_hook_never_raises_into_step(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R48 + R36: the 100th error comes from inside optimizer.step(); torch is iterating over
+    its hooks then, so the probe must not remove them there."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    seen: list[int] = []
+    loop.opt.register_step_pre_hook(lambda *a: seen.append(1))  # a user's own hook after ours
+
+    def broken() -> None:
+        raise RuntimeError("gradient pass failed")
+
+    monkeypatch.setattr(probe, "_on_optimizer_step", broken)
+    monkeypatch.setattr(probe._hooks, "_on_optimizer_step", broken)
+    loop.run(watch_module.MAX_ERRORS + 20, probe)  # raises if the breaker breaks opt.step()
+    assert probe._disabled
+    assert len(seen) == watch_module.MAX_ERRORS + 20
+    assert not probe._hooks.handles, "hooks are removed at the next step boundary"
+
+
+def test_frozen_layer_is_not_an_all_zero_gradient_alert() -> None:
+    rules = AlertRules(["embed", "head"], frozen=[0])
+    rec = StepRecord(step=0, time=0.0, loss=1.0, grad_total=1.0, grad_norms=[0.0, 1.0])
+    assert [a["kind"] for a in rules.check_step(rec)] == []
+    live = AlertRules(["embed", "head"])
+    assert [a["kind"] for a in live.check_step(rec)] == ["zero_grad"]
+
+
+def test_frozen_layer_end_to_end_no_alert(runtime_dir: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    probe = tdbg.watch(model, opt, grad_every=1)
+    assert probe.socket_path
+    reader = Reader(probe.socket_path)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    for _ in range(5):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 5)
+    time.sleep(0.3)  # alerts of the same tick arrive with the steps; give one more tick
+    kinds = {a["kind"] for a in reader.of("alert")}
+    assert not kinds & {"zero_grad", "no_grad"}, reader.of("alert")
+    reader.close()
+
+
+def test_sparse_and_dense_grads_in_one_model() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Linear(8, 1))
+    model(torch.randint(0, 50, (20,))).sum().backward()
+    layers = find_layers(model)
+    sample = GradientStats(layers).compute()
+    ref_total, ref_layers = reference_norms(layers)
+    assert sample.layer_norms() == pytest.approx(ref_layers, rel=1e-5)
+
+
+def test_fp16_norms_do_not_overflow() -> None:
+    """An fp16 gradient whose norm is above 65504 must not read as inf (a false NaN alert)."""
+    layer = nn.Linear(100, 100).half()
+    layer.weight.grad = torch.full_like(layer.weight, 10.0)  # norm 1000
+    layer.bias.grad = torch.full_like(layer.bias, 7000.0)  # norm 70000 > fp16 max
+    layers = find_layers(layer)
+    norms = GradientStats(layers).compute().layer_norms()
+    expected = ((10.0**2) * 10_000 + (7000.0**2) * 100) ** 0.5
+    assert norms == pytest.approx([expected], rel=1e-3)
+
+
+def test_skipped_optimizer_step_is_not_a_no_gradient_alert(runtime_dir: Path) -> None:
+    """GradScaler skips optimizer.step() on inf; the loop has zeroed grads before probe.step."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    assert probe.socket_path
+    reader = Reader(probe.socket_path)
+    for i in range(6):
+        loop.model.zero_grad(set_to_none=True)
+        loss = ((loop.model(loop.x) - loop.y) ** 2).mean()
+        loss.backward()
+        if i != 2:  # step 2: the optimizer step is skipped
+            loop.opt.step()
+        loop.model.zero_grad(set_to_none=True)
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 6)
+    time.sleep(0.3)
+    assert not [a for a in reader.of("alert") if a["kind"] == "no_grad"], reader.of("alert")
+    records = reader.records()
+    assert records[2].grad_norms is None and records[3].grad_norms is not None
+    reader.close()
+
+
+def test_flooding_client_is_closed_and_training_unaffected(runtime_dir: Path) -> None:
+    """R45/R26: a burst of pings beyond any real client's is refused and the client dropped."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt)
+    assert probe.socket_path
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(probe.socket_path)
+    sock.sendall(protocol.hello("flood"))
+    ping = protocol.pack(protocol.client_message("ping", 1), protocol.MAX_INBOUND_FRAME)
+    sock.sendall(ping * 2000)
+    sock.settimeout(5)
+    data = b""
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    assert b"RATE_LIMITED" in data
+    sock.close()
+    loop.run(5, probe)
+    reader = Reader(probe.socket_path)  # the probe still serves a well-behaved client
+    reader.wait(lambda r: len(r.records()) >= 5)
+    reader.close()
+
+
+def test_dump_timeout_survives_a_slow_loop(runtime_dir: Path) -> None:
+    """Steps 1.5 s apart: `tdbg dump --timeout 4` must run its 4 s, not stop at the first lull."""
+    with demo_job("cnn", "--delay", "1.5", runtime=runtime_dir):
+        env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir))
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "tdbg.cli", "dump", "--timeout", "4"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        elapsed = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    assert elapsed >= 3.5
+    assert '"type":"end","reason":"disconnected"' not in out.stdout
