@@ -329,10 +329,13 @@ def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = Fal
     """Pack step records into one columnar ``steps`` message (little-endian binary arrays).
 
     Columns: ``step`` (i64), ``flags`` (u8: 1 has loss, 2 has per-layer grads), ``loss`` and the
-    f64 columns of StepRecord, ``lr`` (n x lr_groups f64, NaN-padded), ``grad_total`` (f64 per row
-    with grads), ``grad_norms`` (rows with grads x n_layers f32).
+    f64 columns of StepRecord, ``lr`` (n x lr_groups f64, NaN-padded), ``lr_n`` (u8: groups in
+    each row), ``grad_total`` (f64 per row with grads), ``grad_norms`` (rows with grads x n_layers
+    f32).
     """
     groups = max((len(r.lr) for r in records), default=0)
+    if groups > 255:
+        raise ValueError(f"{groups} param groups: at most 255 are supported")
     msg: dict[str, Any] = {
         "type": "steps",
         "n": len(records),
@@ -347,6 +350,8 @@ def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = Fal
         ),
         "loss": _packed("d", (NAN if r.loss is None else r.loss for r in records)),
         "lr": _packed("d", (v for r in records for v in (*r.lr, *[NAN] * (groups - len(r.lr))))),
+        # How many of a row's lr columns are real: a NaN lr (unreadable) is not padding.
+        "lr_n": bytes(len(r.lr) for r in records),
     }
     for name in _F64_COLUMNS:
         msg[name] = _packed("d", (getattr(r, name) for r in records))
@@ -378,12 +383,15 @@ def unpack_steps(msg: dict[str, Any]) -> list[StepRecord]:
         cols = {name: _unpacked("d", msg[name]) for name in _F64_COLUMNS}
         totals = _unpacked("d", msg["grad_total"])
         norms = _unpacked("f", msg["grad_norms"])
+        lr_n = bytes(msg["lr_n"])
         rows_with_grads = sum(1 for f in flags if f & FLAG_HAS_GRADS)
         sizes_ok = (
             len(steps) == n
             and len(flags) == n
             and len(loss) == n
             and len(lr) == n * groups
+            and len(lr_n) == n
+            and all(k <= groups for k in lr_n)
             and all(len(c) == n for c in cols.values())
             and len(totals) == rows_with_grads
             and len(norms) == rows_with_grads * n_layers
@@ -396,7 +404,7 @@ def unpack_steps(msg: dict[str, Any]) -> list[StepRecord]:
     g = 0
     for i in range(n):
         has_grads = bool(flags[i] & FLAG_HAS_GRADS)
-        lrs = [v for v in lr[i * groups : (i + 1) * groups] if not math.isnan(v)]
+        lrs = lr[i * groups : i * groups + lr_n[i]].tolist()
         rec = StepRecord(
             step=steps[i],
             time=cols["time"][i],

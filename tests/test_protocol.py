@@ -498,3 +498,18 @@ def test_unpack_steps_rejects_missing_and_mistyped_fields() -> None:
     msg["n"] = "four"
     with pytest.raises(ProtocolError):
         unpack_steps(msg)
+
+
+def test_unreadable_lr_is_kept_in_its_param_group() -> None:
+    """A NaN lr (a GPU tensor lr the probe will not sync to read) keeps group indices stable."""
+    from tdbg.protocol import StepRecord, pack_steps, unpack_steps
+
+    nan = float("nan")
+    recs = [
+        StepRecord(step=0, time=0.0, lr=[nan, 0.1]),
+        StepRecord(step=1, time=0.0, lr=[0.2]),
+        StepRecord(step=2, time=0.0, lr=[]),
+    ]
+    out = unpack_steps(pack_steps(recs, 0))
+    assert len(out[0].lr) == 2 and math.isnan(out[0].lr[0]) and out[0].lr[1] == 0.1
+    assert out[1].lr == [0.2] and out[2].lr == []

@@ -1,0 +1,107 @@
+"""Memory and GPU figures. No GPU here: NVML is faked at the library boundary (the `pynvml`
+module), the one thing that cannot run on this machine; everything above it is real."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Loop, Reader
+
+import tdbg
+from tdbg.probe.system import NvmlReader, SystemSampler
+
+
+class NVMLError(Exception):
+    pass
+
+
+def fake_pynvml(gpus: int = 2, broken: set[str] | None = None, init_error: str = "") -> Any:
+    """A stand-in for nvidia-ml-py with the calls the probe makes and NVML's units."""
+    broken = broken or set()
+    mod = types.ModuleType("pynvml")
+    mod.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
+    mod.NVML_CLOCK_SM = 1  # type: ignore[attr-defined]
+
+    def call(name: str, value: Any) -> Any:
+        def fn(*args: Any) -> Any:
+            if name in broken:
+                raise NVMLError(f"{name}: Not Supported")
+            return value(*args) if callable(value) else value
+
+        setattr(mod, name, fn)
+
+    def init() -> None:
+        if init_error:
+            raise NVMLError(init_error)
+
+    mod.nvmlInit = init  # type: ignore[attr-defined]
+    call("nvmlDeviceGetCount", gpus)
+    call("nvmlDeviceGetHandleByIndex", lambda i: f"handle{i}")
+    call("nvmlDeviceGetName", lambda h: b"NVIDIA H100 80GB HBM3")
+    call("nvmlDeviceGetUtilizationRates", lambda h: types.SimpleNamespace(gpu=87, memory=40))
+    call("nvmlDeviceGetMemoryInfo", lambda h: types.SimpleNamespace(used=30 << 30, total=80 << 30))
+    call("nvmlDeviceGetTemperature", lambda h, sensor: 71)
+    call("nvmlDeviceGetPowerUsage", lambda h: 412_500)  # milliwatts
+    call("nvmlDeviceGetEnforcedPowerLimit", lambda h: 700_000)
+    call("nvmlDeviceGetClockInfo", lambda h, clock: 1980)
+    return mod
+
+
+def test_nvml_figures_in_the_documented_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=2))
+    msg = SystemSampler().sample()
+    assert [g["index"] for g in msg["gpus"]] == [0, 1]
+    gpu = msg["gpus"][0]
+    assert gpu == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "util": 87.0,
+        "mem_used": 30 << 30,
+        "mem_total": 80 << 30,
+        "temp": 71.0,
+        "power": 412.5,
+        "power_limit": 700.0,
+        "sm_clock": 1980,
+    }
+    assert not [m for m in msg["missing"] if m.startswith("GPU")]
+    assert msg["host"]["rss"] > 0 and msg["host"]["ram_total"] >= msg["host"]["ram_used"] > 0
+
+
+def test_one_unsupported_nvml_call_costs_only_that_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"}
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1, broken=broken))
+    gpu = SystemSampler().sample()["gpus"][0]
+    assert gpu["power"] is None and gpu["temp"] is None
+    assert gpu["util"] == 87.0 and gpu["mem_used"] == 30 << 30
+
+
+def test_no_driver_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error="Driver Not Loaded"))
+    reader = NvmlReader()
+    assert reader.read() == []
+    assert reader.problem == "GPU: NVML not available (Driver Not Loaded)"
+
+
+def test_no_pynvml_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
+    reader = NvmlReader()
+    assert reader.problem is not None and "pip install nvidia-ml-py" in reader.problem
+
+
+def test_gpu_figures_reach_a_client(runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real probe thread samples (faked) NVML and serves it next to host figures."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1))
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt)
+    assert probe.socket_path
+    reader = Reader(probe.socket_path)
+    loop.run(3, probe)
+    reader.wait(lambda r: any(m["gpus"] for m in r.of("system")), timeout=5)
+    system = next(m for m in reader.of("system") if m["gpus"])
+    assert system["gpus"][0]["power"] == 412.5
+    assert "CUDA: not available in this process" in system["missing"]
+    reader.close()
