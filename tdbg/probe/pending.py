@@ -36,6 +36,8 @@ class PendingStep:
     ready: Any = None
     grads: GradSample | None = None  # this step's sample, when gradients were sampled
     missing_layers: list[int] = field(default_factory=list)
+    grad_marks: tuple[Mark, Mark] | None = None  # around the gradient pass, on a GPU
+    grad_device_time: float | None = None  # what the pass took on the device, once resolved
 
     def resolve(self) -> tuple[StepRecord, list[int]] | None:
         """The finished record, or None while device work is pending. Never blocks."""
@@ -53,9 +55,17 @@ class PendingStep:
         if any(s is None for s in spans):
             return None
         forward, backward, optimizer = (NAN if s is None else s for s in spans)
-        data = NAN
-        if self.previous_end is not None and fwd_start is not None:
-            data = max(0.0, fwd_start.host - self.previous_end.host)
+        if self.grad_marks is not None:
+            grad_time = span(*self.grad_marks)
+            if grad_time is None:
+                return None
+            self.grad_device_time = grad_time
+        # On a GPU this is device idle time between the steps (the events' gap): a host stuck
+        # in a blocking copy while the GPU is still busy is not waiting for data.
+        data = span(self.previous_end, fwd_start)
+        if data is None:
+            return None
+        data = max(0.0, data) if data == data else NAN
         loss = self.loss
         grad_total: float | None = None
         grad_norms: list[float] | None = None

@@ -56,6 +56,7 @@ class ProbeServer:
         on_error: Callable[[BaseException], None],
         directory: Any = None,
         frozen: list[int] | None = None,
+        on_grad_device_time: Callable[[float], None] | None = None,
     ) -> None:
         self.inbox: deque[PendingStep] = deque(maxlen=INBOX_SIZE)
         self.appended = 0  # written by the training thread only
@@ -64,6 +65,7 @@ class ProbeServer:
         self.layer_numel = layer_numel
         self.history = History(len(layer_names))
         self.rules = AlertRules(layer_names, frozen or [])
+        self._on_grad_device_time = on_grad_device_time
         self.endpoint = Endpoint(rank, run_info, directory)
         self._stats = stats
         self._on_error = on_error
@@ -376,6 +378,8 @@ class ProbeServer:
             if result is None:
                 break  # device work still in flight: keep order, try next tick
             inbox.popleft()
+            if pending.grad_device_time is not None and self._on_grad_device_time is not None:
+                self._on_grad_device_time(pending.grad_device_time)
             self.consumed += 1
             resolved.append(result)
         return resolved

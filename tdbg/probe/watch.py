@@ -112,6 +112,8 @@ class Probe:
         self._grad_seconds = 0.0  # this step's gradient pass
         self._fixed_cost = 0.0  # EMA of the probe's per-step cost besides gradient passes
         self._previous_end: Mark | None = None
+        self._grad_marks: tuple[Mark, Mark] | None = None
+        self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
         self._last_host: float | None = None
         self._reported: set[str] = set()
         if not self._layers:
@@ -138,6 +140,7 @@ class Probe:
             self._count_error,
             directory=directory,
             frozen=[i for i, layer in enumerate(self._layers) if not layer.trainable],
+            on_grad_device_time=self._on_grad_device_time,
         )
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = PhaseHooks(
@@ -208,7 +211,12 @@ class Probe:
         if not self._grads.n_layers:
             return
         t0 = perf()
+        before = Mark(self._cuda_device) if self._cuda_device is not None else None
         self._sample = self._grads.compute()
+        if before is not None:
+            # Host time is only the launch cost on a GPU: the probe thread times the kernels
+            # with these events and reports back (_on_grad_device_time).
+            self._grad_marks = (before, Mark(self._cuda_device))
         cost = perf() - t0
         self._grad_seconds += cost
         if self._grads.replanned:
@@ -300,6 +308,7 @@ class Probe:
                     device = sample.values.device
                 values.append(loss_tensor.reshape(1).to(device, torch.float32, non_blocking=True))
                 pending.loss_in_values = True
+        pending.grad_marks, self._grad_marks = self._grad_marks, None
         if sample is not None:
             pending.grads = sample
             pending.missing_layers = sample.missing
@@ -330,7 +339,13 @@ class Probe:
         self._update_interval(step_time, sample is not None)
         self._server.inbox.append(pending)
         self._server.appended += 1
-        self._previous_end = Mark(None)
+        self._previous_end = Mark(self._cuda_device)
+
+    def _on_grad_device_time(self, seconds: float) -> None:
+        """From the probe thread: a resolved gradient pass's device time (one float store)."""
+        if seconds == seconds and seconds > 0:
+            cost = self._grad_device_cost
+            self._grad_device_cost = seconds if cost == 0.0 else (1 - EMA) * cost + EMA * seconds
 
     def _sample_seen(self, sample: GradSample) -> bool:
         """Did any trainable layer have a gradient in this sample?"""
@@ -366,7 +381,7 @@ class Probe:
             # (very short steps), the gradients still get a quarter of it rather than nothing.
             budget = self.overhead_budget * self._step_ema
             available = max(budget - self._fixed_cost, budget / 4)
-            k = math.ceil(self._grad_cost / available)
+            k = math.ceil(max(self._grad_cost, self._grad_device_cost) / available)
             interval = max(1, min(MAX_AUTO_INTERVAL, k))
         else:
             interval = 1
