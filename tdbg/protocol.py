@@ -419,3 +419,24 @@ def unpack_steps(msg: dict[str, Any]) -> list[StepRecord]:
             g += 1
         out.append(rec)
     return out
+
+
+_CONCAT_COLUMNS = ("step", "flags", "loss", "lr", "lr_n", *_F64_COLUMNS, "grad_total", "grad_norms")
+
+
+def concat_steps(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Join ``steps`` messages into one by concatenating their columns: no Python object per
+    step (the probe thread merges history this way without feeding the garbage collector).
+    None when they cannot be joined byte-wise (different layer or param-group counts)."""
+    if not messages:
+        return None
+    first = messages[0]
+    if any(
+        m["layers"] != first["layers"] or m["lr_groups"] != first["lr_groups"] for m in messages
+    ):
+        return None
+    out: dict[str, Any] = {k: first[k] for k in ("type", "layers", "lr_groups", "history")}
+    out["n"] = sum(int(m["n"]) for m in messages)
+    for column in _CONCAT_COLUMNS:
+        out[column] = b"".join(bytes(m[column]) for m in messages)
+    return out

@@ -513,3 +513,27 @@ def test_unreadable_lr_is_kept_in_its_param_group() -> None:
     out = unpack_steps(pack_steps(recs, 0))
     assert len(out[0].lr) == 2 and math.isnan(out[0].lr[0]) and out[0].lr[1] == 0.1
     assert out[1].lr == [0.2] and out[2].lr == []
+
+
+def test_concat_steps_equals_packing_the_records_together() -> None:
+    from tdbg.protocol import StepRecord, concat_steps, pack_steps, unpack_steps
+
+    def rec(i: int, grads: bool) -> StepRecord:
+        return StepRecord(
+            step=i,
+            time=float(i),
+            loss=1.0 / (i + 1),
+            lr=[0.1, 0.2],
+            grad_total=5.0 if grads else None,
+            grad_norms=[3.0, 4.0] if grads else None,
+        )
+
+    a = [rec(0, True), rec(1, False)]
+    b = [rec(2, False), rec(3, True), rec(4, True)]
+    joined = concat_steps([pack_steps(a, 2), pack_steps(b, 2)])
+    assert joined is not None
+    together = pack_steps(a + b, 2)
+    assert joined == together  # byte for byte, every column (NaN != NaN would hide nothing)
+    assert [r.step for r in unpack_steps(joined)] == [0, 1, 2, 3, 4]
+    other = pack_steps([StepRecord(step=5, time=5.0, lr=[0.1])], 2)  # one param group only
+    assert concat_steps([pack_steps(a, 2), other]) is None

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from tdbg.protocol import MAX_OUTBOUND_FRAME, StepRecord, pack_steps, unpack_steps
+from tdbg.protocol import (
+    MAX_OUTBOUND_FRAME,
+    StepRecord,
+    concat_steps,
+    pack_steps,
+    unpack_steps,
+)
 
 MERGE_EVERY = 64  # small live batches merged into one chunk this often
 CHUNK_BYTES = 1 << 20  # a merged chunk holds about this much (well under the 4 MiB frame cap)
@@ -50,9 +56,25 @@ class History:
         ]
 
     def _merge_recent(self) -> None:
-        records = [r for msg in self._recent for r in unpack_steps(msg)]
+        """Join the small live batches into chunks of about CHUNK_BYTES, byte-wise."""
+        group: list[dict[str, Any]] = []
+        size = 0
+        for msg in self._recent:
+            if group and size + _size(msg) > CHUNK_BYTES:
+                self._append_joined(group)
+                group, size = [], 0
+            group.append(msg)
+            size += _size(msg)
+        if group:
+            self._append_joined(group)
         self._recent = []
-        self.chunks.extend(self._repack(records))
+
+    def _append_joined(self, group: list[dict[str, Any]]) -> None:
+        joined = concat_steps(group)
+        if joined is None:  # param groups changed mid-way: re-pad through records (rare)
+            self.chunks.extend(self._repack([r for m in group for r in unpack_steps(m)]))
+        else:
+            self.chunks.append(joined)
 
     def _thin(self) -> None:
         self._merge_recent()

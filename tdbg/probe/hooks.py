@@ -13,19 +13,30 @@ from torch.utils.hooks import RemovableHandle
 perf = time.perf_counter
 
 
-class Mark:
-    """A point in the step: host time always, plus a CUDA event when the model runs on a GPU."""
+class CudaMark:
+    """A point in the step on a GPU run: host time plus a CUDA event on the model's stream."""
 
     __slots__ = ("host", "event")
 
-    def __init__(self, cuda_device: torch.device | None) -> None:
+    def __init__(self, cuda_device: torch.device) -> None:
         self.host = perf()
-        self.event: Any = None
-        if cuda_device is not None:
-            # Recording an event is an asynchronous enqueue: no host-device sync. It goes on the
-            # model's device's stream, not the current device's (a rank may never set_device).
-            self.event = torch.cuda.Event(enable_timing=True)
-            self.event.record(torch.cuda.current_stream(cuda_device))
+        # Recording an event is an asynchronous enqueue: no host-device sync. It goes on the
+        # model's device's stream, not the current device's (a rank may never set_device).
+        self.event: Any = torch.cuda.Event(enable_timing=True)
+        self.event.record(torch.cuda.current_stream(cuda_device))
+
+
+# On the CPU a mark is just the host time: a float is not tracked by the garbage collector, so
+# the probe's per-step objects do not drive the collector into full (100 ms+) collections.
+Mark = float | CudaMark
+
+
+def mark(cuda_device: torch.device | None) -> Mark:
+    return perf() if cuda_device is None else CudaMark(cuda_device)
+
+
+def host_time(point: Mark) -> float:
+    return point if isinstance(point, float) else point.host
 
 
 def span(start: Mark | None, end: Mark | None) -> float | None:
@@ -35,11 +46,11 @@ def span(start: Mark | None, end: Mark | None) -> float | None:
     """
     if start is None or end is None:
         return float("nan")
-    if start.event is not None and end.event is not None:
+    if isinstance(start, CudaMark) and isinstance(end, CudaMark):
         if not end.event.query():
             return None
         return float(start.event.elapsed_time(end.event)) / 1000.0
-    return end.host - start.host
+    return host_time(end) - host_time(start)
 
 
 class StepTimeline:
@@ -98,8 +109,8 @@ class PhaseHooks:
             return
         try:
             if self.timeline.forward_start is None and torch.is_grad_enabled():
-                mark = self.timeline.forward_start = Mark(self.cuda_device)
-                self.seconds += perf() - mark.host
+                point = self.timeline.forward_start = mark(self.cuda_device)
+                self.seconds += perf() - host_time(point)
         except Exception as exc:
             self._on_error(exc)
 
@@ -108,8 +119,8 @@ class PhaseHooks:
             return
         try:
             if torch.is_grad_enabled():
-                mark = self.timeline.forward_end = Mark(self.cuda_device)
-                self.seconds += perf() - mark.host
+                point = self.timeline.forward_end = mark(self.cuda_device)
+                self.seconds += perf() - host_time(point)
         except Exception as exc:
             self._on_error(exc)
 
@@ -117,9 +128,9 @@ class PhaseHooks:
         if not self.active:
             return
         try:
-            mark = self.timeline.optimizer_start = Mark(self.cuda_device)
+            point = self.timeline.optimizer_start = mark(self.cuda_device)
             self._on_optimizer_step()
-            self.seconds += perf() - mark.host
+            self.seconds += perf() - host_time(point)
         except Exception as exc:
             self._on_error(exc)
 
@@ -127,8 +138,8 @@ class PhaseHooks:
         if not self.active:
             return
         try:
-            mark = self.timeline.optimizer_end = Mark(self.cuda_device)
-            self.seconds += perf() - mark.host
+            point = self.timeline.optimizer_end = mark(self.cuda_device)
+            self.seconds += perf() - host_time(point)
         except Exception as exc:
             self._on_error(exc)
 

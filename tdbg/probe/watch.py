@@ -19,7 +19,7 @@ from torch import nn
 
 from tdbg.probe.alerts import alert
 from tdbg.probe.gradients import GradientStats, GradSample, find_layers
-from tdbg.probe.hooks import Mark, PhaseHooks, perf
+from tdbg.probe.hooks import Mark, PhaseHooks, mark, perf
 from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.server import ProbeServer
@@ -211,12 +211,12 @@ class Probe:
         if not self._grads.n_layers:
             return
         t0 = perf()
-        before = Mark(self._cuda_device) if self._cuda_device is not None else None
+        before = mark(self._cuda_device) if self._cuda_device is not None else None
         self._sample = self._grads.compute()
         if before is not None:
             # Host time is only the launch cost on a GPU: the probe thread times the kernels
             # with these events and reports back (_on_grad_device_time).
-            self._grad_marks = (before, Mark(self._cuda_device))
+            self._grad_marks = (before, mark(self._cuda_device))
         cost = perf() - t0
         self._grad_seconds += cost
         if self._grads.replanned:
@@ -265,7 +265,7 @@ class Probe:
             self._sample_now = False
             self._hooks.take()
             return
-        step_mark = Mark(self._cuda_device)
+        step_mark = mark(self._cuda_device)
         # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
         step_time = NAN if self._last_host is None else t0 - self._last_host
         self._last_host = t0
@@ -339,7 +339,7 @@ class Probe:
         self._update_interval(step_time, sample is not None)
         self._server.inbox.append(pending)
         self._server.appended += 1
-        self._previous_end = Mark(self._cuda_device)
+        self._previous_end = mark(self._cuda_device)
 
     def _on_grad_device_time(self, seconds: float) -> None:
         """From the probe thread: a resolved gradient pass's device time (one float store)."""
