@@ -4,6 +4,7 @@ keeping history and fanning each encoded batch out to every client."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import selectors
 import socket
@@ -385,6 +386,20 @@ class ProbeServer:
         return resolved
 
     def _tick(self, now: float) -> None:
+        # A tick briefly holds up to MAX_RESOLVE_PER_TICK records; a collection in between would
+        # promote them all towards the old generation, and the full collections that follow
+        # scan the whole torch process (100 ms+) while holding the GIL. They all die by
+        # refcount when the tick ends, so the collector is paused for the tick (if it was on).
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            self._tick_unpaused(now)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _tick_unpaused(self, now: float) -> None:
         resolved = self._drain_inbox()
         alerts: list[dict[str, Any]] = []
         while self.side_alerts:
