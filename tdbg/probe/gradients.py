@@ -96,8 +96,10 @@ class GradientStats:
                 if param.requires_grad:
                     self._params.append(param)
                     self._param_layer.append(index)
-        self._plan_key: bytes | None = None
-        self._plan: list[list[int]] = []
+        self._plan_key: tuple[type, ...] | None = None
+        self._whole = False
+        self._plan: list[tuple[list[int], bool, bool]] = []  # (members, sparse, low precision)
+        self._on_host = True
         self._layer_index = torch.zeros(0, dtype=torch.int64)
         self._missing: list[int] = []
         self._device: torch.device | None = None
@@ -109,36 +111,45 @@ class GradientStats:
             self._device = self._params[0].device if self._params else torch.device("cpu")
         return self._device
 
-    def _make_plan(self, grads: list[torch.Tensor | None], key: bytes) -> None:
+    def _make_plan(self, grads: list[torch.Tensor | None], key: tuple[type, ...]) -> None:
         """Group present grads by (device, dtype, layout); remember each norm's layer."""
         groups: dict[tuple[Any, ...], list[int]] = {}
         for i, grad in enumerate(grads):
             if grad is not None:
                 groups.setdefault((grad.device, grad.dtype, grad.layout), []).append(i)
-        self._plan = list(groups.values())
-        order = [self._param_layer[i] for members in self._plan for i in members]
+        # Everything a pass would ask of a tensor is decided here, once: right after backward a
+        # single cold `device.type` or `dtype` lookup costs microseconds, on the training thread.
+        self._plan = [
+            (members, layout == torch.sparse_coo, dtype in LOW_PRECISION)
+            for (_device, dtype, layout), members in groups.items()
+        ]
+        self._on_host = self.device.type == "cpu"
+        order = [self._param_layer[i] for members, _, _ in self._plan for i in members]
         self._layer_index = torch.tensor(order, dtype=torch.int64)
-        self._missing = sorted({self._param_layer[i] for i, ok in enumerate(key) if not ok})
+        self._missing = sorted({self._param_layer[i] for i, g in enumerate(grads) if g is None})
+        # The usual case: one group holding every parameter in order needs no regrouping.
+        self._whole = len(self._plan) == 1 and self._plan[0][0] == list(range(len(grads)))
         self._plan_key = key
 
     def compute(self) -> GradSample:
         grads = [p.grad for p in self._params]
-        key = bytes(g is not None for g in grads)
+        # Which grads exist, as a C-level map: a Python-level generator costs ~1 µs a parameter.
+        key = tuple(map(type, grads))
         self.replanned = key != self._plan_key
         if self.replanned:
             self._make_plan(grads, key)
         norms: list[list[torch.Tensor]] = []
-        for members in self._plan:
-            group = [grads[i] for i in members]
-            if group[0].is_sparse:  # type: ignore[union-attr]
+        for members, sparse, low_precision in self._plan:
+            group = grads if self._whole else [grads[i] for i in members]
+            if sparse:
                 group = [g.coalesce().values() for g in group]  # type: ignore[union-attr]
-            if group[0].dtype in LOW_PRECISION:  # type: ignore[union-attr]
+            if low_precision:
                 # Accumulate in float32: an fp16 norm overflows at 65504, bf16 loses digits.
                 norms.append(torch._foreach_norm(group, 2, dtype=torch.float32))  # type: ignore[arg-type]
             else:
                 norms.append(torch._foreach_norm(group))  # type: ignore[arg-type]
         values: torch.Tensor | list[torch.Tensor]
-        if self.device.type == "cpu":
+        if self._on_host:
             # Already on the host: the probe thread stacks them, not the training thread.
             values = [n for group_norms in norms for n in group_norms]
         elif len(norms) == 1:
