@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,18 +54,18 @@ class GradSample:
     a GPU — so the training thread pays only for the fused norm kernel (and a stack on a GPU).
     """
 
-    values: torch.Tensor | list[torch.Tensor]  # a list of 0-d tensors when on the CPU
+    values: torch.Tensor | Sequence[torch.Tensor]  # 0-d tensors, one per parameter, on the CPU
     layer_index: torch.Tensor  # on the host, int64, one entry per value
     n_layers: int
     missing: list[int]  # layers with a parameter that requires grad but has no .grad
 
     @property
     def on_host(self) -> bool:
-        return isinstance(self.values, list)
+        return not isinstance(self.values, torch.Tensor)
 
     def layer_norms(self, host_values: torch.Tensor | None = None) -> list[float]:
         values = self.values if host_values is None else host_values
-        if isinstance(values, list):
+        if not isinstance(values, torch.Tensor):
             values = torch.stack([v.float() for v in values]) if values else torch.zeros(0)
         return layer_norms(values, self.layer_index, self.n_layers)
 
@@ -138,7 +139,7 @@ class GradientStats:
         self.replanned = key != self._plan_key
         if self.replanned:
             self._make_plan(grads, key)
-        norms: list[list[torch.Tensor]] = []
+        norms: list[tuple[torch.Tensor, ...]] = []
         for members, sparse, low_precision in self._plan:
             group = grads if self._whole else [grads[i] for i in members]
             if sparse:
@@ -148,10 +149,10 @@ class GradientStats:
                 norms.append(torch._foreach_norm(group, 2, dtype=torch.float32))  # type: ignore[arg-type]
             else:
                 norms.append(torch._foreach_norm(group))  # type: ignore[arg-type]
-        values: torch.Tensor | list[torch.Tensor]
+        values: torch.Tensor | Sequence[torch.Tensor]
         if self._on_host:
             # Already on the host: the probe thread stacks them, not the training thread.
-            values = [n for group_norms in norms for n in group_norms]
+            values = norms[0] if len(norms) == 1 else [n for group in norms for n in group]
         elif len(norms) == 1:
             values = torch.stack(norms[0])  # one tensor: the step's single copy needs it
         else:
