@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import socket
@@ -162,7 +161,3 @@ def remove_stale(meta_path: Path, sock: Path) -> None:
     for path in (meta_path, Path(str(sock) + ".lock")):
         with contextlib.suppress(OSError):
             os.unlink(path)
-
-
-def is_conn_refused(exc: OSError) -> bool:
-    return exc.errno in (errno.ECONNREFUSED, errno.ENOENT)

@@ -9,7 +9,6 @@ import os
 import socket
 import stat
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +149,3 @@ class Endpoint:
             if self.path is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(f"{self.path}.lock")
-
-
-def started_at() -> float:
-    return time.time()
