@@ -45,6 +45,9 @@ async def painted(pilot: Pilot[Any], app: TdbgApp) -> None:
     """Wait until everything received so far is on screen."""
     await wait_for(pilot, lambda: app.painted_revision == app.state.revision)
     await pilot.pause()
+    # The widgets are updated; on a loaded machine the compositor can still be a frame behind,
+    # so also wait until the header line is actually on screen.
+    await wait_for(pilot, lambda: screen_text(app).split("\n", 1)[0].strip().startswith("tdbg"))
 
 
 async def ended(pilot: Pilot[Any], app: TdbgApp) -> None:
