@@ -188,10 +188,11 @@ class TdbgApp(App[int]):
         now = self._clock()
         if self.state.revision == self._painted and now - self._painted_at < CLOCK_INTERVAL:
             return
+        with self.batch_update():
+            if not self.monitor.repaint():
+                return  # panels not mounted yet: the next tick tries again
         self._painted = self.state.revision
         self._painted_at = now
-        with self.batch_update():
-            self.monitor.repaint()
 
     @staticmethod
     def _clock() -> float:

@@ -114,11 +114,15 @@ class MonitorScreen(Screen[None]):
         self._state = state
         self.repaint(force=True)
 
-    def repaint(self, force: bool = False) -> None:
-        """Refresh every panel from the state; heavy panels at their own, lower rate."""
+    def repaint(self, force: bool = False) -> bool:
+        """Refresh every panel from the state; heavy panels at their own, lower rate.
+
+        False when there is nothing to paint yet: the repaint timer can fire between the
+        screen's mount and its panels' (seen at start-up under load), and must not crash the app.
+        """
         state = self._state
-        if state is None or not self.is_mounted:
-            return
+        if state is None or not self.is_mounted or not self.query(ProbeStatus):
+            return False  # ProbeStatus is composed last: when it is there, every panel is
         now = time.monotonic()
         self.set_class(state.diverged, "-diverged")
         self.set_class(state.ended, "-ended")
@@ -138,6 +142,7 @@ class MonitorScreen(Screen[None]):
             self._grads_at = now
             self._grad_revision = state.grads.total_rows
             self._paint_grads(state)
+        return True
 
     def _paint_loss(self, state: RunState) -> None:
         chart = self.query_one(LossChart)
