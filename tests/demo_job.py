@@ -6,15 +6,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tdbg.runtime import RunEntry, discover
+from tdbg.runtime import RunEntry
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMOS = ROOT / "demos"
+sys.path.insert(0, str(DEMOS))
+
+from launch import wait_for_probe  # noqa: E402
 
 
 @contextmanager
@@ -31,17 +33,13 @@ def demo_job(
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + timeout
-        entries: list[RunEntry] = []
-        while not entries:
+        entry = wait_for_probe(proc, runtime, timeout)  # the demo launcher's own wait
+        if entry is None:
             if proc.poll() is not None:
                 err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
                 raise AssertionError(f"{script} exited with {proc.returncode}: {err[-2000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{script} did not start serving within {timeout:g} s")
-            entries = [e for e in discover(runtime) if e.pid == proc.pid]
-            time.sleep(0.05)
-        yield proc, entries[0]
+            raise AssertionError(f"{script} did not start serving within {timeout:g} s")
+        yield proc, entry
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

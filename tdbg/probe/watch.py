@@ -131,6 +131,9 @@ class Probe:
             "torch": torch.__version__,
             "device": str(self._cuda_device or "cpu"),
         }
+        # Fixed at watch(): asked again on sampled steps, so not recounted there.
+        frozen = [i for i, layer in enumerate(self._layers) if not layer.trainable]
+        self._n_trainable = len(self._layers) - len(frozen)
         self._server = ProbeServer(
             run_info,
             [layer.name for layer in self._layers],
@@ -139,7 +142,7 @@ class Probe:
             self._stats,
             self._count_error,
             directory=directory,
-            frozen=[i for i, layer in enumerate(self._layers) if not layer.trainable],
+            frozen=frozen,
             on_grad_device_time=self._on_grad_device_time,
         )
         # Hooks last: nothing above can leave them registered behind a failed watch().
@@ -349,7 +352,7 @@ class Probe:
 
     def _sample_seen(self, sample: GradSample) -> bool:
         """Did any trainable layer have a gradient in this sample?"""
-        return len(sample.missing) < sum(1 for layer in self._layers if layer.trainable)
+        return len(sample.missing) < self._n_trainable
 
     def _learning_rates(self) -> list[float]:
         if self._optimizer is None:
