@@ -18,6 +18,25 @@ Client -> probe (schema-checked by :func:`validate_client_message`; a map of ``t
 ``ping``    args ``{}`` — the probe answers ``pong`` with the same id.
 ``bye``     args ``{}`` — the client is leaving.
 
+Commands (deep dives; see :data:`COMMANDS` for every field's type, bounds and default — a field
+not listed there is refused, never ignored; no field can name a path, module or expression):
+
+``profile``      ``{steps 1-200 =5, max_seconds 1-120 =30, record_shapes, profile_memory,
+                 with_stack}`` — torch.profiler over the next ``steps`` steps.
+``snapshot``     ``{steps 1-50 =3, max_entries 1000-100000 =100000}`` — CUDA allocator history
+                 over the next ``steps`` steps, dumped for PyTorch's memory visualizer.
+``nan_hunt``     ``{steps 1-100 =1}`` — hooks on every module for up to ``steps`` steps; names
+                 the first module whose output or gradient is non-finite.
+``anomaly``      ``{steps 1-50 =10, check_nan =false}`` — autograd anomaly mode for ``steps``
+                 steps; ``check_nan`` only where ``watch(anomaly_check_nan=True)`` allowed it.
+``activations``  ``{every 1-10000 =10, enabled =true}`` — per-module output statistics every
+                 ``every`` steps, or off.
+``cancel``       ``{job}`` — stop a job early (a profile still analyses the steps it recorded).
+
+A command is answered with ``ack`` (accepted) or ``error`` (refused: BUSY, UNAVAILABLE, READ_ONLY,
+BAD_MESSAGE, RATE_LIMITED, ...); its progress then arrives as ``job`` messages, sent to every
+client.
+
 Probe -> client (outbound frames are at most 4 MiB):
 
 ``welcome`` ``{proto, server_version, run: RunInfo}`` — the answer to hello. RunInfo is
@@ -37,6 +56,14 @@ Probe -> client (outbound frames are at most 4 MiB):
 ``pong``    ``{id}``.
 ``error``   ``{code, id, message}`` — a refusal or protocol error (codes: :class:`ErrorCode`).
 ``bye``     ``{reason}`` — the probe closes this connection (``shutdown``, ``slow_consumer``).
+``ack``     ``{id, command, job, message}`` — a command was accepted as job number ``job``;
+            ``message`` carries warnings (anomaly mode is global and slow).
+``job``     ``{job, command, state, step, done, total, message, args, time, result}`` — a job's
+            progress: ``state`` is one of :data:`JOB_STATES`; ``done``/``total`` count steps;
+            ``result`` (on ``done``) is the command's answer (see docs/dump.md). Finished jobs
+            are replayed to late clients with ``history: true``.
+``activations`` ``{step, names, mean, std, min, max, zero_frac, nonfinite}`` — per-module output
+            statistics of one sampled step; the value lists are in ``names`` order.
 """
 
 from __future__ import annotations
@@ -75,6 +102,72 @@ CLIENT_TYPES: dict[str, frozenset[str]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One command argument: its type (``int``, ``float`` or ``bool``), bounds and default."""
+
+    kind: type
+    default: int | float | bool | None
+    lo: float = 0
+    hi: float = 0
+
+    def check(self, command: str, name: str, value: Any) -> int | float | bool:
+        where = f"{command}.{name}"
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise ProtocolError(f"{where} must be true or false", ErrorCode.BAD_MESSAGE)
+            return value
+        number_ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if self.kind is int and not isinstance(value, int):
+            number_ok = False
+        if not number_ok or not self.lo <= value <= self.hi:
+            kind = "an integer" if self.kind is int else "a number"
+            raise ProtocolError(
+                f"{where} must be {kind} {self.lo:g}-{self.hi:g}", ErrorCode.BAD_MESSAGE
+            )
+        return self.kind(value)
+
+
+# The static allowlist of commands (R28) with every argument typed and bounded (R29, R33).
+COMMANDS: dict[str, dict[str, Field]] = {
+    "profile": {
+        "steps": Field(int, 5, 1, 200),
+        "max_seconds": Field(float, 30.0, 1, 120),
+        "record_shapes": Field(bool, False),
+        "profile_memory": Field(bool, False),
+        "with_stack": Field(bool, False),
+    },
+    "snapshot": {
+        "steps": Field(int, 3, 1, 50),
+        "max_entries": Field(int, 100_000, 1000, 100_000),
+    },
+    "nan_hunt": {"steps": Field(int, 1, 1, 100)},
+    "anomaly": {"steps": Field(int, 10, 1, 50), "check_nan": Field(bool, False)},
+    "activations": {"every": Field(int, 10, 1, 10_000), "enabled": Field(bool, True)},
+    "cancel": {"job": Field(int, None, 1, 2**31 - 1)},
+}
+
+CLIENT_TYPES.update({name: frozenset(schema) for name, schema in COMMANDS.items()})
+MUTATING = frozenset(COMMANDS) - {"cancel"}  # change the training process's state (R34, R35)
+
+JOB_STATES = ("armed", "running", "analysing", "done", "failed", "cancelled")
+FINAL_STATES = frozenset({"done", "failed", "cancelled"})
+
+
+def command_args(command: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The command's arguments checked against its schema, with defaults filled in."""
+    schema = COMMANDS[command]
+    out: dict[str, Any] = {}
+    for name, spec in schema.items():
+        if name in args:
+            out[name] = spec.check(command, name, args[name])
+        elif spec.default is None:
+            raise ProtocolError(f"{command}.{name} is required", ErrorCode.BAD_MESSAGE)
+        else:
+            out[name] = spec.default
+    return out
+
+
 class ErrorCode:
     """Error codes carried by ``error`` messages."""
 
@@ -86,6 +179,8 @@ class ErrorCode:
     RATE_LIMITED = "RATE_LIMITED"
     INTERNAL = "INTERNAL"
     TIMEOUT = "TIMEOUT"
+    UNAVAILABLE = "UNAVAILABLE"
+    READ_ONLY = "READ_ONLY"
 
 
 class ProtocolError(Exception):
@@ -254,6 +349,8 @@ def validate_client_message(message: dict[str, Any]) -> dict[str, Any]:
                 )
         if not isinstance(args.get("client_version", ""), str):
             raise ProtocolError("hello.client_version must be a string", ErrorCode.BAD_MESSAGE)
+    elif mtype in COMMANDS:
+        message["args"] = command_args(mtype, args)
     return message
 
 

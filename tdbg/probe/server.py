@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import queue
 import selectors
 import socket
 import threading
@@ -16,6 +17,7 @@ from typing import Any
 
 from tdbg import __version__
 from tdbg.probe.alerts import AlertRules
+from tdbg.probe.commands import CommandDesk, Refused
 from tdbg.probe.connection import Connection
 from tdbg.probe.endpoint import Endpoint, EndpointError, peer_credentials
 from tdbg.probe.history import History
@@ -23,6 +25,7 @@ from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.system import SystemSampler
 from tdbg.protocol import (
+    COMMANDS,
     ErrorCode,
     ProtocolError,
     StepRecord,
@@ -41,6 +44,8 @@ INBOX_SIZE = 4096  # pending steps the training thread may run ahead of the prob
 MAX_RESOLVE_PER_TICK = 2000
 MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dropped
 LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
+MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup (R42)
+NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad"})
 
 
 class ProbeServer:
@@ -83,6 +88,11 @@ class ProbeServer:
         self.rejected_peers = 0
         self.serving = False
         self.side_alerts: deque[dict[str, Any]] = deque(maxlen=64)  # from the training thread
+        self.desk: CommandDesk | None = None  # deep-dive commands; set by the Probe
+        self.auto_nan_hunt = False
+        # Slow work for the sampler thread (profiler tables, snapshot files), so that neither
+        # the training thread nor the socket loop waits on it.
+        self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self) -> bool:
@@ -117,6 +127,7 @@ class ProbeServer:
         self._stop.set()
         self.serving = False  # socket_path reads None from now on
         self.wake()
+        self.work.put(lambda: None)  # the sampler thread waits on this queue: wake it too
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout)
@@ -179,9 +190,25 @@ class ProbeServer:
         with contextlib.suppress(Exception):
             self._selector.close()
 
+    def submit_work(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the sampler thread (never blocks the caller)."""
+        self.work.put(fn)
+
     def _sample_loop(self) -> None:
-        while not self._stop.wait(STATS_SECONDS):
+        next_sample = time.monotonic() + STATS_SECONDS
+        while not self._stop.is_set():
             try:
+                fn = self.work.get(timeout=max(0.0, next_sample - time.monotonic()))
+            except queue.Empty:
+                fn = None
+            if self._stop.is_set():
+                return
+            try:
+                if fn is not None:
+                    fn()
+                    self.wake()  # its result goes out at once, not at the next tick
+                    continue
+                next_sample = time.monotonic() + STATS_SECONDS
                 self.latest_system = self._sampler.sample()
             except Exception as exc:
                 self._on_error(exc)
@@ -330,12 +357,30 @@ class ProbeServer:
             return
         if mtype == "ping":
             conn.queue(pack({"type": "pong", "id": mid}))
+        elif mtype in COMMANDS:
+            self._command(conn, mtype, mid, message["args"])
         elif mtype == "bye":
             self._drop(conn)
         else:  # a known type that is not valid after the handshake (a second hello)
             self._reply_error(conn, ErrorCode.BAD_MESSAGE, mid, f"unexpected {mtype}")
             if conn.count_error():
                 self._drop(conn)
+
+    def _command(self, conn: Connection, command: str, mid: int, args: dict[str, Any]) -> None:
+        if self.desk is None:
+            self._reply_error(conn, ErrorCode.UNAVAILABLE, mid, "this probe takes no commands")
+            return
+        try:
+            ack = self.desk.submit(command, args, (conn.peer_pid, os.geteuid()), "manual")
+        except Refused as exc:
+            self._reply_error(conn, exc.code, mid, str(exc))
+            return
+        except Exception as exc:  # R36: a handler's bug is the client's INTERNAL, nothing more
+            self._on_error(exc)
+            self._reply_error(conn, ErrorCode.INTERNAL, mid, f"internal error: {exc}"[:300])
+            return
+        conn.queue(pack({"type": "ack", "id": mid, **ack}))
+        self.wake()
 
     def _welcome(self, conn: Connection, args: dict[str, Any], mid: int) -> None:
         try:
@@ -357,6 +402,8 @@ class ProbeServer:
             {"type": "layers", "names": self.layer_names, "numel": self.layer_numel},
             *self.history.replay(),
         ]
+        if self.desk is not None:
+            replay.extend(self.desk.replay())
         for latest in (self.latest_system, self._probe_message()):
             if latest is not None:
                 replay.append(latest)
@@ -423,7 +470,29 @@ class ProbeServer:
         for a in alerts:
             self.history.alerts.append(a)
             frames.append(pack(a))
+        if self.desk is not None:
+            if self.auto_nan_hunt and any(a["kind"] in NONFINITE_ALERTS for a in alerts):
+                self.desk.auto_nan_hunt()
+            events = self.desk.runner.ctx.events
+            for _ in range(min(len(events), MAX_EVENTS_PER_TICK)):
+                frame = self._pack_event(events.popleft())
+                if frame:
+                    frames.append(frame)
         self._fan_out(frames, now)
+
+    def _pack_event(self, event: dict[str, Any]) -> bytes:
+        """A job or activations message as a frame; one that cannot be sent fails its job."""
+        assert self.desk is not None
+        try:
+            frame = pack(event)
+        except Exception as exc:  # too large, or a value msgpack cannot carry
+            self._on_error(exc)
+            if event.get("type") != "job":
+                return b""
+            event = dict(event, state="failed", result=None, message=f"result not sendable: {exc}")
+            frame = pack(event)
+        self.desk.note(event)
+        return frame
 
     def _fan_out(self, frames: list[bytes], now: float) -> None:
         for conn in list(self._clients):
@@ -457,6 +526,9 @@ class ProbeServer:
         costs = [(p, s) for p, s in self.recent_costs if p == p and s == s]
         probe_sum, step_sum = sum(p for p, _ in costs), sum(s for _, s in costs)
         msg["cost_fraction"] = probe_sum / step_sum if step_sum > 0 else None
+        if self.desk is not None:
+            msg["activations_every"] = self.desk.activations_every
+            msg["jobs"] = self.desk.in_flight()
         msg.update(self._stats())
         return msg
 

@@ -12,12 +12,15 @@ import threading
 import time
 import traceback
 import weakref
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from tdbg.probe.alerts import alert
+from tdbg.probe.commands import CommandDesk
+from tdbg.probe.dives import Dive, DiveContext, DiveRunner
 from tdbg.probe.gradients import GradientStats, GradSample, find_layers
 from tdbg.probe.hooks import Mark, PhaseHooks, mark, perf
 from tdbg.probe.log import warn
@@ -49,6 +52,47 @@ def _run_name(name: str | None) -> str:
     return script.removesuffix(".py") or "python"
 
 
+# Dive factories import their module on first use: torch.profiler and friends are loaded only
+# by a run that is profiled. The names are fixed here; nothing a client sends names a module.
+def _profile(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
+    from tdbg.probe.profiling import ProfileDive
+
+    return ProfileDive(ctx, job, args, trigger)
+
+
+def _snapshot(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
+    from tdbg.probe.snapshot import SnapshotDive
+
+    return SnapshotDive(ctx, job, args, trigger)
+
+
+def _nan_hunt(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
+    from tdbg.probe.nan_hunt import NanHuntDive
+
+    return NanHuntDive(ctx, job, args, trigger)
+
+
+def _anomaly(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
+    from tdbg.probe.anomaly import AnomalyDive
+
+    return AnomalyDive(ctx, job, args, trigger)
+
+
+def _activations(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
+    from tdbg.probe.activations import ActivationsDive
+
+    return ActivationsDive(ctx, job, args, trigger)
+
+
+DIVES = {
+    "profile": _profile,
+    "snapshot": _snapshot,
+    "nan_hunt": _nan_hunt,
+    "anomaly": _anomaly,
+    "activations": _activations,
+}
+
+
 def _number(value: Any) -> float:
     if value is None:
         return NAN
@@ -75,6 +119,9 @@ class Probe:
         grad_every: int | None = None,
         serve: bool = True,
         directory: str | os.PathLike[str] | None = None,
+        nan_hunt: bool = True,
+        anomaly_check_nan: bool = False,
+        activations_every: int | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(
@@ -89,6 +136,10 @@ class Probe:
             raise ValueError("tdbg.watch: overhead_budget must be > 0 (e.g. 0.01 for 1 %)")
         if grad_every is not None and (not isinstance(grad_every, int) or grad_every < 1):
             raise ValueError("tdbg.watch: grad_every must be a positive integer or None (auto)")
+        if activations_every is not None and (
+            not isinstance(activations_every, int) or not 1 <= activations_every <= 10_000
+        ):
+            raise ValueError("tdbg.watch: activations_every must be an integer 1-10000 or None")
         self.name = _run_name(name)
         self.overhead_budget = float(overhead_budget)
         self.grad_every = grad_every
@@ -131,6 +182,12 @@ class Probe:
             "torch": torch.__version__,
             "device": str(self._cuda_device or "cpu"),
         }
+        unavailable: dict[str, str] = {}
+        if self._cuda_device is None:
+            unavailable["snapshot"] = (
+                "memory snapshots record the CUDA allocator: this run's model is on the cpu"
+            )
+        run_info["commands"] = unavailable
         # Fixed at watch(): asked again on sampled steps, so not recounted there.
         frozen = [i for i, layer in enumerate(self._layers) if not layer.trainable]
         self._n_trainable = len(self._layers) - len(frozen)
@@ -145,6 +202,22 @@ class Probe:
             frozen=frozen,
             on_grad_device_time=self._on_grad_device_time,
         )
+        self._dives = DiveRunner(
+            DiveContext(
+                model=model,
+                optimizer=optimizer,
+                cuda_device=self._cuda_device,
+                run_info=run_info,
+                artifacts=self._artifacts_dir,
+                submit=self._server.submit_work,
+                side_alerts=self._server.side_alerts,
+                anomaly_check_nan=bool(anomaly_check_nan),
+            ),
+            DIVES,
+            self._count_error,
+        )
+        self._server.desk = CommandDesk(self._dives, unavailable, None)
+        self._server.auto_nan_hunt = bool(nan_hunt)
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = PhaseHooks(
             model, optimizer, self._cuda_device, self._on_optimizer_step, self._count_error
@@ -152,8 +225,29 @@ class Probe:
         if serve:
             if multiprocessing.parent_process() is not None:
                 warn("tdbg: watching from a multiprocessing child: serving its own socket")
-            self._server.start()
+            if self._server.start():
+                self._after_start(activations_every)
         _live.add(self)
+
+    def _after_start(self, activations_every: int | None) -> None:
+        desk = self._server.desk
+        path = self._server.socket_path
+        if desk is None or path is None:
+            return
+        # One audit log per runtime directory, beside the sockets (R35): every mutating command,
+        # who sent it (pid/uid) and what became of it.
+        desk.audit_path = Path(path).parent / "audit.jsonl"
+        if activations_every is not None:
+            desk.submit("activations", {"every": activations_every, "enabled": True}, None, "watch")
+
+    def _artifacts_dir(self) -> Path | None:
+        """Where trace and snapshot files go: ``artifacts/`` beside the socket (R27)."""
+        path = self._server.socket_path
+        if path is None:
+            return None
+        from tdbg.probe.artifacts import artifact_dir
+
+        return artifact_dir(Path(path).parent)
 
     # --- public API -------------------------------------------------------------------------
     @property
@@ -175,11 +269,17 @@ class Probe:
                 # Switched off by the circuit breaker: remove the hooks here, at a step
                 # boundary, never from inside a hook while torch iterates over them.
                 self._hooks.remove()
+                self._dives.close("the probe switched itself off")
             return
         try:
             self._step(loss, samples, tokens)
         except Exception as exc:
             self._count_error(exc)
+        if self._dives.busy:  # the one flag read per step while no command is armed
+            try:
+                self._dives.at_boundary(self._step_count - 1)
+            except Exception as exc:
+                self._count_error(exc)
 
     def close(self) -> None:
         """Remove every hook, stop serving and remove the socket; safe to call twice."""
@@ -188,6 +288,8 @@ class Probe:
         self.closed = True
         self._disabled = True
         try:
+            if os.getpid() == self._pid:
+                self._dives.close()  # the profiler stopped, hooks removed, anomaly mode off
             self._hooks.remove()
             if os.getpid() == self._pid:
                 self._server.stop()
@@ -437,6 +539,7 @@ class Probe:
     def _after_fork_in_child(self) -> None:
         self._disabled = True
         self.closed = True
+        self._dives.forget()
         self._hooks.remove()
         self._server.abandon_after_fork()
 
@@ -450,12 +553,20 @@ def watch(
     grad_every: int | None = None,
     serve: bool = True,
     directory: str | os.PathLike[str] | None = None,
+    nan_hunt: bool = True,
+    anomaly_check_nan: bool = False,
+    activations_every: int | None = None,
 ) -> Probe:
     """Start watching ``model`` (and ``optimizer``); returns at once with a serving Probe.
 
     ``overhead_budget``: the share of step time gradient statistics may cost (default 1 %);
     ``grad_every=k`` samples them every k steps instead (1 = every step). In a multiprocessing
     child (DataLoader workers with spawn) the probe is inert: it never starts a second server.
+
+    Deep dives: ``nan_hunt`` hunts the first non-finite module automatically after the run's
+    first non-finite alert (False: only when asked); ``anomaly_check_nan`` lets a client turn on
+    anomaly mode with NaN checks, which raise inside the training loop; ``activations_every=k``
+    gathers per-module activation statistics every k steps from the start.
     """
     # Only a module can be a key of the weak map: anything else gets Probe's clear TypeError.
     previous = _by_model.get(model) if isinstance(model, nn.Module) else None
@@ -470,6 +581,9 @@ def watch(
         grad_every=grad_every,
         serve=serve,
         directory=directory,
+        nan_hunt=nan_hunt,
+        anomaly_check_nan=anomaly_check_nan,
+        activations_every=activations_every,
     )
     _by_model[model] = probe
     return probe
