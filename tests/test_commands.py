@@ -279,3 +279,16 @@ def test_nothing_armed_costs_one_flag(session: Session) -> None:
     session.loop.run(3, session.probe)
     assert session.probe._dives.busy is False
     assert not session.probe._dives.active
+
+
+def test_refused_commands_never_reach_the_training_thread(session: Session) -> None:
+    """A refusal is decided on the server thread: the loop's per-step work is unchanged (the
+    step-time ratio under a flood of refusals is measured in benchmarks/deep_dives.py)."""
+    ids = [session.send("snapshot") for _ in range(5)]
+    ids += [session.send("profile", steps=0) for _ in range(5)]
+    ids += [session.send("no_such_command") for _ in range(5)]
+    for mid in ids:
+        assert session.answer(mid)["type"] == "error"
+    assert not session.probe._dives.busy and not session.probe._dives.intents
+    session.loop.run(3, session.probe)
+    assert not session.reader.of("job")

@@ -38,6 +38,8 @@ class DiveContext:
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     anomaly_check_nan: bool = False  # watch(anomaly_check_nan=True): clients may ask check_nan
     step: int = 0  # the current step count, updated by the runner at each boundary
+    # Count an exception raised inside a dive's hook (the hook then does nothing more).
+    on_error: Callable[[BaseException], None] | None = None
 
 
 class Dive:
@@ -187,7 +189,12 @@ class DiveRunner:
         """Called from probe.step() after step ``step`` was recorded; never raises."""
         self.ctx.step = step
         for dive in list(self.active):
-            if dive.stepping and not dive.finished:
+            if dive.finished and dive.stepping:
+                # Finished from another thread (a hook failed it, a cap fired): its hooks and
+                # modes are still in place, so give them back here, in the training thread.
+                dive.stepping = False
+                self._guard(dive, step, dive.release)
+            elif dive.stepping:
                 self._guard(dive, step, dive.boundary, step)
         cancelled: set[int] = set()
         while self.cancels:

@@ -212,6 +212,7 @@ class Probe:
                 submit=self._server.submit_work,
                 side_alerts=self._server.side_alerts,
                 anomaly_check_nan=bool(anomaly_check_nan),
+                on_error=self._count_error,
             ),
             DIVES,
             self._count_error,
