@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,19 @@ class ConnectError(Exception):
     """Attaching failed; the message is one line meant for the user."""
 
 
+class CommandRefused(Exception):
+    """The probe refused a command (its ``error`` reply); ``str()`` is its one-line reason."""
+
+    def __init__(self, command: str, code: str, message: str) -> None:
+        super().__init__(message or f"{command} refused ({code})")
+        self.command = command
+        self.code = code
+
+
+class CommandTimeout(Exception):
+    """No answer (ack or refusal) to a command: not in time, or the probe closed first."""
+
+
 class ProbeClient:
     """One connection to a probe. ``welcome`` holds the probe's answer to our hello."""
 
@@ -45,7 +59,10 @@ class ProbeClient:
         self.welcome = welcome
         self.run: dict[str, Any] = dict(welcome.get("run") or {})
         self._decoder = decoder
-        self._pending = pending
+        # Messages decoded but not yet handed out: messages() pops them one at a time, so a
+        # caller that stops iterating early (or command(), which sets aside what it is not
+        # waiting for) loses nothing.
+        self._pending: deque[dict[str, Any]] = deque(pending)
         self._next_id = 1
         self.closed = False
         self.peer_closed = False  # the probe closed the connection (EOF or reset)
@@ -115,11 +132,16 @@ class ProbeClient:
         return mid
 
     def messages(self, timeout: float | None = None) -> Iterator[dict[str, Any]]:
-        """Yield messages until the probe closes; with ``timeout``, stop when idle that long."""
-        yield from self._pending
-        self._pending = []
-        self.sock.settimeout(timeout)
+        """Yield messages until the probe closes; with ``timeout``, stop when idle that long.
+
+        Safe to stop early: whatever was decoded and not yet yielded is kept for the next call.
+        """
         while True:
+            while self._pending:
+                yield self._pending.popleft()
+            if self.peer_closed:
+                return
+            self.sock.settimeout(timeout)
             try:
                 chunk = self.sock.recv(1 << 20)
             except TimeoutError:
@@ -130,7 +152,48 @@ class ProbeClient:
             if not chunk:
                 self.peer_closed = True
                 return
-            yield from self._decoder.feed(chunk)
+            self._pending.extend(self._decoder.feed(chunk))
+
+    def command(self, mtype: str, timeout: float = 10.0, **args: Any) -> dict[str, Any]:
+        """Send a command and wait for its answer; return the ``ack`` (see :meth:`reply`)."""
+        try:
+            mid = self.send(mtype, **args)
+        except OSError:  # EPIPE/ECONNRESET: the probe is gone
+            self.peer_closed = True
+            raise CommandTimeout(
+                f"the run closed the connection before answering {mtype}"
+            ) from None
+        return self.reply(mid, mtype, timeout)
+
+    def reply(self, mid: int, mtype: str, timeout: float = 10.0) -> dict[str, Any]:
+        """Wait for the answer to the command sent as ``mid``; return the ``ack``.
+
+        Raises CommandRefused (with the probe's code) on a refusal, CommandTimeout when no
+        answer comes within ``timeout`` seconds or the probe closes first. Every other message
+        read meanwhile (``job`` progress, steps, alerts, ``bye``) stays queued, in order, for
+        messages(). Blocking; it reads the socket, so no other thread may read this client.
+        """
+        deadline = time.monotonic() + timeout
+        held: list[dict[str, Any]] = []
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommandTimeout(f"no answer to {mtype} within {timeout:g} s")
+                for msg in self.messages(timeout=min(left, 0.5)):
+                    if msg.get("id") == mid and msg.get("type") in ("ack", "error"):
+                        if msg["type"] == "error":
+                            code = str(msg.get("code") or "")
+                            raise CommandRefused(mtype, code, str(msg.get("message") or ""))
+                        return msg
+                    held.append(msg)
+                    if time.monotonic() >= deadline:
+                        break
+                if self.peer_closed:
+                    raise CommandTimeout(f"the run closed the connection before answering {mtype}")
+        finally:
+            # Put back what was read meanwhile, ahead of anything still undelivered.
+            self._pending.extendleft(reversed(held))
 
     def close(self) -> None:
         if self.closed:
