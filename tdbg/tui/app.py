@@ -13,6 +13,7 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
@@ -134,6 +135,23 @@ class TdbgApp(App[int]):
     def on_tdbg_app_events_received(self, event: EventsReceived) -> None:
         self.state.apply_many(event.batch)
         self.batches_applied += 1
+        for notice in self.state.deep.drain_notices():
+            severity: SeverityLevel = "information"
+            if notice.severity in ("warning", "error"):
+                severity = "warning" if notice.severity == "warning" else "error"
+            self.notify(notice.text, severity=severity, timeout=8 if severity == "error" else 5)
+
+    # --- commands: the UI thread sends, the worker keeps reading the same socket -------------
+
+    def send_command(self, command: str, **args: Any) -> int | None:
+        """Send a deep-dive command; its id, or None after telling the user why not."""
+        mid = self.source.send(command, **args)
+        if mid is None:
+            why = self.source.send_error or f"{command} could not be sent"
+            self.notify(why, severity="warning", timeout=6)
+            return None
+        self.state.sent(mid, command, args)
+        return mid
 
     def on_tdbg_app_probe_connected(self, event: ProbeConnected) -> None:
         if event.restarted:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tdbg.protocol import FLAG_HAS_GRADS, FLAG_HAS_LOSS
+from tdbg.tui.deep import DeepState
 
 # The scalar columns of a ``steps`` batch, all little-endian f64 (see protocol.pack_steps).
 F64_COLUMNS = (
@@ -68,6 +69,26 @@ def fmt_bytes(value: float | int | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return "n/a"  # pragma: no cover - the loop always returns
+
+
+def fmt_us(value: float | None) -> str:
+    """A duration given in microseconds, at most 7 characters: ``812µs``, ``12.3ms``, ``1.23s``."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    if abs(value) < 1000:
+        return f"{value:.0f}µs"
+    if abs(value) < 1_000_000:
+        return f"{value / 1000:.3g}ms"
+    return f"{value / 1_000_000:.3g}s"
+
+
+def fmt_stat(value: float | None) -> str:
+    """A statistic for a table cell: 3 significant digits; NaN and inf are spelled out."""
+    if value is None:
+        return "n/a"
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+    return f"{value:.3g}"
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -294,6 +315,7 @@ class RunState:
         self.system: dict[str, Any] | None = None
         self.probe: dict[str, Any] | None = None
         self.errors: list[str] = []  # ``error`` messages from the probe, and bad frames
+        self.deep = DeepState()  # deep-dive commands: requests, jobs, results, activations
         self._ema: float | None = None
         self.received_at: float | None = None  # wall clock of the last message
 
@@ -317,12 +339,20 @@ class RunState:
             self.system = message
         elif mtype == "probe":
             self.probe = message
+            self.deep.apply_probe(message)
+        elif mtype in ("job", "ack", "activations"):
+            try:
+                getattr(self.deep, f"apply_{mtype}")(message)
+            except (TypeError, ValueError, AttributeError) as exc:  # a bad message, not a crash
+                self.errors.append(f"malformed {mtype} message: {exc}")
         elif mtype == "synced":
             self.synced = True
         elif mtype == "bye":
             self.end_reason = str(message.get("reason") or "closed")
         elif mtype == "error":
-            self.errors.append(f"{message.get('code')}: {message.get('message')}")
+            # An error with a command's id is a refusal of that command, not a protocol fault.
+            if not self.deep.apply_refusal(message):
+                self.errors.append(f"{message.get('code')}: {message.get('message')}")
         else:
             return  # pong, welcome and unknown types change nothing visible
         self.revision += 1
@@ -442,6 +472,11 @@ class RunState:
         self.alert_count += 1
         if alert.kind.startswith("nonfinite"):
             self.nonfinite_alerts += 1
+
+    def sent(self, mid: int, command: str, args: dict[str, Any]) -> None:
+        """The app sent a command with id ``mid``; its ack or refusal will name that id."""
+        self.deep.sent(mid, command, args)
+        self.revision += 1
 
     def mark(self, connection: str, reason: str | None = None) -> None:
         """Set the connection state (``live``, ``ended``, ...)."""

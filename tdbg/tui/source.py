@@ -3,7 +3,12 @@
 A source is driven from one worker thread (see ``app.py``) through three blocking calls:
 ``open()`` attaches, ``batches()`` yields lists of messages until the run's connection ends, and
 ``reattach()`` waits for the same run to come back (a restart) and attaches to it. The UI thread
-only ever calls ``choose()`` and ``stop()``.
+only ever calls ``choose()``, ``send()`` and ``stop()``.
+
+``send(command, **args)`` is the one way back to the probe (deep-dive commands). It runs on the
+UI thread while the worker reads the same socket, so sends are serialised by a lock; it never
+raises: it returns the message id, or None with ``send_error`` saying why (read-only source,
+not connected, connection lost).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tdbg.client import ConnectError, ProbeClient
+from tdbg.protocol import ProtocolError
 from tdbg.runtime import RunEntry, discover
 
 POLL_INTERVAL = 0.5  # seconds between discovery polls while waiting for a run
@@ -29,12 +35,32 @@ class Source:
     """The interface the app's worker drives. Subclasses override what they support."""
 
     watches_for_restart = False  # True when reattach() waits for a restarted run
+    read_only_reason: str | None = "this source is read-only (a replay): it cannot send commands"
 
     def __init__(self) -> None:
         self.run: dict[str, Any] = {}
         self.label = ""
         self.end_reason: str | None = None
+        self.send_error: str | None = None  # why the last send() returned None
         self._stop = threading.Event()
+        self._send_lock = threading.Lock()
+
+    def send(self, command: str, **args: Any) -> int | None:
+        """Send a command to the probe; its id, or None with ``send_error`` set. Never raises."""
+        with self._send_lock:
+            self.send_error = None
+            try:
+                mid = self._send(command, args)
+            except (OSError, ProtocolError, ValueError) as exc:
+                mid = None
+                self.send_error = f"could not send {command}: {exc}"
+            if mid is None and self.send_error is None:
+                self.send_error = self.read_only_reason or f"could not send {command}"
+            return mid
+
+    def _send(self, command: str, args: dict[str, Any]) -> int | None:
+        """Subclasses that can talk back send here (the lock is held); None = cannot."""
+        return None
 
     def open(self, notify: Notify) -> None:
         """Attach (blocking). ``notify(kind, payload)`` reports ``waiting`` / ``choices``."""
@@ -105,6 +131,7 @@ class SocketSource(Source):
     """
 
     watches_for_restart = True
+    read_only_reason = None
 
     def __init__(
         self,
@@ -130,9 +157,21 @@ class SocketSource(Source):
         if self.client is None:
             self._attach(ProbeClient.connect(self.path))
 
+    def _send(self, command: str, args: dict[str, Any]) -> int | None:
+        client = self.client
+        if client is None or client.closed or client.peer_closed:
+            why = self.end_reason or "not attached to a run"
+            self.send_error = f"not connected ({why}): {command} not sent"
+            return None
+        return client.send(command, **args)
+
+    def _close_client(self, client: ProbeClient) -> None:
+        with self._send_lock:  # close() sends a bye: never interleave it with a command
+            client.close()
+
     def _attach(self, client: ProbeClient) -> None:
         if self.client is not None and self.client is not client:
-            self.client.close()
+            self._close_client(self.client)
         self.client = client
         self.run = dict(client.run)
         self.end_reason = None
@@ -183,7 +222,7 @@ class SocketSource(Source):
                     break
             if batch:
                 yield batch
-        client.close()
+        self._close_client(client)
         if self.end_reason is None:
             self.end_reason = "connection closed"
 
@@ -217,7 +256,7 @@ class SocketSource(Source):
             # Shutting the socket down wakes the reader thread blocked in recv.
             with contextlib.suppress(OSError):
                 self.client.sock.shutdown(2)
-            self.client.close()
+            self._close_client(self.client)
 
 
 class DiscoverySource(SocketSource):

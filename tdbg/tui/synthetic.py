@@ -189,3 +189,188 @@ def synthetic_run(
     )
     msgs.append({"type": "synced"})
     return msgs
+
+
+# --- deep dives (issue 3): jobs and results exactly as the wire contract spells them ----------
+
+OPS = (  # name, calls per step, self CPU us per call, total CPU us per call
+    ("aten::addmm", 3, 180.0, 210.0),
+    ("aten::mm", 4, 150.0, 160.0),
+    ("aten::linear", 3, 8.0, 230.0),
+    ("aten::tanh", 1, 40.0, 42.0),
+    ("aten::tanh_backward", 1, 35.0, 37.0),
+    ("aten::mse_loss", 1, 20.0, 45.0),
+    ("aten::add_", 6, 12.0, 13.0),
+    ("aten::t", 6, 3.0, 6.0),
+    ("aten::sum", 3, 15.0, 18.0),
+    ("Optimizer.step#SGD.step", 1, 60.0, 140.0),
+)
+
+
+def profile_result(
+    steps: tuple[int, int] = (100, 104),
+    slower: dict[str, float] | None = None,
+    device: bool = False,
+    trace: str | None = "/tmp/tdbg-run/profile-step100.pt.trace.json",
+) -> dict[str, Any]:
+    """A ``profile`` job's result; ``slower`` scales some ops' times (for comparisons)."""
+    n = steps[1] - steps[0] + 1
+    rows: list[dict[str, Any]] = []
+    for name, calls, self_us, total_us in OPS:
+        k = (slower or {}).get(name, 1.0)
+        row = {
+            "name": name,
+            "calls": calls * n,
+            "self_cpu": self_us * calls * n * k,
+            "cpu_total": total_us * calls * n * k,
+            "self_device": self_us * calls * n * k * 0.4 if device else 0.0,
+            "device_total": total_us * calls * n * k * 0.4 if device else 0.0,
+            "cpu_memory": 4096 * calls * n,
+            "device_memory": 8192 * calls * n if device else 0,
+        }
+        rows.append(row)
+    sort = "device_total" if device else "cpu_total"
+    rows.sort(key=lambda r: -float(r[sort]))
+    return {
+        "rows": rows,
+        "sort": sort,
+        "device": device,
+        "steps": [steps[0], steps[1]],
+        "wall_seconds": 0.0123 * n,
+        "total_self_cpu": sum(float(r["self_cpu"]) for r in rows),
+        "total_self_device": sum(float(r["self_device"]) for r in rows),
+        "trace": None if trace is None else {"path": trace, "size": 1_234_567, "sha256": "0" * 64},
+        "truncated": False,
+    }
+
+
+def job_messages(
+    job: int,
+    command: str,
+    args: dict[str, Any],
+    result: dict[str, Any] | None,
+    total: int | None = 5,
+    start: int = 100,
+    final: str = "done",
+    message: str = "",
+    history: bool = False,
+) -> list[dict[str, Any]]:
+    """A job's progress from armed to ``final`` (done with ``result``, failed, cancelled)."""
+
+    def msg(state: str, step: int | None, done: int, res: dict[str, Any] | None = None) -> dict:
+        out = {
+            "type": "job",
+            "job": job,
+            "command": command,
+            "state": state,
+            "step": step,
+            "done": done,
+            "total": total,
+            "message": message if state in ("failed", "cancelled") else "",
+            "args": args,
+            "time": RUN["start_time"] + start,  # type: ignore[operator]
+            "result": res,
+        }
+        if history:
+            out["history"] = True
+        return out
+
+    out = [msg("armed", None, 0)]
+    for i in range(total or 0):
+        out.append(msg("running", start + i, i + 1))
+    if final == "done":
+        out.append(msg("analysing", start + (total or 1) - 1, total or 0))
+    out.append(
+        msg(final, start + (total or 1) - 1, total or 0, result if final == "done" else None)
+    )
+    return out
+
+
+def nan_hunt_result(found: bool = True) -> dict[str, Any]:
+    if not found:
+        return {
+            "found": False,
+            "phase": None,
+            "module": None,
+            "module_type": None,
+            "step": None,
+            "nonfinite": 0,
+            "numel": 0,
+            "input_min": None,
+            "input_max": None,
+            "input_nonfinite": False,
+            "params_nonfinite": 0,
+            "steps_checked": 1,
+            "trigger": "manual",
+        }
+    return {
+        "found": True,
+        "phase": "forward",
+        "module": "body.1",
+        "module_type": "Linear",
+        "step": 151,
+        "nonfinite": 12,
+        "numel": 4096,
+        "input_min": -3.25,
+        "input_max": 4.5,
+        "input_nonfinite": False,
+        "params_nonfinite": 0,
+        "steps_checked": 1,
+        "trigger": "manual",
+    }
+
+
+def snapshot_result() -> dict[str, Any]:
+    return {
+        "file": {"path": "/tmp/tdbg-run/snapshot-step100.pickle", "size": 3_456_789, "sha256": ""},
+        "steps": [100, 102],
+        "top": [
+            {
+                "site": "train.py:42 forward (torch/nn/modules/linear.py:125)",
+                "bytes": 2**30,
+                "count": 12,
+            },
+            {
+                "site": "train.py:57 step (torch/optim/adam.py:400)",
+                "bytes": 512 * 2**20,
+                "count": 40,
+            },
+            {
+                "site": "train.py:40 batch (torch/utils/data/_utils/collate.py:200)",
+                "bytes": 64 * 2**20,
+                "count": 3,
+            },
+        ],
+        "active_bytes": 3 * 2**30,
+        "reserved_bytes": 4 * 2**30,
+    }
+
+
+def activations_message(step: int = 110, n_modules: int = 8) -> dict[str, Any]:
+    """Per-module output statistics: one dead ReLU (all zeros) and one module with NaN outputs."""
+    names = [f"blocks.{i // 2}.{'fc' if i % 2 == 0 else 'act'}" for i in range(n_modules)]
+    types = ["Linear" if i % 2 == 0 else "ReLU" for i in range(n_modules)]
+    mean = [0.01 * (i + 1) for i in range(n_modules)]
+    std = [0.5 + 0.1 * i for i in range(n_modules)]
+    lo = [-2.0 - i for i in range(n_modules)]
+    hi = [2.0 + i for i in range(n_modules)]
+    zero = [0.0 if i % 2 == 0 else 0.45 for i in range(n_modules)]
+    nonfinite = [0] * n_modules
+    if n_modules > 3:
+        zero[3] = 1.0  # a dead ReLU
+        mean[3], std[3], lo[3], hi[3] = 0.0, 0.0, 0.0, 0.0
+    if n_modules > 4:
+        nonfinite[4] = 7
+        mean[4], std[4], hi[4] = math.nan, math.nan, math.inf
+    return {
+        "type": "activations",
+        "step": step,
+        "names": names,
+        "types": types,
+        "mean": mean,
+        "std": std,
+        "min": lo,
+        "max": hi,
+        "zero_frac": zero,
+        "nonfinite": nonfinite,
+    }

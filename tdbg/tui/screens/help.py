@@ -14,12 +14,22 @@ q            quit
 tab / ⇧tab   next / previous panel
 l            loss chart: linear / log scale
 h            gradients: table / heatmap
-s            gradient table: sort by name / norm / trend (or click a header)
-p            profile the next steps (comes with the deep-dive commands)
+o            gradient table: sort by name / norm / trend (or click a header)
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
+Deep dives (the probe runs them in the training process at the next step boundary):
+p            profile the next steps: a form (steps, time cap, shapes / memory / stack)
+m            memory snapshot of the next steps (CUDA runs only)
+n            NaN hunt: name the first module whose output or gradient is NaN/Inf
+a            autograd anomaly mode for 10 steps (global and slow while on)
+s            activation statistics every 10 steps: on / off (beside the gradient norms)
+c            cancel the running deep dive shown in the deep-dive panel
+d            deep-dive panel: profile / memory snapshot / NaN hunt
+[ ]          profile table: sort by the previous / next column (or click a header)
+z            zoom the deep-dive panel to the full screen (escape or z again)
+
 Heatmap colours: low (vanishing) … high (exploding) on a log scale from 1e-8 to 1e4;
-× marks NaN / Inf, a separate colour marks exact zeros.
+× marks NaN / Inf, a separate colour marks exact zeros. Profile Δ/call: ▲ slower, ▼ faster.
 
 escape or ? closes this help."""
 
@@ -34,7 +44,7 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="help-box"):
             yield Static("tdbg — keys", id="help-title")
-            yield Static(KEYS, id="help-keys")
+            yield Static(KEYS, id="help-keys", markup=False)
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(None)

@@ -11,21 +11,30 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Sparkline
 
+from tdbg.tui.deep import DIVES, label
 from tdbg.tui.model import RunState, fmt, fmt_loss
+from tdbg.tui.screens.profile_form import ProfileFormScreen
+from tdbg.tui.widgets.activation_table import ActivationTable
 from tdbg.tui.widgets.alert_list import AlertList
 from tdbg.tui.widgets.anatomy_bar import AnatomyBar
+from tdbg.tui.widgets.anomaly_banner import AnomalyBanner
+from tdbg.tui.widgets.deep_panel import DeepPanel
 from tdbg.tui.widgets.gradient_heatmap import GradientHeatmap
 from tdbg.tui.widgets.gradient_table import GradientTable
 from tdbg.tui.widgets.learning_rates import LearningRates
 from tdbg.tui.widgets.loss_chart import LossChart
 from tdbg.tui.widgets.memory_panel import MemoryPanel
 from tdbg.tui.widgets.probe_status import ProbeStatus
-from tdbg.tui.widgets.profiler_panel import ProfilerPanel
+from tdbg.tui.widgets.profiler_table import ProfilerTable
 from tdbg.tui.widgets.run_header import RunHeader
 
 RECENT_LOSS = 200  # steps shown in the loss sparkline
 GRAD_INTERVAL = 0.5  # seconds between gradient panel updates: 1,000 rows at 8 Hz is wasted work
 CHART_INTERVAL = 0.25
+ACTIVATIONS_EVERY = 10  # steps between activation-statistics samples when s turns them on
+ANOMALY_STEPS = 10  # steps of autograd anomaly mode per press of a
+NAN_HUNT_STEPS = 1
+WIDE = 170  # columns from which activations sit left-right of the gradient norms, not below
 
 
 class Panel(Vertical, can_focus=True):
@@ -34,10 +43,19 @@ class Panel(Vertical, can_focus=True):
 
 class MonitorScreen(Screen[None]):
     BINDINGS = [
-        Binding("l", "toggle_log", "Log scale"),
-        Binding("h", "toggle_heatmap", "Heatmap"),
-        Binding("s", "cycle_sort", "Sort"),
         Binding("p", "profile", "Profile"),
+        Binding("m", "snapshot", "Snapshot"),
+        Binding("n", "nan_hunt", "NaN hunt"),
+        Binding("a", "anomaly", "Anomaly"),
+        Binding("s", "activations", "Act stats"),
+        Binding("c", "cancel_job", "Cancel job", show=False),
+        Binding("d", "cycle_view", "Dive view", show=False),
+        Binding("left_square_bracket", "profile_sort(-1)", "Op sort ←", show=False),
+        Binding("right_square_bracket", "profile_sort(1)", "Op sort →", show=False),
+        Binding("z", "zoom", "Zoom", show=False),
+        Binding("o", "cycle_sort", "Sort"),
+        Binding("h", "toggle_heatmap", "Heatmap"),
+        Binding("l", "toggle_log", "Log"),
     ]
 
     def __init__(self, **kwargs: Any) -> None:
@@ -48,9 +66,11 @@ class MonitorScreen(Screen[None]):
         self._chart_at = 0.0
         self._grad_revision = -1
         self._state: RunState | None = None
+        self._acts_shown: object = None
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
+        yield AnomalyBanner(id="anomaly-banner")
         yield AnatomyBar(id="anatomy")
         with Horizontal(id="body"):
             with Vertical(id="left"):
@@ -63,14 +83,17 @@ class MonitorScreen(Screen[None]):
                     with Panel(id="alerts-panel", classes="panel"):
                         yield AlertList(id="alerts")
             with Vertical(id="right"):
-                with Vertical(id="grad-panel", classes="panel"):
-                    with ContentSwitcher(initial="grad-table", id="grad-switcher"):
-                        yield GradientTable(id="grad-table")
-                        yield GradientHeatmap(id="grad-heatmap")
+                with Vertical(id="grad-area"):
+                    with Vertical(id="grad-panel", classes="panel"):
+                        with ContentSwitcher(initial="grad-table", id="grad-switcher"):
+                            yield GradientTable(id="grad-table")
+                            yield GradientHeatmap(id="grad-heatmap")
+                    with Vertical(id="act-panel", classes="panel"):
+                        yield ActivationTable(id="act-table")
                 with Panel(id="memory-panel", classes="panel"):
                     yield MemoryPanel(id="memory")
-                with Panel(id="profiler-panel", classes="panel"):
-                    yield ProfilerPanel(id="profiler")
+        with Panel(id="profiler-panel", classes="panel"):
+            yield DeepPanel(id="deep")
         yield ProbeStatus(id="status")
         yield Footer()
 
@@ -82,6 +105,7 @@ class MonitorScreen(Screen[None]):
             "grad-panel": "Gradient norms per layer",
             "memory-panel": "Memory",
             "profiler-panel": "Profiler top-ops",
+            "act-panel": "Activations per module (s turns off)",
         }
         for panel_id, title in titles.items():
             self.query_one(f"#{panel_id}").border_title = title
@@ -105,8 +129,106 @@ class MonitorScreen(Screen[None]):
         self._update_grad_title()
         self.notify(f"gradient table sorted by {mode}", timeout=2)
 
+    # --- deep dives: every command goes through the app, which owns the source --------------
+
+    def _unavailable(self, command: str) -> str | None:
+        """Why ``command`` cannot run on this run (from the welcome's ``commands``), or None."""
+        state = self._state
+        run = state.run if state is not None else {}
+        reasons = run.get("commands")
+        if isinstance(reasons, dict) and reasons.get(command):
+            return str(reasons[command])
+        device = run.get("device")
+        if command == "snapshot" and isinstance(device, str) and device.startswith("cpu"):
+            return f"needs CUDA: this run is on {device}"
+        return None
+
+    def _send(self, command: str, **args: Any) -> int | None:
+        why = self._unavailable(command)
+        if why is not None:
+            self.notify(f"{label(command)} unavailable: {why}", severity="warning", timeout=5)
+            return None
+        send = getattr(self.app, "send_command", None)
+        if send is None:  # a bare App (tests of the screen alone)
+            self.notify("this app cannot send commands", severity="warning")
+            return None
+        mid: int | None = send(command, **args)
+        if mid is not None:
+            self.repaint(force=True)
+        return mid
+
     def action_profile(self) -> None:
-        self.notify("On-demand profiling comes with the deep-dive commands.", timeout=3)
+        why = self._unavailable("profile")
+        if why is not None:
+            self.notify(f"profile unavailable: {why}", severity="warning", timeout=5)
+            return
+
+        def submitted(args: dict[str, Any] | None) -> None:
+            if args is not None:
+                self._send("profile", **args)
+
+        self.app.push_screen(ProfileFormScreen(), submitted)
+
+    def action_snapshot(self) -> None:
+        self._send("snapshot")
+
+    def action_nan_hunt(self) -> None:
+        self._send("nan_hunt", steps=NAN_HUNT_STEPS)
+
+    def action_anomaly(self) -> None:
+        self._send("anomaly", steps=ANOMALY_STEPS)
+
+    def action_activations(self) -> None:
+        state = self._state
+        if state is not None and state.deep.activations_on:
+            self._send("activations", enabled=False)
+        else:
+            self._send("activations", every=ACTIVATIONS_EVERY, enabled=True)
+
+    def action_cancel_job(self) -> None:
+        """Cancel the active dive shown in the deep-dive panel, else the newest active dive."""
+        state = self._state
+        if state is None:
+            return
+        deep = state.deep
+        shown = self.query_one(DeepPanel).command()
+        job = deep.active_job(shown)
+        if job is None and shown == "nan_hunt":
+            job = deep.active_job("anomaly")
+        if job is None:
+            active = [j for j in deep.jobs.values() if j.active and j.command in DIVES]
+            job = max(active, key=lambda j: j.job, default=None)
+        if job is None:
+            self.notify("no deep dive is running", timeout=3)
+            return
+        if self._send("cancel", job=job.job) is not None:
+            self.notify(f"cancelling {label(job.command)} #{job.job}", timeout=3)
+
+    def action_cycle_view(self) -> None:
+        self.query_one(DeepPanel).cycle_view()
+        self.repaint(force=True)
+        self.notify(f"deep-dive panel: {self.query_one(DeepPanel).title}", timeout=2)
+
+    def action_profile_sort(self, step: int) -> None:
+        table = self.query_one(ProfilerTable)
+        if table.profile is None:
+            self.notify("no profile yet: press p", timeout=3)
+            return
+        self.query_one(DeepPanel).switch("deep-profile")
+        table.cycle_sort(step)
+
+    def on_profiler_table_sorted(self, event: ProfilerTable.Sorted) -> None:
+        self.repaint(force=True)
+
+    def action_zoom(self) -> None:
+        """Zoom the deep-dive panel (its tables are wide) to the full screen; z or escape undo."""
+        if self.maximized is not None:
+            self.minimize()
+        else:
+            self.maximize(self.query_one("#profiler-panel"))
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width >= WIDE, "-wide")
 
     # --- painting -------------------------------------------------------------------------
 
@@ -137,12 +259,38 @@ class MonitorScreen(Screen[None]):
         self.query_one("#alerts-panel").border_subtitle = f"{state.alert_count} total"
         self.query_one(MemoryPanel).show(state)
         self.query_one(ProbeStatus).show(state)
+        self._paint_deep(state)
         grads_changed = state.grads.total_rows != self._grad_revision
         if (force or grads_changed) and (force or now - self._grads_at >= GRAD_INTERVAL):
             self._grads_at = now
             self._grad_revision = state.grads.total_rows
             self._paint_grads(state)
         return True
+
+    def _paint_deep(self, state: RunState) -> None:
+        deep = state.deep
+        self.set_class(deep.has_any, "-deep")
+        self.set_class(deep.anomaly_on, "-anomaly")
+        self.set_class(deep.activations_on, "-activations")
+        self.query_one(AnomalyBanner).show(deep)
+        panel = self.query_one(DeepPanel)
+        panel.show(deep, self._unavailable("snapshot"))  # may switch to the newest dive's view
+        # Only the profile table needs the deep-dive panel's full height; text views fit less.
+        self.set_class(panel.view != "deep-profile", "-deep-text")
+        border = self.query_one("#profiler-panel")
+        border.border_title = panel.title
+        caption = "d: next view · c: cancel · z: zoom"
+        if panel.view == "deep-profile" and deep.profile is not None:
+            caption = f"{self.query_one(ProfilerTable).sort_caption()} ([ ]) · {caption}"
+        border.border_subtitle = caption
+        if deep.activations_on:
+            acts = deep.activations
+            if acts is not self._acts_shown:  # a new sample every K steps, not every repaint
+                self._acts_shown = acts
+                self.query_one(ActivationTable).show(acts)
+            every = fmt(deep.activations_every, "d")
+            step = "n/a" if acts is None else fmt(acts.step, "d")
+            self.query_one("#act-panel").border_subtitle = f"step {step} · every {every} steps"
 
     def _paint_loss(self, state: RunState) -> None:
         chart = self.query_one(LossChart)
@@ -178,4 +326,4 @@ class MonitorScreen(Screen[None]):
             panel.border_subtitle = f"heatmap 1e-8…1e4 · {caption} · h: table"
         else:
             mode = self.query_one(GradientTable).sort_mode
-            panel.border_subtitle = f"step {sampled} · sort {mode} (s) · h: heatmap"
+            panel.border_subtitle = f"step {sampled} · sort {mode} (o) · h: heatmap"

@@ -19,6 +19,11 @@ class ProbeStatus(Static):
             f"errors {fmt(probe.get('errors'), 'd')}",
             f"clients {fmt(probe.get('clients'), 'd')}",
         ]
+        deep = state.deep
+        if deep.activations_on:
+            parts.append(f"activations every {fmt(deep.activations_every, 'd')} steps")
+        if deep.active_jobs:
+            parts.append("jobs " + " ".join(f"#{j}" for j in deep.active_jobs))
         if probe.get("last_error"):
             parts.append(f"last error: {probe['last_error']}")
         if state.errors:

@@ -1,0 +1,82 @@
+"""NanHuntView: the NaN hunt's answer (first non-finite module) and anomaly mode's progress."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tdbg.tui.deep import DeepState, NanHuntResult
+from tdbg.tui.model import fmt, fmt_stat
+
+NONE_YET = (
+    "No NaN hunt yet. Press n: for the next step the probe watches every module's output and"
+    " gradient and names the first one that is NaN/Inf. Press a for autograd anomaly mode."
+)
+
+
+def hunt_lines(hunt: NanHuntResult) -> list[str]:
+    """The NaN hunt's answer in a few lines, as the user reads it."""
+    checked = fmt(hunt.steps_checked, "d")
+    trigger = f" · {hunt.trigger}" if hunt.trigger else ""
+    if not hunt.found:
+        return [f"NaN hunt #{hunt.job}: no non-finite value in {checked} step(s) checked{trigger}"]
+    where = f"{hunt.phase or 'n/a'}"
+    at = f" at step {hunt.step}" if hunt.step is not None else ""
+    inputs = "inputs already non-finite" if hunt.input_nonfinite else "inputs finite"
+    return [
+        f"NaN hunt #{hunt.job}: first non-finite {'gradient' if where == 'backward' else 'output'}"
+        f" in {hunt.module_label} ({hunt.module_type or 'n/a'}) · {where}{at}",
+        f"  {fmt(hunt.nonfinite, 'd')} of {fmt(hunt.numel, 'd')} elements non-finite"
+        f" · input min {fmt_stat(hunt.input_min)} max {fmt_stat(hunt.input_max)} · {inputs}",
+        f"  parameters non-finite {fmt(hunt.params_nonfinite, 'd')}"
+        f" · {checked} step(s) checked{trigger}",
+    ]
+
+
+class NanHuntView(Static):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "nan-hunt-view--found",
+        "nan-hunt-view--status",
+        "nan-hunt-view--dim",
+        "nan-hunt-view--warning",
+    }
+
+    def show(self, deep: DeepState) -> None:
+        status = self.get_component_rich_style("nan-hunt-view--status")
+        dim = self.get_component_rich_style("nan-hunt-view--dim")
+        text = Text(no_wrap=True, overflow="ellipsis")
+        job = deep.latest_job("nan_hunt")
+        refusal = deep.refusal("nan_hunt")
+        hunt = deep.nan_hunt
+        if refusal is not None:
+            text.append(f"NaN hunt refused — {refusal}\n", status)
+        elif job is not None and (hunt is None or hunt.job != job.job):
+            text.append(job.progress() + "\n", status)
+        if hunt is not None:
+            style = self.get_component_rich_style("nan-hunt-view--found") if hunt.found else ""
+            for i, line in enumerate(hunt_lines(hunt)):
+                text.append(line + "\n", style if i == 0 else "")
+        self._anomaly(deep, text)
+        if not text.plain.strip():
+            text.append(NONE_YET, dim)
+            text.no_wrap = False
+        text.rstrip()
+        self.set_class(hunt is not None and hunt.found, "-found")
+        self.update(text)
+
+    def _anomaly(self, deep: DeepState, text: Text) -> None:
+        job = deep.latest_job("anomaly")
+        refusal = deep.refusal("anomaly")
+        if refusal is not None:
+            text.append(
+                f"anomaly mode refused — {refusal}\n",
+                self.get_component_rich_style("nan-hunt-view--status"),
+            )
+        elif job is not None and job.active:
+            warning = self.get_component_rich_style("nan-hunt-view--warning")
+            text.append(job.progress() + " — global and slow while on\n", warning)
+        elif job is not None:
+            errors = fmt((deep.anomaly or {}).get("errors"), "d") if deep.anomaly else "n/a"
+            text.append(f"{job.progress()} · backward errors seen: {errors}\n")
