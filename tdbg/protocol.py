@@ -62,8 +62,8 @@ Probe -> client (outbound frames are at most 4 MiB):
             progress: ``state`` is one of :data:`JOB_STATES`; ``done``/``total`` count steps;
             ``result`` (on ``done``) is the command's answer (see docs/dump.md). Finished jobs
             are replayed to late clients with ``history: true``.
-``activations`` ``{step, names, mean, std, min, max, zero_frac, nonfinite}`` — per-module output
-            statistics of one sampled step; the value lists are in ``names`` order.
+``activations`` ``{step, names, types, mean, std, min, max, zero_frac, nonfinite}`` — per-module
+            output statistics of one sampled step; the value lists are in ``names`` order.
 """
 
 from __future__ import annotations

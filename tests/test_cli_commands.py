@@ -23,7 +23,7 @@ from conftest import wait_until
 from demo_job import demo_job
 from test_cli import TDBG, events, run_cli
 
-from tdbg import cli
+from tdbg import cli, dive_commands, dump_events, report, targets
 from tdbg.client import CommandRefused, CommandTimeout, ProbeClient
 from tdbg.protocol import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, pack
 
@@ -112,7 +112,7 @@ NAN_FOUND = {
 
 def test_job_event_carries_progress_not_result() -> None:
     msg = job_msg("done", result=profile_result(), history=True)
-    event = cli.job_event(msg)
+    event = dump_events.job_event(msg)
     assert event == {
         "type": "job",
         "job": 7,
@@ -130,9 +130,9 @@ def test_job_event_carries_progress_not_result() -> None:
 
 
 def test_result_event_is_typed_by_command() -> None:
-    assert cli.result_event(job_msg("running")) is None
-    assert cli.result_event(job_msg("failed", message="profiler failed")) is None
-    event = cli.result_event(job_msg("done", result=profile_result()))
+    assert dump_events.result_event(job_msg("running")) is None
+    assert dump_events.result_event(job_msg("failed", message="profiler failed")) is None
+    event = dump_events.result_event(job_msg("done", result=profile_result()))
     assert event is not None
     assert event["type"] == "profile" and event["job"] == 7 and event["step"] == 120
     assert event["rows"][0]["name"] == "aten::addmm"
@@ -140,14 +140,14 @@ def test_result_event_is_typed_by_command() -> None:
     assert event["steps"] == [118, 120] and event["sort"] == "cpu_total"
     assert "history" not in event
 
-    hunt = cli.result_event(job_msg("done", command="nan_hunt", result=NAN_FOUND))
+    hunt = dump_events.result_event(job_msg("done", command="nan_hunt", result=NAN_FOUND))
     assert hunt is not None
     assert hunt["type"] == "nan_hunt" and hunt["module"] == "body.2"
     assert hunt["step"] == 80  # the step it was found at, not the job message's
     assert hunt["input_max"] == "nan"  # non-finite numbers as dump writes them
     json.dumps(hunt, allow_nan=False)
 
-    anomaly = cli.result_event(
+    anomaly = dump_events.result_event(
         job_msg("done", command="anomaly", result={"steps": 3, "check_nan": False, "errors": 0})
     )
     assert anomaly == {
@@ -174,7 +174,7 @@ def test_activations_event_per_layer() -> None:
         "zero_frac": [0.0, 0.5],
         "nonfinite": [0, 12],
     }
-    event = cli.activations_event(msg)
+    event = dump_events.activations_event(msg)
     assert event == {
         "type": "activations",
         "step": 40,
@@ -234,7 +234,7 @@ def test_dump_stream_translates_jobs_and_skips_acks() -> None:
         {"type": "bye", "reason": "shutdown"},
     ]
     client: Any = ScriptedClient(msgs)
-    evs = list(cli.dump_events(client, None))
+    evs = list(dump_events.dump_events(client, None))
     types = [e["type"] for e in evs]
     assert types == [
         "hello",
@@ -266,21 +266,21 @@ def test_dump_stream_translates_jobs_and_skips_acks() -> None:
 
 def test_profile_rows_share_and_sort() -> None:
     result = profile_result()
-    rows = cli.profile_rows(result)
+    rows = report.profile_rows(result)
     assert [r["name"] for r in rows] == ["aten::addmm", "aten::linear", "[memory]"]
     assert [r["share"] for r in rows] == pytest.approx([0.6, 0.05, 0.35])
-    by_self = cli.profile_rows(result, "self_cpu")
+    by_self = report.profile_rows(result, "self_cpu")
     assert [r["name"] for r in by_self] == ["aten::addmm", "[memory]", "aten::linear"]
-    assert [r["name"] for r in cli.profile_rows(result, "name")][0] == "[memory]"
-    assert [r["name"] for r in cli.profile_rows(result, "cpu_memory")][-1] == "[memory]"
-    device = cli.profile_rows(profile_result(device=True), "share")
+    assert [r["name"] for r in report.profile_rows(result, "name")][0] == "[memory]"
+    assert [r["name"] for r in report.profile_rows(result, "cpu_memory")][-1] == "[memory]"
+    device = report.profile_rows(profile_result(device=True), "share")
     assert [r["name"] for r in device] == ["[memory]", "aten::addmm", "aten::linear"]
     assert device[0]["share"] == pytest.approx(0.7)
 
 
 def test_print_profile_cpu_run() -> None:
     out = io.StringIO()
-    cli.print_profile(profile_result(), out, None, 2)
+    report.print_profile(profile_result(), out, None, 2)
     text = out.getvalue()
     assert "aten::addmm" in text and "aten::linear" in text
     assert "[memory]" not in text  # --rows 2
@@ -293,7 +293,7 @@ def test_print_profile_cpu_run() -> None:
 
 def test_print_profile_device_run_sorted_by_share() -> None:
     out = io.StringIO()
-    cli.print_profile(profile_result(device=True), out, "share", 20)
+    report.print_profile(profile_result(device=True), out, "share", 20)
     text = out.getvalue()
     assert "self device" in text and "device total" in text and "device mem" in text
     assert "[memory]" in text and "-2 KiB" in text  # markup-free; memory freed keeps its sign
@@ -304,21 +304,21 @@ def test_print_profile_device_run_sorted_by_share() -> None:
 def test_print_profile_without_trace() -> None:
     result = dict(profile_result(), trace=None, rows=[], truncated=True)
     out = io.StringIO()
-    cli.print_profile(result, out)
+    report.print_profile(result, out)
     assert "trace: none written" in out.getvalue()
     assert "top 100 ops only" in out.getvalue()
 
 
 def test_unit_formatting() -> None:
-    assert cli._format_us(0) == "0"
-    assert cli._format_us(12.34) == "12.3 us"
-    assert cli._format_us(812.0) == "812 us"
-    assert cli._format_us(3410.0) == "3.41 ms"
-    assert cli._format_us(1_200_000.0) == "1.2 s"
-    assert cli._format_us(None) == "n/a"
-    assert cli._format_bytes(512) == "512 B"
-    assert cli._format_bytes(-3 * 1024 * 1024) == "-3 MiB"
-    assert cli._format_bytes(None) == "n/a"
+    assert report._format_us(0) == "0"
+    assert report._format_us(12.34) == "12.3 us"
+    assert report._format_us(812.0) == "812 us"
+    assert report._format_us(3410.0) == "3.41 ms"
+    assert report._format_us(1_200_000.0) == "1.2 s"
+    assert report._format_us(None) == "n/a"
+    assert report._format_bytes(512) == "512 B"
+    assert report._format_bytes(-3 * 1024 * 1024) == "-3 MiB"
+    assert report._format_bytes(None) == "n/a"
 
 
 def test_print_snapshot() -> None:
@@ -333,7 +333,7 @@ def test_print_snapshot() -> None:
         "reserved_bytes": 2 << 30,
     }
     out = io.StringIO()
-    cli.print_snapshot(result, out, limit=1)
+    report.print_snapshot(result, out, limit=1)
     text = out.getvalue()
     assert "snapshot: /tmp/run/snapshot-step200.pickle (2 KiB)" in text
     assert "active 1 GiB, reserved 2 GiB" in text
@@ -342,15 +342,17 @@ def test_print_snapshot() -> None:
 
 
 def test_format_nan_hunt() -> None:
-    text = cli.format_nan_hunt(NAN_FOUND)
+    text = report.format_nan_hunt(NAN_FOUND)
     assert text.startswith("first non-finite forward value: body.2 (Residual) at step 80\n")
     assert "8192 of 8192" in text and "-2.5 / nan" in text
     assert "inputs already non-finite: no" in text
-    root = cli.format_nan_hunt(dict(NAN_FOUND, module="", phase="backward", input_nonfinite=True))
+    root = report.format_nan_hunt(
+        dict(NAN_FOUND, module="", phase="backward", input_nonfinite=True)
+    )
     assert "backward value: the root model" in root and "already non-finite: yes" in root
     none = dict(NAN_FOUND, found=False, phase=None, module=None, step=None, steps_checked=4)
-    assert cli.format_nan_hunt(none) == "no non-finite value in 4 steps\n"
-    assert cli.format_nan_hunt(dict(none, steps_checked=1)) == "no non-finite value in 1 step\n"
+    assert report.format_nan_hunt(none) == "no non-finite value in 4 steps\n"
+    assert report.format_nan_hunt(dict(none, steps_checked=1)) == "no non-finite value in 1 step\n"
 
 
 def test_format_anomaly_with_tracebacks() -> None:
@@ -363,10 +365,10 @@ def test_format_anomaly_with_tracebacks() -> None:
         "message": 'backward error in MulBackward0; forward call:\n  File "m.py", line 3\n',
         "layers": [],
     }
-    text = cli.format_anomaly({"steps": 3, "check_nan": False, "errors": 1}, [alert])
+    text = report.format_anomaly({"steps": 3, "check_nan": False, "errors": 1}, [alert])
     assert text.startswith("anomaly mode done: 3 steps, check_nan off, 1 backward error\n")
     assert "--- step 9: error\nbackward error in MulBackward0" in text
-    assert cli.format_anomaly({"steps": 2, "check_nan": True, "errors": 0}, []) == (
+    assert report.format_anomaly({"steps": 2, "check_nan": True, "errors": 0}, []) == (
         "anomaly mode done: 2 steps, check_nan on, 0 backward errors\n"
     )
 
@@ -388,7 +390,7 @@ def test_print_activations() -> None:
         },
     }
     out = io.StringIO()
-    cli.print_activations(event, out)
+    report.print_activations(event, out)
     text = out.getvalue()
     assert "activations at step 40" in text
     assert "body.1" in text and "ReLU" in text and "50.0" in text and "inf" in text
@@ -396,13 +398,13 @@ def test_print_activations() -> None:
 
 def test_progress_lines() -> None:
     armed = job_msg("armed", message="anomaly mode is global and slow")
-    assert cli.progress_line(armed) == "profile job 7: armed, waiting for the next step boundary"
-    assert cli.progress_line(job_msg("running")) == "profile job 7: running 2/3 (step 120)"
-    assert cli.progress_line(job_msg("analysing")) == "profile job 7: analysing"
+    assert report.progress_line(armed) == "profile job 7: armed, waiting for the next step boundary"
+    assert report.progress_line(job_msg("running")) == "profile job 7: running 2/3 (step 120)"
+    assert report.progress_line(job_msg("analysing")) == "profile job 7: analysing"
     failed = job_msg("failed", message="the profiler is in use")
-    assert cli.progress_line(failed) == "profile job 7: failed: the profiler is in use"
+    assert report.progress_line(failed) == "profile job 7: failed: the profiler is in use"
     forever = job_msg("running", command="activations", total=None, done=4)
-    assert cli.progress_line(forever) == "activations job 7: running 4/- (step 120)"
+    assert report.progress_line(forever) == "activations job 7: running 4/- (step 120)"
 
 
 # --- the client's command helper and the job watch, over a socket pair ----------------------
@@ -503,8 +505,10 @@ def test_messages_stopped_early_loses_nothing(pair: tuple[ProbeClient, Peer]) ->
     assert seen == [0, 1, 2, 3, 4]
 
 
-def start_watch(client: ProbeClient, peer: Peer, timeout: float, job: int = 4) -> cli.JobWatch:
-    watch = cli.JobWatch(client, "profile", timeout)
+def start_watch(
+    client: ProbeClient, peer: Peer, timeout: float, job: int = 4
+) -> dive_commands.JobWatch:
+    watch = dive_commands.JobWatch(client, "profile", timeout)
     box: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: box.update(ack=watch.start(steps=3)))
     thread.start()
@@ -549,7 +553,7 @@ def test_watch_timeout_while_armed_cancels(pair: tuple[ProbeClient, Peer]) -> No
 
     thread = threading.Thread(target=answer_cancel)
     thread.start()
-    with pytest.raises(cli.CliError, match=r"did not reach a step boundary within 0.5 s"):
+    with pytest.raises(targets.CliError, match=r"did not reach a step boundary within 0.5 s"):
         watch.wait()
     thread.join(5)
     assert not thread.is_alive()
@@ -559,12 +563,14 @@ def test_watch_failed_job_and_ended_run(pair: tuple[ProbeClient, Peer]) -> None:
     client, peer = pair
     watch = start_watch(client, peer, 5.0)
     peer.send(job_msg("failed", job=4, message="the profiler is already in use"))
-    with pytest.raises(cli.JobFailed, match="profile job 4 failed: the profiler is already"):
+    with pytest.raises(
+        dive_commands.JobFailed, match="profile job 4 failed: the profiler is already"
+    ):
         watch.wait()
     watch = start_watch(client, peer, 5.0, job=5)
     peer.send(job_msg("running", job=5), job_msg("cancelled", job=5, message="the run ended"))
     peer.send({"type": "bye", "reason": "shutdown"})
-    with pytest.raises(cli.CliError, match="the run ended before profile job 5 finished"):
+    with pytest.raises(targets.CliError, match="the run ended before profile job 5 finished"):
         watch.wait()
 
 
@@ -573,7 +579,7 @@ def test_watch_run_closes_mid_job(pair: tuple[ProbeClient, Peer]) -> None:
     watch = start_watch(client, peer, 5.0)
     peer.send(job_msg("running", job=4))
     peer.sock.shutdown(socket.SHUT_WR)
-    with pytest.raises(cli.CliError, match=r"the run ended before profile job 4 .*running"):
+    with pytest.raises(targets.CliError, match=r"the run ended before profile job 4 .*running"):
         watch.wait()
 
 
