@@ -19,7 +19,8 @@ from tdbg.tui.source import SocketSource  # noqa: E402
 
 
 async def capture(out: Path, size: tuple[int, int] = (160, 48), timeout: float = 60.0) -> str:
-    """Run the nan demo, attach the app under its Pilot, wait for the alert, save an SVG."""
+    """Run the nan demo, attach the app under its Pilot, wait for the alert and the automatic
+    NaN hunt's answer, save an SVG."""
     runtime = Path(tempfile.mkdtemp(prefix="tdbg-shot-", dir="/tmp"))
     os.chmod(runtime, 0o700)
     args = ("--delay", "0.004", "--nan-at", "700", "--layer", "body.2", "--steps", "100000")
@@ -27,9 +28,15 @@ async def capture(out: Path, size: tuple[int, int] = (160, 48), timeout: float =
         app = make_app(SocketSource(path=str(entry.socket)))
         async with app.run_test(size=size) as pilot:
             deadline = time.monotonic() + timeout
-            while not (app.state.nonfinite_alerts and "NVML" in screen_text(app)):
+            # The first non-finite alert starts the automatic NaN hunt: wait for its answer
+            # too, so the picture shows the module it names.
+            while not (
+                app.state.nonfinite_alerts
+                and app.state.deep.nan_hunt is not None
+                and "NVML" in screen_text(app)
+            ):
                 if time.monotonic() > deadline:
-                    raise TimeoutError("the demo never showed its non-finite alert")
+                    raise TimeoutError("the demo never showed its alert and NaN hunt")
                 await asyncio.sleep(0.1)
             await asyncio.sleep(1.0)  # let the charts take in a few more steps
             await pilot.pause()

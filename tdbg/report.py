@@ -189,6 +189,14 @@ def format_nan_hunt(result: dict[str, Any]) -> str:
         f"{_format_number(result.get('input_max'))}",
         f"  inputs already non-finite: {'yes' if result.get('input_nonfinite') else 'no'}",
         f"  non-finite parameters:  {result.get('params_nonfinite')}",
+        *(
+            [
+                "  (its weights were already non-finite: an earlier optimizer step spread the NaN;"
+                " the first nonfinite_grad alert names the layer where it began)"
+            ]
+            if result.get("params_nonfinite")
+            else []
+        ),
         f"  steps checked: {checked} ({result.get('trigger')})",
     ]
     return "\n".join(lines) + "\n"

@@ -810,3 +810,10 @@ def test_stalled_run_times_out_then_ctrl_c_and_ending_run(runtime_dir: Path) -> 
         _, err = late.communicate(timeout=15)
     assert late.returncode == 2, err
     assert err.count("\n") == 1 and "the run ended before anomaly job" in err, err
+
+
+def test_nan_hunt_report_points_to_the_first_alert_when_weights_are_poisoned() -> None:
+    assert "earlier optimizer step" not in report.format_nan_hunt(NAN_FOUND)
+    text = report.format_nan_hunt(dict(NAN_FOUND, params_nonfinite=16640))
+    assert "non-finite parameters:  16640" in text
+    assert "earlier optimizer step spread the NaN" in text

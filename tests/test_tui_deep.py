@@ -667,3 +667,20 @@ async def test_live_profile_from_the_keyboard(runtime_dir: Path) -> None:
             await shows(pilot, app, f"trace {profile.trace.path}"[:60], "profile #")
             assert proc.poll() is None, "profiling must not disturb the training job"
         proc.terminate()
+
+
+def test_a_hunt_that_lands_in_poisoned_weights_says_where_to_look() -> None:
+    # After an optimizer step has spread a NaN into every weight, the hunt's first module is
+    # merely the first layer the data meets: the view must say the damage began earlier.
+    from tdbg.tui.deep import NanHuntResult
+    from tdbg.tui.widgets.nan_hunt_view import hunt_lines
+
+    def hunt(params: int) -> NanHuntResult:
+        result = dict(nan_hunt_result(), params_nonfinite=params)
+        return NanHuntResult.parse(3, result)
+
+    clean = "\n".join(hunt_lines(hunt(0)))
+    assert "parameters non-finite 0" in clean and "earlier update" not in clean
+    poisoned = "\n".join(hunt_lines(hunt(16640)))
+    assert "weights are already non-finite (16640 elements)" in poisoned
+    assert "first nonfinite_grad alert" in poisoned

@@ -30,9 +30,20 @@ def hunt_lines(hunt: NanHuntResult) -> list[str]:
         f" in {hunt.module_label} ({hunt.module_type or 'n/a'}) · {where}{at}",
         f"  {fmt(hunt.nonfinite, 'd')} of {fmt(hunt.numel, 'd')} elements non-finite"
         f" · input min {fmt_stat(hunt.input_min)} max {fmt_stat(hunt.input_max)} · {inputs}",
-        f"  parameters non-finite {fmt(hunt.params_nonfinite, 'd')}"
-        f" · {checked} step(s) checked{trigger}",
+        params_line(hunt.params_nonfinite) + f" · {checked} step(s) checked{trigger}",
     ]
+
+
+def params_line(params_nonfinite: int | None) -> str:
+    """The module's own weights: when they already hold NaN/Inf, the hunt has found where the
+    damage is now, not where it began — an earlier optimizer step spread it, and the first
+    non-finite gradient alert names the layer it started in."""
+    if not params_nonfinite:
+        return f"  parameters non-finite {fmt(params_nonfinite, 'd')}"
+    return (
+        f"  its weights are already non-finite ({fmt(params_nonfinite, 'd')} elements): an earlier"
+        " update spread it — the first nonfinite_grad alert shows where it began"
+    )
 
 
 class NanHuntView(Static):
