@@ -160,6 +160,8 @@ def print_snapshot(result: dict[str, Any], out: TextIO, limit: int = 10) -> None
         f"steps {steps[0]}-{steps[-1]}: active {_format_bytes(result.get('active_bytes'))}, "
         f"reserved {_format_bytes(result.get('reserved_bytes'))}"
     )
+    if result.get("history_owner") == "script":
+        console.print("(the script records allocator history itself: left as it was)")
     top = list(result.get("top") or [])
     if top:
         table = Table(title="top allocation sites", title_justify="left")

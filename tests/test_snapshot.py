@@ -206,6 +206,8 @@ class FakeAllocator:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", self.record)
         monkeypatch.setattr(torch.cuda.memory, "_snapshot", self.take)
+        self.enabled = False  # what torch._C._cuda_isHistoryEnabled() answers
+        monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: self.enabled, raising=False)
 
     def record(self, enabled: str | None = "all", **kwargs: Any) -> None:
         self.calls.append(("record", {"enabled": enabled, **kwargs}))
@@ -248,7 +250,15 @@ def test_snapshot_dive_records_n_steps_then_writes_the_file(
     ]
     assert [e["state"] for e in ctx.events] == ["running"] * 3 + ["analysing", "done"]
     result = ctx.events[-1]["result"]
-    assert set(result) == {"file", "steps", "top", "active_bytes", "reserved_bytes"}
+    assert set(result) == {
+        "file",
+        "steps",
+        "history_owner",
+        "top",
+        "active_bytes",
+        "reserved_bytes",
+    }
+    assert result["history_owner"] == "tdbg"
     assert result["steps"] == [1, 2]
     path = Path(result["file"]["path"])
     assert path == base / "artifacts" / "unit-r0-p4242-snapshot-steps1-2.pickle"
@@ -258,6 +268,25 @@ def test_snapshot_dive_records_n_steps_then_writes_the_file(
     assert result["top"] == expected["top"] and result["top"][0]["site"] == BEFORE_RECORDING
     assert result["active_bytes"] == expected["active_bytes"]
     assert not runner.active and not runner.busy
+
+
+def test_history_the_script_records_itself_is_left_alone(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A script that keeps allocator history for its own post-mortem must not find it cleared
+    # or switched off: the snapshot is taken from it as it is.
+    fake = FakeAllocator(monkeypatch)
+    fake.enabled = True
+    ctx = context(torch.device("cuda", 0), base)
+    runner = DiveRunner(ctx, {"snapshot": SnapshotDive}, lambda exc: None)
+    runner.enqueue("snapshot", 3, {"steps": 1}, "manual")
+    for step in range(3):
+        runner.at_boundary(step)
+    runner.close()
+    assert fake.calls == [("snapshot", {})]
+    result = ctx.events[-1]["result"]
+    assert ctx.events[-1]["state"] == "done" and result["history_owner"] == "script"
+    assert Path(result["file"]["path"]).exists()
 
 
 def test_cancel_switches_history_off_and_writes_nothing(

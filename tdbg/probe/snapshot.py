@@ -156,6 +156,13 @@ def write_snapshot(snapshot: dict[str, Any], directory: Path, name: str) -> dict
         raise
 
 
+def history_enabled() -> bool:
+    """Whether the CUDA allocator is recording history already (torch's own check; absent from
+    CPU builds and old releases, where nothing can be recording)."""
+    check = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    return bool(check()) if check is not None else False
+
+
 class SnapshotDive(Dive):
     """``torch.cuda.memory._record_memory_history`` for ``steps`` steps, then a snapshot.
 
@@ -175,6 +182,7 @@ class SnapshotDive(Dive):
         self._device = 0
         self._directory: Path | None = None
         self._first = 0
+        self._borrowed = False  # history was already on (the script's): never touched
 
     # --- training thread --------------------------------------------------------------------
     def start(self, step: int) -> None:
@@ -196,6 +204,13 @@ class SnapshotDive(Dive):
             return
         self._directory = directory
         self._device = device.index if device.index is not None else torch.cuda.current_device()
+        self._first = step + 1
+        if history_enabled():
+            # The script records allocator history itself (its own OOM post-mortem, say):
+            # switching it on again would clear its ring buffer and switching it off at the end
+            # would stop its recording. Leave it exactly as it is and take the snapshot from it.
+            self._borrowed = True
+            return
         # clear_history: the file then holds this dive's steps only, not an earlier
         # snapshot's entries left in the allocator's ring buffer.
         torch.cuda.memory._record_memory_history(
@@ -206,7 +221,6 @@ class SnapshotDive(Dive):
             clear_history=True,
         )
         self._recording = True
-        self._first = step + 1
 
     def finish_steps(self, step: int) -> None:
         self.stepping = False
@@ -236,4 +250,5 @@ class SnapshotDive(Dive):
         summary = summarize(snap, self._device, int(self.args["max_entries"]))
         name = artifacts.artifact_name(self.ctx.run_info, self.kind, first, last, ".pickle")
         info = write_snapshot(snap, directory, name)
-        return {"file": info, "steps": [first, last], **summary}
+        owner = "script" if self._borrowed else "tdbg"
+        return {"file": info, "steps": [first, last], "history_owner": owner, **summary}
