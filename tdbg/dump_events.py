@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import math
+import sys
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any, TextIO
 
 from tdbg.client import ProbeClient
 from tdbg.protocol import unpack_steps
+from tdbg.recording import Recording, open_recording
 
 
 def finite(value: Any) -> Any:
@@ -118,17 +121,46 @@ def activations_event(msg: dict[str, Any]) -> dict[str, Any]:
 
 def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str, Any]]:
     """Translate the wire into the documented JSON events (see docs/dump.md)."""
-    layers: list[str] = []
     hello: dict[str, Any] = {
         "type": "hello",
         "run": client.run,
         "proto": client.welcome.get("proto"),
         "server_version": client.welcome.get("server_version"),
-        "layers": layers,
-        "numel": [],
     }
     deadline = None if timeout is None else time.monotonic() + timeout
-    for msg in _messages_until(client, deadline):
+    ended = yield from message_events(_messages_until(client, deadline), hello)
+    if not ended:
+        timed_out = deadline is not None and time.monotonic() >= deadline
+        yield {"type": "end", "reason": "timeout" if timed_out else "disconnected"}
+
+
+def recording_events(recording: Recording) -> Iterator[dict[str, Any]]:
+    """A recording's messages as the same JSON events as a live run; ``hello`` also names the
+    file (``recording``) and when it was made (``recorded``). The ``end`` event's reason is
+    ``shutdown`` (the run closed it), ``killed`` (no end marker: the file stops at its last
+    flush) or ``damaged`` (see ``recording.stopped`` for where)."""
+    hello: dict[str, Any] = {
+        "type": "hello",
+        "run": finite_tree(recording.run),
+        "proto": recording.proto,
+        "server_version": recording.header.get("tdbg"),
+        "recording": str(recording.path),
+        "recorded": recording.created,
+    }
+    ended = yield from message_events(recording.messages(), hello, always_hello=True)
+    if not ended:
+        yield {"type": "end", "reason": "damaged" if recording.stopped else "killed"}
+
+
+def message_events(
+    messages: Iterable[dict[str, Any]], hello: dict[str, Any], always_hello: bool = False
+) -> Generator[dict[str, Any], None, bool]:
+    """The JSON events of any message iterator (a socket, a recording); ``hello`` (without its
+    layers) is completed from the first ``layers`` message. Returns True when a ``bye`` ended
+    it (its ``end`` event is yielded), False when the messages just ran out."""
+    layers: list[str] = []
+    hello = dict(hello, layers=layers, numel=[])
+    for msg in messages:
         mtype = msg.get("type")
         if mtype == "layers":
             # The probe sends its layers right after welcome: hello carries them.
@@ -174,11 +206,12 @@ def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str
             yield {"type": "synced"}
         elif mtype == "bye":
             yield {"type": "end", "reason": msg.get("reason")}
-            return
+            return True
         elif mtype == "error":
             yield {"type": "error", "code": msg.get("code"), "message": msg.get("message")}
-    timed_out = deadline is not None and time.monotonic() >= deadline
-    yield {"type": "end", "reason": "timeout" if timed_out else "disconnected"}
+    if hello and always_hello:  # a recording without messages still says which run it was
+        yield hello
+    return False
 
 
 def _messages_until(client: ProbeClient, deadline: float | None) -> Iterator[dict[str, Any]]:
@@ -191,3 +224,22 @@ def _messages_until(client: ProbeClient, deadline: float | None) -> Iterator[dic
             yield msg
             if time.monotonic() >= deadline:
                 return
+
+
+def dump_recording(path: str, out: TextIO, count: int | None = None) -> int:
+    """``tdbg dump FILE``: a recording as JSON lines on ``out``; where a damaged or cut-short
+    file stopped goes to stderr. Raises RecordingError when the file is not a recording."""
+    recording = open_recording(path)
+    steps = 0
+    for event in recording_events(recording):
+        out.write(json.dumps(event, separators=(",", ":")) + "\n")
+        if event["type"] == "step":
+            steps += 1
+            if count is not None and steps >= count:
+                out.flush()
+                return 0
+    out.flush()
+    note = recording.end_note
+    if note is not None:
+        print(f"tdbg: {note}", file=sys.stderr)
+    return 0

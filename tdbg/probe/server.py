@@ -23,6 +23,7 @@ from tdbg.probe.endpoint import Endpoint, EndpointError, peer_credentials
 from tdbg.probe.history import History
 from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
+from tdbg.probe.recorder import Recorder
 from tdbg.probe.system import SystemSampler
 from tdbg.protocol import (
     COMMANDS,
@@ -90,19 +91,27 @@ class ProbeServer:
         self.side_alerts: deque[dict[str, Any]] = deque(maxlen=64)  # from the training thread
         self.desk: CommandDesk | None = None  # deep-dive commands; set by the Probe
         self.auto_nan_hunt = False
+        self.recorder: Recorder | None = None  # watch(record=...): a sink beside the clients
         # Slow work for the sampler thread (profiler tables, snapshot files), so that neither
         # the training thread nor the socket loop waits on it.
         self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 
     # --- lifecycle --------------------------------------------------------------------------
-    def start(self) -> bool:
-        """Bind and start the threads; False (training goes on) when serving is impossible."""
-        try:
-            listener = self.endpoint.open()
-        except (EndpointError, OSError) as exc:
-            warn(f"tdbg: not serving: {exc}")
+    def start(self, listen: bool = True) -> bool:
+        """Bind and start the threads; False (training goes on) when serving is impossible.
+
+        A recording probe runs its thread without a socket (``listen=False``, or binding failed).
+        """
+        listener = None
+        if listen:
+            try:
+                listener = self.endpoint.open()
+            except (EndpointError, OSError) as exc:
+                warn(f"tdbg: not serving: {exc}")
+        if listener is None and self.recorder is None:
             return False
-        self._selector.register(listener, selectors.EVENT_READ, "listen")
+        if listener is not None:
+            self._selector.register(listener, selectors.EVENT_READ, "listen")
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self.serving = True
@@ -145,12 +154,16 @@ class ProbeServer:
                 conn.sock.close()
         self._clients = []
         self.endpoint.close(unlink=False)
+        if self.recorder is not None:
+            self.recorder.abandon()  # the parent's file: the child writes nothing to it
         for s in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 s.close()
 
     # --- the probe thread -------------------------------------------------------------------
     def _serve(self) -> None:
+        if self.recorder is not None:
+            self.recorder.open()  # file I/O on this thread only, never the training thread
         next_tick = next_stats = time.monotonic()
         next_inode = next_tick + INODE_CHECK_SECONDS
         while not self._stop.is_set():
@@ -173,6 +186,8 @@ class ProbeServer:
                 time.sleep(TICK_SECONDS)
         with contextlib.suppress(Exception):
             self._tick(time.monotonic())
+        if self.recorder is not None:
+            self.recorder.close()
         self._shutdown_connections()
 
     def _shutdown_connections(self) -> None:
@@ -467,18 +482,35 @@ class ProbeServer:
             msg = pack_steps([r for r, _ in resolved[i : i + per_frame]], n_layers)
             self.history.add(msg)
             frames.append(pack(msg))
+            if self.recorder is not None:
+                self.recorder.add_steps(msg, frames[-1])
         for a in alerts:
             self.history.alerts.append(a)
             frames.append(pack(a))
+            if self.recorder is not None:
+                self.recorder.add(frames[-1])
         if self.desk is not None:
             if self.auto_nan_hunt and any(a["kind"] in NONFINITE_ALERTS for a in alerts):
                 self.desk.auto_nan_hunt()
             events = self.desk.runner.ctx.events
             for _ in range(min(len(events), MAX_EVENTS_PER_TICK)):
-                frame = self._pack_event(events.popleft())
+                event = events.popleft()
+                frame = self._pack_event(event)
                 if frame:
                     frames.append(frame)
+                    self._record(event.get("type"), frame)
         self._fan_out(frames, now)
+        if self.recorder is not None:
+            self.recorder.maybe_flush()
+
+    def _record(self, kind: Any, frame: bytes) -> None:
+        """Hand a broadcast frame to the recorder: jobs always, the rest within its budgets."""
+        if self.recorder is None:
+            return
+        if kind in ("activations", "system", "probe"):
+            self.recorder.add_thinned(kind, frame)
+        else:
+            self.recorder.add(frame)
 
     def _pack_event(self, event: dict[str, Any]) -> bytes:
         """A job or activations message as a frame; one that cannot be sent fails its job."""
@@ -534,11 +566,15 @@ class ProbeServer:
 
     def _broadcast_stats(self, now: float) -> None:
         frames = [pack(self._probe_message())]
+        self._record("probe", frames[-1])
         if self.latest_system is not None:
             frames.append(pack(self.latest_system))
+            self._record("system", frames[-1])
         self._fan_out(frames, now)
 
     def _check_inode(self) -> None:
+        if self.endpoint.path is None:
+            return  # recording without a socket: nothing to watch
         if self.endpoint.still_ours():
             return
         warn("tdbg: the probe's socket was removed or replaced; binding a new one")

@@ -93,6 +93,19 @@ DIVES = {
 }
 
 
+def _record_path(record: Any) -> str | os.PathLike[str] | None:
+    """Where to record: ``record=``, else ``$TDBG_RECORD`` in the main process only (R52: spawned
+    children inherit the environment and must not write a second recording)."""
+    if record is not None:
+        if not isinstance(record, str | os.PathLike) or not os.fspath(record):
+            raise TypeError("tdbg.watch: record must be a file path (str or os.PathLike) or None")
+        return record
+    env = os.environ.get("TDBG_RECORD", "")
+    if env and multiprocessing.parent_process() is None:
+        return env
+    return None
+
+
 def _number(value: Any) -> float:
     if value is None:
         return NAN
@@ -122,6 +135,7 @@ class Probe:
         nan_hunt: bool = True,
         anomaly_check_nan: bool = False,
         activations_every: int | None = None,
+        record: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(
@@ -140,6 +154,7 @@ class Probe:
             not isinstance(activations_every, int) or not 1 <= activations_every <= 10_000
         ):
             raise ValueError("tdbg.watch: activations_every must be an integer 1-10000 or None")
+        record_path = _record_path(record)
         self.name = _run_name(name)
         self.overhead_budget = float(overhead_budget)
         self.grad_every = grad_every
@@ -219,14 +234,23 @@ class Probe:
         )
         self._server.desk = CommandDesk(self._dives, unavailable, None)
         self._server.auto_nan_hunt = bool(nan_hunt)
+        if record_path is not None:
+            from tdbg.probe.recorder import Recorder
+
+            self._server.recorder = Recorder(
+                record_path,
+                run_info,
+                [layer.name for layer in self._layers],
+                [layer.numel for layer in self._layers],
+            )
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = PhaseHooks(
             model, optimizer, self._cuda_device, self._on_optimizer_step, self._count_error
         )
-        if serve:
-            if multiprocessing.parent_process() is not None:
+        if serve or record_path is not None:
+            if serve and multiprocessing.parent_process() is not None:
                 warn("tdbg: watching from a multiprocessing child: serving its own socket")
-            if self._server.start():
+            if self._server.start(listen=serve):
                 self._after_start(activations_every)
         _live.add(self)
 
@@ -259,6 +283,12 @@ class Probe:
     @property
     def steps(self) -> int:
         return self._step_count
+
+    @property
+    def recording_path(self) -> str | None:
+        """The recording file (``record=``), once the probe thread created it; else None."""
+        recorder = self._server.recorder
+        return None if recorder is None or recorder.path is None else str(recorder.path)
 
     def step(self, loss: Any = None, *, samples: Any = None, tokens: Any = None) -> None:
         """Record one training iteration. ``loss``: a scalar tensor or number (NaN is an alert).
@@ -557,6 +587,7 @@ def watch(
     nan_hunt: bool = True,
     anomaly_check_nan: bool = False,
     activations_every: int | None = None,
+    record: str | os.PathLike[str] | None = None,
 ) -> Probe:
     """Start watching ``model`` (and ``optimizer``); returns at once with a serving Probe.
 
@@ -568,6 +599,10 @@ def watch(
     first non-finite alert (False: only when asked); ``anomaly_check_nan`` lets a client turn on
     anomaly mode with NaN checks, which raise inside the training loop; ``activations_every=k``
     gathers per-module activation statistics every k steps from the start.
+
+    ``record=PATH`` (or ``$TDBG_RECORD`` in the main process) appends the probe's stream to a
+    crash-safe recording for ``tdbg-tui replay PATH`` / ``tdbg dump PATH`` (see
+    :mod:`tdbg.probe.recorder`); with ``serve=False`` it records without a socket.
     """
     # Only a module can be a key of the weak map: anything else gets Probe's clear TypeError.
     previous = _by_model.get(model) if isinstance(model, nn.Module) else None
@@ -585,6 +620,7 @@ def watch(
         nan_hunt=nan_hunt,
         anomaly_check_nan=anomaly_check_nan,
         activations_every=activations_every,
+        record=record,
     )
     _by_model[model] = probe
     return probe

@@ -181,6 +181,35 @@ class GradHistory:
     def __len__(self) -> int:
         return self._count + self._old_n
 
+    @classmethod
+    def from_rows(
+        cls,
+        n_layers: int,
+        steps: np.ndarray,
+        rows: np.ndarray,
+        recent: int = RECENT_GRAD_ROWS,
+        old: int = OLD_GRAD_ROWS,
+    ) -> GradHistory:
+        """A history of ``rows`` (k x layers, step order) built at once, for a replay cursor:
+        the last ``recent`` rows exact, the older ones one in a power-of-two stride so that at
+        most ``old`` are kept, as :meth:`extend` would leave them. O((recent + old) x layers)."""
+        history = cls(n_layers, recent, old)
+        k = len(steps)
+        r = min(k, recent)
+        older = k - r
+        stride = 1
+        while older and -(-older // stride) > old:
+            stride *= 2
+        idx = np.arange(0, older, stride)
+        history._put_old(steps[idx], rows[idx])
+        history.stride = stride
+        history._ring[:r] = rows[older:]
+        history._ring_steps[:r] = steps[older:]
+        history._head = r % recent
+        history._count = r
+        history.total_rows = k
+        return history
+
     def extend(self, steps: np.ndarray, rows: np.ndarray) -> None:
         """Append sampled rows (k x layers) in step order. O(k x layers)."""
         k = rows.shape[0]

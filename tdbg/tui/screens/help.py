@@ -28,6 +28,11 @@ d            deep-dive panel: profile / memory snapshot / NaN hunt
 [ ]          profile table: sort by the previous / next column (or click a header)
 z            zoom the deep-dive panel to the full screen (escape or z again)
 
+Replay (tdbg-tui replay FILE; the keys work whichever panel has focus):
+← →          one recorded step back / forward
+⇧← ⇧→        jump 5 % of the recording (at least 10 steps)
+home end     the first / last recorded step
+
 Heatmap colours: low (vanishing) … high (exploding) on a log scale from 1e-8 to 1e4;
 × marks NaN / Inf, a separate colour marks exact zeros. Profile Δ/call: ▲ slower, ▼ faster.
 

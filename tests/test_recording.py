@@ -1,0 +1,487 @@
+"""Recordings: the probe records what a live client gets, a SIGKILLed run stays readable up to its
+last flush, damaged files load up to the damage, and the size stays within its stated bound."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Loop, Reader, wait_until
+from test_cli import events, run_cli
+
+from tdbg.probe import recorder as recorder_module
+from tdbg.probe.recorder import Bounds, Recorder, Thinner
+from tdbg.protocol import pack, pack_steps, unpack_steps
+from tdbg.recording import FILE_HEADER, Recording, RecordingError
+from tdbg.tui.synthetic import RUN, layer_names, step_records
+
+ALERT_STEPS = (50, 120, 150)
+
+
+def synthetic_recording(
+    path: Path, steps: int = 200, n_layers: int = 6, batch: int = 10, bye: bool = True
+) -> Recorder:
+    """A recording written by the real Recorder from synthetic batches: one flush per batch,
+    alerts at ALERT_STEPS (150: the loss turns NaN), a probe report per batch and a NaN-hunt
+    job that finishes one step after the NaN."""
+    rec = Recorder(path, dict(RUN), layer_names(n_layers), [100] * n_layers)
+    assert rec.open()
+    for start in range(0, steps, batch):
+        msg = pack_steps(step_records(start, batch, n_layers, nan_at=150), n_layers)
+        rec.add_steps(msg, pack(msg))
+        for s in range(start, start + batch):
+            if s in ALERT_STEPS:
+                kind = "nonfinite_loss" if s == 150 else "loss_spike"
+                alert = {"type": "alert", "kind": kind, "severity": "warning", "step": s}
+                alert.update(time=0.0, message=f"alert at step {s}", layers=[])
+                rec.add(pack(alert))
+            if s == 151:
+                rec.add(pack(nan_hunt_job(s)))
+        probe = {"type": "probe", "time": 0.0, "grad_interval": 1, "errors": 0, "dropped": 0}
+        rec.add_thinned("probe", pack(dict(probe, clients=start)))
+        rec.flush()
+    if bye:
+        rec.close()
+    else:
+        rec.abandon()
+    return rec
+
+
+def nan_hunt_job(step: int) -> dict[str, Any]:
+    result = {"found": True, "module": "blocks.0.attn", "module_type": "Linear"}
+    result.update(phase="forward", step=step - 1, steps_checked=1)
+    return {
+        "type": "job",
+        "job": 1,
+        "command": "nan_hunt",
+        "state": "done",
+        "step": step,
+        "done": 1,
+        "total": 1,
+        "message": "",
+        "args": {"steps": 1},
+        "time": 0.0,
+        "result": result,
+    }
+
+
+def same(a: list[Any], b: list[Any]) -> bool:
+    """Step records equal field by field, NaN equal to NaN (repr spells both ``nan``)."""
+    return [repr(r) for r in a] == [repr(r) for r in b]
+
+
+def recorded_steps(path: Path) -> tuple[Recording, list[Any]]:
+    rec = Recording(path)
+    records = [r for m in rec.messages() if m["type"] == "steps" for r in unpack_steps(m)]
+    return rec, records
+
+
+# --- recording a real training loop -------------------------------------------------------
+
+
+def test_recording_equals_what_a_live_client_got(runtime_dir: Path, tmp_path: Path) -> None:
+    import tdbg
+
+    loop = Loop()
+    path = tmp_path / "run.tdbgrec"
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=2, record=path)
+    assert probe.socket_path is not None
+    reader = Reader(probe.socket_path)
+    reader.wait(lambda r: r.of("synced"))
+    loop.run(60, probe)
+    reader.wait(lambda r: len(r.records()) == 60)
+    probe.close()
+    reader.wait(lambda r: r.ended)
+    reader.close()
+
+    assert probe.recording_path == str(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    rec, records = recorded_steps(path)
+    assert rec.stopped is None and rec.ended and rec.end_note is None
+    live = reader.records()
+    assert [r.step for r in records] == [r.step for r in live] == list(range(60))
+    assert [r.loss for r in records] == [r.loss for r in live]
+    assert [r.loss for r in records] == pytest.approx(loop.losses, rel=1e-6)
+    assert [r.grad_norms for r in records] == [r.grad_norms for r in live]
+    assert sum(r.grad_norms is not None for r in records) == 30
+    layers = [m for m in Recording(path).messages() if m["type"] == "layers"]
+    assert layers[0]["names"] == reader.of("layers")[0]["names"] == ["0", "2"]
+    assert rec.run["pid"] == os.getpid() and rec.proto == 1
+    assert {m["type"] for m in Recording(path).messages()} >= {"layers", "steps", "probe", "bye"}
+
+
+def test_records_without_serving_and_never_appends_to_an_existing_file(
+    runtime_dir: Path, tmp_path: Path, probe_log: Any
+) -> None:
+    import tdbg
+
+    path = tmp_path / "run.tdbgrec"
+    path.write_bytes(b"someone else's file")
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, serve=False, record=path)
+    loop.run(5, probe)
+    probe.close()
+    assert probe.socket_path is None
+    assert list(runtime_dir.glob("*.sock")) == []
+    assert path.read_bytes() == b"someone else's file"  # untouched
+    assert probe.recording_path == str(tmp_path / "run.1.tdbgrec")
+    _, records = recorded_steps(tmp_path / "run.1.tdbgrec")
+    assert [r.step for r in records] == list(range(5))
+    assert "recording to" in probe_log.getvalue() and "run.1.tdbgrec" in probe_log.getvalue()
+
+
+def test_symlink_is_refused_and_training_goes_on(
+    runtime_dir: Path, tmp_path: Path, probe_log: Any
+) -> None:
+    import tdbg
+
+    target = tmp_path / "elsewhere"
+    target.write_text("precious")
+    link = tmp_path / "run.tdbgrec"
+    link.symlink_to(target)
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, record=link)
+    loop.run(5, probe)
+    wait_until(lambda: "recording stopped" in probe_log.getvalue(), what="the warning")
+    assert probe.recording_path is None and probe.steps == 5 and probe.errors == 0
+    probe.close()
+    assert target.read_text() == "precious"
+    assert "symbolic link" in probe_log.getvalue()
+
+
+def test_write_error_warns_once_and_stops_recording(
+    runtime_dir: Path, tmp_path: Path, probe_log: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tdbg
+
+    real_write = os.write
+    state = {"full": False}
+
+    def write(fd: int, data: Any) -> int:
+        if state["full"]:
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(recorder_module.os, "write", write)
+    path = tmp_path / "run.tdbgrec"
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, record=path)
+    loop.run(10, probe)
+    wait_until(lambda: Recording(path).size > 0 and _last_step(path) == 9, what="10 steps")
+    state["full"] = True
+    loop.run(40, probe)
+    wait_until(lambda: "recording stopped" in probe_log.getvalue(), what="the warning")
+    loop.run(10, probe)
+    probe.close()
+    assert probe.steps == 60 and probe.errors == 0
+    assert probe_log.getvalue().count("recording stopped") == 1
+    assert "No space left on device" in probe_log.getvalue()
+    rec, records = recorded_steps(path)
+    assert [r.step for r in records] == list(range(len(records))) and len(records) >= 10
+    assert not rec.ended and rec.stopped is None  # readable up to the last good flush
+
+
+def _last_step(path: Path) -> int | None:
+    rec = Recording(path)
+    for _ in rec.messages():
+        pass
+    return rec.last_step
+
+
+def test_env_var_records_only_in_the_main_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tdbg.probe import watch
+
+    monkeypatch.setenv("TDBG_RECORD", str(tmp_path / "env.tdbgrec"))
+    assert watch._record_path(None) == str(tmp_path / "env.tdbgrec")
+    monkeypatch.setattr(watch.multiprocessing, "parent_process", lambda: object())
+    assert watch._record_path(None) is None  # a spawned child inherits TDBG_*: R52
+    assert watch._record_path(tmp_path / "explicit") == tmp_path / "explicit"
+    with pytest.raises(TypeError, match="record must be a file path"):
+        watch._record_path(42)
+
+
+KILLED_JOB = textwrap.dedent(
+    """
+    import sys, time, torch
+    from torch import nn
+    import tdbg
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    probe = tdbg.watch(model, opt)
+    for step in range(10**9):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        probe.step(loss)
+        print(step, time.time(), flush=True)
+        time.sleep(0.004)
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_leaves_a_recording_up_to_the_last_flush(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "killed.tdbgrec"
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), TDBG_RECORD=str(path))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_JOB],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: path.exists() and (_last_step(path) or 0) >= 150, 60, "150 steps")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    printed = [line.split() for line in out.splitlines() if len(line.split()) == 2]
+    reached, reached_at = int(printed[-1][0]), float(printed[-1][1])
+
+    dump = run_cli("dump", str(path), runtime=runtime_dir)
+    assert dump.returncode == 0, dump.stderr
+    evs = events(dump.stdout)
+    assert evs[0]["type"] == "hello" and evs[0]["recording"] == str(path)
+    steps = [e for e in evs if e["type"] == "step"]
+    assert [e["step"] for e in steps] == list(range(len(steps)))
+    assert evs[-1] == {"type": "end", "reason": "killed"}
+    assert "without the run's end marker" in dump.stderr and "Traceback" not in dump.stderr
+    last = steps[-1]
+    # At most the last flush interval (0.25 s) plus a probe tick is lost; 0.5 s is the promise,
+    # with a little room for a loaded machine's scheduling.
+    assert reached_at - last["time"] <= 0.75, (reached, last["step"])
+    assert last["step"] <= reached
+    assert math.isfinite(last["loss"])
+
+
+# --- damaged files ------------------------------------------------------------------------
+
+
+def test_truncated_files_load_up_to_the_cut(tmp_path: Path) -> None:
+    good = tmp_path / "good.tdbgrec"
+    synthetic_recording(good)
+    data = good.read_bytes()
+    _, full = recorded_steps(good)
+    assert len(full) == 200
+    cut = tmp_path / "cut.tdbgrec"
+    offsets = sorted(
+        {*range(FILE_HEADER.size + 1, len(data), max(1, len(data) // 37)), len(data) - 1}
+    )
+    first = FILE_HEADER.size
+    header_end = first + 4 + int.from_bytes(data[first : first + 4], "big")
+    for offset in offsets:
+        cut.write_bytes(data[:offset])
+        if offset < header_end:
+            with pytest.raises(RecordingError, match="damaged recording header"):
+                Recording(cut)
+            continue
+        rec, records = recorded_steps(cut)
+        assert same(records, full[: len(records)]), offset  # a prefix, never a wrong value
+        assert rec.stopped is not None or not rec.ended
+        note = rec.end_note or ""
+        assert "truncated at byte" in note or "without the run's end marker" in note, note
+        if rec.stopped:
+            assert f"after step {rec.last_step}" in rec.stopped or "after no step" in rec.stopped
+    # A cut mid-file through the CLI: the steps before it, the place on stderr, exit 0.
+    cut.write_bytes(data[: len(data) // 2 + 3])
+    dump = run_cli("dump", str(cut), runtime=tmp_path)
+    assert dump.returncode == 0
+    assert (
+        dump.stderr.startswith("tdbg: recording truncated at byte")
+        and "Traceback" not in dump.stderr
+    )
+    assert dump.stderr.count("\n") == 1
+    assert events(dump.stdout)[-1] == {"type": "end", "reason": "damaged"}
+
+
+def test_flipped_bytes_stop_the_load_at_the_damaged_block(tmp_path: Path) -> None:
+    good = tmp_path / "good.tdbgrec"
+    synthetic_recording(good)
+    data = good.read_bytes()
+    _, full = recorded_steps(good)
+    bad = tmp_path / "bad.tdbgrec"
+    first_frame = FILE_HEADER.size
+    header_frame_end = first_frame + 4 + int.from_bytes(data[first_frame : first_frame + 4], "big")
+    for offset in range(header_frame_end + 1, len(data), max(1, len(data) // 29)):
+        flipped = bytearray(data)
+        flipped[offset] ^= 0x5A
+        bad.write_bytes(bytes(flipped))
+        rec, records = recorded_steps(bad)
+        assert same(records, full[: len(records)]), offset
+        assert len(records) < len(full) or offset > len(data) - 64, offset
+        assert rec.stopped is not None, offset
+        assert "corrupt at byte" in rec.stopped or "truncated at byte" in rec.stopped
+
+
+def test_damaged_header_and_not_a_recording_are_one_line_exit_2(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    good = tmp_path / "good.tdbgrec"
+    synthetic_recording(good)
+    header_only = tmp_path / "header.tdbgrec"
+    header_only.write_bytes(good.read_bytes()[: FILE_HEADER.size + 5])
+    with pytest.raises(RecordingError, match="not a tdbg recording"):
+        Recording(text)
+    for target, expected in (
+        (text, "is not a tdbg recording"),
+        (header_only, "damaged recording header"),
+    ):
+        dump = run_cli("dump", str(target), runtime=tmp_path)
+        assert dump.returncode == 2 and dump.stdout == ""
+        assert dump.stderr.startswith("tdbg: error: ") and expected in dump.stderr
+        assert dump.stderr.count("\n") == 1
+        tui = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from tdbg.cli import tui_main; sys.exit(tui_main())",
+            ]
+            + ["replay", str(target)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert tui.returncode == 2 and tui.stderr.startswith("tdbg-tui: error: ")
+        assert expected in tui.stderr and tui.stderr.count("\n") == 1
+    missing = subprocess.run(
+        [sys.executable, "-c", "import sys; from tdbg.cli import tui_main; sys.exit(tui_main())"]
+        + ["replay", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "tdbg-tui: error: cannot read" in missing.stderr
+
+
+def test_dump_of_a_recording_matches_the_live_event_shapes(tmp_path: Path) -> None:
+    path = tmp_path / "syn.tdbgrec"
+    synthetic_recording(path)
+    dump = run_cli("dump", str(path), "--count", "5", runtime=tmp_path)
+    assert dump.returncode == 0 and dump.stderr == ""
+    evs = events(dump.stdout)
+    assert evs[0]["type"] == "hello" and evs[0]["layers"] == layer_names(6)
+    assert evs[0]["run"]["name"] == "synthetic" and evs[0]["recorded"] > 0
+    assert [e["step"] for e in evs if e["type"] == "step"] == [0, 1, 2, 3, 4]
+    full = events(run_cli("dump", str(path), runtime=tmp_path).stdout)
+    assert [e["step"] for e in full if e["type"] == "alert"] == list(ALERT_STEPS)
+    assert any(e["type"] == "nan_hunt" and e["module"] == "blocks.0.attn" for e in full)
+    assert full[-1] == {"type": "end", "reason": "shutdown"}
+    assert all(json.dumps(e) for e in full)
+
+
+# --- the size bound -----------------------------------------------------------------------
+
+
+def test_thinner_doubles_its_stride_and_stops_at_its_cap() -> None:
+    thinner = Thinner(level=100, total=400)
+    kept = [i for i in range(10_000) if thinner.keep(10)]
+    assert kept[:10] == list(range(10))  # level 0: every item until 100 bytes
+    gaps = {b - a for a, b in zip(kept, kept[1:], strict=False)}
+    assert gaps <= {1, 2, 4, 8} and thinner.kept_bytes == 400 and thinner.full
+    assert max(kept) < 200  # after 400 bytes nothing more is written
+
+
+def test_size_bound_holds_for_a_long_run(tmp_path: Path) -> None:
+    n_layers, steps, batch = 50, 20_000, 100
+    bounds = Bounds(
+        grad_level=64 << 10,
+        grad_total=256 << 10,
+        activations_level=4 << 10,
+        activations_total=16 << 10,
+        stats_level=4 << 10,
+        stats_total=16 << 10,
+    )
+    path = tmp_path / "long.tdbgrec"
+    rec = Recorder(path, dict(RUN), layer_names(n_layers), [1] * n_layers, bounds)
+    assert rec.open()
+    probe = pack({"type": "probe", "time": 0.0, "clients": 0, "errors": 0, "padding": "x" * 200})
+    for start in range(0, steps, batch):
+        msg = pack_steps(step_records(start, batch, n_layers), n_layers)
+        rec.add_steps(msg, pack(msg))
+        rec.add_thinned("probe", probe)
+        rec.add_thinned("activations", probe)
+        rec.flush()
+    rec.close()
+    size = path.stat().st_size
+    scalars_only = sum(
+        len(pack(pack_steps(step_records(s, batch, n_layers, grad_every=10**9), n_layers)))
+        for s in range(0, steps, batch)
+    )
+    assert scalars_only > 0
+    marks = (steps // batch + 1) * 80  # a record_mark frame per flush
+    per_row = 8 + 4 * n_layers
+    thinned = bounds.grad_total + bounds.activations_total + bounds.stats_total
+    overshoot = per_row + 2 * len(probe)  # each cap is passed by at most one item
+    bound = 4096 + scalars_only + thinned + overshoot + marks
+    assert size <= bound, (size, bound)
+    without_thinning = scalars_only + steps * (8 + 4 * n_layers)
+    assert size - scalars_only < (without_thinning - scalars_only) / 10
+    loaded, records = recorded_steps(path)
+    assert loaded.ended and [r.step for r in records] == list(range(steps))  # every step kept
+    assert all(r.loss is not None for r in records)
+    with_rows = [r.step for r in records if r.grad_norms is not None]
+    assert with_rows[:100] == list(range(100))  # early history at full resolution
+    gaps = [b - a for a, b in zip(with_rows, with_rows[1:], strict=False)]
+    assert gaps == sorted(gaps) and max(gaps) > 1  # thinner and thinner, never denser
+    assert len(with_rows) * per_row <= bounds.grad_total + per_row
+    stats = [m for m in Recording(path).messages() if m["type"] == "probe"]
+    assert 0 < len(stats) < steps // batch
+
+
+def test_recording_while_a_client_reads_keeps_live_frames_unchanged(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    """Thinning applies to the file only: a live client still gets every sampled row."""
+    import tdbg
+    from tdbg.probe import watch
+
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1, record=tmp_path / "r.tdbgrec")
+    recorder = probe._server.recorder
+    assert isinstance(recorder, Recorder)
+    recorder.grads = Thinner(level=10, total=10**9)  # from the second row on, every other
+    assert probe.socket_path is not None
+    reader = Reader(probe.socket_path)
+    reader.wait(lambda r: r.of("synced"))
+    loop.run(40, probe)
+    reader.wait(lambda r: len(r.records()) == 40)
+    watch._close_all()
+    reader.close()
+    assert all(r.grad_norms is not None for r in reader.records())
+    _, records = recorded_steps(tmp_path / "r.tdbgrec")
+    assert [r.step for r in records] == list(range(40))
+    kept = [r.step for r in records if r.grad_norms is not None]
+    assert 0 in kept and len(kept) < 40
+
+
+def test_deep_dive_commands_on_a_recording_or_a_plain_file_say_why_not(tmp_path: Path) -> None:
+    # A recording is history: asking it to profile must say so, not "connection refused".
+    rec = tmp_path / "run.tdbgrec"
+    synthetic_recording(rec)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    for target, expected in (
+        (rec, "is a recording: a recording cannot run commands"),
+        (text, "is a file, neither a probe's socket nor a tdbg recording"),
+    ):
+        for command in ("profile", "nan-hunt", "activations"):
+            result = run_cli(command, str(target), runtime=tmp_path)
+            assert result.returncode == 2 and result.stdout == ""
+            assert result.stderr.startswith("tdbg: error: ") and expected in result.stderr
+            assert result.stderr.count("\n") == 1
