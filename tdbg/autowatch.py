@@ -1,0 +1,389 @@
+"""Zero-code bootstrap for ``tdbg run``: finds the model, optimizer and loss, then calls watch()."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import weakref
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
+    import torch
+    from torch import nn
+
+    from tdbg.probe.watch import Probe
+
+ENV_ACTIVE = "TDBG_AUTOWATCH"  # "1": set by `tdbg run` for the process it starts
+ENV_OWNER = "TDBG_AUTOWATCH_OWNER"  # the pid that claimed the probe; any other process is inert
+ENV_NAME = "TDBG_NAME"
+ENV_GRAD_EVERY = "TDBG_GRAD_EVERY"
+MAX_MISSES = 10  # backward calls reaching no module's parameters before giving up
+
+
+def _warn(message: str) -> None:
+    # Before the probe exists its logger is not loaded: stderr directly, never stdout.
+    try:
+        sys.stderr.write(f"tdbg: warning: {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def install() -> None:
+    """Called by the preloaded sitecustomize: arm a hook that waits for ``import torch``.
+
+    Nothing heavy is imported here: a process that never imports torch (a helper interpreter,
+    a tool) pays for one meta-path lookup per import and nothing else.
+    """
+    if os.environ.get(ENV_ACTIVE) != "1":
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "optim"):
+        _activate(torch)
+    else:
+        sys.meta_path.insert(0, _TorchFinder())
+
+
+class _TorchFinder:
+    """A meta-path finder that finds nothing itself: when ``torch`` is imported, it runs
+    :func:`_activate` after torch's own import. (Not an ``importlib.abc`` subclass: that module
+    pulls in importlib.resources, tempfile and shutil, ~10 ms at every start-up.)"""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)  # once: every later import skips this finder
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if loader is None or exec_module is None:
+            return spec
+
+        def exec_then_activate(module: ModuleType) -> None:
+            try:
+                del loader.exec_module  # back to the class's own
+            except AttributeError:
+                pass
+            exec_module(module)  # torch's own import: its errors are the script's to see
+            _activate(module)
+
+        try:
+            # An attribute on this one loader instance (torch's own file loader), not its class.
+            loader.exec_module = exec_then_activate
+        except (AttributeError, TypeError) as exc:
+            _warn(
+                f"tdbg run cannot follow the import of torch ({exc}); the script runs unmonitored"
+            )
+        return spec
+
+
+def _activate(torch: ModuleType) -> None:
+    """torch is imported: claim the probe for this process and install the discovery hooks."""
+    try:
+        import multiprocessing  # torch imported it already: free here, not at start-up
+
+        # R52: only the process `tdbg run` started; spawned or forkserver children (and any
+        # interpreter they start) inherit the environment but not the claim.
+        if multiprocessing.parent_process() is not None:
+            return
+        owner = os.environ.get(ENV_OWNER)
+        if owner and owner != str(os.getpid()):
+            return
+        os.environ[ENV_OWNER] = str(os.getpid())
+        global _auto
+        _auto = AutoWatch(torch, _config())
+        _auto.install()
+    except Exception as exc:
+        _warn(f"tdbg run could not install its hooks ({exc}); the script runs unmonitored")
+
+
+def _config() -> dict[str, Any]:
+    grad_every: int | None = None
+    text = os.environ.get(ENV_GRAD_EVERY)
+    if text:
+        try:
+            grad_every = max(1, int(text))
+        except ValueError:
+            _warn(f"{ENV_GRAD_EVERY}={text!r} is not an integer: gradient sampling is automatic")
+    return {"name": os.environ.get(ENV_NAME) or None, "grad_every": grad_every}
+
+
+_auto: AutoWatch | None = None
+
+
+class AutoWatch:
+    """Discovers what a script trains and drives a :class:`~tdbg.probe.watch.Probe` for it.
+
+    Until the first backward of a scalar that reaches a module's parameters: a global module
+    forward pre-hook notes the modules called, a wrapper of ``Optimizer.__init__`` notes the
+    optimizers created, global optimizer step hooks note whether a step is running (LBFGS
+    evaluates its closure inside ``step()``). At that backward the root module is the outermost
+    module called whose parameters received gradients (the one a user would pass to
+    ``watch()``), its optimizer the one holding most of those parameters; then every global
+    hook is removed and ``watch(model, optimizer)`` starts — before the first optimizer step,
+    so steps are numbered as in a script that calls ``watch()`` itself.
+
+    From then on the cost per step is one wrapper around ``torch.autograd.backward`` (remember
+    the scalar, detached: no sync) and one optimizer step pre- and post-hook; the post-hook
+    calls ``probe.step(loss)``. Without an optimizer (manual updates), ``probe.step(loss)``
+    follows each backward of a scalar.
+    """
+
+    def __init__(self, torch: Any, config: dict[str, Any]) -> None:
+        self.torch = torch
+        self.config = config
+        self.pid = os.getpid()
+        self.off = False
+        self._dead = False  # failed: remove everything at the next safe point
+        self.probe: Probe | None = None
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self._seen: dict[int, weakref.ref[nn.Module]] = {}
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._global: list[Any] = []  # RemovableHandles of the global discovery hooks
+        self._own: list[Any] = []  # the chosen optimizer's step hooks
+        self._in_step = False
+        self._loss: Any = None  # the last scalar backpropagated outside optimizer.step()
+        self._closure_loss: Any = None  # the first one inside it (what step(closure) returns)
+        self._misses = 0
+        self._original_backward: Callable[..., Any] | None = None
+        self._original_init: Callable[..., Any] | None = None
+
+    # --- installation and removal -------------------------------------------------------------
+    def install(self) -> None:
+        torch = self.torch
+        from torch.nn.modules import module as module_mod
+        from torch.optim import optimizer as optimizer_mod
+
+        self._global.append(module_mod.register_module_forward_pre_hook(self._on_forward))
+        self._global.append(optimizer_mod.register_optimizer_step_pre_hook(self._on_step_pre))
+        self._global.append(optimizer_mod.register_optimizer_step_post_hook(self._on_step_post))
+
+        original_init = torch.optim.Optimizer.__init__
+        optimizers = self._optimizers
+
+        @functools.wraps(original_init)
+        def optimizer_init(opt: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(opt, *args, **kwargs)
+            try:
+                optimizers.add(opt)
+                if self.probe is not None and self.optimizer is None:
+                    self._late_optimizer(opt)
+            except Exception:
+                pass
+
+        self._original_init = original_init
+        torch.optim.Optimizer.__init__ = optimizer_init
+
+        # Tensor.backward() calls torch.autograd.backward(): one wrapper sees both spellings.
+        original_backward = torch.autograd.backward
+
+        @functools.wraps(original_backward)
+        def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+            out = original_backward(tensors, grad_tensors, *args, **kwargs)
+            if not self.off:
+                if grad_tensors is None:
+                    self._after_backward(tensors)
+            elif self._dead:
+                self._dead = False
+                try:
+                    self.shutdown()
+                except Exception:
+                    pass
+            return out
+
+        self._original_backward = original_backward
+        torch.autograd.backward = backward
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _remove_global(self) -> None:
+        """The discovery hooks go once the probe exists: none is left early-returning."""
+        for handle in self._global:
+            handle.remove()
+        self._global.clear()
+        self._seen.clear()
+
+    def _restore_init(self) -> None:
+        if self._original_init is not None:
+            self.torch.optim.Optimizer.__init__ = self._original_init
+            self._original_init = None
+
+    def shutdown(self) -> None:
+        """Remove everything this installed; the probe (if any) closes at exit as usual."""
+        self.off = True
+        self._remove_global()
+        for handle in self._own:
+            handle.remove()
+        self._own.clear()
+        self._restore_init()
+        if self._original_backward is not None:
+            self.torch.autograd.backward = self._original_backward
+            self._original_backward = None
+
+    def _after_fork(self) -> None:
+        # A forked child (DataLoader worker) never starts or feeds a probe (R51): one flag, no
+        # dict changes (the fork may have happened inside a hook's iteration).
+        self.off = True
+
+    def _fail(self, exc: BaseException) -> None:
+        # Called from inside hooks, maybe while torch iterates over them: only a flag here; the
+        # hooks are removed at the next backward (see install()), outside any hook dispatch.
+        self.off = True
+        self._dead = True
+        _warn(f"tdbg run: internal error, monitoring stops (training continues): {exc!r}")
+
+    # --- discovery hooks ------------------------------------------------------------------------
+    def _on_forward(self, module: Any, args: Any) -> None:
+        if id(module) not in self._seen:
+            try:
+                self._seen[id(module)] = weakref.ref(module)
+            except TypeError:
+                pass
+
+    def _on_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._in_step = True
+        self._closure_loss = None
+        try:
+            self._optimizers.add(optimizer)
+        except TypeError:
+            pass
+
+    def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._in_step = False
+        self._closure_loss = None
+
+    # --- loss capture and steps ------------------------------------------------------------------
+    def _after_backward(self, tensors: Any) -> None:
+        try:
+            tensor = tensors
+            if not isinstance(tensor, self.torch.Tensor):
+                if not isinstance(tensor, list | tuple) or len(tensor) != 1:
+                    return
+                tensor = tensor[0]
+                if not isinstance(tensor, self.torch.Tensor):
+                    return
+            if tensor.numel() != 1:
+                return  # backward(gradient) of a non-scalar: not a loss
+            loss = tensor.detach()  # a view: no copy, no sync
+            if self._in_step:
+                if self._closure_loss is None:
+                    self._closure_loss = loss
+            else:
+                self._loss = loss
+            probe = self.probe
+            if probe is None:
+                if os.getpid() != self.pid:
+                    self.off = True
+                    return
+                self._start()
+                probe = self.probe
+                if probe is None:
+                    return
+            if self.optimizer is None:
+                self._loss = None
+                probe.step(loss)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _on_own_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._in_step = True
+        self._closure_loss = None
+
+    def _on_own_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.off or self.probe is None:
+            return
+        try:
+            loss = self._closure_loss if self._closure_loss is not None else self._loss
+            self._in_step = False
+            self._closure_loss = None
+            self._loss = None
+            self.probe.step(loss)
+        except Exception as exc:
+            self._fail(exc)
+
+    # --- choosing the model and starting the probe -----------------------------------------------
+    def _start(self) -> None:
+        watching = sys.modules.get("tdbg.probe.watch")
+        if watching is not None and any(not p.closed for p in list(watching._live)):
+            # The script calls watch() itself: its probe is the run's; a second one on the same
+            # model would close it.
+            self.shutdown()
+            return
+        model, optimizer = self._choose()
+        if model is None:
+            self._misses += 1
+            if self._misses >= MAX_MISSES:
+                _warn(
+                    "tdbg run: no module called with torch.nn.Module.__call__ received gradients "
+                    f"in {MAX_MISSES} backward calls; the script runs unmonitored"
+                )
+                self.shutdown()
+            return
+        import tdbg
+
+        self._remove_global()
+        if optimizer is not None:
+            self._restore_init()  # an optimizer mode probe needs no later optimizers
+        self.model, self.optimizer = model, optimizer
+        self.probe = tdbg.watch(
+            model, optimizer, name=self.config["name"], grad_every=self.config["grad_every"]
+        )
+        if optimizer is not None:
+            # Registered after the probe's own hooks: at each step the probe has read the
+            # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
+            self._own.append(optimizer.register_step_pre_hook(self._on_own_step_pre))
+            self._own.append(optimizer.register_step_post_hook(self._on_own_step_post))
+
+    def _choose(self) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
+        """The outermost module called whose parameters got gradients, and its optimizer."""
+        modules = [m for ref in self._seen.values() if (m := ref()) is not None]
+        inner: set[int] = set()
+        for module in modules:
+            for sub in module.modules():
+                if sub is not module:
+                    inner.add(id(sub))
+        best: nn.Module | None = None
+        best_key = (0, 0)
+        for module in modules:
+            if id(module) in inner:
+                continue
+            params = list(module.parameters())  # deduplicated: shared weights count once
+            with_grad = sum(1 for p in params if p.grad is not None)
+            key = (with_grad, len(params))
+            if with_grad and key > best_key:  # ties: the first called
+                best, best_key = module, key
+        if best is None:
+            return None, None
+        ids = {id(p) for p in best.parameters()}
+        optimizer = None
+        most = 0
+        for opt in list(self._optimizers):
+            held = sum(1 for g in opt.param_groups for p in g["params"] if id(p) in ids)
+            if held > most:
+                optimizer, most = opt, held
+        return best, optimizer
+
+    def _late_optimizer(self, optimizer: Any) -> None:
+        """An optimizer created after the probe started without one: say so, once."""
+        assert self.model is not None
+        ids = {id(p) for p in self.model.parameters()}
+        if any(id(p) in ids for g in optimizer.param_groups for p in g["params"]):
+            _warn(
+                "tdbg run: an optimizer of the model was created after its first backward; "
+                "the run is shown as manual updates (a step per backward, no learning rate)"
+            )
+            self._restore_init()

@@ -1,0 +1,340 @@
+"""`tdbg run`: unmodified scripts under the preloaded probe report what watch() reports."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_until
+
+from tdbg.client import ProbeClient
+from tdbg.dump_events import dump_events
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
+PRELOAD = Path(__file__).resolve().parent.parent / "tdbg" / "_preload"
+TDBG = [sys.executable, "-m", "tdbg.cli"]
+
+
+def private_dir(parent: Path, name: str) -> Path:
+    path = parent / name
+    path.mkdir(mode=0o700)
+    return path
+
+
+def start(
+    argv: list[str], runtime: Path, env: dict[str, str] | None = None, cwd: Path = SCRIPTS
+) -> subprocess.Popen[str]:
+    full_env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime), ZC_HOLD=str(runtime / "hold"))
+    full_env.update(env or {})
+    return subprocess.Popen(
+        argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def collect(proc: subprocess.Popen[str], runtime: Path, steps: int) -> dict[str, Any]:
+    """Attach with a real client, read every step (history and live), then let the script end."""
+    # The run's .json is written once its socket listens (a bare .sock may not be yet).
+    wait_until(
+        lambda: list(runtime.glob("*.json")) or proc.poll() is not None, 60, "the probe's socket"
+    )
+    metas = list(runtime.glob("*.json"))
+    assert metas, f"no probe socket; script ended: {proc.communicate()}"
+    client = ProbeClient.connect(json.loads(metas[0].read_text())["socket"])
+    layers: list[str] = []
+    seen: dict[int, dict[str, Any]] = {}
+    try:
+        for event in dump_events(client, timeout=60):
+            if event["type"] == "hello":
+                layers = list(event["layers"])
+            elif event["type"] == "step":
+                seen[event["step"]] = event
+                if len(seen) >= steps:
+                    break
+    finally:
+        client.close()
+    sockets_during = sorted(p.name for p in runtime.glob("*.sock"))
+    (runtime / "hold").touch()
+    out, err = proc.communicate(timeout=60)
+    return {
+        "layers": layers,
+        "steps": seen,
+        "rc": proc.returncode,
+        "out": out,
+        "err": err,
+        "sockets": sockets_during,
+        "run": client.run,
+    }
+
+
+def run_both(
+    tmp: Path, script: str, steps: int, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The script under `tdbg run --grad-every 1` and, beside it, calling watch() itself."""
+    auto_dir, ref_dir = private_dir(tmp, "auto"), private_dir(tmp, "ref")
+    auto = start([*TDBG, "run", "--grad-every", "1", script], auto_dir, env)
+    ref = start([sys.executable, script], ref_dir, dict(env or {}, ZC_WATCH="1"))
+    got = collect(auto, auto_dir, steps), collect(ref, ref_dir, steps)
+    for result in got:
+        assert result["rc"] == 0, result["err"]
+    return got
+
+
+def assert_same(auto: dict[str, Any], ref: dict[str, Any], first: int = 0) -> None:
+    assert auto["layers"] == ref["layers"] and auto["layers"]
+    assert sorted(auto["steps"]) == sorted(ref["steps"])
+    compared = 0
+    for step in sorted(ref["steps"]):
+        if step < first:
+            continue
+        a, r = auto["steps"][step], ref["steps"][step]
+        assert a["loss"] == pytest.approx(r["loss"], rel=1e-6), step
+        assert r["grad_norms"] is not None and a["grad_norms"] is not None, step
+        assert a["grad_norms"].keys() == r["grad_norms"].keys()
+        for name, value in r["grad_norms"].items():
+            assert a["grad_norms"][name] == pytest.approx(value, rel=1e-5, abs=1e-12), (step, name)
+        assert a["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-5)
+        compared += 1
+    assert compared >= len(ref["steps"]) - first
+    # Same script, same seed: the runs trained identically (the probe changes nothing).
+    assert auto["out"].splitlines()[-1] == ref["out"].splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_optimizer_script_reports_what_watch_reports(tmp_path: Path, runtime_dir: Path) -> None:
+    auto, ref = run_both(runtime_dir, "train_adam.py", 30)
+    assert auto["layers"] == ["inp", "mid", "out"]
+    assert_same(auto, ref)
+    # Created at the first backward, before the first optimizer step: step 0 is sampled as in
+    # the script that watches itself, with the learning rate the step used.
+    assert auto["steps"][0]["grad_norms"]["out"] > 0
+    assert [s["lr"] for s in auto["steps"].values()] == [s["lr"] for s in ref["steps"].values()]
+    assert auto["run"]["name"] == "train_adam" and auto["run"]["argv"] == ["train_adam.py"]
+    assert auto["err"] == ""  # nothing to say on a normal run
+
+
+@pytest.mark.slow
+def test_manual_sgd_without_optimizer(tmp_path: Path, runtime_dir: Path) -> None:
+    auto, ref = run_both(runtime_dir, "train_manual.py", 25)
+    assert auto["layers"] == ["0", "2"]
+    assert_same(auto, ref)
+    assert all(s["lr"] == [] for s in auto["steps"].values())  # no optimizer: no lr
+
+
+@pytest.mark.slow
+def test_lbfgs_closure(tmp_path: Path, runtime_dir: Path) -> None:
+    auto, ref = run_both(runtime_dir, "train_lbfgs.py", 12)
+    # The loss is the closure's first evaluation in the step (what step(closure) returns).
+    # From step 1 on the gradients are the ones LBFGS left from the previous step's last
+    # evaluation, read by the probe's pre-step hook in both runs.
+    assert_same(auto, ref, first=1)
+    # Step 0 differs, documented: the self-watching script's pre-step hook ran before any
+    # backward (no gradient yet: zeros); under tdbg run the probe starts inside that first
+    # step.step(closure), after its first backward, so it reads the step's final gradients.
+    assert auto["steps"][0]["loss"] == pytest.approx(ref["steps"][0]["loss"], rel=1e-6)
+    assert all(v == 0 for v in ref["steps"][0]["grad_norms"].values())
+    assert all(v > 0 for v in auto["steps"][0]["grad_norms"].values())
+
+
+@pytest.mark.slow
+def test_dataloader_workers_and_spawned_child_start_no_probe(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    # The spawned child even gets the preload handed on by the script: the owner pid keeps it
+    # inert all the same (R52).
+    env = {"ZC_SPAWN_PRELOAD": str(PRELOAD)}
+    auto, ref = run_both(runtime_dir, "train_loader.py", 12, env)
+    assert_same(auto, ref)
+    assert len(auto["sockets"]) == 1, auto["sockets"]
+    assert "'preloaded': True, 'claimed': False, 'probe_imported': False" in auto["out"]
+    assert "tdbg" not in auto["err"], auto["err"]
+
+
+def test_argv_exit_code_and_streams_pass_through(tmp_path: Path, runtime_dir: Path) -> None:
+    user_site = tmp_path / "site"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("MARK = 'user sitecustomize ran'\n")
+    env = dict(os.environ, PYTHONPATH=str(user_site), ZC_EXIT="3")
+    argv = ["--lr", "0.1", "-m", "x", "--", "a b"]
+    proc = subprocess.run(
+        [*TDBG, "run", "--", sys.executable, "echo_args.py", *argv],
+        cwd=SCRIPTS,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 3
+    assert proc.stderr == "to stderr\n"
+    seen = json.loads(proc.stdout)
+    assert seen == {
+        "argv": ["echo_args.py", *argv],
+        "torch_imported": False,  # the bootstrap waits for the script to import torch
+        "autowatch_loaded": True,
+        "pythonpath": str(user_site),  # as the script would see it run directly
+        "preload_on_path": False,
+        "user_sitecustomize": "user sitecustomize ran",  # chained, not shadowed
+    }
+    # The same script run directly prints the same thing (but for the bootstrap).
+    direct = subprocess.run(
+        [sys.executable, "echo_args.py", *argv], cwd=SCRIPTS, env=env, capture_output=True
+    )
+    assert json.loads(direct.stdout) == dict(seen, autowatch_loaded=False)
+    assert direct.returncode == 3
+
+
+def test_run_module_and_script_with_this_interpreter(runtime_dir: Path) -> None:
+    for form in (["-m", "echo_args"], ["echo_args.py"], ["--", "-m", "echo_args"]):
+        proc = subprocess.run(
+            [*TDBG, "run", "--name", "n", *form, "--flag", "-m", "v"],
+            cwd=SCRIPTS,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, (form, proc.stderr)
+        argv = json.loads(proc.stdout)["argv"]
+        assert argv[1:] == ["--flag", "-m", "v"], form
+        assert argv[0].endswith("echo_args.py")
+
+
+def test_signals_are_forwarded(runtime_dir: Path) -> None:
+    for sig, code, said in ((signal.SIGTERM, 7, "got signal 15"), (signal.SIGUSR1, 128 + 10, "")):
+        proc = subprocess.Popen(
+            [*TDBG, "run", "wait_signal.py"],
+            cwd=SCRIPTS,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(sig)  # to the launcher only: it forwards to the script
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == code, (sig, err)
+        assert out.strip() == said
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "missing.py"], "tdbg: error: no such script: missing.py"),
+        (["run", "--", sys.executable, "missing.py"], "tdbg: error: no such script: missing.py"),
+        (["run"], "tdbg: error: nothing to run"),
+        (["run", "--", "no-such-command-zc"], "tdbg: error: command not found: no-such"),
+        (["run", "--grad-every", "0", "x.py"], "tdbg run: error: argument --grad-every"),
+        (["run", "--record", "/no/such/dir/rec", "echo_args.py"], "tdbg: error: --record: no"),
+    ],
+)
+def test_bad_arguments_one_line_exit_2(args: list[str], message: str) -> None:
+    proc = subprocess.run([*TDBG, *args], cwd=SCRIPTS, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(message), proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_broken_bootstrap_warns_once_and_the_script_runs(tmp_path: Path) -> None:
+    # A tdbg the child cannot import (here: a broken one first on its PYTHONPATH).
+    broken = tmp_path / "broken"
+    (broken / "tdbg").mkdir(parents=True)
+    (broken / "tdbg" / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
+    launcher = (
+        "import sys; sys.path.remove(sys.argv.pop(1)); from tdbg.cli import main; sys.exit(main())"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", launcher, str(broken), "run", "echo_args.py", "x"],
+        cwd=SCRIPTS,
+        env=dict(os.environ, PYTHONPATH=str(broken), ZC_EXIT="5"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 5
+    assert json.loads(proc.stdout)["argv"] == ["echo_args.py", "x"]
+    warning, rest = proc.stderr.split("\n", 1)
+    assert warning.startswith("tdbg: warning: the probe was not preloaded (broken on purpose)")
+    assert rest == "to stderr\n"
+
+
+@pytest.mark.slow
+def test_record_option_records_the_run(tmp_path: Path, runtime_dir: Path) -> None:
+    record = tmp_path / "run.tdbg"
+    proc = subprocess.run(
+        [*TDBG, "run", "--record", str(record), "--grad-every", "1", "train_adam.py"],
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    dump = subprocess.run(
+        [*TDBG, "dump", str(record)], capture_output=True, text=True, timeout=60, check=True
+    )
+    events = [json.loads(line) for line in dump.stdout.splitlines()]
+    steps = [e for e in events if e["type"] == "step"]
+    assert [e["step"] for e in steps] == list(range(30))
+    assert all(e["grad_norms"] and set(e["grad_norms"]) == {"inp", "mid", "out"} for e in steps)
+    assert all(math.isfinite(e["loss"]) for e in steps)
+
+
+@pytest.mark.slow
+def test_script_that_watches_itself_keeps_its_own_probe(runtime_dir: Path) -> None:
+    proc = start([*TDBG, "run", "train_adam.py"], runtime_dir, {"ZC_WATCH": "1"})
+    got = collect(proc, runtime_dir, 30)
+    assert got["rc"] == 0 and got["err"] == "", got["err"]
+    assert got["sockets"] == [f"0-{got['run']['pid']}.sock"]
+    # Every step sampled: the script's probe (grad_every=1), not a second one at the default.
+    assert all(s["grad_norms"] for s in got["steps"].values())
+
+
+def test_terminal_ctrl_c_goes_to_the_script_and_the_launcher_waits(runtime_dir: Path) -> None:
+    """^C on a real terminal goes to the whole foreground group: the script gets it and decides;
+    the launcher neither dies of it nor forwards a second one, and exits with the script's code.
+    (A duplicate ^C cannot be told apart reliably here — the kernel merges a second SIGINT that
+    arrives while the first is pending — so the count is a sanity check, not the proof.)"""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a new session on the pty, as in a terminal
+        os.chdir(SCRIPTS)
+        os.execv(sys.executable, [*TDBG, "run", "count_sigint.py"])
+    output = b""
+    os.set_blocking(fd, False)
+    try:
+
+        def read_until(text: bytes) -> bool:
+            nonlocal output
+            try:
+                output += os.read(fd, 1024)
+            except BlockingIOError:
+                return False
+            except OSError:  # EIO: the terminal's last process closed it
+                return True
+            return text in output
+
+        wait_until(lambda: read_until(b"ready"), 30, "the script to start")
+        os.write(fd, b"\x03")  # ^C: the line discipline signals the foreground process group
+        wait_until(lambda: read_until(b"sigint count"), 30, "the script to report")
+        wait_until(lambda: read_until(b"\n") and b"\n" in output.split(b"sigint count")[1], 10)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+    assert b"sigint count 1" in output, output
+    assert os.waitstatus_to_exitcode(status) == 4
+
+
+def test_launcher_and_bootstrap_import_no_torch() -> None:
+    code = (
+        "import json, sys, tdbg.cli, tdbg.zero_code, tdbg.autowatch; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
