@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
 from tdbg import __version__
-from tdbg.client import ConnectError, ProbeClient
+from tdbg.bridge import add_bridge_parser
+from tdbg.client import ConnectError
 from tdbg.dive_commands import (
     JobFailed,
     cmd_activations,
@@ -26,7 +27,8 @@ from tdbg.dump_events import dump_events, job_event
 from tdbg.protocol import COMMANDS, ProtocolError
 from tdbg.report import PROFILE_COLUMNS
 from tdbg.runtime import discover, runtime_dir
-from tdbg.targets import CliError, pick_target
+from tdbg.targets import TARGET_HELP, CliError, add_remote_options, connect_target
+from tdbg.zero_code import add_run_parser
 
 EXIT_FAILED = 1  # a deep-dive job ended failed or cancelled (its reason is on stderr)
 EXIT_USAGE = 2  # bad arguments, no run, refused command, timeout, run ended mid-job
@@ -36,8 +38,16 @@ __all__ = ["CliError", "job_event", "main", "run", "tui_main"]
 
 
 def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
-    path = pick_target(args.target, args.timeout)
-    client = ProbeClient.connect(path)
+    from tdbg.recording import RecordingError, is_file_target
+
+    if args.target is not None and is_file_target(args.target):  # a recording, or refused
+        from tdbg.dump_events import dump_recording
+
+        try:
+            return dump_recording(args.target, out, args.count)
+        except RecordingError as exc:
+            raise CliError(str(exc)) from None
+    client = connect_target(args.target, args.timeout, args)
     steps = 0
     try:
         for event in dump_events(client, args.timeout):
@@ -74,7 +84,24 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.tui.app import launch  # textual is loaded only for the TUI
 
-    return launch(args.target)
+    return launch(
+        args.target,
+        [*getattr(args, "extra_targets", []), *(getattr(args, "hosts", None) or [])],
+        ssh_options=args.ssh_options,
+        remote_tdbg=args.remote_tdbg,
+    )
+
+
+def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
+    """tdbg-tui's targets: one, or several ssh:// URLs (one per node; --host is an alias)."""
+    parser.add_argument("target", nargs="?", help=TARGET_HELP)
+    parser.add_argument(
+        "extra_targets", nargs="*", metavar="TARGET", help="more ssh:// targets, one per node"
+    )
+    parser.add_argument(
+        "--host", dest="hosts", action="append", metavar="URL", help="an ssh:// target"
+    )
+    add_remote_options(parser)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -117,7 +144,8 @@ def _job_parser(
 ) -> argparse.ArgumentParser:
     """A deep-dive subcommand with the options they all share."""
     p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("target", nargs="?", help="socket path, run .json or directory")
+    p.add_argument("target", nargs="?", help=TARGET_HELP)
+    add_remote_options(p)
     p.add_argument(
         "--timeout",
         type=_positive_float,
@@ -146,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tdbg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dump = sub.add_parser("dump", help="print a run's events as JSON lines")
-    dump.add_argument("target", nargs="?", help="socket path, run .json or directory")
+    dump.add_argument("target", nargs="?", help=TARGET_HELP)
+    add_remote_options(dump)
     dump.add_argument("--count", type=_positive_int, help="stop after N step events")
     dump.add_argument(
         "--timeout",
@@ -158,8 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="one JSON object per run")
     ls.set_defaults(func=cmd_ls)
     tui = sub.add_parser("tui", help="the full-screen monitor (same as tdbg-tui)")
-    tui.add_argument("target", nargs="?", help="socket path, run .json or directory")
+    _add_tui_targets(tui)
     tui.set_defaults(func=cmd_tui)
+    add_bridge_parser(sub)
+    add_run_parser(sub)
 
     profile = _job_parser(
         sub,
@@ -329,12 +360,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def tui_main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "replay":  # tdbg-tui replay FILE: a recording, with a cursor
+        from tdbg.tui.replay_app import replay_main
+
+        try:
+            return replay_main(argv[1:])
+        except KeyboardInterrupt:
+            return 130
     parser = argparse.ArgumentParser(
         prog="tdbg-tui",
         description="Full-screen monitor of a PyTorch run. With no TARGET: attach to the only "
         "local run, pick among several, or wait for one to start.",
     )
-    parser.add_argument("target", nargs="?", help="socket path, run .json or directory")
+    _add_tui_targets(parser)
     parser.add_argument("--version", action="version", version=f"tdbg {__version__}")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:

@@ -22,7 +22,7 @@ from tdbg.report import (
     print_snapshot,
     progress_line,
 )
-from tdbg.targets import CliError, pick_target
+from tdbg.targets import CliError, connect_target
 
 
 class JobFailed(Exception):
@@ -214,8 +214,7 @@ def _run_job(
     args: argparse.Namespace, command: str, timeout: float, **cmd_args: Any
 ) -> tuple[JobWatch, dict[str, Any]]:
     """Attach, send ``command``, follow its job to the end; return the watch and result."""
-    path = pick_target(args.target, None)
-    client = ProbeClient.connect(path)
+    client = connect_target(args.target, None, args)
     watch = JobWatch(client, command, timeout, _progress(args))
     try:
         _note(watch.start(**cmd_args))
@@ -283,8 +282,7 @@ def cmd_anomaly(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_activations(args: argparse.Namespace, out: TextIO) -> int:
-    path = pick_target(args.target, None)
-    client = ProbeClient.connect(path)
+    client = connect_target(args.target, None, args)
     timeout = args.timeout or 60.0
     watch = JobWatch(client, "activations", timeout, _progress(args))
     # Statistics stay on after this command returns: giving up waiting must not turn them off.

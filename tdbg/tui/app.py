@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from textual.worker import get_current_worker
 
 from tdbg.client import ConnectError, ProbeClient, resolve_target
 from tdbg.runtime import RunEntry, discover
+from tdbg.sshurl import is_ssh_url
 from tdbg.tui.model import RunState
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
@@ -155,14 +157,21 @@ class TdbgApp(App[int]):
 
     def on_tdbg_app_probe_connected(self, event: ProbeConnected) -> None:
         if event.restarted:
-            # A restarted run replaces the data: its steps start over.
+            old = self.state.run
+            same = all(event.run.get(k) == old.get(k) for k in ("pid", "start_time", "host"))
+            # A restarted run replaces the data: its steps start over. Reattached to the same
+            # run (a dropped ssh), the probe replays its whole history: start empty as well,
+            # so the gap is refilled and nothing is counted twice.
             self.state = RunState(event.run)
             self.monitor.show(self.state)
-            self.notify(
-                f"run {event.run.get('name')} restarted (pid {event.run.get('pid')}): "
-                "showing the new run",
-                timeout=6,
-            )
+            if same:
+                self.notify(f"reconnected to run {event.run.get('name')}: history restored")
+            else:
+                self.notify(
+                    f"run {event.run.get('name')} restarted (pid {event.run.get('pid')}): "
+                    "showing the new run",
+                    timeout=6,
+                )
         else:
             self.state.run = dict(event.run) or self.state.run
         self.state.mark("live")
@@ -261,15 +270,26 @@ def error(message: str) -> int:
     return 2
 
 
-def launch(target: str | None) -> int:
-    """``tdbg-tui [PATH]``: attach, run the app, return the exit code.
+def launch(
+    target: str | None,
+    more: Sequence[str] = (),
+    ssh_options: Sequence[str] = (),
+    remote_tdbg: str = "tdbg",
+) -> int:
+    """``tdbg-tui [PATH | URL [URL ...]]``: attach, run the app, return the exit code.
 
     The first connection is made here, before the App starts, so that a wrong path, a socket
     that is not tdbg or a version mismatch is one plain line on stderr and exit code 2.
+    ``ssh://`` targets (several: one per node) are listed here over ssh for the same reason.
     """
     source: Source
+    targets = [t for t in (target, *more) if t is not None]
     try:
-        if target is None:
+        if len(targets) > 1 or (targets and is_ssh_url(targets[0])):
+            from tdbg.tui.remote_source import remote_source  # ssh machinery only when asked
+
+            source = remote_source(targets, ssh_options, remote_tdbg)
+        elif target is None:
             entries = discover()
             source = DiscoverySource()
             if len(entries) == 1:

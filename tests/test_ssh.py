@@ -1,0 +1,381 @@
+"""ssh:// targets end to end: a real sshd on 127.0.0.1, a real demo training job, the real CLI
+and the real TUI under its Pilot; the bridge's byte pump (R5) and one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sshd as sshd_helper
+from conftest import wait_until
+from demo_job import demo_job
+
+from tdbg.protocol import MAGIC
+from tdbg.runtime import write_private_json
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sshd_helper.available(), reason="no /usr/sbin/sshd or ssh here"),
+]
+
+TDBG = [sys.executable, "-m", "tdbg.cli"]
+REMOTE_TDBG = str(Path(sys.executable).parent / "tdbg")  # the venv is not on sshd's PATH
+DEMO = ("--delay", "0.01", "--width", "32", "--depth", "3")
+SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@pytest.fixture(scope="module")
+def sshd() -> Iterator[sshd_helper.Sshd]:
+    with sshd_helper.running_sshd() as server:
+        yield server
+
+
+def remote(server: sshd_helper.Sshd, key: Path | None = None) -> list[str]:
+    return [*server.client_options(key), "--remote-tdbg", REMOTE_TDBG]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TDBG, *args], capture_output=True, text=True, timeout=90, env=env or dict(os.environ)
+    )
+
+
+def one_line_error(out: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout[-500:], out.stderr)
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("tdbg: error: "), out.stderr
+    assert "Traceback" not in out.stderr
+    for needle in needles:
+        assert needle in out.stderr, out.stderr
+    return out.stderr
+
+
+@contextlib.contextmanager
+def fake_run(directory: Path, name: str = "fake", preamble: tuple[int, int] | None = None):
+    """A listening socket plus metadata that discovery lists as a live run. With ``preamble``,
+    it answers every connection with a probe preamble of those protocol versions."""
+    path = directory / f"0-{os.getpid()}-{name}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(4)
+    meta = {"name": name, "pid": os.getpid(), "rank": 0, "start_time": time.time()}
+    write_private_json(path.with_suffix(".json"), dict(meta, socket=str(path)))
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except (TimeoutError, OSError):
+                continue
+            with conn:
+                assert preamble is not None
+                conn.sendall(struct.pack(">4sHH", MAGIC, *preamble))
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    conn.recv(100)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    if preamble is not None:
+        thread.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        thread.join(1) if preamble is not None else None
+        server.close()
+        for p in (path, path.with_suffix(".json")):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+# --- the CLI through ssh ---------------------------------------------------------------------
+
+
+def test_dump_and_profile_over_ssh(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:
+    with demo_job("mlp", *DEMO, runtime=runtime_dir) as (proc, entry):
+        out = cli("dump", sshd.url(str(runtime_dir)), "--count", "30", *remote(sshd))
+        assert out.returncode == 0, out.stderr
+        events = [json.loads(line) for line in out.stdout.splitlines()]
+        assert events[0]["type"] == "hello" and events[0]["run"]["pid"] == proc.pid
+        steps = [e["step"] for e in events if e["type"] == "step"]
+        assert len(steps) == 30 and steps == list(range(steps[0], steps[0] + 30))
+
+        # The socket itself in the URL, and a deep dive through the same channel.
+        url = sshd.url(str(entry.socket))
+        out = cli("profile", url, "--steps", "2", "--json", "--timeout", "60", *remote(sshd))
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout)
+        names = " ".join(str(row.get("name")) for row in result["rows"])
+        assert "addmm" in names or "linear" in names, names
+        assert result["trace"]  # its path on the remote host
+        # ssh and the bridge are gone once the command returns (R6: nothing left behind).
+        wait_until(lambda: not _bridges(entry.socket), 5, "remote bridges to exit")
+
+
+def _bridges(sock: Path) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"bridge" in cmd and str(sock).encode() in cmd:
+                    pids.append(int(pid))
+    return pids
+
+
+def test_one_line_errors(sshd: sshd_helper.Sshd, runtime_dir: Path, tmp_path: Path) -> None:
+    url = sshd.url(str(runtime_dir))
+    # Nothing runs there yet.
+    one_line_error(cli("dump", url, *remote(sshd)), "no tdbg run on", str(runtime_dir))
+    # A key the server does not know.
+    one_line_error(
+        cli("dump", url, *remote(sshd, sshd.other_key)), "authentication failed", "Permission"
+    )
+    # Nothing listens on that port.
+    closed = f"ssh://{sshd.user}@127.0.0.1:{sshd_helper.free_port()}"
+    one_line_error(cli("nan-hunt", closed, *remote(sshd)), "connection refused")
+    # Without --remote-tdbg the session's PATH has no tdbg (the venv is not on it).
+    missing = "tdbg" if shutil.which("tdbg", path=SSHD_PATH) is None else "tdbg-not-there"
+    options = [*sshd.client_options(), "--remote-tdbg", missing]
+    if missing == "tdbg":
+        options = sshd.client_options()  # exactly as a user would type it
+    one_line_error(cli("dump", url, *options), "tdbg not found on", "--remote-tdbg PATH")
+    # URLs refused before ssh ever starts (R4).
+    one_line_error(cli("dump", "ssh://-oProxyCommand=touch%20/tmp/x"), "start with '-'")
+    one_line_error(cli("anomaly", "ssh://me:pw@127.0.0.1"), "password")
+    one_line_error(cli("dump", "ssh://127.0.0.1:99999"), "out of range")
+    # No ssh client at all.
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    one_line_error(cli("dump", url, env=dict(os.environ, PATH=str(empty))), "ssh not found")
+
+
+def test_several_runs_and_version_mismatch(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:
+    with fake_run(runtime_dir, "first"), fake_run(runtime_dir, "second", (7, 9)) as odd:
+        err = one_line_error(
+            cli("dump", sshd.url(str(runtime_dir)), *remote(sshd)),
+            "several runs on",
+            "first",
+            "second",
+        )
+        assert sshd.url("/SOCKET-PATH") in err
+        # Picking the one that speaks another protocol names both versions.
+        one_line_error(
+            cli("dump", sshd.url(str(odd)), *remote(sshd)),
+            "protocol version mismatch",
+            "speaks tdbg protocol 7-9",
+            "speaks 1",
+        )
+
+
+def test_bridge_list_and_pump(runtime_dir: Path) -> None:
+    """``tdbg bridge`` locally: --list answers JSON; the pump honours half-close and exits
+    within 1 s of either side closing (R5), without parsing what it carries."""
+    listing = cli("bridge", "--list", "--runtime-dir", str(runtime_dir))
+    data = json.loads(listing.stdout)
+    assert data["runs"] == [] and data["protocol"] == [1, 1] and data["tdbg"]
+
+    path = runtime_dir / "echo.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(1)
+    server.settimeout(10)
+    for closer in ("client", "server"):
+        bridge = subprocess.Popen(
+            [*TDBG, "bridge", "--socket", str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert bridge.stdin and bridge.stdout
+        conn, _ = server.accept()
+        conn.settimeout(10)
+        garbage = b"\x00\xffnot a frame at all"
+        bridge.stdin.write(garbage)
+        bridge.stdin.flush()
+        assert conn.recv(100) == garbage  # passed through untouched
+        if closer == "client":
+            bridge.stdin.close()  # our side is done writing...
+            assert conn.recv(100) == b""  # ...the probe sees EOF (half-close)...
+            conn.sendall(b"late reply")  # ...and can still answer.
+            assert bridge.stdout.read(10) == b"late reply"
+            closed_at = time.monotonic()
+        else:
+            conn.sendall(b"bye")
+            conn.close()
+            closed_at = time.monotonic()
+            assert bridge.stdout.read() == b"bye"
+        bridge.wait(5)
+        took = time.monotonic() - closed_at
+        assert took < 1.0, f"bridge exited {took:.2f} s after the {closer} closed"
+        conn.close()
+        for stream in (bridge.stdin, bridge.stdout, bridge.stderr):
+            if stream and not stream.closed:
+                stream.close()
+    server.close()
+
+
+# --- the TUI through ssh ---------------------------------------------------------------------
+
+
+async def until(condition, timeout: float = 30.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_tui_over_ssh_survives_a_dropped_connection(
+    sshd: sshd_helper.Sshd, runtime_dir: Path
+) -> None:
+    from tdbg.tui.app import make_app, screen_text
+    from tdbg.tui.remote_source import remote_source
+
+    with demo_job("mlp", *DEMO, runtime=runtime_dir) as (proc, _):
+        source = remote_source(
+            [sshd.url(str(runtime_dir))], sshd.client_options()[1::2], REMOTE_TDBG
+        )
+        source.backoff_cap = 1.0  # retry quickly once sshd is back
+        app = make_app(source)
+        async with app.run_test(size=(160, 48)):
+            await until(lambda: app.state.n_steps > 20, what="steps through ssh")
+            await until(lambda: f"pid {proc.pid}" in screen_text(app), what="the run on screen")
+            # The network goes: no new connection is accepted, and the live one dies.
+            sshd.stop_listener()
+            before = app.state.n_steps
+            ssh = source.client.ssh  # type: ignore[union-attr]
+            os.kill(ssh.pid, signal.SIGKILL)
+            await until(lambda: app.state.connection == "reconnecting", what="reconnecting")
+            await until(lambda: "reconnecting" in screen_text(app), what="reconnecting shown")
+            assert app.state.n_steps >= before  # what was seen stays on screen meanwhile
+            sshd.start()
+            await until(lambda: app.state.connection == "live", 30, what="live again")
+            await until(lambda: app.state.n_steps > before + 20, what="steps after reconnecting")
+            steps = [int(s) for s in app.state.steps.values]
+            assert steps[0] == 0 and steps == list(range(steps[0], steps[0] + len(steps)))
+            assert source.reconnects == 1 and app.state.run.get("pid") == proc.pid
+            await until(lambda: "reconnected" in _notifications(app), 5, what="notice")
+
+
+async def test_tui_over_ssh_follows_a_restarted_run(
+    sshd: sshd_helper.Sshd, runtime_dir: Path
+) -> None:
+    from tdbg.tui.app import make_app
+    from tdbg.tui.remote_source import remote_source
+
+    short = (*DEMO, "--steps", "150")
+    with demo_job("mlp", *short, runtime=runtime_dir) as (first, _):
+        url = sshd.url(str(runtime_dir))
+        source = remote_source([url], sshd.client_options()[1::2], REMOTE_TDBG)
+        source.backoff_cap = 1.0
+        app = make_app(source)
+        async with app.run_test(size=(160, 48)):
+            await until(lambda: app.state.connection == "ended", what="the first run's end")
+            assert app.state.n_steps == 150
+            with demo_job("mlp", *DEMO, runtime=runtime_dir) as (second, _):
+                await until(lambda: app.state.run.get("pid") == second.pid, what="the restart")
+                await until(lambda: app.state.connection == "live", what="live on the new run")
+                await until(lambda: app.state.n_steps > 5, what="the new run's steps")
+                assert int(app.state.steps.values[0]) == 0 and first.pid != second.pid
+                assert source.reconnects == 0
+
+
+def _notifications(app) -> str:  # type: ignore[no-untyped-def]
+    return " ".join(str(n.message) for n in app._notifications)
+
+
+async def test_tui_lists_runs_of_several_nodes(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:
+    from tdbg.tui.app import make_app, screen_text
+    from tdbg.tui.remote_source import RemoteRunEntry, remote_source
+    from tdbg.tui.screens.picker import RunPickerScreen
+
+    other = Path(tempfile.mkdtemp(prefix="tdbg-n2-", dir="/tmp"))
+    os.chmod(other, 0o700)
+    node_a = sshd.url(str(runtime_dir))
+    node_b = f"ssh://{sshd.user}@localhost:{sshd.port}{other}"  # a second "node"
+    try:
+        with demo_job("mlp", *DEMO, runtime=runtime_dir) as (proc, _), fake_run(other, "elsewhere"):
+            dead = f"ssh://{sshd.user}@127.0.0.1:{sshd_helper.free_port()}"  # a node that is down
+            targets = [node_a, node_b, dead]
+            source = remote_source(targets, sshd.client_options()[1::2], REMOTE_TDBG)
+            app = make_app(source)
+            async with app.run_test(size=(160, 48)) as pilot:
+                await until(lambda: isinstance(app.screen, RunPickerScreen), what="the picker")
+                await until(lambda: "connection refused" in _notifications(app), 5, what="warn")
+                picker = app.screen
+                assert isinstance(picker, RunPickerScreen)
+                entries = picker.entries
+                assert len(entries) == 2 and all(isinstance(e, RemoteRunEntry) for e in entries)
+                text = screen_text(app)
+                assert f"127.0.0.1:{sshd.port}" in text and f"localhost:{sshd.port}" in text
+                assert "elsewhere" in text and "mlp" in text
+                mine = next(i for i, e in enumerate(entries) if e.pid == proc.pid)
+                for _ in range(mine):
+                    await pilot.press("down")
+                await pilot.press("enter")
+                await until(lambda: app.state.n_steps > 5, what="steps from the chosen run")
+                assert app.state.run.get("pid") == proc.pid
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+
+
+def test_tui_errors_before_the_screen(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:
+    """``tdbg-tui ssh://...`` with nothing to show fails on one line, exit 2, no screen."""
+    code = "import sys; from tdbg.cli import tui_main; sys.exit(tui_main())"
+    for args, needle in (
+        ([sshd.url(str(runtime_dir)), *remote(sshd)], "no tdbg run on"),
+        (["--host", "ssh://bad host"], "invalid host"),
+        (["ssh://h1", "/tmp/local.sock"], "must all be ssh:// URLs"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.startswith("tdbg-tui: error: ") and out.stderr.count("\n") == 1
+        assert needle in out.stderr, out.stderr
+
+
+def test_misbehaving_remote_tdbg(sshd: sshd_helper.Sshd, tmp_path: Path) -> None:
+    """A remote 'tdbg' that hangs, or chatters on stdout, ends in one line, ssh stopped."""
+    from tdbg.remote import RemoteError, RemoteOptions, connect
+    from tdbg.sshurl import parse_ssh_url
+
+    hang = tmp_path / "hang.sh"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    chatty = tmp_path / "chatty.sh"
+    chatty.write_text("#!/bin/sh\necho 'Welcome to the cluster!'\nexec sleep 30\n")
+    for script in (hang, chatty):
+        script.chmod(0o755)
+    target = parse_ssh_url(sshd.url())
+    for script, needle in ((hang, "no answer from a tdbg probe"), (chatty, "not a tdbg probe")):
+        opts = RemoteOptions(tuple(sshd.client_options()[1::2]), remote_tdbg=str(script))
+        with pytest.raises(RemoteError, match=needle) as err:
+            connect(target, opts, timeout=3.0)
+        assert "\n" not in str(err.value)
+        wait_until(lambda s=script: not _running(str(s)), 10, f"{script.name} stopped")
+
+
+def _running(needle: str) -> bool:
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                if needle.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+    return False
