@@ -40,7 +40,9 @@ class RunHeader(Static):
         if state.connection == "ended":
             label = f"run ended ({state.end_reason or 'closed'})"
         elif state.connection == "reconnecting":
-            label = "run restarted — reconnecting"
+            # Either a restarted run was found or a dropped connection (ssh) is being retried:
+            # the notice beside the screen says which.
+            label = "reconnecting"
         text.append("  ● ", self.get_component_rich_style("run-header--state"))
         text.append(label, self.get_component_rich_style("run-header--state"))
         self.update(text)
