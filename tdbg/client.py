@@ -92,14 +92,19 @@ class ProbeClient:
         decoder = Decoder(MAX_OUTBOUND_FRAME)
         deadline = time.monotonic() + timeout
         try:
+            # The whole handshake shares one deadline, whatever timeout the socket had before
+            # (a caller that peeked at it in short slices may have left a short one).
+            sock.settimeout(timeout)
             try:
                 sock.sendall(hello(f"tdbg {__version__}"))
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the probe may have refused us already (BUSY) and closed: read why below
             messages: list[dict[str, Any]] = []
             while not messages:
-                if time.monotonic() > deadline:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise ConnectError(f"{label}: no answer from the probe within {timeout:g} s")
+                sock.settimeout(left)
                 chunk = sock.recv(65536)
                 if not chunk:
                     if decoder.peer_versions is None:

@@ -27,6 +27,8 @@ from tdbg.protocol import MAGIC, PREAMBLE, PREAMBLE_SIZE, PROTO_MAX, PROTO_MIN
 from tdbg.sshurl import SshTarget
 
 CONNECT_TIMEOUT = 30  # ssh's ConnectTimeout (R3), seconds
+SERVER_ALIVE_INTERVAL = 15  # ssh probes a silent server this often (seconds) ...
+SERVER_ALIVE_COUNT_MAX = 3  # ... and gives up after this many unanswered probes
 HANDSHAKE_TIMEOUT = 60.0  # connect + authenticate + start the remote tdbg + the probe's hello
 LIST_TIMEOUT = 60.0
 TERM_GRACE = 3.0  # SIGTERM, then SIGKILL after this long (R6)
@@ -69,10 +71,26 @@ def remote_command(remote_tdbg: str, args: Sequence[str]) -> list[str]:
 
 
 def ssh_argv(target: SshTarget, opts: RemoteOptions, args: Sequence[str]) -> list[str]:
-    """``ssh -T -o ConnectTimeout=30 [-o ...] [-p port] [-l user] -- host <remote tdbg> ARGS``."""
-    argv = [opts.ssh, "-T", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
+    """``ssh -T [-o ...] -o ConnectTimeout=30 -o ServerAlive... [-p port] [-l user] -- host
+    <remote tdbg> ARGS``.
+
+    R3 writes ``-o ConnectTimeout=30`` before the user's options; it comes after them here
+    because ssh keeps the first value it sees for an option, so this order lets a user's
+    ``-o ConnectTimeout=...`` (or ServerAlive...) win over our defaults. The ServerAlive
+    options make ssh notice a network that went silent (no RST, no FIN) within about 45 s
+    and exit, which is what shows "reconnecting"; without them a dead link looks idle forever.
+    """
+    argv = [opts.ssh, "-T"]
     for option in opts.options:
         argv += ["-o", option]
+    argv += [
+        "-o",
+        f"ConnectTimeout={CONNECT_TIMEOUT}",
+        "-o",
+        f"ServerAliveInterval={SERVER_ALIVE_INTERVAL}",
+        "-o",
+        f"ServerAliveCountMax={SERVER_ALIVE_COUNT_MAX}",
+    ]
     if target.port is not None:
         argv += ["-p", str(target.port)]
     if target.user:
@@ -92,7 +110,14 @@ def bridge_args(target: SshTarget, listing: bool = False) -> list[str]:
 def _pdeathsig() -> Callable[[], None] | None:
     """A preexec_fn asking Linux to SIGKILL ssh when the thread that spawned it dies (R6).
 
-    ctypes is resolved here, before fork, so the child only makes one foreign call.
+    subprocess has no other way to set PR_SET_PDEATHSIG (posix_spawn has no attribute for
+    it either, and a wrapper such as ``setpriv --pdeathsig`` is not everywhere), so this is
+    the one preexec_fn in tdbg, despite the warning about preexec_fn and threads. What makes
+    that warning bite is code in the child that takes a lock another thread held at fork
+    time (an import, logging, a C library's mutex). Here everything is resolved before fork
+    (the libc handle, the function, its argument types, the signal number), so the child runs
+    a closure that makes one call of prctl(2), a plain async-signal-safe system call, then
+    execs: no import, no lock, no I/O.
     """
     if not sys.platform.startswith("linux"):
         return None
@@ -120,11 +145,16 @@ class SshProcess:
         args: Sequence[str],
         stdin: int | None,
         stdout: int | None,
+        group: SshGroup | None = None,
     ) -> None:
         self.target = target
         self.opts = opts
         self.argv = ssh_argv(target, opts, args)
         self.lines: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self._stopping = False
+        self._reaper: threading.Thread | None = None
+        if group is not None and group.stopped:
+            raise RemoteError(f"stopped before ssh to {target.node} started")
         try:
             # Its own session (R6): a Ctrl-C in our terminal is ours to handle, and stopping
             # ssh's process group cannot touch ours.
@@ -134,7 +164,7 @@ class SshProcess:
                 stdout=subprocess.PIPE if stdout is None else stdout,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_pdeathsig(),  # R6; ctypes resolved before fork
+                preexec_fn=_pdeathsig(),  # R6: one prctl(2) in the child, see _pdeathsig
             )
         except FileNotFoundError:
             raise RemoteError(
@@ -148,7 +178,8 @@ class SshProcess:
             target=self._read_stderr, args=(self.proc.stderr,), name="tdbg-ssh-stderr", daemon=True
         )
         self._reader.start()
-        self._stopping = False
+        if group is not None:
+            group.add(self)  # stops this ssh at once if the group was stopped meanwhile
 
     def _read_stderr(self, stream: IO[bytes]) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -178,8 +209,9 @@ class SshProcess:
             rc = self.proc.returncode
         return RemoteError(classify(self.target, self.opts, rc, list(self.lines)))
 
-    def stop(self, wait: bool = False) -> None:
-        """Let ssh exit on its own briefly, then SIGTERM, then SIGKILL after 3 s (R6).
+    def stop(self, wait: bool = False, now: bool = False) -> None:
+        """Let ssh exit on its own briefly, then SIGTERM, then SIGKILL after 3 s (R6); with
+        ``now``, SIGTERM at once (nobody waits for an answer any more).
 
         With ``wait=False`` this happens on a daemon thread, so a UI never freezes on it; if
         the process exits first, PR_SET_PDEATHSIG still ends ssh.
@@ -188,12 +220,16 @@ class SshProcess:
             return
         self._stopping = True
         if wait:
-            self._stop()
+            self._stop(now)
         else:
-            threading.Thread(target=self._stop, name="tdbg-ssh-reaper", daemon=True).start()
+            self._reaper = threading.Thread(
+                target=self._stop, args=(now,), name="tdbg-ssh-reaper", daemon=True
+            )
+            self._reaper.start()
 
-    def _stop(self) -> None:
-        for sig, grace in ((None, EXIT_GRACE), (signal.SIGTERM, TERM_GRACE)):
+    def _stop(self, now: bool = False) -> None:
+        steps = ((None, EXIT_GRACE), (signal.SIGTERM, TERM_GRACE))
+        for sig, grace in steps[1:] if now else steps:
             if sig is not None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, sig)
@@ -202,6 +238,41 @@ class SshProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+class SshGroup:
+    """The ssh processes started for one caller, so that all of them can be stopped at once
+    (Ctrl-C, or the UI closing) rather than each running until it answers or times out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[SshProcess] = set()
+        self.stopped = False
+
+    def add(self, ssh: SshProcess) -> None:
+        with self._lock:
+            if not self.stopped:
+                self._running = {s for s in self._running if s.proc.poll() is None}
+                self._running.add(ssh)
+                return
+        ssh.stop(now=True)
+
+    def discard(self, ssh: SshProcess) -> None:
+        with self._lock:
+            self._running.discard(ssh)
+
+    def stop(self, wait: float = 0.0) -> None:
+        """SIGTERM every ssh of the group now (SIGKILL 3 s later), and refuse new ones; wait up
+        to ``wait`` s for them to exit."""
+        with self._lock:
+            self.stopped = True
+            running, self._running = list(self._running), set()
+        for ssh in running:
+            ssh.stop(now=True)
+        deadline = time.monotonic() + wait
+        for ssh in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                ssh.proc.wait(max(0.0, deadline - time.monotonic()))
 
 
 def classify(target: SshTarget, opts: RemoteOptions, rc: int | None, lines: list[str]) -> str:
@@ -269,8 +340,18 @@ def _peek_preamble(sock: socket.socket, ssh: SshProcess, timeout: float) -> tupl
     """Wait until the probe's preamble has arrived (left in the socket for the handshake).
 
     Everything before it is the transport's business: EOF here means ssh or the bridge
-    failed, and ssh's exit status and stderr say why.
+    failed, and ssh's exit status and stderr say why. The socket's timeout is put back as
+    it was: the short slices used here must not outlive the peek (on a link slower than a
+    slice, the handshake's reads would time out).
     """
+    before = sock.gettimeout()
+    try:
+        return _peek_preamble_sliced(sock, ssh, timeout)
+    finally:
+        sock.settimeout(before)
+
+
+def _peek_preamble_sliced(sock: socket.socket, ssh: SshProcess, timeout: float) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -307,12 +388,18 @@ def _peek_preamble(sock: socket.socket, ssh: SshProcess, timeout: float) -> tupl
 
 
 def connect(
-    target: SshTarget, opts: RemoteOptions, timeout: float = HANDSHAKE_TIMEOUT
+    target: SshTarget,
+    opts: RemoteOptions,
+    timeout: float = HANDSHAKE_TIMEOUT,
+    group: SshGroup | None = None,
 ) -> SshProbeClient:
-    """Start ``ssh host tdbg bridge [--socket PATH]`` and handshake with the probe through it."""
+    """Start ``ssh host tdbg bridge [--socket PATH]`` and handshake with the probe through it.
+
+    While it connects, ``group.stop()`` ends it; once connected, the client owns its ssh.
+    """
     ours, theirs = socket.socketpair()
     try:
-        ssh = SshProcess(target, opts, bridge_args(target), theirs.fileno(), theirs.fileno())
+        ssh = SshProcess(target, opts, bridge_args(target), theirs.fileno(), theirs.fileno(), group)
     except BaseException:
         ours.close()
         raise
@@ -339,6 +426,8 @@ def connect(
         ssh.stop()
         raise
     assert isinstance(client, SshProbeClient)  # handshake() builds cls
+    if group is not None:
+        group.discard(ssh)  # closing the client stops it, gently (EOF first)
     client.ssh = ssh
     client.target = target
     client.run.setdefault("node", target.node)
@@ -362,10 +451,14 @@ class RemoteListing:
 
 
 def list_runs(
-    target: SshTarget, opts: RemoteOptions, timeout: float = LIST_TIMEOUT
+    target: SshTarget,
+    opts: RemoteOptions,
+    timeout: float = LIST_TIMEOUT,
+    group: SshGroup | None = None,
 ) -> RemoteListing:
-    """Remote discovery: ``ssh host tdbg bridge --list`` (RemoteError with the reason)."""
-    ssh = SshProcess(target, opts, bridge_args(target, listing=True), None, None)
+    """Remote discovery: ``ssh host tdbg bridge --list`` (RemoteError with the reason);
+    ``group.stop()`` ends it early."""
+    ssh = SshProcess(target, opts, bridge_args(target, listing=True), None, None, group)
     assert ssh.proc.stdout is not None
     with ssh.proc.stdout:
         out = _read_all(ssh.proc.stdout.fileno(), time.monotonic() + timeout)

@@ -27,10 +27,7 @@ from demo_job import demo_job
 from tdbg.protocol import MAGIC
 from tdbg.runtime import write_private_json
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not sshd_helper.available(), reason="no /usr/sbin/sshd or ssh here"),
-]
+pytestmark = pytest.mark.slow
 
 TDBG = [sys.executable, "-m", "tdbg.cli"]
 REMOTE_TDBG = str(Path(sys.executable).parent / "tdbg")  # the venv is not on sshd's PATH
@@ -40,6 +37,8 @@ SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 @pytest.fixture(scope="module")
 def sshd() -> Iterator[sshd_helper.Sshd]:
+    if not sshd_helper.available():
+        pytest.skip("no /usr/sbin/sshd or ssh here")  # the fake-ssh tests still run
     with sshd_helper.running_sshd() as server:
         yield server
 
@@ -379,3 +378,135 @@ def _running(needle: str) -> bool:
                 if needle.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     return True
     return False
+
+
+# --- a fake ssh: slow links and interrupted listings, without sshd -------------------------
+
+# Stands in for ``ssh ... host tdbg bridge``: a probe on stdin/stdout whose every answer comes
+# DELAY s late, as over a slow link; it writes its pid first, and leaves when stdin closes.
+SLOW_PROBE = """\
+import os, sys, time
+from tdbg.protocol import pack, preamble
+open({pidfile!r}, "w").write(str(os.getpid()))
+out = sys.stdout.buffer
+time.sleep({delay})
+out.write(preamble()); out.flush()
+os.read(0, 65536)  # the hello
+time.sleep({delay})
+out.write(pack({{"type": "welcome", "proto": 1, "server_version": "fake",
+                 "run": {{"name": "slow", "pid": os.getpid()}}}})); out.flush()
+while os.read(0, 65536):
+    pass
+"""
+
+# An ssh that never answers (a host that takes its time): ``tdbg bridge --list`` hangs.
+SILENT_SSH = "#!/bin/sh\necho $$ >> {pidfile}\nexec sleep 60\n"
+
+
+def _fake(directory: Path, text: str, name: str = "ssh") -> Path:
+    script = directory / name
+    script.write_text(text)
+    script.chmod(0o755)
+    return script
+
+
+def _pids(pidfile: Path) -> list[int]:
+    with contextlib.suppress(OSError):
+        return [int(w) for w in pidfile.read_text().split()]
+    return []
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, or a pid gone, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_attach_over_a_slow_link(tmp_path: Path) -> None:
+    """A probe whose answers take 0.5 s each (longer than the preamble peek's 0.25 s slices)
+    still attaches: the peek's short socket timeout must not leak into the handshake."""
+    from tdbg.remote import RemoteOptions, connect
+    from tdbg.sshurl import parse_ssh_url
+
+    pidfile = tmp_path / "pid"
+    code = SLOW_PROBE.format(pidfile=str(pidfile), delay=0.5)
+    ssh = _fake(tmp_path, f"#!{sys.executable}\n{code}")
+    client = connect(parse_ssh_url("ssh://slow-host"), RemoteOptions(ssh=str(ssh)), timeout=10)
+    try:
+        assert client.welcome["server_version"] == "fake"
+        assert client.run["name"] == "slow" and client.run["node"] == "slow-host"
+        assert client.sock.gettimeout() is None  # blocking again after the handshake
+    finally:
+        client.close()
+    pid = _pids(pidfile)[0]
+    wait_until(lambda: not _alive(pid), 5, "the fake ssh stopped after close()")
+
+
+def test_ctrl_c_while_listing_runs_exits_at_once(tmp_path: Path) -> None:
+    """``tdbg-tui ssh://...`` interrupted while ssh is still listing runs exits within about
+    2 s (not when ssh gives up), and leaves no ssh behind: ssh runs in its own session, so
+    the terminal's SIGINT never reaches it, and tdbg must stop it."""
+    pidfile = tmp_path / "pids"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake(bin_dir, SILENT_SSH.format(pidfile=pidfile))
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    code = "import sys; from tdbg.cli import tui_main; sys.exit(tui_main())"
+    tui = subprocess.Popen(
+        [sys.executable, "-c", code, "ssh://node-a", "ssh://node-b"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_until(lambda: len(_pids(pidfile)) == 2, 30, "both nodes being listed")
+        interrupted = time.monotonic()
+        tui.send_signal(signal.SIGINT)
+        _, err = tui.communicate(timeout=30)
+        took = time.monotonic() - interrupted
+    finally:
+        if tui.poll() is None:
+            tui.kill()
+            tui.wait()
+    assert took < 2.5, f"tdbg-tui exited {took:.1f} s after Ctrl-C"
+    assert tui.returncode == 130, err.decode()
+    for pid in _pids(pidfile):
+        wait_until(lambda p=pid: not _alive(p), 2, f"fake ssh {pid} stopped")
+
+
+def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
+    """RemoteSource.stop() (the UI closing) while ssh is still listing runs: open() returns
+    within about 2 s and the ssh processes are gone."""
+    from tdbg.client import ConnectError
+    from tdbg.remote import RemoteOptions
+    from tdbg.sshurl import parse_ssh_url
+    from tdbg.tui.remote_source import RemoteSource
+
+    pidfile = tmp_path / "pids"
+    ssh = _fake(tmp_path, SILENT_SSH.format(pidfile=pidfile))
+    targets = [parse_ssh_url("ssh://node-a"), parse_ssh_url("ssh://node-b")]
+    source = RemoteSource(targets, RemoteOptions(ssh=str(ssh)))
+    outcome: list[BaseException | None] = []
+
+    def open_it() -> None:
+        try:
+            source.open(lambda kind, data: None)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=open_it, daemon=True)
+    worker.start()
+    wait_until(lambda: len(_pids(pidfile)) == 2, 30, "both nodes being listed")
+    stopped = time.monotonic()
+    source.stop()
+    worker.join(10)
+    took = time.monotonic() - stopped
+    assert not worker.is_alive() and took < 2.0, f"open() returned {took:.1f} s after stop()"
+    assert len(outcome) == 1 and isinstance(outcome[0], ConnectError), outcome
+    for pid in _pids(pidfile):
+        wait_until(lambda p=pid: not _alive(p), 2, f"fake ssh {pid} stopped")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import shutil
+import subprocess
 
 import pytest
 
@@ -81,13 +83,24 @@ def test_url_round_trips() -> None:
     assert parse_ssh_url("ssh://me@h:2/x").node == "me@h:2"
 
 
+OUR_OPTIONS = [
+    "-o",
+    "ConnectTimeout=30",
+    "-o",
+    "ServerAliveInterval=15",
+    "-o",
+    "ServerAliveCountMax=3",
+]
+
+
 def test_ssh_argv_shape_and_quoting() -> None:
     target = parse_ssh_url("ssh://me@host:2222/tmp/it's here.sock")
     opts = RemoteOptions(("ProxyJump=gw", "Compression=yes"), remote_tdbg="/opt/my env/tdbg")
     argv = ssh_argv(target, opts, bridge_args(target))
-    assert argv[:4] == ["ssh", "-T", "-o", "ConnectTimeout=30"]
-    assert argv[4:8] == ["-o", "ProxyJump=gw", "-o", "Compression=yes"]
-    assert argv[8:12] == ["-p", "2222", "-l", "me"]
+    # The user's options first: ssh keeps the first value it sees, so theirs win over ours.
+    assert argv[:6] == ["ssh", "-T", "-o", "ProxyJump=gw", "-o", "Compression=yes"]
+    assert argv[6:12] == OUR_OPTIONS
+    assert argv[12:16] == ["-p", "2222", "-l", "me"]
     dash = argv.index("--")
     assert argv[dash + 1] == "host"
     remote = " ".join(argv[dash + 2 :])  # what ssh hands the remote shell
@@ -99,7 +112,25 @@ def test_ssh_argv_shape_and_quoting() -> None:
     ]
     # A user-less, port-less URL adds neither flag; --list rides along for discovery.
     plain = ssh_argv(parse_ssh_url("ssh://h"), RemoteOptions(), bridge_args(SshTarget("h"), True))
-    assert plain == ["ssh", "-T", "-o", "ConnectTimeout=30", "--", "h", "tdbg", "bridge", "--list"]
+    assert plain == ["ssh", "-T", *OUR_OPTIONS, "--", "h", "tdbg", "bridge", "--list"]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client here")
+def test_users_ssh_options_win_over_ours() -> None:
+    """What ssh itself makes of the argv (``ssh -G`` prints its settings, connects nowhere):
+    our ConnectTimeout and keepalives by default, the user's ``-o`` where given."""
+
+    def settings(*options: str) -> dict[str, str]:
+        argv = ssh_argv(SshTarget("h"), RemoteOptions(options), ["bridge"])
+        out = subprocess.run([argv[0], "-G", *argv[1:]], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+    ours = settings()
+    assert ours["connecttimeout"] == "30"
+    assert ours["serveraliveinterval"] == "15" and ours["serveralivecountmax"] == "3"
+    theirs = settings("ConnectTimeout=5", "ServerAliveInterval=60")
+    assert theirs["connecttimeout"] == "5" and theirs["serveraliveinterval"] == "60"
 
 
 def test_remote_tdbg_tilde_means_remote_home() -> None:

@@ -18,9 +18,11 @@ from typing import Any
 
 from tdbg.client import ConnectError, ProbeClient
 from tdbg.remote import (
+    TERM_GRACE,
     RemoteError,
     RemoteListing,
     RemoteOptions,
+    SshGroup,
     SshProbeClient,
     connect,
     list_runs,
@@ -59,24 +61,37 @@ def entries_of(listing: RemoteListing) -> list[RemoteRunEntry]:
 
 
 def list_nodes(
-    targets: Sequence[SshTarget], opts: RemoteOptions
+    targets: Sequence[SshTarget], opts: RemoteOptions, group: SshGroup | None = None
 ) -> tuple[list[RemoteRunEntry], list[str]]:
-    """Every run on every node (nodes asked in parallel), and one line per node that failed."""
+    """Every run on every node (nodes asked in parallel), and one line per node that failed.
+
+    ``group.stop()`` (from another thread) ends the listing early. Interrupted here (Ctrl-C),
+    it stops every ssh it started before letting the interrupt go: ssh runs in its own
+    session, so the terminal's SIGINT never reaches it, and waiting for the pool's threads
+    would wait for every ssh to answer or time out.
+    """
     entries: list[RemoteRunEntry] = []
     errors: list[str] = []
+    ours = SshGroup() if group is None else group
 
     def one(target: SshTarget) -> RemoteListing | str:
         try:
-            return list_runs(target, opts)
+            return list_runs(target, opts, group=ours)
         except ConnectError as exc:
             return str(exc)
 
-    with ThreadPoolExecutor(max_workers=min(8, max(1, len(targets)))) as pool:
+    pool = ThreadPoolExecutor(max_workers=min(8, max(1, len(targets))))
+    try:
         for result in pool.map(one, targets):
             if isinstance(result, str):
                 errors.append(result)
             else:
                 entries.extend(entries_of(result))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        ours.stop(wait=TERM_GRACE + 1.0)
+        raise
+    pool.shutdown(wait=False)
     return entries, errors
 
 
@@ -125,6 +140,7 @@ class RemoteSource(SocketSource):
         self._entries = list(entries) if entries is not None else None
         self._warnings = list(warnings)
         self._choice: queue.SimpleQueue[RunEntry | None] = queue.SimpleQueue()
+        self._ssh = SshGroup()  # the listings and connections under way, for stop()
         if client is not None:
             self._attach(client)
 
@@ -139,10 +155,16 @@ class RemoteSource(SocketSource):
             self.run.setdefault("node", client.target.node)
 
     def _connect(self, target: SshTarget) -> None:
-        self._attach(connect(target, self.opts))
+        self._attach(connect(target, self.opts, group=self._ssh))
 
     def choose(self, entry: RunEntry | None) -> None:
         self._choice.put(entry)
+
+    def stop(self) -> None:
+        """Also end the ssh processes still listing or connecting, so that the worker blocked
+        on them returns now (the attached run's ssh is stopped by closing its client)."""
+        super().stop()
+        self._ssh.stop()
 
     def open(self, notify: Notify) -> None:
         for warning in self._warnings:
@@ -155,7 +177,7 @@ class RemoteSource(SocketSource):
             if self._entries is not None:
                 entries, self._entries = self._entries, None
             else:
-                entries, errors = list_nodes(self.targets, self.opts)
+                entries, errors = list_nodes(self.targets, self.opts, self._ssh)
                 for error in errors:
                     notify("warning", error)
             if len(entries) == 1:
@@ -247,7 +269,7 @@ class RemoteSource(SocketSource):
         old_dir = str(PurePosixPath(self.remote.path).parent) if self.remote.path else None
         node = self.remote.with_path(old_dir)
         try:
-            listing = list_runs(node, self.opts)
+            listing = list_runs(node, self.opts, group=self._ssh)
         except ConnectError:
             return None
         for entry in entries_of(listing):
