@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from tdbg.probe.watch import Probe
 
 ENV_ACTIVE = "TDBG_AUTOWATCH"  # "1": set by `tdbg run` for the process it starts
-ENV_OWNER = "TDBG_AUTOWATCH_OWNER"  # the pid that claimed the probe; any other process is inert
 ENV_NAME = "TDBG_NAME"
 ENV_GRAD_EVERY = "TDBG_GRAD_EVERY"
+ENV_RECORD = "TDBG_RECORD"  # read by watch() itself; removed once this process's probe has it
 MAX_MISSES = 10  # backward calls reaching no module's parameters before giving up
 
 
@@ -42,6 +42,14 @@ def install() -> None:
     """
     if os.environ.get(ENV_ACTIVE) != "1":
         return
+    # This process is the one `tdbg run` started: it takes the settings meant for it, and the
+    # processes the script starts (`subprocess.run([sys.executable, "eval.py"])`, spawned
+    # workers, a child handed the preload anyway) never see them, so they stay inert (R52).
+    global _config, _owner
+    _config = _read_config()
+    _owner = os.getpid()  # a raw os.fork() before `import torch` is not the owner either
+    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY):
+        os.environ.pop(var, None)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):
         _activate(torch)
@@ -96,22 +104,18 @@ def _activate(torch: ModuleType) -> None:
     try:
         import multiprocessing  # torch imported it already: free here, not at start-up
 
-        # R52: only the process `tdbg run` started; spawned or forkserver children (and any
-        # interpreter they start) inherit the environment but not the claim.
-        if multiprocessing.parent_process() is not None:
+        # R52: only the process `tdbg run` started; forked children (the finder is inherited
+        # with the memory) never claim the probe.
+        if os.getpid() != _owner or multiprocessing.parent_process() is not None:
             return
-        owner = os.environ.get(ENV_OWNER)
-        if owner and owner != str(os.getpid()):
-            return
-        os.environ[ENV_OWNER] = str(os.getpid())
         global _auto
-        _auto = AutoWatch(torch, _config())
+        _auto = AutoWatch(torch, _config)
         _auto.install()
     except Exception as exc:
         _warn(f"tdbg run could not install its hooks ({exc}); the script runs unmonitored")
 
 
-def _config() -> dict[str, Any]:
+def _read_config() -> dict[str, Any]:
     grad_every: int | None = None
     text = os.environ.get(ENV_GRAD_EVERY)
     if text:
@@ -123,6 +127,8 @@ def _config() -> dict[str, Any]:
 
 
 _auto: AutoWatch | None = None
+_owner: int | None = None  # the pid that ran install(): the only one that may claim the probe
+_config: dict[str, Any] = {"name": None, "grad_every": None}
 
 
 class AutoWatch:
@@ -138,7 +144,8 @@ class AutoWatch:
     so steps are numbered as in a script that calls ``watch()`` itself.
 
     From then on the cost per step is one wrapper around ``torch.autograd.backward`` (remember
-    the scalar, detached: no sync) and one optimizer step pre- and post-hook; the post-hook
+    the scalar, detached: no sync; with AMP, one around ``GradScaler.scale`` that maps the scaled
+    tensor back to the loss) and one optimizer step pre- and post-hook; the post-hook
     calls ``probe.step(loss)``. Without an optimizer (manual updates), ``probe.step(loss)``
     follows each backward of a scalar.
     """
@@ -160,8 +167,12 @@ class AutoWatch:
         self._loss: Any = None  # the last scalar backpropagated outside optimizer.step()
         self._closure_loss: Any = None  # the first one inside it (what step(closure) returns)
         self._misses = 0
+        # AMP: (weakref to what GradScaler.scale() last returned, the loss it was given).
+        self._scaled: tuple[weakref.ref[Any], Any] | None = None
         self._original_backward: Callable[..., Any] | None = None
         self._original_init: Callable[..., Any] | None = None
+        self._original_scale: Callable[..., Any] | None = None
+        self._scaler_class: Any = None
 
     # --- installation and removal -------------------------------------------------------------
     def install(self) -> None:
@@ -208,7 +219,33 @@ class AutoWatch:
 
         self._original_backward = original_backward
         torch.autograd.backward = backward
+        self._wrap_scale()
         os.register_at_fork(after_in_child=self._after_fork)
+
+    def _wrap_scale(self) -> None:
+        """AMP: ``scaler.scale(loss).backward()`` backpropagates loss × scale (65536 by default,
+        changed by ``scaler.update()``). The wrapper remembers which tensor ``scale()`` returned
+        for which loss, so the loss reported is the script's own. One wrapper on the base class:
+        ``torch.cuda.amp.GradScaler`` and ``torch.cpu.amp.GradScaler`` subclass it without
+        overriding ``scale``."""
+        amp = getattr(self.torch, "amp", None)
+        scaler_class = getattr(amp, "GradScaler", None)
+        original_scale = getattr(scaler_class, "scale", None)
+        if scaler_class is None or original_scale is None:
+            return
+
+        @functools.wraps(original_scale)
+        def scale(scaler: Any, outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original_scale(scaler, outputs, *args, **kwargs)
+            if not self.off and out is not outputs and isinstance(outputs, self.torch.Tensor):
+                try:
+                    self._scaled = (weakref.ref(out), outputs.detach())  # a view: no sync
+                except Exception:
+                    self._scaled = None
+            return out
+
+        self._original_scale, self._scaler_class = original_scale, scaler_class
+        scaler_class.scale = scale
 
     def _remove_global(self) -> None:
         """The discovery hooks go once the probe exists: none is left early-returning."""
@@ -233,6 +270,10 @@ class AutoWatch:
         if self._original_backward is not None:
             self.torch.autograd.backward = self._original_backward
             self._original_backward = None
+        if self._original_scale is not None:
+            self._scaler_class.scale = self._original_scale
+            self._original_scale = self._scaler_class = None
+        self._scaled = None
 
     def _after_fork(self) -> None:
         # A forked child (DataLoader worker) never starts or feeds a probe (R51): one flag, no
@@ -248,11 +289,18 @@ class AutoWatch:
 
     # --- discovery hooks ------------------------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
-        if id(module) not in self._seen:
-            try:
-                self._seen[id(module)] = weakref.ref(module)
-            except TypeError:
-                pass
+        key = id(module)
+        ref = self._seen.get(key)
+        if ref is not None:
+            if ref() is module:
+                return
+            # A module freed since (a throwaway model) whose address this one reuses: this one
+            # is new, and goes last, in the order of first calls.
+            del self._seen[key]
+        try:
+            self._seen[key] = weakref.ref(module)
+        except TypeError:
+            pass
 
     def _on_step_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._in_step = True
@@ -278,7 +326,12 @@ class AutoWatch:
                     return
             if tensor.numel() != 1:
                 return  # backward(gradient) of a non-scalar: not a loss
-            loss = tensor.detach()  # a view: no copy, no sync
+            scaled = self._scaled
+            if scaled is not None and scaled[0]() is tensor:
+                self._scaled = None
+                loss = scaled[1]  # GradScaler.scale()'s input: the loss before scaling
+            else:
+                loss = tensor.detach()  # a view: no copy, no sync
             if self._in_step:
                 if self._closure_loss is None:
                     self._closure_loss = loss
@@ -321,6 +374,7 @@ class AutoWatch:
         if watching is not None and any(not p.closed for p in list(watching._live)):
             # The script calls watch() itself: its probe is the run's; a second one on the same
             # model would close it.
+            os.environ.pop(ENV_RECORD, None)  # its probe has read it (see below)
             self.shutdown()
             return
         model, optimizer = self._choose()
@@ -339,9 +393,14 @@ class AutoWatch:
         if optimizer is not None:
             self._restore_init()  # an optimizer mode probe needs no later optimizers
         self.model, self.optimizer = model, optimizer
-        self.probe = tdbg.watch(
-            model, optimizer, name=self.config["name"], grad_every=self.config["grad_every"]
-        )
+        try:
+            self.probe = tdbg.watch(
+                model, optimizer, name=self.config["name"], grad_every=self.config["grad_every"]
+            )
+        finally:
+            # The recording is this process's: a script's child that calls watch() itself must
+            # not write a second one (watch() reads TDBG_RECORD, which children inherit).
+            os.environ.pop(ENV_RECORD, None)
         if optimizer is not None:
             # Registered after the probe's own hooks: at each step the probe has read the
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().

@@ -131,8 +131,7 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ)
     previous = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(PRELOAD_DIR) + (os.pathsep + previous if previous else "")
-    env["TDBG_AUTOWATCH"] = "1"
-    env.pop("TDBG_AUTOWATCH_OWNER", None)  # the child claims the probe (a nested tdbg run too)
+    env["TDBG_AUTOWATCH"] = "1"  # the child takes it out of its environment (autowatch.install)
     if args.name:
         env["TDBG_NAME"] = args.name
     if args.grad_every is not None:

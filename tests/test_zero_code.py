@@ -338,3 +338,119 @@ def test_launcher_and_bootstrap_import_no_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+def recorded_steps(record: Path) -> list[dict[str, Any]]:
+    dump = subprocess.run(
+        [*TDBG, "dump", str(record)], capture_output=True, text=True, timeout=60, check=True
+    )
+    events = [json.loads(line) for line in dump.stdout.splitlines()]
+    return [e for e in events if e["type"] == "step"]
+
+
+@pytest.mark.slow
+def test_amp_grad_scaler_reports_the_unscaled_loss(tmp_path: Path, runtime_dir: Path) -> None:
+    record = tmp_path / "amp.tdbg"
+    proc = subprocess.run(
+        [*TDBG, "run", "--record", str(record), "--grad-every", "1", "train_amp.py"],
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    truth = json.loads(proc.stdout)
+    assert len(set(truth["scales"])) > 2  # the scale moved (grew, then halved at the skip)
+    assert truth["taken"].count(False) == 1
+    steps = recorded_steps(record)
+    # A step the scaler skips (inf gradients: optimizer.step() not called) is not a step; every
+    # other one reports the loss the script computed, whatever the scale was.
+    taken = [loss for loss, ok in zip(truth["losses"], truth["taken"], strict=True) if ok]
+    assert [s["step"] for s in steps] == list(range(len(taken)))
+    assert [s["loss"] for s in steps] == pytest.approx(taken, rel=1e-6)
+    # The probe reads the gradients inside optimizer.step(), after the scaler unscaled them.
+    assert all(s["grad_norm"] is not None and s["grad_norm"] < 100 for s in steps)
+
+
+def test_grad_scaler_wrapper_is_removed_and_the_scaler_unchanged() -> None:
+    import torch
+
+    from tdbg.autowatch import AutoWatch
+
+    classes: tuple[Any, ...] = (
+        torch.amp.GradScaler,
+        torch.cpu.amp.GradScaler,
+        torch.cuda.amp.GradScaler,
+    )
+    before = [c.scale for c in classes]
+    backward, init = torch.autograd.backward, torch.optim.Optimizer.__init__
+    auto = AutoWatch(torch, {"name": None, "grad_every": None})
+    auto.install()
+    try:
+        assert all(c.scale is not b for c, b in zip(classes, before, strict=True))
+        scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+        loss = torch.tensor(1.5, requires_grad=True)
+        scaled = scaler.scale(loss)
+        assert scaled.item() == 12.0  # what the script gets is unchanged
+        assert auto._scaled is not None and auto._scaled[0]() is scaled
+        assert auto._scaled[1].item() == 1.5 and not auto._scaled[1].requires_grad
+        disabled = torch.amp.GradScaler("cpu", enabled=False)
+        auto._scaled = None
+        assert disabled.scale(loss) is loss and auto._scaled is None
+    finally:
+        auto.shutdown()
+    assert [c.scale for c in classes] == before
+    assert torch.autograd.backward is backward and torch.optim.Optimizer.__init__ is init
+
+
+def test_module_at_the_address_of_a_freed_one_is_still_found() -> None:
+    """An id in the forward pre-hook's table may belong to a module freed since (a throwaway
+    model whose address the real one reuses): its dead entry must not hide the new module."""
+    import weakref
+
+    import torch
+    from torch import nn
+
+    from tdbg.autowatch import AutoWatch
+
+    auto = AutoWatch(torch, {"name": None, "grad_every": None})
+    model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
+    throwaway = nn.Linear(2, 1)
+    dead: weakref.ref[nn.Module] = weakref.ref(throwaway)
+    auto._on_forward(throwaway, ())
+    del throwaway
+    assert dead() is None
+    # Address reuse, made certain: the freed module's entry under the model's id.
+    auto._seen = {id(model): dead}
+    auto._on_forward(model, ())
+    for sub in model:
+        auto._on_forward(sub, ())
+    model(torch.randn(4, 2)).sum().backward()
+    assert auto._choose() == (model, None)
+
+
+@pytest.mark.slow
+def test_script_children_get_no_tdbg_settings_and_stay_inert(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    record = tmp_path / "run.tdbg"
+    argv = ["run", "--name", "exp", "--grad-every", "2", "--record", str(record)]
+    proc = subprocess.run(
+        [*TDBG, *argv, "train_subprocess.py"],
+        cwd=SCRIPTS,
+        env=dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), ZC_SPAWN_PRELOAD=str(PRELOAD)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    seen = json.loads(proc.stdout)
+    user = {"TDBG_RUNTIME_DIR": str(runtime_dir)}  # the user's own settings pass through
+    # Before the first backward the script's own watch() may still want TDBG_RECORD.
+    assert seen["before"] == {"env": dict(user, TDBG_RECORD=str(record))}
+    # After it, the recording is taken: a child that watches itself records nothing.
+    assert seen["after"] == {"env": user, "preloaded": True, "claimed": False, "recording": None}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.tdbg"]
+    assert len(recorded_steps(record)) == 3
