@@ -82,6 +82,13 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
+    from tdbg.recording import is_file_target
+
+    extra = list(getattr(args, "extra_targets", None) or [])
+    if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
+        return _replay(extra)
+    if args.target is not None and not extra and is_file_target(args.target):
+        return _replay([args.target])  # a recording named as a plain target
     from tdbg.tui.app import launch  # textual is loaded only for the TUI
 
     return launch(
@@ -90,6 +97,12 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
         ssh_options=args.ssh_options,
         remote_tdbg=args.remote_tdbg,
     )
+
+
+def _replay(argv: list[str]) -> int:
+    from tdbg.tui.replay_app import replay_main
+
+    return replay_main(argv)
 
 
 def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
@@ -363,10 +376,8 @@ def tui_main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "replay":  # tdbg-tui replay FILE: a recording, with a cursor
-        from tdbg.tui.replay_app import replay_main
-
         try:
-            return replay_main(argv[1:])
+            return _replay(list(argv[1:]))
         except KeyboardInterrupt:
             return 130
     parser = argparse.ArgumentParser(

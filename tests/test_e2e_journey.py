@@ -1,0 +1,124 @@
+"""End to end in a real terminal, the issue-4 way: an unmodified script under `tdbg run --record`,
+`tdbg-tui ssh://…` through a real sshd, the job killed with SIGKILL, then `tdbg-tui FILE`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sshd as sshd_helper
+from conftest import wait_until
+from test_e2e_tmux import tmux, wait_screen
+
+from tdbg.runtime import discover
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not sshd_helper.available(), reason="OpenSSH sshd or ssh is missing"),
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+REMOTE_TDBG = str(Path(sys.executable).parent / "tdbg")  # the venv is not on sshd's PATH
+
+# A plain training script: no tdbg in it. Its loss turns NaN at step 150 (a poisoned weight).
+SCRIPT = textwrap.dedent(
+    """
+    import time
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 8), torch.randn(64, 1)
+    for step in range(100_000):
+        if step == 150:
+            with torch.no_grad():
+                model[2].weight[0, 0] = float("nan")
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        time.sleep(0.01)
+    """
+)
+
+
+@pytest.fixture
+def sshd() -> Iterator[sshd_helper.Sshd]:
+    with sshd_helper.running_sshd() as server:
+        yield server
+
+
+def test_run_record_ssh_attach_kill_and_replay(
+    runtime_dir: Path, tmp_path: Path, sshd: sshd_helper.Sshd
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    recording = tmp_path / "journey.tdbgrec"
+    session = f"tdbg-journey-{runtime_dir.name}"
+    env = f"env -u COLUMNS -u LINES TDBG_RUNTIME_DIR={runtime_dir}"
+    tdbg = f"{shlex.quote(sys.executable)} -m tdbg.cli"
+    train = f"{env} {tdbg} run --name journey --record {recording} -- {sys.executable} {script}"
+    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", f"{train}; sleep 60")
+    # One tmux session per program: tmux 3.3a's server dies on a second window (or session)
+    # once window-size is manual, so each session gets its size from -x/-y instead.
+    try:
+        wait_until(lambda: discover(runtime_dir), 60, "the script's probe")
+        entry = discover(runtime_dir)[0]
+        assert entry.name == "journey"
+        pid = entry.pid
+
+        # The TUI reaches the run through ssh and the remote `tdbg bridge`, as from a laptop.
+        options = " ".join(shlex.quote(o) for o in sshd.client_options())
+        url = sshd.url(str(runtime_dir))
+        tui = f"{env} {tdbg} tui {url} {options} --remote-tdbg {REMOTE_TDBG}; sleep 60"
+        tmux("new-session", "-d", "-s", f"{session}-tui", "-x", "160", "-y", "48", tui)
+        pane = f"{session}-tui"
+        screen = wait_screen(pane, ["live", "journey", "Loss", "Gradient norms"], timeout=60)
+        assert f"pid {pid}" in screen
+        wait_screen(pane, ["nonfinite_"], timeout=60)  # the NaN at step 150 reached the screen
+        tmux("send-keys", "-t", pane, "q")
+        deadline = time.monotonic() + 15
+        while "Gradient norms" in tmux("capture-pane", "-p", "-t", pane):
+            assert time.monotonic() < deadline, "tdbg-tui did not quit on q"
+            time.sleep(0.2)
+
+        # The job dies without a word; the recording holds it up to its last flush.
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not _alive(pid), 15, "the killed script to go")
+
+        replay = f"{env} {tdbg} tui {recording}; sleep 60"
+        pane = f"{session}-replay"
+        tmux("new-session", "-d", "-s", pane, "-x", "160", "-y", "48", replay)
+        wait_screen(pane, ["replay", "journey", "nonfinite_", "Loss", "killed"], timeout=60)
+        tmux("send-keys", "-t", pane, "Home")
+        wait_screen(pane, ["replay · step 0 /"], timeout=20)
+        # The panels repaint once the keys pause: at step 0 the NaN's alerts are still to come.
+        wait_until(
+            lambda: "nonfinite_" not in tmux("capture-pane", "-p", "-t", pane),
+            20,
+            "the alerts panel at step 0",
+        )
+        tmux("send-keys", "-t", pane, "End")
+        wait_screen(pane, ["nonfinite_"], timeout=20)
+        tmux("send-keys", "-t", pane, "q")
+    finally:
+        tmux("kill-server")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
