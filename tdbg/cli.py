@@ -27,7 +27,15 @@ from tdbg.dump_events import dump_events, job_event
 from tdbg.protocol import COMMANDS, ProtocolError
 from tdbg.report import PROFILE_COLUMNS
 from tdbg.runtime import discover, runtime_dir
-from tdbg.targets import TARGET_HELP, CliError, add_remote_options, connect_target
+from tdbg.sshurl import is_ssh_url
+from tdbg.targets import (
+    TARGET_HELP,
+    CliError,
+    add_remote_options,
+    connect_target,
+    remote_options,
+    ssh_target,
+)
 from tdbg.zero_code import add_run_parser
 
 EXIT_FAILED = 1  # a deep-dive job ended failed or cancelled (its reason is on stderr)
@@ -64,6 +72,8 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
+    if args.hosts:
+        return _ls_remote(args, out)
     entries = discover()
     if args.json:
         for e in entries:
@@ -73,11 +83,36 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"no tdbg runs in {runtime_dir()}\n")
         return 0
     for e in entries:
-        started = time.strftime("%H:%M:%S", time.localtime(float(e.meta.get("start_time", 0))))
-        out.write(
-            f"{e.name:<20} pid {e.pid:<8} rank {e.meta.get('rank', 0):<3} "
-            f"started {started}  {e.socket}\n"
-        )
+        out.write(_ls_line(e.meta, str(e.socket)))
+    return 0
+
+
+def _ls_line(meta: dict[str, Any], socket: str, node: str = "") -> str:
+    started = time.strftime("%H:%M:%S", time.localtime(float(meta.get("start_time") or 0)))
+    name = str(meta.get("name") or "?")
+    return (
+        f"{node}{name:<20} pid {meta.get('pid', '?')!s:<8} rank {meta.get('rank', 0)!s:<3} "
+        f"started {started}  {socket}\n"
+    )
+
+
+def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
+    """``tdbg ls ssh://node ...``: each node's runs through ``tdbg bridge --list``."""
+    from tdbg.remote import list_runs
+
+    opts = remote_options(args)
+    for url in args.hosts:
+        if not is_ssh_url(url):
+            raise CliError(f"{url}: tdbg ls lists this machine, or ssh:// nodes")
+        listing = list_runs(ssh_target(url), opts)
+        for run in listing.runs:
+            socket = str(run.get("socket", ""))
+            if args.json:
+                out.write(json.dumps(dict(run, node=listing.target.node)) + "\n")
+            else:
+                out.write(_ls_line(run, socket, f"{listing.target.node}  "))
+        if not listing.runs and not args.json:
+            out.write(f"{listing.target.node}  no tdbg runs in {listing.runtime_dir}\n")
     return 0
 
 
@@ -196,8 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait at most S seconds for a run and stop after S seconds",
     )
     dump.set_defaults(func=cmd_dump)
-    ls = sub.add_parser("ls", help="list live runs on this machine")
+    ls = sub.add_parser("ls", help="list live runs on this machine (or on ssh:// nodes)")
+    ls.add_argument("hosts", nargs="*", metavar="ssh://NODE", help="list the runs there instead")
     ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    add_remote_options(ls)
     ls.set_defaults(func=cmd_ls)
     tui = sub.add_parser("tui", help="the full-screen monitor (same as tdbg-tui)")
     _add_tui_targets(tui)

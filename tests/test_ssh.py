@@ -183,6 +183,22 @@ def test_several_runs_and_version_mismatch(sshd: sshd_helper.Sshd, runtime_dir: 
         )
 
 
+def test_ls_lists_the_runs_of_ssh_nodes(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:
+    with fake_run(runtime_dir, "first"), fake_run(runtime_dir, "second"):
+        out = cli("ls", sshd.url(str(runtime_dir)), *remote(sshd))
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert len(lines) == 2 and all(line.startswith("root@127.0.0.1") for line in lines)
+        assert {line.split()[1] for line in lines} == {"first", "second"}
+        out = cli("ls", "--json", sshd.url(str(runtime_dir)), *remote(sshd))
+        runs = [json.loads(line) for line in out.stdout.splitlines()]
+        assert sorted(r["name"] for r in runs) == ["first", "second"]
+        assert all(r["socket"].startswith(str(runtime_dir)) and r["node"] for r in runs)
+    out = cli("ls", sshd.url(str(runtime_dir)), *remote(sshd))
+    assert out.returncode == 0 and "no tdbg runs in" in out.stdout
+    one_line_error(cli("ls", "/tmp"), "tdbg ls lists this machine, or ssh:// nodes")
+
+
 def test_bridge_list_and_pump(runtime_dir: Path) -> None:
     """``tdbg bridge`` locally: --list answers JSON; the pump honours half-close and exits
     within 1 s of either side closing (R5), without parsing what it carries."""
