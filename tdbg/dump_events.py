@@ -137,8 +137,8 @@ def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str
 def recording_events(recording: Recording) -> Iterator[dict[str, Any]]:
     """A recording's messages as the same JSON events as a live run; ``hello`` also names the
     file (``recording``) and when it was made (``recorded``). The ``end`` event's reason is
-    ``shutdown`` (the run closed it), ``killed`` (no end marker: the file stops at its last
-    flush) or ``damaged`` (see ``recording.stopped`` for where)."""
+    ``shutdown`` (the run closed it), ``killed`` (cut short: no end marker, or a last write
+    cut off) or ``damaged`` (a checksum mismatch or garbage; ``recording.stopped`` says where)."""
     hello: dict[str, Any] = {
         "type": "hello",
         "run": finite_tree(recording.run),
@@ -149,7 +149,7 @@ def recording_events(recording: Recording) -> Iterator[dict[str, Any]]:
     }
     ended = yield from message_events(recording.messages(), hello, always_hello=True)
     if not ended:
-        yield {"type": "end", "reason": "damaged" if recording.stopped else "killed"}
+        yield {"type": "end", "reason": "damaged" if recording.damaged else "killed"}
 
 
 def message_events(

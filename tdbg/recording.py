@@ -15,7 +15,8 @@ the same :class:`~tdbg.protocol.Decoder` as a socket. A ``record_mark`` holds th
 length of every byte since the previous mark: the reader hands out a flushed block only once its
 mark checks out, so a flipped byte stops the load at the start of its block instead of showing
 wrong numbers. A file cut short (``kill -9``, disk full) loads up to its last complete frame.
-Reading never raises on damage: :attr:`Recording.stopped` says where and why it stopped.
+Reading never raises on damage: :attr:`Recording.stopped` says where and why it stopped, and
+:attr:`Recording.damaged` tells damage (a checksum mismatch, garbage) from a file merely cut short.
 No torch, no textual: ``tdbg dump`` and the TUI both read recordings with this.
 """
 
@@ -97,6 +98,7 @@ class Recording:
         self.created: float | None = float(created) if isinstance(created, int | float) else None
         self.ended = False
         self.stopped: str | None = None
+        self.stop_kind: str | None = None  # "truncated" (a write cut short) or "corrupt"
         self.last_step: int | None = None
         self.messages_read = 0
 
@@ -120,11 +122,12 @@ class Recording:
         messages = decoder.feed(raw)  # exactly one frame fed: exactly one message out
         return messages[0], raw
 
-    def messages(self) -> Iterator[dict[str, Any]]:
+    def messages(self, end: int | None = None) -> Iterator[dict[str, Any]]:
         """The run's messages (``layers``, ``steps``, ``alert``, ...) up to the end or the damage.
 
         A block of frames is handed out only once the ``record_mark`` after it checks out; the
-        frames after the last mark (a write cut short) are handed out as they decode.
+        frames after the last mark (a write cut short) are handed out as they decode. ``end``:
+        read no further than this byte (a mark boundary: compaction reads a file still growing).
         """
         decoder = Decoder(MAX_OUTBOUND_FRAME, expect_preamble=False)
         block: list[dict[str, Any]] = []
@@ -134,10 +137,11 @@ class Recording:
             f = open(self.path, "rb")  # closed in finally: the generator owns it
         except OSError as exc:
             self.stopped = f"cannot read {self.path}: {exc.strerror or exc}"
+            self.stop_kind = "unreadable"
             return
         try:
             f.seek(offset)
-            while True:
+            while end is None or offset < end:
                 try:
                     item = self._read_frame(f, decoder)
                 except EOFError as exc:
@@ -171,6 +175,7 @@ class Recording:
                 if mtype in READER_TYPES:
                     continue  # the header frame, already read in __init__
                 block.append(msg)
+            yield from self._emit(block)
         finally:
             f.close()
 
@@ -188,7 +193,19 @@ class Recording:
 
     def _stop(self, how: str, offset: int, why: str) -> None:
         after = "no step" if self.last_step is None else f"step {self.last_step}"
+        self.stop_kind = how
         self.stopped = f"recording {how} at byte {offset} (after {after}): {why}"
+
+    @property
+    def cut_short(self) -> bool:
+        """The file ends in a write cut short (a kill, a full disk) and every complete block
+        checked out: the run was killed, nothing is damaged. False before reading."""
+        return self.stop_kind == "truncated" or (self.stopped is None and not self.ended)
+
+    @property
+    def damaged(self) -> bool:
+        """A checksum mismatch or garbage before the end: what follows it could not be read."""
+        return self.stopped is not None and not self.cut_short
 
     @property
     def end_note(self) -> str | None:

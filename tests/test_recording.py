@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ from conftest import Loop, Reader, wait_until
 from test_cli import events, run_cli
 
 from tdbg.probe import recorder as recorder_module
-from tdbg.probe.recorder import Bounds, Recorder, Thinner
+from tdbg.probe.compaction import keep_newest
+from tdbg.probe.recorder import Bounds, Recorder, temp_path
 from tdbg.protocol import pack, pack_steps, unpack_steps
 from tdbg.recording import FILE_HEADER, Recording, RecordingError
 from tdbg.tui.synthetic import RUN, layer_names, step_records
@@ -202,12 +204,91 @@ def test_env_var_records_only_in_the_main_process(
     from tdbg.probe import watch
 
     monkeypatch.setenv("TDBG_RECORD", str(tmp_path / "env.tdbgrec"))
-    assert watch._record_path(None) == str(tmp_path / "env.tdbgrec")
     monkeypatch.setattr(watch.multiprocessing, "parent_process", lambda: object())
     assert watch._record_path(None) is None  # a spawned child inherits TDBG_*: R52
     assert watch._record_path(tmp_path / "explicit") == tmp_path / "explicit"
     with pytest.raises(TypeError, match="record must be a file path"):
         watch._record_path(42)
+
+
+def test_env_var_is_claimed_so_plain_subprocesses_do_not_record(
+    monkeypatch: pytest.MonkeyPatch, runtime_dir: Path, tmp_path: Path
+) -> None:
+    """An evaluation script started with subprocess must not write ``env.1.tdbgrec``."""
+    import tdbg
+
+    path = tmp_path / "env.tdbgrec"
+    monkeypatch.setenv("TDBG_RECORD", str(path))
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, serve=False)
+    assert "TDBG_RECORD" not in os.environ  # claimed by this process's probe
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.environ.get('TDBG_RECORD'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.stdout.strip() == "None"
+    loop.run(3, probe)
+    probe.close()
+    assert probe.recording_path == str(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["env.tdbgrec"]
+    second = tdbg.watch(Loop(seed=1).model, serve=False)  # a later watch() has nothing to claim
+    assert second.recording_path is None and second._server.recorder is None
+    second.close()
+
+
+def test_activations_every_works_in_record_only_mode(runtime_dir: Path, tmp_path: Path) -> None:
+    import tdbg
+
+    path = tmp_path / "acts.tdbgrec"
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, serve=False, record=path, activations_every=2)
+    assert probe.socket_path is None
+    for _ in range(200):
+        loop.run(2, probe)
+        if _has(path, "activations"):
+            break
+    probe.close()
+    assert _has(path, "activations"), "activations_every was ignored without a socket"
+
+
+def _has(path: Path, mtype: str) -> bool:
+    if not path.exists():
+        return False
+    return any(m.get("type") == mtype for m in Recording(path).messages())
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_crashing_probe_loop_still_writes_the_end_marker(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tdbg
+    from tdbg.probe.server import ProbeServer
+
+    path = tmp_path / "crash.tdbgrec"
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, serve=False, record=path)
+    loop.run(5, probe)
+    wait_until(lambda: path.exists() and _last_step(path) == 4, what="5 steps recorded")
+    server = probe._server
+    assert isinstance(server, ProbeServer)
+
+    def crash(now: float) -> None:
+        raise MemoryError("the loop dies")
+
+    def reraise(exc: BaseException) -> None:
+        raise exc  # an error handler that fails too: the loop itself dies
+
+    monkeypatch.setattr(server, "_tick", crash)
+    monkeypatch.setattr(server, "_on_error", reraise)
+    server.wake()
+    wait_until(lambda: not server._threads[0].is_alive(), what="the probe thread to die")
+    rec = Recording(path)
+    for _ in rec.messages():
+        pass
+    assert rec.ended and rec.end_note is None and rec.last_step == 4
+    probe.close()
 
 
 KILLED_JOB = textwrap.dedent(
@@ -293,6 +374,7 @@ def test_truncated_files_load_up_to_the_cut(tmp_path: Path) -> None:
         rec, records = recorded_steps(cut)
         assert same(records, full[: len(records)]), offset  # a prefix, never a wrong value
         assert rec.stopped is not None or not rec.ended
+        assert rec.cut_short and not rec.damaged, offset  # a cut is a kill, never damage
         note = rec.end_note or ""
         assert "truncated at byte" in note or "without the run's end marker" in note, note
         if rec.stopped:
@@ -306,7 +388,8 @@ def test_truncated_files_load_up_to_the_cut(tmp_path: Path) -> None:
         and "Traceback" not in dump.stderr
     )
     assert dump.stderr.count("\n") == 1
-    assert events(dump.stdout)[-1] == {"type": "end", "reason": "damaged"}
+    # Cut short, no checksum broken: a kill, not damage.
+    assert events(dump.stdout)[-1] == {"type": "end", "reason": "killed"}
 
 
 def test_flipped_bytes_stop_the_load_at_the_damaged_block(tmp_path: Path) -> None:
@@ -326,6 +409,8 @@ def test_flipped_bytes_stop_the_load_at_the_damaged_block(tmp_path: Path) -> Non
         assert len(records) < len(full) or offset > len(data) - 64, offset
         assert rec.stopped is not None, offset
         assert "corrupt at byte" in rec.stopped or "truncated at byte" in rec.stopped
+        if "corrupt at byte" in rec.stopped:
+            assert rec.damaged and not rec.cut_short
 
 
 def test_damaged_header_and_not_a_recording_are_one_line_exit_2(tmp_path: Path) -> None:
@@ -388,86 +473,197 @@ def test_dump_of_a_recording_matches_the_live_event_shapes(tmp_path: Path) -> No
 # --- the size bound -----------------------------------------------------------------------
 
 
-def test_thinner_doubles_its_stride_and_stops_at_its_cap() -> None:
-    thinner = Thinner(level=100, total=400)
-    kept = [i for i in range(10_000) if thinner.keep(10)]
-    assert kept[:10] == list(range(10))  # level 0: every item until 100 bytes
-    gaps = {b - a for a, b in zip(kept, kept[1:], strict=False)}
-    assert gaps <= {1, 2, 4, 8} and thinner.kept_bytes == 400 and thinner.full
-    assert max(kept) < 200  # after 400 bytes nothing more is written
+def test_keep_newest_keeps_the_newest_in_full_and_thins_older_more() -> None:
+    assert keep_newest(10, 10) is None
+    mask = keep_newest(10_000, 1000)
+    assert mask is not None and sum(mask) <= 1000
+    kept = [i for i, k in enumerate(mask) if k]
+    assert kept[-300:] == list(range(10_000 - 300, 10_000))  # the newest: every item
+    gaps = [b - a for a, b in zip(kept, kept[1:], strict=False)]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > 8  # sparser the older
+    assert keep_newest(5, 0) == bytearray(5)
+    assert sum(keep_newest(3, 1) or b"") == 1
 
 
-def test_size_bound_holds_for_a_long_run(tmp_path: Path) -> None:
-    n_layers, steps, batch = 50, 20_000, 100
-    bounds = Bounds(
-        grad_level=64 << 10,
-        grad_total=256 << 10,
-        activations_level=4 << 10,
-        activations_total=16 << 10,
-        stats_level=4 << 10,
-        stats_total=16 << 10,
-    )
-    path = tmp_path / "long.tdbgrec"
+LONG_BOUNDS = Bounds(
+    grads=256 << 10,
+    activations=8 << 10,
+    system=8 << 10,
+    probe=8 << 10,
+    compact_at=256 << 10,
+    max_growth=512 << 10,
+)
+
+
+def long_run(
+    path: Path, steps: int, n_layers: int = 50, batch: int = 100, bounds: Bounds = LONG_BOUNDS
+) -> tuple[Recorder, list[int]]:
+    """A long run through the real Recorder with compactions inline; returns the recorder and
+    the file size after every flush."""
     rec = Recorder(path, dict(RUN), layer_names(n_layers), [1] * n_layers, bounds)
     assert rec.open()
-    probe = pack({"type": "probe", "time": 0.0, "clients": 0, "errors": 0, "padding": "x" * 200})
+    sizes = []
     for start in range(0, steps, batch):
         msg = pack_steps(step_records(start, batch, n_layers), n_layers)
         rec.add_steps(msg, pack(msg))
-        rec.add_thinned("probe", probe)
-        rec.add_thinned("activations", probe)
+        report = {"time": float(start), "clients": start, "padding": "x" * 200}
+        rec.add_thinned("probe", pack(dict(report, type="probe")))
+        rec.add_thinned("system", pack(dict(report, type="system")))
+        rec.add_thinned("activations", pack(dict(report, type="activations", step=start)))
+        if start % 2000 == 0:
+            alert = {"type": "alert", "kind": "loss_spike", "severity": "warning", "step": start}
+            rec.add(pack(dict(alert, time=0.0, message="spike", layers=[])))
         rec.flush()
+        rec.maybe_flush()
+        sizes.append(path.stat().st_size)
+    return rec, sizes
+
+
+def test_size_bound_holds_for_a_long_run_and_the_end_stays_in_full(tmp_path: Path) -> None:
+    n_layers, steps, batch = 50, 20_000, 100
+    path = tmp_path / "long.tdbgrec"
+    rec, sizes = long_run(path, steps, n_layers, batch)
     rec.close()
-    size = path.stat().st_size
+    assert rec.compactions >= 3 and rec.failed is None
+    assert list(tmp_path.iterdir()) == [path]  # no temp file left
+    # The stated bound: max(compact_at, C + min(C, max_growth)) + one flush, where C (the size
+    # after a compaction) <= what is never thinned + the budgets.
+    per_row = 8 + 4 * n_layers
     scalars_only = sum(
         len(pack(pack_steps(step_records(s, batch, n_layers, grad_every=10**9), n_layers)))
         for s in range(0, steps, batch)
     )
-    assert scalars_only > 0
-    marks = (steps // batch + 1) * 80  # a record_mark frame per flush
-    per_row = 8 + 4 * n_layers
-    thinned = bounds.grad_total + bounds.activations_total + bounds.stats_total
-    overshoot = per_row + 2 * len(probe)  # each cap is passed by at most one item
-    bound = 4096 + scalars_only + thinned + overshoot + marks
-    assert size <= bound, (size, bound)
-    without_thinning = scalars_only + steps * (8 + 4 * n_layers)
-    assert size - scalars_only < (without_thinning - scalars_only) / 10
+    alerts = (steps // 2000) * 120
+    marks = (steps // batch + 1) * 80
+    budgets = sum(LONG_BOUNDS.budgets().values()) + per_row + 3 * 300
+    never_thinned = 4096 + scalars_only + alerts + marks
+    one_flush = batch * per_row + scalars_only // (steps // batch) + 3 * 300 + 80
+    c_max = never_thinned + budgets
+    bound = LONG_BOUNDS.threshold(c_max) + one_flush
+    assert max(sizes) <= bound, (max(sizes), bound)
+    without_thinning = scalars_only + steps * per_row
+    assert path.stat().st_size - scalars_only < (without_thinning - scalars_only) / 5
+
     loaded, records = recorded_steps(path)
-    assert loaded.ended and [r.step for r in records] == list(range(steps))  # every step kept
+    assert loaded.ended and loaded.stopped is None
+    assert [r.step for r in records] == list(range(steps))  # every step's scalars kept
     assert all(r.loss is not None for r in records)
     with_rows = [r.step for r in records if r.grad_norms is not None]
-    assert with_rows[:100] == list(range(100))  # early history at full resolution
+    # The end of the run (where a crash is) at full resolution; old rows thinned, more so the
+    # older they are.
+    assert with_rows[-500:] == list(range(steps - 500, steps))
+    old = [s for s in with_rows if s < steps // 4]
+    assert 0 < len(old) < steps // 4 // 8
     gaps = [b - a for a, b in zip(with_rows, with_rows[1:], strict=False)]
-    assert gaps == sorted(gaps) and max(gaps) > 1  # thinner and thinner, never denser
-    assert len(with_rows) * per_row <= bounds.grad_total + per_row
-    stats = [m for m in Recording(path).messages() if m["type"] == "probe"]
-    assert 0 < len(stats) < steps // batch
+    assert gaps == sorted(gaps, reverse=True) and max(gaps) > 8
+    assert [r.grad_norms for r in records[-3:]] == [
+        r.grad_norms
+        for r in unpack_steps(pack_steps(step_records(steps - batch, batch, n_layers), n_layers))
+    ][-3:]
+    messages = list(Recording(path).messages())
+    assert [m["step"] for m in messages if m["type"] == "alert"] == list(range(0, steps, 2000))
+    # Both 1 Hz report kinds survive thinning, each within its own budget (one shared budget
+    # kept only one of the alternating kinds).
+    for kind in ("probe", "system", "activations"):
+        clients = [m["clients"] for m in messages if m["type"] == kind]
+        assert clients[-20:] == list(range(steps - 20 * batch, steps, batch)), kind
+        assert 0 < sum(c < steps // 2 for c in clients) < steps // batch // 2 // 4, kind
+    dump = run_cli("dump", str(path), runtime=tmp_path)
+    assert dump.returncode == 0 and dump.stderr == ""
+    evs = events(dump.stdout)
+    assert [e["step"] for e in evs if e["type"] == "step"] == list(range(steps))
+    assert evs[-1] == {"type": "end", "reason": "shutdown"}
+
+
+def test_compaction_keeps_what_is_appended_meanwhile_and_a_kill_keeps_the_old_file(
+    tmp_path: Path,
+) -> None:
+    n_layers = 8
+    path = tmp_path / "c.tdbgrec"
+    bounds = Bounds(grads=4 << 10, compact_at=10**12)  # compactions only when asked
+    queued: list[Any] = []
+    rec = Recorder(path, dict(RUN), layer_names(n_layers), [1] * n_layers, bounds, queued.append)
+    assert rec.open()
+
+    def steps(start: int, n: int) -> None:
+        msg = pack_steps(step_records(start, n, n_layers), n_layers)
+        rec.add_steps(msg, pack(msg))
+        rec.flush()
+
+    steps(0, 500)
+    rec.compact()
+    assert len(queued) == 1 and temp_path(path).exists()
+    steps(500, 100)  # appended to the old file while the worker rewrites it
+    before = path.read_bytes()
+    # A kill now (the compaction never finished): the old file is whole and readable.
+    killed = tmp_path / "killed.tdbgrec"
+    killed.write_bytes(before)
+    _, records = recorded_steps(killed)
+    assert [r.step for r in records] == list(range(600))
+    assert all(r.grad_norms is not None for r in records)
+
+    queued.pop()()  # the worker's rewrite
+    rec.maybe_flush()  # back on the probe thread: copy the tail, rename over
+    assert rec.compactions == 1 and not temp_path(path).exists()
+    steps(600, 10)
+    rec.close()
+    loaded, records = recorded_steps(path)
+    assert loaded.ended and loaded.stopped is None
+    assert [r.step for r in records] == list(range(610))
+    rows = [r.step for r in records if r.grad_norms is not None]
+    assert rows[-110:] == list(range(500, 610)) and len(rows) < 300
+    assert os.stat(path).st_mode & 0o777 == 0o600
+
+
+def test_a_temp_file_left_by_a_killed_compaction_is_removed_by_the_next_run(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "run.tdbgrec"
+    synthetic_recording(path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".run.tdbgrec.{dead.pid}.compacting"
+    stale.write_bytes(b"half a compaction")
+    alive = tmp_path / f".run.tdbgrec.{os.getpid()}.compacting"
+    alive.write_bytes(b"a compaction in flight")
+    rec = Recorder(path, dict(RUN), layer_names(2), [1, 1])
+    assert rec.open() and rec.path == tmp_path / "run.1.tdbgrec"
+    rec.close()
+    assert not stale.exists() and alive.exists()
+    _, records = recorded_steps(path)  # the old recording untouched
+    assert len(records) == 200
 
 
 def test_recording_while_a_client_reads_keeps_live_frames_unchanged(
-    runtime_dir: Path, tmp_path: Path
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Thinning applies to the file only: a live client still gets every sampled row."""
+    """Thinning applies to the file only, by compactions on the sampler thread: a live client
+    still gets every sampled row, and the file keeps every step."""
     import tdbg
     from tdbg.probe import watch
 
+    tiny = Bounds(grads=2 << 10, compact_at=16 << 10, max_growth=16 << 10)
+    monkeypatch.setattr(recorder_module, "DEFAULT_BOUNDS", tiny)
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1, record=tmp_path / "r.tdbgrec")
     recorder = probe._server.recorder
-    assert isinstance(recorder, Recorder)
-    recorder.grads = Thinner(level=10, total=10**9)  # from the second row on, every other
+    assert isinstance(recorder, Recorder) and recorder.bounds == tiny
     assert probe.socket_path is not None
     reader = Reader(probe.socket_path)
     reader.wait(lambda r: r.of("synced"))
-    loop.run(40, probe)
-    reader.wait(lambda r: len(r.records()) == 40)
+    for _ in range(8):
+        loop.run(40, probe)
+        time.sleep(0.3)
+    reader.wait(lambda r: len(r.records()) == 320)
     watch._close_all()
     reader.close()
+    assert recorder.compactions >= 1, recorder.written
     assert all(r.grad_norms is not None for r in reader.records())
     _, records = recorded_steps(tmp_path / "r.tdbgrec")
-    assert [r.step for r in records] == list(range(40))
+    assert [r.step for r in records] == list(range(320))
     kept = [r.step for r in records if r.grad_norms is not None]
-    assert 0 in kept and len(kept) < 40
+    assert 319 in kept and len(kept) < 320
+    assert [p.name for p in tmp_path.iterdir()] == ["r.tdbgrec"]
 
 
 def test_deep_dive_commands_on_a_recording_or_a_plain_file_say_why_not(tmp_path: Path) -> None:

@@ -4,12 +4,16 @@ shows the state at the cursor step; deep-dive keys say a recording cannot run co
 from __future__ import annotations
 
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import Loop
-from test_recording import synthetic_recording
+from conftest import wait_until
+from test_recording import _last_step, synthetic_recording
 from textual.pilot import Pilot
 
 from tdbg.recording import Recording
@@ -20,6 +24,24 @@ from tdbg.tui.replay_app import READ_ONLY, ReplayApp, load
 from tdbg.tui.widgets.gradient_table import GradientTable
 
 SIZE = (150, 44)
+
+KILLED_JOB = """
+import time, torch
+from torch import nn
+import tdbg
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+probe = tdbg.watch(model, opt, grad_every=1)
+for step in range(10**9):
+    loss = ((model(x) - y) ** 2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    probe.step(loss)
+    print(step, time.time(), repr(loss.item()), flush=True)
+    time.sleep(0.004)
+"""
 
 
 def loss_subtitle(app: ReplayApp) -> str:
@@ -126,33 +148,60 @@ async def test_deep_dive_keys_say_a_recording_cannot_run_commands(tmp_path: Path
         assert "replay" in screen_text(app) and "←/→" in screen_text(app)
 
 
+@pytest.mark.slow
 async def test_replay_of_a_killed_recording_of_a_real_run(
     runtime_dir: Path, tmp_path: Path
 ) -> None:
-    import tdbg
-
-    loop = Loop()
-    path = tmp_path / "real.tdbgrec"
-    probe = tdbg.watch(loop.model, loop.opt, grad_every=1, record=path)
-    loop.run(30, probe)
-    probe.close()
-    # Keep only what the file held before the end marker was written: as after a kill -9.
-    data = path.read_bytes()
-    cut = tmp_path / "cut.tdbgrec"
-    cut.write_bytes(data[: len(data) - 7])
-    timeline = load(str(cut))
-    assert timeline.note is not None and "truncated at byte" in timeline.note
+    """A training subprocess recording with TDBG_RECORD, SIGKILLed mid-run, then replayed."""
+    path = tmp_path / "killed.tdbgrec"
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), TDBG_RECORD=str(path))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_JOB],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: path.exists() and (_last_step(path) or 0) >= 60, 60, "60 steps")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    losses = [float(line.split()[2]) for line in out.splitlines() if len(line.split()) == 3]
+    timeline = load(str(path))
+    assert timeline.note is not None and not timeline.ended
+    assert not timeline.recording.damaged  # killed, not damaged: every block checked out
     app = ReplayApp(timeline)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert app.state.layer_names == ["0", "2"]
         assert app.state.last_step == timeline.step_at(len(timeline) - 1)
+        assert app.state.last_step is not None and app.state.last_step >= 60
         assert [n.message for n in app._notifications] == [timeline.note]
-        assert "damaged" in line_with(app, "replay ·")
+        assert "killed" in line_with(app, "replay ·")
+        assert "damaged" not in line_with(app, "replay ·")
         await press(pilot, app, "home")
-        assert app.state.last_loss == pytest.approx(loop.losses[0], rel=1e-6)
+        assert app.state.last_loss == pytest.approx(losses[0], rel=1e-6)
         await press(pilot, app, "right", "right")
-        assert app.state.last_loss == pytest.approx(loop.losses[2], rel=1e-6)
+        assert app.state.last_loss == pytest.approx(losses[2], rel=1e-6)
+
+
+def test_a_flipped_byte_reads_as_damaged_and_a_cut_tail_as_killed(tmp_path: Path) -> None:
+    path = tmp_path / "syn.tdbgrec"
+    synthetic_recording(path)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.tdbgrec"
+    cut.write_bytes(data[:-7])  # the last write cut off, as by a kill
+    bad = tmp_path / "bad.tdbgrec"
+    flipped = bytearray(data)
+    flipped[data.index(b"grad_norms", len(data) // 2) + 20] ^= 0x5A  # inside a steps block
+    bad.write_bytes(bytes(flipped))
+    states = {}
+    for target in (cut, bad):
+        app = ReplayApp(load(str(target)))
+        states[target.name] = app._file_state()
+    assert states == {"cut.tdbgrec": "killed", "bad.tdbgrec": "damaged"}
 
 
 def test_state_at_is_independent_of_the_path_taken(tmp_path: Path) -> None:

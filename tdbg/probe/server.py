@@ -162,8 +162,20 @@ class ProbeServer:
 
     # --- the probe thread -------------------------------------------------------------------
     def _serve(self) -> None:
+        try:
+            self._serve_until_stopped()
+        finally:
+            # Even when the loop itself dies: the recording gets its end marker.
+            if self.recorder is not None:
+                self.recorder.close()
+            self._shutdown_connections()
+
+    def _serve_until_stopped(self) -> None:
         if self.recorder is not None:
-            self.recorder.open()  # file I/O on this thread only, never the training thread
+            # File I/O on this thread only, never the training thread; compactions rewrite the
+            # file on the sampler thread, into a temp file this thread then renames over it.
+            self.recorder.submit = self.submit_work
+            self.recorder.open()
         next_tick = next_stats = time.monotonic()
         next_inode = next_tick + INODE_CHECK_SECONDS
         while not self._stop.is_set():
@@ -186,9 +198,6 @@ class ProbeServer:
                 time.sleep(TICK_SECONDS)
         with contextlib.suppress(Exception):
             self._tick(time.monotonic())
-        if self.recorder is not None:
-            self.recorder.close()
-        self._shutdown_connections()
 
     def _shutdown_connections(self) -> None:
         bye = pack({"type": "bye", "reason": "shutdown"})
@@ -504,7 +513,8 @@ class ProbeServer:
             self.recorder.maybe_flush()
 
     def _record(self, kind: Any, frame: bytes) -> None:
-        """Hand a broadcast frame to the recorder: jobs always, the rest within its budgets."""
+        """Hand a broadcast frame to the recorder: jobs always kept, each of the other kinds
+        thinned by compactions within its own budget."""
         if self.recorder is None:
             return
         if kind in ("activations", "system", "probe"):

@@ -95,13 +95,18 @@ DIVES = {
 
 def _record_path(record: Any) -> str | os.PathLike[str] | None:
     """Where to record: ``record=``, else ``$TDBG_RECORD`` in the main process only (R52: spawned
-    children inherit the environment and must not write a second recording)."""
+    children inherit the environment and must not write a second recording).
+
+    The main process claims ``$TDBG_RECORD``: it is removed from ``os.environ``, so that a plain
+    ``subprocess`` started later (an evaluation script that calls watch() too) does not write a
+    ``NAME.1.EXT`` beside the run's recording. Pass ``record=`` to record such a child."""
     if record is not None:
         if not isinstance(record, str | os.PathLike) or not os.fspath(record):
             raise TypeError("tdbg.watch: record must be a file path (str or os.PathLike) or None")
         return record
     env = os.environ.get("TDBG_RECORD", "")
     if env and multiprocessing.parent_process() is None:
+        os.environ.pop("TDBG_RECORD", None)
         return env
     return None
 
@@ -256,12 +261,14 @@ class Probe:
 
     def _after_start(self, activations_every: int | None) -> None:
         desk = self._server.desk
-        path = self._server.socket_path
-        if desk is None or path is None:
+        if desk is None:
             return
-        # One audit log per runtime directory, beside the sockets (R35): every mutating command,
-        # who sent it (pid/uid) and what became of it.
-        desk.audit_path = Path(path).parent / "audit.jsonl"
+        path = self._server.socket_path
+        if path is not None:
+            # One audit log per runtime directory, beside the sockets (R35): every mutating
+            # command, who sent it (pid/uid) and what became of it.
+            desk.audit_path = Path(path).parent / "audit.jsonl"
+        # Also without a socket (serve=False, record=...): the samples go to the recording.
         if activations_every is not None:
             desk.submit("activations", {"every": activations_every, "enabled": True}, None, "watch")
 
@@ -602,7 +609,9 @@ def watch(
 
     ``record=PATH`` (or ``$TDBG_RECORD`` in the main process) appends the probe's stream to a
     crash-safe recording for ``tdbg-tui replay PATH`` / ``tdbg dump PATH`` (see
-    :mod:`tdbg.probe.recorder`); with ``serve=False`` it records without a socket.
+    :mod:`tdbg.probe.recorder`); with ``serve=False`` it records without a socket. The first
+    watch() that uses ``$TDBG_RECORD`` removes it from ``os.environ``: subprocesses started
+    afterwards do not inherit it and record nothing unless given ``record=``.
     """
     # Only a module can be a key of the weak map: anything else gets Probe's clear TypeError.
     previous = _by_model.get(model) if isinstance(model, nn.Module) else None

@@ -134,11 +134,15 @@ class ReplayApp(TdbgApp):
         return self._paint_timer is None and self.shown == self.cursor
 
     def _file_state(self) -> str | None:
-        """How the file ends, when not cleanly: ``damaged`` (see the notification) or ``killed``
-        (no end marker: the run was killed, or is still running)."""
-        if self.timeline.recording.stopped is not None:
+        """How the file ends, when not cleanly: ``damaged`` (a checksum mismatch or garbage:
+        see the notification) or ``killed`` (cut short: no end marker, or a last write cut off
+        by the kill — the run was killed, or is still running)."""
+        recording = self.timeline.recording
+        if recording.damaged:
             return "damaged"
-        return None if self.timeline.ended else "killed"
+        if recording.stopped is not None or not self.timeline.ended:
+            return "killed"
+        return None
 
     def _show_cursor(self) -> None:
         timeline = self.timeline
