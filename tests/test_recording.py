@@ -681,3 +681,17 @@ def test_deep_dive_commands_on_a_recording_or_a_plain_file_say_why_not(tmp_path:
             assert result.returncode == 2 and result.stdout == ""
             assert result.stderr.startswith("tdbg: error: ") and expected in result.stderr
             assert result.stderr.count("\n") == 1
+
+
+def test_a_leftover_temp_with_our_own_pid_does_not_block_compaction(tmp_path: Path) -> None:
+    # Containers give the training process the same pid run after run: a temp file a killed
+    # run left under our pid must not make every compaction of this run fail.
+    rec = Recorder(tmp_path / "again.tdbgrec", dict(RUN), layer_names(2), [1, 1])
+    assert rec.open()
+    stale = tmp_path / f".again.tdbgrec.{os.getpid()}.compacting"
+    stale.write_bytes(b"left by a killed run with our pid")
+    rec.compact()
+    assert rec.compactions == 1 and not stale.exists()
+    rec.close()
+    _, records = recorded_steps(tmp_path / "again.tdbgrec")
+    assert records == []  # a compacted file with no steps is still a valid recording

@@ -43,24 +43,50 @@ class Tally:
 def keep_newest(n: int, budget: int) -> bytearray | None:
     """Which of ``n`` items (oldest first) to keep so that at most ``budget`` remain, or None
     when all fit: like the probe's History, the older half loses every other item until they
-    fit — so the newest items stay in full and the older an item, the sparser its neighbours."""
+    fit — so the newest items stay in full and the older an item, the sparser its neighbours.
+
+    The kept items are a few ``range`` segments, never a list of n numbers: millions of rows
+    cost a few KiB and a handful of slice operations, not a Python object per row."""
     if n <= budget:
         return None
-    kept = list(range(n))
-    while len(kept) > budget:
+    segments = [range(n)]
+    total = n
+    while total > budget:
         if budget <= 0:
-            kept = []
+            segments, total = [], 0
             break
-        half = len(kept) // 2
-        old = kept[:half]
-        if len(old) < 2:
-            kept = kept[1:]  # two or three left over one slot: drop the oldest
+        half = total // 2
+        if half < 2:
+            segments = _split(segments, 1)[1]  # two or three left over one slot: drop the oldest
+            total -= 1
             continue
-        kept = old[::2] + kept[half:]
+        old, new = _split(segments, half)
+        thinned: list[range] = []
+        position = 0  # index of the segment's first item within the old half
+        for r in old:
+            thinned.append(r[position % 2 :: 2])  # the old half's even positions
+            position += len(r)
+        segments = [r for r in thinned if len(r)] + new
+        total = sum(len(r) for r in segments)
     mask = bytearray(n)
-    for i in kept:
-        mask[i] = 1
+    for r in segments:
+        if len(r):
+            mask[r.start : r[-1] + 1 : r.step] = b"\x01" * len(r)
     return mask
+
+
+def _split(segments: list[range], k: int) -> tuple[list[range], list[range]]:
+    """The first ``k`` items of ``segments`` and the rest, as segments."""
+    head: list[range] = []
+    for i, r in enumerate(segments):
+        if k <= 0:
+            return head, segments[i:]
+        if len(r) <= k:
+            head.append(r)
+            k -= len(r)
+            continue
+        return head + [r[:k]], [r[k:], *segments[i + 1 :]]
+    return head, []
 
 
 def drop_rows(msg: dict[str, Any], keep: Sequence[int]) -> dict[str, Any]:
@@ -189,14 +215,15 @@ def compact(
             step = _last_step(msg)
             if step is not None:
                 writer.last_step = step
+            size = sum(len(v) for v in msg.values() if isinstance(v, bytes))
             if pending and (
                 msg["layers"] != pending[0]["layers"]
                 or msg["lr_groups"] != pending[0]["lr_groups"]
-                or pending_bytes >= CHUNK_BYTES
+                or pending_bytes + size > CHUNK_BYTES  # a joined frame stays under the frame cap
             ):
                 flush_steps()
             pending.append(msg)
-            pending_bytes += sum(len(v) for v in msg.values() if isinstance(v, bytes))
+            pending_bytes += size
             continue
         flush_steps()  # other messages stay where they were: the replay files them by position
         frame = pack(msg)

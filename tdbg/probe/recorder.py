@@ -36,8 +36,10 @@ The file never exceeds::
 with the defaults (:data:`DEFAULT_BOUNDS`): 48 MiB of thinned data, no compaction below 64 MiB,
 and at most 256 MiB of growth between compactions. A compaction costs about one decode of the
 file, on the sampler thread: measured 0.38 s for 64 MiB and 0.78 s for 128 MiB (50 layers, 420k
-steps, one core); the probe thread only copies what was appended meanwhile and renames. The
-threshold doubles with the file, so the amortised cost is O(1) a byte written.
+steps, one core); the probe thread only copies what was appended meanwhile and renames. Up to
+``max_growth`` the threshold doubles with the file (amortised O(1) a byte written); beyond it,
+every ``max_growth`` of growth re-reads the compacted file once (at most about 48 MiB of thinned
+data plus every step's scalars, ~105 bytes a step).
 
 Errors (disk full, EACCES, a path that is a symlink) warn once on stderr and stop recording; the
 training loop never sees them. A failed compaction warns and leaves the file as it was. The file
@@ -104,6 +106,7 @@ class _Compaction:
         self.end = end
         self.tally = tally
         self.started = time.monotonic()
+        self.running = False  # the worker started it (then the worker closes an abandoned fd)
         self.done = False
         self.result: Result | None = None
         self.error: str | None = None
@@ -260,6 +263,8 @@ class Recorder:
 
     def abandon(self) -> None:
         """In a forked child: close the inherited descriptors, write or remove nothing."""
+        # The child has one thread: a lock another thread held at fork would never be released.
+        self._lock = threading.Lock()
         with self._lock:
             self.closed = True
             job, self._job = self._job, None
@@ -361,7 +366,13 @@ class Recorder:
         temp = temp_path(self.path)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(temp, flags, 0o600)
+            try:
+                fd = os.open(temp, flags, 0o600)
+            except FileExistsError:
+                # No compaction of ours is in flight (``_job`` is None): a file by this name was
+                # left by a killed run that had our pid (containers reuse pids). Replace it.
+                os.unlink(temp)
+                fd = os.open(temp, flags, 0o600)
             os.fchmod(fd, 0o600)
         except OSError as exc:
             self._compaction_failed(f"cannot create {temp}: {exc.strerror or exc}")
@@ -377,6 +388,10 @@ class Recorder:
 
     def _run(self, job: _Compaction, source: Path | None) -> None:
         """The rewrite, on the worker thread: touches the temp file and ``job`` only."""
+        with self._lock:
+            if self._job is not job:  # closed before the worker got to it: fd already closed
+                return
+            job.running = True
         try:
             assert source is not None
             job.result = compact(
@@ -385,8 +400,10 @@ class Recorder:
         except Exception as exc:  # disk full, a damaged old file, ...: keep the old file
             job.error = str(exc) or type(exc).__name__
         with self._lock:
-            job.done = True
+            # Decide before publishing ``done``: the probe thread reads ``done`` without the
+            # lock and then adopts ``job.fd``; after that this thread must not touch it.
             abandoned = self._job is not job
+            job.done = True
         if abandoned:  # the recorder closed meanwhile and removed the temp file
             _close_quietly(job.fd)
 
@@ -440,11 +457,13 @@ class Recorder:
         with self._lock:
             self.closed = True
             job, self._job = self._job, None
-            finished = job is not None and job.done
+            ours = job is not None and (job.done or not job.running)
         if job is None:
             return
-        if finished:
-            _close_quietly(job.fd)  # the worker finished: the descriptor is ours to close
+        if ours:
+            # The worker finished, or never started (the sampler may stop before it runs the
+            # queued rewrite): the descriptor is ours to close. A running one closes it itself.
+            _close_quietly(job.fd)
         try:
             os.unlink(job.temp)
         except OSError:
