@@ -35,6 +35,7 @@ from tdbg.targets import (
     connect_target,
     remote_options,
     ssh_target,
+    target_arg,
 )
 from tdbg.zero_code import add_run_parser
 
@@ -101,10 +102,18 @@ def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.remote import list_runs
 
     opts = remote_options(args)
-    for url in args.hosts:
+    for url in args.hosts:  # every argument checked before any ssh starts
         if not is_ssh_url(url):
-            raise CliError(f"{url}: tdbg ls lists this machine, or ssh:// nodes")
-        listing = list_runs(ssh_target(url), opts)
+            raise CliError(f"{url!r}: tdbg ls lists this machine, or ssh:// nodes")
+    targets = [ssh_target(url) for url in args.hosts]
+    failed = 0
+    for target in targets:
+        try:
+            listing = list_runs(target, opts)
+        except ConnectError as exc:  # one node down: say so, list the others
+            print(f"tdbg: error: {exc}", file=sys.stderr, flush=True)
+            failed += 1
+            continue
         for run in listing.runs:
             socket = str(run.get("socket", ""))
             if args.json:
@@ -113,7 +122,8 @@ def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
                 out.write(_ls_line(run, socket, f"{listing.target.node}  "))
         if not listing.runs and not args.json:
             out.write(f"{listing.target.node}  no tdbg runs in {listing.runtime_dir}\n")
-    return 0
+        out.flush()
+    return EXIT_USAGE if failed else 0
 
 
 def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
@@ -142,9 +152,13 @@ def _replay(argv: list[str]) -> int:
 
 def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
     """tdbg-tui's targets: one, or several ssh:// URLs (one per node; --host is an alias)."""
-    parser.add_argument("target", nargs="?", help=TARGET_HELP)
+    parser.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
     parser.add_argument(
-        "extra_targets", nargs="*", metavar="TARGET", help="more ssh:// targets, one per node"
+        "extra_targets",
+        nargs="*",
+        type=target_arg,
+        metavar="TARGET",
+        help="more ssh:// targets, one per node",
     )
     parser.add_argument(
         "--host", dest="hosts", action="append", metavar="URL", help="an ssh:// target"
@@ -192,7 +206,7 @@ def _job_parser(
 ) -> argparse.ArgumentParser:
     """A deep-dive subcommand with the options they all share."""
     p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("target", nargs="?", help=TARGET_HELP)
+    p.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
     add_remote_options(p)
     p.add_argument(
         "--timeout",
@@ -222,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tdbg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dump = sub.add_parser("dump", help="print a run's events as JSON lines")
-    dump.add_argument("target", nargs="?", help=TARGET_HELP)
+    dump.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
     add_remote_options(dump)
     dump.add_argument("--count", type=_positive_int, help="stop after N step events")
     dump.add_argument(
@@ -417,7 +431,7 @@ def tui_main(argv: Sequence[str] | None = None) -> int:
             return _replay(list(argv[1:]))
         except KeyboardInterrupt:
             return 130
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tdbg-tui",
         description="Full-screen monitor of a PyTorch run. With no TARGET: attach to the only "
         "local run, pick among several, or wait for one to start.",

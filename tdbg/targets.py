@@ -26,6 +26,13 @@ class CliError(Exception):
     """A one-line error for the user; exit code 2."""
 
 
+def target_arg(text: str) -> str:
+    """argparse type of a TARGET: an empty one is a usage error, not a search for ''."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("TARGET is empty")
+    return text
+
+
 def pick_target(target: str | None, wait: float | None) -> str:
     """The socket to attach to: the given target, or the only live run (waiting for one)."""
     if target is not None:

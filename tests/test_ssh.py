@@ -526,3 +526,22 @@ def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], ConnectError), outcome
     for pid in _pids(pidfile):
         wait_until(lambda p=pid: not _alive(p), 2, f"fake ssh {pid} stopped")
+
+
+def test_ls_checks_every_argument_before_any_ssh_and_goes_on_past_a_dead_node(
+    sshd: sshd_helper.Sshd, runtime_dir: Path
+) -> None:
+    one_line_error(cli("ls", sshd.url(), "not-ssh"), "'not-ssh'", "ssh:// nodes")
+    dead = f"ssh://root@127.0.0.1:{sshd_helper.free_port()}"
+    with fake_run(runtime_dir, "alive"):
+        out = cli("ls", dead, sshd.url(str(runtime_dir)), *remote(sshd))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert out.stderr.startswith("tdbg: error: ") and "refused" in out.stderr
+    assert "alive" in out.stdout  # the node that answers is listed all the same
+
+
+def test_empty_targets_are_usage_errors() -> None:
+    for argv in (["dump", ""], ["profile", ""], ["tui", ""], ["tui", "replay", ""]):
+        out = cli(*argv)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, (argv, out.stderr)
+        assert "is empty" in out.stderr and "Traceback" not in out.stderr

@@ -181,6 +181,8 @@ def replay_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("file", help="a recording file")
     args = parser.parse_args(list(argv))
+    if not args.file.strip():
+        parser.error("FILE is empty")
     try:
         timeline = load(args.file)
     except RecordingError as exc:
