@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from tdbg import __version__
 from tdbg.bridge import add_bridge_parser
+from tdbg.cli_args import EXIT_USAGE, OneLineParser, positive_float, positive_int
 from tdbg.client import ConnectError
 from tdbg.dive_commands import (
     JobFailed,
@@ -40,7 +40,6 @@ from tdbg.targets import (
 from tdbg.zero_code import add_run_parser
 
 EXIT_FAILED = 1  # a deep-dive job ended failed or cancelled (its reason is on stderr)
-EXIT_USAGE = 2  # bad arguments, no run, refused command, timeout, run ended mid-job
 EXIT_INTERRUPTED = 130
 
 __all__ = ["CliError", "job_event", "main", "run", "tui_main"]
@@ -166,13 +165,6 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
     add_remote_options(parser)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump): ``tdbg profile: error: ...``, exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def _bounded(command: str, name: str) -> Callable[[str], Any]:
     """An argparse type checking a value against the protocol's bounds for command.name."""
     spec = COMMANDS[command][name]
@@ -210,7 +202,7 @@ def _job_parser(
     add_remote_options(p)
     p.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         metavar="S",
         help=f"give up (cancelling the job) after S seconds; {timeout_help}",
     )
@@ -232,16 +224,16 @@ JOB_EPILOG = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tdbg", description="tdbg: live PyTorch training monitor")
+    parser = OneLineParser(prog="tdbg", description="tdbg: live PyTorch training monitor")
     parser.add_argument("--version", action="version", version=f"tdbg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dump = sub.add_parser("dump", help="print a run's events as JSON lines")
     dump.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
     add_remote_options(dump)
-    dump.add_argument("--count", type=_positive_int, help="stop after N step events")
+    dump.add_argument("--count", type=positive_int, help="stop after N step events")
     dump.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         help="wait at most S seconds for a run and stop after S seconds",
     )
     dump.set_defaults(func=cmd_dump)
@@ -287,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one of name, calls, self_cpu, cpu_total, self_device, device_total, cpu_memory, "
         "device_memory, share (default: device_total on device runs, else cpu_total)",
     )
-    profile.add_argument("--rows", type=_positive_int, default=20, metavar="N", help="default 20")
+    profile.add_argument("--rows", type=positive_int, default=20, metavar="N", help="default 20")
 
     snapshot = _job_parser(
         sub,
@@ -312,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="allocator events kept, 1000-100000 (default 100000)",
     )
     snapshot.add_argument(
-        "--rows", type=_positive_int, default=10, metavar="N", help="sites shown (default 10)"
+        "--rows", type=positive_int, default=10, metavar="N", help="sites shown (default 10)"
     )
 
     nan_hunt = _job_parser(
@@ -380,26 +372,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be an integer >= 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be a number > 0") from None
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError("must be a number > 0")
-    return value
-
-
 def run(argv: Sequence[str], prog: str = "tdbg") -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -431,7 +403,7 @@ def tui_main(argv: Sequence[str] | None = None) -> int:
             return _replay(list(argv[1:]))
         except KeyboardInterrupt:
             return 130
-    parser = _Parser(
+    parser = OneLineParser(
         prog="tdbg-tui",
         description="Full-screen monitor of a PyTorch run. With no TARGET: attach to the only "
         "local run, pick among several, or wait for one to start.",

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from tdbg.cli_args import positive_int
 from tdbg.targets import CliError
 
 PRELOAD_DIR = Path(__file__).resolve().parent / "_preload"
@@ -57,7 +58,7 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--grad-every",
-        type=_grad_every,
+        type=positive_int,
         metavar="K",
         help="gradient norms every K steps (default: automatic, within a 1 %% budget)",
     )
@@ -77,16 +78,6 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
     return p
-
-
-def _grad_every(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("must be an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be an integer >= 1")
-    return value
 
 
 def child_argv(module: list[str] | None, command: list[str]) -> tuple[str, list[str]]:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.timer import Timer
 
+from tdbg.cli_args import OneLineParser
 from tdbg.recording import Recording, RecordingError
 from tdbg.tui.app import TdbgApp
 from tdbg.tui.replay import Timeline
@@ -160,13 +160,6 @@ class ReplayApp(TdbgApp):
         )
 
 
-class _Parser(argparse.ArgumentParser):
-    """One-line errors (``tdbg-tui replay: error: ...``), exit 2, no usage dump."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
 def load(path: str) -> Timeline:
     """Read a recording into a Timeline; RecordingError when it is not one."""
     return Timeline(Recording(path))
@@ -174,7 +167,7 @@ def load(path: str) -> Timeline:
 
 def replay_main(argv: Sequence[str]) -> int:
     """``tdbg-tui replay FILE``: one line on stderr and exit 2 when FILE is not a recording."""
-    parser = _Parser(
+    parser = OneLineParser(
         prog="tdbg-tui replay",
         description="Show a recording (watch(record=...), TDBG_RECORD) in the monitor, with a "
         "cursor: ←/→ one step, shift+←/→ jump, home/end.",
