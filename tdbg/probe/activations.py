@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe.dives import Dive, DiveContext
+from tdbg.probe.dives import Dive, DiveContext, remove_handles
 
 MAX_DEPTH = 6  # how deep floating_tensors looks into nested tuples/lists/dicts
 MAX_TENSORS = 64  # and how many tensors it yields from one output: a module returning a
@@ -164,11 +164,7 @@ class ActivationsDive(Dive):
 
     def release(self) -> None:
         handles, self._handles = self._handles, []
-        for handle in handles:
-            try:
-                handle.remove()
-            except Exception:  # release must not raise; a handle that cannot go is gone
-                pass
+        remove_handles(handles)
 
     def _arm(self) -> None:
         for index, (_, _, module) in enumerate(self._leaves):

@@ -128,6 +128,16 @@ class Dive:
         self.ctx.submit(run)
 
 
+def remove_handles(handles: list[Any]) -> None:
+    """Remove hook handles a dive has taken out of its list; never raises (a handle that cannot
+    go is gone), since it runs on failure paths and at close."""
+    for handle in handles:
+        try:
+            handle.remove()
+        except Exception:
+            pass
+
+
 def _job_event(
     job: int,
     command: str,

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tdbg.probe.activations import HostCopy, floating_tensors, nonfinite
-from tdbg.probe.dives import Dive, DiveContext
+from tdbg.probe.dives import Dive, DiveContext, remove_handles
 
 # Why tensor hooks and not ``register_full_backward_hook``: a full backward hook wraps the
 # module's outputs in a ``BackwardHookFunction``, so they become views made by a custom Function,
@@ -191,21 +191,13 @@ class NanHuntDive(Dive):
 
     def release(self) -> None:
         handles, self._handles = self._handles, []
-        for handle in handles:
-            try:
-                handle.remove()
-            except Exception:  # release must not raise; a handle that cannot go is gone
-                pass
+        remove_handles(handles)
         self._drop_tensor_hooks()
 
     def _drop_tensor_hooks(self) -> None:
         # Last step's tensors may outlive it (a logged output); their hooks must not.
         handles, self._tensor_handles = self._tensor_handles, []
-        for handle in handles:
-            try:
-                handle.remove()
-            except Exception:
-                pass
+        remove_handles(handles)
 
     # --- hooks: training thread (forward), autograd threads (backward); never raise ---------
     def _count(self, log: _StepLog, x: torch.Tensor) -> int:
