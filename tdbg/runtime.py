@@ -49,13 +49,18 @@ def check_private_dir(path: Path) -> None:
 
 def ensure_runtime_dir(path: Path | None = None) -> Path:
     """Create (mode 0700, umask untouched) and verify the runtime directory."""
-    path = path or runtime_dir()
+    return make_private_dir(path or runtime_dir(), "runtime directory")
+
+
+def make_private_dir(path: Path, what: str) -> Path:
+    """Create ``path`` with mode 0700 (umask untouched) unless it exists, then check it as the
+    runtime directory is checked (R10): RuntimeDirError naming ``what`` otherwise."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
     except OSError as exc:
-        raise RuntimeDirError(f"cannot create runtime directory {path}: {exc.strerror}") from None
+        raise RuntimeDirError(f"cannot create {what} {path}: {exc.strerror}") from None
     check_private_dir(path)
     return path
 

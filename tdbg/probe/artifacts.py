@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from tdbg.runtime import RuntimeDirError, check_private_dir
+from tdbg.runtime import check_private_dir, make_private_dir
 
 HASH_CHUNK = 1 << 20  # 1 MiB reads: hashing a 100 MB snapshot costs ~0.1 s on the worker thread
 MAX_NAME_PART = 64
@@ -22,15 +22,7 @@ def artifact_dir(base: Path) -> Path:
     (a real directory, owned by us, 0700): a symlink or someone else's directory is refused
     with :class:`~tdbg.runtime.RuntimeDirError` (R27)."""
     check_private_dir(base)
-    path = base / "artifacts"
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise RuntimeDirError(f"cannot create artifacts directory {path}: {exc.strerror}") from None
-    check_private_dir(path)
-    return path
+    return make_private_dir(base / "artifacts", "artifacts directory")
 
 
 def _part(text: object, fallback: str) -> str:
