@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,34 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("TDBG_RUNTIME_DIR", str(path))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def private_dir() -> Iterator[Path]:
+    """A fresh 0700 directory under /tmp, removed afterwards (artifact tests' base directory)."""
+    path = Path(tempfile.mkdtemp(prefix="tdbg-p-", dir="/tmp"))
+    os.chmod(path, 0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def dive_context(model: Any, errors: list[BaseException] | None = None) -> Any:
+    """A DiveContext on a CPU model whose worker runs each analysis at once, in the calling
+    thread, with no artifacts directory."""
+    from collections import deque
+
+    from tdbg.probe.dives import DiveContext
+
+    return DiveContext(
+        model=model,
+        optimizer=None,
+        cuda_device=None,
+        run_info={"name": "unit", "pid": 1, "rank": 0},
+        artifacts=lambda: None,
+        submit=lambda fn: fn(),
+        side_alerts=deque(),
+        on_error=errors.append if errors is not None else None,
+    )
 
 
 @pytest.fixture(autouse=True)

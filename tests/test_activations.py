@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import Reader, wait_until
+from conftest import Reader, dive_context, wait_until
 from torch import nn
 
 import tdbg
@@ -19,20 +18,6 @@ from tdbg.probe.dives import DiveContext
 
 NAN = float("nan")
 FIELDS = {"type", "step", "names", "types", "mean", "std", "min", "max", "zero_frac", "nonfinite"}
-
-
-def context(model: nn.Module, errors: list[BaseException] | None = None) -> DiveContext:
-    """A DiveContext whose worker runs each function at once, in the calling thread."""
-    return DiveContext(
-        model=model,
-        optimizer=None,
-        cuda_device=None,
-        run_info={"name": "unit", "pid": 1, "rank": 0},
-        artifacts=lambda: None,
-        submit=lambda fn: fn(),
-        side_alerts=deque(),
-        on_error=errors.append if errors is not None else None,
-    )
 
 
 def hook_count(model: nn.Module) -> int:
@@ -123,7 +108,7 @@ def run(
     step_fn: Callable[[int], None],
     on_boundary: Callable[[int, ActivationsDive], None] | None = None,
 ) -> tuple[DiveContext, ActivationsDive]:
-    ctx = context(model)
+    ctx = dive_context(model)
     dive = ActivationsDive(ctx, 3, args, "manual")
     dive.start(0)
     for step in range(1, steps + 1):
@@ -202,7 +187,7 @@ def test_every_step_keeps_one_set_of_hooks() -> None:
 
 def test_enabled_false_ends_at_once_without_hooks() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
-    ctx = context(model)
+    ctx = dive_context(model)
     dive = ActivationsDive(ctx, 4, {"every": 10, "enabled": False}, "manual")
     dive.start(0)
     assert hook_count(model) == 0
@@ -240,7 +225,7 @@ def test_odd_outputs_are_skipped_and_nothing_reaches_the_loop() -> None:
     model = Model()
     x = torch.randn(3, 4)
     errors: list[BaseException] = []
-    ctx = context(model, errors)
+    ctx = dive_context(model, errors)
     dive = ActivationsDive(ctx, 5, {"every": 1, "enabled": True}, "manual")
     dive.start(0)
     model(x).sum().backward()
@@ -259,7 +244,7 @@ def test_odd_outputs_are_skipped_and_nothing_reaches_the_loop() -> None:
 def test_a_failing_hook_fails_the_job_not_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     errors: list[BaseException] = []
-    ctx = context(model, errors)
+    ctx = dive_context(model, errors)
     dive = ActivationsDive(ctx, 6, {"every": 1, "enabled": True}, "manual")
     dive.start(0)
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import Reader, wait_until
+from conftest import Reader, dive_context, wait_until
 from torch import nn
 
 import tdbg
@@ -22,20 +21,6 @@ BATCH = 6
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def context(model: nn.Module, errors: list[BaseException] | None = None) -> DiveContext:
-    """A DiveContext whose worker runs each analysis at once, in the calling thread."""
-    return DiveContext(
-        model=model,
-        optimizer=None,
-        cuda_device=None,
-        run_info={"name": "unit", "pid": 1, "rank": 0},
-        artifacts=lambda: None,
-        submit=lambda fn: fn(),
-        side_alerts=deque(),
-        on_error=errors.append if errors is not None else None,
-    )
 
 
 def hook_census(model: nn.Module) -> list[int]:
@@ -66,7 +51,7 @@ def hunt(
     and call the boundary, until the dive wants no more steps. Returns (ctx, the done result);
     asserts that no hook of the hunt is left and the model's own hooks are untouched."""
     before = hook_census(model)
-    ctx = context(model)
+    ctx = dive_context(model)
     dive = NanHuntDive(ctx, 7, {"steps": steps}, trigger)
     dive.start(0)
     assert sum(hook_census(model)) > sum(before)  # armed
@@ -449,7 +434,7 @@ def test_a_finding_ends_the_hunt_while_more_steps_are_armed() -> None:
     model = nn.Sequential(nn.Linear(4, 4), poison)
     before = hook_census(model)
     queued: list[Callable[[], None]] = []
-    ctx = context(model)
+    ctx = dive_context(model)
     ctx.submit = queued.append
     dive = NanHuntDive(ctx, 1, {"steps": 5}, "manual")
     dive.start(0)
@@ -474,7 +459,7 @@ def test_an_earlier_finding_still_queued_wins_over_the_last_step() -> None:
     model = nn.Sequential(nn.Linear(4, 4), poison)
     before = hook_census(model)
     queued: list[Callable[[], None]] = []
-    ctx = context(model)
+    ctx = dive_context(model)
     ctx.submit = queued.append
     dive = NanHuntDive(ctx, 1, {"steps": 2}, "manual")
     dive.start(0)
@@ -494,7 +479,7 @@ def test_an_earlier_finding_still_queued_wins_over_the_last_step() -> None:
 def test_cancel_mid_hunt_removes_every_hook() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     before = hook_census(model)
-    ctx = context(model)
+    ctx = dive_context(model)
     dive = NanHuntDive(ctx, 1, {"steps": 5}, "manual")
     dive.start(0)
     out = model(torch.randn(BATCH, 4, requires_grad=True))  # tensor hooks on it now
@@ -510,7 +495,7 @@ def test_a_failing_hook_fails_the_job_not_the_loop(monkeypatch: pytest.MonkeyPat
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     before = hook_census(model)
     errors: list[BaseException] = []
-    ctx = context(model, errors)
+    ctx = dive_context(model, errors)
     dive = NanHuntDive(ctx, 1, {"steps": 2}, "manual")
     dive.start(0)
 

@@ -35,16 +35,8 @@ def _no_profiler_left() -> Iterator[None]:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="tdbg-a-"))
-    os.chmod(path, 0o700)
-    yield path
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            os.rmdir(os.path.join(root, name))
-    os.rmdir(path)
+def base(private_dir: Path) -> Path:
+    return private_dir
 
 
 def context(

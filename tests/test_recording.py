@@ -301,22 +301,20 @@ KILLED_JOB = textwrap.dedent(
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 8), torch.randn(64, 1)
-    probe = tdbg.watch(model, opt)
+    probe = tdbg.watch(model, opt, grad_every=1)
     for step in range(10**9):
         loss = ((model(x) - y) ** 2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
         probe.step(loss)
-        print(step, time.time(), flush=True)
+        print(step, time.time(), repr(loss.item()), flush=True)
         time.sleep(0.004)
     """
 )
 
 
-@pytest.mark.slow
-def test_sigkill_mid_run_leaves_a_recording_up_to_the_last_flush(
-    runtime_dir: Path, tmp_path: Path
-) -> None:
-    path = tmp_path / "killed.tdbgrec"
+def record_until_killed(path: Path, runtime_dir: Path, steps: int) -> list[list[str]]:
+    """Run KILLED_JOB recording to ``path`` (TDBG_RECORD) until the file holds ``steps`` steps,
+    SIGKILL it, and return what it printed: ``[step, time, loss]`` per step it reached."""
     env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), TDBG_RECORD=str(path))
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_JOB],
@@ -326,12 +324,20 @@ def test_sigkill_mid_run_leaves_a_recording_up_to_the_last_flush(
         text=True,
     )
     try:
-        wait_until(lambda: path.exists() and (_last_step(path) or 0) >= 150, 60, "150 steps")
+        wait_until(lambda: path.exists() and (_last_step(path) or 0) >= steps, 60, f"{steps} steps")
     finally:
         proc.send_signal(signal.SIGKILL)
-        out, err = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    printed = [line.split() for line in out.splitlines() if len(line.split()) == 2]
+    return [line.split() for line in out.splitlines() if len(line.split()) == 3]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_leaves_a_recording_up_to_the_last_flush(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "killed.tdbgrec"
+    printed = record_until_killed(path, runtime_dir, 150)
     reached, reached_at = int(printed[-1][0]), float(printed[-1][1])
 
     dump = run_cli("dump", str(path), runtime=runtime_dir)

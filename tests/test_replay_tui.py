@@ -4,16 +4,11 @@ shows the state at the cursor step; deep-dive keys say a recording cannot run co
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
-from test_recording import _last_step, synthetic_recording
+from test_recording import record_until_killed, synthetic_recording
 from textual.pilot import Pilot
 
 from tdbg.recording import Recording
@@ -24,24 +19,6 @@ from tdbg.tui.replay_app import READ_ONLY, ReplayApp, load
 from tdbg.tui.widgets.gradient_table import GradientTable
 
 SIZE = (150, 44)
-
-KILLED_JOB = """
-import time, torch
-from torch import nn
-import tdbg
-
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x, y = torch.randn(64, 8), torch.randn(64, 1)
-probe = tdbg.watch(model, opt, grad_every=1)
-for step in range(10**9):
-    loss = ((model(x) - y) ** 2).mean()
-    opt.zero_grad(); loss.backward(); opt.step()
-    probe.step(loss)
-    print(step, time.time(), repr(loss.item()), flush=True)
-    time.sleep(0.004)
-"""
 
 
 def loss_subtitle(app: ReplayApp) -> str:
@@ -154,21 +131,7 @@ async def test_replay_of_a_killed_recording_of_a_real_run(
 ) -> None:
     """A training subprocess recording with TDBG_RECORD, SIGKILLed mid-run, then replayed."""
     path = tmp_path / "killed.tdbgrec"
-    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), TDBG_RECORD=str(path))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_JOB],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_until(lambda: path.exists() and (_last_step(path) or 0) >= 60, 60, "60 steps")
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
-    losses = [float(line.split()[2]) for line in out.splitlines() if len(line.split()) == 3]
+    losses = [float(line[2]) for line in record_until_killed(path, runtime_dir, 60)]
     timeline = load(str(path))
     assert timeline.note is not None and not timeline.ended
     assert not timeline.recording.damaged  # killed, not damaged: every block checked out

@@ -9,9 +9,7 @@ import os
 import pickle
 import stat
 import sysconfig
-import tempfile
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -172,16 +170,8 @@ def test_the_snapshot_file_is_private_and_round_trips(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="tdbg-s-"))
-    os.chmod(path, 0o700)
-    yield path
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            os.rmdir(os.path.join(root, name))
-    os.rmdir(path)
+def base(private_dir: Path) -> Path:
+    return private_dir
 
 
 def context(device: torch.device | None, base: Path | None) -> DiveContext:
