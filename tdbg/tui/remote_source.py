@@ -9,7 +9,6 @@ starts from an empty state and nothing is lost or counted twice.
 from __future__ import annotations
 
 import contextlib
-import queue
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -139,7 +138,6 @@ class RemoteSource(SocketSource):
         self.reconnects = 0  # successful reattachments to the same run after a drop
         self._entries = list(entries) if entries is not None else None
         self._warnings = list(warnings)
-        self._choice: queue.SimpleQueue[RunEntry | None] = queue.SimpleQueue()
         self._ssh = SshGroup()  # the listings and connections under way, for stop()
         if client is not None:
             self._attach(client)
@@ -156,9 +154,6 @@ class RemoteSource(SocketSource):
 
     def _connect(self, target: SshTarget) -> None:
         self._attach(connect(target, self.opts, group=self._ssh))
-
-    def choose(self, entry: RunEntry | None) -> None:
-        self._choice.put(entry)
 
     def stop(self) -> None:
         """Also end the ssh processes still listing or connecting, so that the worker blocked
@@ -197,22 +192,16 @@ class RemoteSource(SocketSource):
     def _pick(self, entries: list[RemoteRunEntry], notify: Notify) -> bool:
         """Show the picker; True once attached to the chosen run."""
         notify("choices", entries)
-        while not self.stopped:
-            try:
-                entry = self._choice.get(timeout=0.25)
-            except queue.Empty:
-                continue
-            if entry is None:
-                self.stop()
-                return False
-            assert isinstance(entry, RemoteRunEntry)
-            try:
-                self._connect(entry.target)
-                return True
-            except ConnectError as exc:
-                notify("warning", str(exc))
-                return False
-        return False
+        entry = self._await_choice()
+        if entry is None:
+            return False
+        assert isinstance(entry, RemoteRunEntry)
+        try:
+            self._connect(entry.target)
+            return True
+        except ConnectError as exc:
+            notify("warning", str(exc))
+            return False
 
     # --- reading and reconnecting -----------------------------------------------------------
 

@@ -44,6 +44,7 @@ class Source:
         self.send_error: str | None = None  # why the last send() returned None
         self._stop = threading.Event()
         self._send_lock = threading.Lock()
+        self._choice: queue.SimpleQueue[RunEntry | None] = queue.SimpleQueue()  # the picker's
 
     def send(self, command: str, **args: Any) -> int | None:
         """Send a command to the probe; its id, or None with ``send_error`` set. Never raises."""
@@ -74,7 +75,21 @@ class Source:
         return False
 
     def choose(self, entry: RunEntry | None) -> None:
-        """The user picked a run (None = give up); only discovery sources ask."""
+        """The user picked a run (None = give up); only sources that show the picker ask."""
+        self._choice.put(entry)
+
+    def _await_choice(self) -> RunEntry | None:
+        """Block (in the worker) until the user picks a run after a ``choices`` notice; None
+        when they gave up (the source is then stopped) or the source was stopped meanwhile."""
+        while not self.stopped:
+            try:
+                entry = self._choice.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            if entry is None:
+                self.stop()
+            return entry
+        return None
 
     def stop(self) -> None:
         """Ask blocking calls to return soon; called from the UI thread on exit."""
@@ -268,10 +283,6 @@ class DiscoverySource(SocketSource):
         self.directory = directory
         self.client = None
         self.label = "discovery"
-        self._choice: queue.SimpleQueue[RunEntry | None] = queue.SimpleQueue()
-
-    def choose(self, entry: RunEntry | None) -> None:
-        self._choice.put(entry)
 
     def open(self, notify: Notify) -> None:
         announced: list[str] | None = None
@@ -283,20 +294,14 @@ class DiscoverySource(SocketSource):
                     return
             elif len(entries) > 1:
                 notify("choices", entries)
-                while not self.stopped:
-                    try:
-                        entry = self._choice.get(timeout=0.25)
-                    except queue.Empty:
-                        continue
-                    if entry is None:
-                        self.stop()
-                        return
-                    try:
-                        self._attach(ProbeClient.connect(entry.socket))
-                        return
-                    except ConnectError as exc:
-                        notify("warning", str(exc))
-                        break
+                entry = self._await_choice()
+                if entry is None:
+                    return  # gave up or stopped: the worker ends quietly either way
+                try:
+                    self._attach(ProbeClient.connect(entry.socket))
+                    return
+                except ConnectError as exc:
+                    notify("warning", str(exc))
                 announced = None
                 continue
             if announced is None:
