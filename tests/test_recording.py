@@ -192,7 +192,12 @@ def test_write_error_warns_once_and_stops_recording(
 
 
 def _last_step(path: Path) -> int | None:
-    rec = Recording(path)
+    """The last step a recording being written holds; None while it has no header yet (the
+    probe thread creates the file, then writes its header)."""
+    try:
+        rec = Recording(path)
+    except RecordingError:
+        return None
     for _ in rec.messages():
         pass
     return rec.last_step
