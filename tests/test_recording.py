@@ -177,7 +177,7 @@ def test_write_error_warns_once_and_stops_recording(
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, record=path)
     loop.run(10, probe)
-    wait_until(lambda: Recording(path).size > 0 and _last_step(path) == 9, what="10 steps")
+    wait_until(lambda: _last_step(path) == 9, what="10 steps")
     state["full"] = True
     loop.run(40, probe)
     wait_until(lambda: "recording stopped" in probe_log.getvalue(), what="the warning")
@@ -191,12 +191,18 @@ def test_write_error_warns_once_and_stops_recording(
     assert not rec.ended and rec.stopped is None  # readable up to the last good flush
 
 
-def _last_step(path: Path) -> int | None:
-    """The last step a recording being written holds; None while it has no header yet (the
-    probe thread creates the file, then writes its header)."""
+def _reading(path: Path) -> Recording | None:
+    """A recording being written, to poll; None before it exists or has its header (the probe
+    thread creates the file, then writes the header)."""
     try:
-        rec = Recording(path)
+        return Recording(path)
     except RecordingError:
+        return None
+
+
+def _last_step(path: Path) -> int | None:
+    rec = _reading(path)
+    if rec is None:
         return None
     for _ in rec.messages():
         pass
@@ -259,9 +265,8 @@ def test_activations_every_works_in_record_only_mode(runtime_dir: Path, tmp_path
 
 
 def _has(path: Path, mtype: str) -> bool:
-    if not path.exists():
-        return False
-    return any(m.get("type") == mtype for m in Recording(path).messages())
+    rec = _reading(path)
+    return rec is not None and any(m.get("type") == mtype for m in rec.messages())
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
@@ -275,7 +280,7 @@ def test_a_crashing_probe_loop_still_writes_the_end_marker(
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, serve=False, record=path)
     loop.run(5, probe)
-    wait_until(lambda: path.exists() and _last_step(path) == 4, what="5 steps recorded")
+    wait_until(lambda: _last_step(path) == 4, what="5 steps recorded")
     server = probe._server
     assert isinstance(server, ProbeServer)
 
@@ -329,7 +334,7 @@ def record_until_killed(path: Path, runtime_dir: Path, steps: int) -> list[list[
         text=True,
     )
     try:
-        wait_until(lambda: path.exists() and (_last_step(path) or 0) >= steps, 60, f"{steps} steps")
+        wait_until(lambda: (_last_step(path) or 0) >= steps, 60, f"{steps} steps")
     finally:
         proc.send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=30)
