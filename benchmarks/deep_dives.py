@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "demos"))
 from models import MAKERS, Batch, Task  # noqa: E402
 
 import tdbg  # noqa: E402
-from tdbg.client import ProbeClient  # noqa: E402
+from tdbg.connect.client import ProbeClient  # noqa: E402
 from tdbg.probe.watch import Probe  # noqa: E402
 
 PLAIN = "plain probe"
@@ -46,7 +46,7 @@ POOL = 8
 
 def submit(probe: Probe, command: str, **args: Any) -> int:
     """Queue a command the way the server thread does once a client's message is valid."""
-    from tdbg.protocol import command_args
+    from tdbg.protocol.messages import command_args
 
     desk = probe._server.desk
     assert desk is not None

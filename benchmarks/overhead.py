@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "demos"))  # the demos' models: the benchmark time
 from models import MAKERS, Batch, Task, parameter_count  # noqa: E402
 
 import tdbg  # noqa: E402
-from tdbg.client import ProbeClient  # noqa: E402
+from tdbg.connect.client import ProbeClient  # noqa: E402
 from tdbg.probe.gradients import GradientStats, find_layers  # noqa: E402
 
 BASELINE = "baseline"

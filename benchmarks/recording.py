@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tdbg
 from tdbg.probe.recorder import Recorder
-from tdbg.recording import Recording
-from tdbg.tui.replay import Timeline
+from tdbg.recording.reader import Recording
+from tdbg.tui.state.timeline import Timeline
 
 ARMS = ("probe", "probe again", "probe + record")
 SPENT = [0.0]  # seconds inside the recorder's methods (on the probe thread), all blocks
@@ -121,8 +121,9 @@ def main() -> None:
             f"recording: {size / args.steps:.0f} bytes/step ({size} bytes for {args.steps} steps)"
         )
         # Replay side: load a long synthetic recording and time cursor moves.
-        from tdbg.protocol import pack, pack_steps
-        from tdbg.tui.synthetic import RUN, layer_names, step_records
+        from tdbg.protocol.framing import pack
+        from tdbg.protocol.steps import pack_steps
+        from tdbg.tui.sources.synthetic import RUN, layer_names, step_records
 
         long_path = directory / "long.tdbgrec"
         rec = Recorder(long_path, dict(RUN), layer_names(24), [1] * 24)

@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 import sshd as sshd_helper  # noqa: E402
 from demo_job import demo_job  # noqa: E402
 
-from tdbg.client import ProbeClient  # noqa: E402
-from tdbg.protocol import unpack_steps  # noqa: E402
-from tdbg.remote import RemoteOptions, connect  # noqa: E402
-from tdbg.sshurl import parse_ssh_url  # noqa: E402
+from tdbg.connect.client import ProbeClient  # noqa: E402
+from tdbg.connect.ssh import RemoteOptions, connect  # noqa: E402
+from tdbg.connect.sshurl import parse_ssh_url  # noqa: E402
+from tdbg.protocol.steps import unpack_steps  # noqa: E402
 
 TDBG = [sys.executable, "-m", "tdbg.cli"]
 REMOTE_TDBG = str(Path(sys.executable).parent / "tdbg")

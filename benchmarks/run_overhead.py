@@ -78,7 +78,7 @@ def worker(config: str, model: str, seed: int) -> int:
         }
         watched = probe
         if config == RUN:
-            auto = getattr(sys.modules.get("tdbg.autowatch"), "_auto", None)
+            auto = getattr(sys.modules.get("tdbg.probe.zero_code.autowatch"), "_auto", None)
             watched = getattr(auto, "probe", None)
             reply["model"] = type(getattr(auto, "model", None)).__name__
             reply["optimizer"] = type(getattr(auto, "optimizer", None)).__name__
@@ -121,7 +121,7 @@ def hot_path_us(task: Any, pool: list[Any], calls: int = 20_000) -> float:
     """Microseconds a step pays for what `tdbg run` adds to watch(): the backward wrapper's
     bookkeeping and its own optimizer pre-hook (its post-hook is probe.step(), which watch()
     pays as well), timed in a tight loop on a real loss tensor."""
-    auto = getattr(sys.modules.get("tdbg.autowatch"), "_auto", None)
+    auto = getattr(sys.modules.get("tdbg.probe.zero_code.autowatch"), "_auto", None)
     if auto is None or auto.probe is None:
         return float("nan")
     loss = task.loss_fn(task.model(pool[0][0]), pool[0][1])
@@ -141,7 +141,16 @@ class Worker:
     def __init__(self, config: str, model: str, seed: int) -> None:
         own = [sys.executable, __file__, "--worker", config, "--models", model, "--seed", str(seed)]
         if config == RUN:
-            own = [sys.executable, "-m", "tdbg.cli", "run", "--name", f"bench-{model}", "--", *own]
+            own = [
+                sys.executable,
+                "-m",
+                "tdbg.cli.main",
+                "run",
+                "--name",
+                f"bench-{model}",
+                "--",
+                *own,
+            ]
         self.proc = subprocess.Popen(
             own, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
         )

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from tdbg.runtime import RunEntry, discover
+from tdbg.connect.runtime import RunEntry, discover
 
 DEMOS = Path(__file__).resolve().parent
 CHOICES = ("mlp", "transformer", "nan", "cnn")

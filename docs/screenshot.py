@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from demo_job import demo_job  # noqa: E402
 
 from tdbg.tui.app import make_app, save_screenshot, screen_text  # noqa: E402
-from tdbg.tui.source import SocketSource  # noqa: E402
+from tdbg.tui.sources.base import SocketSource  # noqa: E402
 
 
 async def capture(out: Path, size: tuple[int, int] = (160, 48), timeout: float = 60.0) -> str:

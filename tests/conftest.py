@@ -46,7 +46,7 @@ def dive_context(model: Any, errors: list[BaseException] | None = None) -> Any:
     thread, with no artifacts directory."""
     from collections import deque
 
-    from tdbg.probe.dives import DiveContext
+    from tdbg.probe.dives.base import DiveContext
 
     return DiveContext(
         model=model,
@@ -125,7 +125,7 @@ class Reader:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         import threading
 
-        from tdbg.client import ProbeClient
+        from tdbg.connect.client import ProbeClient
 
         self.client = ProbeClient.connect(path)
         self.messages: list[dict] = []
@@ -146,7 +146,7 @@ class Reader:
         return [m for m in list(self.messages) if m["type"] == mtype]
 
     def records(self, history: bool | None = None) -> list:
-        from tdbg.protocol import unpack_steps
+        from tdbg.protocol.steps import unpack_steps
 
         return [
             r

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tdbg.runtime import RunEntry
+from tdbg.connect.runtime import RunEntry
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMOS = ROOT / "demos"

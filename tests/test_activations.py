@@ -13,8 +13,8 @@ from conftest import Reader, dive_context, wait_until
 from torch import nn
 
 import tdbg
-from tdbg.probe.activations import ActivationsDive, floating_tensors
-from tdbg.probe.dives import DiveContext
+from tdbg.probe.dives.activations import ActivationsDive, floating_tensors
+from tdbg.probe.dives.base import DiveContext
 
 NAN = float("nan")
 FIELDS = {"type", "step", "names", "types", "mean", "std", "min", "max", "zero_frac", "nonfinite"}

@@ -9,7 +9,7 @@ import pytest
 
 from tdbg.probe import alerts
 from tdbg.probe.alerts import AlertRules, robust_z
-from tdbg.protocol import StepRecord
+from tdbg.protocol.steps import StepRecord
 
 LAYERS = ["embed", "block.0", "block.1", "head"]
 

@@ -23,9 +23,13 @@ from conftest import wait_until
 from demo_job import demo_job
 from test_cli import TDBG, events, run_cli
 
-from tdbg import cli, dive_commands, dump_events, report, targets
-from tdbg.client import CommandRefused, CommandTimeout, ProbeClient
-from tdbg.protocol import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, pack
+from tdbg.cli import dives as dive_commands
+from tdbg.cli import dump as dump_events
+from tdbg.cli import main as cli
+from tdbg.cli import report
+from tdbg.connect import targets
+from tdbg.connect.client import CommandRefused, CommandTimeout, ProbeClient
+from tdbg.protocol.framing import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, pack
 
 # --- messages as /tmp/spec.md (the wire contract) shapes them ---------------------------------
 
@@ -618,7 +622,7 @@ def test_no_run_one_line_exit_2(runtime_dir: Path) -> None:
 
 
 def test_cli_imports_no_torch_textual_or_rich() -> None:
-    code = "import tdbg.cli, sys, json; print(json.dumps(sorted(sys.modules)))"
+    code = "import tdbg.cli.main, sys, json; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     roots = {m.split(".")[0] for m in json.loads(out.stdout)}
     assert not roots & {"torch", "textual", "rich"}

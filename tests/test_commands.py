@@ -12,7 +12,8 @@ from conftest import Loop, Reader, wait_until
 from torch import nn
 
 import tdbg
-from tdbg.protocol import COMMANDS, ErrorCode, ProtocolError, validate_client_message
+from tdbg.protocol.framing import ErrorCode, ProtocolError
+from tdbg.protocol.messages import COMMANDS, validate_client_message
 
 
 def _msg(mtype: str, **args: Any) -> dict[str, Any]:

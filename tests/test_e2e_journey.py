@@ -18,7 +18,7 @@ import sshd as sshd_helper
 from conftest import wait_until
 from test_e2e_tmux import tmux, wait_screen
 
-from tdbg.runtime import discover
+from tdbg.connect.runtime import discover
 
 pytestmark = [
     pytest.mark.slow,

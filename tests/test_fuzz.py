@@ -12,16 +12,10 @@ from conftest import Reader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tdbg import protocol
-from tdbg.client import ProbeClient
-from tdbg.protocol import (
-    MAX_INBOUND_FRAME,
-    Decoder,
-    ProtocolError,
-    pack,
-    preamble,
-    validate_client_message,
-)
+from tdbg.connect.client import ProbeClient
+from tdbg.protocol import messages
+from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, ProtocolError, pack, preamble
+from tdbg.protocol.messages import validate_client_message
 
 FUZZ = settings(
     deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow], database=None
@@ -44,7 +38,7 @@ values = st.recursive(
     ),
     max_leaves=40,
 )
-client_types = st.sampled_from([*protocol.CLIENT_TYPES, "nope", ""])
+client_types = st.sampled_from([*messages.CLIENT_TYPES, "nope", ""])
 messages = st.fixed_dictionaries(
     {"type": client_types | values, "id": values, "args": values},
     optional={"extra": values},
@@ -116,8 +110,8 @@ def test_random_client_messages(message: dict, cuts: list[int]) -> None:
     for accepted in drive(preamble() + struct.pack(">I", len(payload)) + payload, cuts):
         # what the schema lets through is exactly the documented shape
         assert set(accepted) == {"type", "id", "args"}
-        assert accepted["type"] in protocol.CLIENT_TYPES
-        assert set(accepted["args"]) <= protocol.CLIENT_TYPES[accepted["type"]]
+        assert accepted["type"] in messages.CLIENT_TYPES
+        assert set(accepted["args"]) <= messages.CLIENT_TYPES[accepted["type"]]
         assert isinstance(accepted["id"], int) and 0 <= accepted["id"] < 2**31
 
 
@@ -125,7 +119,7 @@ def test_random_client_messages(message: dict, cuts: list[int]) -> None:
 @given(st.binary(min_size=1, max_size=300))
 def test_mutated_valid_stream(noise: bytes) -> None:
     """A valid hello stream with bytes overwritten at a position chosen by the noise."""
-    good = bytearray(protocol.hello("fuzz") + pack(protocol.client_message("ping", 1)))
+    good = bytearray(messages.hello("fuzz") + pack(messages.client_message("ping", 1)))
     pos = noise[0] % len(good)
     good[pos : pos + len(noise) - 1] = noise[1:]
     drive(bytes(good), [pos, pos + 3])
@@ -149,7 +143,7 @@ def test_random_bytes_never_kill_a_live_probe(
     sock.connect(probe.socket_path)  # type: ignore[arg-type]
     try:
         if after_hello:
-            sock.sendall(protocol.hello("fuzz"))
+            sock.sendall(messages.hello("fuzz"))
         for chunk in chunks:
             sock.sendall(chunk)
     except OSError:
@@ -193,8 +187,8 @@ def test_probe_still_serves_a_proper_client_after_fuzzing(runtime_dir: Path) -> 
     junk = [
         b"\xff" * 100,
         b"TDBG\x00\x01\x00\x01" + b"\xff\xff\xff\xff",
-        protocol.hello("x") + b"\x00\x00\x00\x05\xc1\xc1",
-        protocol.hello("x") + pack({"type": "ping", "id": -1, "args": {}}) * 50,
+        messages.hello("x") + b"\x00\x00\x00\x05\xc1\xc1",
+        messages.hello("x") + pack({"type": "ping", "id": -1, "args": {}}) * 50,
         b"TDBG",
     ]
     socks = []

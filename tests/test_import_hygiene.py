@@ -33,8 +33,8 @@ def test_import_tdbg_is_light() -> None:
 
 
 def test_wire_client_and_runtime_import_no_torch() -> None:
-    loaded = modules_after("import tdbg.protocol, tdbg.client, tdbg.runtime")
-    assert {"tdbg.protocol", "tdbg.client", "tdbg.runtime", "msgpack"} <= loaded
+    loaded = modules_after("import tdbg.protocol, tdbg.connect.client, tdbg.connect.runtime")
+    assert {"tdbg.protocol", "tdbg.connect.client", "tdbg.connect.runtime", "msgpack"} <= loaded
     assert not roots(loaded) & {"torch", "textual", "rich", "cloudpickle"}
 
 

@@ -13,8 +13,8 @@ from conftest import Reader, dive_context, wait_until
 from torch import nn
 
 import tdbg
-from tdbg.probe.dives import DiveContext
-from tdbg.probe.nan_hunt import NanHuntDive
+from tdbg.probe.dives.base import DiveContext
+from tdbg.probe.dives.nan_hunt import NanHuntDive
 
 NAN = float("nan")
 BATCH = 6

@@ -17,11 +17,11 @@ from demo_job import demo_job
 from torch import nn
 
 import tdbg
-from tdbg import protocol
 from tdbg.probe import watch as watch_module
 from tdbg.probe.alerts import AlertRules
 from tdbg.probe.gradients import GradientStats, find_layers, reference_norms
-from tdbg.protocol import StepRecord
+from tdbg.protocol import framing, messages
+from tdbg.protocol.steps import StepRecord
 
 
 def test_breaker_tripping_inside_the_optimizer_hook_never_raises_into_step(
@@ -124,8 +124,8 @@ def test_flooding_client_is_closed_and_training_unaffected(runtime_dir: Path) ->
     assert probe.socket_path
     sock = socket.socket(socket.AF_UNIX)
     sock.connect(probe.socket_path)
-    sock.sendall(protocol.hello("flood"))
-    ping = protocol.pack(protocol.client_message("ping", 1), protocol.MAX_INBOUND_FRAME)
+    sock.sendall(messages.hello("flood"))
+    ping = framing.pack(messages.client_message("ping", 1), framing.MAX_INBOUND_FRAME)
     sock.sendall(ping * 2000)
     sock.settimeout(5)
     data = b""

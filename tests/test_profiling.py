@@ -18,10 +18,10 @@ import torch
 from conftest import Loop, Reader, wait_until
 
 import tdbg
+from tdbg.connect.runtime import RuntimeDirError
 from tdbg.probe import artifacts, profiling
-from tdbg.probe.dives import DiveContext, DiveRunner
-from tdbg.probe.profiling import ANOTHER_PROFILER, ProfileDive, profiler_active
-from tdbg.runtime import RuntimeDirError
+from tdbg.probe.dives.base import DiveContext, DiveRunner
+from tdbg.probe.dives.profiling import ANOTHER_PROFILER, ProfileDive, profiler_active
 
 RUN = {"name": "unit", "pid": 4242, "rank": 0}
 
@@ -250,7 +250,7 @@ def test_without_an_artifacts_directory_the_table_still_comes_back() -> None:
 
 
 def test_bad_arguments_are_refused_when_the_dive_is_made(base: Path) -> None:
-    from tdbg.protocol import ProtocolError
+    from tdbg.protocol.framing import ProtocolError
 
     with pytest.raises(ProtocolError, match="profile.steps"):
         ProfileDive(context(Loop().model, base), 1, {"steps": 0}, "manual")

@@ -9,8 +9,8 @@ import struct
 import msgpack
 import pytest
 
-from tdbg import protocol
-from tdbg.protocol import (
+from tdbg.protocol import framing, messages, steps
+from tdbg.protocol.framing import (
     FRAME_HEADER,
     MAGIC,
     MAX_INBOUND_FRAME,
@@ -18,15 +18,12 @@ from tdbg.protocol import (
     Decoder,
     ErrorCode,
     ProtocolError,
-    StepRecord,
-    client_message,
     negotiate,
     pack,
-    pack_steps,
     preamble,
-    unpack_steps,
-    validate_client_message,
 )
+from tdbg.protocol.messages import client_message, validate_client_message
+from tdbg.protocol.steps import StepRecord, pack_steps, unpack_steps
 
 RUN = {
     "name": "t",
@@ -103,7 +100,7 @@ def decode_all(data: bytes, max_frame: int = MAX_INBOUND_FRAME) -> list[dict]:
 def test_every_message_type_round_trips(message: dict) -> None:
     decoder = Decoder(MAX_OUTBOUND_FRAME)
     assert decoder.feed(stream([message])) == [message]
-    assert decoder.peer_versions == (protocol.PROTO_MIN, protocol.PROTO_MAX)
+    assert decoder.peer_versions == (framing.PROTO_MIN, framing.PROTO_MAX)
     assert not decoder.mid_frame
 
 
@@ -139,7 +136,7 @@ def test_uneven_chunks_yield_the_same_messages() -> None:
 
 
 def test_hello_is_preamble_plus_one_frame() -> None:
-    data = protocol.hello("tdbg test")
+    data = messages.hello("tdbg test")
     assert data[:4] == MAGIC
     (msg,) = decode_all(data)
     assert validate_client_message(msg)["args"]["client_version"] == "tdbg test"
@@ -339,19 +336,19 @@ def test_schema_depth_limit() -> None:
 
 
 def test_schema_string_limit() -> None:
-    validate_client_message(hello_with("v" * protocol.MAX_STRING))
+    validate_client_message(hello_with("v" * messages.MAX_STRING))
     with pytest.raises(ProtocolError, match="string too long"):
-        validate_client_message(hello_with("v" * (protocol.MAX_STRING + 1)))
+        validate_client_message(hello_with("v" * (messages.MAX_STRING + 1)))
     with pytest.raises(ProtocolError, match="string too long"):
-        validate_client_message(hello_with(b"v" * (protocol.MAX_STRING + 1)))
+        validate_client_message(hello_with(b"v" * (messages.MAX_STRING + 1)))
 
 
 def test_schema_array_limit() -> None:
     with pytest.raises(ProtocolError, match="client_version"):
-        validate_client_message(hello_with([0] * protocol.MAX_ARRAY))
+        validate_client_message(hello_with([0] * messages.MAX_ARRAY))
     with pytest.raises(ProtocolError, match="array too long"):
-        validate_client_message(hello_with([0] * (protocol.MAX_ARRAY + 1)))
-    big_map = {f"k{i}": 0 for i in range(protocol.MAX_ARRAY + 1)}
+        validate_client_message(hello_with([0] * (messages.MAX_ARRAY + 1)))
+    big_map = {f"k{i}": 0 for i in range(messages.MAX_ARRAY + 1)}
     with pytest.raises(ProtocolError, match="map too large"):
         validate_client_message(hello_with(big_map))
 
@@ -455,7 +452,7 @@ def test_steps_round_trip_through_the_wire() -> None:
         assert a.step == b.step
         assert same(a.loss, b.loss)
         assert a.lr == b.lr  # NaN padding of shorter groups removed again
-        for name in protocol._F64_COLUMNS:
+        for name in steps._F64_COLUMNS:
             assert same(getattr(a, name), getattr(b, name)), name
         assert (a.grad_norms is None) == (b.grad_norms is None)
         if a.grad_norms is not None:
@@ -502,7 +499,7 @@ def test_unpack_steps_rejects_missing_and_mistyped_fields() -> None:
 
 def test_unreadable_lr_is_kept_in_its_param_group() -> None:
     """A NaN lr (a GPU tensor lr the probe will not sync to read) keeps group indices stable."""
-    from tdbg.protocol import StepRecord, pack_steps, unpack_steps
+    from tdbg.protocol.steps import StepRecord, pack_steps, unpack_steps
 
     nan = float("nan")
     recs = [
@@ -516,7 +513,7 @@ def test_unreadable_lr_is_kept_in_its_param_group() -> None:
 
 
 def test_concat_steps_equals_packing_the_records_together() -> None:
-    from tdbg.protocol import StepRecord, concat_steps, pack_steps, unpack_steps
+    from tdbg.protocol.steps import StepRecord, concat_steps, pack_steps, unpack_steps
 
     def rec(i: int, grads: bool) -> StepRecord:
         return StepRecord(

@@ -19,11 +19,12 @@ from conftest import Loop, Reader, wait_until
 from test_cli import events, run_cli
 
 from tdbg.probe import recorder as recorder_module
-from tdbg.probe.compaction import keep_newest
 from tdbg.probe.recorder import Bounds, Recorder, temp_path
-from tdbg.protocol import pack, pack_steps, unpack_steps
-from tdbg.recording import FILE_HEADER, Recording, RecordingError
-from tdbg.tui.synthetic import RUN, layer_names, step_records
+from tdbg.protocol.framing import pack
+from tdbg.protocol.steps import pack_steps, unpack_steps
+from tdbg.recording.compaction import keep_newest
+from tdbg.recording.reader import FILE_HEADER, Recording, RecordingError
+from tdbg.tui.sources.synthetic import RUN, layer_names, step_records
 
 ALERT_STEPS = (50, 120, 150)
 
@@ -450,7 +451,7 @@ def test_damaged_header_and_not_a_recording_are_one_line_exit_2(tmp_path: Path) 
             [
                 sys.executable,
                 "-c",
-                "import sys; from tdbg.cli import tui_main; sys.exit(tui_main())",
+                "import sys; from tdbg.cli.main import tui_main; sys.exit(tui_main())",
             ]
             + ["replay", str(target)],
             capture_output=True,
@@ -460,7 +461,11 @@ def test_damaged_header_and_not_a_recording_are_one_line_exit_2(tmp_path: Path) 
         assert tui.returncode == 2 and tui.stderr.startswith("tdbg-tui: error: ")
         assert expected in tui.stderr and tui.stderr.count("\n") == 1
     missing = subprocess.run(
-        [sys.executable, "-c", "import sys; from tdbg.cli import tui_main; sys.exit(tui_main())"]
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tdbg.cli.main import tui_main; sys.exit(tui_main())",
+        ]
         + ["replay", str(tmp_path / "nope")],
         capture_output=True,
         text=True,

@@ -11,11 +11,11 @@ import pytest
 from test_recording import record_until_killed, synthetic_recording
 from textual.pilot import Pilot
 
-from tdbg.recording import Recording
+from tdbg.recording.reader import Recording
 from tdbg.tui.app import screen_text
-from tdbg.tui.model import fmt_loss
-from tdbg.tui.replay import Timeline
 from tdbg.tui.replay_app import READ_ONLY, ReplayApp, load
+from tdbg.tui.state.run_state import fmt_loss
+from tdbg.tui.state.timeline import Timeline
 from tdbg.tui.widgets.gradient_table import GradientTable
 
 SIZE = (150, 44)

@@ -23,10 +23,11 @@ from conftest import Loop, Reader, wait_until
 from torch import nn
 
 import tdbg
-from tdbg import protocol, runtime
-from tdbg.client import ConnectError, ProbeClient
+from tdbg.connect import runtime
+from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.probe import connection, server
-from tdbg.protocol import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, ErrorCode
+from tdbg.protocol import framing, messages
+from tdbg.protocol.framing import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, ErrorCode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,11 +48,11 @@ class Raw:
         self.sock.sendall(data)
 
     def handshake(self) -> None:
-        self.send(protocol.hello("raw"))
+        self.send(messages.hello("raw"))
         self.read_until(lambda: any(m["type"] == "synced" for m in self.messages))
 
     def message(self, mtype: str, mid: int, **args: object) -> None:
-        self.send(protocol.pack(protocol.client_message(mtype, mid, **args), MAX_INBOUND_FRAME))
+        self.send(framing.pack(messages.client_message(mtype, mid, **args), MAX_INBOUND_FRAME))
 
     def read_until(self, condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout
@@ -157,11 +158,11 @@ def test_client_killed_mid_frame_does_not_disturb_others(runtime_dir: Path) -> N
     script = textwrap.dedent(
         f"""
         import socket, sys, time
-        from tdbg import protocol
+        from tdbg.protocol import framing, messages
         s = socket.socket(socket.AF_UNIX)
         s.connect({path!r})
-        s.sendall(protocol.hello("victim"))
-        frame = protocol.pack(protocol.client_message("ping", 1), protocol.MAX_INBOUND_FRAME)
+        s.sendall(messages.hello("victim"))
+        frame = framing.pack(messages.client_message("ping", 1), framing.MAX_INBOUND_FRAME)
         s.sendall(frame[:5])  # half a frame
         print("ready", flush=True)
         time.sleep(60)
@@ -295,7 +296,7 @@ def test_r24_no_hello_in_time_closes(runtime_dir: Path, monkeypatch: pytest.Monk
     _, path = serving(Loop())
     silent = Raw(path)
     preamble_only = Raw(path)
-    preamble_only.send(protocol.preamble())
+    preamble_only.send(framing.preamble())
     t0 = time.monotonic()
     for raw in (silent, preamble_only):
         raw.read_to_eof(timeout=3.0)
@@ -307,7 +308,7 @@ def test_r24_no_hello_in_time_closes(runtime_dir: Path, monkeypatch: pytest.Monk
 def test_r24_handshake_deadline_is_not_too_eager(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
-    raw.send(protocol.preamble())
+    raw.send(framing.preamble())
     raw.sock.settimeout(0.5)  # well inside 5 s: still open, nothing sent but the preamble
     data = b""
     with pytest.raises(TimeoutError):
@@ -315,7 +316,7 @@ def test_r24_handshake_deadline_is_not_too_eager(runtime_dir: Path) -> None:
             chunk = raw.sock.recv(100)
             assert chunk, "closed before the handshake deadline"
             data += chunk
-    assert data == protocol.preamble()
+    assert data == framing.preamble()
     raw.close()
 
 
@@ -333,7 +334,7 @@ def test_r25_slowloris_frame_is_closed(runtime_dir: Path, monkeypatch: pytest.Mo
 def test_r23_unsupported_version_gets_an_error_then_close(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
-    raw.send(protocol.hello("future", proto_min=7, proto_max=9))
+    raw.send(messages.hello("future", proto_min=7, proto_max=9))
     raw.read_to_eof()
     assert raw.eof
     assert [m["type"] for m in raw.messages] == ["error"]
@@ -345,17 +346,17 @@ def test_r23_unsupported_version_gets_an_error_then_close(runtime_dir: Path) -> 
 def test_r23_overlapping_range_gets_welcome(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
-    raw.send(protocol.hello("newer", proto_min=1, proto_max=5))
+    raw.send(messages.hello("newer", proto_min=1, proto_max=5))
     raw.read_until(lambda: bool(raw.of("welcome")))
     assert raw.of("welcome")[0]["proto"] == 1
-    assert raw.decoder.peer_versions == (protocol.PROTO_MIN, protocol.PROTO_MAX)
+    assert raw.decoder.peer_versions == (framing.PROTO_MIN, framing.PROTO_MAX)
     raw.close()
 
 
 def test_first_message_must_be_hello(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
-    raw.send(protocol.preamble())
+    raw.send(framing.preamble())
     raw.message("ping", 3)
     raw.read_to_eof()
     assert [m["type"] for m in raw.messages] == ["error"]
@@ -417,7 +418,7 @@ def test_r45_more_than_twenty_messages_a_second_are_rate_limited(runtime_dir: Pa
     raw.handshake()
     raw.send(
         b"".join(
-            protocol.pack(protocol.client_message("ping", i), MAX_INBOUND_FRAME)
+            framing.pack(messages.client_message("ping", i), MAX_INBOUND_FRAME)
             for i in range(1, 81)
         )
     )
@@ -455,7 +456,7 @@ def test_r9_r12_r15_modes_of_dir_socket_and_metadata(
     assert stat.S_IMODE(os.lstat(meta_path).st_mode) == 0o600
     meta = json.loads(meta_path.read_text())
     assert meta["pid"] == os.getpid() and meta["socket"] == str(sock)
-    assert meta["name"] == "modes" and meta["proto_max"] == protocol.PROTO_MAX
+    assert meta["name"] == "modes" and meta["proto_max"] == framing.PROTO_MAX
     assert sock.name == f"0-{os.getpid()}.sock"  # R11 naming
     assert len(os.fsencode(sock)) <= runtime.MAX_SOCKET_PATH
     probe.close()

@@ -18,8 +18,8 @@ import torch
 
 import tdbg
 from tdbg.probe import artifacts
-from tdbg.probe.dives import DiveContext, DiveRunner
-from tdbg.probe.snapshot import (
+from tdbg.probe.dives.base import DiveContext, DiveRunner
+from tdbg.probe.dives.snapshot import (
     BEFORE_RECORDING,
     NO_CUDA,
     NO_PYTHON,

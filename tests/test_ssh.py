@@ -24,8 +24,8 @@ import sshd as sshd_helper
 from conftest import wait_until
 from demo_job import demo_job
 
-from tdbg.protocol import MAGIC
-from tdbg.runtime import write_private_json
+from tdbg.connect.runtime import write_private_json
+from tdbg.protocol.framing import MAGIC
 
 pytestmark = pytest.mark.slow
 
@@ -261,7 +261,7 @@ async def test_tui_over_ssh_survives_a_dropped_connection(
     sshd: sshd_helper.Sshd, runtime_dir: Path
 ) -> None:
     from tdbg.tui.app import make_app, screen_text
-    from tdbg.tui.remote_source import remote_source
+    from tdbg.tui.sources.remote import remote_source
 
     with demo_job("mlp", *DEMO, runtime=runtime_dir) as (proc, _):
         source = remote_source(
@@ -293,7 +293,7 @@ async def test_tui_over_ssh_follows_a_restarted_run(
     sshd: sshd_helper.Sshd, runtime_dir: Path
 ) -> None:
     from tdbg.tui.app import make_app
-    from tdbg.tui.remote_source import remote_source
+    from tdbg.tui.sources.remote import remote_source
 
     short = (*DEMO, "--steps", "150")
     with demo_job("mlp", *short, runtime=runtime_dir) as (first, _):
@@ -318,8 +318,8 @@ def _notifications(app) -> str:  # type: ignore[no-untyped-def]
 
 async def test_tui_lists_runs_of_several_nodes(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:
     from tdbg.tui.app import make_app, screen_text
-    from tdbg.tui.remote_source import RemoteRunEntry, remote_source
     from tdbg.tui.screens.picker import RunPickerScreen
+    from tdbg.tui.sources.remote import RemoteRunEntry, remote_source
 
     other = Path(tempfile.mkdtemp(prefix="tdbg-n2-", dir="/tmp"))
     os.chmod(other, 0o700)
@@ -353,7 +353,7 @@ async def test_tui_lists_runs_of_several_nodes(sshd: sshd_helper.Sshd, runtime_d
 
 def test_tui_errors_before_the_screen(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:
     """``tdbg-tui ssh://...`` with nothing to show fails on one line, exit 2, no screen."""
-    code = "import sys; from tdbg.cli import tui_main; sys.exit(tui_main())"
+    code = "import sys; from tdbg.cli.main import tui_main; sys.exit(tui_main())"
     for args, needle in (
         ([sshd.url(str(runtime_dir)), *remote(sshd)], "no tdbg run on"),
         (["--host", "ssh://bad host"], "invalid host"),
@@ -369,8 +369,8 @@ def test_tui_errors_before_the_screen(sshd: sshd_helper.Sshd, runtime_dir: Path)
 
 def test_misbehaving_remote_tdbg(sshd: sshd_helper.Sshd, tmp_path: Path) -> None:
     """A remote 'tdbg' that hangs, or chatters on stdout, ends in one line, ssh stopped."""
-    from tdbg.remote import RemoteError, RemoteOptions, connect
-    from tdbg.sshurl import parse_ssh_url
+    from tdbg.connect.ssh import RemoteError, RemoteOptions, connect
+    from tdbg.connect.sshurl import parse_ssh_url
 
     hang = tmp_path / "hang.sh"
     hang.write_text("#!/bin/sh\nexec sleep 30\n")
@@ -402,7 +402,7 @@ def _running(needle: str) -> bool:
 # DELAY s late, as over a slow link; it writes its pid first, and leaves when stdin closes.
 SLOW_PROBE = """\
 import os, sys, time
-from tdbg.protocol import pack, preamble
+from tdbg.protocol.framing import pack, preamble
 open({pidfile!r}, "w").write(str(os.getpid()))
 out = sys.stdout.buffer
 time.sleep({delay})
@@ -444,8 +444,8 @@ def _alive(pid: int) -> bool:
 def test_attach_over_a_slow_link(tmp_path: Path) -> None:
     """A probe whose answers take 0.5 s each (longer than the preamble peek's 0.25 s slices)
     still attaches: the peek's short socket timeout must not leak into the handshake."""
-    from tdbg.remote import RemoteOptions, connect
-    from tdbg.sshurl import parse_ssh_url
+    from tdbg.connect.ssh import RemoteOptions, connect
+    from tdbg.connect.sshurl import parse_ssh_url
 
     pidfile = tmp_path / "pid"
     code = SLOW_PROBE.format(pidfile=str(pidfile), delay=0.5)
@@ -470,7 +470,7 @@ def test_ctrl_c_while_listing_runs_exits_at_once(tmp_path: Path) -> None:
     bin_dir.mkdir()
     _fake(bin_dir, SILENT_SSH.format(pidfile=pidfile))
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    code = "import sys; from tdbg.cli import tui_main; sys.exit(tui_main())"
+    code = "import sys; from tdbg.cli.main import tui_main; sys.exit(tui_main())"
     tui = subprocess.Popen(
         [sys.executable, "-c", code, "ssh://node-a", "ssh://node-b"],
         cwd=tmp_path,
@@ -497,10 +497,10 @@ def test_ctrl_c_while_listing_runs_exits_at_once(tmp_path: Path) -> None:
 def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
     """RemoteSource.stop() (the UI closing) while ssh is still listing runs: open() returns
     within about 2 s and the ssh processes are gone."""
-    from tdbg.client import ConnectError
-    from tdbg.remote import RemoteOptions
-    from tdbg.sshurl import parse_ssh_url
-    from tdbg.tui.remote_source import RemoteSource
+    from tdbg.connect.client import ConnectError
+    from tdbg.connect.ssh import RemoteOptions
+    from tdbg.connect.sshurl import parse_ssh_url
+    from tdbg.tui.sources.remote import RemoteSource
 
     pidfile = tmp_path / "pids"
     ssh = _fake(tmp_path, SILENT_SSH.format(pidfile=pidfile))

@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from tdbg.bridge import ERROR_PREFIX, EXIT_NO_RUN, EXIT_SEVERAL
-from tdbg.remote import RemoteError, RemoteOptions, bridge_args, classify, ssh_argv
-from tdbg.sshurl import SshTarget, SshUrlError, parse_ssh_url
+from tdbg.cli.bridge import ERROR_PREFIX, EXIT_NO_RUN, EXIT_SEVERAL
+from tdbg.connect.ssh import RemoteError, RemoteOptions, bridge_args, classify, ssh_argv
+from tdbg.connect.sshurl import SshTarget, SshUrlError, parse_ssh_url
 
 GOOD = [
     ("ssh://host", SshTarget("host")),
@@ -181,7 +181,7 @@ def test_remote_halves_never_import_torch() -> None:
     import sys
 
     code = (
-        "import sys, tdbg.cli, tdbg.bridge, tdbg.remote, tdbg.tui.remote_source; "
+        "import sys, tdbg.cli.main, tdbg.cli.bridge, tdbg.connect.ssh, tdbg.tui.sources.remote; "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

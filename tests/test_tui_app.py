@@ -19,14 +19,14 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import ContentSwitcher
 
-from tdbg import protocol
+from tdbg.protocol import framing, messages
 from tdbg.tui.app import TdbgApp, launch, make_app, save_screenshot, screen_text
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
-from tdbg.tui.source import DiscoverySource, ReplaySource, SocketSource, Source
-from tdbg.tui.synthetic import RUN, synthetic_run
+from tdbg.tui.sources.base import DiscoverySource, ReplaySource, SocketSource, Source
+from tdbg.tui.sources.synthetic import RUN, synthetic_run
 from tdbg.tui.widgets.gradient_table import GradientTable
 
 SIZE = (120, 40)
@@ -206,7 +206,7 @@ def serve_once(
             if garbage:
                 conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
                 return
-            decoder = protocol.Decoder(protocol.MAX_INBOUND_FRAME)
+            decoder = framing.Decoder(framing.MAX_INBOUND_FRAME)
             while not decoder.feed(conn.recv(65536)):
                 pass
             welcome = {
@@ -215,12 +215,12 @@ def serve_once(
                 "server_version": "test",
                 "run": dict(RUN, socket=path),
             }
-            out = protocol.preamble() + protocol.pack(welcome)
+            out = framing.preamble() + framing.pack(welcome)
             for message in messages:
-                out += protocol.pack(message)
+                out += framing.pack(message)
             # The app may already have hung up (the picker test leaves runs unattached).
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                conn.sendall(out + protocol.pack({"type": "bye", "reason": "shutdown"}))
+                conn.sendall(out + framing.pack({"type": "bye", "reason": "shutdown"}))
         server.close()
 
     thread = threading.Thread(target=run, daemon=True)
@@ -284,7 +284,7 @@ async def test_screenshot_is_svg(tmp_path: Path) -> None:
 
 def test_tui_never_imports_torch() -> None:
     code = (
-        "import sys, tdbg.tui.app, tdbg.tui.source, tdbg.tui.model\n"
+        "import sys, tdbg.tui.app, tdbg.tui.sources.base, tdbg.tui.state.run_state\n"
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
         "assert not bad, bad\n"
     )
@@ -293,7 +293,7 @@ def test_tui_never_imports_torch() -> None:
 
 def test_model_never_imports_textual() -> None:
     code = (
-        "import sys, tdbg.tui.model\n"
+        "import sys, tdbg.tui.state.run_state\n"
         "assert 'textual' not in sys.modules\n"
         "assert 'torch' not in sys.modules\n"
     )
@@ -341,6 +341,6 @@ async def test_several_runs_open_the_picker() -> None:
         # The run not picked is still waiting in accept(): connect once so its thread ends.
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(os.path.join(directory, "0-0"))
-            s.sendall(protocol.hello("test"))
+            s.sendall(messages.hello("test"))
         for thread in threads:
             thread.join(5)

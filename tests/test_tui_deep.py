@@ -22,16 +22,14 @@ from demo_job import demo_job
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from tdbg import protocol
-from tdbg.client import ProbeClient
+from tdbg.connect.client import ProbeClient
+from tdbg.protocol import framing
 from tdbg.tui.app import TdbgApp, make_app, save_screenshot, screen_text
-from tdbg.tui.deep import MAX_JOBS, DeepState
-from tdbg.tui.model import RunState
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.profile_form import ProfileFormScreen
-from tdbg.tui.source import ReplaySource, SocketSource, Source
-from tdbg.tui.synthetic import (
+from tdbg.tui.sources.base import ReplaySource, SocketSource, Source
+from tdbg.tui.sources.synthetic import (
     RUN,
     activations_message,
     job_messages,
@@ -40,6 +38,8 @@ from tdbg.tui.synthetic import (
     snapshot_result,
     synthetic_run,
 )
+from tdbg.tui.state.deep import MAX_JOBS, DeepState
+from tdbg.tui.state.run_state import RunState
 from tdbg.tui.widgets.activation_table import ActivationTable
 from tdbg.tui.widgets.deep_panel import DeepPanel
 from tdbg.tui.widgets.profiler_panel import ProfilerPanel
@@ -579,7 +579,7 @@ def test_state_ignores_unknown_and_malformed_fields() -> None:
 def client_pair() -> Iterator[tuple[ProbeClient, socket.socket]]:
     ours, theirs = socket.socketpair()
     welcome = {"type": "welcome", "run": dict(RUN)}
-    client = ProbeClient(ours, welcome, protocol.Decoder(protocol.MAX_OUTBOUND_FRAME), [])
+    client = ProbeClient(ours, welcome, framing.Decoder(framing.MAX_OUTBOUND_FRAME), [])
     yield client, theirs
     with contextlib.suppress(OSError):
         theirs.close()
@@ -595,7 +595,7 @@ def test_socket_source_sends_from_many_threads_without_tearing_frames(
     received: list[dict[str, Any]] = []
 
     def probe_reads() -> None:  # the probe side drains its socket, as the real server does
-        decoder = protocol.Decoder(protocol.MAX_INBOUND_FRAME, expect_preamble=False)
+        decoder = framing.Decoder(framing.MAX_INBOUND_FRAME, expect_preamble=False)
         probe_end.settimeout(10)
         while len(received) < 400:
             received.extend(decoder.feed(probe_end.recv(65536)))
@@ -674,7 +674,7 @@ async def test_live_profile_from_the_keyboard(runtime_dir: Path) -> None:
 def test_a_hunt_that_lands_in_poisoned_weights_says_where_to_look() -> None:
     # After an optimizer step has spread a NaN into every weight, the hunt's first module is
     # merely the first layer the data meets: the view must say the damage began earlier.
-    from tdbg.tui.deep import NanHuntResult
+    from tdbg.tui.state.deep import NanHuntResult
     from tdbg.tui.widgets.nan_hunt_view import hunt_lines
 
     def hunt(params: int) -> NanHuntResult:

@@ -9,7 +9,7 @@ from pathlib import Path
 from demo_job import demo_job
 
 from tdbg.tui.app import make_app, screen_text
-from tdbg.tui.source import SocketSource
+from tdbg.tui.sources.base import SocketSource
 
 
 async def until(condition, timeout: float = 30.0, what: str = "") -> None:  # type: ignore[no-untyped-def]

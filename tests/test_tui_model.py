@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from tdbg.protocol import StepRecord, pack_steps
-from tdbg.tui.model import MAX_ALERTS, GradHistory, RunState, fmt, fmt_bytes, fmt_loss
-from tdbg.tui.synthetic import RUN, layer_names, step_records, synthetic_run
+from tdbg.protocol.steps import StepRecord, pack_steps
+from tdbg.tui.sources.synthetic import RUN, layer_names, step_records, synthetic_run
+from tdbg.tui.state.run_state import MAX_ALERTS, GradHistory, RunState, fmt, fmt_bytes, fmt_loss
 
 
 def state_with(steps: int = 100, layers: int = 4, **kwargs: object) -> RunState:
@@ -187,7 +187,7 @@ def test_formatting_helpers() -> None:
 
 
 def test_scalar_history_is_bounded_recent_steps_exact(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import tdbg.tui.model as model
+    import tdbg.tui.state.run_state as model
 
     monkeypatch.setattr(model, "MAX_SCALAR_ROWS", 1000)
     state = RunState(RUN)

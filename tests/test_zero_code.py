@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from conftest import wait_until
 
-from tdbg.client import ProbeClient
-from tdbg.dump_events import dump_events
+from tdbg.cli.dump import dump_events
+from tdbg.connect.client import ProbeClient
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
-PRELOAD = Path(__file__).resolve().parent.parent / "tdbg" / "_preload"
+PRELOAD = Path(__file__).resolve().parent.parent / "tdbg" / "probe" / "zero_code" / "preload"
 TDBG = [sys.executable, "-m", "tdbg.cli"]
 
 
@@ -246,7 +246,8 @@ def test_broken_bootstrap_warns_once_and_the_script_runs(tmp_path: Path) -> None
     (broken / "tdbg").mkdir(parents=True)
     (broken / "tdbg" / "__init__.py").write_text("raise ImportError('broken on purpose')\n")
     launcher = (
-        "import sys; sys.path.remove(sys.argv.pop(1)); from tdbg.cli import main; sys.exit(main())"
+        "import sys; sys.path.remove(sys.argv.pop(1)); "
+        "from tdbg.cli.main import main; sys.exit(main())"
     )
     proc = subprocess.run(
         [sys.executable, "-c", launcher, str(broken), "run", "echo_args.py", "x"],
@@ -332,7 +333,7 @@ def test_terminal_ctrl_c_goes_to_the_script_and_the_launcher_waits(runtime_dir: 
 
 def test_launcher_and_bootstrap_import_no_torch() -> None:
     code = (
-        "import json, sys, tdbg.cli, tdbg.zero_code, tdbg.autowatch; "
+        "import json, sys, tdbg.cli.main, tdbg.cli.run, tdbg.probe.zero_code.autowatch; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -376,7 +377,7 @@ def test_amp_grad_scaler_reports_the_unscaled_loss(tmp_path: Path, runtime_dir: 
 def test_grad_scaler_wrapper_is_removed_and_the_scaler_unchanged() -> None:
     import torch
 
-    from tdbg.autowatch import AutoWatch
+    from tdbg.probe.zero_code.autowatch import AutoWatch
 
     classes: tuple[Any, ...] = (
         torch.amp.GradScaler,
@@ -412,7 +413,7 @@ def test_module_at_the_address_of_a_freed_one_is_still_found() -> None:
     import torch
     from torch import nn
 
-    from tdbg.autowatch import AutoWatch
+    from tdbg.probe.zero_code.autowatch import AutoWatch
 
     auto = AutoWatch(torch, {"name": None, "grad_every": None})
     model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))

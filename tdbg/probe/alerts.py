@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from tdbg.protocol import StepRecord
+from tdbg.protocol.steps import StepRecord
 
 WINDOW = 100  # recent values a robust z-score is measured against
 MIN_HISTORY = 20  # no spike verdict before this many values

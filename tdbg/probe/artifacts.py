@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from tdbg.runtime import check_private_dir, make_private_dir
+from tdbg.connect.runtime import check_private_dir, make_private_dir
 
 HASH_CHUNK = 1 << 20  # 1 MiB reads: hashing a 100 MB snapshot costs ~0.1 s on the worker thread
 MAX_NAME_PART = 64
@@ -20,7 +20,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 def artifact_dir(base: Path) -> Path:
     """``<base>/artifacts`` created with mode 0700 and checked as the runtime directory is
     (a real directory, owned by us, 0700): a symlink or someone else's directory is refused
-    with :class:`~tdbg.runtime.RuntimeDirError` (R27)."""
+    with :class:`~tdbg.connect.runtime.RuntimeDirError` (R27)."""
     check_private_dir(base)
     return make_private_dir(base / "artifacts", "artifacts directory")
 

@@ -1,7 +1,7 @@
 """Command intake on the probe's server thread: refusals, job numbers, the audit log, job history.
 
 The server thread never touches torch state (R31): an accepted command becomes an intent in the
-:class:`~tdbg.probe.dives.DiveRunner`'s queue, applied by the training thread at the next step
+:class:`~tdbg.probe.dives.base.DiveRunner`'s queue, applied by the training thread at the next step
 boundary. Refusals are decided here, before anything is queued: unknown commands and bad
 arguments (by the protocol's schemas), read-only mode (R34), a command this run cannot serve
 (a memory snapshot without CUDA), a second job of a kind already in flight (R30), a full queue.
@@ -18,9 +18,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from tdbg.probe.dives import DiveRunner
+from tdbg.probe.dives.base import DiveRunner
 from tdbg.probe.log import warn
-from tdbg.protocol import FINAL_STATES, MUTATING, ErrorCode
+from tdbg.protocol.framing import ErrorCode
+from tdbg.protocol.messages import FINAL_STATES, MUTATING
 
 MAX_INTENTS = 16  # R31
 KEPT_JOBS = 32  # finished jobs replayed to late clients

@@ -8,7 +8,7 @@ import time
 from collections import deque
 from typing import Any
 
-from tdbg.protocol import MAX_INBOUND_FRAME, Decoder, pack
+from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, pack
 
 SOFT_LIMIT = 1 << 20  # bytes queued for a client...
 SOFT_LIMIT_SECONDS = 10.0  # ...for this long makes it a slow consumer

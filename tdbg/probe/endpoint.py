@@ -12,8 +12,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from tdbg.protocol import PROTO_MAX, PROTO_MIN
-from tdbg.runtime import (
+from tdbg.connect.runtime import (
     MAX_SOCKET_PATH,
     RuntimeDirError,
     ensure_runtime_dir,
@@ -23,6 +22,7 @@ from tdbg.runtime import (
     socket_basename,
     write_private_json,
 )
+from tdbg.protocol.framing import PROTO_MAX, PROTO_MIN
 
 LISTEN_BACKLOG = 16
 

@@ -5,13 +5,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from tdbg.protocol import (
-    MAX_OUTBOUND_FRAME,
-    StepRecord,
-    concat_steps,
-    pack_steps,
-    unpack_steps,
-)
+from tdbg.protocol.framing import MAX_OUTBOUND_FRAME
+from tdbg.protocol.steps import StepRecord, concat_steps, pack_steps, unpack_steps
 
 MERGE_EVERY = 64  # small live batches merged into one chunk this often
 CHUNK_BYTES = 1 << 20  # a merged chunk holds about this much (well under the 4 MiB frame cap)

@@ -7,7 +7,7 @@ from typing import Any
 
 from tdbg.probe.gradients import GradSample, total_norm
 from tdbg.probe.hooks import Mark, StepTimeline, span
-from tdbg.protocol import NAN, StepRecord
+from tdbg.protocol.steps import NAN, StepRecord
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The recorder is a sink beside the clients on the probe thread: it gets the frames the server has
 already encoded for them (``layers``, ``steps``, ``alert``, ``system``, ``probe``, ``job``,
-``activations``) and appends them to a file in the format of :mod:`tdbg.recording`:
+``activations``) and appends them to a file in the format of :mod:`tdbg.recording.reader`:
 
 * a fixed 12-byte header (``b"TDBG-REC"``, u16 format version, u16 protocol version), then the
   protocol's own length-prefixed msgpack frames, starting with a ``recording`` frame carrying the
@@ -15,7 +15,7 @@ already encoded for them (``layers``, ``steps``, ``alert``, ``system``, ``probe`
 
 Size bound: compaction. Everything is appended at full resolution, so the end of a run (where
 the crash is) is always complete. When the file reaches its compaction threshold it is rewritten
-(:mod:`tdbg.probe.compaction`) keeping every step's scalars, every alert, job and ``layers``
+(:mod:`tdbg.recording.compaction`) keeping every step's scalars, every alert, job and ``layers``
 message, and — within the byte budgets of :class:`Bounds` — the per-layer gradient rows and the
 ``activations``, ``system`` and ``probe`` messages, each kind on its own: the newest half of a
 budget in full, older ones thinned more the older they are. The rewrite runs on the sampler
@@ -62,10 +62,10 @@ from pathlib import Path
 from typing import Any
 
 from tdbg import __version__
-from tdbg.probe.compaction import THINNED_KINDS, Result, Tally, compact, grad_rows, row_bytes
 from tdbg.probe.log import warn
-from tdbg.protocol import PROTOCOL_VERSION, pack
-from tdbg.recording import FILE_HEADER, FORMAT_VERSION, REC_MAGIC
+from tdbg.protocol.framing import PROTOCOL_VERSION, pack
+from tdbg.recording.compaction import THINNED_KINDS, Result, Tally, compact, grad_rows, row_bytes
+from tdbg.recording.reader import FILE_HEADER, FORMAT_VERSION, REC_MAGIC
 
 FLUSH_SECONDS = 0.25  # a kill -9 loses at most this much (plus one 0.1 s probe tick)
 FLUSH_BYTES = 1 << 20  # or sooner, when this much is buffered

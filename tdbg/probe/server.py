@@ -25,17 +25,9 @@ from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.recorder import Recorder
 from tdbg.probe.system import SystemSampler
-from tdbg.protocol import (
-    COMMANDS,
-    ErrorCode,
-    ProtocolError,
-    StepRecord,
-    negotiate,
-    pack,
-    pack_steps,
-    preamble,
-    validate_client_message,
-)
+from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
+from tdbg.protocol.messages import COMMANDS, validate_client_message
+from tdbg.protocol.steps import StepRecord, pack_steps
 
 TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
 STATS_SECONDS = 1.0  # system and probe messages

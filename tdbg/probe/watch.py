@@ -20,7 +20,7 @@ from torch import nn
 
 from tdbg.probe.alerts import alert
 from tdbg.probe.commands import CommandDesk
-from tdbg.probe.dives import Dive, DiveContext, DiveRunner
+from tdbg.probe.dives.base import Dive, DiveContext, DiveRunner
 from tdbg.probe.gradients import GradientStats, GradSample, find_layers
 from tdbg.probe.hooks import Mark, PhaseHooks, mark, perf
 from tdbg.probe.log import warn
@@ -55,31 +55,31 @@ def _run_name(name: str | None) -> str:
 # Dive factories import their module on first use: torch.profiler and friends are loaded only
 # by a run that is profiled. The names are fixed here; nothing a client sends names a module.
 def _profile(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.profiling import ProfileDive
+    from tdbg.probe.dives.profiling import ProfileDive
 
     return ProfileDive(ctx, job, args, trigger)
 
 
 def _snapshot(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.snapshot import SnapshotDive
+    from tdbg.probe.dives.snapshot import SnapshotDive
 
     return SnapshotDive(ctx, job, args, trigger)
 
 
 def _nan_hunt(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.nan_hunt import NanHuntDive
+    from tdbg.probe.dives.nan_hunt import NanHuntDive
 
     return NanHuntDive(ctx, job, args, trigger)
 
 
 def _anomaly(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.anomaly import AnomalyDive
+    from tdbg.probe.dives.anomaly import AnomalyDive
 
     return AnomalyDive(ctx, job, args, trigger)
 
 
 def _activations(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.activations import ActivationsDive
+    from tdbg.probe.dives.activations import ActivationsDive
 
     return ActivationsDive(ctx, job, args, trigger)
 

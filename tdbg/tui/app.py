@@ -18,15 +18,15 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from tdbg.client import ConnectError, ProbeClient, resolve_target
-from tdbg.runtime import RunEntry, discover
-from tdbg.sshurl import is_ssh_url
-from tdbg.tui.model import RunState
+from tdbg.connect.client import ConnectError, ProbeClient, resolve_target
+from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.sshurl import is_ssh_url
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
-from tdbg.tui.source import DiscoverySource, ReplaySource, SocketSource, Source
+from tdbg.tui.sources.base import DiscoverySource, ReplaySource, SocketSource, Source
+from tdbg.tui.state.run_state import RunState
 
 REPAINT_INTERVAL = 1 / 8  # seconds; the view repaints at most this often, and only on change
 CLOCK_INTERVAL = 1.0  # repaint at least this often anyway, so the elapsed clock ticks
@@ -286,7 +286,7 @@ def launch(
     targets = [t for t in (target, *more) if t is not None]
     try:
         if len(targets) > 1 or (targets and is_ssh_url(targets[0])):
-            from tdbg.tui.remote_source import remote_source  # ssh machinery only when asked
+            from tdbg.tui.sources.remote import remote_source  # ssh machinery only when asked
 
             source = remote_source(targets, ssh_options, remote_tdbg)
         elif target is None:

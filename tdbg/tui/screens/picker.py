@@ -9,7 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
-from tdbg.runtime import RunEntry
+from tdbg.connect.runtime import RunEntry
 
 
 class RunPickerScreen(ModalScreen[RunEntry | None]):

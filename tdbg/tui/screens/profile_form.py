@@ -10,7 +10,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Checkbox, Input, Label, Static
 
-from tdbg.protocol import COMMANDS, ProtocolError, command_args
+from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.messages import COMMANDS, command_args
 
 SCHEMA = COMMANDS["profile"]  # bounds and defaults come from the wire's own schema
 

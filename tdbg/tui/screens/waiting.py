@@ -7,7 +7,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, LoadingIndicator, Static
 
-from tdbg.runtime import runtime_dir
+from tdbg.connect.runtime import runtime_dir
 
 
 class WaitingScreen(Screen[None]):

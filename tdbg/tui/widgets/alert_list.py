@@ -7,7 +7,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.model import RunState
+from tdbg.tui.state.run_state import RunState
 
 MAX_SHOWN = 200  # the model keeps more; a panel this size never shows more than a screenful
 

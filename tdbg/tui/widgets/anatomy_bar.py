@@ -7,7 +7,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.model import ANATOMY, RunState, fmt
+from tdbg.tui.state.run_state import ANATOMY, RunState, fmt
 
 LABELS = {
     "data_time": "data",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
-from tdbg.tui.deep import DeepState
+from tdbg.tui.state.deep import DeepState
 
 
 class AnomalyBanner(Static):

@@ -9,7 +9,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.model import RunState, fmt
+from tdbg.tui.state.run_state import RunState, fmt
 from tdbg.tui.widgets.glyphs import spark
 
 

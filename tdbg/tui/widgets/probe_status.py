@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.model import RunState, fmt
+from tdbg.tui.state.run_state import RunState, fmt
 
 
 class ProbeStatus(Static):

@@ -7,8 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from tdbg.tui.deep import DeepState, ProfileResult
-from tdbg.tui.model import fmt, fmt_bytes
+from tdbg.tui.state.deep import DeepState, ProfileResult
+from tdbg.tui.state.run_state import fmt, fmt_bytes
 from tdbg.tui.widgets.profiler_table import TITLES, ProfilerTable
 
 HINT = (

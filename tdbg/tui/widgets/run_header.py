@@ -7,7 +7,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.model import RunState, fmt, fmt_duration
+from tdbg.tui.state.run_state import RunState, fmt, fmt_duration
 
 
 class RunHeader(Static):

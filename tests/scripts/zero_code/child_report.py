@@ -20,7 +20,7 @@ def main() -> None:
         model = nn.Linear(3, 1)
         torch.optim.SGD(model.parameters(), lr=0.1)
         model(torch.randn(5, 3)).sum().backward()
-        auto = sys.modules.get("tdbg.autowatch")
+        auto = sys.modules.get("tdbg.probe.zero_code.autowatch")
         seen["preloaded"] = auto is not None
         seen["claimed"] = getattr(auto, "_auto", None) is not None
         # An evaluation script that watches itself: it must not record into the run's file.

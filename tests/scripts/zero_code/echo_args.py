@@ -11,9 +11,9 @@ def main() -> int:
     seen = {
         "argv": sys.argv,
         "torch_imported": "torch" in sys.modules,
-        "autowatch_loaded": "tdbg.autowatch" in sys.modules,
+        "autowatch_loaded": "tdbg.probe.zero_code.autowatch" in sys.modules,
         "pythonpath": os.environ.get("PYTHONPATH"),
-        "preload_on_path": any("_preload" in p for p in sys.path),
+        "preload_on_path": any("zero_code/preload" in p for p in sys.path),
         "user_sitecustomize": getattr(sys.modules.get("sitecustomize"), "MARK", None),
     }
     print(json.dumps(seen))

@@ -17,7 +17,7 @@ def child_trains(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg
     model = nn.Linear(3, 1)
     torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.randn(5, 3)).sum().backward()
-    auto = sys.modules.get("tdbg.autowatch")
+    auto = sys.modules.get("tdbg.probe.zero_code.autowatch")
     queue.put(
         {
             "preloaded": auto is not None,

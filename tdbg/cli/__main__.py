@@ -1,0 +1,7 @@
+"""``python -m tdbg.cli``: the ``tdbg`` command, for environments without its console script."""
+
+import sys
+
+from tdbg.cli.main import main
+
+sys.exit(main())

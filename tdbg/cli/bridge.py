@@ -1,0 +1,216 @@
+"""``tdbg bridge``: the remote end of ``ssh://`` targets — lists runs, or pumps bytes between
+stdin/stdout and a probe's Unix socket; never parses a frame and never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from tdbg import __version__
+from tdbg.connect.client import ConnectError, resolve_target
+from tdbg.connect.runtime import RunEntry, discover, runtime_dir
+from tdbg.protocol.framing import PROTO_MAX, PROTO_MIN
+
+CHUNK = 1 << 16
+LINGER = 0.8  # seconds the other direction may drain after one side closes (R5: exit < 1 s)
+ERROR_PREFIX = "tdbg bridge: error: "  # the local side recognises our errors by this prefix
+
+# Exit codes the local side turns into its own messages (see tdbg/remote.py).
+EXIT_ERROR = 2
+EXIT_NO_RUN = 3
+EXIT_SEVERAL = 4
+
+
+class BridgeError(Exception):
+    """A one-line reason, with the exit code that classifies it for the local side."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_bridge_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``tdbg bridge`` on the ``tdbg`` subcommand parser."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "bridge",
+        help="relay a run's socket over stdin/stdout (what ssh:// targets start remotely)",
+        description="Relay a probe's Unix socket over stdin/stdout, as `tdbg dump ssh://host` "
+        "and `tdbg-tui ssh://host` start it through ssh; or, with --list, print the live runs "
+        "here as JSON.",
+    )
+    p.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="a run's socket, its .json metadata, or a runtime directory (default: the only "
+        "run in the runtime directory)",
+    )
+    p.add_argument(
+        "--runtime-dir",
+        metavar="DIR",
+        help="where to look for runs (default: $TDBG_RUNTIME_DIR, else /tmp/tdbg-<uid>)",
+    )
+    p.add_argument("--list", action="store_true", help="print the live runs as one JSON object")
+    p.set_defaults(func=cmd_bridge)
+    return p
+
+
+def cmd_bridge(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        if args.list:
+            json.dump(listing(args.socket, args.runtime_dir), out, separators=(",", ":"))
+            out.write("\n")
+            out.flush()
+            return 0
+        path = choose_socket(args.socket, args.runtime_dir)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            raise BridgeError(f"cannot connect to {path}: {exc.strerror or exc}") from None
+        return pump(sock, sys.stdin.fileno(), sys.stdout.fileno())
+    except BridgeError as exc:
+        print(f"{ERROR_PREFIX}{exc}", file=sys.stderr, flush=True)
+        return exc.code
+
+
+def _directory(runtime: str | None) -> Path:
+    return Path(runtime).expanduser() if runtime else runtime_dir()
+
+
+def _entries(path: str | None, runtime: str | None) -> tuple[Path, list[RunEntry]]:
+    """The directory searched and the live runs in it (``path`` may name a directory)."""
+    if path is not None and Path(path).expanduser().is_dir():
+        directory = Path(path).expanduser()
+    else:
+        directory = _directory(runtime)
+    return directory, discover(directory)
+
+
+def _run_json(entry: RunEntry) -> dict[str, Any]:
+    return dict(entry.meta, socket=str(entry.socket))
+
+
+def listing(path: str | None, runtime: str | None) -> dict[str, Any]:
+    """What ``--list`` prints: versions, where it looked, and every live run's metadata."""
+    directory, entries = _entries(path, runtime)
+    if path is not None and not Path(path).expanduser().is_dir():
+        try:
+            sock = resolve_target(path)
+        except ConnectError as exc:
+            raise BridgeError(str(exc)) from None
+        entries = [e for e in discover(Path(sock).parent) if str(e.socket) == sock]
+        if not entries:
+            raise BridgeError(f"no live tdbg run at {path}", EXIT_NO_RUN)
+    return {
+        "tdbg": __version__,
+        "protocol": [PROTO_MIN, PROTO_MAX],
+        "host": socket.gethostname(),
+        "runtime_dir": str(directory),
+        "runs": [_run_json(e) for e in entries],
+    }
+
+
+def choose_socket(path: str | None, runtime: str | None) -> str:
+    """The socket to relay: the one named, or the only live run (BridgeError otherwise)."""
+    if path is not None and not Path(path).expanduser().is_dir():
+        try:
+            return resolve_target(path)
+        except ConnectError as exc:
+            raise BridgeError(str(exc)) from None
+    directory, entries = _entries(path, runtime)
+    if not entries:
+        raise BridgeError(f"no tdbg run in {directory}", EXIT_NO_RUN)
+    if len(entries) > 1:
+        names = ", ".join(f"{e.socket} ({e.name}, pid {e.pid})" for e in entries[:8])
+        raise BridgeError(f"{len(entries)} runs in {directory}: {names}", EXIT_SEVERAL)
+    return str(entries[0].socket)
+
+
+def pump(sock: socket.socket, infd: int, outfd: int) -> int:
+    """Copy bytes both ways until one side closes, then let the other drain for LINGER s.
+
+    A blocking thread per direction, so a stalled reader on one side never holds up the other.
+    EOF on one side is passed on as a half-close (shutdown of the socket's write side, or
+    closing our stdout), and the bridge exits at most LINGER s later whatever the other side
+    does: that is what lets ssh and the probe both notice a departed peer at once.
+    """
+    done = threading.Event()
+
+    def upstream() -> None:  # stdin -> socket
+        try:
+            while True:
+                data = os.read(infd, CHUNK)
+                if not data:
+                    break
+                sock.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            done.set()
+
+    def downstream() -> None:  # socket -> stdout
+        try:
+            while True:
+                data = sock.recv(CHUNK)
+                if not data:
+                    break
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(outfd, view) :]
+        except OSError:
+            pass
+        finally:
+            _close_output(outfd)
+            done.set()
+
+    threads = [
+        threading.Thread(target=upstream, name="bridge-up", daemon=True),
+        threading.Thread(target=downstream, name="bridge-down", daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    done.wait()
+    deadline = time.monotonic() + LINGER
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    # A thread may still block in read(): it is a daemon and does not hold the exit up.
+    return 0
+
+
+def _close_output(fd: int) -> None:
+    """Signal EOF on our stdout: half-close it when it is a socket (sshd may hand us one
+    socketpair for stdin and stdout), then point the fd at /dev/null so late flushes are
+    harmless."""
+    try:
+        copy = os.dup(fd)
+    except OSError:
+        return  # already closed
+    try:
+        dup: socket.socket | None = socket.socket(fileno=copy)
+    except OSError:
+        os.close(copy)
+        dup = None  # a pipe: replacing the fd below closes it, which is the EOF
+    if dup is not None:
+        try:
+            dup.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        dup.close()
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass

@@ -1,0 +1,245 @@
+"""A run's wire messages as the JSON events ``tdbg dump`` prints (documented in docs/dump.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Generator, Iterable, Iterator
+from typing import Any, TextIO
+
+from tdbg.connect.client import ProbeClient
+from tdbg.protocol.steps import unpack_steps
+from tdbg.recording.reader import Recording, open_recording
+
+
+def finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity: non-finite numbers become the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def finite_tree(value: Any) -> Any:
+    """:func:`finite` through nested maps and lists (command results, activation stats)."""
+    if isinstance(value, dict):
+        return {str(k): finite_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_tree(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return finite(value)
+
+
+def _seconds(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def step_events(msg: dict[str, Any], layers: list[str]) -> Iterator[dict[str, Any]]:
+    """One ``step`` JSON object per record of a ``steps`` message."""
+    history = bool(msg.get("history"))
+    for rec in unpack_steps(msg):
+        norms = None
+        if rec.grad_norms is not None:
+            norms = {name: finite(v) for name, v in zip(layers, rec.grad_norms, strict=False)}
+        event: dict[str, Any] = {
+            "type": "step",
+            "step": rec.step,
+            "time": rec.time,
+            "loss": finite(rec.loss),
+            "lr": [finite(v) for v in rec.lr],
+            "grad_norm": finite(rec.grad_total) if rec.grad_norms is not None else None,
+            "grad_norms": norms,
+            "step_time": _seconds(rec.step_time),
+            "samples": _seconds(rec.samples),
+            "tokens": _seconds(rec.tokens),
+            "data_time": _seconds(rec.data_time),
+            "forward_time": _seconds(rec.forward_time),
+            "backward_time": _seconds(rec.backward_time),
+            "optimizer_time": _seconds(rec.optimizer_time),
+            "probe_time": _seconds(rec.probe_time),
+        }
+        if history:
+            event["history"] = True
+        yield event
+
+
+JOB_FIELDS = ("job", "command", "state", "step", "done", "total", "message", "args", "time")
+
+
+def job_event(msg: dict[str, Any]) -> dict[str, Any]:
+    """The ``job`` event of a ``job`` message: its progress fields, without the result."""
+    event: dict[str, Any] = {"type": "job"}
+    event.update({k: finite_tree(msg.get(k)) for k in JOB_FIELDS})
+    if "trigger" in msg:
+        event["trigger"] = msg["trigger"]
+    if msg.get("history"):
+        event["history"] = True
+    return event
+
+
+def result_event(msg: dict[str, Any]) -> dict[str, Any] | None:
+    """The result of a ``done`` job as an event typed by its command (``profile``, ``snapshot``,
+    ``nan_hunt``, ``anomaly``): ``job``, ``step`` and ``time`` of the job message, then the
+    result's own fields (a result's ``step``, as nan_hunt's, wins). None for other states."""
+    result = msg.get("result")
+    if msg.get("state") != "done" or not isinstance(result, dict):
+        return None
+    event: dict[str, Any] = {
+        "type": str(msg.get("command")),
+        "job": msg.get("job"),
+        "step": msg.get("step"),
+        "time": msg.get("time"),
+    }
+    event.update(finite_tree(result))
+    event["type"] = str(msg.get("command"))
+    if msg.get("history"):
+        event["history"] = True
+    return event
+
+
+ACTIVATION_STATS = ("mean", "std", "min", "max", "zero_frac", "nonfinite")
+
+
+def activations_event(msg: dict[str, Any]) -> dict[str, Any]:
+    """An ``activations`` message (parallel lists) as ``{step, layers: {name: {type, stats}}}``."""
+    names = [str(n) for n in msg.get("names") or []]
+    types = list(msg.get("types") or [])
+    columns = {k: list(msg.get(k) or []) for k in ACTIVATION_STATS}
+    layers: dict[str, dict[str, Any]] = {}
+    for i, name in enumerate(names):
+        row: dict[str, Any] = {"type": str(types[i]) if i < len(types) else None}
+        for key, values in columns.items():
+            row[key] = finite(values[i]) if i < len(values) else None
+        layers[name] = row
+    event: dict[str, Any] = {"type": "activations", "step": msg.get("step"), "layers": layers}
+    if msg.get("history"):
+        event["history"] = True
+    return event
+
+
+def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str, Any]]:
+    """Translate the wire into the documented JSON events (see docs/dump.md)."""
+    hello: dict[str, Any] = {
+        "type": "hello",
+        "run": client.run,
+        "proto": client.welcome.get("proto"),
+        "server_version": client.welcome.get("server_version"),
+    }
+    deadline = None if timeout is None else time.monotonic() + timeout
+    ended = yield from message_events(_messages_until(client, deadline), hello)
+    if not ended:
+        timed_out = deadline is not None and time.monotonic() >= deadline
+        yield {"type": "end", "reason": "timeout" if timed_out else "disconnected"}
+
+
+def recording_events(recording: Recording) -> Iterator[dict[str, Any]]:
+    """A recording's messages as the same JSON events as a live run; ``hello`` also names the
+    file (``recording``) and when it was made (``recorded``). The ``end`` event's reason is
+    ``shutdown`` (the run closed it), ``killed`` (cut short: no end marker, or a last write
+    cut off) or ``damaged`` (a checksum mismatch or garbage; ``recording.stopped`` says where)."""
+    hello: dict[str, Any] = {
+        "type": "hello",
+        "run": finite_tree(recording.run),
+        "proto": recording.proto,
+        "server_version": recording.header.get("tdbg"),
+        "recording": str(recording.path),
+        "recorded": recording.created,
+    }
+    ended = yield from message_events(recording.messages(), hello, always_hello=True)
+    if not ended:
+        yield {"type": "end", "reason": "damaged" if recording.damaged else "killed"}
+
+
+def message_events(
+    messages: Iterable[dict[str, Any]], hello: dict[str, Any], always_hello: bool = False
+) -> Generator[dict[str, Any], None, bool]:
+    """The JSON events of any message iterator (a socket, a recording); ``hello`` (without its
+    layers) is completed from the first ``layers`` message. Returns True when a ``bye`` ended
+    it (its ``end`` event is yielded), False when the messages just ran out."""
+    layers: list[str] = []
+    hello = dict(hello, layers=layers, numel=[])
+    for msg in messages:
+        mtype = msg.get("type")
+        if mtype == "layers":
+            # The probe sends its layers right after welcome: hello carries them.
+            layers[:] = [str(n) for n in msg.get("names", [])]
+            if hello:
+                hello["numel"] = msg.get("numel", [])
+                yield hello
+                hello = {}
+            else:
+                yield {"type": "layers", "layers": list(layers), "numel": msg.get("numel", [])}
+            continue
+        if hello:
+            yield hello
+            hello = {}
+        if mtype == "steps":
+            yield from step_events(msg, layers)
+        elif mtype == "alert":
+            yield {k: finite_tree(v) for k, v in msg.items()}
+        elif mtype == "system":
+            yield {
+                "type": "memory",
+                "time": msg.get("time"),
+                "host": msg.get("host"),
+                "cuda": msg.get("cuda", []),
+                "missing": msg.get("missing", []),
+            }
+            yield {
+                "type": "gpu",
+                "time": msg.get("time"),
+                "gpus": msg.get("gpus", []),
+                "missing": [m for m in msg.get("missing", []) if m.startswith("GPU")],
+            }
+        elif mtype == "probe":
+            yield {k: finite_tree(v) for k, v in msg.items()}
+        elif mtype == "job":
+            yield job_event(msg)
+            result = result_event(msg)
+            if result is not None:
+                yield result
+        elif mtype == "activations":
+            yield activations_event(msg)
+        elif mtype == "synced":
+            yield {"type": "synced"}
+        elif mtype == "bye":
+            yield {"type": "end", "reason": msg.get("reason")}
+            return True
+        elif mtype == "error":
+            yield {"type": "error", "code": msg.get("code"), "message": msg.get("message")}
+    if hello and always_hello:  # a recording without messages still says which run it was
+        yield hello
+    return False
+
+
+def _messages_until(client: ProbeClient, deadline: float | None) -> Iterator[dict[str, Any]]:
+    """The client's messages until it closes or ``deadline`` passes (quiet spells included)."""
+    if deadline is None:
+        yield from client.messages()
+        return
+    while not client.peer_closed and time.monotonic() < deadline:
+        for msg in client.messages(timeout=max(0.05, min(0.5, deadline - time.monotonic()))):
+            yield msg
+            if time.monotonic() >= deadline:
+                return
+
+
+def dump_recording(path: str, out: TextIO, count: int | None = None) -> int:
+    """``tdbg dump FILE``: a recording as JSON lines on ``out``; where a damaged or cut-short
+    file stopped goes to stderr. Raises RecordingError when the file is not a recording."""
+    recording = open_recording(path)
+    steps = 0
+    for event in recording_events(recording):
+        out.write(json.dumps(event, separators=(",", ":")) + "\n")
+        if event["type"] == "step":
+            steps += 1
+            if count is not None and steps >= count:
+                out.flush()
+                return 0
+    out.flush()
+    note = recording.end_note
+    if note is not None:
+        print(f"tdbg: {note}", file=sys.stderr)
+    return 0

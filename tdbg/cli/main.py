@@ -1,0 +1,422 @@
+"""The ``tdbg`` (dump, ls, tui, profile, snapshot, nan-hunt, anomaly, activations) and ``tdbg-tui``
+entry points; never imports torch, and imports rich only where a table is printed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from tdbg import __version__
+from tdbg.cli.args import EXIT_USAGE, OneLineParser, positive_float, positive_int
+from tdbg.cli.bridge import add_bridge_parser
+from tdbg.cli.dives import (
+    JobFailed,
+    cmd_activations,
+    cmd_anomaly,
+    cmd_nan_hunt,
+    cmd_profile,
+    cmd_snapshot,
+)
+from tdbg.cli.dump import dump_events, job_event
+from tdbg.cli.report import PROFILE_COLUMNS
+from tdbg.cli.run import add_run_parser
+from tdbg.connect.client import ConnectError
+from tdbg.connect.runtime import discover, runtime_dir
+from tdbg.connect.sshurl import is_ssh_url
+from tdbg.connect.targets import (
+    TARGET_HELP,
+    CliError,
+    add_remote_options,
+    connect_target,
+    remote_options,
+    ssh_target,
+    target_arg,
+)
+from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.messages import COMMANDS
+
+EXIT_FAILED = 1  # a deep-dive job ended failed or cancelled (its reason is on stderr)
+EXIT_INTERRUPTED = 130
+
+__all__ = ["CliError", "job_event", "main", "run", "tui_main"]
+
+
+def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
+    from tdbg.recording.reader import RecordingError, is_file_target
+
+    if args.target is not None and is_file_target(args.target):  # a recording, or refused
+        from tdbg.cli.dump import dump_recording
+
+        try:
+            return dump_recording(args.target, out, args.count)
+        except RecordingError as exc:
+            raise CliError(str(exc)) from None
+    client = connect_target(args.target, args.timeout, args)
+    steps = 0
+    try:
+        for event in dump_events(client, args.timeout):
+            out.write(json.dumps(event, separators=(",", ":")) + "\n")
+            if event["type"] == "step":
+                steps += 1
+                if args.count is not None and steps >= args.count:
+                    break
+            out.flush()
+    finally:
+        client.close()
+    out.flush()
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
+    if args.hosts:
+        return _ls_remote(args, out)
+    entries = discover()
+    if args.json:
+        for e in entries:
+            out.write(json.dumps(dict(e.meta, socket=str(e.socket))) + "\n")
+        return 0
+    if not entries:
+        out.write(f"no tdbg runs in {runtime_dir()}\n")
+        return 0
+    for e in entries:
+        out.write(_ls_line(e.meta, str(e.socket)))
+    return 0
+
+
+def _ls_line(meta: dict[str, Any], socket: str, node: str = "") -> str:
+    started = time.strftime("%H:%M:%S", time.localtime(float(meta.get("start_time") or 0)))
+    name = str(meta.get("name") or "?")
+    return (
+        f"{node}{name:<20} pid {meta.get('pid', '?')!s:<8} rank {meta.get('rank', 0)!s:<3} "
+        f"started {started}  {socket}\n"
+    )
+
+
+def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
+    """``tdbg ls ssh://node ...``: each node's runs through ``tdbg bridge --list``."""
+    from tdbg.connect.ssh import list_runs
+
+    opts = remote_options(args)
+    for url in args.hosts:  # every argument checked before any ssh starts
+        if not is_ssh_url(url):
+            raise CliError(f"{url!r}: tdbg ls lists this machine, or ssh:// nodes")
+    targets = [ssh_target(url) for url in args.hosts]
+    failed = 0
+    for target in targets:
+        try:
+            listing = list_runs(target, opts)
+        except ConnectError as exc:  # one node down: say so, list the others
+            print(f"tdbg: error: {exc}", file=sys.stderr, flush=True)
+            failed += 1
+            continue
+        for run in listing.runs:
+            socket = str(run.get("socket", ""))
+            if args.json:
+                out.write(json.dumps(dict(run, node=listing.target.node)) + "\n")
+            else:
+                out.write(_ls_line(run, socket, f"{listing.target.node}  "))
+        if not listing.runs and not args.json:
+            out.write(f"{listing.target.node}  no tdbg runs in {listing.runtime_dir}\n")
+        out.flush()
+    return EXIT_USAGE if failed else 0
+
+
+def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
+    from tdbg.recording.reader import is_file_target
+
+    extra = list(getattr(args, "extra_targets", None) or [])
+    if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
+        return _replay(extra)
+    if args.target is not None and not extra and is_file_target(args.target):
+        return _replay([args.target])  # a recording named as a plain target
+    from tdbg.tui.app import launch  # textual is loaded only for the TUI
+
+    return launch(
+        args.target,
+        [*getattr(args, "extra_targets", []), *(getattr(args, "hosts", None) or [])],
+        ssh_options=args.ssh_options,
+        remote_tdbg=args.remote_tdbg,
+    )
+
+
+def _replay(argv: list[str]) -> int:
+    from tdbg.tui.replay_app import replay_main
+
+    return replay_main(argv)
+
+
+def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
+    """tdbg-tui's targets: one, or several ssh:// URLs (one per node; --host is an alias)."""
+    parser.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
+    parser.add_argument(
+        "extra_targets",
+        nargs="*",
+        type=target_arg,
+        metavar="TARGET",
+        help="more ssh:// targets, one per node",
+    )
+    parser.add_argument(
+        "--host", dest="hosts", action="append", metavar="URL", help="an ssh:// target"
+    )
+    add_remote_options(parser)
+
+
+def _bounded(command: str, name: str) -> Callable[[str], Any]:
+    """An argparse type checking a value against the protocol's bounds for command.name."""
+    spec = COMMANDS[command][name]
+
+    def parse(text: str) -> Any:
+        kind = "an integer" if spec.kind is int else "a number"
+        try:
+            value = spec.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {kind} {spec.lo:g}-{spec.hi:g}") from None
+        if not spec.lo <= value <= spec.hi:
+            raise argparse.ArgumentTypeError(f"must be {kind} {spec.lo:g}-{spec.hi:g}")
+        return value
+
+    parse.__name__ = f"{command}.{name}"
+    return parse
+
+
+def _sort_column(text: str) -> str:
+    column = text.strip().lower().replace("-", "_")
+    column = {"op": "name", "self_gpu": "self_device", "gpu_total": "device_total"}.get(
+        column, column
+    )
+    if column not in PROFILE_COLUMNS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(PROFILE_COLUMNS)}")
+    return column
+
+
+def _job_parser(
+    sub: Any, name: str, help_text: str, timeout_help: str, func: Callable[..., int]
+) -> argparse.ArgumentParser:
+    """A deep-dive subcommand with the options they all share."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
+    add_remote_options(p)
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        metavar="S",
+        help=f"give up (cancelling the job) after S seconds; {timeout_help}",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress lines on stderr (default: when stderr is a terminal)",
+    )
+    p.set_defaults(func=func)
+    return p
+
+
+JOB_EPILOG = (
+    "Exit status: 0 done; 1 the job failed or was cancelled; 2 bad arguments, no run, command "
+    "refused, timeout, or the run ended first; 130 interrupted (the job is cancelled)."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="tdbg", description="tdbg: live PyTorch training monitor")
+    parser.add_argument("--version", action="version", version=f"tdbg {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    dump = sub.add_parser("dump", help="print a run's events as JSON lines")
+    dump.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
+    add_remote_options(dump)
+    dump.add_argument("--count", type=positive_int, help="stop after N step events")
+    dump.add_argument(
+        "--timeout",
+        type=positive_float,
+        help="wait at most S seconds for a run and stop after S seconds",
+    )
+    dump.set_defaults(func=cmd_dump)
+    ls = sub.add_parser("ls", help="list live runs on this machine (or on ssh:// nodes)")
+    ls.add_argument("hosts", nargs="*", metavar="ssh://NODE", help="list the runs there instead")
+    ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    add_remote_options(ls)
+    ls.set_defaults(func=cmd_ls)
+    tui = sub.add_parser("tui", help="the full-screen monitor (same as tdbg-tui)")
+    _add_tui_targets(tui)
+    tui.set_defaults(func=cmd_tui)
+    add_bridge_parser(sub)
+    add_run_parser(sub)
+
+    profile = _job_parser(
+        sub,
+        "profile",
+        "torch.profiler over the next N steps: the top-ops table and the trace's path",
+        "default: --max-seconds + 60",
+        cmd_profile,
+    )
+    profile.add_argument(
+        "--steps",
+        type=_bounded("profile", "steps"),
+        default=5,
+        metavar="N",
+        help="1-200 (default 5)",
+    )
+    profile.add_argument(
+        "--max-seconds",
+        type=_bounded("profile", "max_seconds"),
+        default=30.0,
+        metavar="S",
+        help="wall-clock cap on the profiled steps, 1-120 (default 30)",
+    )
+    profile.add_argument("--record-shapes", action="store_true", help="record input shapes")
+    profile.add_argument("--profile-memory", action="store_true", help="record allocations")
+    profile.add_argument("--with-stack", action="store_true", help="record Python stacks")
+    profile.add_argument(
+        "--sort",
+        type=_sort_column,
+        metavar="COLUMN",
+        help="one of name, calls, self_cpu, cpu_total, self_device, device_total, cpu_memory, "
+        "device_memory, share (default: device_total on device runs, else cpu_total)",
+    )
+    profile.add_argument("--rows", type=positive_int, default=20, metavar="N", help="default 20")
+
+    snapshot = _job_parser(
+        sub,
+        "snapshot",
+        "CUDA allocator history over the next N steps: the snapshot file and top allocation "
+        "sites (CUDA runs only)",
+        "default 120",
+        cmd_snapshot,
+    )
+    snapshot.add_argument(
+        "--steps",
+        type=_bounded("snapshot", "steps"),
+        default=3,
+        metavar="N",
+        help="1-50 (default 3)",
+    )
+    snapshot.add_argument(
+        "--max-entries",
+        type=_bounded("snapshot", "max_entries"),
+        default=100_000,
+        metavar="N",
+        help="allocator events kept, 1000-100000 (default 100000)",
+    )
+    snapshot.add_argument(
+        "--rows", type=positive_int, default=10, metavar="N", help="sites shown (default 10)"
+    )
+
+    nan_hunt = _job_parser(
+        sub,
+        "nan-hunt",
+        "hooks on every module for up to N steps: the first module whose output or gradient "
+        "is non-finite",
+        "default 120",
+        cmd_nan_hunt,
+    )
+    nan_hunt.add_argument(
+        "--steps",
+        type=_bounded("nan_hunt", "steps"),
+        default=1,
+        metavar="N",
+        help="1-100 (default 1)",
+    )
+
+    anomaly = _job_parser(
+        sub,
+        "anomaly",
+        "autograd anomaly detection for the next N steps (global and slow while on); backward "
+        "errors are reported with the forward traceback",
+        "default 120",
+        cmd_anomaly,
+    )
+    anomaly.add_argument(
+        "--steps",
+        type=_bounded("anomaly", "steps"),
+        default=10,
+        metavar="N",
+        help="1-50 (default 10)",
+    )
+    anomaly.add_argument(
+        "--check-nan",
+        action="store_true",
+        help="also raise on NaN in backward (only where watch(anomaly_check_nan=True) allows it)",
+    )
+
+    activations = _job_parser(
+        sub,
+        "activations",
+        "per-module output statistics every K steps, or off",
+        "default 60",
+        cmd_activations,
+    )
+    which = activations.add_mutually_exclusive_group()
+    which.add_argument(
+        "--every",
+        type=_bounded("activations", "every"),
+        default=10,
+        metavar="K",
+        help="sample every K steps, 1-10000 (default 10)",
+    )
+    which.add_argument("--off", action="store_true", help="turn activation statistics off")
+    activations.add_argument(
+        "--show", action="store_true", help="wait for the next sampled step and print it"
+    )
+    for p in (profile, snapshot, nan_hunt, anomaly):
+        p.epilog = JOB_EPILOG
+    activations.epilog = (
+        "Exit status: 0 done; 2 bad arguments, no run, command refused, timeout, or the run "
+        "ended first; 130 interrupted (statistics stay as set)."
+    )
+    return parser
+
+
+def run(argv: Sequence[str], prog: str = "tdbg") -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args, sys.stdout))
+    except (CliError, ConnectError, ProtocolError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except JobFailed as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`tdbg dump | head`): not an error; silence the flush at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(sys.argv[1:] if argv is None else argv)
+
+
+def tui_main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "replay":  # tdbg-tui replay FILE: a recording, with a cursor
+        try:
+            return _replay(list(argv[1:]))
+        except KeyboardInterrupt:
+            return 130
+    parser = OneLineParser(
+        prog="tdbg-tui",
+        description="Full-screen monitor of a PyTorch run. With no TARGET: attach to the only "
+        "local run, pick among several, or wait for one to start.",
+    )
+    _add_tui_targets(parser)
+    parser.add_argument("--version", action="version", version=f"tdbg {__version__}")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return cmd_tui(args, sys.stdout)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

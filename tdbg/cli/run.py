@@ -1,0 +1,218 @@
+"""``tdbg run``: start a training script with the probe preloaded, without editing it.
+
+The launcher never imports torch: it prepends ``tdbg/probe/zero_code/preload`` (a
+``sitecustomize``) to the child's PYTHONPATH, starts the child, forwards signals to it and exits
+with its code. The child does the rest (:mod:`tdbg.probe.zero_code.autowatch`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from tdbg.cli.args import positive_int
+from tdbg.connect.targets import CliError
+
+# The preload lives with the probe it starts; found by path so the launcher never imports the probe.
+PRELOAD_DIR = Path(__file__).resolve().parent.parent / "probe" / "zero_code" / "preload"
+FORWARDED = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+SI_KERNEL = 0x80  # Linux si_code of a signal the kernel sent: a terminal's ^C, ^\ or hangup
+PYTHON = re.compile(r"python[0-9.]*$")
+
+DESCRIPTION = (
+    "Run a training script with the tdbg probe preloaded, without editing it: the probe finds "
+    "the model, the optimizer and the loss as the script trains, and serves them as watch() "
+    "does (attach with tdbg-tui or tdbg dump). Arguments, exit code, stdout/stderr and signals "
+    "pass through."
+)
+EPILOG = (
+    "Forms: tdbg run [options] -- python train.py ARGS; tdbg run [options] train.py ARGS (this "
+    "interpreter); tdbg run [options] -m module ARGS. Exit status: the script's own, 128+N when "
+    "it was killed by signal N, 2 when it cannot be started."
+)
+
+
+def add_run_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register ``tdbg run`` on the subparsers of the ``tdbg`` parser."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="run a training script with the probe preloaded (no code change)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+    )
+    p.add_argument("--name", help="the run's name in the TUI (default: the script's name)")
+    p.add_argument(
+        "--record", metavar="PATH", help="record the probe's stream to PATH (sets TDBG_RECORD)"
+    )
+    p.add_argument(
+        "--grad-every",
+        type=positive_int,
+        metavar="K",
+        help="gradient norms every K steps (default: automatic, within a 1 %% budget)",
+    )
+    # REMAINDER on -m: everything after the module is the module's, options included.
+    p.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        metavar="MODULE ARGS",
+        help="MODULE [ARGS]: run a module with this interpreter, as python -m does",
+    )
+    p.add_argument(
+        "child",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ARGS",
+        help="python train.py ARGS, or train.py ARGS (run with this interpreter)",
+    )
+    p.set_defaults(func=cmd_run)
+    return p
+
+
+def child_argv(module: list[str] | None, command: list[str]) -> tuple[str, list[str]]:
+    """(executable path, argv) of the child, or CliError naming what cannot be started."""
+    if module is not None:
+        # argparse stops -m's REMAINDER at a "--" and hands the rest to `command`, "--" included.
+        words = module + command
+        if not words:
+            raise CliError("-m: name a module, e.g. tdbg run -m mypkg.train")
+        return sys.executable, [sys.executable, "-m", *words]
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise CliError("nothing to run; e.g. tdbg run -- python train.py ARGS, or -m module")
+    first = command[0]
+    if first == "-m":
+        return child_argv(command[1:], [])
+    if first.startswith("-"):
+        raise CliError(f"unknown option {first} (the command goes after --)")
+    if first.endswith(".py") or (os.path.isfile(first) and not os.access(first, os.X_OK)):
+        _check_script(first)
+        return sys.executable, [sys.executable, *command]
+    executable = shutil.which(first)
+    if executable is None:
+        raise CliError(f"command not found: {first}")
+    if PYTHON.match(os.path.basename(first)) and len(command) > 1:
+        script = command[1]
+        if not script.startswith("-"):
+            _check_script(script)
+    return executable, command
+
+
+def _check_script(path: str) -> None:
+    if not os.path.exists(path):
+        raise CliError(f"no such script: {path}")
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "__main__.py")):
+        raise CliError(f"{path} is a directory without __main__.py")
+
+
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    """The child's environment: the preload first on PYTHONPATH, the probe's settings."""
+    env = dict(os.environ)
+    previous = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(PRELOAD_DIR) + (os.pathsep + previous if previous else "")
+    env["TDBG_AUTOWATCH"] = "1"  # the child takes it out of its environment (autowatch.install)
+    if args.name:
+        env["TDBG_NAME"] = args.name
+    if args.grad_every is not None:
+        env["TDBG_GRAD_EVERY"] = str(args.grad_every)
+    if args.record:
+        record = Path(args.record).expanduser().absolute()  # the child may chdir
+        if not record.parent.is_dir():
+            raise CliError(f"--record: no such directory: {record.parent}")
+        if record.is_dir():
+            raise CliError(f"--record: {record} is a directory")
+        env["TDBG_RECORD"] = str(record)
+    return env
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
+    executable, argv = child_argv(args.module, args.child)
+    if not (PRELOAD_DIR / "sitecustomize.py").is_file():
+        raise CliError(f"the preload is missing from this install ({PRELOAD_DIR})")
+    env = child_env(args)
+    if hasattr(signal, "sigtimedwait"):
+        return _run_forwarding(executable, argv, env)
+    return _run_with_handlers(executable, argv, env)  # macOS: no sigtimedwait
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+# Python ignores SIGPIPE and SIGXFSZ for itself; the child gets the defaults, as subprocess
+# gives them (restore_signals).
+_RESTORED = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n))
+
+
+def _run_forwarding(executable: str, argv: list[str], env: dict[str, str]) -> int:
+    """Start the child with the forwarded signals blocked here and waited for synchronously.
+
+    ``sigtimedwait`` tells who sent a signal: one the terminal sent to the foreground process
+    group (``si_code`` SI_KERNEL: ^C, ^\\, hangup) already reached the child, which shares our
+    group, so only signals sent to this process alone are forwarded — the child never gets a
+    ^C twice.
+    """
+    waited = (*FORWARDED, signal.SIGCHLD)
+    previous_chld = signal.signal(signal.SIGCHLD, lambda *_: None)  # never discarded
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    try:
+        try:
+            pid = os.posix_spawn(executable, argv, env, setsigmask=old_mask, setsigdef=_RESTORED)
+        except OSError as exc:
+            raise CliError(f"cannot start {argv[0]}: {exc.strerror}") from None
+        while True:
+            info = signal.sigtimedwait(waited, 1.0)
+            if info is None or info.si_signo == signal.SIGCHLD:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done == pid:
+                    return _exit_code(status)
+                continue
+            if info.si_code == SI_KERNEL:
+                continue
+            try:
+                os.kill(pid, info.si_signo)
+            except ProcessLookupError:
+                pass  # exited meanwhile: the next SIGCHLD reaps it
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        signal.signal(signal.SIGCHLD, previous_chld)
+
+
+def _run_with_handlers(executable: str, argv: list[str], env: dict[str, str]) -> int:
+    """Fallback without ``sigtimedwait``: forward by handlers; ^C and ^\\ from the terminal
+    reach the child directly, so those two are ignored here rather than sent twice."""
+    try:
+        pid = os.posix_spawn(executable, argv, env, setsigdef=_RESTORED)
+    except OSError as exc:
+        raise CliError(f"cannot start {argv[0]}: {exc.strerror}") from None
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {}
+    for sig in FORWARDED:
+        ignore = sig in (signal.SIGINT, signal.SIGQUIT)
+        previous[sig] = signal.signal(sig, signal.SIG_IGN if ignore else forward)
+    try:
+        _, status = os.waitpid(pid, 0)  # retried after each handler (PEP 475)
+        return _exit_code(status)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,1 @@
+"""``tdbg run``'s in-process side: the preload and model/optimizer discovery."""

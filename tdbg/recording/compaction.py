@@ -1,0 +1,244 @@
+"""Compaction: rewrite a recording keeping every scalar and thinning old bulky data by kind."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tdbg.protocol.framing import pack
+from tdbg.protocol.steps import FLAG_HAS_GRADS, concat_steps
+from tdbg.recording.reader import Recording
+
+THINNED_KINDS = ("grads", "activations", "system", "probe")  # what a budget bounds, kind by kind
+BLOCK_BYTES = 1 << 20  # a record_mark every this many bytes of the rewritten file
+CHUNK_BYTES = 1 << 20  # consecutive steps batches are joined into frames of about this much
+
+
+@dataclass(slots=True)
+class Tally:
+    """How many items of each thinned kind a file holds, and their bytes (probe thread only)."""
+
+    items: dict[str, int] = field(default_factory=lambda: dict.fromkeys(THINNED_KINDS, 0))
+    size: dict[str, int] = field(default_factory=lambda: dict.fromkeys(THINNED_KINDS, 0))
+
+    def add(self, kind: str, items: int, size: int) -> None:
+        self.items[kind] += items
+        self.size[kind] += size
+
+    def copy(self) -> Tally:
+        return Tally(dict(self.items), dict(self.size))
+
+    def plus_since(self, now: Tally, then: Tally) -> Tally:
+        """This tally plus what ``now`` gained over ``then``."""
+        out = self.copy()
+        for kind in THINNED_KINDS:
+            out.add(kind, now.items[kind] - then.items[kind], now.size[kind] - then.size[kind])
+        return out
+
+
+def keep_newest(n: int, budget: int) -> bytearray | None:
+    """Which of ``n`` items (oldest first) to keep so that at most ``budget`` remain, or None
+    when all fit: like the probe's History, the older half loses every other item until they
+    fit — so the newest items stay in full and the older an item, the sparser its neighbours.
+
+    The kept items are a few ``range`` segments, never a list of n numbers: millions of rows
+    cost a few KiB and a handful of slice operations, not a Python object per row."""
+    if n <= budget:
+        return None
+    segments = [range(n)]
+    total = n
+    while total > budget:
+        if budget <= 0:
+            segments, total = [], 0
+            break
+        half = total // 2
+        if half < 2:
+            segments = _split(segments, 1)[1]  # two or three left over one slot: drop the oldest
+            total -= 1
+            continue
+        old, new = _split(segments, half)
+        thinned: list[range] = []
+        position = 0  # index of the segment's first item within the old half
+        for r in old:
+            thinned.append(r[position % 2 :: 2])  # the old half's even positions
+            position += len(r)
+        segments = [r for r in thinned if len(r)] + new
+        total = sum(len(r) for r in segments)
+    mask = bytearray(n)
+    for r in segments:
+        if len(r):
+            mask[r.start : r[-1] + 1 : r.step] = b"\x01" * len(r)
+    return mask
+
+
+def _split(segments: list[range], k: int) -> tuple[list[range], list[range]]:
+    """The first ``k`` items of ``segments`` and the rest, as segments."""
+    head: list[range] = []
+    for i, r in enumerate(segments):
+        if k <= 0:
+            return head, segments[i:]
+        if len(r) <= k:
+            head.append(r)
+            k -= len(r)
+            continue
+        return head + [r[:k]], [r[k:], *segments[i + 1 :]]
+    return head, []
+
+
+def drop_rows(msg: dict[str, Any], keep: Sequence[int]) -> dict[str, Any]:
+    """``msg`` (a ``steps`` message) without the per-layer rows whose ``keep`` entry is 0 (one
+    entry per row with grads); the scalars are untouched. Byte slicing: no object per step."""
+    flags = bytes(msg["flags"])
+    width = 4 * int(msg["layers"])
+    totals, norms = bytes(msg["grad_total"]), bytes(msg["grad_norms"])
+    out = dict(msg)
+    out["grad_total"] = b"".join(totals[8 * g : 8 * g + 8] for g, k in enumerate(keep) if k)
+    out["grad_norms"] = b"".join(
+        norms[width * g : width * (g + 1)] for g, k in enumerate(keep) if k
+    )
+    new_flags = bytearray(flags)
+    g = 0
+    for i, f in enumerate(flags):
+        if f & FLAG_HAS_GRADS:
+            if not keep[g]:
+                new_flags[i] = f & ~FLAG_HAS_GRADS
+            g += 1
+    out["flags"] = bytes(new_flags)
+    return out
+
+
+def grad_rows(msg: dict[str, Any]) -> int:
+    """Rows with per-layer grads in a ``steps`` message (one f64 total each)."""
+    return len(msg["grad_total"]) // 8
+
+
+def row_bytes(msg: dict[str, Any]) -> int:
+    return 8 + 4 * int(msg["layers"])
+
+
+class _BlockWriter:
+    """Writes frames to ``fd`` in blocks, each closed by a ``record_mark`` that checks it."""
+
+    def __init__(self, fd: int, head: bytes) -> None:
+        self.fd = fd
+        self.size = 0
+        self.last_step: int | None = None
+        self._buf = bytearray()
+        self._write(head)
+
+    def add(self, frame: bytes) -> None:
+        self._buf += frame
+        if len(self._buf) >= BLOCK_BYTES:
+            self.close_block()
+
+    def close_block(self) -> None:
+        if not self._buf:
+            return
+        data = bytes(self._buf)
+        self._buf.clear()
+        self._write(data + mark(data, self.last_step))
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            self.size += n
+            view = view[n:]
+
+
+def mark(data: bytes, last_step: int | None) -> bytes:
+    """The ``record_mark`` frame closing a block of ``data``."""
+    msg = {"type": "record_mark", "crc": zlib.crc32(data), "bytes": len(data)}
+    msg.update(step=last_step, time=time.time())
+    return pack(msg)
+
+
+def _last_step(msg: dict[str, Any]) -> int | None:
+    if not msg["n"]:
+        return None
+    return int.from_bytes(bytes(msg["step"])[-8:], "little", signed=True)
+
+
+@dataclass(slots=True)
+class Result:
+    size: int  # bytes written to the new file
+    tally: Tally  # what it holds of each thinned kind
+    last_step: int | None
+
+
+def compact(
+    source: Path, end: int, fd: int, head: bytes, tally: Tally, budgets: dict[str, int]
+) -> Result:
+    """Write to ``fd`` a recording holding what ``source`` holds in its first ``end`` bytes (a
+    mark boundary), with each thinned kind cut to its byte budget (``keep_newest``); ``head`` is
+    the file header and ``recording`` frame. Raises on any error (the caller keeps the old file).
+    """
+    masks: dict[str, bytearray | None] = {}
+    for kind in THINNED_KINDS:
+        n, size = tally.items[kind], tally.size[kind]
+        masks[kind] = None if size <= budgets[kind] else keep_newest(n, n * budgets[kind] // size)
+    seen = dict.fromkeys(THINNED_KINDS, 0)
+    out = Tally()
+    writer = _BlockWriter(fd, head[:12])
+    writer.add(head[12:])
+    pending: list[dict[str, Any]] = []
+    pending_bytes = 0
+
+    def flush_steps() -> None:
+        nonlocal pending_bytes
+        if pending:
+            joined = concat_steps(pending) if len(pending) > 1 else pending[0]
+            for msg in [joined] if joined is not None else pending:
+                writer.add(pack(msg))
+        pending.clear()
+        pending_bytes = 0
+
+    recording = Recording(source)
+    for msg in recording.messages(end=end):
+        mtype = msg.get("type")
+        if mtype == "steps":
+            rows = grad_rows(msg)
+            mask = masks["grads"]
+            first = seen["grads"]
+            seen["grads"] += rows
+            if mask is not None and rows:
+                keep = mask[first : first + rows]
+                keep += b"\x01" * (rows - len(keep))  # rows past the tally: kept
+                if not all(keep):
+                    msg = drop_rows(msg, keep)
+            kept = grad_rows(msg)
+            out.add("grads", kept, kept * row_bytes(msg))
+            step = _last_step(msg)
+            if step is not None:
+                writer.last_step = step
+            size = sum(len(v) for v in msg.values() if isinstance(v, bytes))
+            if pending and (
+                msg["layers"] != pending[0]["layers"]
+                or msg["lr_groups"] != pending[0]["lr_groups"]
+                or pending_bytes + size > CHUNK_BYTES  # a joined frame stays under the frame cap
+            ):
+                flush_steps()
+            pending.append(msg)
+            pending_bytes += size
+            continue
+        flush_steps()  # other messages stay where they were: the replay files them by position
+        frame = pack(msg)
+        if mtype in masks:
+            kind = str(mtype)
+            i = seen[kind]
+            seen[kind] += 1
+            mask = masks[kind]
+            if mask is not None and i < len(mask) and not mask[i]:
+                continue
+            out.add(kind, 1, len(frame))
+        writer.add(frame)
+    flush_steps()
+    if recording.stopped is not None:
+        raise ValueError(recording.stopped)
+    writer.close_block()
+    return Result(writer.size, out, writer.last_step)

@@ -1,0 +1,1 @@
+"""Where a TUI's events come from: a local socket, discovery, ssh, a replay, synthetic data."""

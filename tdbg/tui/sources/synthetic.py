@@ -1,0 +1,376 @@
+"""Synthetic probe messages: a plausible run for tests, demos and screenshots without a probe."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from tdbg.protocol.steps import StepRecord, pack_steps
+
+RUN = {
+    "name": "synthetic",
+    "pid": 4242,
+    "rank": 0,
+    "host": "testhost",
+    "argv": ["train.py"],
+    "start_time": 1_700_000_000.0,
+    "socket": "/nonexistent/0-4242",
+    "proto_min": 1,
+    "proto_max": 1,
+}
+
+
+def layer_names(n: int) -> list[str]:
+    return [f"blocks.{i // 4}.{('attn', 'mlp', 'norm', 'proj')[i % 4]}.weight" for i in range(n)]
+
+
+def step_records(
+    start: int,
+    count: int,
+    n_layers: int,
+    grad_every: int = 1,
+    t0: float = RUN["start_time"],  # type: ignore[assignment]
+    nan_at: int | None = None,
+    data_share: float = 0.1,
+    seed: int = 0,
+) -> list[StepRecord]:
+    """``count`` steps from ``start``: a decaying noisy loss, two LR groups, per-layer norms."""
+    rng = random.Random(seed + start)
+    out = []
+    step_time = 0.05
+    for s in range(start, start + count):
+        loss = 2.5 * math.exp(-s / 300) + 0.1 + 0.05 * rng.random()
+        if nan_at is not None and s >= nan_at:
+            loss = math.nan
+        norms = None
+        if s % grad_every == 0:
+            norms = [
+                10 ** (-3 + 2 * (i / max(1, n_layers - 1))) * (1 + 0.1 * rng.random())
+                for i in range(n_layers)
+            ]
+            if n_layers > 2:
+                norms[1] = 1e-9  # a vanished layer
+            if nan_at is not None and s >= nan_at and n_layers:
+                norms[0] = math.nan
+        rest = step_time * (1 - data_share)
+        out.append(
+            StepRecord(
+                step=s,
+                time=t0 + s * step_time,
+                loss=loss,
+                lr=[1e-3 * min(1.0, (s + 1) / 100), 1e-4],
+                step_time=step_time,
+                samples=32.0,
+                tokens=32.0 * 512,
+                data_time=step_time * data_share,
+                forward_time=rest * 0.3,
+                backward_time=rest * 0.55,
+                optimizer_time=rest * 0.1,
+                probe_time=step_time * 0.005,
+                grad_total=None if norms is None else math.sqrt(sum(n * n for n in norms)),
+                grad_norms=norms,
+            )
+        )
+    return out
+
+
+def system_message(gpu: bool = False) -> dict[str, Any]:
+    msg: dict[str, Any] = {
+        "type": "system",
+        "time": RUN["start_time"],
+        "host": {
+            "rss": 2.5 * 2**30,
+            "cpu_percent": 103.0,
+            "ram_used": 30 * 2**30,
+            "ram_total": 128 * 2**30,
+        },
+        "cuda": [],
+        "gpus": [],
+        "missing": ["GPU: NVML not available (no driver)", "CUDA: not in use"],
+    }
+    if gpu:
+        msg["cuda"] = [
+            {
+                "index": 0,
+                "name": "H100",
+                "allocated": 12 * 2**30,
+                "reserved": 14 * 2**30,
+                "peak": 13 * 2**30,
+                "retries": 0,
+                "ooms": 0,
+            }
+        ]
+        msg["gpus"] = [
+            {
+                "index": 0,
+                "name": "NVIDIA H100",
+                "util": 87,
+                "mem_used": 15 * 2**30,
+                "mem_total": 80 * 2**30,
+                "temp": 61,
+                "power": 412.0,
+                "power_limit": 700.0,
+                "sm_clock": 1980,
+            }
+        ]
+        msg["missing"] = []
+    return msg
+
+
+def synthetic_run(
+    steps: int = 400,
+    n_layers: int = 12,
+    batch: int = 50,
+    grad_every: int = 1,
+    nan_at: int | None = None,
+    gpu: bool = False,
+    data_share: float = 0.1,
+) -> list[dict[str, Any]]:
+    """A full message list as a probe would send it: layers, step batches, alerts, system."""
+    names = layer_names(n_layers)
+    msgs: list[dict[str, Any]] = [
+        {"type": "layers", "names": names, "numel": [1000] * n_layers},
+    ]
+    for start in range(0, steps, batch):
+        count = min(batch, steps - start)
+        records = step_records(
+            start, count, n_layers, grad_every, nan_at=nan_at, data_share=data_share
+        )
+        msgs.append(pack_steps(records, n_layers))
+    msgs.append(
+        {
+            "type": "alert",
+            "kind": "loss_spike",
+            "severity": "warning",
+            "step": steps // 3,
+            "time": RUN["start_time"],
+            "message": "loss jumped 4.1x above its running mean",
+            "layers": [],
+        }
+    )
+    msgs.append(
+        {
+            "type": "alert",
+            "kind": "zero_grad",
+            "severity": "info",
+            "step": steps // 2,
+            "time": RUN["start_time"],
+            "message": "gradient norm is below 1e-8",
+            "layers": [names[1]] if n_layers > 1 else [],
+        }
+    )
+    if nan_at is not None:
+        msgs.append(
+            {
+                "type": "alert",
+                "kind": "nonfinite_loss",
+                "severity": "error",
+                "step": nan_at,
+                "time": RUN["start_time"],
+                "message": "loss is NaN",
+                "layers": names[:1],
+            }
+        )
+    msgs.append(system_message(gpu))
+    msgs.append(
+        {
+            "type": "probe",
+            "time": RUN["start_time"],
+            "cost_fraction": 0.006,
+            "grad_interval": grad_every,
+            "overhead_budget": 0.02,
+            "errors": 0,
+            "last_error": None,
+            "dropped": 0,
+            "clients": 1,
+            "steps_seen": steps,
+        }
+    )
+    msgs.append({"type": "synced"})
+    return msgs
+
+
+# --- deep dives (issue 3): jobs and results exactly as the wire contract spells them ----------
+
+OPS = (  # name, calls per step, self CPU us per call, total CPU us per call
+    ("aten::addmm", 3, 180.0, 210.0),
+    ("aten::mm", 4, 150.0, 160.0),
+    ("aten::linear", 3, 8.0, 230.0),
+    ("aten::tanh", 1, 40.0, 42.0),
+    ("aten::tanh_backward", 1, 35.0, 37.0),
+    ("aten::mse_loss", 1, 20.0, 45.0),
+    ("aten::add_", 6, 12.0, 13.0),
+    ("aten::t", 6, 3.0, 6.0),
+    ("aten::sum", 3, 15.0, 18.0),
+    ("Optimizer.step#SGD.step", 1, 60.0, 140.0),
+)
+
+
+def profile_result(
+    steps: tuple[int, int] = (100, 104),
+    slower: dict[str, float] | None = None,
+    device: bool = False,
+    trace: str | None = "/tmp/tdbg-run/profile-step100.pt.trace.json",
+) -> dict[str, Any]:
+    """A ``profile`` job's result; ``slower`` scales some ops' times (for comparisons)."""
+    n = steps[1] - steps[0] + 1
+    rows: list[dict[str, Any]] = []
+    for name, calls, self_us, total_us in OPS:
+        k = (slower or {}).get(name, 1.0)
+        row = {
+            "name": name,
+            "calls": calls * n,
+            "self_cpu": self_us * calls * n * k,
+            "cpu_total": total_us * calls * n * k,
+            "self_device": self_us * calls * n * k * 0.4 if device else 0.0,
+            "device_total": total_us * calls * n * k * 0.4 if device else 0.0,
+            "cpu_memory": 4096 * calls * n,
+            "device_memory": 8192 * calls * n if device else 0,
+        }
+        rows.append(row)
+    sort = "device_total" if device else "cpu_total"
+    rows.sort(key=lambda r: -float(r[sort]))
+    return {
+        "rows": rows,
+        "sort": sort,
+        "device": device,
+        "steps": [steps[0], steps[1]],
+        "wall_seconds": 0.0123 * n,
+        "total_self_cpu": sum(float(r["self_cpu"]) for r in rows),
+        "total_self_device": sum(float(r["self_device"]) for r in rows),
+        "trace": None if trace is None else {"path": trace, "size": 1_234_567, "sha256": "0" * 64},
+        "truncated": False,
+    }
+
+
+def job_messages(
+    job: int,
+    command: str,
+    args: dict[str, Any],
+    result: dict[str, Any] | None,
+    total: int | None = 5,
+    start: int = 100,
+    final: str = "done",
+    message: str = "",
+    history: bool = False,
+) -> list[dict[str, Any]]:
+    """A job's progress from armed to ``final`` (done with ``result``, failed, cancelled)."""
+
+    def msg(state: str, step: int | None, done: int, res: dict[str, Any] | None = None) -> dict:
+        out = {
+            "type": "job",
+            "job": job,
+            "command": command,
+            "state": state,
+            "step": step,
+            "done": done,
+            "total": total,
+            "message": message if state in ("failed", "cancelled") else "",
+            "args": args,
+            "time": RUN["start_time"] + start,  # type: ignore[operator]
+            "result": res,
+        }
+        if history:
+            out["history"] = True
+        return out
+
+    out = [msg("armed", None, 0)]
+    for i in range(total or 0):
+        out.append(msg("running", start + i, i + 1))
+    if final == "done":
+        out.append(msg("analysing", start + (total or 1) - 1, total or 0))
+    out.append(
+        msg(final, start + (total or 1) - 1, total or 0, result if final == "done" else None)
+    )
+    return out
+
+
+def nan_hunt_result(found: bool = True) -> dict[str, Any]:
+    if not found:
+        return {
+            "found": False,
+            "phase": None,
+            "module": None,
+            "module_type": None,
+            "step": None,
+            "nonfinite": 0,
+            "numel": 0,
+            "input_min": None,
+            "input_max": None,
+            "input_nonfinite": False,
+            "params_nonfinite": 0,
+            "steps_checked": 1,
+            "trigger": "manual",
+        }
+    return {
+        "found": True,
+        "phase": "forward",
+        "module": "body.1",
+        "module_type": "Linear",
+        "step": 151,
+        "nonfinite": 12,
+        "numel": 4096,
+        "input_min": -3.25,
+        "input_max": 4.5,
+        "input_nonfinite": False,
+        "params_nonfinite": 0,
+        "steps_checked": 1,
+        "trigger": "manual",
+    }
+
+
+def snapshot_result() -> dict[str, Any]:
+    return {
+        "file": {"path": "/tmp/tdbg-run/snapshot-step100.pickle", "size": 3_456_789, "sha256": ""},
+        "steps": [100, 102],
+        "top": [
+            {
+                "site": "train.py:42 forward (torch/nn/modules/linear.py:125)",
+                "bytes": 2**30,
+                "count": 12,
+            },
+            {
+                "site": "train.py:57 step (torch/optim/adam.py:400)",
+                "bytes": 512 * 2**20,
+                "count": 40,
+            },
+            {
+                "site": "train.py:40 batch (torch/utils/data/_utils/collate.py:200)",
+                "bytes": 64 * 2**20,
+                "count": 3,
+            },
+        ],
+        "active_bytes": 3 * 2**30,
+        "reserved_bytes": 4 * 2**30,
+    }
+
+
+def activations_message(step: int = 110, n_modules: int = 8) -> dict[str, Any]:
+    """Per-module output statistics: one dead ReLU (all zeros) and one module with NaN outputs."""
+    names = [f"blocks.{i // 2}.{'fc' if i % 2 == 0 else 'act'}" for i in range(n_modules)]
+    types = ["Linear" if i % 2 == 0 else "ReLU" for i in range(n_modules)]
+    mean = [0.01 * (i + 1) for i in range(n_modules)]
+    std = [0.5 + 0.1 * i for i in range(n_modules)]
+    lo = [-2.0 - i for i in range(n_modules)]
+    hi = [2.0 + i for i in range(n_modules)]
+    zero = [0.0 if i % 2 == 0 else 0.45 for i in range(n_modules)]
+    nonfinite = [0] * n_modules
+    if n_modules > 3:
+        zero[3] = 1.0  # a dead ReLU
+        mean[3], std[3], lo[3], hi[3] = 0.0, 0.0, 0.0, 0.0
+    if n_modules > 4:
+        nonfinite[4] = 7
+        mean[4], std[4], hi[4] = math.nan, math.nan, math.inf
+    return {
+        "type": "activations",
+        "step": step,
+        "names": names,
+        "types": types,
+        "mean": mean,
+        "std": std,
+        "min": lo,
+        "max": hi,
+        "zero_frac": zero,
+        "nonfinite": nonfinite,
+    }

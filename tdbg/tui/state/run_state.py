@@ -1,0 +1,632 @@
+"""RunState: numpy histories of one run, bounded gradient history, alerts and derived figures."""
+
+from __future__ import annotations
+
+import math
+import time as _time
+import warnings
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tdbg.protocol.steps import FLAG_HAS_GRADS, FLAG_HAS_LOSS
+from tdbg.tui.state.deep import DeepState
+
+# The scalar columns of a ``steps`` batch, all little-endian f64 (see protocol.pack_steps).
+F64_COLUMNS = (
+    "time",
+    "step_time",
+    "samples",
+    "tokens",
+    "data_time",
+    "forward_time",
+    "backward_time",
+    "optimizer_time",
+    "probe_time",
+)
+ANATOMY = ("data_time", "forward_time", "backward_time", "optimizer_time")
+
+RECENT_GRAD_ROWS = 512  # sampled grad rows kept at full resolution
+OLD_GRAD_ROWS = 512  # decimated older rows; the stride doubles whenever this fills
+MAX_ALERTS = 500
+# Per-step scalars kept; past this the older half is thinned to every other step (again and
+# again), so a run of any length costs at most ~25 MiB of history while recent steps stay exact.
+MAX_SCALAR_ROWS = 1 << 18
+EMA_ALPHA = 0.05  # smoothed loss: about a 20-step memory
+RATE_WINDOW = 5.0  # seconds of recent steps that steps/s is measured over
+ANATOMY_WINDOW = 32  # steps averaged for the step-anatomy bar
+INPUT_BOUND_SHARE = 0.30  # data loading above this share of a step means the GPU waits on input
+
+
+def fmt(value: float | int | None, spec: str = ".3g", unit: str = "") -> str:
+    """Format a figure, or ``n/a`` when it is missing or not a number."""
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    return f"{value:{spec}}{unit}"
+
+
+def fmt_loss(value: float | None) -> str:
+    """A loss for display: NaN and inf are spelled out (they are the news), None is ``n/a``."""
+    if value is None:
+        return "n/a"
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+    return f"{value:.4g}"
+
+
+def fmt_bytes(value: float | int | None) -> str:
+    """Bytes in the largest binary unit that keeps the figure readable."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return "n/a"  # pragma: no cover - the loop always returns
+
+
+def fmt_us(value: float | None) -> str:
+    """A duration given in microseconds, at most 7 characters: ``812µs``, ``12.3ms``, ``1.23s``."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    if abs(value) < 1000:
+        return f"{value:.0f}µs"
+    if abs(value) < 1_000_000:
+        return f"{value / 1000:.3g}ms"
+    return f"{value / 1_000_000:.3g}s"
+
+
+def fmt_stat(value: float | None) -> str:
+    """A statistic for a table cell: 3 significant digits; NaN and inf are spelled out."""
+    if value is None:
+        return "n/a"
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+    return f"{value:.3g}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "n/a"
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class GrowArray:
+    """An append-only numpy array that doubles its capacity: O(batch) appends, no Python objects."""
+
+    def __init__(self, dtype: Any, width: int = 0, capacity: int = 1024) -> None:
+        self.width = width
+        shape = (capacity, width) if width else (capacity,)
+        self._data = np.empty(shape, dtype=dtype)
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def values(self) -> np.ndarray:
+        """A view of the filled part; valid until the next append."""
+        return self._data[: self.n]
+
+    def widen(self, width: int, fill: float = math.nan) -> None:
+        """Grow the column count (a run may add a param group); new columns get ``fill``."""
+        if width <= self.width:
+            return
+        data = np.full((self._data.shape[0], width), fill, dtype=self._data.dtype)
+        if self.width:
+            data[:, : self.width] = self._data
+        self._data = data
+        self.width = width
+
+    def extend(self, block: np.ndarray) -> None:
+        k = block.shape[0]
+        need = self.n + k
+        if need > self._data.shape[0]:
+            cap = max(need, 2 * self._data.shape[0])
+            data = np.empty((cap, *self._data.shape[1:]), dtype=self._data.dtype)
+            data[: self.n] = self._data[: self.n]
+            self._data = data
+        if self.width and block.ndim == 2 and block.shape[1] < self.width:
+            self._data[self.n : need] = math.nan
+            self._data[self.n : need, : block.shape[1]] = block
+        else:
+            self._data[self.n : need] = block
+        self.n = need
+
+    def compress(self, keep: np.ndarray) -> None:
+        """Keep only the rows where ``keep`` is true (a mask over the filled part)."""
+        kept = self._data[: self.n][keep]
+        self._data[: len(kept)] = kept
+        self.n = len(kept)
+
+
+def thin_mask(n: int) -> np.ndarray:
+    """Every row of the newer half; every other row of the older half."""
+    keep = np.ones(n, dtype=bool)
+    keep[1 : n // 2 : 2] = False
+    return keep
+
+
+class GradHistory:
+    """Per-layer gradient norms in bounded memory.
+
+    The latest ``recent`` sampled rows are kept at full resolution in a ring. Rows that fall out of
+    the ring are decimated into ``old`` rows: one in ``stride`` is kept, and when the old store is
+    full every other row is dropped and the stride doubles. Memory is (recent + old) x layers x 4
+    bytes whatever the run's length: 4 MiB for 1,000 layers.
+    """
+
+    def __init__(self, n_layers: int, recent: int = RECENT_GRAD_ROWS, old: int = OLD_GRAD_ROWS):
+        self.n_layers = n_layers
+        self.recent_cap = recent
+        self.old_cap = old
+        self._ring = np.full((recent, n_layers), np.nan, dtype=np.float32)
+        self._ring_steps = np.zeros(recent, dtype=np.int64)
+        self._head = 0  # next slot to write
+        self._count = 0
+        self._old = np.full((old, n_layers), np.nan, dtype=np.float32)
+        self._old_steps = np.zeros(old, dtype=np.int64)
+        self._old_n = 0
+        self.stride = 1
+        self._evicted = 0  # rows evicted so far; picks which ones survive decimation
+        self.total_rows = 0
+
+    def __len__(self) -> int:
+        return self._count + self._old_n
+
+    @classmethod
+    def from_rows(
+        cls,
+        n_layers: int,
+        steps: np.ndarray,
+        rows: np.ndarray,
+        recent: int = RECENT_GRAD_ROWS,
+        old: int = OLD_GRAD_ROWS,
+    ) -> GradHistory:
+        """A history of ``rows`` (k x layers, step order) built at once, for a replay cursor:
+        the last ``recent`` rows exact, the older ones one in a power-of-two stride so that at
+        most ``old`` are kept, as :meth:`extend` would leave them. O((recent + old) x layers)."""
+        history = cls(n_layers, recent, old)
+        k = len(steps)
+        r = min(k, recent)
+        older = k - r
+        stride = 1
+        while older and -(-older // stride) > old:
+            stride *= 2
+        idx = np.arange(0, older, stride)
+        history._put_old(steps[idx], rows[idx])
+        history.stride = stride
+        history._ring[:r] = rows[older:]
+        history._ring_steps[:r] = steps[older:]
+        history._head = r % recent
+        history._count = r
+        history.total_rows = k
+        return history
+
+    def extend(self, steps: np.ndarray, rows: np.ndarray) -> None:
+        """Append sampled rows (k x layers) in step order. O(k x layers)."""
+        k = rows.shape[0]
+        if k == 0:
+            return
+        self.total_rows += k
+        cap = self.recent_cap
+        if k > cap:  # rows that would be overwritten within this very batch go straight to old
+            self._evict(self._ordered_recent_steps(), self._ordered_recent())
+            self._head, self._count = 0, 0
+            self._evict(steps[: k - cap], rows[: k - cap])
+            steps, rows, k = steps[k - cap :], rows[k - cap :], cap
+        overflow = self._count + k - cap
+        if overflow > 0:
+            idx = (self._head - self._count + np.arange(overflow)) % cap
+            self._evict(self._ring_steps[idx], self._ring[idx])
+            self._count -= overflow
+        idx = (self._head + np.arange(k)) % cap
+        self._ring[idx] = rows
+        self._ring_steps[idx] = steps
+        self._head = (self._head + k) % cap
+        self._count += k
+
+    def _evict(self, steps: np.ndarray, rows: np.ndarray) -> None:
+        start = 0
+        m = rows.shape[0]
+        while start < m:
+            # Keep the evicted rows whose running index is a multiple of the stride.
+            first = (-self._evicted) % self.stride
+            take = np.arange(start + first, m, self.stride)
+            room = self.old_cap - self._old_n
+            if len(take) <= room:
+                self._put_old(steps[take], rows[take])
+                self._evicted += m - start
+                return
+            keep = take[:room]
+            self._put_old(steps[keep], rows[keep])
+            consumed = int(keep[-1]) + 1 if len(keep) else start
+            self._evicted += consumed - start
+            start = consumed
+            self._compact()
+
+    def _put_old(self, steps: np.ndarray, rows: np.ndarray) -> None:
+        n = len(steps)
+        self._old[self._old_n : self._old_n + n] = rows
+        self._old_steps[self._old_n : self._old_n + n] = steps
+        self._old_n += n
+
+    def _compact(self) -> None:
+        half = self._old[: self._old_n : 2].copy()
+        half_steps = self._old_steps[: self._old_n : 2].copy()
+        self._old_n = len(half_steps)
+        self._old[: self._old_n] = half
+        self._old_steps[: self._old_n] = half_steps
+        self.stride *= 2
+        # Restart the stride phase so the next kept row lands one stride after the last kept one.
+        self._evicted = 0
+
+    def _ordered_recent(self) -> np.ndarray:
+        idx = (self._head - self._count + np.arange(self._count)) % self.recent_cap
+        return self._ring[idx]
+
+    def _ordered_recent_steps(self) -> np.ndarray:
+        idx = (self._head - self._count + np.arange(self._count)) % self.recent_cap
+        return self._ring_steps[idx]
+
+    def matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, rows x layers), oldest first: decimated old rows, then the recent ring."""
+        steps = np.concatenate([self._old_steps[: self._old_n], self._ordered_recent_steps()])
+        rows = np.concatenate([self._old[: self._old_n], self._ordered_recent()])
+        return steps, rows
+
+    def recent(self, n: int) -> np.ndarray:
+        """The last ``n`` sampled rows (at most the ring), oldest first."""
+        n = min(n, self._count)
+        idx = (self._head - n + np.arange(n)) % self.recent_cap
+        return self._ring[idx]
+
+    def latest(self) -> np.ndarray | None:
+        if self._count == 0:
+            return None
+        return self._ring[(self._head - 1) % self.recent_cap]
+
+    def latest_step(self) -> int | None:
+        if self._count == 0:
+            return None
+        return int(self._ring_steps[(self._head - 1) % self.recent_cap])
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert as the probe raised it."""
+
+    kind: str
+    severity: str
+    step: int | None
+    time: float | None
+    message: str
+    layers: tuple[str, ...]
+    history: bool = False
+
+
+class RunState:
+    """Everything the TUI knows about one run; updated in O(batch) from protocol messages.
+
+    Views read it on the repaint timer. ``revision`` changes whenever anything visible changed, so
+    the view repaints only when there is something new.
+    """
+
+    def __init__(self, run: dict[str, Any] | None = None) -> None:
+        self.run: dict[str, Any] = dict(run or {})
+        self.connection = "connecting"  # connecting | live | ended | reconnecting | waiting
+        self.end_reason: str | None = None
+        self.synced = False
+        self.revision = 0
+        self.layer_names: list[str] = []
+        self.layer_numel: list[int] = []
+        self.steps = GrowArray(np.int64)
+        self.has_loss = GrowArray(np.bool_)
+        self.loss = GrowArray(np.float64)
+        self.loss_ema = GrowArray(np.float64)
+        self.cols: dict[str, GrowArray] = {name: GrowArray(np.float64) for name in F64_COLUMNS}
+        self.lr = GrowArray(np.float64, width=1)
+        self.lr_groups = 0
+        self.grad_steps = GrowArray(np.int64)  # steps that carried per-layer norms
+        self.grad_total = GrowArray(np.float64)
+        self.grads = GradHistory(0)
+        self.alerts: deque[Alert] = deque(maxlen=MAX_ALERTS)
+        self.alert_count = 0
+        self.thinned_steps = 0  # times the older half of the scalar history was thinned
+        self.nonfinite_alerts = 0
+        self.system: dict[str, Any] | None = None
+        self.probe: dict[str, Any] | None = None
+        self.errors: list[str] = []  # ``error`` messages from the probe, and bad frames
+        self.deep = DeepState()  # deep-dive commands: requests, jobs, results, activations
+        self._ema: float | None = None
+        self.received_at: float | None = None  # wall clock of the last message
+
+    # --- updates --------------------------------------------------------------------------
+
+    def apply_many(self, messages: Iterable[dict[str, Any]]) -> None:
+        for message in messages:
+            self.apply(message)
+
+    def apply(self, message: dict[str, Any]) -> None:
+        """Fold one protocol message into the state."""
+        mtype = message.get("type")
+        self.received_at = _time.time()
+        if mtype == "steps":
+            self._apply_steps(message)
+        elif mtype == "layers":
+            self._apply_layers(message)
+        elif mtype == "alert":
+            self._apply_alert(message)
+        elif mtype == "system":
+            self.system = message
+        elif mtype == "probe":
+            self.probe = message
+            self.deep.apply_probe(message)
+        elif mtype in ("job", "ack", "activations"):
+            try:
+                getattr(self.deep, f"apply_{mtype}")(message)
+            except (TypeError, ValueError, AttributeError) as exc:  # a bad message, not a crash
+                self.errors.append(f"malformed {mtype} message: {exc}")
+        elif mtype == "synced":
+            self.synced = True
+        elif mtype == "bye":
+            self.end_reason = str(message.get("reason") or "closed")
+        elif mtype == "error":
+            # An error with a command's id is a refusal of that command, not a protocol fault.
+            if not self.deep.apply_refusal(message):
+                self.errors.append(f"{message.get('code')}: {message.get('message')}")
+        else:
+            return  # pong, welcome and unknown types change nothing visible
+        self.revision += 1
+
+    def _apply_layers(self, message: dict[str, Any]) -> None:
+        names = [str(n) for n in message.get("names") or []]
+        numel = [int(n) for n in message.get("numel") or []]
+        if names != self.layer_names:
+            self.layer_names = names
+            self.layer_numel = numel
+            self.grads = GradHistory(len(names))
+            self.grad_steps = GrowArray(np.int64)
+            self.grad_total = GrowArray(np.float64)
+
+    def _apply_steps(self, msg: dict[str, Any]) -> None:
+        try:
+            n, n_layers, groups = int(msg["n"]), int(msg["layers"]), int(msg["lr_groups"])
+            steps = np.frombuffer(msg["step"], "<i8")
+            flags = np.frombuffer(msg["flags"], np.uint8)
+            loss = np.frombuffer(msg["loss"], "<f8")
+            lr = np.frombuffer(msg["lr"], "<f8")
+            cols = {name: np.frombuffer(msg[name], "<f8") for name in F64_COLUMNS}
+            totals = np.frombuffer(msg["grad_total"], "<f8")
+            norms = np.frombuffer(msg["grad_norms"], "<f4")
+        except (KeyError, TypeError, ValueError) as exc:
+            self.errors.append(f"malformed steps message: {exc}")
+            return
+        has_grads = (flags & FLAG_HAS_GRADS).astype(bool)
+        n_grad = int(has_grads.sum())
+        ok = (
+            len(steps) == n
+            and len(flags) == n
+            and len(loss) == n
+            and len(lr) == n * groups
+            and all(len(c) == n for c in cols.values())
+            and len(totals) == n_grad
+            and len(norms) == n_grad * n_layers
+        )
+        if not ok:
+            self.errors.append("malformed steps message: column sizes disagree")
+            return
+        if n == 0:
+            return
+        has_loss = (flags & FLAG_HAS_LOSS).astype(bool)
+        self.steps.extend(steps)
+        self.has_loss.extend(has_loss)
+        loss = np.where(has_loss, loss, np.nan)
+        self.loss.extend(loss)
+        self.loss_ema.extend(self._ema_block(loss))
+        for name, col in cols.items():
+            self.cols[name].extend(col)
+        if groups > self.lr.width:
+            self.lr.widen(groups)
+        self.lr_groups = max(self.lr_groups, groups)
+        if groups:
+            self.lr.extend(lr.reshape(n, groups))
+        else:
+            self.lr.extend(np.full((n, self.lr.width), np.nan))
+        if n_grad:
+            if n_layers != self.grads.n_layers:
+                # Steps arrived before (or without) a matching ``layers`` message: name them.
+                self._apply_layers(
+                    {"names": [f"layer {i}" for i in range(n_layers)], "numel": [0] * n_layers}
+                )
+            gsteps = steps[has_grads]
+            self.grad_steps.extend(gsteps)
+            self.grad_total.extend(totals)
+            if n_layers:
+                self.grads.extend(gsteps, norms.reshape(n_grad, n_layers))
+        self._bound_history()
+
+    def _bound_history(self) -> None:
+        if len(self.steps) > MAX_SCALAR_ROWS:
+            keep = thin_mask(len(self.steps))
+            for arr in (
+                self.steps,
+                self.has_loss,
+                self.loss,
+                self.loss_ema,
+                self.lr,
+                *self.cols.values(),
+            ):
+                arr.compress(keep)
+            self.thinned_steps += 1
+        if len(self.grad_steps) > MAX_SCALAR_ROWS:
+            keep = thin_mask(len(self.grad_steps))
+            self.grad_steps.compress(keep)
+            self.grad_total.compress(keep)
+
+    def _ema_block(self, loss: np.ndarray) -> np.ndarray:
+        # A sequential recurrence, so one float op per step in Python; non-finite losses are
+        # skipped so one NaN does not poison the smoothed curve for the rest of the run, and
+        # the curve has a gap there rather than a flat line hiding a diverged run.
+        out = np.empty(len(loss))
+        ema = self._ema
+        a = EMA_ALPHA
+        for i, v in enumerate(loss.tolist()):
+            if math.isfinite(v):
+                ema = v if ema is None else ema + a * (v - ema)
+            out[i] = ema if ema is not None and math.isfinite(v) else math.nan
+        self._ema = ema
+        return out
+
+    def _apply_alert(self, message: dict[str, Any]) -> None:
+        step = message.get("step")
+        when = message.get("time")
+        alert = Alert(
+            kind=str(message.get("kind") or "alert"),
+            severity=str(message.get("severity") or "info"),
+            step=int(step) if isinstance(step, int | float) else None,
+            time=float(when) if isinstance(when, int | float) else None,
+            message=str(message.get("message") or ""),
+            layers=tuple(str(x) for x in message.get("layers") or ()),
+            history=bool(message.get("history")),
+        )
+        self.alerts.appendleft(alert)  # newest first
+        self.alert_count += 1
+        if alert.kind.startswith("nonfinite"):
+            self.nonfinite_alerts += 1
+
+    def sent(self, mid: int, command: str, args: dict[str, Any]) -> None:
+        """The app sent a command with id ``mid``; its ack or refusal will name that id."""
+        self.deep.sent(mid, command, args)
+        self.revision += 1
+
+    def mark(self, connection: str, reason: str | None = None) -> None:
+        """Set the connection state (``live``, ``ended``, ...)."""
+        self.connection = connection
+        if reason is not None:
+            self.end_reason = reason
+        self.revision += 1
+
+    # --- derived --------------------------------------------------------------------------
+
+    @property
+    def n_steps(self) -> int:
+        return self.steps.n
+
+    @property
+    def last_step(self) -> int | None:
+        return int(self.steps.values[-1]) if self.steps.n else None
+
+    @property
+    def last_loss(self) -> float | None:
+        """The latest reported loss (may be NaN or inf), or None when none was reported."""
+        has = self.has_loss.values
+        if not has.any():
+            return None
+        i = int(np.flatnonzero(has)[-1])
+        return float(self.loss.values[i])
+
+    @property
+    def smoothed_loss(self) -> float | None:
+        return self._ema
+
+    @property
+    def diverged(self) -> bool:
+        """The latest loss is NaN or infinite."""
+        last = self.last_loss
+        return last is not None and not math.isfinite(last)
+
+    @property
+    def ended(self) -> bool:
+        return self.connection == "ended"
+
+    def steps_per_sec(self) -> float | None:
+        """Steps per second over the last few seconds of step timestamps."""
+        if self.steps.n < 2:
+            return None
+        t = self.cols["time"].values
+        s = self.steps.values
+        t_end = t[-1]
+        j = int(np.searchsorted(t, t_end - RATE_WINDOW, side="left"))
+        j = min(j, self.steps.n - 2)
+        dt = t_end - t[j]
+        if not dt > 0:
+            return None
+        return float((s[-1] - s[j]) / dt)
+
+    def elapsed(self, now: float | None = None) -> float | None:
+        """Seconds since the run started; frozen at the last step once the run ended."""
+        start = self.run.get("start_time")
+        if not isinstance(start, int | float):
+            return None
+        if self.connection in ("ended", "reconnecting"):
+            end = self.cols["time"].values[-1] if self.steps.n else start
+        else:
+            end = _time.time() if now is None else now
+        return max(0.0, float(end) - float(start))
+
+    def anatomy(self) -> dict[str, float | None]:
+        """Mean share of the recent step time spent in each phase; None when not measured."""
+        out: dict[str, float | None] = {name: None for name in ANATOMY}
+        if not self.steps.n:
+            return out
+        total = self.cols["step_time"].values[-ANATOMY_WINDOW:]
+        total_mean = float(np.nanmean(total)) if np.isfinite(total).any() else math.nan
+        for name in ANATOMY:
+            part = self.cols[name].values[-ANATOMY_WINDOW:]
+            if not np.isfinite(part).any() or not total_mean > 0:
+                continue
+            out[name] = min(1.0, max(0.0, float(np.nanmean(part)) / total_mean))
+        return out
+
+    @property
+    def input_bound(self) -> bool:
+        """Data loading takes more than INPUT_BOUND_SHARE of recent steps."""
+        share = self.anatomy()["data_time"]
+        return share is not None and share > INPUT_BOUND_SHARE
+
+    def mean_recent(self, name: str, window: int = ANATOMY_WINDOW) -> float | None:
+        if not self.steps.n:
+            return None
+        col = self.cols[name].values[-window:]
+        finite = col[np.isfinite(col)]
+        return float(finite.mean()) if finite.size else None
+
+    def throughput(self, column: str) -> float | None:
+        """Samples (or tokens) per second over recent steps: sum of counts / sum of step times."""
+        if not self.steps.n:
+            return None
+        counts = self.cols[column].values[-ANATOMY_WINDOW:]
+        times = self.cols["step_time"].values[-ANATOMY_WINDOW:]
+        ok = np.isfinite(counts) & np.isfinite(times)
+        if not ok.any() or not times[ok].sum() > 0:
+            return None
+        return float(counts[ok].sum() / times[ok].sum())
+
+    def latest_lr(self) -> list[float | None]:
+        if not self.steps.n or not self.lr_groups:
+            return []
+        row = self.lr.values[-1, : self.lr_groups]
+        return [float(v) if math.isfinite(v) else None for v in row]
+
+    def layer_trends(self, n: int = 16) -> np.ndarray:
+        """Per-layer trend of the last ``n`` sampled rows: log10(newest / mean of the older half).
+
+        Positive = growing. NaN when there is too little history or a value is not positive.
+        """
+        rows = self.grads.recent(n).astype(np.float64)
+        if rows.shape[0] < 2:
+            return np.full(self.grads.n_layers, np.nan)
+        older = rows[: rows.shape[0] // 2]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN layers are expected
+            base = np.nanmean(np.where(np.isfinite(older), older, np.nan), axis=0)
+            trend = np.log10(rows[-1] / base)
+        return np.where(np.isfinite(trend), trend, np.nan)
