@@ -19,7 +19,8 @@ from conftest import Loop, Reader, wait_until
 
 import tdbg
 from tdbg.connect.runtime import RuntimeDirError
-from tdbg.probe import artifacts, profiling
+from tdbg.probe import artifacts
+from tdbg.probe.dives import profiling
 from tdbg.probe.dives.base import DiveContext, DiveRunner
 from tdbg.probe.dives.profiling import ANOTHER_PROFILER, ProfileDive, profiler_active
 
