@@ -631,16 +631,6 @@ def test_cli_imports_no_torch_textual_or_rich() -> None:
 # --- end to end: real demo jobs, real probe, real CLI ---------------------------------------
 
 
-PROBE = Path(cli.__file__).parent / "probe"
-
-
-def needs_probe(*modules: str) -> pytest.MarkDecorator:
-    """Skip while the probe side of a deep dive (written separately) has not landed."""
-    missing = [m for m in ("commands", "dives", *modules) if not (PROBE / f"{m}.py").exists()]
-    reason = "probe side not there yet: " + ", ".join(f"tdbg/probe/{m}.py" for m in missing)
-    return pytest.mark.skipif(bool(missing), reason=reason)
-
-
 MLP = ("mlp", "--delay", "0.01", "--width", "64", "--depth", "4")
 
 
@@ -649,7 +639,6 @@ def cli_env(runtime: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@needs_probe("profiling")
 def test_profile_prints_top_ops_and_a_json_trace(runtime_dir: Path) -> None:
     with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
         out = run_cli("profile", str(entry.socket), "--steps", "3", runtime=runtime_dir)
@@ -677,7 +666,6 @@ def test_profile_prints_top_ops_and_a_json_trace(runtime_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@needs_probe()
 def test_snapshot_on_a_cpu_run_is_refused_naming_cuda(runtime_dir: Path) -> None:
     with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
         out = run_cli("snapshot", str(entry.socket), runtime=runtime_dir)
@@ -687,7 +675,6 @@ def test_snapshot_on_a_cpu_run_is_refused_naming_cuda(runtime_dir: Path) -> None
 
 
 @pytest.mark.slow
-@needs_probe("nan_hunt")
 def test_nan_hunt_names_the_module(runtime_dir: Path) -> None:
     # The hunt watches up to 100 steps from wherever the run is when it arms: body.2's output
     # turns NaN at step 80, about 4 s in, so the hunt is armed well before and sees it first.
@@ -702,7 +689,6 @@ def test_nan_hunt_names_the_module(runtime_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@needs_probe("anomaly")
 def test_anomaly_finishes(runtime_dir: Path) -> None:
     with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
         out = run_cli("anomaly", str(entry.socket), "--steps", "3", runtime=runtime_dir)
@@ -715,7 +701,6 @@ def test_anomaly_finishes(runtime_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@needs_probe("activations")
 def test_activations_on_show_and_off(runtime_dir: Path) -> None:
     with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
         sock = str(entry.socket)
@@ -732,7 +717,6 @@ def test_activations_on_show_and_off(runtime_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@needs_probe("profiling")
 def test_dump_shows_another_clients_profile(runtime_dir: Path) -> None:
     with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
         dump = subprocess.Popen(
@@ -770,7 +754,6 @@ def test_dump_shows_another_clients_profile(runtime_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@needs_probe("nan_hunt", "anomaly")
 def test_stalled_run_times_out_then_ctrl_c_and_ending_run(runtime_dir: Path) -> None:
     # A step a minute: no step boundary comes while this test runs.
     with demo_job("mlp", "--delay", "60", runtime=runtime_dir) as (proc, entry):
