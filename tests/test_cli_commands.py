@@ -27,7 +27,6 @@ from tdbg.cli import dives as dive_commands
 from tdbg.cli import dump as dump_events
 from tdbg.cli import main as cli
 from tdbg.cli import report
-from tdbg.connect import targets
 from tdbg.connect.client import CommandRefused, CommandTimeout, ProbeClient
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, pack
 
@@ -557,7 +556,7 @@ def test_watch_timeout_while_armed_cancels(pair: tuple[ProbeClient, Peer]) -> No
 
     thread = threading.Thread(target=answer_cancel)
     thread.start()
-    with pytest.raises(targets.CliError, match=r"did not reach a step boundary within 0.5 s"):
+    with pytest.raises(cli.CliError, match=r"did not reach a step boundary within 0.5 s"):
         watch.wait()
     thread.join(5)
     assert not thread.is_alive()
@@ -574,7 +573,7 @@ def test_watch_failed_job_and_ended_run(pair: tuple[ProbeClient, Peer]) -> None:
     watch = start_watch(client, peer, 5.0, job=5)
     peer.send(job_msg("running", job=5), job_msg("cancelled", job=5, message="the run ended"))
     peer.send({"type": "bye", "reason": "shutdown"})
-    with pytest.raises(targets.CliError, match="the run ended before profile job 5 finished"):
+    with pytest.raises(cli.CliError, match="the run ended before profile job 5 finished"):
         watch.wait()
 
 
@@ -583,7 +582,7 @@ def test_watch_run_closes_mid_job(pair: tuple[ProbeClient, Peer]) -> None:
     watch = start_watch(client, peer, 5.0)
     peer.send(job_msg("running", job=4))
     peer.sock.shutdown(socket.SHUT_WR)
-    with pytest.raises(targets.CliError, match=r"the run ended before profile job 4 .*running"):
+    with pytest.raises(cli.CliError, match=r"the run ended before profile job 4 .*running"):
         watch.wait()
 
 

@@ -695,7 +695,7 @@ def test_deep_dive_commands_on_a_recording_or_a_plain_file_say_why_not(tmp_path:
     text.write_text("hello\n")
     for target, expected in (
         (rec, "is a recording: a recording cannot run commands"),
-        (text, "is a file, neither a probe's socket nor a tdbg recording"),
+        (text, "is not a tdbg recording, nor a probe's socket"),
     ):
         for command in ("profile", "nan-hunt", "activations"):
             result = run_cli(command, str(target), runtime=tmp_path)

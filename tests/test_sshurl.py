@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tdbg.cli.bridge import ERROR_PREFIX, EXIT_NO_RUN, EXIT_SEVERAL
+from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_NO_RUN, EXIT_SEVERAL
 from tdbg.connect.ssh import RemoteError, RemoteOptions, bridge_args, classify, ssh_argv
 from tdbg.connect.sshurl import SshTarget, SshUrlError, parse_ssh_url
 

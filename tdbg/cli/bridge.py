@@ -14,18 +14,20 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tdbg import __version__
-from tdbg.connect.client import ConnectError, resolve_target
+from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_ERROR, EXIT_NO_RUN, exit_code
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
+from tdbg.connect.targets import (
+    LocalSocket,
+    Recording,
+    TargetError,
+    only_run,
+    recording_error,
+    resolve,
+)
 from tdbg.protocol.framing import PROTO_MAX, PROTO_MIN
 
 CHUNK = 1 << 16
 LINGER = 0.8  # seconds the other direction may drain after one side closes (R5: exit < 1 s)
-ERROR_PREFIX = "tdbg bridge: error: "  # the local side recognises our errors by this prefix
-
-# Exit codes the local side turns into its own messages (see tdbg/remote.py).
-EXIT_ERROR = 2
-EXIT_NO_RUN = 3
-EXIT_SEVERAL = 4
 
 
 class BridgeError(Exception):
@@ -74,7 +76,10 @@ def cmd_bridge(args: argparse.Namespace, out: TextIO) -> int:
             sock.connect(path)
         except OSError as exc:
             sock.close()
-            raise BridgeError(f"cannot connect to {path}: {exc.strerror or exc}") from None
+            # Refused or gone: a dead run's socket, no run to reach (the local side may wait).
+            gone = isinstance(exc, ConnectionRefusedError | FileNotFoundError)
+            code = EXIT_NO_RUN if gone else EXIT_ERROR
+            raise BridgeError(f"cannot connect to {path}: {exc.strerror or exc}", code) from None
         return pump(sock, sys.stdin.fileno(), sys.stdout.fileno())
     except BridgeError as exc:
         print(f"{ERROR_PREFIX}{exc}", file=sys.stderr, flush=True)
@@ -102,13 +107,10 @@ def listing(path: str | None, runtime: str | None) -> dict[str, Any]:
     """What ``--list`` prints: versions, where it looked, and every live run's metadata."""
     directory, entries = _entries(path, runtime)
     if path is not None and not Path(path).expanduser().is_dir():
-        try:
-            sock = resolve_target(path)
-        except ConnectError as exc:
-            raise BridgeError(str(exc)) from None
-        entries = [e for e in discover(Path(sock).parent) if str(e.socket) == sock]
-        if not entries:
+        found = _resolve(path)
+        if found.entry is None:
             raise BridgeError(f"no live tdbg run at {path}", EXIT_NO_RUN)
+        entries = [found.entry]
     return {
         "tdbg": __version__,
         "protocol": [PROTO_MIN, PROTO_MAX],
@@ -120,18 +122,25 @@ def listing(path: str | None, runtime: str | None) -> dict[str, Any]:
 
 def choose_socket(path: str | None, runtime: str | None) -> str:
     """The socket to relay: the one named, or the only live run (BridgeError otherwise)."""
-    if path is not None and not Path(path).expanduser().is_dir():
+    if path is None:
         try:
-            return resolve_target(path)
-        except ConnectError as exc:
-            raise BridgeError(str(exc)) from None
-    directory, entries = _entries(path, runtime)
-    if not entries:
-        raise BridgeError(f"no tdbg run in {directory}", EXIT_NO_RUN)
-    if len(entries) > 1:
-        names = ", ".join(f"{e.socket} ({e.name}, pid {e.pid})" for e in entries[:8])
-        raise BridgeError(f"{len(entries)} runs in {directory}: {names}", EXIT_SEVERAL)
-    return str(entries[0].socket)
+            return str(only_run(_directory(runtime)).path)
+        except TargetError as exc:
+            raise BridgeError(str(exc), exit_code(exc.reason)) from None
+    return str(_resolve(path).path)
+
+
+def _resolve(path: str) -> LocalSocket:
+    """The run ``--socket PATH`` names here (a socket, .json, directory, name or pid)."""
+    try:
+        found = resolve(path)
+    except TargetError as exc:
+        raise BridgeError(str(exc), exit_code(exc.reason)) from None
+    if isinstance(found, Recording):
+        raise BridgeError(str(recording_error(path)))
+    if not isinstance(found, LocalSocket):  # an ssh:// URL inside the URL's path
+        raise BridgeError(f"{path} names no run's socket on this host")
+    return found
 
 
 def pump(sock: socket.socket, infd: int, outfd: int) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TextIO
 
 from tdbg.cli.dump import activations_event, finite_tree
+from tdbg.cli.errors import CliError
 from tdbg.cli.report import (
     format_anomaly,
     format_nan_hunt,
@@ -20,8 +21,8 @@ from tdbg.cli.report import (
     print_snapshot,
     progress_line,
 )
+from tdbg.cli.target_args import connect_target
 from tdbg.connect.client import CommandRefused, CommandTimeout, ProbeClient
-from tdbg.connect.targets import CliError, connect_target
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import FINAL_STATES
 

@@ -23,20 +23,19 @@ from tdbg.cli.dives import (
     cmd_snapshot,
 )
 from tdbg.cli.dump import dump_events, job_event
+from tdbg.cli.errors import CliError
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
-from tdbg.connect.client import ConnectError
-from tdbg.connect.runtime import discover, runtime_dir
-from tdbg.connect.sshurl import is_ssh_url
-from tdbg.connect.targets import (
+from tdbg.cli.target_args import (
     TARGET_HELP,
-    CliError,
     add_remote_options,
-    connect_target,
+    attach_target,
     remote_options,
-    ssh_target,
     target_arg,
 )
+from tdbg.connect.client import ConnectError
+from tdbg.connect.runtime import discover, runtime_dir
+from tdbg.connect.targets import Recording, resolve, resolve_nodes
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import COMMANDS
 
@@ -47,16 +46,16 @@ __all__ = ["CliError", "job_event", "main", "run", "tui_main"]
 
 
 def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
-    from tdbg.recording.reader import RecordingError, is_file_target
-
-    if args.target is not None and is_file_target(args.target):  # a recording, or refused
+    target = resolve(args.target)
+    if isinstance(target, Recording):
         from tdbg.cli.dump import dump_recording
+        from tdbg.recording.reader import RecordingError
 
         try:
             return dump_recording(args.target, out, args.count)
         except RecordingError as exc:
             raise CliError(str(exc)) from None
-    client = connect_target(args.target, args.timeout, args)
+    client = attach_target(target, args.target, args.timeout, args)
     steps = 0
     try:
         for event in dump_events(client, args.timeout):
@@ -102,10 +101,7 @@ def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.connect.ssh import list_runs
 
     opts = remote_options(args)
-    for url in args.hosts:  # every argument checked before any ssh starts
-        if not is_ssh_url(url):
-            raise CliError(f"{url!r}: tdbg ls lists this machine, or ssh:// nodes")
-    targets = [ssh_target(url) for url in args.hosts]
+    targets = resolve_nodes(args.hosts, "tdbg ls lists this machine, or ssh:// nodes")
     failed = 0
     for target in targets:
         try:
@@ -127,14 +123,10 @@ def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
-    from tdbg.recording.reader import is_file_target
-
     extra = list(getattr(args, "extra_targets", None) or [])
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
         return _replay(extra)
-    if args.target is not None and not extra and is_file_target(args.target):
-        return _replay([args.target])  # a recording named as a plain target
-    from tdbg.tui.app import launch  # textual is loaded only for the TUI
+    from tdbg.tui.app import launch  # textual is loaded only for the TUI (and its replay)
 
     return launch(
         args.target,

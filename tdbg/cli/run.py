@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tdbg.cli.args import positive_int
-from tdbg.connect.targets import CliError
+from tdbg.cli.errors import CliError
 
 # The preload lives with the probe it starts; found by path so the launcher never imports the probe.
 PRELOAD_DIR = Path(__file__).resolve().parent.parent / "probe" / "zero_code" / "preload"

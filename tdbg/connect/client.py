@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import time
 from collections import deque
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from tdbg import __version__
-from tdbg.connect.runtime import discover
 from tdbg.protocol.framing import (
     MAX_INBOUND_FRAME,
     MAX_OUTBOUND_FRAME,
@@ -207,28 +204,3 @@ class ProbeClient:
             self.send("bye")
         with contextlib.suppress(OSError):
             self.sock.close()
-
-
-def resolve_target(target: str) -> str:
-    """A socket path from what the user typed: a socket, a run's metadata .json, or a directory.
-
-    Raises ConnectError with a one-line reason when the target cannot name a run.
-    """
-    path = Path(target).expanduser()
-    if not path.exists():
-        raise ConnectError(f"no such socket, metadata file or directory: {target}")
-    if path.is_dir():
-        entries = discover(path)
-        if not entries:
-            raise ConnectError(f"no live tdbg run in {target}")
-        if len(entries) > 1:
-            names = ", ".join(e.describe() for e in entries[:3])
-            raise ConnectError(f"{len(entries)} runs in {target}; name one socket ({names})")
-        return str(entries[0].socket)
-    if path.suffix == ".json":
-        try:
-            meta = json.loads(path.read_text())
-            return str(meta["socket"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConnectError(f"{target} is not a tdbg run metadata file ({exc})") from None
-    return str(path)

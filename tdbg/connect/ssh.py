@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from tdbg import __version__
-from tdbg.cli.bridge import ERROR_PREFIX, EXIT_NO_RUN, EXIT_SEVERAL
+from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_NO_RUN, EXIT_SEVERAL
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.sshurl import SshTarget
 from tdbg.protocol.framing import MAGIC, PREAMBLE, PREAMBLE_SIZE, PROTO_MAX, PROTO_MIN
@@ -38,7 +38,15 @@ PR_SET_PDEATHSIG = 1
 
 
 class RemoteError(ConnectError):
-    """Reaching a run over ssh failed; ``str()`` is one line for the user (exit code 2)."""
+    """Reaching a run over ssh failed; ``str()`` is one line for the user (exit code 2).
+
+    ``no_run``: the host was reached and the bridge found no run to attach to there (it exited
+    with EXIT_NO_RUN), as opposed to ssh or the network failing.
+    """
+
+    def __init__(self, message: str, no_run: bool = False) -> None:
+        super().__init__(message)
+        self.no_run = no_run
 
 
 @dataclass(frozen=True)
@@ -207,7 +215,8 @@ class SshProcess:
         if rc is None:
             self.stop(wait=True)
             rc = self.proc.returncode
-        return RemoteError(classify(self.target, self.opts, rc, list(self.lines)))
+        message = classify(self.target, self.opts, rc, list(self.lines))
+        return RemoteError(message, no_run=rc == EXIT_NO_RUN)
 
     def stop(self, wait: bool = False, now: bool = False) -> None:
         """Let ssh exit on its own briefly, then SIGTERM, then SIGKILL after 3 s (R6); with
@@ -469,7 +478,7 @@ def list_runs(
             f"no answer from tdbg bridge --list on {target.node} within {timeout:g} s"
         )
     if rc != 0 or out is None:
-        raise RemoteError(classify(target, opts, rc, list(ssh.lines)))
+        raise RemoteError(classify(target, opts, rc, list(ssh.lines)), no_run=rc == EXIT_NO_RUN)
     # Login scripts may print on stdout: the answer is the last line that is a JSON object.
     for line in reversed(out.decode("utf-8", "replace").splitlines()):
         if line.startswith("{"):

@@ -1,111 +1,252 @@
-"""Which run a command's TARGET argument names, and the one-line error when it names none.
+"""What a TARGET names (``resolve``), attaching to it (``attach``), and the one wording per error.
 
-A TARGET is a socket path, a run's ``.json``, a runtime directory, or ``ssh://`` (reached with
-the system ssh and ``tdbg bridge`` on the remote host, see tdbg/remote.py).
+A TARGET is what a user types after ``tdbg dump``, ``tdbg profile``, ``tdbg-tui`` or
+``tdbg bridge --socket``: a socket path, a run's ``.json`` metadata, a runtime directory, a
+run's name or pid (looked up in the runtime directory), a recording file, an
+``ssh://[user@]host[:port][/path]`` URL, or nothing (the only local run, or wait for one).
+Every entry point asks ``resolve`` and dispatches on the kind it returns; every way a TARGET
+can name no run is a ``TargetError`` worded here, so the CLI, the TUI and the bridge say the
+same thing for the same mistake.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
-from tdbg.connect.client import ProbeClient, resolve_target
-from tdbg.connect.runtime import discover, runtime_dir
+from tdbg.connect.client import ConnectError, ProbeClient
+from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 from tdbg.connect.sshurl import SshTarget, SshUrlError, is_ssh_url, parse_ssh_url
-from tdbg.recording.reader import is_file_target, is_recording
+from tdbg.recording.reader import is_recording
 
 if TYPE_CHECKING:
     from tdbg.connect.ssh import RemoteOptions
 
-TARGET_HELP = "socket path, run .json, directory, or ssh://[user@]host[:port][/path]"
+TARGET_HELP = (
+    "socket path, run .json, directory, run name or pid, recording file, "
+    "or ssh://[user@]host[:port][/path]"
+)
+
+# Why a TARGET names no run; the bridge turns these into its exit codes (bridge_contract.py).
+Reason = Literal["invalid", "missing", "no_run", "several", "recording"]
+
+POLL_INTERVAL = 0.2  # seconds between looks at the runtime directory while waiting for a run
+SHOWN = 4  # runs named in a "several runs" error
 
 
-class CliError(Exception):
-    """A one-line error for the user; exit code 2."""
+class TargetError(ConnectError):
+    """A TARGET names no run we can attach to; ``str()`` is the one line the user sees (exit
+    code 2) and ``reason`` says which case it is."""
+
+    def __init__(self, message: str, reason: Reason = "invalid") -> None:
+        super().__init__(message)
+        self.reason: Reason = reason
 
 
-def target_arg(text: str) -> str:
-    """argparse type of a TARGET: an empty one is a usage error, not a search for ''."""
+@dataclass(frozen=True)
+class LocalSocket:
+    """A probe's socket on this machine; ``entry`` is the run's metadata when discovery lists
+    it as live (a socket may have been named directly, with no metadata beside it)."""
+
+    path: Path
+    entry: RunEntry | None = None
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A recording file (it starts with the recording magic): read, never connected to."""
+
+    path: Path
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A host reached with the system ssh and ``tdbg bridge`` there (its path, if any, is
+    resolved by the bridge on that host)."""
+
+    ssh: SshTarget
+
+
+@dataclass(frozen=True)
+class Discover:
+    """No TARGET: the only live run in ``directory`` (default: the runtime directory), a
+    choice among several, or a wait for one to start: the caller decides which."""
+
+    directory: Path | None = None
+
+
+Target = LocalSocket | Recording | Remote | Discover
+
+
+# --- the wordings: one function per error case ----------------------------------------------
+
+
+def empty_error() -> TargetError:
+    return TargetError("TARGET is empty")
+
+
+def missing_error(text: str) -> TargetError:
+    return TargetError(f"no such socket, metadata file, directory or run: {text}", "missing")
+
+
+def no_run_error(directory: Path) -> TargetError:
+    return TargetError(f"no tdbg run found in {directory} (start one with tdbg.watch)", "no_run")
+
+
+def several_error(where: str, entries: Sequence[RunEntry]) -> TargetError:
+    """``where`` is ``in DIR`` or ``named NAME``."""
+    shown = "; ".join(f"{e.socket} ({e.name}, pid {e.pid})" for e in entries[:SHOWN])
+    more = f"; and {len(entries) - SHOWN} more" if len(entries) > SHOWN else ""
+    return TargetError(f"{len(entries)} runs {where}, name one: {shown}{more}", "several")
+
+
+def bad_metadata_error(text: str, why: object) -> TargetError:
+    return TargetError(f"{text} is not a tdbg run metadata file ({why})")
+
+
+def not_a_run_file_error(text: str) -> TargetError:
+    return TargetError(f"{text} is not a tdbg recording, nor a probe's socket")
+
+
+def recording_error(text: str) -> TargetError:
+    return TargetError(
+        f"{text} is a recording: a recording cannot run commands "
+        "(tdbg dump and tdbg-tui replay read it)",
+        "recording",
+    )
+
+
+def not_ssh_error(text: str, hint: str) -> TargetError:
+    return TargetError(f"{text!r}: {hint}")
+
+
+# --- resolving ------------------------------------------------------------------------------
+
+
+def resolve(text: str | None) -> Target:
+    """What ``text`` names; TargetError with the reason when it can name no run.
+
+    Only looks (the file system, the runtime directory's metadata); it never connects, never
+    starts ssh and never waits.
+    """
+    if text is None:
+        return Discover()
     if not text.strip():
-        raise argparse.ArgumentTypeError("TARGET is empty")
-    return text
+        raise empty_error()
+    if is_ssh_url(text):
+        try:
+            return Remote(parse_ssh_url(text))
+        except SshUrlError as exc:
+            raise TargetError(str(exc)) from None
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return only_run(path, text)
+    if path.suffix == ".json" and path.exists():
+        return _from_metadata(path, text)
+    if path.is_file():
+        if is_recording(path):
+            return Recording(path)
+        raise not_a_run_file_error(text)
+    if path.exists():  # a socket (or a FIFO, a device: connecting says what it is)
+        return LocalSocket(path, _entry_of(path))
+    if os.sep not in text:  # a bare word: a run's name or pid in the runtime directory
+        return _by_name(text)
+    raise missing_error(text)
 
 
-def pick_target(target: str | None, wait: float | None) -> str:
-    """The socket to attach to: the given target, or the only live run (waiting for one)."""
-    if target is not None:
-        return resolve_target(target)
+def only_run(directory: Path | None = None, text: str | None = None) -> LocalSocket:
+    """The one live run in ``directory`` (default: the runtime directory); TargetError when
+    there is none (``no_run``) or several (``several``). ``text`` is the directory as typed."""
+    where = directory or runtime_dir()
+    entries = discover(where)
+    if len(entries) == 1:
+        return LocalSocket(entries[0].socket, entries[0])
+    shown = text if text is not None else str(where)
+    if entries:
+        raise several_error(f"in {shown}", entries)
+    raise no_run_error(Path(shown))
+
+
+def _from_metadata(path: Path, text: str) -> LocalSocket:
+    try:
+        meta = json.loads(path.read_text())
+        socket = Path(meta["socket"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise bad_metadata_error(text, exc) from None
+    return LocalSocket(socket, _entry_of(socket))
+
+
+def _entry_of(socket: Path) -> RunEntry | None:
+    """The live run whose socket this is, from the metadata beside it (None if none says so)."""
+    for entry in discover(socket.parent, clean=False):
+        if entry.socket == socket:
+            return entry
+    return None
+
+
+def _by_name(text: str) -> LocalSocket:
+    if text.isdigit():
+        found = [e for e in discover() if e.pid == int(text)]
+    else:
+        found = [e for e in discover() if e.name == text]
+    if len(found) == 1:
+        return LocalSocket(found[0].socket, found[0])
+    if found:
+        raise several_error(f"named {text}", found)
+    raise missing_error(text)
+
+
+def resolve_nodes(texts: Sequence[str], hint: str) -> list[SshTarget]:
+    """Several TARGETs that must all be ``ssh://`` nodes (``tdbg-tui URL URL``, ``tdbg ls
+    URL``); TargetError naming the first one that is not, ``hint`` saying why they must be.
+    Every one is checked before any ssh starts."""
+    nodes: list[SshTarget] = []
+    for text in texts:
+        if not is_ssh_url(text):
+            raise not_ssh_error(text, hint)
+        target = resolve(text)
+        assert isinstance(target, Remote)
+        nodes.append(target.ssh)
+    return nodes
+
+
+# --- attaching ------------------------------------------------------------------------------
+
+
+def attach(
+    target: Target,
+    opts: RemoteOptions | None = None,
+    wait: float | None = None,
+    text: str | None = None,
+) -> ProbeClient:
+    """A connected, handshaken client for a resolved target, for commands that need a live
+    run. ``Discover`` waits up to ``wait`` seconds for the only local run; ``opts`` is for
+    ``Remote``. Raises TargetError, or ConnectError (RemoteError over ssh) with one line.
+    ``text`` is the TARGET as typed, for the error about a recording."""
+    if isinstance(target, Recording):
+        raise recording_error(text if text is not None else str(target.path))
+    if isinstance(target, Remote):
+        from tdbg.connect.ssh import RemoteOptions, connect  # the ssh machinery only when asked
+
+        return connect(target.ssh, opts if opts is not None else RemoteOptions())
+    if isinstance(target, Discover):
+        target = wait_for_run(target.directory, wait)
+    return ProbeClient.connect(target.path)
+
+
+def wait_for_run(directory: Path | None = None, wait: float | None = None) -> LocalSocket:
+    """The only live run, waiting up to ``wait`` seconds for one to start (several: at once
+    a TargetError naming them)."""
     deadline = time.monotonic() + (wait or 0.0)
     while True:
-        entries = discover()
-        if len(entries) == 1:
-            return str(entries[0].socket)
-        if len(entries) > 1:
-            listing = "; ".join(f"{e.socket} ({e.name})" for e in entries[:4])
-            raise CliError(f"{len(entries)} runs found, name one: {listing}")
-        if time.monotonic() >= deadline:
-            raise CliError(f"no tdbg run found in {runtime_dir()} (start one with tdbg.watch)")
-        time.sleep(0.2)
-
-
-def ssh_target(text: str) -> SshTarget:
-    """Parse an ``ssh://`` TARGET (CliError with the reason)."""
-    try:
-        return parse_ssh_url(text)
-    except SshUrlError as exc:
-        raise CliError(str(exc)) from None
-
-
-def add_remote_options(parser: argparse.ArgumentParser) -> None:
-    """``-o OPTION`` (repeatable) and ``--remote-tdbg PATH`` for commands taking a TARGET."""
-    group = parser.add_argument_group("ssh:// targets")
-    group.add_argument(
-        "-o",
-        dest="ssh_options",
-        action="append",
-        default=[],
-        metavar="OPTION",
-        help="an ssh option, as ssh spells it (-o ProxyJump=gw); repeatable",
-    )
-    group.add_argument(
-        "--remote-tdbg",
-        default="tdbg",
-        metavar="PATH",
-        help="the tdbg to run on the remote host (default: tdbg on the remote PATH)",
-    )
-
-
-def remote_options(args: argparse.Namespace) -> RemoteOptions:
-    """The RemoteOptions that ``add_remote_options`` parsed (imported only for ssh targets)."""
-    from tdbg.connect.ssh import RemoteOptions
-
-    return RemoteOptions(
-        options=tuple(getattr(args, "ssh_options", None) or ()),
-        remote_tdbg=getattr(args, "remote_tdbg", None) or "tdbg",
-    )
-
-
-def connect_target(
-    target: str | None, wait: float | None, args: argparse.Namespace | None = None
-) -> ProbeClient:
-    """A connected, handshaken client for TARGET: a local run, or one reached over ssh.
-
-    ``args`` carries ``-o`` / ``--remote-tdbg`` for ssh targets. Raises CliError or
-    ConnectError (RemoteError for ssh) with a one-line reason.
-    """
-    if target is not None and is_file_target(target):
-        if is_recording(os.path.expanduser(target)):
-            raise CliError(
-                f"{target} is a recording: a recording cannot run commands "
-                "(tdbg dump and tdbg-tui replay read it)"
-            )
-        raise CliError(f"{target} is a file, neither a probe's socket nor a tdbg recording")
-    if target is not None and is_ssh_url(target):
-        from tdbg.connect.ssh import connect
-
-        remote = ssh_target(target)
-        opts = remote_options(args) if args is not None else remote_options(argparse.Namespace())
-        return connect(remote, opts)
-    return ProbeClient.connect(pick_target(target, wait))
+        try:
+            return only_run(directory)
+        except TargetError as exc:
+            if exc.reason != "no_run" or time.monotonic() >= deadline:
+                raise
+        time.sleep(POLL_INTERVAL)

@@ -18,9 +18,9 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from tdbg.connect.client import ConnectError, ProbeClient, resolve_target
+from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.runtime import RunEntry, discover
-from tdbg.connect.sshurl import is_ssh_url
+from tdbg.connect.targets import Discover, LocalSocket, Recording, Remote, resolve
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
@@ -276,31 +276,37 @@ def launch(
     ssh_options: Sequence[str] = (),
     remote_tdbg: str = "tdbg",
 ) -> int:
-    """``tdbg-tui [PATH | URL [URL ...]]``: attach, run the app, return the exit code.
+    """``tdbg-tui [TARGET | URL [URL ...]]``: attach, run the app, return the exit code.
 
     The first connection is made here, before the App starts, so that a wrong path, a socket
     that is not tdbg or a version mismatch is one plain line on stderr and exit code 2.
     ``ssh://`` targets (several: one per node) are listed here over ssh for the same reason.
+    A recording opens the replay.
     """
     source: Source
-    targets = [t for t in (target, *more) if t is not None]
+    texts = [t for t in (target, *more) if t is not None]
     try:
-        if len(targets) > 1 or (targets and is_ssh_url(targets[0])):
+        resolved = resolve(target) if len(texts) < 2 else None  # several: all must be ssh://
+        if resolved is None or isinstance(resolved, Remote):
             from tdbg.tui.sources.remote import remote_source  # ssh machinery only when asked
 
-            source = remote_source(targets, ssh_options, remote_tdbg)
-        elif target is None:
-            entries = discover()
-            source = DiscoverySource()
+            source = remote_source(texts, ssh_options, remote_tdbg)
+        elif isinstance(resolved, Recording):
+            from tdbg.tui.replay_app import replay_main
+
+            return replay_main([str(target)])
+        elif isinstance(resolved, Discover):
+            source = DiscoverySource(resolved.directory)
+            entries = discover(resolved.directory)
             if len(entries) == 1:
                 try:
                     source = SocketSource(client=ProbeClient.connect(entries[0].socket))
                 except ConnectError:
                     pass  # it may be going away; discovery keeps looking
         else:
-            path = resolve_target(target)
-            client = ProbeClient.connect(path)
-            source = SocketSource(client=client, directory=Path(path).parent)
+            assert isinstance(resolved, LocalSocket)
+            client = ProbeClient.connect(resolved.path)
+            source = SocketSource(client=client, directory=resolved.path.parent)
     except ConnectError as exc:
         return error(str(exc))
     app = make_app(source)

@@ -27,7 +27,8 @@ from tdbg.connect.ssh import (
     connect,
     list_runs,
 )
-from tdbg.connect.sshurl import SshTarget, SshUrlError, is_ssh_url, parse_ssh_url
+from tdbg.connect.sshurl import SshTarget
+from tdbg.connect.targets import resolve_nodes
 from tdbg.tui.sources.base import Notify, SocketSource, Source
 
 BACKOFF_START = 0.5  # seconds before the first retry; doubles on each failure
@@ -92,22 +93,6 @@ def list_nodes(
         raise
     pool.shutdown(wait=False)
     return entries, errors
-
-
-def parse_targets(texts: Sequence[str]) -> list[SshTarget]:
-    """The ssh:// URLs of ``tdbg-tui URL [URL ...]`` (ConnectError naming the bad one)."""
-    targets: list[SshTarget] = []
-    for text in texts:
-        if not is_ssh_url(text):
-            raise ConnectError(
-                f"{text!r}: several targets must all be ssh:// URLs (one per node); "
-                "a local run is attached alone"
-            )
-        try:
-            targets.append(parse_ssh_url(text))
-        except SshUrlError as exc:
-            raise ConnectError(str(exc)) from None
-    return targets
 
 
 class RemoteSource(SocketSource):
@@ -232,8 +217,7 @@ class RemoteSource(SocketSource):
                         self.reconnects += 1
                     return True
                 except RemoteError as exc:
-                    gone = ("no such socket", "no live tdbg run", "cannot connect to")
-                    if any(why in str(exc) for why in gone):
+                    if exc.no_run:
                         lost = False  # the run ended while we were away: watch for a restart
                     elif not warned:
                         notify("warning", f"reconnecting: {exc}")
@@ -273,7 +257,10 @@ def remote_source(
 ) -> RemoteSource:
     """What ``tdbg-tui ssh://... [ssh://...]`` attaches to, listed before the app starts so
     that an unreachable host, a missing remote tdbg or no run at all is one line, exit 2."""
-    targets = parse_targets(texts)
+    targets = resolve_nodes(
+        texts,
+        "several targets must all be ssh:// URLs (one per node); a local run is attached alone",
+    )
     opts = RemoteOptions(options=tuple(ssh_options), remote_tdbg=remote_tdbg)
     entries, errors = list_nodes(targets, opts)
     if not entries:
