@@ -20,7 +20,7 @@ from textual.worker import get_current_worker
 
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.runtime import RunEntry, discover
-from tdbg.connect.targets import Discover, LocalSocket, Recording, Remote, resolve
+from tdbg.connect.targets import Discover, LocalSocket, Recording, Remote, Target, resolve
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
@@ -286,7 +286,10 @@ def launch(
     source: Source
     texts = [t for t in (target, *more) if t is not None]
     try:
-        resolved = resolve(target) if len(texts) < 2 else None  # several: all must be ssh://
+        if len(texts) > 1:  # several: one per node, all ssh://
+            resolved: Target | None = None
+        else:
+            resolved = resolve(texts[0] if texts else None)  # --host URL alone counts too
         if resolved is None or isinstance(resolved, Remote):
             from tdbg.tui.sources.remote import remote_source  # ssh machinery only when asked
 
@@ -294,7 +297,7 @@ def launch(
         elif isinstance(resolved, Recording):
             from tdbg.tui.replay_app import replay_main
 
-            return replay_main([str(target)])
+            return replay_main([texts[0]])
         elif isinstance(resolved, Discover):
             source = DiscoverySource(resolved.directory)
             entries = discover(resolved.directory)
