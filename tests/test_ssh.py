@@ -545,3 +545,44 @@ def test_empty_targets_are_usage_errors() -> None:
         out = cli(*argv)
         assert out.returncode == 2 and out.stderr.count("\n") == 1, (argv, out.stderr)
         assert "is empty" in out.stderr and "Traceback" not in out.stderr
+
+
+GONE_SSH = """#!/bin/sh
+echo "$*" >> {log}
+case "$*" in
+  *--list*) echo '{{"tdbg":"0","protocol":[1,1],"host":"node","runtime_dir":"/tmp","runs":[]}}'
+            exit 0;;
+esac
+echo "tdbg bridge: error: no such socket, metadata file, directory or run: /tmp/r/0-5.sock" >&2
+exit 3
+"""
+
+
+def test_a_dropped_run_that_ended_meanwhile_is_watched_for_a_restart(tmp_path: Path) -> None:
+    """After a drop, the bridge saying "no run there" (its exit code, not its wording) makes the
+    source stop reconnecting and list the node for a restarted run instead."""
+    from tdbg.connect.ssh import RemoteOptions
+    from tdbg.connect.sshurl import parse_ssh_url
+    from tdbg.tui.sources.remote import RemoteSource
+
+    log = tmp_path / "calls"
+    ssh = _fake(tmp_path, GONE_SSH.format(log=log))
+    source = RemoteSource([parse_ssh_url("ssh://node")], RemoteOptions(ssh=str(ssh)))
+    source.remote = parse_ssh_url("ssh://node/tmp/r/0-5.sock")
+    source.run = {"name": "mlp", "pid": 5, "start_time": 1.0}
+    source.end_reason = "connection lost"
+    source.backoff_start = source.backoff_cap = 0.05
+    worker = threading.Thread(target=source.reattach, args=(lambda kind, data: None,))
+    worker.start()
+
+    def calls() -> list[str]:
+        return log.read_text().splitlines() if log.exists() else []
+
+    try:
+        wait_until(lambda: any("--list" in c for c in calls()), 30, "the node listed")
+        first = calls()[0]
+        assert "--list" not in first and "--socket /tmp/r/0-5.sock" in first
+    finally:
+        source.stop()
+        worker.join(10)
+    assert not worker.is_alive()
