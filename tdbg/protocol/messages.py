@@ -1,4 +1,4 @@
-"""Every tdbg message: what each type holds, the command schema (bounds, defaults), validation.
+"""Every tdbg message: one typed definition each, the command schema, validation and readers.
 
 Message types (every message is a map with a ``type`` key)
 -----------------------------------------------------------
@@ -29,40 +29,49 @@ A command is answered with ``ack`` (accepted) or ``error`` (refused: BUSY, UNAVA
 BAD_MESSAGE, RATE_LIMITED, ...); its progress then arrives as ``job`` messages, sent to every
 client.
 
-Probe -> client (outbound frames are at most 4 MiB):
+Probe -> client (outbound frames are at most 4 MiB). Each has a TypedDict below (named in
+brackets); the probe builds them with these types and clients read them through the ``read_*``
+functions, which never raise on a malformed message (a bad figure reads as None):
 
-``welcome`` ``{proto, server_version, run: RunInfo}`` — the answer to hello. RunInfo is
-            ``{name, pid, rank, host, argv, start_time, socket, proto_min, proto_max}``.
+``welcome`` ``{proto, server_version, run: RunInfo}`` — the answer to hello [Welcome]. RunInfo
+            is ``{name, pid, rank, host, argv, start_time, cwd, torch, device, commands, socket,
+            proto_min, proto_max}``; ``commands`` maps a command this run cannot serve to why.
 ``layers``  ``{names: [str], numel: [int]}`` — the layers whose gradients are watched, in the
-            order used by every ``grad_norms`` array. Sent before any step.
-``steps``   a batch of step records packed columnar (see :func:`pack_steps`); ``history: true``
-            marks batches replayed to a late client. Per-layer norms may be present for only
-            some steps (sampled steps, or downsampled history).
-``alert``   ``{kind, severity, step, time, message, layers: [str]}``; ``history: true`` if replayed.
+            order used by every ``grad_norms`` array. Sent before any step [Layers].
+``steps``   ``{n, layers, lr_groups, history}`` [StepsHeader] and the columns of a batch of step
+            records, owned by :mod:`tdbg.protocol.steps` (``pack_steps``/``unpack_steps``);
+            ``history: true`` marks batches replayed to a late client. Per-layer norms may be
+            present for only some steps (sampled steps, or downsampled history).
+``alert``   ``{kind, severity, step, time, message, layers: [str]}``; ``history: true`` if
+            replayed [Alert].
 ``system``  ``{time, host: {...}, cuda: [{...}], gpus: [{...}], missing: [str]}`` — memory and
             device figures; a figure that cannot be measured is absent or ``None`` and ``missing``
-            says why (no CUDA, no NVML, ...).
-``probe``   ``{time, cost_fraction, grad_interval, overhead_budget, errors, last_error, dropped,
-            clients, steps_seen}`` — the probe's own health and cost.
-``synced``  ``{}`` — history replay is complete; everything after it is live.
-``pong``    ``{id}``.
-``error``   ``{code, id, message}`` — a refusal or protocol error (codes: :class:`ErrorCode`).
-``bye``     ``{reason}`` — the probe closes this connection (``shutdown``, ``slow_consumer``).
+            says why (no CUDA, no NVML, ...) [System].
+``probe``   ``{time, cost_fraction, grad_interval, grad_mode, overhead_budget, errors,
+            last_error, dropped, clients, steps_seen, disabled, rejected_peers, history_bytes,
+            activations_every, jobs}`` — the probe's own health and cost [ProbeHealth].
+``synced``  ``{}`` — history replay is complete; everything after it is live [Synced].
+``pong``    ``{id}`` [Pong].
+``error``   ``{code, id, message}`` — a refusal or protocol error (codes: :class:`ErrorCode`)
+            [Error].
+``bye``     ``{reason}`` — the probe closes this connection (``shutdown``, ``slow_consumer``) [Bye].
 ``ack``     ``{id, command, job, message}`` — a command was accepted as job number ``job``;
-            ``message`` carries warnings (anomaly mode is global and slow).
-``job``     ``{job, command, state, step, done, total, message, args, time, result}`` — a job's
-            progress: ``state`` is one of :data:`JOB_STATES`; ``done``/``total`` count steps;
-            ``result`` (on ``done``) is the command's answer (see docs/dump.md). Finished jobs
-            are replayed to late clients with ``history: true``.
+            ``message`` carries warnings (anomaly mode is global and slow) [Ack].
+``job``     ``{job, command, state, step, done, total, message, args, trigger, time, result}`` —
+            a job's progress [Job]: ``state`` is one of :data:`JOB_STATES`; ``done``/``total``
+            count steps; ``result`` (on ``done``) is the command's answer: [ProfileResult],
+            [SnapshotResult], [NanHuntResult], [AnomalyResult], or ``{}`` (see docs/dump.md).
+            Finished jobs are replayed to late clients with ``history: true``.
 ``activations`` ``{step, names, types, mean, std, min, max, zero_frac, nonfinite}`` — per-module
-            output statistics of one sampled step; the value lists are in ``names`` order.
+            output statistics of one sampled step; the value lists are in ``names`` order
+            [Activations].
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from tdbg.protocol.framing import (
     MAX_INBOUND_FRAME,
@@ -73,6 +82,323 @@ from tdbg.protocol.framing import (
     pack,
     preamble,
 )
+
+if TYPE_CHECKING:  # typing.NotRequired is 3.11+; only the type checker needs it
+    from typing import NotRequired
+
+# --- probe -> client: one typed definition per message ----------------------------------------
+#
+# A figure that cannot be measured is None ("not measured"); readers (the ``read_*`` functions
+# below) turn a malformed figure into None as well, so the same types describe what the probe
+# builds and what a client may rely on after reading.
+
+
+class RunInfo(TypedDict):
+    """Who the run is: built by the probe at watch(), completed when its socket is bound."""
+
+    name: str
+    pid: int
+    rank: int
+    host: str
+    argv: list[str]
+    start_time: float
+    cwd: str
+    torch: str
+    device: str  # "cpu", "cuda:0", ...
+    commands: dict[str, str]  # deep-dive commands this run cannot serve -> why
+    socket: NotRequired[str]  # set once the socket is bound (absent for a recording-only probe)
+    proto_min: NotRequired[int]
+    proto_max: NotRequired[int]
+
+
+class Welcome(TypedDict):
+    type: Literal["welcome"]
+    proto: int
+    server_version: str
+    run: RunInfo
+
+
+class Layers(TypedDict):
+    """The watched layers, in the order of every ``grad_norms`` array; sent before any step."""
+
+    type: Literal["layers"]
+    names: list[str]
+    numel: list[int]
+
+
+class StepsHeader(TypedDict):
+    """The header of a ``steps`` batch. Its columns (little-endian binary arrays, one per
+    :class:`~tdbg.protocol.steps.StepRecord` field) are owned by :mod:`tdbg.protocol.steps`:
+    build and read them only with ``pack_steps`` / ``unpack_steps``."""
+
+    type: Literal["steps"]
+    n: int  # records in the batch
+    layers: int  # per-layer norms in each row with gradients
+    lr_groups: int
+    history: bool
+
+
+class Alert(TypedDict):
+    type: Literal["alert"]
+    kind: str
+    severity: str  # "error" | "warning" | "info"
+    step: int
+    time: float
+    message: str
+    layers: list[str]
+    history: NotRequired[bool]
+
+
+class HostStats(TypedDict):
+    rss: int  # bytes
+    cpu_percent: float
+    ram_used: int
+    ram_total: int
+
+
+class CudaStats(TypedDict):
+    """The CUDA caching allocator's figures for one device in use (bytes, counts)."""
+
+    index: int
+    name: str
+    allocated: int
+    reserved: int
+    peak: int
+    retries: int
+    ooms: int
+
+
+class GpuStats(TypedDict):
+    """One GPU as NVML sees it; any figure NVML would not give is None."""
+
+    index: int
+    name: str | None
+    util: float | None  # percent
+    mem_used: int | None  # bytes
+    mem_total: int | None
+    temp: float | None  # degrees C
+    power: float | None  # W
+    power_limit: float | None
+    sm_clock: int | None  # MHz
+
+
+class System(TypedDict):
+    type: Literal["system"]
+    time: float
+    host: HostStats
+    cuda: list[CudaStats]
+    gpus: list[GpuStats]
+    missing: list[str]  # why a figure is absent (no CUDA, no NVML, ...)
+
+
+class ProbeStats(TypedDict):
+    """The probe's own figures, as the training side reports them."""
+
+    grad_interval: int
+    grad_mode: str  # "auto" | "fixed"
+    overhead_budget: float
+    errors: int
+    last_error: str | None
+    steps_seen: int
+    disabled: bool
+
+
+class ProbeHealth(ProbeStats):
+    """The 1 Hz ``probe`` message: the probe's health and cost."""
+
+    type: Literal["probe"]
+    time: float
+    clients: int
+    dropped: int
+    rejected_peers: int
+    history_bytes: int
+    cost_fraction: float | None
+    activations_every: NotRequired[int | None]  # only where the probe takes commands
+    jobs: NotRequired[list[int]]  # job numbers in flight
+
+
+class Synced(TypedDict):
+    type: Literal["synced"]
+
+
+class Pong(TypedDict):
+    type: Literal["pong"]
+    id: int
+
+
+class Error(TypedDict):
+    type: Literal["error"]
+    code: str  # an ErrorCode
+    id: int  # the refused message's id; 0 when it answers no message
+    message: str
+
+
+class Bye(TypedDict):
+    type: Literal["bye"]
+    reason: str  # "shutdown" | "slow_consumer"
+
+
+class AckFields(TypedDict):
+    command: str
+    job: int
+    message: str  # warnings (anomaly mode is global and slow)
+
+
+class Ack(AckFields):
+    type: Literal["ack"]
+    id: int
+
+
+class FileInfo(TypedDict):
+    """A file the probe wrote (trace, snapshot)."""
+
+    path: str
+    size: int | None
+    sha256: str
+
+
+class ProfileRow(TypedDict):
+    """One op of a profile's table: times in microseconds, memory in bytes (the op's own)."""
+
+    name: str
+    calls: int | None
+    self_cpu: float | None
+    cpu_total: float | None
+    self_device: float | None
+    device_total: float | None
+    cpu_memory: int | None
+    device_memory: int | None
+
+
+class ProfileTable(TypedDict):
+    rows: list[ProfileRow]  # at most 100, sorted by ``sort``
+    sort: str  # "device_total" | "cpu_total"
+    device: bool  # device times were recorded
+    total_self_cpu: float | None  # over every op, not only the rows sent
+    total_self_device: float | None
+    truncated: bool  # more ops than rows
+
+
+class ProfileResult(ProfileTable):
+    steps: list[int]  # [first, last] profiled; [] when unknown
+    wall_seconds: float | None
+    trace: FileInfo | None  # the Chrome/Perfetto trace
+
+
+class AllocationSite(TypedDict):
+    site: str
+    bytes: int | None
+    count: int | None
+
+
+class SnapshotSummary(TypedDict):
+    top: list[AllocationSite]  # by size, largest first
+    active_bytes: int | None
+    reserved_bytes: int | None
+
+
+class SnapshotResult(SnapshotSummary):
+    file: FileInfo | None  # the pickle for https://pytorch.org/memory_viz
+    steps: list[int]  # [first, last] recorded; [] when unknown
+    history_owner: str  # "tdbg" | "script"
+
+
+class NanHuntResult(TypedDict):
+    found: bool
+    phase: str | None  # "forward" | "backward"; None if not found
+    module: str | None  # as in named_modules(); "" is the root model
+    module_type: str | None
+    step: int | None  # where it was found
+    nonfinite: int | None
+    numel: int | None
+    input_min: float | None  # of the module's finite inputs
+    input_max: float | None
+    input_nonfinite: bool
+    params_nonfinite: int | None
+    steps_checked: int | None
+    trigger: str | None  # "manual" | "auto"
+
+
+class AnomalyResult(TypedDict):
+    steps: int | None
+    check_nan: bool
+    errors: int | None  # backward errors seen (each also an ``anomaly`` alert)
+
+
+class NoResult(TypedDict):
+    """The result of a job that has nothing to report (activation statistics turned off)."""
+
+
+JobResult = ProfileResult | SnapshotResult | NanHuntResult | AnomalyResult | NoResult
+
+
+class Job(TypedDict):
+    """A job's progress, sent to every client; ``result`` only with state ``done``."""
+
+    type: Literal["job"]
+    job: int
+    command: str
+    state: str  # one of JOB_STATES
+    step: int | None  # the run's step at this change; None while armed
+    done: int  # steps run
+    total: int | None  # steps to run; None for activations
+    message: str  # a warning, or why it failed or was cancelled
+    args: dict[str, Any]  # the command's arguments, defaults filled in
+    trigger: str  # "manual" | "auto"
+    time: float
+    result: JobResult | None
+    history: NotRequired[bool]
+
+
+class Activations(TypedDict):
+    """Per-module output statistics of one sampled step; the value lists are in names order."""
+
+    type: Literal["activations"]
+    step: int
+    names: list[str]
+    types: list[str]
+    mean: list[float]
+    std: list[float]
+    min: list[float]
+    max: list[float]
+    zero_frac: list[float]  # fraction of exact zeros (dead ReLUs)
+    nonfinite: list[int]
+    history: NotRequired[bool]
+
+
+ProbeMessage = (
+    Welcome
+    | Layers
+    | StepsHeader
+    | Alert
+    | System
+    | ProbeHealth
+    | Synced
+    | Pong
+    | Error
+    | Bye
+    | Ack
+    | Job
+    | Activations
+)
+
+
+# --- client -> probe ---------------------------------------------------------------------------
+
+
+class HelloArgs(TypedDict):
+    proto_min: int
+    proto_max: int
+    client_version: str
+
+
+class ClientMessage(TypedDict):
+    """Every client message: a ``type``, an ``id`` and the ``args`` of that type."""
+
+    type: str
+    id: int
+    args: dict[str, Any]
+
 
 # Schema bounds for client messages (RELIABILITY.md R21).
 MAX_DEPTH = 8
