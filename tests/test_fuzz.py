@@ -15,7 +15,16 @@ from hypothesis import strategies as st
 from tdbg.connect.client import ProbeClient
 from tdbg.protocol import messages
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, ProtocolError, pack, preamble
-from tdbg.protocol.messages import validate_client_message
+from tdbg.protocol.messages import (
+    COMMANDS,
+    read_ack,
+    read_activations,
+    read_error,
+    read_job,
+    read_probe_commands,
+    read_result,
+    validate_client_message,
+)
 
 FUZZ = settings(
     deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow], database=None
@@ -209,3 +218,79 @@ def test_probe_still_serves_a_proper_client_after_fuzzing(runtime_dir: Path) -> 
     for s in socks:
         s.close()
     reader.close()
+
+
+RESULT_KEYS = (
+    "rows steps trace sort device wall_seconds total_self_cpu total_self_device truncated file top "
+    "active_bytes reserved_bytes history_owner found phase module module_type nonfinite numel "
+    "input_min input_max input_nonfinite params_nonfinite steps_checked trigger check_nan errors "
+    "name calls self_cpu cpu_total path size site bytes count"
+).split()
+result_like = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(RESULT_KEYS) | st.text(max_size=4), inner, max_size=8)
+    ),
+    max_leaves=30,
+)
+
+
+def _typed(value: object, number: bool = False) -> bool:
+    """Every leaf a reader hands on is None, a bool, a number, a str, or a list/map of those."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return not (number and isinstance(value, str))
+    if isinstance(value, list):
+        return all(_typed(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _typed(v) for k, v in value.items())
+    return False
+
+
+ROW_KEYS = ("name", "calls", "self_cpu", "cpu_total", "self_device", "device_total")
+profile_like = st.fixed_dictionaries(
+    {"rows": st.lists(st.dictionaries(st.sampled_from(ROW_KEYS), scalars) | scalars, max_size=4)},
+    optional={k: scalars for k in ("steps", "trace", "sort", "device", "wall_seconds")},
+)
+
+
+def _numbers(value: object) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+@FUZZ_STRUCTURES
+@given(command=st.just("profile"), result=profile_like)
+def test_profile_reader_types_every_row(command: str, result: dict[str, object]) -> None:
+    read = read_result(command, result)
+    assert read is not None
+    for row in read["rows"]:  # type: ignore[typeddict-item]
+        assert isinstance(row["name"], str)
+        assert all(_numbers(row[k]) for k in ROW_KEYS[1:])
+    assert _numbers(read["wall_seconds"]) and isinstance(read["device"], bool)  # type: ignore[typeddict-item]
+
+
+@FUZZ_STRUCTURES
+@given(
+    command=st.sampled_from([*COMMANDS, "?"]),
+    result=result_like,
+    message=st.dictionaries(
+        st.sampled_from(["job", "command", "state", "step", "done", "total", "args", "id"])
+        | st.text(max_size=4),
+        result_like,
+        max_size=8,
+    ),
+)
+def test_readers_never_raise_and_hand_on_only_typed_values(
+    command: str, result: object, message: dict[str, object]
+) -> None:
+    """A hostile probe's result or message reads as a typed value (bad figures as None, bad
+    entries dropped), never an exception and never a value of a type the definition lacks."""
+    read = read_result(command, result)
+    assert read is None or _typed(read)
+    job = read_job(dict(message, result=result, command=command))
+    assert job is None or (isinstance(job["job"], int) and _typed(job["result"]))
+    for reader in (read_ack, read_error, read_activations, read_probe_commands):
+        out = reader(message)
+        assert out is None or isinstance(out, dict)
+    acts = read_activations(dict(message, names=["a", "b"], mean=result))
+    assert acts is not None and len(acts["mean"]) == 2

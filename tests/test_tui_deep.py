@@ -678,8 +678,9 @@ def test_a_hunt_that_lands_in_poisoned_weights_says_where_to_look() -> None:
     from tdbg.tui.widgets.nan_hunt_view import hunt_lines
 
     def hunt(params: int) -> NanHuntResult:
-        result = dict(nan_hunt_result(), params_nonfinite=params)
-        return NanHuntResult.parse(3, result)
+        result = nan_hunt_result()
+        result["params_nonfinite"] = params
+        return NanHuntResult.of(3, result)
 
     clean = "\n".join(hunt_lines(hunt(0)))
     assert "parameters non-finite 0" in clean and "earlier update" not in clean

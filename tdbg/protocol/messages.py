@@ -70,6 +70,7 @@ functions, which never raise on a malformed message (a bad figure reads as None)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
@@ -354,7 +355,7 @@ class Activations(TypedDict):
     """Per-module output statistics of one sampled step; the value lists are in names order."""
 
     type: Literal["activations"]
-    step: int
+    step: int | None
     names: list[str]
     types: list[str]
     mean: list[float]
@@ -362,7 +363,7 @@ class Activations(TypedDict):
     min: list[float]
     max: list[float]
     zero_frac: list[float]  # fraction of exact zeros (dead ReLUs)
-    nonfinite: list[int]
+    nonfinite: list[float]  # counts (whole numbers); NaN where a reader found none
     history: NotRequired[bool]
 
 
@@ -548,3 +549,337 @@ def hello(client_version: str, proto_min: int = PROTO_MIN, proto_max: int = PROT
         "hello", 0, proto_min=proto_min, proto_max=proto_max, client_version=client_version
     )
     return preamble(proto_min, proto_max) + pack(msg, MAX_INBOUND_FRAME)
+
+
+# --- reading probe messages --------------------------------------------------------------------
+#
+# A client (the TUI, ``tdbg dump``, the CLI's reports) reads what a probe sent through these, never
+# through raw keys: each returns the typed message, or None when it is not one at all. They never
+# raise: a hostile or buggy probe's malformed figure reads as None (not measured), a malformed
+# list entry is dropped, so nothing downstream needs to defend itself again.
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return int(value)
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _steps(value: Any) -> list[int]:
+    """A ``[first, last]`` pair of steps; [] when either is not a step number."""
+    pair = [_int(v) for v in _list(value)]
+    if len(pair) != 2 or pair[0] is None or pair[1] is None:
+        return []
+    return [pair[0], pair[1]]
+
+
+def read_file_info(value: Any) -> FileInfo | None:
+    """A file the probe wrote; None without a path."""
+    data = _dict(value)
+    path = _str(data.get("path"))
+    if not path:
+        return None
+    return {"path": path, "size": _int(data.get("size")), "sha256": _str(data.get("sha256")) or ""}
+
+
+PROFILE_TIME_COLUMNS = ("self_cpu", "cpu_total", "self_device", "device_total")
+
+
+def read_profile_row(value: Any) -> ProfileRow | None:
+    """One op of a profile's table; None when it is not a map."""
+    if not isinstance(value, dict):
+        return None
+    return {
+        "name": str(value.get("name") or "?"),
+        "calls": _int(value.get("calls")),
+        "self_cpu": _float(value.get("self_cpu")),
+        "cpu_total": _float(value.get("cpu_total")),
+        "self_device": _float(value.get("self_device")),
+        "device_total": _float(value.get("device_total")),
+        "cpu_memory": _int(value.get("cpu_memory")),
+        "device_memory": _int(value.get("device_memory")),
+    }
+
+
+def read_profile(value: Any) -> ProfileResult | None:
+    """A ``profile`` job's result; None when it is not a map. An unknown ``sort`` reads as the
+    probe's default for the run (device total on device runs, CPU total otherwise)."""
+    if not isinstance(value, dict):
+        return None
+    device = bool(value.get("device"))
+    sort = _str(value.get("sort"))
+    if sort not in PROFILE_TIME_COLUMNS:
+        sort = "device_total" if device else "cpu_total"
+    return {
+        "rows": [r for r in map(read_profile_row, _list(value.get("rows"))) if r is not None],
+        "sort": sort,
+        "device": device,
+        "total_self_cpu": _float(value.get("total_self_cpu")),
+        "total_self_device": _float(value.get("total_self_device")),
+        "truncated": bool(value.get("truncated")),
+        "steps": _steps(value.get("steps")),
+        "wall_seconds": _float(value.get("wall_seconds")),
+        "trace": read_file_info(value.get("trace")),
+    }
+
+
+def read_snapshot(value: Any) -> SnapshotResult | None:
+    """A ``snapshot`` job's result; None when it is not a map."""
+    if not isinstance(value, dict):
+        return None
+    top: list[AllocationSite] = [
+        {
+            "site": str(entry.get("site") or "?"),
+            "bytes": _int(entry.get("bytes")),
+            "count": _int(entry.get("count")),
+        }
+        for entry in _list(value.get("top"))
+        if isinstance(entry, dict)
+    ]
+    return {
+        "top": top,
+        "active_bytes": _int(value.get("active_bytes")),
+        "reserved_bytes": _int(value.get("reserved_bytes")),
+        "file": read_file_info(value.get("file")),
+        "steps": _steps(value.get("steps")),
+        "history_owner": _str(value.get("history_owner")) or "tdbg",
+    }
+
+
+def read_nan_hunt(value: Any) -> NanHuntResult | None:
+    """A ``nan_hunt`` job's result; None when it is not a map."""
+    if not isinstance(value, dict):
+        return None
+    return {
+        "found": bool(value.get("found")),
+        "phase": _str(value.get("phase")),
+        "module": _str(value.get("module")),
+        "module_type": _str(value.get("module_type")),
+        "step": _int(value.get("step")),
+        "nonfinite": _int(value.get("nonfinite")),
+        "numel": _int(value.get("numel")),
+        "input_min": _float(value.get("input_min")),
+        "input_max": _float(value.get("input_max")),
+        "input_nonfinite": bool(value.get("input_nonfinite")),
+        "params_nonfinite": _int(value.get("params_nonfinite")),
+        "steps_checked": _int(value.get("steps_checked")),
+        "trigger": _str(value.get("trigger")),
+    }
+
+
+def read_anomaly(value: Any) -> AnomalyResult | None:
+    """An ``anomaly`` job's result; None when it is not a map."""
+    if not isinstance(value, dict):
+        return None
+    return {
+        "steps": _int(value.get("steps")),
+        "check_nan": bool(value.get("check_nan")),
+        "errors": _int(value.get("errors")),
+    }
+
+
+def read_result(command: str, value: Any) -> JobResult | None:
+    """A done job's result read by its command's type; None when it is not a map."""
+    reader = {
+        "profile": read_profile,
+        "snapshot": read_snapshot,
+        "nan_hunt": read_nan_hunt,
+        "anomaly": read_anomaly,
+    }.get(command)
+    if reader is not None:
+        return reader(value)
+    return {} if isinstance(value, dict) else None
+
+
+def read_command_args(command: str, value: Any) -> dict[str, Any]:
+    """A job's ``args`` as its command's schema types them: a field the schema does not know,
+    or one out of its bounds, is left out."""
+    schema = COMMANDS.get(command, {})
+    out: dict[str, Any] = {}
+    for name, raw in _dict(value).items():
+        spec = schema.get(name)
+        if spec is None:
+            continue
+        try:
+            out[name] = spec.check(command, name, raw)
+        except ProtocolError:
+            continue
+    return out
+
+
+def read_job(message: Any) -> Job | None:
+    """A ``job`` message; None without a job number. ``command`` is "" when missing (a later
+    message of the same job names it), ``result`` is read by the command's type."""
+    data = _dict(message)
+    number = _int(data.get("job"))
+    if number is None:
+        return None
+    command = _str(data.get("command")) or ""
+    job: Job = {
+        "type": "job",
+        "job": number,
+        "command": command,
+        "state": _str(data.get("state")) or "?",
+        "step": _int(data.get("step")),
+        "done": _int(data.get("done")) or 0,
+        "total": _int(data.get("total")),
+        "message": str(data.get("message") or ""),
+        "args": read_command_args(command, data.get("args")),
+        "trigger": _str(data.get("trigger")) or "manual",
+        "time": _float(data.get("time")) or 0.0,
+        "result": read_result(command, data.get("result")),
+    }
+    if data.get("history"):
+        job["history"] = True
+    return job
+
+
+def read_ack(message: Any) -> Ack | None:
+    """An ``ack``; None without the id of the command it answers."""
+    data = _dict(message)
+    mid = _int(data.get("id"))
+    if mid is None:
+        return None
+    job = _int(data.get("job"))
+    return {
+        "type": "ack",
+        "id": mid,
+        "command": _str(data.get("command")) or "command",
+        "job": 0 if job is None else job,
+        "message": str(data.get("message") or ""),
+    }
+
+
+def read_error(message: Any) -> Error:
+    """An ``error``; ``id`` 0 when it answers no message (a protocol error)."""
+    data = _dict(message)
+    return {
+        "type": "error",
+        "code": str(data.get("code") or "ERROR"),
+        "id": _int(data.get("id")) or 0,
+        "message": str(data.get("message") or ""),
+    }
+
+
+ACTIVATION_STATS = ("mean", "std", "min", "max", "zero_frac", "nonfinite")
+
+
+def read_activations(message: Any) -> Activations | None:
+    """An ``activations`` message with every value list as long as ``names``: a missing or
+    malformed value reads as NaN, a missing type as ""."""
+    data = _dict(message)
+    if not data:
+        return None
+    names = [str(n) for n in _list(data.get("names"))]
+    n = len(names)
+    types = [str(t) for t in _list(data.get("types"))][:n]
+    types += [""] * (n - len(types))
+
+    def column(key: str) -> list[float]:
+        values = [_float(v) for v in _list(data.get(key))[:n]]
+        out = [math.nan if v is None else v for v in values]
+        return out + [math.nan] * (n - len(out))
+
+    out: Activations = {
+        "type": "activations",
+        "step": _int(data.get("step")),
+        "names": names,
+        "types": types,
+        "mean": column("mean"),
+        "std": column("std"),
+        "min": column("min"),
+        "max": column("max"),
+        "zero_frac": column("zero_frac"),
+        "nonfinite": column("nonfinite"),
+    }
+    if data.get("history"):
+        out["history"] = True
+    return out
+
+
+class ProbeCommandState(TypedDict, total=False):
+    """What a ``probe`` message says about commands, where it says it."""
+
+    activations_every: int | None
+    jobs: list[int]
+
+
+def read_probe_commands(message: Any) -> ProbeCommandState:
+    """The activation interval and the jobs in flight from a ``probe`` message (each only when
+    the message carries it)."""
+    data = _dict(message)
+    out: ProbeCommandState = {}
+    if "activations_every" in data:
+        out["activations_every"] = _int(data.get("activations_every"))
+    if "jobs" in data:
+        out["jobs"] = [j for j in map(_int, _list(data.get("jobs"))) if j is not None]
+    return out
+
+
+# --- builders: the probe and the synthetic source make these messages the same way -----------
+
+
+def alert_message(
+    kind: str, severity: str, step: int, message: str, layers: Sequence[str], time: float
+) -> Alert:
+    """An ``alert``: ``kind`` started at ``step`` (see docs/dump.md for the kinds)."""
+    return {
+        "type": "alert",
+        "kind": kind,
+        "severity": severity,
+        "step": step,
+        "time": time,
+        "message": message,
+        "layers": list(layers),
+    }
+
+
+def job_message(
+    job: int,
+    command: str,
+    state: str,
+    step: int | None,
+    time: float,
+    *,
+    done: int = 0,
+    total: int | None = None,
+    message: str = "",
+    args: dict[str, Any] | None = None,
+    trigger: str = "manual",
+    result: JobResult | None = None,
+) -> Job:
+    """A ``job`` message: job ``job``'s progress, with its result when ``state`` is done."""
+    return {
+        "type": "job",
+        "job": job,
+        "command": command,
+        "state": state,
+        "step": step,
+        "done": done,
+        "total": total,
+        "message": message,
+        "args": {} if args is None else args,
+        "trigger": trigger,
+        "time": time,
+        "result": result,
+    }

@@ -1,4 +1,8 @@
-"""Synthetic probe messages: a plausible run for tests, demos and screenshots without a probe."""
+"""Synthetic probe messages: a plausible run for tests, demos and screenshots without a probe.
+
+Every message is built as its typed definition in :mod:`tdbg.protocol.messages` (through the
+builders the probe uses, where there is one), so the type checker holds it to the wire contract.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,37 @@ import math
 import random
 from typing import Any
 
+from tdbg.protocol.messages import (
+    Activations,
+    Alert,
+    Job,
+    JobResult,
+    Layers,
+    NanHuntResult,
+    ProbeHealth,
+    ProfileResult,
+    ProfileRow,
+    RunInfo,
+    SnapshotResult,
+    Synced,
+    System,
+    alert_message,
+    job_message,
+)
 from tdbg.protocol.steps import StepRecord, pack_steps
 
-RUN = {
+START_TIME = 1_700_000_000.0
+RUN: RunInfo = {
     "name": "synthetic",
     "pid": 4242,
     "rank": 0,
     "host": "testhost",
     "argv": ["train.py"],
-    "start_time": 1_700_000_000.0,
+    "start_time": START_TIME,
+    "cwd": "/nonexistent",
+    "torch": "2.0.0",
+    "device": "cpu",
+    "commands": {},
     "socket": "/nonexistent/0-4242",
     "proto_min": 1,
     "proto_max": 1,
@@ -30,7 +56,7 @@ def step_records(
     count: int,
     n_layers: int,
     grad_every: int = 1,
-    t0: float = RUN["start_time"],  # type: ignore[assignment]
+    t0: float = START_TIME,
     nan_at: int | None = None,
     data_share: float = 0.1,
     seed: int = 0,
@@ -75,12 +101,12 @@ def step_records(
     return out
 
 
-def system_message(gpu: bool = False) -> dict[str, Any]:
-    msg: dict[str, Any] = {
+def system_message(gpu: bool = False) -> System:
+    msg: System = {
         "type": "system",
-        "time": RUN["start_time"],
+        "time": START_TIME,
         "host": {
-            "rss": 2.5 * 2**30,
+            "rss": int(2.5 * 2**30),
             "cpu_percent": 103.0,
             "ram_used": 30 * 2**30,
             "ram_total": 128 * 2**30,
@@ -105,10 +131,10 @@ def system_message(gpu: bool = False) -> dict[str, Any]:
             {
                 "index": 0,
                 "name": "NVIDIA H100",
-                "util": 87,
+                "util": 87.0,
                 "mem_used": 15 * 2**30,
                 "mem_total": 80 * 2**30,
-                "temp": 61,
+                "temp": 61.0,
                 "power": 412.0,
                 "power_limit": 700.0,
                 "sm_clock": 1980,
@@ -129,69 +155,60 @@ def synthetic_run(
 ) -> list[dict[str, Any]]:
     """A full message list as a probe would send it: layers, step batches, alerts, system."""
     names = layer_names(n_layers)
-    msgs: list[dict[str, Any]] = [
-        {"type": "layers", "names": names, "numel": [1000] * n_layers},
-    ]
+    layers: Layers = {"type": "layers", "names": names, "numel": [1000] * n_layers}
+    msgs: list[dict[str, Any]] = [dict(layers)]
     for start in range(0, steps, batch):
         count = min(batch, steps - start)
         records = step_records(
             start, count, n_layers, grad_every, nan_at=nan_at, data_share=data_share
         )
         msgs.append(pack_steps(records, n_layers))
-    msgs.append(
-        {
-            "type": "alert",
-            "kind": "loss_spike",
-            "severity": "warning",
-            "step": steps // 3,
-            "time": RUN["start_time"],
-            "message": "loss jumped 4.1x above its running mean",
-            "layers": [],
-        }
-    )
-    msgs.append(
-        {
-            "type": "alert",
-            "kind": "zero_grad",
-            "severity": "info",
-            "step": steps // 2,
-            "time": RUN["start_time"],
-            "message": "gradient norm is below 1e-8",
-            "layers": [names[1]] if n_layers > 1 else [],
-        }
-    )
+    alerts: list[Alert] = [
+        alert_message(
+            "loss_spike",
+            "warning",
+            steps // 3,
+            "loss jumped 4.1x above its running mean",
+            [],
+            START_TIME,
+        ),
+        alert_message(
+            "zero_grad",
+            "info",
+            steps // 2,
+            "gradient norm is below 1e-8",
+            [names[1]] if n_layers > 1 else [],
+            START_TIME,
+        ),
+    ]
     if nan_at is not None:
-        msgs.append(
-            {
-                "type": "alert",
-                "kind": "nonfinite_loss",
-                "severity": "error",
-                "step": nan_at,
-                "time": RUN["start_time"],
-                "message": "loss is NaN",
-                "layers": names[:1],
-            }
+        alerts.append(
+            alert_message("nonfinite_loss", "error", nan_at, "loss is NaN", names[:1], START_TIME)
         )
-    msgs.append(system_message(gpu))
-    msgs.append(
-        {
-            "type": "probe",
-            "time": RUN["start_time"],
-            "cost_fraction": 0.006,
-            "grad_interval": grad_every,
-            "overhead_budget": 0.02,
-            "errors": 0,
-            "last_error": None,
-            "dropped": 0,
-            "clients": 1,
-            "steps_seen": steps,
-        }
-    )
-    msgs.append({"type": "synced"})
+    msgs.extend(dict(a) for a in alerts)
+    msgs.append(dict(system_message(gpu)))
+    probe: ProbeHealth = {
+        "type": "probe",
+        "time": START_TIME,
+        "cost_fraction": 0.006,
+        "grad_interval": grad_every,
+        "grad_mode": "fixed",
+        "overhead_budget": 0.02,
+        "errors": 0,
+        "last_error": None,
+        "dropped": 0,
+        "clients": 1,
+        "steps_seen": steps,
+        "disabled": False,
+        "rejected_peers": 0,
+        "history_bytes": 0,
+    }
+    synced: Synced = {"type": "synced"}
+    msgs.extend([dict(probe), dict(synced)])
     return msgs
 
 
-# --- deep dives (issue 3): jobs and results exactly as the wire contract spells them ----------
+# --- deep dives: jobs and results as the wire contract types them -----------------------------
 
 OPS = (  # name, calls per step, self CPU us per call, total CPU us per call
     ("aten::addmm", 3, 180.0, 210.0),
@@ -212,13 +229,13 @@ def profile_result(
     slower: dict[str, float] | None = None,
     device: bool = False,
     trace: str | None = "/tmp/tdbg-run/profile-step100.pt.trace.json",
-) -> dict[str, Any]:
+) -> ProfileResult:
     """A ``profile`` job's result; ``slower`` scales some ops' times (for comparisons)."""
     n = steps[1] - steps[0] + 1
-    rows: list[dict[str, Any]] = []
+    rows: list[ProfileRow] = []
     for name, calls, self_us, total_us in OPS:
         k = (slower or {}).get(name, 1.0)
-        row = {
+        row: ProfileRow = {
             "name": name,
             "calls": calls * n,
             "self_cpu": self_us * calls * n * k,
@@ -230,15 +247,15 @@ def profile_result(
         }
         rows.append(row)
     sort = "device_total" if device else "cpu_total"
-    rows.sort(key=lambda r: -float(r[sort]))
+    rows.sort(key=lambda r: -((r["device_total"] if device else r["cpu_total"]) or 0.0))
     return {
         "rows": rows,
         "sort": sort,
         "device": device,
         "steps": [steps[0], steps[1]],
         "wall_seconds": 0.0123 * n,
-        "total_self_cpu": sum(float(r["self_cpu"]) for r in rows),
-        "total_self_device": sum(float(r["self_device"]) for r in rows),
+        "total_self_cpu": sum(r["self_cpu"] or 0.0 for r in rows),
+        "total_self_device": sum(r["self_device"] or 0.0 for r in rows),
         "trace": None if trace is None else {"path": trace, "size": 1_234_567, "sha256": "0" * 64},
         "truncated": False,
     }
@@ -248,29 +265,28 @@ def job_messages(
     job: int,
     command: str,
     args: dict[str, Any],
-    result: dict[str, Any] | None,
+    result: JobResult | None,
     total: int | None = 5,
     start: int = 100,
     final: str = "done",
     message: str = "",
     history: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[Job]:
     """A job's progress from armed to ``final`` (done with ``result``, failed, cancelled)."""
 
-    def msg(state: str, step: int | None, done: int, res: dict[str, Any] | None = None) -> dict:
-        out = {
-            "type": "job",
-            "job": job,
-            "command": command,
-            "state": state,
-            "step": step,
-            "done": done,
-            "total": total,
-            "message": message if state in ("failed", "cancelled") else "",
-            "args": args,
-            "time": RUN["start_time"] + start,  # type: ignore[operator]
-            "result": res,
-        }
+    def msg(state: str, step: int | None, done: int, res: JobResult | None = None) -> Job:
+        out = job_message(
+            job,
+            command,
+            state,
+            step,
+            START_TIME + start,
+            done=done,
+            total=total,
+            message=message if state in ("failed", "cancelled") else "",
+            args=args,
+            result=res,
+        )
         if history:
             out["history"] = True
         return out
@@ -286,7 +302,7 @@ def job_messages(
     return out
 
 
-def nan_hunt_result(found: bool = True) -> dict[str, Any]:
+def nan_hunt_result(found: bool = True) -> NanHuntResult:
     if not found:
         return {
             "found": False,
@@ -320,10 +336,11 @@ def nan_hunt_result(found: bool = True) -> dict[str, Any]:
     }
 
 
-def snapshot_result() -> dict[str, Any]:
+def snapshot_result() -> SnapshotResult:
     return {
         "file": {"path": "/tmp/tdbg-run/snapshot-step100.pickle", "size": 3_456_789, "sha256": ""},
         "steps": [100, 102],
+        "history_owner": "tdbg",
         "top": [
             {
                 "site": "train.py:42 forward (torch/nn/modules/linear.py:125)",
@@ -346,7 +363,7 @@ def snapshot_result() -> dict[str, Any]:
     }
 
 
-def activations_message(step: int = 110, n_modules: int = 8) -> dict[str, Any]:
+def activations_message(step: int = 110, n_modules: int = 8) -> Activations:
     """Per-module output statistics: one dead ReLU (all zeros) and one module with NaN outputs."""
     names = [f"blocks.{i // 2}.{'fc' if i % 2 == 0 else 'act'}" for i in range(n_modules)]
     types = ["Linear" if i % 2 == 0 else "ReLU" for i in range(n_modules)]
@@ -355,12 +372,12 @@ def activations_message(step: int = 110, n_modules: int = 8) -> dict[str, Any]:
     lo = [-2.0 - i for i in range(n_modules)]
     hi = [2.0 + i for i in range(n_modules)]
     zero = [0.0 if i % 2 == 0 else 0.45 for i in range(n_modules)]
-    nonfinite = [0] * n_modules
+    nonfinite = [0.0] * n_modules
     if n_modules > 3:
         zero[3] = 1.0  # a dead ReLU
         mean[3], std[3], lo[3], hi[3] = 0.0, 0.0, 0.0, 0.0
     if n_modules > 4:
-        nonfinite[4] = 7
+        nonfinite[4] = 7.0
         mean[4], std[4], hi[4] = math.nan, math.nan, math.inf
     return {
         "type": "activations",

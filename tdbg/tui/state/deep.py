@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from tdbg.protocol import messages as wire
+from tdbg.protocol.messages import (
+    PROFILE_TIME_COLUMNS,
+    read_ack,
+    read_activations,
+    read_anomaly,
+    read_error,
+    read_job,
+    read_nan_hunt,
+    read_probe_commands,
+    read_profile,
+    read_result,
+    read_snapshot,
+)
+
 MAX_JOBS = 32  # job records kept (the probe replays its last 32 finished jobs too)
 MAX_REQUESTS = 64  # commands this client sent, kept to match their ack / error by id
 MAX_PROFILES = 4  # finished profiles kept: the newest is shown, the one before it compared
 MAX_NOTICES = 32  # notifications waiting for the app to show them
-FINAL = frozenset({"done", "failed", "cancelled"})  # = protocol.FINAL_STATES, kept import-free
+FINAL = wire.FINAL_STATES
 ACTIVE = frozenset({"armed", "running", "analysing"})
 # Commands whose progress and result the deep-dive panel shows, in its view order.
 DIVES = ("profile", "snapshot", "nan_hunt", "anomaly")
-TIME_COLUMNS = ("self_cpu", "cpu_total", "self_device", "device_total")
+TIME_COLUMNS = PROFILE_TIME_COLUMNS
 OP_COLUMNS = (*TIME_COLUMNS, "cpu_memory", "device_memory")
 LABELS = {
     "profile": "profile",
@@ -27,32 +41,6 @@ LABELS = {
     "activations": "activation statistics",
     "cancel": "cancel",
 }
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return int(value)
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, list | tuple) else []
 
 
 def label(command: str) -> str:
@@ -89,10 +77,8 @@ class FileRef:
     size: int | None
 
     @classmethod
-    def parse(cls, value: Any) -> FileRef | None:
-        data = _dict(value)
-        path = _str(data.get("path"))
-        return cls(path, _int(data.get("size"))) if path else None
+    def of(cls, info: wire.FileInfo | None) -> FileRef | None:
+        return None if info is None else cls(info["path"], info["size"])
 
 
 @dataclass(slots=True)
@@ -136,40 +122,19 @@ class ProfileResult:
     truncated: bool
 
     @classmethod
-    def parse(cls, job: int, result: dict[str, Any]) -> ProfileResult:
-        rows = []
-        for raw in _list(result.get("rows")):
-            row = _dict(raw)
-            rows.append(
-                OpRow(
-                    name=str(row.get("name") or "?"),
-                    calls=_int(row.get("calls")),
-                    self_cpu=_float(row.get("self_cpu")),
-                    cpu_total=_float(row.get("cpu_total")),
-                    self_device=_float(row.get("self_device")),
-                    device_total=_float(row.get("device_total")),
-                    cpu_memory=_int(row.get("cpu_memory")),
-                    device_memory=_int(row.get("device_memory")),
-                )
-            )
-        device = bool(result.get("device"))
-        sort = _str(result.get("sort"))
-        if sort not in TIME_COLUMNS:
-            sort = "device_total" if device else "cpu_total"
-        steps = _list(result.get("steps"))
-        first = _int(steps[0]) if steps else None
-        last = _int(steps[-1]) if steps else None
+    def of(cls, job: int, result: wire.ProfileResult) -> ProfileResult:
+        steps = result["steps"]
         return cls(
             job=job,
-            rows=rows,
-            sort=sort,
-            device=device,
-            steps=(first, last),
-            wall_seconds=_float(result.get("wall_seconds")),
-            total_self_cpu=_float(result.get("total_self_cpu")),
-            total_self_device=_float(result.get("total_self_device")),
-            trace=FileRef.parse(result.get("trace")),
-            truncated=bool(result.get("truncated")),
+            rows=[OpRow(**row) for row in result["rows"]],
+            sort=result["sort"],
+            device=result["device"],
+            steps=(steps[0], steps[-1]) if steps else (None, None),
+            wall_seconds=result["wall_seconds"],
+            total_self_cpu=result["total_self_cpu"],
+            total_self_device=result["total_self_device"],
+            trace=FileRef.of(result["trace"]),
+            truncated=result["truncated"],
         )
 
     @property
@@ -196,21 +161,15 @@ class SnapshotResult:
     reserved_bytes: int | None
 
     @classmethod
-    def parse(cls, job: int, result: dict[str, Any]) -> SnapshotResult:
-        top = []
-        for raw in _list(result.get("top")):
-            entry = _dict(raw)
-            top.append(
-                (str(entry.get("site") or "?"), _int(entry.get("bytes")), _int(entry.get("count")))
-            )
-        steps = _list(result.get("steps"))
+    def of(cls, job: int, result: wire.SnapshotResult) -> SnapshotResult:
+        steps = result["steps"]
         return cls(
             job=job,
-            file=FileRef.parse(result.get("file")),
-            steps=(_int(steps[0]) if steps else None, _int(steps[-1]) if steps else None),
-            top=top,
-            active_bytes=_int(result.get("active_bytes")),
-            reserved_bytes=_int(result.get("reserved_bytes")),
+            file=FileRef.of(result["file"]),
+            steps=(steps[0], steps[-1]) if steps else (None, None),
+            top=[(t["site"], t["bytes"], t["count"]) for t in result["top"]],
+            active_bytes=result["active_bytes"],
+            reserved_bytes=result["reserved_bytes"],
         )
 
 
@@ -232,23 +191,8 @@ class NanHuntResult:
     trigger: str | None
 
     @classmethod
-    def parse(cls, job: int, result: dict[str, Any]) -> NanHuntResult:
-        return cls(
-            job=job,
-            found=bool(result.get("found")),
-            phase=_str(result.get("phase")),
-            module=_str(result.get("module")),
-            module_type=_str(result.get("module_type")),
-            step=_int(result.get("step")),
-            nonfinite=_int(result.get("nonfinite")),
-            numel=_int(result.get("numel")),
-            input_min=_float(result.get("input_min")),
-            input_max=_float(result.get("input_max")),
-            input_nonfinite=bool(result.get("input_nonfinite")),
-            params_nonfinite=_int(result.get("params_nonfinite")),
-            steps_checked=_int(result.get("steps_checked")),
-            trigger=_str(result.get("trigger")),
-        )
+    def of(cls, job: int, result: wire.NanHuntResult) -> NanHuntResult:
+        return cls(job=job, **result)
 
     @property
     def module_label(self) -> str:
@@ -270,7 +214,7 @@ class Job:
     message: str
     args: dict[str, Any]
     time: float | None
-    result: dict[str, Any] | None
+    result: wire.JobResult | None  # as read by its command's type
     history: bool
     seq: int
 
@@ -313,28 +257,17 @@ class Activations:
     nonfinite: np.ndarray  # float, so a missing count can be NaN
 
     @classmethod
-    def parse(cls, message: dict[str, Any]) -> Activations:
-        names = [str(n) for n in _list(message.get("names"))]
-        n = len(names)
-        types = [str(t) for t in _list(message.get("types"))][:n]
-        types += [""] * (n - len(types))
-
-        def column(key: str) -> np.ndarray:
-            out = np.full(n, np.nan)
-            values = [_float(v) for v in _list(message.get(key))[:n]]
-            out[: len(values)] = [math.nan if v is None else v for v in values]
-            return out
-
+    def of(cls, message: wire.Activations) -> Activations:
         return cls(
-            step=_int(message.get("step")),
-            names=names,
-            types=types,
-            mean=column("mean"),
-            std=column("std"),
-            min=column("min"),
-            max=column("max"),
-            zero_frac=column("zero_frac"),
-            nonfinite=column("nonfinite"),
+            step=message["step"],
+            names=message["names"],
+            types=message["types"],
+            mean=np.array(message["mean"], dtype=float),
+            std=np.array(message["std"], dtype=float),
+            min=np.array(message["min"], dtype=float),
+            max=np.array(message["max"], dtype=float),
+            zero_frac=np.array(message["zero_frac"], dtype=float),
+            nonfinite=np.array(message["nonfinite"], dtype=float),
         )
 
 
@@ -347,7 +280,7 @@ class DeepState:
     profiles: deque[ProfileResult] = field(default_factory=lambda: deque(maxlen=MAX_PROFILES))
     snapshot: SnapshotResult | None = None
     nan_hunt: NanHuntResult | None = None
-    anomaly: dict[str, Any] | None = None  # the last anomaly job's result
+    anomaly: wire.AnomalyResult | None = None  # the last anomaly job's result
     activations: Activations | None = None
     activations_every: int | None = None  # sampling interval, when known
     activations_enabled: bool = False
@@ -365,25 +298,25 @@ class DeepState:
             del self.requests[next(iter(self.requests))]
 
     def apply_ack(self, message: dict[str, Any]) -> None:
-        mid = _int(message.get("id"))
-        job = _int(message.get("job"))
-        command = str(message.get("command") or "command")
-        warning = str(message.get("message") or "")
-        request = self.requests.get(mid) if mid is not None else None
+        ack = read_ack(message)
+        if ack is None:
+            return
+        request = self.requests.get(ack["id"])
         if request is not None:
-            request.job = job
-            request.warning = warning
-        if warning:
-            self.notices.append(Notice(f"{label(command)} #{job}: {warning}", "warning"))
+            request.job = ack["job"]
+            request.warning = ack["message"]
+        if ack["message"]:
+            text = f"{label(ack['command'])} #{ack['job']}: {ack['message']}"
+            self.notices.append(Notice(text, "warning"))
 
     def apply_refusal(self, message: dict[str, Any]) -> bool:
         """An ``error`` that answers one of our commands; False when it is not one."""
-        mid = _int(message.get("id"))
-        if mid is None or mid <= 0:
+        error = read_error(message)
+        if error["id"] <= 0:
             return False
-        request = self.requests.get(mid)
+        request = self.requests.get(error["id"])
         command = request.command if request is not None else "command"
-        reason = f"{message.get('code') or 'ERROR'}: {message.get('message') or 'refused'}"
+        reason = f"{error['code']}: {error['message'] or 'refused'}"
         if request is not None:
             self.seq += 1
             request.refused = reason
@@ -392,35 +325,36 @@ class DeepState:
         return True
 
     def apply_job(self, message: dict[str, Any]) -> None:
-        number = _int(message.get("job"))
-        if number is None:
+        read = read_job(message)
+        if read is None:
             return
+        number, state, history = read["job"], read["state"], bool(read.get("history"))
         previous = self.jobs.get(number)
-        command = str(message.get("command") or (previous.command if previous else "?"))
-        state = str(message.get("state") or "?")
-        result = message.get("result")
-        history = bool(message.get("history"))
+        command, result = read["command"], read["result"]
+        if not command:  # named by an earlier message of the job
+            command = previous.command if previous is not None else "?"
+            result = read_result(command, message.get("result"))
         self.seq += 1
         job = Job(
             job=number,
             command=command,
             state=state,
-            step=_int(message.get("step")),
-            done=_int(message.get("done")),
-            total=_int(message.get("total")),
-            message=str(message.get("message") or ""),
-            args=_dict(message.get("args")),
-            time=_float(message.get("time")),
-            result=result if isinstance(result, dict) else None,
+            step=read["step"],
+            done=read["done"],
+            total=read["total"],
+            message=read["message"],
+            args=read["args"],
+            time=read["time"],
+            result=result,
             history=history,
             seq=self.seq,
         )
         self.jobs.pop(number, None)  # re-insert: the dict stays in order of last update
         self.jobs[number] = job
         self._bound_jobs()
-        if command == "activations":  # its job runs for as long as statistics are on
+        if job.command == "activations":  # its job runs for as long as statistics are on
             self.activations_enabled = job.active
-            self.activations_every = _int(job.args.get("every")) or self.activations_every
+            self.activations_every = job.args.get("every") or self.activations_every
         already_final = previous is not None and not previous.active
         if job.active or already_final:
             return
@@ -438,16 +372,21 @@ class DeepState:
             del self.jobs[number]
 
     def _keep_result(self, job: Job) -> None:
-        result = job.result or {}
+        result = job.result
         if job.command == "profile":
-            if all(p.job != job.job for p in self.profiles):
-                self.profiles.append(ProfileResult.parse(job.job, result))
+            profile = read_profile(result)
+            if profile is not None and all(p.job != job.job for p in self.profiles):
+                self.profiles.append(ProfileResult.of(job.job, profile))
         elif job.command == "snapshot":
-            self.snapshot = SnapshotResult.parse(job.job, result)
+            snapshot = read_snapshot(result)
+            if snapshot is not None:
+                self.snapshot = SnapshotResult.of(job.job, snapshot)
         elif job.command == "nan_hunt":
-            self.nan_hunt = NanHuntResult.parse(job.job, result)
+            hunt = read_nan_hunt(result)
+            if hunt is not None:
+                self.nan_hunt = NanHuntResult.of(job.job, hunt)
         elif job.command == "anomaly":
-            self.anomaly = dict(result, job=job.job)
+            self.anomaly = read_anomaly(result)
 
     def _announce(self, job: Job) -> None:
         head = f"{label(job.command)} #{job.job}"
@@ -473,22 +412,25 @@ class DeepState:
                 checked = hunt.steps_checked
                 self.notices.append(Notice(f"{head}: no non-finite value in {checked} step(s)"))
         elif job.command == "anomaly":
-            errors = _int((job.result or {}).get("errors"))
+            errors = self.anomaly["errors"] if self.anomaly is not None else None
             self.notices.append(Notice(f"{head} is off again ({errors} backward error(s) seen)"))
         elif job.command != "activations":
             self.notices.append(Notice(f"{head} done"))
 
     def apply_activations(self, message: dict[str, Any]) -> None:
-        self.activations = Activations.parse(message)
+        read = read_activations(message)
+        if read is not None:
+            self.activations = Activations.of(read)
 
     def apply_probe(self, message: dict[str, Any]) -> None:
         """The 1 Hz ``probe`` report: the activation interval and the active job numbers."""
-        if "activations_every" in message:
-            every = _int(message.get("activations_every"))
+        read = read_probe_commands(message)
+        if "activations_every" in read:
+            every = read["activations_every"]
             self.activations_enabled = every is not None
             self.activations_every = every or self.activations_every
-        if "jobs" in message:
-            self.active_jobs = [j for j in map(_int, _list(message.get("jobs"))) if j is not None]
+        if "jobs" in read:
+            self.active_jobs = read["jobs"]
 
     def drain_notices(self) -> list[Notice]:
         out = list(self.notices)
