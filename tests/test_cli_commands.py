@@ -289,7 +289,7 @@ def test_print_profile_cpu_run() -> None:
     assert "[memory]" not in text  # --rows 2
     assert "1 more ops (--rows)" in text
     assert "self device" not in text and "CPU-only run" in text
-    assert "60.0" in text and "900 us" in text and "4 KiB" in text
+    assert "60.0" in text and "900µs" in text and "4 KiB" in text  # tdbg.format's spelling
     assert "trace: /tmp/run/trace-step118.json (121 KiB)" in text
     assert "steps 118-120" in text and "sorted by cpu_total" in text
 
@@ -310,18 +310,6 @@ def test_print_profile_without_trace() -> None:
     report.print_profile(result, out)
     assert "trace: none written" in out.getvalue()
     assert "top 100 ops only" in out.getvalue()
-
-
-def test_unit_formatting() -> None:
-    assert report._format_us(0) == "0"
-    assert report._format_us(12.34) == "12.3 us"
-    assert report._format_us(812.0) == "812 us"
-    assert report._format_us(3410.0) == "3.41 ms"
-    assert report._format_us(1_200_000.0) == "1.2 s"
-    assert report._format_us(None) == "n/a"
-    assert report._format_bytes(512) == "512 B"
-    assert report._format_bytes(-3 * 1024 * 1024) == "-3 MiB"
-    assert report._format_bytes(None) == "n/a"
 
 
 def test_print_snapshot() -> None:
@@ -347,7 +335,7 @@ def test_print_snapshot() -> None:
 def test_format_nan_hunt() -> None:
     text = report.format_nan_hunt(NAN_FOUND)
     assert text.startswith("first non-finite forward value: body.2 (Residual) at step 80\n")
-    assert "8192 of 8192" in text and "-2.5 / nan" in text
+    assert "8192 of 8192" in text and "-2.5 / NaN" in text
     assert "inputs already non-finite: no" in text
     root = report.format_nan_hunt(
         dict(NAN_FOUND, module="", phase="backward", input_nonfinite=True)

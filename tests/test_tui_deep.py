@@ -153,7 +153,7 @@ async def test_profile_progress_then_table_sorted_with_share_and_trace() -> None
         addmm = next(r for r in result["rows"] if r["name"] == "aten::addmm")
         share = 100 * addmm["self_cpu"] / result["total_self_cpu"]
         assert f"{share:.1f}%" in text
-        assert "/tmp/tdbg-run/profile-step100.pt.trace.json (1.2 MiB)" in text
+        assert "/tmp/tdbg-run/profile-step100.pt.trace.json (1.18 MiB)" in text
         assert "steps 100–104" in text
         assert any("profile #1 done" in n for n in notifications(app))
 
@@ -410,8 +410,8 @@ async def test_snapshot_result_shows_file_and_top_sites() -> None:
         assert source.sent == [(1, "snapshot", {})]
         source.feed(*job_messages(2, "snapshot", {"steps": 3}, snapshot_result(), total=3))
         text = await shows(pilot, app, "/tmp/tdbg-run/snapshot-step100.pickle (3.3 MiB)")
-        assert "1.0 GiB" in text and "train.py:42 forward" in text
-        assert "active 3.0 GiB" in text and "reserved 4.0 GiB" in text
+        assert "1 GiB" in text and "train.py:42 forward" in text
+        assert "active 3 GiB" in text and "reserved 4 GiB" in text
         assert app.query_one(DeepPanel).view == "deep-snapshot"
 
 

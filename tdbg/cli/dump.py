@@ -21,6 +21,13 @@ def finite(value: Any) -> Any:
     return value
 
 
+def unfinite(value: Any) -> Any:
+    """The inverse of :func:`finite`: "nan", "inf" and "-inf" back to floats."""
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return value
+
+
 def finite_tree(value: Any) -> Any:
     """:func:`finite` through nested maps and lists (command results, activation stats)."""
     if isinstance(value, dict):

@@ -2,50 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from tdbg.cli.dump import finite
-
-
-def _format_us(us: Any) -> str:
-    """Microseconds as a short human figure: 812 us, 3.41 ms, 1.20 s."""
-    if not isinstance(us, int | float) or isinstance(us, bool):
-        return "n/a"
-    if not math.isfinite(us):
-        return str(finite(float(us)))
-    a = abs(us)
-    if a == 0:
-        return "0"
-    if a < 1000:
-        return f"{us:.3g} us" if a < 100 else f"{us:.0f} us"
-    if a < 1_000_000:
-        return f"{us / 1000:.3g} ms"
-    return f"{us / 1_000_000:.3g} s"
-
-
-def _format_bytes(n: Any) -> str:
-    """Bytes with a binary unit; negative (memory freed) keeps its sign."""
-    if not isinstance(n, int | float) or isinstance(n, bool):
-        return "n/a"
-    if n == 0:
-        return "0"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
-        value /= 1024
-    return f"{value:.3g} TiB"
-
-
-def _format_number(v: Any) -> str:
-    if v is None:
-        return "n/a"
-    if isinstance(v, float):
-        return f"{v:.4g}" if math.isfinite(v) else str(finite(v))
-    return str(v)
+from tdbg.cli.dump import unfinite
+from tdbg.format import fmt, fmt_bytes, fmt_percent, fmt_seconds, fmt_stat, fmt_us
+from tdbg.protocol.messages import read_anomaly, read_nan_hunt, read_profile, read_snapshot
 
 
 def _console(out: TextIO) -> Any:
@@ -70,36 +33,42 @@ PROFILE_COLUMNS = (
 )
 
 
-def profile_rows(result: dict[str, Any], sort: str | None = None) -> list[dict[str, Any]]:
-    """The result's rows with their ``share`` of the profiled time (fraction 0-1), sorted by
-    ``sort`` (a row field or ``share``; default: the probe's own order). Numbers sort
-    descending, names ascending."""
-    device = bool(result.get("device"))
-    key = "self_device" if device else "self_cpu"
-    total = result.get("total_self_device" if device else "total_self_cpu") or 0.0
-    rows = []
-    for row in result.get("rows") or []:
-        own = row.get(key) or 0.0
+def _span(steps: list[int]) -> str:
+    """A ``[first, last]`` pair of steps as ``first-last``."""
+    return f"{steps[0]}-{steps[-1]}" if steps else "?-?"
+
+
+def profile_rows(result: Any, sort: str | None = None) -> list[dict[str, Any]]:
+    """The result's rows (read as :class:`~tdbg.protocol.messages.ProfileRow`) with their
+    ``share`` of the profiled time (fraction 0-1), sorted by ``sort`` (a row field or
+    ``share``; default: the probe's own order). Numbers sort descending, names ascending."""
+    profile = read_profile(result)
+    if profile is None:
+        return []
+    device = profile["device"]
+    total = (profile["total_self_device"] if device else profile["total_self_cpu"]) or 0.0
+    rows: list[dict[str, Any]] = []
+    for row in profile["rows"]:
+        own = (row["self_device"] if device else row["self_cpu"]) or 0.0
         rows.append(dict(row, share=(own / total) if total else None))
-    if sort is None or sort == result.get("sort"):
+    if sort is None or sort == profile["sort"]:
         return rows
     if sort == "name":
-        return sorted(rows, key=lambda r: str(r.get("name", "")))
+        return sorted(rows, key=lambda r: str(r["name"]))
     return sorted(rows, key=lambda r: -(r.get(sort) or 0.0))
 
 
-def print_profile(
-    result: dict[str, Any], out: TextIO, sort: str | None = None, limit: int = 20
-) -> None:
+def print_profile(result: Any, out: TextIO, sort: str | None = None, limit: int = 20) -> None:
     """The top-ops table (device columns only on device runs), then the trace's path."""
     from rich.table import Table
 
-    device = bool(result.get("device"))
-    rows = profile_rows(result, sort)
-    steps = result.get("steps") or [None, None]
-    shown_sort = sort or result.get("sort") or "cpu_total"
+    profile = read_profile(result) or read_profile({})
+    assert profile is not None
+    device = profile["device"]
+    rows = profile_rows(profile, sort)
+    shown_sort = sort or profile["sort"]
     title = (
-        f"profile of steps {steps[0]}-{steps[-1]}, {_format_number(result.get('wall_seconds'))} s"
+        f"profile of steps {_span(profile['steps'])}, {fmt_seconds(profile['wall_seconds'])}"
         f" wall, sorted by {shown_sort}"
     )
     table = Table(title=title, title_justify="left")
@@ -114,20 +83,19 @@ def print_profile(
     for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
     for row in rows[:limit]:
-        cells = [str(row.get("name", "")), str(row.get("calls", ""))]
-        cells += [_format_us(row.get("self_cpu")), _format_us(row.get("cpu_total"))]
+        cells = [str(row["name"]), fmt(row["calls"], "d")]
+        cells += [fmt_us(row["self_cpu"]), fmt_us(row["cpu_total"])]
         if device:
-            cells += [_format_us(row.get("self_device")), _format_us(row.get("device_total"))]
-        cells.append(_format_bytes(row.get("cpu_memory")))
+            cells += [fmt_us(row["self_device"]), fmt_us(row["device_total"])]
+        cells.append(fmt_bytes(row["cpu_memory"]))
         if device:
-            cells.append(_format_bytes(row.get("device_memory")))
-        share = row.get("share")
-        cells.append("n/a" if share is None else f"{100 * share:.1f}")
+            cells.append(fmt_bytes(row["device_memory"]))
+        cells.append(fmt_percent(row["share"]))
         table.add_row(*cells)
     notes = []
     if len(rows) > limit:
         notes.append(f"{len(rows) - limit} more ops (--rows)")
-    if result.get("truncated"):
+    if profile["truncated"]:
         notes.append("the probe sent its top 100 ops only")
     if not device:
         notes.append("CPU-only run: no device columns")
@@ -136,80 +104,79 @@ def print_profile(
         table.caption_justify = "left"
     console = _console(out)
     console.print(table)
-    trace = result.get("trace")
-    if isinstance(trace, dict) and trace.get("path"):
+    trace = profile["trace"]
+    if trace is not None:
         # soft_wrap: a path is never broken across lines (scripts and terminals pick it up).
-        console.print(
-            f"trace: {trace['path']} ({_format_bytes(trace.get('size'))})", soft_wrap=True
-        )
+        console.print(f"trace: {trace['path']} ({fmt_bytes(trace['size'])})", soft_wrap=True)
     else:
         console.print("trace: none written")
 
 
-def print_snapshot(result: dict[str, Any], out: TextIO, limit: int = 10) -> None:
+def print_snapshot(result: Any, out: TextIO, limit: int = 10) -> None:
     """The snapshot file and the top allocation sites by size."""
     from rich.table import Table
 
+    snapshot = read_snapshot(result) or read_snapshot({})
+    assert snapshot is not None
     console = _console(out)
-    file = result.get("file") or {}
-    steps = result.get("steps") or [None, None]
+    file = snapshot["file"]
+    where = f"{file['path']} ({fmt_bytes(file['size'])})" if file else "none written"
+    console.print(f"snapshot: {where}", soft_wrap=True)
     console.print(
-        f"snapshot: {file.get('path')} ({_format_bytes(file.get('size'))})", soft_wrap=True
+        f"steps {_span(snapshot['steps'])}: active {fmt_bytes(snapshot['active_bytes'])}, "
+        f"reserved {fmt_bytes(snapshot['reserved_bytes'])}"
     )
-    console.print(
-        f"steps {steps[0]}-{steps[-1]}: active {_format_bytes(result.get('active_bytes'))}, "
-        f"reserved {_format_bytes(result.get('reserved_bytes'))}"
-    )
-    if result.get("history_owner") == "script":
+    if snapshot["history_owner"] == "script":
         console.print("(the script records allocator history itself: left as it was)")
-    top = list(result.get("top") or [])
+    top = snapshot["top"]
     if top:
         table = Table(title="top allocation sites", title_justify="left")
         table.add_column("bytes", justify="right", no_wrap=True)
         table.add_column("count", justify="right", no_wrap=True)
         table.add_column("site", overflow="fold")
         for site in top[:limit]:
-            table.add_row(
-                _format_bytes(site.get("bytes")), str(site.get("count", "")), str(site.get("site"))
-            )
+            table.add_row(fmt_bytes(site["bytes"]), fmt(site["count"], "d"), site["site"])
         console.print(table)
     console.print("open it at https://pytorch.org/memory_viz")
 
 
-def format_nan_hunt(result: dict[str, Any]) -> str:
+def format_nan_hunt(result: Any) -> str:
     """What the hunt found, as lines of text."""
-    checked = result.get("steps_checked")
-    if not result.get("found"):
+    hunt = read_nan_hunt(result) or read_nan_hunt({})
+    assert hunt is not None
+    checked = hunt["steps_checked"]
+    if not hunt["found"]:
         return f"no non-finite value in {checked} step{'s' if checked != 1 else ''}\n"
-    module = result.get("module")
+    module = hunt["module"]
     name = "the root model" if module == "" else str(module)
     lines = [
-        f"first non-finite {result.get('phase')} value: {name} ({result.get('module_type')}) "
-        f"at step {result.get('step')}",
-        f"  non-finite elements:    {result.get('nonfinite')} of {result.get('numel')}",
-        f"  input min / max:        {_format_number(result.get('input_min'))} / "
-        f"{_format_number(result.get('input_max'))}",
-        f"  inputs already non-finite: {'yes' if result.get('input_nonfinite') else 'no'}",
-        f"  non-finite parameters:  {result.get('params_nonfinite')}",
+        f"first non-finite {hunt['phase']} value: {name} ({hunt['module_type']}) "
+        f"at step {hunt['step']}",
+        f"  non-finite elements:    {fmt(hunt['nonfinite'], 'd')} of {fmt(hunt['numel'], 'd')}",
+        f"  input min / max:        {fmt_stat(hunt['input_min'])} / {fmt_stat(hunt['input_max'])}",
+        f"  inputs already non-finite: {'yes' if hunt['input_nonfinite'] else 'no'}",
+        f"  non-finite parameters:  {fmt(hunt['params_nonfinite'], 'd')}",
         *(
             [
                 "  (its weights were already non-finite: an earlier optimizer step spread the NaN;"
                 " the first nonfinite_grad alert names the layer where it began)"
             ]
-            if result.get("params_nonfinite")
+            if hunt["params_nonfinite"]
             else []
         ),
-        f"  steps checked: {checked} ({result.get('trigger')})",
+        f"  steps checked: {checked} ({hunt['trigger']})",
     ]
     return "\n".join(lines) + "\n"
 
 
-def format_anomaly(result: dict[str, Any], alerts: Sequence[dict[str, Any]]) -> str:
+def format_anomaly(result: Any, alerts: Sequence[dict[str, Any]]) -> str:
     """Anomaly mode's summary, then every backward error's forward traceback."""
-    errors = result.get("errors") or 0
+    anomaly = read_anomaly(result) or read_anomaly({})
+    assert anomaly is not None
+    errors = anomaly["errors"] or 0
     lines = [
-        f"anomaly mode done: {result.get('steps')} steps, check_nan "
-        f"{'on' if result.get('check_nan') else 'off'}, "
+        f"anomaly mode done: {anomaly['steps']} steps, check_nan "
+        f"{'on' if anomaly['check_nan'] else 'off'}, "
         f"{errors} backward error{'s' if errors != 1 else ''}"
     ]
     for alert in alerts:
@@ -232,9 +199,9 @@ def print_activations(event: dict[str, Any], out: TextIO) -> None:
         table.add_row(
             name or "(root)",
             str(row.get("type") or ""),
-            *(_format_number(row.get(k)) for k in ("mean", "std", "min", "max")),
-            f"{100 * zero:.1f}" if isinstance(zero, int | float) else _format_number(zero),
-            _format_number(row.get("nonfinite")),
+            *(fmt_stat(unfinite(row.get(k))) for k in ("mean", "std", "min", "max")),
+            fmt_percent(unfinite(zero)),
+            fmt(row.get("nonfinite"), "d"),
         )
     _console(out).print(table)
 

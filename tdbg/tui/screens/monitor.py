@@ -11,9 +11,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Sparkline
 
+from tdbg.format import fmt, fmt_loss
 from tdbg.tui.screens.profile_form import ProfileFormScreen
 from tdbg.tui.state.deep import DIVES, label
-from tdbg.tui.state.run_state import RunState, fmt, fmt_loss
+from tdbg.tui.state.run_state import RunState
 from tdbg.tui.widgets.activation_table import ActivationTable
 from tdbg.tui.widgets.alert_list import AlertList
 from tdbg.tui.widgets.anatomy_bar import AnatomyBar

@@ -12,6 +12,13 @@ from typing import Any
 
 import numpy as np
 
+# The formatters live in tdbg.format (shared with the CLI); re-exported for older imports.
+from tdbg.format import fmt as fmt
+from tdbg.format import fmt_bytes as fmt_bytes
+from tdbg.format import fmt_duration as fmt_duration
+from tdbg.format import fmt_loss as fmt_loss
+from tdbg.format import fmt_stat as fmt_stat
+from tdbg.format import fmt_us as fmt_us
 from tdbg.protocol.steps import FLAG_HAS_GRADS, FLAG_HAS_LOSS
 from tdbg.tui.state.deep import DeepState
 
@@ -39,63 +46,6 @@ EMA_ALPHA = 0.05  # smoothed loss: about a 20-step memory
 RATE_WINDOW = 5.0  # seconds of recent steps that steps/s is measured over
 ANATOMY_WINDOW = 32  # steps averaged for the step-anatomy bar
 INPUT_BOUND_SHARE = 0.30  # data loading above this share of a step means the GPU waits on input
-
-
-def fmt(value: float | int | None, spec: str = ".3g", unit: str = "") -> str:
-    """Format a figure, or ``n/a`` when it is missing or not a number."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, float) and math.isnan(value):
-        return "n/a"
-    return f"{value:{spec}}{unit}"
-
-
-def fmt_loss(value: float | None) -> str:
-    """A loss for display: NaN and inf are spelled out (they are the news), None is ``n/a``."""
-    if value is None:
-        return "n/a"
-    if not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
-    return f"{value:.4g}"
-
-
-def fmt_bytes(value: float | int | None) -> str:
-    """Bytes in the largest binary unit that keeps the figure readable."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return "n/a"  # pragma: no cover - the loop always returns
-
-
-def fmt_us(value: float | None) -> str:
-    """A duration given in microseconds, at most 7 characters: ``812µs``, ``12.3ms``, ``1.23s``."""
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    if abs(value) < 1000:
-        return f"{value:.0f}µs"
-    if abs(value) < 1_000_000:
-        return f"{value / 1000:.3g}ms"
-    return f"{value / 1_000_000:.3g}s"
-
-
-def fmt_stat(value: float | None) -> str:
-    """A statistic for a table cell: 3 significant digits; NaN and inf are spelled out."""
-    if value is None:
-        return "n/a"
-    if not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
-    return f"{value:.3g}"
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "n/a"
-    s = int(seconds)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 class GrowArray:

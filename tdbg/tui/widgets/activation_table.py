@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.widgets import DataTable
 
+from tdbg.format import fmt, fmt_stat
 from tdbg.tui.state.deep import Activations
-from tdbg.tui.state.run_state import fmt, fmt_stat
 
 DEAD = 0.9  # more than this fraction of exact zeros: a dead ReLU (or a dead layer)
 STATS = ("mean", "std", "min", "max")

@@ -7,7 +7,8 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.state.run_state import ANATOMY, RunState, fmt
+from tdbg.format import fmt
+from tdbg.tui.state.run_state import ANATOMY, RunState
 
 LABELS = {
     "data_time": "data",

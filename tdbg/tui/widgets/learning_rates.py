@@ -9,7 +9,8 @@ from rich.style import Style
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.state.run_state import RunState, fmt
+from tdbg.format import fmt
+from tdbg.tui.state.run_state import RunState
 from tdbg.tui.widgets.glyphs import spark
 
 

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.state.run_state import RunState, fmt, fmt_bytes
+from tdbg.format import fmt, fmt_bytes
+from tdbg.tui.state.run_state import RunState
 from tdbg.tui.widgets.glyphs import gauge
 
 GAUGE = 8

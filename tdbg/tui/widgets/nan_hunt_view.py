@@ -7,8 +7,8 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
+from tdbg.format import fmt, fmt_stat
 from tdbg.tui.state.deep import DeepState, NanHuntResult
-from tdbg.tui.state.run_state import fmt, fmt_stat
 
 NONE_YET = (
     "No NaN hunt yet. Press n: for the next step the probe watches every module's output and"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.state.run_state import RunState, fmt
+from tdbg.format import fmt
+from tdbg.tui.state.run_state import RunState
 
 
 class ProbeStatus(Static):

@@ -7,8 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
+from tdbg.format import fmt_bytes, fmt_seconds
 from tdbg.tui.state.deep import DeepState, ProfileResult
-from tdbg.tui.state.run_state import fmt, fmt_bytes
 from tdbg.tui.widgets.profiler_table import TITLES, ProfilerTable
 
 HINT = (
@@ -26,7 +26,7 @@ def steps_text(steps: tuple[int | None, int | None]) -> str:
 
 
 def summary(profile: ProfileResult) -> str:
-    wall = fmt(profile.wall_seconds, ".2f", " s")
+    wall = fmt_seconds(profile.wall_seconds)
     where = "" if profile.device else " · CPU only (no device columns)"
     return f"{steps_text(profile.steps)} · {wall} wall · {len(profile.rows)} ops{where}"
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.state.run_state import fmt
+from tdbg.format import fmt
 
 KEYS = "←/→ step · ⇧←/⇧→ jump · home/end"
 

@@ -7,7 +7,8 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.tui.state.run_state import RunState, fmt, fmt_duration
+from tdbg.format import fmt, fmt_duration
+from tdbg.tui.state.run_state import RunState
 
 
 class RunHeader(Static):

@@ -7,8 +7,8 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
+from tdbg.format import fmt, fmt_bytes
 from tdbg.tui.state.deep import DeepState
-from tdbg.tui.state.run_state import fmt, fmt_bytes
 from tdbg.tui.widgets.profiler_panel import steps_text
 
 TOP_SITES = 10

@@ -1,0 +1,117 @@
+"""Numbers and units as the TUI and the CLI both print them: one spelling per unit.
+
+Every formatter takes whatever a message held (a figure may be None, NaN, or not a number at all
+from a buggy probe) and never raises: a figure that cannot be shown reads ``n/a``. Figures get
+three significant digits; units follow the number without a space for durations (``812µs``,
+``12.3ms``, ``1.23s``: they fit narrow table cells) and with one for bytes and wall seconds
+(``4 KiB``, ``1.06 s``).
+"""
+
+from __future__ import annotations
+
+import math
+
+NA = "n/a"
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def number(value: object) -> float | None:
+    """``value`` as a float when it is a real number (a bool is not), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _spelled(value: float) -> str:
+    """A non-finite figure spelled out: it is the news (a NaN loss), not a missing figure."""
+    return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+
+
+def fmt(value: object, spec: str = ".3g", unit: str = "") -> str:
+    """A figure with a format spec (``"d"`` rounds to a whole number), or ``n/a`` when it is
+    missing, NaN or not a number."""
+    v = number(value)
+    if v is None or math.isnan(v):
+        return NA
+    if spec == "d":
+        if not math.isfinite(v):
+            return _spelled(v)
+        return f"{round(v)}{unit}"
+    return f"{v:{spec}}{unit}"
+
+
+def fmt_loss(value: object) -> str:
+    """A loss: four significant digits; NaN and inf spelled out, a missing loss ``n/a``."""
+    v = number(value)
+    if v is None:
+        return NA
+    return f"{v:.4g}" if math.isfinite(v) else _spelled(v)
+
+
+def fmt_stat(value: object) -> str:
+    """A statistic (activation mean, an input's min): three significant digits; NaN and inf
+    spelled out, a missing one ``n/a``."""
+    v = number(value)
+    if v is None:
+        return NA
+    return f"{v:.3g}" if math.isfinite(v) else _spelled(v)
+
+
+def _scaled(value: float, units: tuple[str, ...], step: float, sep: str) -> str:
+    """``value`` in the largest unit that keeps it below ``step``, three significant digits
+    (whole numbers from 1000 up, never an exponent); a figure that rounds up to ``step`` moves
+    to the next unit (``999.7µs`` reads ``1ms``)."""
+    for i, unit in enumerate(units):
+        text = f"{value:.3g}"
+        if "e" in text:
+            text = f"{value:.0f}"
+        if i == len(units) - 1 or abs(float(text)) < step:
+            return f"{text}{sep}{unit}"
+        value /= step
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def fmt_bytes(value: object) -> str:
+    """Bytes with a binary unit: ``812 B``, ``4 KiB``, ``1.5 GiB``; freed memory keeps its sign."""
+    v = number(value)
+    if v is None or not math.isfinite(v):
+        return NA
+    if abs(v) < 1024:
+        return f"{v:.0f} B"
+    return _scaled(v / 1024, _BYTE_UNITS[1:], 1024, " ")
+
+
+def fmt_us(value: object) -> str:
+    """A duration given in microseconds, at most 7 characters: ``812µs``, ``12.3ms``, ``1.23s``."""
+    v = number(value)
+    if v is None or not math.isfinite(v):
+        return NA
+    if v == 0:
+        return "0µs"
+    return _scaled(v, ("µs", "ms", "s"), 1000, "")
+
+
+def fmt_seconds(value: object) -> str:
+    """A duration in seconds (a profile's wall time): ``1.06 s``, ``0.524 s``, ``95 s``."""
+    v = number(value)
+    if v is None or not math.isfinite(v):
+        return NA
+    text = f"{v:.3g}"
+    return f"{v:.0f} s" if "e" in text else f"{text} s"
+
+
+def fmt_duration(seconds: object) -> str:
+    """Elapsed time as ``H:MM:SS``; ``n/a`` when missing, non-finite or negative."""
+    v = number(seconds)
+    if v is None or not math.isfinite(v) or v < 0:
+        return NA
+    s = int(v)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def fmt_percent(fraction: object, spec: str = ".1f") -> str:
+    """A fraction 0-1 as a percentage figure (no sign): ``51.0``; ``n/a`` when missing."""
+    v = number(fraction)
+    if v is None or math.isnan(v):
+        return NA
+    return f"{100 * v:{spec}}"
