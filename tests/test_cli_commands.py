@@ -602,6 +602,36 @@ def test_bad_arguments_one_line_exit_2(
     assert err.startswith(f"tdbg {argv[0]}: error: ")
 
 
+def test_options_follow_the_command_schema(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The deep dives' options are the protocol's schema: change a bound, a default or a help
+    text there and the CLI's validation and --help follow."""
+    from tdbg.protocol.messages import COMMANDS, Field
+
+    def help_of(command: str) -> str:
+        with pytest.raises(SystemExit):
+            cli.run([command, "--help"])
+        return " ".join(capsys.readouterr().out.split())
+
+    monkeypatch.setitem(COMMANDS["profile"], "steps", Field(int, 7, 2, 9, "ops to count", "M"))
+    assert cli.build_parser().parse_args(["profile"]).steps == 7
+    with pytest.raises(SystemExit):
+        cli.run(["profile", "--steps", "10"])
+    assert "argument --steps: must be an integer 2-9" in capsys.readouterr().err
+    text = help_of("profile")
+    assert "--steps M" in text and "ops to count, 2-9 (default 7)" in text
+    # Every argument of every dive has its option (activations' enabled=false is --off).
+    for command, schema in COMMANDS.items():
+        if command == "cancel":
+            continue
+        text = help_of(command.replace("_", "-"))
+        for name, spec in schema.items():
+            if spec.kind is bool and spec.default:
+                continue
+            assert f"--{name.replace('_', '-')}" in text and spec.help in text, (command, name)
+
+
 def test_no_run_one_line_exit_2(runtime_dir: Path) -> None:
     out = run_cli("profile", "--steps", "3", runtime=runtime_dir)
     assert out.returncode == 2 and out.stdout == ""

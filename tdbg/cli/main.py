@@ -12,7 +12,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from tdbg import __version__
-from tdbg.cli.args import EXIT_USAGE, OneLineParser, positive_float, positive_int
+from tdbg.cli.args import (
+    EXIT_USAGE,
+    OneLineParser,
+    add_command_options,
+    positive_float,
+    positive_int,
+)
 from tdbg.cli.bridge import add_bridge_parser
 from tdbg.cli.dives import (
     JobFailed,
@@ -37,7 +43,6 @@ from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
 from tdbg.connect.targets import Recording, resolve, resolve_nodes
 from tdbg.protocol.framing import ProtocolError
-from tdbg.protocol.messages import COMMANDS
 
 EXIT_FAILED = 1  # a deep-dive job ended failed or cancelled (its reason is on stderr)
 EXIT_INTERRUPTED = 130
@@ -158,24 +163,6 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
     add_remote_options(parser)
 
 
-def _bounded(command: str, name: str) -> Callable[[str], Any]:
-    """An argparse type checking a value against the protocol's bounds for command.name."""
-    spec = COMMANDS[command][name]
-
-    def parse(text: str) -> Any:
-        kind = "an integer" if spec.kind is int else "a number"
-        try:
-            value = spec.kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {kind} {spec.lo:g}-{spec.hi:g}") from None
-        if not spec.lo <= value <= spec.hi:
-            raise argparse.ArgumentTypeError(f"must be {kind} {spec.lo:g}-{spec.hi:g}")
-        return value
-
-    parse.__name__ = f"{command}.{name}"
-    return parse
-
-
 def _sort_column(text: str) -> str:
     column = text.strip().lower().replace("-", "_")
     column = {"op": "name", "self_gpu": "self_device", "gpu_total": "device_total"}.get(
@@ -248,23 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default: --max-seconds + 60",
         cmd_profile,
     )
-    profile.add_argument(
-        "--steps",
-        type=_bounded("profile", "steps"),
-        default=5,
-        metavar="N",
-        help="1-200 (default 5)",
-    )
-    profile.add_argument(
-        "--max-seconds",
-        type=_bounded("profile", "max_seconds"),
-        default=30.0,
-        metavar="S",
-        help="wall-clock cap on the profiled steps, 1-120 (default 30)",
-    )
-    profile.add_argument("--record-shapes", action="store_true", help="record input shapes")
-    profile.add_argument("--profile-memory", action="store_true", help="record allocations")
-    profile.add_argument("--with-stack", action="store_true", help="record Python stacks")
+    add_command_options(profile, "profile")
     profile.add_argument(
         "--sort",
         type=_sort_column,
@@ -282,20 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default 120",
         cmd_snapshot,
     )
-    snapshot.add_argument(
-        "--steps",
-        type=_bounded("snapshot", "steps"),
-        default=3,
-        metavar="N",
-        help="1-50 (default 3)",
-    )
-    snapshot.add_argument(
-        "--max-entries",
-        type=_bounded("snapshot", "max_entries"),
-        default=100_000,
-        metavar="N",
-        help="allocator events kept, 1000-100000 (default 100000)",
-    )
+    add_command_options(snapshot, "snapshot")
     snapshot.add_argument(
         "--rows", type=positive_int, default=10, metavar="N", help="sites shown (default 10)"
     )
@@ -308,13 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default 120",
         cmd_nan_hunt,
     )
-    nan_hunt.add_argument(
-        "--steps",
-        type=_bounded("nan_hunt", "steps"),
-        default=1,
-        metavar="N",
-        help="1-100 (default 1)",
-    )
+    add_command_options(nan_hunt, "nan_hunt")
 
     anomaly = _job_parser(
         sub,
@@ -324,18 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default 120",
         cmd_anomaly,
     )
-    anomaly.add_argument(
-        "--steps",
-        type=_bounded("anomaly", "steps"),
-        default=10,
-        metavar="N",
-        help="1-50 (default 10)",
-    )
-    anomaly.add_argument(
-        "--check-nan",
-        action="store_true",
-        help="also raise on NaN in backward (only where watch(anomaly_check_nan=True) allows it)",
-    )
+    add_command_options(anomaly, "anomaly")
 
     activations = _job_parser(
         sub,
@@ -345,13 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_activations,
     )
     which = activations.add_mutually_exclusive_group()
-    which.add_argument(
-        "--every",
-        type=_bounded("activations", "every"),
-        default=10,
-        metavar="K",
-        help="sample every K steps, 1-10000 (default 10)",
-    )
+    add_command_options(which, "activations", skip={"enabled"})  # enabled=false is --off
     which.add_argument("--off", action="store_true", help="turn activation statistics off")
     activations.add_argument(
         "--show", action="store_true", help="wait for the next sampled step and print it"

@@ -415,12 +415,39 @@ CLIENT_TYPES: dict[str, frozenset[str]] = {
 
 @dataclass(frozen=True, slots=True)
 class Field:
-    """One command argument: its type (``int``, ``float`` or ``bool``), bounds and default."""
+    """One command argument: its type (``int``, ``float`` or ``bool``), bounds, default, and
+    how a user reads it (``help``; ``metavar`` names a number's placeholder). Every front end
+    (the CLI's options, the TUI's forms) takes these from here."""
 
     kind: type
     default: int | float | bool | None
     lo: float = 0
     hi: float = 0
+    help: str = ""
+    metavar: str = "N"
+
+    @property
+    def bounds(self) -> str:
+        """``1-200``: the accepted range, as the refusal and the help both spell it."""
+        return f"{self.lo:g}-{self.hi:g}"
+
+    @property
+    def expected(self) -> str:
+        """What a value must be: ``an integer 1-200``, ``a number 1-120``, ``true or false``."""
+        if self.kind is bool:
+            return "true or false"
+        return f"{'an integer' if self.kind is int else 'a number'} {self.bounds}"
+
+    def parse(self, text: str) -> int | float:
+        """A number typed by a user (a command-line option), checked against the bounds;
+        raises ValueError saying what it must be."""
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise ValueError(f"must be {self.expected}") from None
+        if not self.lo <= value <= self.hi:
+            raise ValueError(f"must be {self.expected}")
+        return value
 
     def check(self, command: str, name: str, value: Any) -> int | float | bool:
         where = f"{command}.{name}"
@@ -432,30 +459,38 @@ class Field:
         if self.kind is int and not isinstance(value, int):
             number_ok = False
         if not number_ok or not self.lo <= value <= self.hi:
-            kind = "an integer" if self.kind is int else "a number"
-            raise ProtocolError(
-                f"{where} must be {kind} {self.lo:g}-{self.hi:g}", ErrorCode.BAD_MESSAGE
-            )
+            raise ProtocolError(f"{where} must be {self.expected}", ErrorCode.BAD_MESSAGE)
         return self.kind(value)
 
 
 # The static allowlist of commands (R28) with every argument typed and bounded (R29, R33).
 COMMANDS: dict[str, dict[str, Field]] = {
     "profile": {
-        "steps": Field(int, 5, 1, 200),
-        "max_seconds": Field(float, 30.0, 1, 120),
-        "record_shapes": Field(bool, False),
-        "profile_memory": Field(bool, False),
-        "with_stack": Field(bool, False),
+        "steps": Field(int, 5, 1, 200, "steps to profile"),
+        "max_seconds": Field(float, 30.0, 1, 120, "wall-clock cap on the profiled steps", "S"),
+        "record_shapes": Field(bool, False, help="record input shapes"),
+        "profile_memory": Field(bool, False, help="record allocations"),
+        "with_stack": Field(bool, False, help="record Python stacks"),
     },
     "snapshot": {
-        "steps": Field(int, 3, 1, 50),
-        "max_entries": Field(int, 100_000, 1000, 100_000),
+        "steps": Field(int, 3, 1, 50, "steps to record"),
+        "max_entries": Field(int, 100_000, 1000, 100_000, "allocator events kept"),
     },
-    "nan_hunt": {"steps": Field(int, 1, 1, 100)},
-    "anomaly": {"steps": Field(int, 10, 1, 50), "check_nan": Field(bool, False)},
-    "activations": {"every": Field(int, 10, 1, 10_000), "enabled": Field(bool, True)},
-    "cancel": {"job": Field(int, None, 1, 2**31 - 1)},
+    "nan_hunt": {"steps": Field(int, 1, 1, 100, "steps to watch at most")},
+    "anomaly": {
+        "steps": Field(int, 10, 1, 50, "steps with anomaly mode on"),
+        "check_nan": Field(
+            bool,
+            False,
+            help="also raise on NaN in backward (only where watch(anomaly_check_nan=True) "
+            "allows it)",
+        ),
+    },
+    "activations": {
+        "every": Field(int, 10, 1, 10_000, "sample every K steps", "K"),
+        "enabled": Field(bool, True, help="false turns activation statistics off"),
+    },
+    "cancel": {"job": Field(int, None, 1, 2**31 - 1, "the job to cancel", "JOB")},
 }
 
 CLIENT_TYPES.update({name: frozenset(schema) for name, schema in COMMANDS.items()})
