@@ -10,6 +10,7 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import Any, TextIO
 
 from tdbg.connect.client import ProbeClient
+from tdbg.protocol.messages import read_result
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording, open_recording
 
@@ -90,17 +91,18 @@ def result_event(msg: dict[str, Any]) -> dict[str, Any] | None:
     """The result of a ``done`` job as an event typed by its command (``profile``, ``snapshot``,
     ``nan_hunt``, ``anomaly``): ``job``, ``step`` and ``time`` of the job message, then the
     result's own fields (a result's ``step``, as nan_hunt's, wins). None for other states."""
-    result = msg.get("result")
-    if msg.get("state") != "done" or not isinstance(result, dict):
+    command = str(msg.get("command"))
+    result = read_result(command, msg.get("result"))  # typed: a malformed figure is null
+    if msg.get("state") != "done" or result is None:
         return None
     event: dict[str, Any] = {
-        "type": str(msg.get("command")),
+        "type": command,
         "job": msg.get("job"),
         "step": msg.get("step"),
         "time": msg.get("time"),
     }
     event.update(finite_tree(result))
-    event["type"] = str(msg.get("command"))
+    event["type"] = command
     if msg.get("history"):
         event["history"] = True
     return event
