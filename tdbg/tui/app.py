@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import io
+import re
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
-from rich.console import Console
+from rich.cells import cell_len
 from textual import work
 from textual.app import App
 from textual.binding import Binding
@@ -254,15 +255,40 @@ def save_screenshot(app: App[Any], path: str | Path) -> str:
 
 
 def screen_text(app: App[Any]) -> str:
-    """The current screen as plain text, as a user would read it (tests assert on this)."""
+    """The current screen as plain text, as a user would read it (tests assert on this).
+
+    Read back from Textual's public screenshot (an SVG from Rich's ``export_svg``, the same
+    picture ``save_screenshot`` writes): each run of text is a ``<text>`` element whose
+    ``clip-path`` names its line and whose ``x`` is its column times the cell width. Textual has
+    no public call that returns the composited screen as text, only this picture.
+    """
     width, height = app.size
-    console = Console(
-        width=width, height=height, file=io.StringIO(), record=True, color_system=None
-    )
-    console.print(
-        app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
-    )
-    return console.export_text()
+    cells = [[" "] * width for _ in range(height)]
+    cell_width = 0.0
+    svg = ElementTree.fromstring(app.export_screenshot(simplify=True))
+    for run in svg.iter("{http://www.w3.org/2000/svg}text"):
+        line = re.fullmatch(r"url\(#.+-line-(\d+)\)", run.get("clip-path", ""))
+        text = (run.text or "").rstrip("\n").replace("\xa0", " ")  # Rich writes spaces as nbsp
+        if line is None or not text:
+            continue  # the window title, or the end of a line
+        if not cell_width:  # textLength is the cell width times len(text), wide or not
+            cell_width = float(run.get("textLength", "0")) / len(text)
+        y, x = int(line.group(1)), round(float(run.get("x", "0")) / cell_width)
+        if y >= height:
+            continue
+        row = cells[y]
+        for char in text:
+            if x >= width:
+                break
+            size = cell_len(char)
+            if size == 0 and x > 0:  # a combining mark joins the cell before it
+                row[x - 1] += char
+                continue
+            row[x] = char
+            for k in range(x + 1, min(x + size, width)):
+                row[k] = ""  # the right half of a wide character
+            x += max(size, 1)
+    return "\n".join("".join(row) for row in cells)
 
 
 def error(message: str) -> int:
