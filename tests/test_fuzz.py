@@ -48,7 +48,7 @@ values = st.recursive(
     max_leaves=40,
 )
 client_types = st.sampled_from([*messages.CLIENT_TYPES, "nope", ""])
-messages = st.fixed_dictionaries(
+client_messages = st.fixed_dictionaries(
     {"type": client_types | values, "id": values, "args": values},
     optional={"extra": values},
 ) | st.fixed_dictionaries(
@@ -111,7 +111,7 @@ def test_random_msgpack_structures(value: object) -> None:
 
 
 @FUZZ_STRUCTURES
-@given(messages, st.lists(st.integers(0, 300), max_size=4))
+@given(client_messages, st.lists(st.integers(0, 300), max_size=4))
 def test_random_client_messages(message: dict, cuts: list[int]) -> None:
     payload = packb(message)
     if payload is None or len(payload) > MAX_INBOUND_FRAME:
