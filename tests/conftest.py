@@ -9,12 +9,12 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import TIMEOUT, wait_until
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -68,15 +68,6 @@ def _close_probes() -> Iterator[None]:
     watch = sys.modules.get("tdbg.probe.watch")
     if watch is not None:
         watch._close_all()
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 5.0, what: str = "") -> None:
-    """Poll ``condition`` until it is true; fail after ``timeout`` seconds. Never a bare sleep."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what or condition}")
-        time.sleep(0.01)
 
 
 class Loop:
@@ -155,8 +146,10 @@ class Reader:
             for r in unpack_steps(m)
         ]
 
-    def wait(self, condition: Callable[[Reader], object], timeout: float = 5.0) -> None:
-        wait_until(lambda: condition(self), timeout, "reader condition")
+    def wait(
+        self, condition: Callable[[Reader], object], timeout: float = TIMEOUT, what: str = ""
+    ) -> None:
+        wait_until(lambda: condition(self), timeout, what or "a condition on the messages read")
 
     def close(self) -> None:
         import socket

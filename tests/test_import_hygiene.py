@@ -90,6 +90,13 @@ def test_cli_and_tui_entry_points_load_no_torch() -> None:
     assert not under(loaded, "tdbg.probe")
 
 
+def test_tui_state_loads_no_textual() -> None:
+    """The run model, deep-dive results and timeline are plain Python: testable without an app."""
+    loaded = modules_after(IMPORT_ALL.format(name="tdbg.tui.state"))
+    assert "tdbg.tui.state.run_state" in loaded
+    assert not roots(loaded) & {"textual", "rich", "torch"}
+
+
 def test_probe_imports_no_textual_or_rich() -> None:
     loaded = modules_after(IMPORT_ALL.format(name="tdbg.probe"))
     assert {"tdbg.probe.watch", "tdbg.probe.dives.profiling"} <= loaded
