@@ -6,11 +6,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from demo_job import demo_job
+from waiting import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -23,15 +23,35 @@ def tmux(*args: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
 
 
-def wait_screen(session: str, needles: list[str], timeout: float = 45.0) -> str:
-    deadline = time.monotonic() + timeout
-    screen = ""
-    while time.monotonic() < deadline:
-        screen = tmux("capture-pane", "-p", "-t", session)
-        if all(n in screen for n in needles):
-            return screen
-        time.sleep(0.2)
-    raise AssertionError(f"screen never showed {needles}:\n{screen}")
+# A real terminal, a real process start: a loaded CI machine can take a while (a ceiling).
+SCREEN_TIMEOUT = 60.0
+
+
+def screen_of(session: str) -> str:
+    return tmux("capture-pane", "-p", "-t", session)
+
+
+def wait_screen(session: str, needles: list[str], timeout: float = SCREEN_TIMEOUT) -> str:
+    """Wait until the pane shows every needle; return what it shows."""
+
+    def showing() -> str:
+        screen = screen_of(session)
+        return screen if all(n in screen for n in needles) else ""
+
+    return wait_until(
+        showing, timeout, f"{needles} on {session}", detail=lambda: screen_of(session), interval=0.2
+    )
+
+
+def wait_gone(session: str, needle: str, what: str, timeout: float = SCREEN_TIMEOUT) -> None:
+    """Wait until the pane no longer shows ``needle``."""
+    wait_until(
+        lambda: needle not in screen_of(session),
+        timeout,
+        what,
+        detail=lambda: screen_of(session),
+        interval=0.2,
+    )
 
 
 def test_tui_in_tmux_attaches_and_quits(runtime_dir: Path) -> None:
@@ -58,16 +78,10 @@ def test_tui_in_tmux_attaches_and_quits(runtime_dir: Path) -> None:
             wait_screen(session, ["tdbg — keys", "quit"])
             tmux("send-keys", "-t", session, "Escape")
             # Escape then q at once would read as Alt+q: wait for the help screen to close.
-            deadline = time.monotonic() + 15
-            while "tdbg — keys" in tmux("capture-pane", "-p", "-t", session):
-                assert time.monotonic() < deadline, "Escape did not close the help screen"
-                time.sleep(0.2)
+            wait_gone(session, "tdbg — keys", "Escape closing the help screen")
             tmux("send-keys", "-t", session, "q")
             # After q the app exits and the shell runs `sleep`: the screen no longer shows the app.
-            deadline = time.monotonic() + 15
-            while "Gradient norms" in tmux("capture-pane", "-p", "-t", session):
-                assert time.monotonic() < deadline, "tdbg-tui did not quit on q"
-                time.sleep(0.2)
+            wait_gone(session, "Gradient norms", "tdbg-tui quitting on q")
             assert proc.poll() is None, "quitting the TUI must not disturb the training job"
         finally:
             tmux("kill-server")
