@@ -3,7 +3,6 @@ and the real TUI under its Pilot; the bridge's byte pump (R5) and one-line error
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -23,6 +22,7 @@ import pytest
 import sshd as sshd_helper
 from conftest import wait_until
 from demo_job import demo_job
+from waiting import until
 
 from tdbg.connect.runtime import write_private_json
 from tdbg.protocol.framing import MAGIC
@@ -247,14 +247,6 @@ def test_bridge_list_and_pump(runtime_dir: Path) -> None:
 
 
 # --- the TUI through ssh ---------------------------------------------------------------------
-
-
-async def until(condition, timeout: float = 30.0, what: str = "") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_tui_over_ssh_survives_a_dropped_connection(

@@ -12,8 +12,7 @@ import math
 import queue
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import pytest
 from demo_job import demo_job
 from textual.pilot import Pilot
 from textual.widgets import Input
+from waiting import wait_for
 
 from tdbg.connect.client import ProbeClient
 from tdbg.protocol import framing
@@ -84,17 +84,6 @@ class FeedSource(Source):
         mid = len(self.sent) + 1
         self.sent.append((mid, command, dict(args)))
         return mid
-
-
-async def wait_for(
-    pilot: Pilot[Any], condition: Callable[[], object], what: str = "", timeout: float = 10.0
-) -> None:
-    """Poll ``condition`` with a deadline; never a bare sleep."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what or condition}")
-        await pilot.pause(0.02)
 
 
 async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str, timeout: float = 10.0) -> str:
