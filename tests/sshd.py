@@ -10,9 +10,10 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from waiting import wait_until
 
 SSHD = "/usr/sbin/sshd"
 
@@ -109,16 +110,22 @@ class Sshd:
             )
         finally:
             log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sshd exited {self.proc.returncode}: {self.log.read_text()}")
-            with socket.socket() as s, contextlib.suppress(OSError):
+        proc = self.proc
+
+        def listening() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"sshd exited {proc.returncode}: {self.log.read_text()}")
+            with socket.socket() as s:
                 s.settimeout(0.2)
-                s.connect(("127.0.0.1", self.port))
-                return
-            time.sleep(0.02)
-        raise RuntimeError(f"sshd did not listen on port {self.port}: {self.log.read_text()}")
+                try:
+                    s.connect(("127.0.0.1", self.port))
+                except OSError:
+                    return False
+            return True
+
+        wait_until(
+            listening, timeout, f"sshd listening on port {self.port}", detail=self.log.read_text
+        )
 
     def stop_listener(self) -> None:
         """Stop the listening sshd; sessions already open live on in their own processes."""

@@ -25,6 +25,7 @@ from demo_job import demo_job
 from waiting import until
 
 from tdbg.connect.runtime import write_private_json
+from tdbg.connect.ssh import LIST_TIMEOUT
 from tdbg.protocol.framing import MAGIC
 
 pytestmark = pytest.mark.slow
@@ -230,15 +231,13 @@ def test_bridge_list_and_pump(runtime_dir: Path) -> None:
             assert conn.recv(100) == b""  # ...the probe sees EOF (half-close)...
             conn.sendall(b"late reply")  # ...and can still answer.
             assert bridge.stdout.read(10) == b"late reply"
-            closed_at = time.monotonic()
         else:
             conn.sendall(b"bye")
             conn.close()
-            closed_at = time.monotonic()
             assert bridge.stdout.read() == b"bye"
-        bridge.wait(5)
-        took = time.monotonic() - closed_at
-        assert took < 1.0, f"bridge exited {took:.2f} s after the {closer} closed"
+        # It exits by itself once one side has closed (it lingers under a second by design; the
+        # figure is a benchmark's to measure, not a test's): a pump that hung would time out here.
+        bridge.wait(30)
         conn.close()
         for stream in (bridge.stdin, bridge.stdout, bridge.stderr):
             if stream and not stream.closed:
@@ -480,7 +479,9 @@ def test_ctrl_c_while_listing_runs_exits_at_once(tmp_path: Path) -> None:
         if tui.poll() is None:
             tui.kill()
             tui.wait()
-    assert took < 2.5, f"tdbg-tui exited {took:.1f} s after Ctrl-C"
+    # The silent ssh would hold a listing for LIST_TIMEOUT (60 s): exiting well before that is
+    # the Ctrl-C at work. A generous bound, so a busy machine cannot fail it.
+    assert took < LIST_TIMEOUT / 3, f"tdbg-tui exited {took:.1f} s after Ctrl-C"
     assert tui.returncode == 130, err.decode()
     for pid in _pids(pidfile):
         wait_until(lambda p=pid: not _alive(p), 2, f"fake ssh {pid} stopped")
@@ -488,7 +489,7 @@ def test_ctrl_c_while_listing_runs_exits_at_once(tmp_path: Path) -> None:
 
 def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
     """RemoteSource.stop() (the UI closing) while ssh is still listing runs: open() returns
-    within about 2 s and the ssh processes are gone."""
+    long before the listing's timeout, and the ssh processes are gone."""
     from tdbg.connect.client import ConnectError
     from tdbg.connect.ssh import RemoteOptions
     from tdbg.connect.sshurl import parse_ssh_url
@@ -512,9 +513,12 @@ def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
     wait_until(lambda: len(_pids(pidfile)) == 2, 30, "both nodes being listed")
     stopped = time.monotonic()
     source.stop()
-    worker.join(10)
+    worker.join(LIST_TIMEOUT)
     took = time.monotonic() - stopped
-    assert not worker.is_alive() and took < 2.0, f"open() returned {took:.1f} s after stop()"
+    # Well before the listing's own LIST_TIMEOUT (60 s): stop() ended it, not the timeout.
+    assert not worker.is_alive() and took < LIST_TIMEOUT / 3, (
+        f"open() returned {took:.1f} s after stop()"
+    )
     assert len(outcome) == 1 and isinstance(outcome[0], ConnectError), outcome
     for pid in _pids(pidfile):
         wait_until(lambda p=pid: not _alive(p), 2, f"fake ssh {pid} stopped")
@@ -576,5 +580,5 @@ def test_a_dropped_run_that_ended_meanwhile_is_watched_for_a_restart(tmp_path: P
         assert "--list" not in first and "--socket /tmp/r/0-5.sock" in first
     finally:
         source.stop()
-        worker.join(10)
+        worker.join(LIST_TIMEOUT)
     assert not worker.is_alive()
