@@ -1,5 +1,5 @@
-"""Fuzzing the frame reader, decoder and schema (R58): only ProtocolError may ever escape, and
-random bytes on a live probe's socket never kill the probe. About 15 s in all."""
+"""Fuzzing the frame reader, decoder and schema: only ProtocolError may ever escape, and random
+bytes on a live probe's socket never kill the probe. About 15 s in all."""
 
 from __future__ import annotations
 

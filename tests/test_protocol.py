@@ -241,7 +241,7 @@ def test_length_claims_more_than_the_payload_holds() -> None:
 
 
 def test_decoding_never_touches_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
-    """R22: no pickle on any path that handles client or probe data."""
+    """no pickle on any path that handles client or probe data."""
 
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("pickle used on the wire")
@@ -260,7 +260,7 @@ def test_decoding_never_touches_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
         decode_all(preamble() + frame(pickle.dumps({"type": "ping"})))
 
 
-# --- the client-message schema (R21) -------------------------------------------------------
+# --- the client-message schema ----------------------------------------------------------------
 
 
 def nest(depth: int) -> object:
@@ -376,7 +376,7 @@ def test_schema_accepts_hello_without_client_version() -> None:
     assert validate_client_message(msg) is msg
 
 
-# --- negotiation (R23) ---------------------------------------------------------------------
+# --- negotiation ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

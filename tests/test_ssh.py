@@ -1,5 +1,5 @@
 """ssh:// targets end to end: a real sshd on 127.0.0.1, a real demo training job, the real CLI
-and the real TUI under its Pilot; the bridge's byte pump (R5) and one-line errors."""
+and the real TUI under its Pilot; the bridge's byte pump (guarantees: ssh) and one-line errors."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_dump_and_profile_over_ssh(sshd: sshd_helper.Sshd, runtime_dir: Path) ->
         names = " ".join(str(row.get("name")) for row in result["rows"])
         assert "addmm" in names or "linear" in names, names
         assert result["trace"]  # its path on the remote host
-        # ssh and the bridge are gone once the command returns (R6: nothing left behind).
+        # ssh and the bridge are gone once the command returns: nothing left behind.
         wait_until(lambda: not _bridges(entry.socket), 5, "remote bridges to exit")
 
 
@@ -156,7 +156,7 @@ def test_one_line_errors(sshd: sshd_helper.Sshd, runtime_dir: Path, tmp_path: Pa
     if missing == "tdbg":
         options = sshd.client_options()  # exactly as a user would type it
     one_line_error(cli("dump", url, *options), "tdbg not found on", "--remote-tdbg PATH")
-    # URLs refused before ssh ever starts (R4).
+    # URLs refused before ssh ever starts (guarantees: ssh).
     one_line_error(cli("dump", "ssh://-oProxyCommand=touch%20/tmp/x"), "start with '-'")
     one_line_error(cli("anomaly", "ssh://me:pw@127.0.0.1"), "password")
     one_line_error(cli("dump", "ssh://127.0.0.1:99999"), "out of range")
@@ -202,7 +202,7 @@ def test_ls_lists_the_runs_of_ssh_nodes(sshd: sshd_helper.Sshd, runtime_dir: Pat
 
 def test_bridge_list_and_pump(runtime_dir: Path) -> None:
     """``tdbg bridge`` locally: --list answers JSON; the pump honours half-close and exits
-    within 1 s of either side closing (R5), without parsing what it carries."""
+    within 1 s of either side closing (guarantees: ssh), without parsing what it carries."""
     listing = cli("bridge", "--list", "--runtime-dir", str(runtime_dir))
     data = json.loads(listing.stdout)
     assert data["runs"] == [] and data["protocol"] == [1, 1] and data["tdbg"]

@@ -1,4 +1,4 @@
-"""ssh:// URL parsing (R4), the ssh command line (R3) and the classification of ssh failures."""
+"""ssh:// URL parsing, the ssh command line and the classification of ssh failures."""
 
 from __future__ import annotations
 

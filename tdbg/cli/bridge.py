@@ -27,7 +27,9 @@ from tdbg.connect.targets import (
 from tdbg.protocol.framing import PROTO_MAX, PROTO_MIN
 
 CHUNK = 1 << 16
-LINGER = 0.8  # seconds the other direction may drain after one side closes (R5: exit < 1 s)
+# Seconds the other direction may drain after one side closes: the bridge exits within 1 s
+# (docs/guarantees.md, ssh).
+LINGER = 0.8
 
 
 class BridgeError(Exception):

@@ -54,7 +54,8 @@ def ensure_runtime_dir(path: Path | None = None) -> Path:
 
 def make_private_dir(path: Path, what: str) -> Path:
     """Create ``path`` with mode 0700 (umask untouched) unless it exists, then check it as the
-    runtime directory is checked (R10): RuntimeDirError naming ``what`` otherwise."""
+    runtime directory is checked (docs/guarantees.md, socket files): RuntimeDirError naming
+    ``what`` otherwise."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -159,7 +160,8 @@ def discover(directory: Path | None = None, clean: bool = True) -> list[RunEntry
 
 
 def remove_stale(meta_path: Path, sock: Path) -> None:
-    """Remove a dead run's files — only a socket that refuses connections (R13, R55)."""
+    """Remove a dead run's files — only a socket that refuses connections (docs/guarantees.md,
+    socket files and processes)."""
     with contextlib.suppress(OSError):
         if sock.exists() and stat.S_ISSOCK(os.lstat(sock).st_mode) and not probe_socket(sock):
             os.unlink(sock)

@@ -26,12 +26,12 @@ from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.sshurl import SshTarget
 from tdbg.protocol.framing import MAGIC, PREAMBLE, PREAMBLE_SIZE, PROTO_MAX, PROTO_MIN
 
-CONNECT_TIMEOUT = 30  # ssh's ConnectTimeout (R3), seconds
+CONNECT_TIMEOUT = 30  # ssh's ConnectTimeout (guarantees: ssh), seconds
 SERVER_ALIVE_INTERVAL = 15  # ssh probes a silent server this often (seconds) ...
 SERVER_ALIVE_COUNT_MAX = 3  # ... and gives up after this many unanswered probes
 HANDSHAKE_TIMEOUT = 60.0  # connect + authenticate + start the remote tdbg + the probe's hello
 LIST_TIMEOUT = 60.0
-TERM_GRACE = 3.0  # SIGTERM, then SIGKILL after this long (R6)
+TERM_GRACE = 3.0  # SIGTERM, then SIGKILL after this long (guarantees: ssh)
 EXIT_GRACE = 0.5  # after our EOF, ssh usually exits by itself this fast
 STDERR_LINES = 50  # ssh's last stderr lines kept for the error message
 PR_SET_PDEATHSIG = 1
@@ -66,7 +66,7 @@ class RemoteOptions:
 
 
 def remote_command(remote_tdbg: str, args: Sequence[str]) -> list[str]:
-    """The remote command line's words, each POSIX-quoted for the remote shell (R3).
+    """The remote command line's words, each POSIX-quoted for the remote shell (guarantees: ssh).
 
     A leading ``~/`` in the remote tdbg stays unquoted as ``"$HOME"/`` so that
     ``--remote-tdbg '~/venv/bin/tdbg'`` means the remote user's home, as with rsync.
@@ -82,7 +82,7 @@ def ssh_argv(target: SshTarget, opts: RemoteOptions, args: Sequence[str]) -> lis
     """``ssh -T [-o ...] -o ConnectTimeout=30 -o ServerAlive... [-p port] [-l user] -- host
     <remote tdbg> ARGS``.
 
-    R3 writes ``-o ConnectTimeout=30`` before the user's options; it comes after them here
+    The contract writes ``-o ConnectTimeout=30`` before the user's options; it comes after them here
     because ssh keeps the first value it sees for an option, so this order lets a user's
     ``-o ConnectTimeout=...`` (or ServerAlive...) win over our defaults. The ServerAlive
     options make ssh notice a network that went silent (no RST, no FIN) within about 45 s
@@ -116,7 +116,7 @@ def bridge_args(target: SshTarget, listing: bool = False) -> list[str]:
 
 
 def _pdeathsig() -> Callable[[], None] | None:
-    """A preexec_fn asking Linux to SIGKILL ssh when the thread that spawned it dies (R6).
+    """A preexec_fn asking Linux to SIGKILL ssh when the thread that spawned it dies.
 
     subprocess has no other way to set PR_SET_PDEATHSIG (posix_spawn has no attribute for
     it either, and a wrapper such as ``setpriv --pdeathsig`` is not everywhere), so this is
@@ -164,7 +164,7 @@ class SshProcess:
         if group is not None and group.stopped:
             raise RemoteError(f"stopped before ssh to {target.node} started")
         try:
-            # Its own session (R6): a Ctrl-C in our terminal is ours to handle, and stopping
+            # Its own session: a Ctrl-C in our terminal is ours to handle, and stopping
             # ssh's process group cannot touch ours.
             self.proc = subprocess.Popen(
                 self.argv,
@@ -172,7 +172,7 @@ class SshProcess:
                 stdout=subprocess.PIPE if stdout is None else stdout,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_pdeathsig(),  # R6: one prctl(2) in the child, see _pdeathsig
+                preexec_fn=_pdeathsig(),  # one prctl(2) in the child, see _pdeathsig
             )
         except FileNotFoundError:
             raise RemoteError(
@@ -219,7 +219,7 @@ class SshProcess:
         return RemoteError(message, no_run=rc == EXIT_NO_RUN)
 
     def stop(self, wait: bool = False, now: bool = False) -> None:
-        """Let ssh exit on its own briefly, then SIGTERM, then SIGKILL after 3 s (R6); with
+        """Let ssh exit on its own briefly, then SIGTERM, then SIGKILL after 3 s; with
         ``now``, SIGTERM at once (nobody waits for an answer any more).
 
         With ``wait=False`` this happens on a daemon thread, so a UI never freezes on it; if

@@ -401,7 +401,7 @@ class ClientMessage(TypedDict):
     args: dict[str, Any]
 
 
-# Schema bounds for client messages (RELIABILITY.md R21).
+# Schema bounds for client messages (guarantees: wire).
 MAX_DEPTH = 8
 MAX_STRING = 4096
 MAX_ARRAY = 1024
@@ -463,7 +463,8 @@ class Field:
         return self.kind(value)
 
 
-# The static allowlist of commands (R28) with every argument typed and bounded (R29, R33).
+# The static allowlist of commands, every argument typed and bounded (docs/guarantees.md,
+# commands).
 COMMANDS: dict[str, dict[str, Field]] = {
     "profile": {
         "steps": Field(int, 5, 1, 200, "steps to profile"),
@@ -494,7 +495,8 @@ COMMANDS: dict[str, dict[str, Field]] = {
 }
 
 CLIENT_TYPES.update({name: frozenset(schema) for name, schema in COMMANDS.items()})
-MUTATING = frozenset(COMMANDS) - {"cancel"}  # change the training process's state (R34, R35)
+# Commands that change the training process's state: refused read-only, audit-logged.
+MUTATING = frozenset(COMMANDS) - {"cancel"}
 
 JOB_STATES = ("armed", "running", "analysing", "done", "failed", "cancelled")
 FINAL_STATES = frozenset({"done", "failed", "cancelled"})
@@ -544,7 +546,8 @@ def _check_value(value: Any, depth: int) -> None:
 
 
 def validate_client_message(message: dict[str, Any]) -> dict[str, Any]:
-    """Check a decoded client message against the schema (R21); return it or raise ProtocolError."""
+    """Check a decoded client message against the schema (docs/guarantees.md, wire); return it
+    or raise ProtocolError."""
     _check_value(message, 1)
     if set(message) != {"type", "id", "args"}:
         raise ProtocolError("a client message has exactly: type, id, args", ErrorCode.BAD_MESSAGE)
