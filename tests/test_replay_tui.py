@@ -118,7 +118,7 @@ async def test_deep_dive_keys_say_a_recording_cannot_run_commands(tmp_path: Path
         for key in ("n", "p", "m", "a", "s", "c"):
             await press(pilot, app, key)
         await pilot.pause()
-        messages = [n.message for n in app._notifications]
+        messages = app.notices
         assert len(messages) == 6 and all(READ_ONLY in m for m in messages), messages
         assert len(app.screen_stack) == 1  # no profile form opened
         await press(pilot, app, "question_mark")
@@ -141,7 +141,7 @@ async def test_replay_of_a_killed_recording_of_a_real_run(
         assert app.state.layer_names == ["0", "2"]
         assert app.state.last_step == timeline.step_at(len(timeline) - 1)
         assert app.state.last_step is not None and app.state.last_step >= 60
-        assert [n.message for n in app._notifications] == [timeline.note]
+        assert app.notices == [timeline.note]
         assert "killed" in line_with(app, "replay ·")
         assert "damaged" not in line_with(app, "replay ·")
         await press(pilot, app, "home")
@@ -163,7 +163,7 @@ def test_a_flipped_byte_reads_as_damaged_and_a_cut_tail_as_killed(tmp_path: Path
     states = {}
     for target in (cut, bad):
         app = ReplayApp(load(str(target)))
-        states[target.name] = app._file_state()
+        states[target.name] = app.file_state
     assert states == {"cut.tdbgrec": "killed", "bad.tdbgrec": "damaged"}
 
 

@@ -304,7 +304,7 @@ async def test_tui_over_ssh_follows_a_restarted_run(
 
 
 def _notifications(app) -> str:  # type: ignore[no-untyped-def]
-    return " ".join(str(n.message) for n in app._notifications)
+    return " ".join(app.notices)
 
 
 async def test_tui_lists_runs_of_several_nodes(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:

@@ -98,7 +98,7 @@ async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str, timeout: float =
 
 
 def notifications(app: TdbgApp) -> list[str]:
-    return [n.message for n in app._notifications]
+    return app.notices
 
 
 async def started(pilot: Pilot[Any], app: TdbgApp, source: FeedSource) -> None:

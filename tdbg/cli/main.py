@@ -30,6 +30,7 @@ from tdbg.cli.dives import (
 )
 from tdbg.cli.dump import dump_events, job_event
 from tdbg.cli.errors import CliError
+from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
 from tdbg.cli.target_args import (
@@ -130,7 +131,7 @@ def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     extra = list(getattr(args, "extra_targets", None) or [])
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
-        return _replay(extra)
+        return replay_main(extra)
     from tdbg.tui.app import launch  # textual is loaded only for the TUI (and its replay)
 
     return launch(
@@ -139,12 +140,6 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
         ssh_options=args.ssh_options,
         remote_tdbg=args.remote_tdbg,
     )
-
-
-def _replay(argv: list[str]) -> int:
-    from tdbg.tui.replay_app import replay_main
-
-    return replay_main(argv)
 
 
 def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
@@ -328,7 +323,7 @@ def tui_main(argv: Sequence[str] | None = None) -> int:
         argv = sys.argv[1:]
     if argv and argv[0] == "replay":  # tdbg-tui replay FILE: a recording, with a cursor
         try:
-            return _replay(list(argv[1:]))
+            return replay_main(list(argv[1:]))
         except KeyboardInterrupt:
             return 130
     parser = OneLineParser(

@@ -92,6 +92,9 @@ class TdbgApp(App[int]):
         self._painted = -1
         self._painted_at = 0.0
         self.batches_applied = 0  # for tests and benchmarks: batches folded into the state
+        # Every notification shown, oldest first: what the user was told, for tests and for
+        # anyone who missed a toast.
+        self.notices: list[str] = []
 
     def get_default_screen(self) -> Screen[Any]:
         return MonitorScreen(id="monitor")
@@ -105,7 +108,25 @@ class TdbgApp(App[int]):
     def on_mount(self) -> None:
         self.monitor.show(self.state)
         self.set_interval(REPAINT_INTERVAL, self._repaint)
+        self.start_reading()
+
+    def start_reading(self) -> None:
+        """Start reading the source in a worker; an app whose state is loaded up front (a
+        replay) overrides this to read nothing."""
         self._pump()
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Textual's notify (thread-safe, as Textual's is), remembered in ``notices``."""
+        self.notices.append(str(message))
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
 
     # --- the worker: all blocking I/O lives here -------------------------------------------
 
@@ -321,9 +342,9 @@ def launch(
 
             source = remote_source(texts, ssh_options, remote_tdbg)
         elif isinstance(resolved, Recording):
-            from tdbg.tui.replay_app import replay_main
+            from tdbg.tui.replay_app import run_replay
 
-            return replay_main([texts[0]])
+            return run_replay(texts[0])
         elif isinstance(resolved, Discover):
             source = DiscoverySource(resolved.directory)
             entries = discover(resolved.directory)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 from textual.app import ComposeResult
@@ -11,7 +10,6 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.timer import Timer
 
-from tdbg.cli.args import OneLineParser
 from tdbg.recording.reader import Recording, RecordingError
 from tdbg.tui.app import TdbgApp
 from tdbg.tui.screens.monitor import MonitorScreen
@@ -98,7 +96,7 @@ class ReplayApp(TdbgApp):
     def get_default_screen(self) -> Screen[Any]:
         return ReplayMonitorScreen(id="monitor")
 
-    def _pump(self) -> None:  # type: ignore[override]
+    def start_reading(self) -> None:
         """Nothing to read: the recording was loaded before the app started."""
 
     def on_mount(self) -> None:
@@ -133,7 +131,8 @@ class ReplayApp(TdbgApp):
         """Every panel shows the cursor's state (tests poll this instead of sleeping)."""
         return self._paint_timer is None and self.shown == self.cursor
 
-    def _file_state(self) -> str | None:
+    @property
+    def file_state(self) -> str | None:
         """How the file ends, when not cleanly: ``damaged`` (a checksum mismatch or garbage:
         see the notification) or ``killed`` (cut short: no end marker, or a last write cut off
         by the kill — the run was killed, or is still running)."""
@@ -156,7 +155,7 @@ class ReplayApp(TdbgApp):
             len(timeline),
             timeline.time_at(self.cursor),
             timeline.created,
-            self._file_state(),
+            self.file_state,
         )
 
 
@@ -165,19 +164,11 @@ def load(path: str) -> Timeline:
     return Timeline(Recording(path))
 
 
-def replay_main(argv: Sequence[str]) -> int:
-    """``tdbg-tui replay FILE``: one line on stderr and exit 2 when FILE is not a recording."""
-    parser = OneLineParser(
-        prog="tdbg-tui replay",
-        description="Show a recording (watch(record=...), TDBG_RECORD) in the monitor, with a "
-        "cursor: ←/→ one step, shift+←/→ jump, home/end.",
-    )
-    parser.add_argument("file", help="a recording file")
-    args = parser.parse_args(list(argv))
-    if not args.file.strip():
-        parser.error("FILE is empty")
+def run_replay(path: str) -> int:
+    """Show the recording at ``path`` until the user quits; one line on stderr and exit code 2
+    when it is not a recording. The caller parses the command line."""
     try:
-        timeline = load(args.file)
+        timeline = load(path)
     except RecordingError as exc:
         print(f"tdbg-tui: error: {exc}", file=sys.stderr)
         return 2
