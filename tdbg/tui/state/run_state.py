@@ -65,6 +65,14 @@ class GrowArray:
         """A view of the filled part; valid until the next append."""
         return self._data[: self.n]
 
+    def head(self, n: int) -> GrowArray:
+        """The first ``n`` rows as a GrowArray over the same memory (nothing is copied). A view
+        must never be extended: a replay state is rebuilt, never appended to."""
+        view = GrowArray(self._data.dtype, self.width, capacity=0)
+        view._data = self._data[:n]
+        view.n = min(n, self.n)
+        return view
+
     def widen(self, width: int, fill: float = math.nan) -> None:
         """Grow the column count (a run may add a param group); new columns get ``fill``."""
         if width <= self.width:
@@ -261,6 +269,21 @@ class Alert:
     layers: tuple[str, ...]
     history: bool = False
 
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Alert:
+        """An ``alert`` message as the TUI keeps it; a field of the wrong type reads as unknown."""
+        step = message.get("step")
+        when = message.get("time")
+        return cls(
+            kind=str(message.get("kind") or "alert"),
+            severity=str(message.get("severity") or "info"),
+            step=int(step) if isinstance(step, int | float) else None,
+            time=float(when) if isinstance(when, int | float) else None,
+            message=str(message.get("message") or ""),
+            layers=tuple(str(x) for x in message.get("layers") or ()),
+            history=bool(message.get("history")),
+        )
+
 
 class RunState:
     """Everything the TUI knows about one run; updated in O(batch) from protocol messages.
@@ -436,17 +459,7 @@ class RunState:
         return out
 
     def _apply_alert(self, message: dict[str, Any]) -> None:
-        step = message.get("step")
-        when = message.get("time")
-        alert = Alert(
-            kind=str(message.get("kind") or "alert"),
-            severity=str(message.get("severity") or "info"),
-            step=int(step) if isinstance(step, int | float) else None,
-            time=float(when) if isinstance(when, int | float) else None,
-            message=str(message.get("message") or ""),
-            layers=tuple(str(x) for x in message.get("layers") or ()),
-            history=bool(message.get("history")),
-        )
+        alert = Alert.from_message(message)
         self.alerts.appendleft(alert)  # newest first
         self.alert_count += 1
         if alert.kind.startswith("nonfinite"):
@@ -486,6 +499,11 @@ class RunState:
     @property
     def smoothed_loss(self) -> float | None:
         return self._ema
+
+    @smoothed_loss.setter
+    def smoothed_loss(self, value: float | None) -> None:
+        """Where the smoothing resumes: a replay cursor sets it to the curve's value there."""
+        self._ema = value
 
     @property
     def diverged(self) -> bool:

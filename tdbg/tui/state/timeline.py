@@ -29,21 +29,10 @@ import numpy as np
 from tdbg.protocol.steps import FLAG_HAS_GRADS
 from tdbg.recording.reader import Recording
 from tdbg.tui.state.deep import DeepState
-from tdbg.tui.state.run_state import MAX_ALERTS, Alert, GradHistory, GrowArray, RunState
+from tdbg.tui.state.run_state import MAX_ALERTS, Alert, GradHistory, RunState
 
 DEEP_CHECKPOINT = 128  # deep-dive messages between DeepState checkpoints
 DEEP_TYPES = frozenset({"job", "activations", "probe"})
-
-
-def _head(array: GrowArray, n: int) -> GrowArray:
-    """A GrowArray showing the first ``n`` rows of ``array`` (a view: nothing is copied).
-
-    Views must never be extended: a replay state is rebuilt, never appended to."""
-    view = GrowArray.__new__(GrowArray)
-    view.width = array.width
-    view._data = array.values[:n]
-    view.n = min(n, len(array))
-    return view
 
 
 class ReplayState(RunState):
@@ -80,7 +69,6 @@ class Timeline:
         deep: list[tuple[int, int, dict[str, Any]]] = []
         grad_steps: list[np.ndarray] = []
         grad_rows: list[np.ndarray] = []
-        scratch = RunState()
         for msg in recording.messages() if messages is None else messages:
             mtype = msg.get("type")
             if mtype == "steps":
@@ -96,9 +84,7 @@ class Timeline:
                     grad_rows.clear()
                 self.full.apply(msg)
             elif mtype == "alert":
-                scratch._apply_alert(msg)
-                alert = scratch.alerts.popleft()
-                self._alerts.append((self._own_step(msg, position), alert))
+                self._alerts.append((self._own_step(msg, position), Alert.from_message(msg)))
             elif mtype in ("system", "probe"):
                 steps, reports = self._reports[mtype]
                 steps.append(position)
@@ -204,19 +190,19 @@ class Timeline:
         n = index + 1
         step = int(full.steps.values[index])
         for name in ("steps", "has_loss", "loss", "loss_ema", "lr"):
-            setattr(state, name, _head(getattr(full, name), n))
-        state.cols = {name: _head(col, n) for name, col in full.cols.items()}
+            setattr(state, name, getattr(full, name).head(n))
+        state.cols = {name: col.head(n) for name, col in full.cols.items()}
         state.lr_groups = full.lr_groups
         k = int(np.searchsorted(full.grad_steps.values, step, side="right"))
-        state.grad_steps = _head(full.grad_steps, k)
-        state.grad_total = _head(full.grad_total, k)
+        state.grad_steps = full.grad_steps.head(k)
+        state.grad_total = full.grad_total.head(k)
         g = int(np.searchsorted(self.grad_steps, step, side="right"))
         state.grads = GradHistory.from_rows(
             len(full.layer_names), self.grad_steps[:g], self.grad_rows[:g]
         )
         ema = full.loss_ema.values[:n]
         finite = np.flatnonzero(np.isfinite(ema))
-        state._ema = float(ema[finite[-1]]) if finite.size else None
+        state.smoothed_loss = float(ema[finite[-1]]) if finite.size else None
         self._put_alerts(state, step)
         state.system = self._report_at("system", step)
         state.probe = self._report_at("probe", step)
