@@ -131,9 +131,12 @@ class GradHistory:
         self._count = 0
         self._old = np.full((old, n_layers), np.nan, dtype=np.float32)
         self._old_steps = np.zeros(old, dtype=np.int64)
+        # Each old row's eviction number (rows leave the ring numbered 0, 1, 2, ...): the next
+        # row kept is the one a whole stride after the last kept, whatever the batch sizes were.
+        self._old_evicted = np.zeros(old, dtype=np.int64)
         self._old_n = 0
         self.stride = 1
-        self._evicted = 0  # rows evicted so far; picks which ones survive decimation
+        self._evicted = 0  # rows evicted from the ring so far
         self.total_rows = 0
 
     def __len__(self) -> int:
@@ -159,8 +162,9 @@ class GradHistory:
         while older and -(-older // stride) > old:
             stride *= 2
         idx = np.arange(0, older, stride)
-        history._put_old(steps[idx], rows[idx])
+        history._put_old(steps[idx], rows[idx], idx)
         history.stride = stride
+        history._evicted = older
         history._ring[:r] = rows[older:]
         history._ring_steps[:r] = steps[older:]
         history._head = r % recent
@@ -192,39 +196,42 @@ class GradHistory:
         self._count += k
 
     def _evict(self, steps: np.ndarray, rows: np.ndarray) -> None:
-        start = 0
         m = rows.shape[0]
+        numbers = self._evicted + np.arange(m)  # these rows' eviction numbers
+        start = 0
         while start < m:
-            # Keep the evicted rows whose running index is a multiple of the stride.
-            first = (-self._evicted) % self.stride
-            take = np.arange(start + first, m, self.stride)
+            # Keep every stride-th row counted from the last row kept (the run's first row when
+            # nothing is kept yet), so old rows stay evenly spaced across batches and halvings.
+            if self._old_n:
+                due = int(self._old_evicted[self._old_n - 1]) + self.stride
+            else:
+                due = int(numbers[0])
+            first = max(start, due - int(numbers[0]))
+            take = np.arange(first, m, self.stride)
             room = self.old_cap - self._old_n
             if len(take) <= room:
-                self._put_old(steps[take], rows[take])
-                self._evicted += m - start
-                return
+                self._put_old(steps[take], rows[take], numbers[take])
+                break
             keep = take[:room]
-            self._put_old(steps[keep], rows[keep])
-            consumed = int(keep[-1]) + 1 if len(keep) else start
-            self._evicted += consumed - start
-            start = consumed
+            self._put_old(steps[keep], rows[keep], numbers[keep])
+            start = int(keep[-1]) + 1 if len(keep) else start
             self._compact()
+        self._evicted += m
 
-    def _put_old(self, steps: np.ndarray, rows: np.ndarray) -> None:
+    def _put_old(self, steps: np.ndarray, rows: np.ndarray, numbers: np.ndarray) -> None:
         n = len(steps)
         self._old[self._old_n : self._old_n + n] = rows
         self._old_steps[self._old_n : self._old_n + n] = steps
+        self._old_evicted[self._old_n : self._old_n + n] = numbers
         self._old_n += n
 
     def _compact(self) -> None:
-        half = self._old[: self._old_n : 2].copy()
-        half_steps = self._old_steps[: self._old_n : 2].copy()
-        self._old_n = len(half_steps)
-        self._old[: self._old_n] = half
-        self._old_steps[: self._old_n] = half_steps
+        """Drop every other old row: the stride doubles, the spacing stays even."""
+        n = len(range(0, self._old_n, 2))
+        for store in (self._old, self._old_steps, self._old_evicted):
+            store[:n] = store[: self._old_n : 2].copy()
+        self._old_n = n
         self.stride *= 2
-        # Restart the stride phase so the next kept row lands one stride after the last kept one.
-        self._evicted = 0
 
     def _ordered_recent(self) -> np.ndarray:
         idx = (self._head - self._count + np.arange(self._count)) % self.recent_cap
