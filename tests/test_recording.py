@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -672,10 +671,11 @@ def test_recording_while_a_client_reads_keeps_live_frames_unchanged(
     assert probe.socket_path is not None
     reader = Reader(probe.socket_path)
     reader.wait(lambda r: r.of("synced"))
-    for _ in range(8):
+    for burst in range(1, 9):
         loop.run(40, probe)
-        time.sleep(0.3)
-    reader.wait(lambda r: len(r.records()) == 320)
+        # The probe thread has written this burst (clients and the recorder get the same
+        # frames) before the next: eight separate writes, each able to trigger a compaction.
+        reader.wait(lambda r, n=40 * burst: len(r.records()) == n)
     watch._close_all()
     reader.close()
     assert recorder.compactions >= 1, recorder.written

@@ -4,17 +4,17 @@ shows the state at the cursor step; deep-dive keys say a recording cannot run co
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
 from test_recording import record_until_killed, synthetic_recording
 from textual.pilot import Pilot
+from waiting import wait_for
 
+from tdbg.format import fmt_loss
 from tdbg.recording.reader import Recording
 from tdbg.tui.app import screen_text
 from tdbg.tui.replay_app import READ_ONLY, ReplayApp, load
-from tdbg.tui.state.run_state import fmt_loss
 from tdbg.tui.state.timeline import Timeline
 from tdbg.tui.widgets.gradient_table import GradientTable
 
@@ -36,10 +36,7 @@ def expected_loss(timeline: Timeline, index: int) -> str:
 async def press(pilot: Pilot[int], app: ReplayApp, *keys: str) -> None:
     """Press ``keys``, then wait (polling, with a deadline) until every panel shows the cursor."""
     await pilot.press(*keys)
-    deadline = time.monotonic() + 10
-    while not app.settled:
-        assert time.monotonic() < deadline, "the replay did not repaint within 10 s"
-        await pilot.pause()
+    await wait_for(pilot, lambda: app.settled, what="the replay repainting at the cursor")
 
 
 def line_with(app: ReplayApp, word: str) -> str:
