@@ -33,9 +33,9 @@ from tdbg.tui.sources.synthetic import (
     RUN,
     activations_message,
     job_messages,
-    nan_hunt_result,
     profile_result,
     snapshot_result,
+    synthetic_nan_hunt,
     synthetic_run,
 )
 from tdbg.tui.state.deep import MAX_JOBS, DeepState
@@ -377,7 +377,7 @@ async def test_nan_hunt_result_is_shown() -> None:
     app = make_app(source)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot, app, source)
-        source.feed(*job_messages(5, "nan_hunt", {"steps": 1}, nan_hunt_result(), total=1))
+        source.feed(*job_messages(5, "nan_hunt", {"steps": 1}, synthetic_nan_hunt(), total=1))
         text = await shows(pilot, app, "first non-finite output in body.1 (Linear)")
         assert "forward at step 151" in text
         assert "12 of 4096 elements non-finite" in text
@@ -385,7 +385,9 @@ async def test_nan_hunt_result_is_shown() -> None:
         assert app.query_one(DeepPanel).view == "deep-nan"
         assert any("body.1" in n for n in notifications(app))
         source.feed(
-            *job_messages(6, "nan_hunt", {"steps": 1}, nan_hunt_result(False), total=1, start=130)
+            *job_messages(
+                6, "nan_hunt", {"steps": 1}, synthetic_nan_hunt(False), total=1, start=130
+            )
         )
         await shows(pilot, app, "NaN hunt #6: no non-finite value in 1 step(s)")
 
@@ -667,7 +669,7 @@ def test_a_hunt_that_lands_in_poisoned_weights_says_where_to_look() -> None:
     from tdbg.tui.widgets.nan_hunt_view import hunt_lines
 
     def hunt(params: int) -> NanHuntResult:
-        result = nan_hunt_result()
+        result = synthetic_nan_hunt()
         result["params_nonfinite"] = params
         return NanHuntResult.of(3, result)
 

@@ -320,6 +320,31 @@ class NanHuntResult(TypedDict):
     trigger: str | None  # "manual" | "auto"
 
 
+def nan_hunt_result(steps_checked: int, trigger: str, **found: Any) -> NanHuntResult:
+    """A NaN hunt's answer: nothing found over ``steps_checked`` steps, unless ``found`` names
+    the origin (``found=True, phase=..., module=...``)."""
+    result: NanHuntResult = {
+        "found": False,
+        "phase": None,
+        "module": None,
+        "module_type": None,
+        "step": None,
+        "nonfinite": 0,
+        "numel": 0,
+        "input_min": None,
+        "input_max": None,
+        "input_nonfinite": False,
+        "params_nonfinite": 0,
+        "steps_checked": steps_checked,
+        "trigger": trigger,
+    }
+    unknown = set(found) - set(result)
+    if unknown:
+        raise ValueError(f"not NaN hunt result fields: {sorted(unknown)}")
+    result.update(found)  # type: ignore[typeddict-item]
+    return result
+
+
 class AnomalyResult(TypedDict):
     steps: int | None
     check_nan: bool

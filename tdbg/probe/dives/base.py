@@ -14,12 +14,13 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
 
 from tdbg.probe.log import warn
+from tdbg.protocol.messages import Job, JobResult, job_message
 
 MAX_EVENTS = 2048  # job and activation messages waiting for the probe thread
 
@@ -95,16 +96,31 @@ class Dive:
         state: str,
         step: int | None,
         message: str = "",
-        result: dict[str, Any] | None = None,
+        result: Mapping[str, Any] | None = None,
     ) -> None:
         if self.finished:
             return
         self.state = state
         if state in ("done", "failed", "cancelled"):
             self.finished = True
-        event = _job_event(self.job, self.kind, state, step, message, result)
-        event.update(done=self.count, total=self.total, args=self.args, trigger=self.trigger)
-        self.ctx.events.append(event)
+        self.ctx.events.append(
+            _event(
+                job_message(
+                    self.job,
+                    self.kind,
+                    state,
+                    step,
+                    time.time(),
+                    done=self.count,
+                    total=self.total,
+                    message=message,
+                    args=self.args,
+                    trigger=self.trigger,
+                    # The dives build their results as the protocol's typed results.
+                    result=cast("JobResult | None", result),
+                )
+            )
+        )
 
     def progress(self, step: int) -> None:
         self.emit("running", step, f"{self.count}/{self.total}" if self.total else "")
@@ -138,28 +154,9 @@ def remove_handles(handles: list[Any]) -> None:
             pass
 
 
-def _job_event(
-    job: int,
-    command: str,
-    state: str,
-    step: int | None,
-    message: str = "",
-    result: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "type": "job",
-        "job": job,
-        "command": command,
-        "state": state,
-        "step": step,
-        "done": 0,
-        "total": None,
-        "message": message,
-        "args": {},
-        "trigger": "manual",
-        "time": time.time(),
-        "result": result,
-    }
+def _event(message: Job) -> dict[str, Any]:
+    """A typed message as the events queue holds them (plain maps the probe thread packs)."""
+    return cast("dict[str, Any]", message)
 
 
 def _reason(exc: BaseException) -> str:
@@ -217,7 +214,16 @@ class DiveRunner:
             command, job, args, trigger = self.intents.popleft()
             if job in cancelled:
                 self.ctx.events.append(
-                    _job_event(job, command, "cancelled", step, "cancelled before it started")
+                    _event(
+                        job_message(
+                            job,
+                            command,
+                            "cancelled",
+                            step,
+                            time.time(),
+                            message="cancelled before it started",
+                        )
+                    )
                 )
                 continue
             self._start(command, job, args, trigger, step)

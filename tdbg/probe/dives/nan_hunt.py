@@ -14,6 +14,7 @@ from torch.utils.hooks import RemovableHandle
 
 from tdbg.probe.dives.activations import HostCopy, floating_tensors, nonfinite
 from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
+from tdbg.protocol.messages import NanHuntResult, nan_hunt_result
 
 # Why tensor hooks and not ``register_full_backward_hook``: a full backward hook wraps the
 # module's outputs in a ``BackwardHookFunction``, so they become views made by a custom Function,
@@ -100,7 +101,7 @@ class NanHuntDive(Dive):
         self._seq = itertools.count()
         self._failure: str | None = None
         # (state, step, message, result) from the worker, for the training thread to report
-        self._outcome: tuple[str, int, str, dict[str, Any] | None] | None = None
+        self._outcome: tuple[str, int, str, NanHuntResult | None] | None = None
 
     # --- training thread --------------------------------------------------------------------
     def start(self, step: int) -> None:
@@ -147,7 +148,7 @@ class NanHuntDive(Dive):
             self.release()
         copy = HostCopy([log.counts, log.extrema]) if log.counts or log.extrema else None
 
-        def check() -> dict[str, Any] | None:
+        def check() -> NanHuntResult | None:
             values = copy.wait().tolist() if copy is not None else []
             n = len(log.counts)
             return self._find(log, values[:n], values[n:], step, checked)
@@ -184,7 +185,7 @@ class NanHuntDive(Dive):
         self.release()
         self.emit(*self._outcome)
 
-    def _settle(self, outcome: tuple[str, int, str, dict[str, Any] | None]) -> None:
+    def _settle(self, outcome: tuple[str, int, str, NanHuntResult | None]) -> None:
         with self._lock:
             if self._outcome is None:  # the first step's answer wins
                 self._outcome = outcome
@@ -286,24 +287,8 @@ class NanHuntDive(Dive):
         self._on_grad("param", slot, param.grad)
 
     # --- worker thread ----------------------------------------------------------------------
-    def _result(self, checked: int, **found: Any) -> dict[str, Any]:
-        result: dict[str, Any] = {
-            "found": False,
-            "phase": None,
-            "module": None,
-            "module_type": None,
-            "step": None,
-            "nonfinite": 0,
-            "numel": 0,
-            "input_min": None,
-            "input_max": None,
-            "input_nonfinite": False,
-            "params_nonfinite": 0,
-            "steps_checked": checked,
-            "trigger": self.trigger,
-        }
-        result.update(found)
-        return result
+    def _result(self, checked: int, **found: Any) -> NanHuntResult:
+        return nan_hunt_result(checked, self.trigger, **found)
 
     def _find(
         self,
@@ -312,7 +297,7 @@ class NanHuntDive(Dive):
         extrema: list[float],
         step: int,
         checked: int,
-    ) -> dict[str, Any] | None:
+    ) -> NanHuntResult | None:
         """The origin in one step: forward first (it ran first), then backward."""
 
         def bad(index: int) -> int:
@@ -329,7 +314,7 @@ class NanHuntDive(Dive):
                 "input_max": nan if any(v != v for v in highs) else max(highs),
             }
 
-        def report(phase: str, module: int, cid: int | None, **fields: Any) -> dict[str, Any]:
+        def report(phase: str, module: int, cid: int | None, **fields: Any) -> NanHuntResult:
             return self._result(
                 checked,
                 found=True,
@@ -386,7 +371,7 @@ class NanHuntDive(Dive):
                     param_bad[owner] = param_bad.get(owner, 0) + bad(index)
 
         arrived: dict[int, int] = {}  # call -> non-finite values in its output gradients
-        fallback: dict[str, Any] | None = None
+        fallback: NanHuntResult | None = None
         for _, kind, ref, numel, index in sorted(log.grads):
             count = bad(index)
             if kind == "out":

@@ -26,6 +26,7 @@ from tdbg.protocol.messages import (
     System,
     alert_message,
     job_message,
+    nan_hunt_result,
 )
 from tdbg.protocol.steps import StepRecord, pack_steps
 
@@ -302,38 +303,22 @@ def job_messages(
     return out
 
 
-def nan_hunt_result(found: bool = True) -> NanHuntResult:
+def synthetic_nan_hunt(found: bool = True) -> NanHuntResult:
     if not found:
-        return {
-            "found": False,
-            "phase": None,
-            "module": None,
-            "module_type": None,
-            "step": None,
-            "nonfinite": 0,
-            "numel": 0,
-            "input_min": None,
-            "input_max": None,
-            "input_nonfinite": False,
-            "params_nonfinite": 0,
-            "steps_checked": 1,
-            "trigger": "manual",
-        }
-    return {
-        "found": True,
-        "phase": "forward",
-        "module": "body.1",
-        "module_type": "Linear",
-        "step": 151,
-        "nonfinite": 12,
-        "numel": 4096,
-        "input_min": -3.25,
-        "input_max": 4.5,
-        "input_nonfinite": False,
-        "params_nonfinite": 0,
-        "steps_checked": 1,
-        "trigger": "manual",
-    }
+        return nan_hunt_result(1, "manual")
+    return nan_hunt_result(
+        1,
+        "manual",
+        found=True,
+        phase="forward",
+        module="body.1",
+        module_type="Linear",
+        step=151,
+        nonfinite=12,
+        numel=4096,
+        input_min=-3.25,
+        input_max=4.5,
+    )
 
 
 def snapshot_result() -> SnapshotResult:
