@@ -237,6 +237,8 @@ class TdbgApp(App[int]):
         now = self._clock()
         if self.state.revision == self._painted and now - self._painted_at < CLOCK_INTERVAL:
             return
+        if not self.screen_stack:
+            return  # the app is shutting down: its screens are gone before its timers
         with self.batch_update():
             if not self.monitor.repaint():
                 return  # panels not mounted yet: the next tick tries again
