@@ -86,7 +86,9 @@ class Loop:
         self.norms: list[tuple[float, list[float]]] = []
 
     def step(self, probe: object = None, reference: bool = False) -> float:
-        from tdbg.probe.gradients import find_layers, reference_norms
+        from norm_oracle import reference_norms
+
+        from tdbg.probe.gradients import find_layers
 
         self.model.zero_grad(set_to_none=True)
         loss = ((self.model(self.x) - self.y) ** 2).mean()

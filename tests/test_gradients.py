@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
+from norm_oracle import reference_norms
 from torch import nn
 
-from tdbg.probe.gradients import GradientStats, find_layers, reference_norms, total_norm
+from tdbg.probe.gradients import GradientStats, find_layers, total_norm
 
 
 def backward(model: nn.Module, x: torch.Tensor) -> None:

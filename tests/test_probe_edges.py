@@ -14,12 +14,13 @@ import pytest
 import torch
 from conftest import Loop, Reader
 from demo_job import demo_job
+from norm_oracle import reference_norms
 from torch import nn
 
 import tdbg
 from tdbg.probe import watch as watch_module
 from tdbg.probe.alerts import AlertRules
-from tdbg.probe.gradients import GradientStats, find_layers, reference_norms
+from tdbg.probe.gradients import GradientStats, find_layers
 from tdbg.protocol import framing, messages
 from tdbg.protocol.steps import StepRecord
 

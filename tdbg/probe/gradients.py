@@ -163,15 +163,3 @@ class GradientStats:
 def total_norm(layer_norms: list[float]) -> float:
     """The total L2 norm from per-layer norms (non-finite layers make it non-finite)."""
     return math.sqrt(math.fsum(v * v for v in layer_norms))
-
-
-def reference_norms(layers: list[Layer]) -> tuple[float, list[float]]:
-    """The slow, obvious computation the fused one must equal: ``p.grad.norm()`` per parameter."""
-    per_layer = []
-    for layer in layers:
-        sq = 0.0
-        for p in layer.params:
-            if p.grad is not None:
-                sq += float(p.grad.detach().double().norm()) ** 2
-        per_layer.append(sq**0.5)
-    return sum(v * v for v in per_layer) ** 0.5, per_layer
