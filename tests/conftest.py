@@ -153,6 +153,12 @@ class Reader:
     ) -> None:
         wait_until(lambda: condition(self), timeout, what or "a condition on the messages read")
 
+    def settle(self) -> None:
+        """Wait until everything the probe had sent before now has been read: a ping's pong
+        is queued behind it. "No alert came" is then an event, not a guess at a delay."""
+        mid = self.client.send("ping")
+        self.wait(lambda r: any(m.get("id") == mid for m in r.of("pong")), what="the pong")
+
     def close(self) -> None:
         import socket
 
