@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from tdbg.probe.alerts import alert
+from tdbg.probe.budget import gradient_interval
 from tdbg.probe.commands import CommandDesk
 from tdbg.probe.dives.base import Dive, DiveContext, DiveRunner
 from tdbg.probe.gradients import GradientStats, GradSample, find_layers
@@ -29,7 +30,6 @@ from tdbg.probe.server import ProbeServer
 
 NAN = float("nan")
 MAX_ERRORS = 100  # circuit breaker (R48)
-MAX_AUTO_INTERVAL = 1000
 EMA = 0.1
 
 _live: weakref.WeakSet[Probe] = weakref.WeakSet()
@@ -518,16 +518,13 @@ class Probe:
             )
         if self.grad_every is not None:
             interval = self.grad_every
-        elif self._step_ema > 0 and self._grad_cost > 0:
-            # Gradient statistics every k steps so that they and the probe's fixed per-step
-            # cost together stay within the budget. Where the fixed cost alone eats the budget
-            # (very short steps), the gradients still get a quarter of it rather than nothing.
-            budget = self.overhead_budget * self._step_ema
-            available = max(budget - self._fixed_cost, budget / 4)
-            k = math.ceil(max(self._grad_cost, self._grad_device_cost) / available)
-            interval = max(1, min(MAX_AUTO_INTERVAL, k))
         else:
-            interval = 1
+            interval = gradient_interval(
+                self._step_ema,
+                max(self._grad_cost, self._grad_device_cost),
+                self._fixed_cost,
+                self.overhead_budget,
+            )
         self.grad_interval = interval
         self._sample_now = self._step_count - self._last_sampled >= interval
 
