@@ -1,4 +1,4 @@
-"""Deep-dive commands over a real socket: schemas, refusals, jobs, anomaly mode, audit (R28-R37)."""
+"""Deep-dive commands over a real socket: schemas, refusals, jobs, anomaly mode, audit."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _msg(mtype: str, **args: Any) -> dict[str, Any]:
     return {"type": mtype, "id": 7, "args": args}
 
 
-# --- schemas (R28, R29, R33) --------------------------------------------------------------------
+# --- schemas --------------------------------------------------------------------
 
 
 def test_every_command_has_defaults_filled_in() -> None:
@@ -176,7 +176,7 @@ def test_anomaly_mode_runs_n_steps_then_switches_itself_off(session: Session) ->
     assert ack["type"] == "ack" and "global and slow" in ack["message"]
     wait_until(lambda: session.jobs(ack["job"]), 5.0, "the armed event")
     assert session.jobs(ack["job"])[0]["state"] == "armed"
-    assert not torch.is_anomaly_enabled()  # nothing changes before a step boundary (R31)
+    assert not torch.is_anomaly_enabled()  # nothing changes before a step boundary
     session.loop.step(session.probe)
     assert torch.is_anomaly_enabled()
     assert not torch.is_anomaly_check_nan_enabled()

@@ -252,7 +252,7 @@ def test_probe_errors_are_counted_and_never_raised(
 def test_circuit_breaker_switches_the_probe_off(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_log: io.StringIO
 ) -> None:
-    """R48: after 100 internal errors the probe disables itself; training goes on."""
+    """after 100 internal errors the probe disables itself; training goes on."""
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
     sock = probe.socket_path

@@ -29,7 +29,7 @@ RUN = {"name": "unit", "pid": 4242, "rank": 0}
 
 @pytest.fixture(autouse=True)
 def _no_profiler_left() -> Iterator[None]:
-    """Every test must leave the process without a running profiler (R37)."""
+    """Every test must leave the process without a running profiler (guarantees: commands)."""
     assert not profiler_active()
     yield
     assert not profiler_active(), "a profiler was left running"

@@ -216,7 +216,7 @@ def test_env_var_records_only_in_the_main_process(
 
     monkeypatch.setenv("TDBG_RECORD", str(tmp_path / "env.tdbgrec"))
     monkeypatch.setattr(watch.multiprocessing, "parent_process", lambda: object())
-    assert watch._record_path(None) is None  # a spawned child inherits TDBG_*: R52
+    assert watch._record_path(None) is None  # a spawned child inherits TDBG_*: inert
     assert watch._record_path(tmp_path / "explicit") == tmp_path / "explicit"
     with pytest.raises(TypeError, match="record must be a file path"):
         watch._record_path(42)

@@ -1,4 +1,4 @@
-"""The probe's socket server against real clients, rude ones included (RELIABILITY.md R1-R56)."""
+"""The probe's socket server against real clients, rude ones included."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def test_r43_r44_several_clients_get_the_same_steps(runtime_dir: Path) -> None:
         assert [x.step for x in recs] == [x.step for x in first]
         assert [x.loss for x in recs] == [x.loss for x in first]
         assert [x.grad_norms for x in recs] == [x.grad_norms for x in first]
-    assert len(tdbg_threads()) <= 2  # R43: selector-based, no thread per client
+    assert len(tdbg_threads()) <= 2  # selector-based, no thread per client
     for r in readers:
         r.close()
 
@@ -131,7 +131,7 @@ def test_r44_ninth_client_gets_busy(runtime_dir: Path) -> None:
     loop = Loop()
     probe, path = serving(loop)
     readers = [Reader(path) for _ in range(server.MAX_CLIENTS)]
-    assert len(tdbg_threads()) <= 2  # R43 with a full house
+    assert len(tdbg_threads()) <= 2  # still two with a full house
     with pytest.raises(ConnectError, match="refused.*8 clients"):
         ProbeClient.connect(path)
     raw = Raw(path)
@@ -192,7 +192,7 @@ def test_client_killed_mid_frame_does_not_disturb_others(runtime_dir: Path) -> N
 
 @pytest.fixture
 def small_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Slow-consumer limits small enough to reach in a second (R41 semantics kept)."""
+    """Slow-consumer limits small enough to reach in a second (semantics kept)."""
     monkeypatch.setattr(connection, "HARD_LIMIT", 256 << 10)
     monkeypatch.setattr(connection, "SOFT_LIMIT", 64 << 10)
     monkeypatch.setattr(connection, "SOFT_LIMIT_SECONDS", 0.3)
@@ -447,7 +447,7 @@ def test_r9_r12_r15_modes_of_dir_socket_and_metadata(
     os.umask(umask)
     probe = tdbg.watch(nn.Linear(2, 2), name="modes")
     sock = Path(probe.socket_path)  # type: ignore[arg-type]
-    assert os.umask(umask) == umask  # R12: never changed
+    assert os.umask(umask) == umask  # never changed
     assert sock.parent == fresh
     assert stat.S_IMODE(os.lstat(fresh).st_mode) == 0o700
     st = os.lstat(sock)
@@ -457,7 +457,7 @@ def test_r9_r12_r15_modes_of_dir_socket_and_metadata(
     meta = json.loads(meta_path.read_text())
     assert meta["pid"] == os.getpid() and meta["socket"] == str(sock)
     assert meta["name"] == "modes" and meta["proto_max"] == framing.PROTO_MAX
-    assert sock.name == f"0-{os.getpid()}.sock"  # R11 naming
+    assert sock.name == f"0-{os.getpid()}.sock"  # named <rank>-<pid>.sock
     assert len(os.fsencode(sock)) <= runtime.MAX_SOCKET_PATH
     probe.close()
 
@@ -677,7 +677,7 @@ def test_r16_replaced_socket_is_not_unlinked(
     wait_until(lambda: not probe._server.endpoint.listener, 3.0, "probe gave up the name")
     loop.run(3, probe)  # training unaffected
     probe.close()
-    assert Path(path).read_text() == "someone else's file"  # R17: not ours, not removed
+    assert Path(path).read_text() == "someone else's file"  # not ours, not removed
 
 
 # --- lifecycle --------------------------------------------------------------------------------

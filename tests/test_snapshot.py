@@ -164,7 +164,7 @@ def test_the_snapshot_file_is_private_and_round_trips(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     data = path.read_bytes()
     assert info["size"] == len(data) and info["sha256"] == hashlib.sha256(data).hexdigest()
-    # Loading our own file back in a test is fine; the probe never unpickles anything (R22).
+    # Loading our own file back in a test is fine; the probe never unpickles anything.
     assert pickle.loads(data) == snapshot  # noqa: S301
     assert os.listdir(directory) == [path.name]
 

@@ -147,7 +147,7 @@ def test_dataloader_workers_and_spawned_child_start_no_probe(
     tmp_path: Path, runtime_dir: Path
 ) -> None:
     # The spawned child even gets the preload handed on by the script: the owner pid keeps it
-    # inert all the same (R52).
+    # inert all the same (guarantees: processes).
     env = {"ZC_SPAWN_PRELOAD": str(PRELOAD)}
     auto, ref = run_both(runtime_dir, "train_loader.py", 12, env)
     assert_same(auto, ref)

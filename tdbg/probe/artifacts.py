@@ -20,7 +20,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 def artifact_dir(base: Path) -> Path:
     """``<base>/artifacts`` created with mode 0700 and checked as the runtime directory is
     (a real directory, owned by us, 0700): a symlink or someone else's directory is refused
-    with :class:`~tdbg.connect.runtime.RuntimeDirError` (R27)."""
+    with :class:`~tdbg.connect.runtime.RuntimeDirError` (guarantees: commands)."""
     check_private_dir(base)
     return make_private_dir(base / "artifacts", "artifacts directory")
 
@@ -35,7 +35,7 @@ def artifact_name(run_info: dict[str, Any], kind: str, first: int, last: int, su
     """``<name>-r<rank>-p<pid>-<kind>-steps<first>-<last><suffix>``.
 
     Every part comes from the probe itself (the run's name, rank and pid, the dive's kind and
-    the steps it covered), never from a client (R33); the run name is sanitised anyway, since
+    the steps it covered), never from a client; the run name is sanitised anyway, since
     the user or argv chose it.
     """
     name = _part(run_info.get("name"), "run")

@@ -1,10 +1,10 @@
 """Command intake on the probe's server thread: refusals, job numbers, the audit log, job history.
 
-The server thread never touches torch state (R31): an accepted command becomes an intent in the
+The server thread never touches torch state: an accepted command becomes an intent in the
 :class:`~tdbg.probe.dives.base.DiveRunner`'s queue, applied by the training thread at the next step
 boundary. Refusals are decided here, before anything is queued: unknown commands and bad
-arguments (by the protocol's schemas), read-only mode (R34), a command this run cannot serve
-(a memory snapshot without CUDA), a second job of a kind already in flight (R30), a full queue.
+arguments (by the protocol's schemas), read-only mode, a command this run cannot serve
+(a memory snapshot without CUDA), a second job of a kind already in flight, a full queue.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tdbg.probe.log import warn
 from tdbg.protocol.framing import ErrorCode
 from tdbg.protocol.messages import FINAL_STATES, MUTATING
 
-MAX_INTENTS = 16  # R31
+MAX_INTENTS = 16  # guarantees: commands
 KEPT_JOBS = 32  # finished jobs replayed to late clients
 ANOMALY_WARNING = (
     "anomaly mode is global and slow: every op records a traceback while it is on "
@@ -68,7 +68,7 @@ class CommandDesk:
         self, command: str, args: dict[str, Any], peer: tuple[int, int] | None, trigger: str
     ) -> dict[str, Any]:
         """Accept ``command`` (already schema-checked) and return the ack's fields, or raise
-        Refused. Every mutating command is audit-logged with its outcome (R35)."""
+        Refused. Every mutating command is audit-logged with its outcome (guarantees: commands)."""
         try:
             ack = self._accept(command, args, trigger)
         except Refused as exc:

@@ -38,7 +38,7 @@ class Connection:
         self.replaying = False
         self.replay_started = 0.0
         self.backlog: deque[dict[str, Any] | bytes] = deque()
-        self.backlog_live_bytes = 0  # live frames waiting behind the replay: they count (R41)
+        self.backlog_live_bytes = 0  # live frames waiting behind the replay: they count
         self.outbuf = bytearray()
         self.over_soft_since: float | None = None
         self.error_times: deque[float] = deque()

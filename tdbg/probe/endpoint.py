@@ -1,4 +1,4 @@
-"""The probe's listening socket and metadata file, made and removed by the rules of R9-R17."""
+"""The probe's listening socket and metadata file, made and removed as docs/guarantees.md says."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ class Endpoint:
             os.close(lock_fd)
 
     def still_ours(self) -> bool:
-        """Does the socket path still hold the inode we bound (R16)?"""
+        """Does the socket path still hold the inode we bound (guarantees: socket files)?"""
         if self.path is None:
             return False
         try:
@@ -138,7 +138,7 @@ class Endpoint:
             with contextlib.suppress(OSError):
                 self.listener.close()
             self.listener = None
-        if unlink and os.getpid() == self.pid:  # only the creating pid removes the files (R17)
+        if unlink and os.getpid() == self.pid:  # only the creating pid removes the files
             for path in (self.path, self.meta_path):
                 if path is None:
                     continue

@@ -22,7 +22,7 @@ if not logger.handlers:
 def warn(message: str) -> None:
     """Log ``message`` unless the same text was logged within the last minute."""
     now = time.monotonic()
-    # Non-blocking: a caller in a signal handler or gc callback must never wait here (R47).
+    # Non-blocking: a caller in a signal handler or gc callback must never wait here.
     if not _lock.acquire(blocking=False):
         return
     try:

@@ -37,7 +37,7 @@ INBOX_SIZE = 4096  # pending steps the training thread may run ahead of the prob
 MAX_RESOLVE_PER_TICK = 2000
 MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dropped
 LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
-MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup (R42)
+MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad"})
 
 
@@ -259,7 +259,7 @@ class ProbeServer:
             except (OSError, AttributeError):  # no SO_PEERCRED here: nobody is let in
                 sock.close()
                 continue
-            if uid != os.geteuid():  # R14: closed before a byte is read
+            if uid != os.geteuid():  # closed before a byte is read
                 self.rejected_peers += 1
                 warn(f"tdbg: refused a connection from uid {uid} (pid {pid})")
                 sock.close()
@@ -289,7 +289,7 @@ class ProbeServer:
         if reason:
             conn.outbuf += pack({"type": "bye", "reason": reason})
         # Best effort, non-blocking: an error reply queued just before (UNSUPPORTED_VERSION,
-        # BAD_FRAME, ...) must reach the peer before the close (R23, R26).
+        # BAD_FRAME, ...) must reach the peer before the close (guarantees: wire).
         conn.flush()
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
@@ -391,7 +391,7 @@ class ProbeServer:
         except Refused as exc:
             self._reply_error(conn, exc.code, mid, str(exc))
             return
-        except Exception as exc:  # R36: a handler's bug is the client's INTERNAL, nothing more
+        except Exception as exc:  # a handler's bug is the client's INTERNAL, nothing more
             self._on_error(exc)
             self._reply_error(conn, ErrorCode.INTERNAL, mid, f"internal error: {exc}"[:300])
             return
@@ -430,7 +430,7 @@ class ProbeServer:
     def _drain_inbox(self) -> list[tuple[StepRecord, list[int]]]:
         resolved: list[tuple[StepRecord, list[int]]] = []
         inbox = self.inbox
-        # Bounded work per wakeup keeps the probe thread's GIL hold short (R42).
+        # Bounded work per wakeup keeps the probe thread's GIL hold short.
         while inbox and len(resolved) < MAX_RESOLVE_PER_TICK:
             pending = inbox[0]
             try:

@@ -29,7 +29,7 @@ from tdbg.probe.pending import PendingStep
 from tdbg.probe.server import ProbeServer
 
 NAN = float("nan")
-MAX_ERRORS = 100  # circuit breaker (R48)
+MAX_ERRORS = 100  # circuit breaker (guarantees: training thread)
 EMA = 0.1
 
 _live: weakref.WeakSet[Probe] = weakref.WeakSet()
@@ -94,8 +94,8 @@ DIVES = {
 
 
 def _record_path(record: Any) -> str | os.PathLike[str] | None:
-    """Where to record: ``record=``, else ``$TDBG_RECORD`` in the main process only (R52: spawned
-    children inherit the environment and must not write a second recording).
+    """Where to record: ``record=``, else ``$TDBG_RECORD`` in the main process only (spawned
+    children inherit the environment and must not write a second recording; guarantees: processes).
 
     The main process claims ``$TDBG_RECORD``: it is removed from ``os.environ``, so that a plain
     ``subprocess`` started later (an evaluation script that calls watch() too) does not write a
@@ -265,7 +265,7 @@ class Probe:
             return
         path = self._server.socket_path
         if path is not None:
-            # One audit log per runtime directory, beside the sockets (R35): every mutating
+            # One audit log per runtime directory, beside the sockets: every mutating
             # command, who sent it (pid/uid) and what became of it.
             desk.audit_path = Path(path).parent / "audit.jsonl"
         # Also without a socket (serve=False, record=...): the samples go to the recording.
@@ -273,7 +273,7 @@ class Probe:
             desk.submit("activations", {"every": activations_every, "enabled": True}, None, "watch")
 
     def _artifacts_dir(self) -> Path | None:
-        """Where trace and snapshot files go: ``artifacts/`` beside the socket (R27)."""
+        """Where trace and snapshot files go: ``artifacts/`` beside the socket."""
         path = self._server.socket_path
         if path is None:
             return None

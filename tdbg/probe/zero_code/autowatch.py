@@ -44,7 +44,7 @@ def install() -> None:
         return
     # This process is the one `tdbg run` started: it takes the settings meant for it, and the
     # processes the script starts (`subprocess.run([sys.executable, "eval.py"])`, spawned
-    # workers, a child handed the preload anyway) never see them, so they stay inert (R52).
+    # workers, a child handed the preload anyway) never see them, so they stay inert.
     global _config, _owner
     _config = _read_config()
     _owner = os.getpid()  # a raw os.fork() before `import torch` is not the owner either
@@ -104,7 +104,7 @@ def _activate(torch: ModuleType) -> None:
     try:
         import multiprocessing  # torch imported it already: free here, not at start-up
 
-        # R52: only the process `tdbg run` started; forked children (the finder is inherited
+        # only the process `tdbg run` started; forked children (the finder is inherited
         # with the memory) never claim the probe.
         if os.getpid() != _owner or multiprocessing.parent_process() is not None:
             return
@@ -276,7 +276,7 @@ class AutoWatch:
         self._scaled = None
 
     def _after_fork(self) -> None:
-        # A forked child (DataLoader worker) never starts or feeds a probe (R51): one flag, no
+        # A forked child (DataLoader worker) never starts or feeds a probe: one flag, no
         # dict changes (the fork may have happened inside a hook's iteration).
         self.off = True
 

@@ -10,7 +10,7 @@ import sys
 def _tdbg_preload() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     # The script sees the sys.path and PYTHONPATH it would see run directly: the processes it
-    # starts (spawned DataLoader workers, helper interpreters) are never preloaded (R52).
+    # starts (spawned DataLoader workers, helper interpreters) are never preloaded.
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     rest = os.pathsep.join(p for p in entries if p and os.path.abspath(p) != here)
