@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,18 +63,27 @@ class GradSample:
     def on_host(self) -> bool:
         return not isinstance(self.values, torch.Tensor)
 
-    def layer_norms(self, host_values: torch.Tensor | None = None) -> list[float]:
+    def layer_norms(self, host_values: torch.Tensor | None = None) -> tuple[array, float]:
         values = self.values if host_values is None else host_values
         if not isinstance(values, torch.Tensor):
             values = torch.stack([v.float() for v in values]) if values else torch.zeros(0)
         return layer_norms(values, self.layer_index, self.n_layers)
 
 
-def layer_norms(values: torch.Tensor, layer_index: torch.Tensor, n_layers: int) -> list[float]:
-    """Per-layer L2 norms from per-parameter norms (host tensors): sqrt of summed squares."""
+def layer_norms(
+    values: torch.Tensor, layer_index: torch.Tensor, n_layers: int
+) -> tuple[array, float]:
+    """(per-layer L2 norms as float32, the total norm) from per-parameter norms (host tensors).
+
+    The norms go from the tensor to one float32 array — the wire's own layout — with no Python
+    float per layer on the way: a 1,000-layer model costs the probe thread one buffer copy.
+    """
     squares = values.detach().to("cpu", torch.float64).square()
-    out = torch.zeros(n_layers, dtype=torch.float64).index_add_(0, layer_index, squares)
-    return out.sqrt_().tolist()
+    per_layer = torch.zeros(n_layers, dtype=torch.float64).index_add_(0, layer_index, squares)
+    total = float(per_layer.sum().sqrt())  # float64, as the squares were summed
+    norms = array("f")
+    norms.frombytes(per_layer.sqrt_().to(torch.float32).numpy().tobytes())
+    return norms, total
 
 
 class GradientStats:
@@ -158,8 +167,3 @@ class GradientStats:
         else:
             values = torch.cat([torch.stack(n).to(self.device, non_blocking=True) for n in norms])
         return GradSample(values, self._layer_index, self.n_layers, self._missing)
-
-
-def total_norm(layer_norms: list[float]) -> float:
-    """The total L2 norm from per-layer norms (non-finite layers make it non-finite)."""
-    return math.sqrt(math.fsum(v * v for v in layer_norms))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from tdbg.probe.gradients import GradSample, total_norm
+from tdbg.probe.gradients import GradSample
 from tdbg.probe.hooks import Mark, StepTimeline, span
 from tdbg.protocol.steps import NAN, StepRecord
 
@@ -68,13 +69,12 @@ class PendingStep:
         data = max(0.0, data) if data == data else NAN
         loss = self.loss
         grad_total: float | None = None
-        grad_norms: list[float] | None = None
+        grad_norms: array | None = None
         host = self.values
         if host is not None and self.loss_in_values:
             loss, host = float(host[0]), host[1:]
         if self.grads is not None:
-            grad_norms = self.grads.layer_norms(None if self.grads.on_host else host)
-            grad_total = total_norm(grad_norms)
+            grad_norms, grad_total = self.grads.layer_norms(None if self.grads.on_host else host)
         if self.loss_tensor is not None:
             loss = float(self.loss_tensor)  # a CPU tensor: already computed, no sync
         record = StepRecord(
