@@ -452,7 +452,7 @@ def test_steps_round_trip_through_the_wire() -> None:
         assert a.step == b.step
         assert same(a.loss, b.loss)
         assert a.lr == b.lr  # NaN padding of shorter groups removed again
-        for name in steps._F64_COLUMNS:
+        for name in steps.F64_COLUMNS:
             assert same(getattr(a, name), getattr(b, name)), name
         assert (a.grad_norms is None) == (b.grad_norms is None)
         if a.grad_norms is not None:
@@ -534,3 +534,25 @@ def test_concat_steps_equals_packing_the_records_together() -> None:
     assert [r.step for r in unpack_steps(joined)] == [0, 1, 2, 3, 4]
     other = pack_steps([StepRecord(step=5, time=5.0, lr=[0.1])], 2)  # one param group only
     assert concat_steps([pack_steps(a, 2), other]) is None
+
+
+def test_last_step_reads_the_last_row_only() -> None:
+    records = [StepRecord(step=s, time=0.0) for s in (5, 9, -3, 2**40)]
+    assert steps.last_step(steps.pack_steps(records, 0)) == 2**40
+    assert steps.last_step(steps.pack_steps([], 0)) is None
+    assert steps.last_step({"type": "steps", "n": 2, "step": b"\x00"}) is None  # cut short
+    assert steps.last_step({"type": "steps"}) is None
+
+
+def test_step_columns_agree_with_unpack() -> None:
+    records = [
+        StepRecord(step=0, time=1.0, loss=2.0, lr=[0.1], grad_total=3.0, grad_norms=[1.0, 2.0]),
+        StepRecord(step=1, time=2.0, lr=[0.1, 0.2]),
+    ]
+    c = steps.step_columns(steps.pack_steps(records, 2))
+    assert (c.n, c.n_layers, c.lr_groups) == (2, 2, 2)
+    assert list(c.step) == [0, 1] and list(c.lr_n) == [1, 2] and c.has_grads == [True, False]
+    assert list(c.grad_norms) == [1.0, 2.0] and list(c.grad_total) == [3.0]
+    bad = dict(steps.pack_steps(records, 2), lr_n=b"\x01")
+    with pytest.raises(framing.ProtocolError, match="column sizes disagree"):
+        steps.step_columns(bad)

@@ -203,3 +203,17 @@ def test_scalar_history_is_bounded_recent_steps_exact(monkeypatch) -> None:  # t
     n = len(steps)
     assert len(state.loss.values) == len(state.lr.values) == len(state.loss_ema.values) == n
     assert all(len(c.values) == n for c in state.cols.values())
+
+
+def test_a_step_shows_only_its_own_learning_rates() -> None:
+    """lr_n says how many of a row's lr columns are real: a NaN within them is an unreadable
+    lr (shown as missing), columns past them are padding and not a param group at all."""
+    state = RunState(RUN)
+    records = [
+        StepRecord(step=0, time=0.0, loss=1.0, lr=[0.1, 0.2, 0.3]),
+        StepRecord(step=1, time=1.0, loss=1.0, lr=[0.1, math.nan]),
+    ]
+    state.apply(pack_steps(records, 0))
+    assert state.latest_lr() == [0.1, None]  # two groups now; the second unreadable
+    state.apply(pack_steps([StepRecord(step=2, time=2.0, loss=1.0, lr=[])], 0))
+    assert state.latest_lr() == []

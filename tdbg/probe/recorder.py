@@ -64,7 +64,8 @@ from typing import Any
 from tdbg import __version__
 from tdbg.probe.log import warn
 from tdbg.protocol.framing import PROTOCOL_VERSION, pack
-from tdbg.recording.compaction import THINNED_KINDS, Result, Tally, compact, grad_rows, row_bytes
+from tdbg.protocol.steps import grad_row_bytes, grad_rows, last_step
+from tdbg.recording.compaction import THINNED_KINDS, Result, Tally, compact
 from tdbg.recording.reader import FILE_HEADER, FORMAT_VERSION, REC_MAGIC
 
 FLUSH_SECONDS = 0.25  # a kill -9 loses at most this much (plus one 0.1 s probe tick)
@@ -297,9 +298,10 @@ class Recorder:
         try:
             rows = grad_rows(msg)
             self._buf += frame
-            self.tally.add("grads", rows, rows * row_bytes(msg))
-            if msg["n"]:
-                self.last_step = int.from_bytes(bytes(msg["step"])[-8:], "little", signed=True)
+            self.tally.add("grads", rows, rows * grad_row_bytes(msg))
+            step = last_step(msg)
+            if step is not None:
+                self.last_step = step
         except Exception as exc:  # a malformed batch is the server's bug: record without it
             warn(f"tdbg: recorder skipped a steps batch: {exc}")
 

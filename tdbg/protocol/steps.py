@@ -37,7 +37,8 @@ class StepRecord:
     grad_norms: Sequence[float] | None = None  # one per layer, in ``layers`` order
 
 
-_F64_COLUMNS = (
+# The per-step timing columns, all little-endian f64, in StepRecord's field names.
+F64_COLUMNS = (
     "time",
     "step_time",
     "samples",
@@ -93,7 +94,7 @@ def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = Fal
         # How many of a row's lr columns are real: a NaN lr (unreadable) is not padding.
         "lr_n": bytes(len(r.lr) for r in records),
     }
-    for name in _F64_COLUMNS:
+    for name in F64_COLUMNS:
         msg[name] = _packed("d", (getattr(r, name) for r in records))
     with_grads = [r for r in records if r.grad_norms is not None]
     msg["grad_total"] = _packed(
@@ -112,56 +113,135 @@ def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = Fal
     return msg
 
 
-def unpack_steps(msg: dict[str, Any]) -> list[StepRecord]:
-    """The inverse of :func:`pack_steps`; raises ProtocolError on inconsistent columns."""
+@dataclass(frozen=True, slots=True)
+class StepColumns:
+    """A ``steps`` batch's columns, checked for consistent sizes, as native-order arrays (a
+    numpy reader wraps them with ``np.frombuffer``; nothing here needs numpy)."""
+
+    n: int
+    n_layers: int
+    lr_groups: int
+    step: array  # q, n
+    flags: bytes  # n
+    loss: array  # d, n (NaN where flags say no loss)
+    lr: array  # d, n x lr_groups, NaN-padded past each row's lr_n
+    lr_n: bytes  # n: a row's real learning rates; the rest of its lr columns are padding
+    timings: dict[str, array]  # F64_COLUMNS, d, n each
+    grad_total: array  # d, one per row with grads
+    grad_norms: array  # f, rows with grads x n_layers
+
+    @property
+    def has_grads(self) -> list[bool]:
+        return [bool(f & FLAG_HAS_GRADS) for f in self.flags]
+
+
+def step_columns(msg: dict[str, Any]) -> StepColumns:
+    """Decode a ``steps`` message's columns; ProtocolError when they are malformed."""
     try:
         n, n_layers, groups = int(msg["n"]), int(msg["layers"]), int(msg["lr_groups"])
-        steps = _unpacked("q", msg["step"])
-        flags = bytes(msg["flags"])
-        loss = _unpacked("d", msg["loss"])
-        lr = _unpacked("d", msg["lr"])
-        cols = {name: _unpacked("d", msg[name]) for name in _F64_COLUMNS}
-        totals = _unpacked("d", msg["grad_total"])
-        norms = _unpacked("f", msg["grad_norms"])
-        lr_n = bytes(msg["lr_n"])
-        rows_with_grads = sum(1 for f in flags if f & FLAG_HAS_GRADS)
-        sizes_ok = (
-            len(steps) == n
-            and len(flags) == n
-            and len(loss) == n
-            and len(lr) == n * groups
-            and len(lr_n) == n
-            and all(k <= groups for k in lr_n)
-            and all(len(c) == n for c in cols.values())
-            and len(totals) == rows_with_grads
-            and len(norms) == rows_with_grads * n_layers
+        columns = StepColumns(
+            n=n,
+            n_layers=n_layers,
+            lr_groups=groups,
+            step=_unpacked("q", msg["step"]),
+            flags=bytes(msg["flags"]),
+            loss=_unpacked("d", msg["loss"]),
+            lr=_unpacked("d", msg["lr"]),
+            lr_n=bytes(msg["lr_n"]),
+            timings={name: _unpacked("d", msg[name]) for name in F64_COLUMNS},
+            grad_total=_unpacked("d", msg["grad_total"]),
+            grad_norms=_unpacked("f", msg["grad_norms"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed steps message: {exc}", ErrorCode.BAD_MESSAGE) from None
+    rows_with_grads = sum(1 for f in columns.flags if f & FLAG_HAS_GRADS)
+    sizes_ok = (
+        n >= 0
+        and n_layers >= 0
+        and groups >= 0
+        and len(columns.step) == n
+        and len(columns.flags) == n
+        and len(columns.loss) == n
+        and len(columns.lr) == n * groups
+        and len(columns.lr_n) == n
+        and all(k <= groups for k in columns.lr_n)
+        and all(len(c) == n for c in columns.timings.values())
+        and len(columns.grad_total) == rows_with_grads
+        and len(columns.grad_norms) == rows_with_grads * n_layers
+    )
     if not sizes_ok:
         raise ProtocolError("malformed steps message: column sizes disagree", ErrorCode.BAD_MESSAGE)
+    return columns
+
+
+def unpack_steps(msg: dict[str, Any]) -> list[StepRecord]:
+    """The inverse of :func:`pack_steps`; raises ProtocolError on inconsistent columns."""
+    c = step_columns(msg)
     out: list[StepRecord] = []
     g = 0
-    for i in range(n):
-        has_grads = bool(flags[i] & FLAG_HAS_GRADS)
-        lrs = lr[i * groups : i * groups + lr_n[i]].tolist()
+    groups, n_layers = c.lr_groups, c.n_layers
+    for i in range(c.n):
         rec = StepRecord(
-            step=steps[i],
-            time=cols["time"][i],
-            loss=loss[i] if flags[i] & FLAG_HAS_LOSS else None,
-            lr=lrs,
-            **{name: cols[name][i] for name in _F64_COLUMNS if name != "time"},
+            step=c.step[i],
+            time=c.timings["time"][i],
+            loss=c.loss[i] if c.flags[i] & FLAG_HAS_LOSS else None,
+            lr=c.lr[i * groups : i * groups + c.lr_n[i]].tolist(),
+            **{name: c.timings[name][i] for name in F64_COLUMNS if name != "time"},
         )
-        if has_grads:
-            total = totals[g]
+        if c.flags[i] & FLAG_HAS_GRADS:
+            total = c.grad_total[g]
             rec.grad_total = None if math.isnan(total) and n_layers == 0 else total
-            rec.grad_norms = norms[g * n_layers : (g + 1) * n_layers].tolist()
+            rec.grad_norms = c.grad_norms[g * n_layers : (g + 1) * n_layers].tolist()
             g += 1
         out.append(rec)
     return out
 
 
-_CONCAT_COLUMNS = ("step", "flags", "loss", "lr", "lr_n", *_F64_COLUMNS, "grad_total", "grad_norms")
+def last_step(msg: dict[str, Any]) -> int | None:
+    """The last step number in a ``steps`` message, reading 8 bytes; None when it has no step
+    (empty, or not a well-formed step column)."""
+    try:
+        column = bytes(msg["step"])
+        if int(msg["n"]) <= 0 or len(column) < 8:
+            return None
+    except (KeyError, TypeError, ValueError):
+        return None
+    return int.from_bytes(column[-8:], "little", signed=True)
+
+
+def grad_rows(msg: dict[str, Any]) -> int:
+    """Rows with per-layer norms in a ``steps`` message (each has one f64 total)."""
+    return len(msg["grad_total"]) // 8
+
+
+def grad_row_bytes(msg: dict[str, Any]) -> int:
+    """Bytes one row with per-layer norms takes: its f64 total and n_layers f32 norms."""
+    return 8 + 4 * int(msg["layers"])
+
+
+def drop_grad_rows(msg: dict[str, Any], keep: Sequence[int]) -> dict[str, Any]:
+    """``msg`` without the per-layer rows whose ``keep`` entry is 0 (one entry per row with
+    grads); the scalars are untouched. Byte slicing: no object per step."""
+    flags = bytes(msg["flags"])
+    width = 4 * int(msg["layers"])
+    totals, norms = bytes(msg["grad_total"]), bytes(msg["grad_norms"])
+    out = dict(msg)
+    out["grad_total"] = b"".join(totals[8 * g : 8 * g + 8] for g, k in enumerate(keep) if k)
+    out["grad_norms"] = b"".join(
+        norms[width * g : width * (g + 1)] for g, k in enumerate(keep) if k
+    )
+    new_flags = bytearray(flags)
+    g = 0
+    for i, f in enumerate(flags):
+        if f & FLAG_HAS_GRADS:
+            if not keep[g]:
+                new_flags[i] = f & ~FLAG_HAS_GRADS
+            g += 1
+    out["flags"] = bytes(new_flags)
+    return out
+
+
+_CONCAT_COLUMNS = ("step", "flags", "loss", "lr", "lr_n", *F64_COLUMNS, "grad_total", "grad_norms")
 
 
 def concat_steps(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

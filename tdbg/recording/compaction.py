@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tdbg.protocol.framing import pack
-from tdbg.protocol.steps import FLAG_HAS_GRADS, concat_steps
+from tdbg.protocol.steps import (
+    concat_steps,
+    drop_grad_rows,
+    grad_row_bytes,
+    grad_rows,
+    last_step,
+)
 from tdbg.recording.reader import Recording
 
 THINNED_KINDS = ("grads", "activations", "system", "probe")  # what a budget bounds, kind by kind
@@ -90,37 +95,6 @@ def _split(segments: list[range], k: int) -> tuple[list[range], list[range]]:
     return head, []
 
 
-def drop_rows(msg: dict[str, Any], keep: Sequence[int]) -> dict[str, Any]:
-    """``msg`` (a ``steps`` message) without the per-layer rows whose ``keep`` entry is 0 (one
-    entry per row with grads); the scalars are untouched. Byte slicing: no object per step."""
-    flags = bytes(msg["flags"])
-    width = 4 * int(msg["layers"])
-    totals, norms = bytes(msg["grad_total"]), bytes(msg["grad_norms"])
-    out = dict(msg)
-    out["grad_total"] = b"".join(totals[8 * g : 8 * g + 8] for g, k in enumerate(keep) if k)
-    out["grad_norms"] = b"".join(
-        norms[width * g : width * (g + 1)] for g, k in enumerate(keep) if k
-    )
-    new_flags = bytearray(flags)
-    g = 0
-    for i, f in enumerate(flags):
-        if f & FLAG_HAS_GRADS:
-            if not keep[g]:
-                new_flags[i] = f & ~FLAG_HAS_GRADS
-            g += 1
-    out["flags"] = bytes(new_flags)
-    return out
-
-
-def grad_rows(msg: dict[str, Any]) -> int:
-    """Rows with per-layer grads in a ``steps`` message (one f64 total each)."""
-    return len(msg["grad_total"]) // 8
-
-
-def row_bytes(msg: dict[str, Any]) -> int:
-    return 8 + 4 * int(msg["layers"])
-
-
 class _BlockWriter:
     """Writes frames to ``fd`` in blocks, each closed by a ``record_mark`` that checks it."""
 
@@ -156,12 +130,6 @@ def mark(data: bytes, last_step: int | None) -> bytes:
     msg = {"type": "record_mark", "crc": zlib.crc32(data), "bytes": len(data)}
     msg.update(step=last_step, time=time.time())
     return pack(msg)
-
-
-def _last_step(msg: dict[str, Any]) -> int | None:
-    if not msg["n"]:
-        return None
-    return int.from_bytes(bytes(msg["step"])[-8:], "little", signed=True)
 
 
 @dataclass(slots=True)
@@ -210,10 +178,10 @@ def compact(
                 keep = mask[first : first + rows]
                 keep += b"\x01" * (rows - len(keep))  # rows past the tally: kept
                 if not all(keep):
-                    msg = drop_rows(msg, keep)
+                    msg = drop_grad_rows(msg, keep)
             kept = grad_rows(msg)
-            out.add("grads", kept, kept * row_bytes(msg))
-            step = _last_step(msg)
+            out.add("grads", kept, kept * grad_row_bytes(msg))
+            step = last_step(msg)
             if step is not None:
                 writer.last_step = step
             size = sum(len(v) for v in msg.values() if isinstance(v, bytes))

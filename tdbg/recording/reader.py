@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tdbg.protocol.framing import FRAME_HEADER, MAX_OUTBOUND_FRAME, Decoder, ProtocolError
+from tdbg.protocol.steps import last_step
 
 REC_MAGIC = b"TDBG-REC"
 FORMAT_VERSION = 1
@@ -48,16 +49,6 @@ def is_recording(path: str | os.PathLike[str]) -> bool:
             return f.read(len(REC_MAGIC)) == REC_MAGIC
     except OSError:
         return False
-
-
-def _last_step(msg: dict[str, Any]) -> int | None:
-    try:
-        column = bytes(msg["step"])
-        if int(msg["n"]) and len(column) >= 8:
-            return int.from_bytes(column[-8:], "little", signed=True)
-    except (KeyError, TypeError, ValueError):
-        pass
-    return None
 
 
 class Recording:
@@ -183,7 +174,7 @@ class Recording:
         for msg in block:
             mtype = msg.get("type")
             if mtype == "steps":
-                step = _last_step(msg)
+                step = last_step(msg)
                 if step is not None:
                     self.last_step = step
             elif mtype == "bye":

@@ -19,21 +19,10 @@ from tdbg.format import fmt_duration as fmt_duration
 from tdbg.format import fmt_loss as fmt_loss
 from tdbg.format import fmt_stat as fmt_stat
 from tdbg.format import fmt_us as fmt_us
-from tdbg.protocol.steps import FLAG_HAS_GRADS, FLAG_HAS_LOSS
+from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.steps import F64_COLUMNS, FLAG_HAS_GRADS, FLAG_HAS_LOSS, step_columns
 from tdbg.tui.state.deep import DeepState
 
-# The scalar columns of a ``steps`` batch, all little-endian f64 (see protocol.pack_steps).
-F64_COLUMNS = (
-    "time",
-    "step_time",
-    "samples",
-    "tokens",
-    "data_time",
-    "forward_time",
-    "backward_time",
-    "optimizer_time",
-    "probe_time",
-)
 ANATOMY = ("data_time", "forward_time", "backward_time", "optimizer_time")
 
 RECENT_GRAD_ROWS = 512  # sampled grad rows kept at full resolution
@@ -313,6 +302,9 @@ class RunState:
         self.loss_ema = GrowArray(np.float64)
         self.cols: dict[str, GrowArray] = {name: GrowArray(np.float64) for name in F64_COLUMNS}
         self.lr = GrowArray(np.float64, width=1)
+        # Each step's real learning rates (the first lr_n of its row): a NaN past them is
+        # padding (a step with fewer param groups), a NaN within them an unreadable lr.
+        self.lr_n = GrowArray(np.uint8)
         self.lr_groups = 0
         self.grad_steps = GrowArray(np.int64)  # steps that carried per-layer norms
         self.grad_total = GrowArray(np.float64)
@@ -378,33 +370,22 @@ class RunState:
 
     def _apply_steps(self, msg: dict[str, Any]) -> None:
         try:
-            n, n_layers, groups = int(msg["n"]), int(msg["layers"]), int(msg["lr_groups"])
-            steps = np.frombuffer(msg["step"], "<i8")
-            flags = np.frombuffer(msg["flags"], np.uint8)
-            loss = np.frombuffer(msg["loss"], "<f8")
-            lr = np.frombuffer(msg["lr"], "<f8")
-            cols = {name: np.frombuffer(msg[name], "<f8") for name in F64_COLUMNS}
-            totals = np.frombuffer(msg["grad_total"], "<f8")
-            norms = np.frombuffer(msg["grad_norms"], "<f4")
-        except (KeyError, TypeError, ValueError) as exc:
-            self.errors.append(f"malformed steps message: {exc}")
+            c = step_columns(msg)  # the layout is protocol's; this only wraps it in numpy
+        except ProtocolError as exc:
+            self.errors.append(str(exc))
             return
-        has_grads = (flags & FLAG_HAS_GRADS).astype(bool)
-        n_grad = int(has_grads.sum())
-        ok = (
-            len(steps) == n
-            and len(flags) == n
-            and len(loss) == n
-            and len(lr) == n * groups
-            and all(len(c) == n for c in cols.values())
-            and len(totals) == n_grad
-            and len(norms) == n_grad * n_layers
-        )
-        if not ok:
-            self.errors.append("malformed steps message: column sizes disagree")
-            return
+        n, n_layers, groups = c.n, c.n_layers, c.lr_groups
         if n == 0:
             return
+        steps = np.frombuffer(c.step, np.int64)
+        flags = np.frombuffer(c.flags, np.uint8)
+        loss = np.frombuffer(c.loss, np.float64)
+        lr = np.frombuffer(c.lr, np.float64)
+        cols = {name: np.frombuffer(col, np.float64) for name, col in c.timings.items()}
+        totals = np.frombuffer(c.grad_total, np.float64)
+        norms = np.frombuffer(c.grad_norms, np.float32)
+        has_grads = (flags & FLAG_HAS_GRADS).astype(bool)
+        n_grad = int(has_grads.sum())
         has_loss = (flags & FLAG_HAS_LOSS).astype(bool)
         self.steps.extend(steps)
         self.has_loss.extend(has_loss)
@@ -420,6 +401,7 @@ class RunState:
             self.lr.extend(lr.reshape(n, groups))
         else:
             self.lr.extend(np.full((n, self.lr.width), np.nan))
+        self.lr_n.extend(np.frombuffer(c.lr_n, np.uint8))
         if n_grad:
             if n_layers != self.grads.n_layers:
                 # Steps arrived before (or without) a matching ``layers`` message: name them.
@@ -442,6 +424,7 @@ class RunState:
                 self.loss,
                 self.loss_ema,
                 self.lr,
+                self.lr_n,
                 *self.cols.values(),
             ):
                 arr.compress(keep)
@@ -588,7 +571,7 @@ class RunState:
     def latest_lr(self) -> list[float | None]:
         if not self.steps.n or not self.lr_groups:
             return []
-        row = self.lr.values[-1, : self.lr_groups]
+        row = self.lr.values[-1, : int(self.lr_n.values[-1])]
         return [float(v) if math.isfinite(v) else None for v in row]
 
     def layer_trends(self, n: int = 16) -> np.ndarray:

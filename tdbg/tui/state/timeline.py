@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from tdbg.protocol.steps import FLAG_HAS_GRADS
+from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.steps import FLAG_HAS_GRADS, step_columns
 from tdbg.recording.reader import Recording
 from tdbg.tui.state.deep import DeepState
 from tdbg.tui.state.run_state import MAX_ALERTS, Alert, GradHistory, RunState
@@ -124,15 +125,18 @@ class Timeline:
     def _collect_grads(
         self, msg: dict[str, Any], steps_out: list[np.ndarray], rows_out: list[np.ndarray]
     ) -> None:
-        n_layers = int(msg["layers"])
+        try:
+            c = step_columns(msg)
+        except ProtocolError:
+            return  # the live model says so when it folds the same batch
+        n_layers = c.n_layers
         if n_layers != len(self.full.layer_names) or not n_layers:
             return
-        flags = np.frombuffer(msg["flags"], np.uint8)
-        has = (flags & FLAG_HAS_GRADS).astype(bool)
+        has = (np.frombuffer(c.flags, np.uint8) & FLAG_HAS_GRADS).astype(bool)
         if not has.any():
             return
-        steps = np.frombuffer(msg["step"], "<i8")[has]
-        rows = np.frombuffer(msg["grad_norms"], "<f4").reshape(-1, n_layers)
+        steps = np.frombuffer(c.step, np.int64)[has]
+        rows = np.frombuffer(c.grad_norms, np.float32).reshape(-1, n_layers)
         steps_out.append(steps.astype(np.int64))
         rows_out.append(rows.astype(np.float32))
 
@@ -189,7 +193,7 @@ class Timeline:
         state.cursor_index = index
         n = index + 1
         step = int(full.steps.values[index])
-        for name in ("steps", "has_loss", "loss", "loss_ema", "lr"):
+        for name in ("steps", "has_loss", "loss", "loss_ema", "lr", "lr_n"):
             setattr(state, name, getattr(full, name).head(n))
         state.cols = {name: col.head(n) for name, col in full.cols.items()}
         state.lr_groups = full.lr_groups
