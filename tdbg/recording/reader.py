@@ -215,10 +215,3 @@ class Recording:
 def open_recording(path: str | os.PathLike[str]) -> Recording:
     """Open and validate a recording's header; raises RecordingError with a one-line reason."""
     return Recording(path)
-
-
-def is_file_target(target: str) -> bool:
-    """A TARGET that names a regular file other than a run's ``.json`` metadata: it is read as a
-    recording (or refused as not one), never connected to as a socket."""
-    path = os.path.expanduser(target)
-    return os.path.isfile(path) and not path.endswith(".json")
