@@ -261,7 +261,7 @@ def test_circuit_breaker_switches_the_probe_off(
     def broken() -> list[float]:
         raise RuntimeError("lr exploded")
 
-    monkeypatch.setattr(probe, "_learning_rates", broken)
+    monkeypatch.setattr(probe._sampler, "_learning_rates", broken)
     loop.run(150, probe)
     assert probe.errors == watch_module.MAX_ERRORS
     assert probe._disabled

@@ -38,7 +38,7 @@ def test_breaker_tripping_inside_the_optimizer_hook_never_raises_into_step(
     def broken() -> None:
         raise RuntimeError("gradient pass failed")
 
-    monkeypatch.setattr(probe, "_on_optimizer_step", broken)
+    monkeypatch.setattr(probe._sampler, "on_optimizer_step", broken)
     monkeypatch.setattr(probe._hooks, "_on_optimizer_step", broken)
     loop.run(watch_module.MAX_ERRORS + 20, probe)  # raises if the breaker breaks opt.step()
     assert probe._disabled

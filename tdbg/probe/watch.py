@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import math
 import multiprocessing
 import os
 import socket
@@ -19,18 +18,15 @@ import torch
 from torch import nn
 
 from tdbg.probe.alerts import alert
-from tdbg.probe.budget import gradient_interval
 from tdbg.probe.commands import CommandDesk
 from tdbg.probe.dives.base import Dive, DiveContext, DiveRunner
-from tdbg.probe.gradients import GradientStats, GradSample, find_layers
-from tdbg.probe.hooks import Mark, PhaseHooks, mark, perf
+from tdbg.probe.gradients import find_layers
+from tdbg.probe.hooks import PhaseHooks
 from tdbg.probe.log import warn
-from tdbg.probe.pending import PendingStep
+from tdbg.probe.sampler import StepSampler
 from tdbg.probe.server import ProbeServer
 
-NAN = float("nan")
 MAX_ERRORS = 100  # circuit breaker (guarantees: training thread)
-EMA = 0.1
 
 _live: weakref.WeakSet[Probe] = weakref.WeakSet()
 _by_model: weakref.WeakKeyDictionary[nn.Module, Probe] = weakref.WeakKeyDictionary()
@@ -111,15 +107,6 @@ def _record_path(record: Any) -> str | os.PathLike[str] | None:
     return None
 
 
-def _number(value: Any) -> float:
-    if value is None:
-        return NAN
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return NAN
-
-
 class Probe:
     """Watches one model (and optionally its optimizer) and serves what it sees.
 
@@ -161,8 +148,6 @@ class Probe:
             raise ValueError("tdbg.watch: activations_every must be an integer 1-10000 or None")
         record_path = _record_path(record)
         self.name = _run_name(name)
-        self.overhead_budget = float(overhead_budget)
-        self.grad_every = grad_every
         self.errors = 0
         self.last_error: str | None = None
         self.closed = False
@@ -170,23 +155,8 @@ class Probe:
         self._pid = os.getpid()
         self._optimizer = optimizer
         self._layers = find_layers(model)
-        self._grads = GradientStats(self._layers)
         cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
         self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
-        self._step_count = 0
-        self._sample_now = True
-        self._last_sampled = -1
-        self.grad_interval = grad_every or 1
-        self._grad_cost = 0.0  # EMA of seconds per gradient pass
-        self._step_ema = 0.0  # EMA of seconds per step
-        self._sample: GradSample | None = None
-        self._grad_seconds = 0.0  # this step's gradient pass
-        self._fixed_cost = 0.0  # EMA of the probe's per-step cost besides gradient passes
-        self._previous_end: Mark | None = None
-        self._grad_marks: tuple[Mark, Mark] | None = None
-        self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
-        self._last_host: float | None = None
-        self._reported: set[str] = set()
         if not self._layers:
             warn(
                 "tdbg: the model has no parameters: only loss, learning rate and timings are shown"
@@ -210,7 +180,6 @@ class Probe:
         run_info["commands"] = unavailable
         # Fixed at watch(): asked again on sampled steps, so not recounted there.
         frozen = [i for i, layer in enumerate(self._layers) if not layer.trainable]
-        self._n_trainable = len(self._layers) - len(frozen)
         self._server = ProbeServer(
             run_info,
             [layer.name for layer in self._layers],
@@ -221,6 +190,15 @@ class Probe:
             directory=directory,
             frozen=frozen,
             on_grad_device_time=self._on_grad_device_time,
+        )
+        self._sampler = StepSampler(
+            self._layers,
+            optimizer,
+            self._cuda_device,
+            self._server,
+            grad_every=grad_every,
+            overhead_budget=float(overhead_budget),
+            count_error=self._count_error,
         )
         self._dives = DiveRunner(
             DiveContext(
@@ -250,7 +228,7 @@ class Probe:
             )
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = PhaseHooks(
-            model, optimizer, self._cuda_device, self._on_optimizer_step, self._count_error
+            model, optimizer, self._cuda_device, self._sampler.on_optimizer_step, self._count_error
         )
         if serve or record_path is not None:
             if serve and multiprocessing.parent_process() is not None:
@@ -288,8 +266,25 @@ class Probe:
         return self._server.socket_path if self._server.serving else None
 
     @property
+    def grad_interval(self) -> int:
+        """Gradients are sampled every this many steps (fixed by grad_every, else adaptive)."""
+        return self._sampler.grad_interval
+
+    @property
+    def grad_every(self) -> int | None:
+        return self._sampler.grad_every
+
+    @property
+    def overhead_budget(self) -> float:
+        return self._sampler.overhead_budget
+
+    def _on_grad_device_time(self, seconds: float) -> None:
+        """From the probe thread (the sampler is made after the server, which needs this)."""
+        self._sampler.on_grad_device_time(seconds)
+
+    @property
     def steps(self) -> int:
-        return self._step_count
+        return self._sampler.step_count
 
     @property
     def recording_path(self) -> str | None:
@@ -310,12 +305,12 @@ class Probe:
                 self._dives.close("the probe switched itself off")
             return
         try:
-            self._step(loss, samples, tokens)
+            self._sampler.step(loss, samples, tokens, self._hooks)
         except Exception as exc:
             self._count_error(exc)
         if self._dives.busy:  # the one flag read per step while no command is armed
             try:
-                self._dives.at_boundary(self._step_count - 1)
+                self._dives.at_boundary(self._sampler.step_count - 1)
             except Exception as exc:
                 self._count_error(exc)
 
@@ -343,199 +338,9 @@ class Probe:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"serving at {self.socket_path}"
-        return f"<tdbg.Probe {self.name!r} step {self._step_count}, {state}>"
-
-    # --- training thread --------------------------------------------------------------------
-    def _on_optimizer_step(self) -> None:
-        if self._sample_now and self._sample is None:
-            self._compute_grads()
-
-    def _compute_grads(self) -> None:
-        if not self._grads.n_layers:
-            return
-        t0 = perf()
-        before = mark(self._cuda_device) if self._cuda_device is not None else None
-        self._sample = self._grads.compute()
-        if before is not None:
-            # Host time is only the launch cost on a GPU: the probe thread times the kernels
-            # with these events and reports back (_on_grad_device_time).
-            self._grad_marks = (before, mark(self._cuda_device))
-        cost = perf() - t0
-        self._grad_seconds += cost
-        if self._grads.replanned:
-            return  # that pass also built index tensors: not what a pass usually costs
-        self._grad_cost = (
-            cost if self._grad_cost == 0.0 else (1 - EMA) * self._grad_cost + EMA * cost
-        )
-
-    def _loss_parts(self, loss: Any) -> tuple[float | None, torch.Tensor | None]:
-        """(python value, device tensor) of the loss; never syncs with the device."""
-        if loss is None:
-            return None, None
-        if isinstance(loss, torch.Tensor):
-            if loss.numel() != 1:
-                self._report_once(
-                    "loss-shape",
-                    f"probe.step(loss): the loss has shape {tuple(loss.shape)}; pass a scalar "
-                    "(e.g. loss.mean()) — loss not recorded",
-                )
-                return None, None
-            return None, loss.detach()
-        value = _number(loss)
-        if math.isnan(value) and not isinstance(loss, float):
-            self._report_once(
-                "loss-type", f"probe.step(loss): cannot read a number from {type(loss).__name__}"
-            )
-            return None, None
-        return value, None
-
-    def _count(self, value: Any, what: str) -> float:
-        """samples= / tokens= as a float, without reading a device tensor (that would sync)."""
-        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
-            self._report_once(
-                f"{what}-device",
-                f"probe.step({what}=...): a {value.device.type} tensor would need a host sync "
-                "to read; pass a Python int — not recorded",
-            )
-            return NAN
-        return _number(value)
-
-    def _step(self, loss: Any, samples: Any, tokens: Any) -> None:
-        t0 = perf()
-        if not self._server.serving:
-            # Nobody can ever read what this step would record: keep nothing, compute nothing.
-            self._step_count += 1
-            self._sample_now = False
-            self._hooks.take()
-            return
-        step_mark = mark(self._cuda_device)
-        # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
-        step_time = NAN if self._last_host is None else t0 - self._last_host
-        self._last_host = t0
-        if self._sample_now and self._sample is None and self._grads.n_layers:
-            try:
-                self._compute_grads()
-            except Exception as exc:  # a failed gradient pass must not cost the step's loss
-                self._count_error(exc)
-            fallback = self._sample
-            if (
-                self._optimizer is not None
-                and fallback is not None
-                and not self._sample_seen(fallback)
-            ):
-                # The optimizer did not step (GradScaler skipped it) and zero_grad already ran:
-                # no gradient at all is not "no gradient reached every layer".
-                self._sample = None
-        sample, self._sample = self._sample, None
-        loss_value, loss_tensor = self._loss_parts(loss)
-        pending = PendingStep(
-            step=self._step_count,
-            time=time.time(),
-            lr=self._learning_rates(),
-            step_time=step_time,
-            samples=self._count(samples, "samples"),
-            tokens=self._count(tokens, "tokens"),
-            probe_time=NAN,
-            timeline=self._hooks.take(),
-            previous_end=self._previous_end,
-            step_mark=step_mark,
-            loss=loss_value,
-        )
-        values: list[torch.Tensor] = []
-        if loss_tensor is not None:
-            if loss_tensor.device.type == "cpu":
-                pending.loss_tensor = loss_tensor
-            else:
-                device = loss_tensor.device
-                if sample is not None and isinstance(sample.values, torch.Tensor):
-                    device = sample.values.device
-                values.append(loss_tensor.reshape(1).to(device, torch.float32, non_blocking=True))
-                pending.loss_in_values = True
-        pending.grad_marks, self._grad_marks = self._grad_marks, None
-        if sample is not None:
-            pending.grads = sample
-            pending.missing_layers = sample.missing
-            if isinstance(sample.values, torch.Tensor):
-                values.append(sample.values)
-        if values:
-            vector = values[0] if len(values) == 1 else torch.cat(values)
-            if vector.device.type == "cpu":
-                pending.values = vector
-            elif vector.device.type == "cuda":
-                # The step's one device-to-host copy: asynchronous into pinned memory; the probe
-                # thread reads it once the event recorded after it (same stream) has completed.
-                pending.values = vector.to("cpu", non_blocking=True)
-                ready = torch.cuda.Event()
-                ready.record(torch.cuda.current_stream(vector.device))
-                pending.ready = ready
-            else:  # mps, xpu, ...: no CUDA events to wait on; a plain copy is correct there
-                pending.values = vector.to("cpu")
-        self._step_count += 1
-        # The gradient pass is counted once: in this call or in the optimizer hook that ran it.
-        probe_time = (perf() - t0) + self._hooks.take_seconds()
-        pending.probe_time = probe_time
-        fixed = max(0.0, probe_time - self._grad_seconds)
-        self._grad_seconds = 0.0
-        self._fixed_cost = (
-            fixed if self._fixed_cost == 0.0 else ((1 - EMA) * self._fixed_cost + EMA * fixed)
-        )
-        self._update_interval(step_time, sample is not None)
-        self._server.inbox.append(pending)
-        self._server.appended += 1
-        self._previous_end = mark(self._cuda_device)
-
-    def _on_grad_device_time(self, seconds: float) -> None:
-        """From the probe thread: a resolved gradient pass's device time (one float store)."""
-        if seconds == seconds and seconds > 0:
-            cost = self._grad_device_cost
-            self._grad_device_cost = seconds if cost == 0.0 else (1 - EMA) * cost + EMA * seconds
-
-    def _sample_seen(self, sample: GradSample) -> bool:
-        """Did any trainable layer have a gradient in this sample?"""
-        return len(sample.missing) < self._n_trainable
-
-    def _learning_rates(self) -> list[float]:
-        if self._optimizer is None:
-            return []
-        out = []
-        for group in self._optimizer.param_groups:
-            lr = group.get("lr")
-            if isinstance(lr, torch.Tensor):
-                # A tensor lr on the GPU (capturable optimizers) would need a sync to read.
-                out.append(float(lr) if lr.device.type == "cpu" else NAN)
-            else:
-                out.append(_number(lr))
-        return out
-
-    def _update_interval(self, step_time: float, sampled: bool) -> None:
-        if sampled:
-            self._last_sampled = self._step_count - 1
-        if step_time == step_time and step_time > 0:
-            self._step_ema = (
-                step_time
-                if self._step_ema == 0.0
-                else ((1 - EMA) * self._step_ema + EMA * step_time)
-            )
-        if self.grad_every is not None:
-            interval = self.grad_every
-        else:
-            interval = gradient_interval(
-                self._step_ema,
-                max(self._grad_cost, self._grad_device_cost),
-                self._fixed_cost,
-                self.overhead_budget,
-            )
-        self.grad_interval = interval
-        self._sample_now = self._step_count - self._last_sampled >= interval
+        return f"<tdbg.Probe {self.name!r} step {self._sampler.step_count}, {state}>"
 
     # --- errors -----------------------------------------------------------------------------
-    def _report_once(self, key: str, message: str) -> None:
-        if key in self._reported:
-            return
-        self._reported.add(key)
-        warn(f"tdbg: {message}")
-        self._server.side_alerts.append(alert("probe_error", "warning", self._step_count, message))
-
     def _count_error(self, exc: BaseException) -> None:
         """Count an exception raised inside probe code; too many and the probe switches off."""
         try:
@@ -548,7 +353,7 @@ class Probe:
                 alert(
                     "probe_error",
                     "warning",
-                    self._step_count,
+                    self._sampler.step_count,
                     f"probe error (training continues): {self.last_error}",
                 )
             )
@@ -567,7 +372,7 @@ class Probe:
             "overhead_budget": self.overhead_budget,
             "errors": self.errors,
             "last_error": self.last_error,
-            "steps_seen": self._step_count,
+            "steps_seen": self._sampler.step_count,
             "disabled": self._disabled,
         }
 
