@@ -56,6 +56,7 @@ class ProbeServer:
         directory: Any = None,
         frozen: list[int] | None = None,
         on_grad_device_time: Callable[[float], None] | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.inbox: deque[PendingStep] = deque(maxlen=INBOX_SIZE)
         self.appended = 0  # written by the training thread only
@@ -81,12 +82,18 @@ class ProbeServer:
         self.rejected_peers = 0
         self.serving = False
         self.side_alerts: deque[dict[str, Any]] = deque(maxlen=64)  # from the training thread
-        self.desk: CommandDesk | None = None  # deep-dive commands; set by the Probe
+        self.desk: CommandDesk | None = None  # deep-dive commands: see take_commands
         self.auto_nan_hunt = False
-        self.recorder: Recorder | None = None  # watch(record=...): a sink beside the clients
+        self.recorder = recorder  # watch(record=...): a sink beside the clients
         # Slow work for the sampler thread (profiler tables, snapshot files), so that neither
         # the training thread nor the socket loop waits on it.
         self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+
+    def take_commands(self, desk: CommandDesk, auto_nan_hunt: bool) -> None:
+        """Serve deep-dive commands through ``desk`` (made after the server: its dives use the
+        server's work queue); ``auto_nan_hunt`` starts a NaN hunt at the first non-finite alert."""
+        self.desk = desk
+        self.auto_nan_hunt = auto_nan_hunt
 
     # --- lifecycle --------------------------------------------------------------------------
     def start(self, listen: bool = True) -> bool:

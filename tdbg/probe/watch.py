@@ -180,6 +180,16 @@ class Probe:
         run_info["commands"] = unavailable
         # Fixed at watch(): asked again on sampled steps, so not recounted there.
         frozen = [i for i, layer in enumerate(self._layers) if not layer.trainable]
+        recorder = None
+        if record_path is not None:
+            from tdbg.probe.recorder import Recorder
+
+            recorder = Recorder(
+                record_path,
+                run_info,
+                [layer.name for layer in self._layers],
+                [layer.numel for layer in self._layers],
+            )
         self._server = ProbeServer(
             run_info,
             [layer.name for layer in self._layers],
@@ -190,6 +200,7 @@ class Probe:
             directory=directory,
             frozen=frozen,
             on_grad_device_time=self._on_grad_device_time,
+            recorder=recorder,
         )
         self._sampler = StepSampler(
             self._layers,
@@ -215,17 +226,7 @@ class Probe:
             DIVES,
             self._count_error,
         )
-        self._server.desk = CommandDesk(self._dives, unavailable, None)
-        self._server.auto_nan_hunt = bool(nan_hunt)
-        if record_path is not None:
-            from tdbg.probe.recorder import Recorder
-
-            self._server.recorder = Recorder(
-                record_path,
-                run_info,
-                [layer.name for layer in self._layers],
-                [layer.numel for layer in self._layers],
-            )
+        self._server.take_commands(CommandDesk(self._dives, unavailable, None), bool(nan_hunt))
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = PhaseHooks(
             model, optimizer, self._cuda_device, self._sampler.on_optimizer_step, self._count_error
