@@ -74,6 +74,7 @@ class StepSampler:
         self._reported: set[str] = set()
 
     def report_once(self, key: str, message: str) -> None:
+        """Tell the user once (stderr and an alert) about a problem with what the loop passes."""
         if key in self._reported:
             return
         self._reported.add(key)
@@ -92,7 +93,7 @@ class StepSampler:
         self._sample = self._grads.compute()
         if before is not None:
             # Host time is only the launch cost on a GPU: the probe thread times the kernels
-            # with these events and reports back (_on_grad_device_time).
+            # with these events and reports back (on_grad_device_time).
             self._grad_marks = (before, mark(self._cuda_device))
         cost = perf() - t0
         self._grad_seconds += cost
