@@ -159,6 +159,28 @@ def test_watch_rejects_what_is_not_a_module() -> None:
         tdbg.watch(nn.Linear(1, 1), grad_every=0, serve=False)
     with pytest.raises(ValueError, match="overhead_budget"):
         tdbg.watch(nn.Linear(1, 1), overhead_budget=0, serve=False)
+    with pytest.raises(ValueError, match="activations_every"):
+        tdbg.watch(nn.Linear(1, 1), activations_every=0, serve=False)
+    with pytest.raises(TypeError, match=r"tdbg\.watch: unexpected keyword argument 'grad_evry'"):
+        tdbg.watch(nn.Linear(1, 1), grad_evry=5, serve=False)
+
+
+def test_watch_and_probe_show_every_option_as_a_keyword() -> None:
+    # The options are written down once (ProbeOptions); help() and IDEs still see each one.
+    import dataclasses
+    import inspect
+
+    names = [f.name for f in dataclasses.fields(watch_module.ProbeOptions)]
+    for fn in (tdbg.watch, tdbg.Probe):
+        params = inspect.signature(fn).parameters
+        assert list(params)[:2] == ["model", "optimizer"]
+        assert list(params)[2:] == names
+        assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in names)
+    assert inspect.signature(tdbg.watch).parameters["overhead_budget"].default == 0.01
+    probe = tdbg.watch(nn.Linear(1, 1), grad_every=3, serve=False, name="opts")
+    assert probe.options == watch_module.ProbeOptions(grad_every=3, serve=False, name="opts")
+    assert probe.grad_interval == 3 and probe.name == "opts"
+    probe.close()
 
 
 def hook_counts(model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple[int, ...]:

@@ -216,8 +216,7 @@ class StepSampler:
             fixed if self._fixed_cost == 0.0 else ((1 - EMA) * self._fixed_cost + EMA * fixed)
         )
         self._update_interval(step_time, sample is not None)
-        self._server.inbox.append(pending)
-        self._server.appended += 1
+        self._server.push_step(pending)
         self._previous_end = mark(self._cuda_device)
 
     def on_grad_device_time(self, seconds: float) -> None:

@@ -89,6 +89,11 @@ class ProbeServer:
         # the training thread nor the socket loop waits on it.
         self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 
+    def push_step(self, pending: PendingStep) -> None:
+        """From the training thread: one step for the probe thread (never blocks)."""
+        self.inbox.append(pending)
+        self.appended += 1
+
     def take_commands(self, desk: CommandDesk, auto_nan_hunt: bool) -> None:
         """Serve deep-dive commands through ``desk`` (made after the server: its dives use the
         server's work queue); ``auto_nan_hunt`` starts a NaN hunt at the first non-finite alert."""
@@ -111,6 +116,10 @@ class ProbeServer:
             return False
         if listener is not None:
             self._selector.register(listener, selectors.EVENT_READ, "listen")
+            if self.desk is not None and self.endpoint.path is not None:
+                # One audit log per runtime directory, beside the sockets: every mutating
+                # command, who sent it (pid/uid) and what became of it.
+                self.desk.audit_path = self.endpoint.path.parent / "audit.jsonl"
         self._wake_r.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self.serving = True

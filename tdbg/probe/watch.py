@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import inspect
 import multiprocessing
 import os
 import socket
@@ -11,8 +13,10 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -107,6 +111,54 @@ def _record_path(record: Any) -> str | os.PathLike[str] | None:
     return None
 
 
+@dataclass(frozen=True)
+class ProbeOptions:
+    """watch()'s keyword options, checked once: the one definition watch() and Probe share."""
+
+    name: str | None = None
+    overhead_budget: float = 0.01
+    grad_every: int | None = None
+    serve: bool = True
+    directory: str | os.PathLike[str] | None = None
+    nan_hunt: bool = True
+    anomaly_check_nan: bool = False
+    activations_every: int | None = None
+    record: str | os.PathLike[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.overhead_budget > 0:
+            raise ValueError("tdbg.watch: overhead_budget must be > 0 (e.g. 0.01 for 1 %)")
+        every = self.grad_every
+        if every is not None and (not isinstance(every, int) or every < 1):
+            raise ValueError("tdbg.watch: grad_every must be a positive integer or None (auto)")
+        every = self.activations_every
+        if every is not None and (not isinstance(every, int) or not 1 <= every <= 10_000):
+            raise ValueError("tdbg.watch: activations_every must be an integer 1-10000 or None")
+
+    @classmethod
+    def of(cls, options: dict[str, Any]) -> ProbeOptions:
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"tdbg.watch: unexpected keyword argument {unknown[0]!r}")
+        return cls(**options)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _with_options(fn: _F) -> _F:
+    """Show ProbeOptions' fields as ``fn``'s keyword-only parameters (help(), IDEs, inspect):
+    ``fn`` takes ``**options`` so that the options are written down once, in ProbeOptions."""
+    signature = inspect.signature(fn)
+    keep = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    keywords = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
+        for f in dataclasses.fields(ProbeOptions)
+    ]
+    fn.__signature__ = signature.replace(parameters=[*keep, *keywords])  # type: ignore[attr-defined]
+    return fn
+
+
 class Probe:
     """Watches one model (and optionally its optimizer) and serves what it sees.
 
@@ -114,20 +166,9 @@ class Probe:
     an error inside it is counted and reported, never raised into the training loop.
     """
 
+    @_with_options
     def __init__(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
-        *,
-        name: str | None = None,
-        overhead_budget: float = 0.01,
-        grad_every: int | None = None,
-        serve: bool = True,
-        directory: str | os.PathLike[str] | None = None,
-        nan_hunt: bool = True,
-        anomaly_check_nan: bool = False,
-        activations_every: int | None = None,
-        record: str | os.PathLike[str] | None = None,
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(
@@ -138,16 +179,10 @@ class Probe:
                 "tdbg.watch: optimizer must be a torch.optim.Optimizer or None, "
                 f"not {type(optimizer).__name__}"
             )
-        if not overhead_budget > 0:
-            raise ValueError("tdbg.watch: overhead_budget must be > 0 (e.g. 0.01 for 1 %)")
-        if grad_every is not None and (not isinstance(grad_every, int) or grad_every < 1):
-            raise ValueError("tdbg.watch: grad_every must be a positive integer or None (auto)")
-        if activations_every is not None and (
-            not isinstance(activations_every, int) or not 1 <= activations_every <= 10_000
-        ):
-            raise ValueError("tdbg.watch: activations_every must be an integer 1-10000 or None")
-        record_path = _record_path(record)
-        self.name = _run_name(name)
+        opts = ProbeOptions.of(options)
+        self.options = opts
+        record_path = _record_path(opts.record)
+        self.name = _run_name(opts.name)
         self.errors = 0
         self.last_error: str | None = None
         self.closed = False
@@ -197,7 +232,7 @@ class Probe:
             _rank(),
             self._stats,
             self._count_error,
-            directory=directory,
+            directory=opts.directory,
             frozen=frozen,
             on_grad_device_time=self._on_grad_device_time,
             recorder=recorder,
@@ -207,8 +242,8 @@ class Probe:
             optimizer,
             self._cuda_device,
             self._server,
-            grad_every=grad_every,
-            overhead_budget=float(overhead_budget),
+            grad_every=opts.grad_every,
+            overhead_budget=float(opts.overhead_budget),
             count_error=self._count_error,
         )
         self._dives = DiveRunner(
@@ -220,33 +255,26 @@ class Probe:
                 artifacts=self._artifacts_dir,
                 submit=self._server.submit_work,
                 side_alerts=self._server.side_alerts,
-                anomaly_check_nan=bool(anomaly_check_nan),
+                anomaly_check_nan=bool(opts.anomaly_check_nan),
                 on_error=self._count_error,
             ),
             DIVES,
             self._count_error,
         )
-        self._server.take_commands(CommandDesk(self._dives, unavailable, None), bool(nan_hunt))
+        desk = CommandDesk(self._dives, unavailable, None)
+        self._server.take_commands(desk, bool(opts.nan_hunt))
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = PhaseHooks(
             model, optimizer, self._cuda_device, self._sampler.on_optimizer_step, self._count_error
         )
-        if serve or record_path is not None:
-            if serve and multiprocessing.parent_process() is not None:
+        if opts.serve or record_path is not None:
+            if opts.serve and multiprocessing.parent_process() is not None:
                 warn("tdbg: watching from a multiprocessing child: serving its own socket")
-            if self._server.start(listen=serve):
-                self._after_start(activations_every)
+            if self._server.start(listen=opts.serve):
+                self._after_start(desk, opts.activations_every)
         _live.add(self)
 
-    def _after_start(self, activations_every: int | None) -> None:
-        desk = self._server.desk
-        if desk is None:
-            return
-        path = self._server.socket_path
-        if path is not None:
-            # One audit log per runtime directory, beside the sockets: every mutating
-            # command, who sent it (pid/uid) and what became of it.
-            desk.audit_path = Path(path).parent / "audit.jsonl"
+    def _after_start(self, desk: CommandDesk, activations_every: int | None) -> None:
         # Also without a socket (serve=False, record=...): the samples go to the recording.
         if activations_every is not None:
             desk.submit("activations", {"every": activations_every, "enabled": True}, None, "watch")
@@ -385,19 +413,9 @@ class Probe:
         self._server.abandon_after_fork()
 
 
+@_with_options
 def watch(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
-    *,
-    name: str | None = None,
-    overhead_budget: float = 0.01,
-    grad_every: int | None = None,
-    serve: bool = True,
-    directory: str | os.PathLike[str] | None = None,
-    nan_hunt: bool = True,
-    anomaly_check_nan: bool = False,
-    activations_every: int | None = None,
-    record: str | os.PathLike[str] | None = None,
+    model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
 ) -> Probe:
     """Start watching ``model`` (and ``optimizer``); returns at once with a serving Probe.
 
@@ -421,19 +439,7 @@ def watch(
     if previous is not None and not previous.closed:
         warn("tdbg.watch: this model was already watched; closing the earlier probe")
         previous.close()
-    probe = Probe(
-        model,
-        optimizer,
-        name=name,
-        overhead_budget=overhead_budget,
-        grad_every=grad_every,
-        serve=serve,
-        directory=directory,
-        nan_hunt=nan_hunt,
-        anomaly_check_nan=anomaly_check_nan,
-        activations_every=activations_every,
-        record=record,
-    )
+    probe = Probe(model, optimizer, **options)
     _by_model[model] = probe
     return probe
 
