@@ -351,3 +351,27 @@ def test_serve_false_binds_nothing(runtime_dir: Path) -> None:
     assert probe.socket_path is None
     assert os.listdir(runtime_dir) == []
     assert probe.steps == 3
+
+
+def test_the_gradient_interval_follows_the_measured_cost(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The costs the sampler measured are replaced through its seam, so the machine's speed
+    # decides nothing: a 1 ms gradient pass in a 10 ms step under a 1 % budget is every 10th
+    # step; once the pass costs 50 µs, every step.
+    ms = 1e-3
+    costs = (10 * ms, 1 * ms, 0.0)
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, overhead_budget=0.01)
+    monkeypatch.setattr(probe._sampler, "measured_costs", lambda: costs)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    loop.run(40, probe)
+    assert probe.grad_interval == 10
+    costs = (10 * ms, 0.05 * ms, 0.0)
+    loop.run(20, probe)
+    assert probe.grad_interval == 1
+    reader.wait(lambda r: len(r.records()) == 60)
+    sampled = [r.step for r in reader.records() if r.grad_norms is not None]
+    assert sampled == [0, 10, 20, 30, *range(40, 60)]
+    probe.close()
+    reader.close()

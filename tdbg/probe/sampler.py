@@ -242,6 +242,11 @@ class StepSampler:
                 out.append(_number(lr))
         return out
 
+    def measured_costs(self) -> tuple[float, float, float]:
+        """What the adaptive interval goes by (running averages, seconds): a step, one gradient
+        pass (the larger of host and device time) and the probe's other per-step cost."""
+        return self._step_ema, max(self._grad_cost, self._grad_device_cost), self._fixed_cost
+
     def _update_interval(self, step_time: float, sampled: bool) -> None:
         if sampled:
             self._last_sampled = self.step_count - 1
@@ -254,11 +259,6 @@ class StepSampler:
         if self.grad_every is not None:
             interval = self.grad_every
         else:
-            interval = gradient_interval(
-                self._step_ema,
-                max(self._grad_cost, self._grad_device_cost),
-                self._fixed_cost,
-                self.overhead_budget,
-            )
+            interval = gradient_interval(*self.measured_costs(), self.overhead_budget)
         self.grad_interval = interval
         self._sample_now = self.step_count - self._last_sampled >= interval
