@@ -4,7 +4,6 @@ keeping history and fanning each encoded batch out to every client."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import queue
 import selectors
@@ -465,23 +464,6 @@ class ProbeServer:
         return resolved
 
     def _tick(self, now: float) -> None:
-        # A tick briefly holds up to MAX_RESOLVE_PER_TICK records; a collection in between would
-        # promote them all towards the old generation, and the full collections that follow
-        # scan the whole torch process (100 ms+) while holding the GIL. They all die by
-        # refcount when the tick ends, so the collector is paused for the tick (if it was on).
-        # The per-layer norms no longer add to this (one float32 array per record, not a list
-        # of floats), but each record and its list of learning rates are still containers the
-        # collector tracks: 2,000 steps in a tick is ~4,000 of them, several young collections.
-        paused = gc.isenabled()
-        if paused:
-            gc.disable()
-        try:
-            self._tick_unpaused(now)
-        finally:
-            if paused:
-                gc.enable()
-
-    def _tick_unpaused(self, now: float) -> None:
         resolved = self._drain_inbox()
         alerts: list[dict[str, Any]] = []
         while self.side_alerts:
