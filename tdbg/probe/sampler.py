@@ -177,35 +177,11 @@ class StepSampler:
             step_mark=step_mark,
             loss=loss_value,
         )
-        values: list[torch.Tensor] = []
-        if loss_tensor is not None:
-            if loss_tensor.device.type == "cpu":
-                pending.loss_tensor = loss_tensor
-            else:
-                device = loss_tensor.device
-                if sample is not None and isinstance(sample.values, torch.Tensor):
-                    device = sample.values.device
-                values.append(loss_tensor.reshape(1).to(device, torch.float32, non_blocking=True))
-                pending.loss_in_values = True
         pending.grad_marks, self._grad_marks = self._grad_marks, None
         if sample is not None:
             pending.grads = sample
             pending.missing_layers = sample.missing
-            if isinstance(sample.values, torch.Tensor):
-                values.append(sample.values)
-        if values:
-            vector = values[0] if len(values) == 1 else torch.cat(values)
-            if vector.device.type == "cpu":
-                pending.values = vector
-            elif vector.device.type == "cuda":
-                # The step's one device-to-host copy: asynchronous into pinned memory; the probe
-                # thread reads it once the event recorded after it (same stream) has completed.
-                pending.values = vector.to("cpu", non_blocking=True)
-                ready = torch.cuda.Event()
-                ready.record(torch.cuda.current_stream(vector.device))
-                pending.ready = ready
-            else:  # mps, xpu, ...: no CUDA events to wait on; a plain copy is correct there
-                pending.values = vector.to("cpu")
+        _stage_values(pending, sample, loss_tensor)
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the optimizer hook that ran it.
         probe_time = (perf() - t0) + hooks.take_seconds()
@@ -262,3 +238,34 @@ class StepSampler:
             interval = gradient_interval(*self.measured_costs(), self.overhead_budget)
         self.grad_interval = interval
         self._sample_now = self.step_count - self._last_sampled >= interval
+
+
+def _stage_values(
+    pending: PendingStep, sample: GradSample | None, loss_tensor: torch.Tensor | None
+) -> None:
+    """Put the step's device values (loss, per-parameter norms) on their way to the host."""
+    values: list[torch.Tensor] = []
+    if loss_tensor is not None:
+        if loss_tensor.device.type == "cpu":
+            pending.loss_tensor = loss_tensor
+        else:
+            device = loss_tensor.device
+            if sample is not None and isinstance(sample.values, torch.Tensor):
+                device = sample.values.device
+            values.append(loss_tensor.reshape(1).to(device, torch.float32, non_blocking=True))
+            pending.loss_in_values = True
+    if sample is not None and isinstance(sample.values, torch.Tensor):
+        values.append(sample.values)
+    if values:
+        vector = values[0] if len(values) == 1 else torch.cat(values)
+        if vector.device.type == "cpu":
+            pending.values = vector
+        elif vector.device.type == "cuda":
+            # The step's one device-to-host copy: asynchronous into pinned memory; the probe
+            # thread reads it once the event recorded after it (same stream) has completed.
+            pending.values = vector.to("cpu", non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(vector.device))
+            pending.ready = ready
+        else:  # mps, xpu, ...: no CUDA events to wait on; a plain copy is correct there
+            pending.values = vector.to("cpu")

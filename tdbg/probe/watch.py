@@ -52,6 +52,38 @@ def _run_name(name: str | None) -> str:
     return script.removesuffix(".py") or "python"
 
 
+def _check_watched(model: Any, optimizer: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"tdbg.watch: model must be a torch.nn.Module, not {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            "tdbg.watch: optimizer must be a torch.optim.Optimizer or None, "
+            f"not {type(optimizer).__name__}"
+        )
+
+
+def _run_info(name: str, cuda_device: torch.device | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The ``hello`` message's run description, and the commands this run cannot serve (why)."""
+    unavailable: dict[str, str] = {}
+    if cuda_device is None:
+        unavailable["snapshot"] = (
+            "memory snapshots record the CUDA allocator: this run's model is on the cpu"
+        )
+    run_info = {
+        "name": name,
+        "pid": os.getpid(),
+        "rank": _rank(),
+        "host": socket.gethostname(),
+        "argv": [str(a)[:200] for a in sys.argv[:32]],
+        "start_time": time.time(),
+        "cwd": os.getcwd(),
+        "torch": torch.__version__,
+        "device": str(cuda_device or "cpu"),
+        "commands": unavailable,
+    }
+    return run_info, unavailable
+
+
 # Dive factories import their module on first use: torch.profiler and friends are loaded only
 # by a run that is profiled. The names are fixed here; nothing a client sends names a module.
 def _profile(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
@@ -170,15 +202,7 @@ class Probe:
     def __init__(
         self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
     ) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(
-                f"tdbg.watch: model must be a torch.nn.Module, not {type(model).__name__}"
-            )
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                "tdbg.watch: optimizer must be a torch.optim.Optimizer or None, "
-                f"not {type(optimizer).__name__}"
-            )
+        _check_watched(model, optimizer)
         opts = ProbeOptions.of(options)
         self.options = opts
         record_path = _record_path(opts.record)
@@ -188,7 +212,6 @@ class Probe:
         self.closed = False
         self._disabled = False
         self._pid = os.getpid()
-        self._optimizer = optimizer
         self._layers = find_layers(model)
         cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
         self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
@@ -196,39 +219,20 @@ class Probe:
             warn(
                 "tdbg: the model has no parameters: only loss, learning rate and timings are shown"
             )
-        run_info = {
-            "name": self.name,
-            "pid": self._pid,
-            "rank": _rank(),
-            "host": socket.gethostname(),
-            "argv": [str(a)[:200] for a in sys.argv[:32]],
-            "start_time": time.time(),
-            "cwd": os.getcwd(),
-            "torch": torch.__version__,
-            "device": str(self._cuda_device or "cpu"),
-        }
-        unavailable: dict[str, str] = {}
-        if self._cuda_device is None:
-            unavailable["snapshot"] = (
-                "memory snapshots record the CUDA allocator: this run's model is on the cpu"
-            )
-        run_info["commands"] = unavailable
+        run_info, unavailable = _run_info(self.name, self._cuda_device)
         # Fixed at watch(): asked again on sampled steps, so not recounted there.
         frozen = [i for i, layer in enumerate(self._layers) if not layer.trainable]
+        names = [layer.name for layer in self._layers]
+        numels = [layer.numel for layer in self._layers]
         recorder = None
         if record_path is not None:
             from tdbg.probe.recorder import Recorder
 
-            recorder = Recorder(
-                record_path,
-                run_info,
-                [layer.name for layer in self._layers],
-                [layer.numel for layer in self._layers],
-            )
+            recorder = Recorder(record_path, run_info, names, numels)
         self._server = ProbeServer(
             run_info,
-            [layer.name for layer in self._layers],
-            [layer.numel for layer in self._layers],
+            names,
+            numels,
             _rank(),
             self._stats,
             self._count_error,
