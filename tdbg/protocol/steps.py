@@ -51,15 +51,34 @@ F64_COLUMNS = (
 )
 
 
-def _packed(typecode: str, values: Iterable[float]) -> bytes:
-    arr = array(typecode, values)
+# Every column of a ``steps`` message, in wire order, with its ``array`` typecode (each column
+# is a little-endian array of that type): the one place the layout is written down. Per row:
+# ``step``, ``flags`` (FLAG_HAS_LOSS | FLAG_HAS_GRADS), ``loss``, ``lr_n`` and the timings;
+# ``lr`` is n x lr_groups; ``grad_total`` one per row with grads, ``grad_norms`` that many rows
+# x layers. A numpy reader takes each decoded column's dtype from its ``typecode``.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("step", "q"),
+    ("flags", "B"),
+    ("loss", "d"),
+    ("lr", "d"),
+    ("lr_n", "B"),
+    *((name, "d") for name in F64_COLUMNS),
+    ("grad_total", "d"),
+    ("grad_norms", "f"),
+)
+TYPECODE: dict[str, str] = dict(COLUMNS)
+ITEMSIZE: dict[str, int] = {name: array(code).itemsize for name, code in COLUMNS}
+
+
+def _packed(column: str, values: Iterable[float]) -> bytes:
+    arr = array(TYPECODE[column], values)
     if sys.byteorder != "little":
         arr.byteswap()
     return arr.tobytes()
 
 
-def _unpacked(typecode: str, data: bytes) -> array:
-    arr = array(typecode)
+def _unpacked(column: str, data: bytes) -> array:
+    arr = array(TYPECODE[column])
     arr.frombytes(data)
     if sys.byteorder != "little":
         arr.byteswap()
@@ -67,13 +86,8 @@ def _unpacked(typecode: str, data: bytes) -> array:
 
 
 def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = False) -> dict:
-    """Pack step records into one columnar ``steps`` message (little-endian binary arrays).
-
-    Columns: ``step`` (i64), ``flags`` (u8: 1 has loss, 2 has per-layer grads), ``loss`` and the
-    f64 columns of StepRecord, ``lr`` (n x lr_groups f64, NaN-padded), ``lr_n`` (u8: groups in
-    each row), ``grad_total`` (f64 per row with grads), ``grad_norms`` (rows with grads x n_layers
-    f32).
-    """
+    """Pack step records into one columnar ``steps`` message: the :data:`COLUMNS`, ``lr``
+    NaN-padded to the widest row, ``lr_n`` saying how many of a row's lr columns are real."""
     groups = max((len(r.lr) for r in records), default=0)
     if groups > 255:
         raise ValueError(f"{groups} param groups: at most 255 are supported")
@@ -83,24 +97,27 @@ def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = Fal
         "layers": n_layers,
         "lr_groups": groups,
         "history": history,
-        "step": _packed("q", (r.step for r in records)),
-        "flags": bytes(
-            (FLAG_HAS_LOSS if r.loss is not None else 0)
-            | (FLAG_HAS_GRADS if r.grad_norms is not None else 0)
-            for r in records
+        "step": _packed("step", (r.step for r in records)),
+        "flags": _packed(
+            "flags",
+            (
+                (FLAG_HAS_LOSS if r.loss is not None else 0)
+                | (FLAG_HAS_GRADS if r.grad_norms is not None else 0)
+                for r in records
+            ),
         ),
-        "loss": _packed("d", (NAN if r.loss is None else r.loss for r in records)),
-        "lr": _packed("d", (v for r in records for v in (*r.lr, *[NAN] * (groups - len(r.lr))))),
+        "loss": _packed("loss", (NAN if r.loss is None else r.loss for r in records)),
+        "lr": _packed("lr", (v for r in records for v in (*r.lr, *[NAN] * (groups - len(r.lr))))),
         # How many of a row's lr columns are real: a NaN lr (unreadable) is not padding.
-        "lr_n": bytes(len(r.lr) for r in records),
+        "lr_n": _packed("lr_n", (len(r.lr) for r in records)),
     }
     for name in F64_COLUMNS:
-        msg[name] = _packed("d", (getattr(r, name) for r in records))
+        msg[name] = _packed(name, (getattr(r, name) for r in records))
     with_grads = [r for r in records if r.grad_norms is not None]
     msg["grad_total"] = _packed(
-        "d", (NAN if r.grad_total is None else r.grad_total for r in with_grads)
+        "grad_total", (NAN if r.grad_total is None else r.grad_total for r in with_grads)
     )
-    norms = array("f")
+    norms: array[float] = array(TYPECODE["grad_norms"])
     for r in with_grads:
         row = r.grad_norms
         assert row is not None
@@ -115,20 +132,21 @@ def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = Fal
 
 @dataclass(frozen=True, slots=True)
 class StepColumns:
-    """A ``steps`` batch's columns, checked for consistent sizes, as native-order arrays (a
-    numpy reader wraps them with ``np.frombuffer``; nothing here needs numpy)."""
+    """A ``steps`` batch's columns, checked for consistent sizes, as native-order arrays of
+    their :data:`COLUMNS` typecodes: a numpy reader wraps each with
+    ``np.frombuffer(column, column.typecode)``, nothing here needs numpy."""
 
     n: int
     n_layers: int
     lr_groups: int
-    step: array  # q, n
-    flags: bytes  # n
-    loss: array  # d, n (NaN where flags say no loss)
-    lr: array  # d, n x lr_groups, NaN-padded past each row's lr_n
-    lr_n: bytes  # n: a row's real learning rates; the rest of its lr columns are padding
-    timings: dict[str, array]  # F64_COLUMNS, d, n each
-    grad_total: array  # d, one per row with grads
-    grad_norms: array  # f, rows with grads x n_layers
+    step: array  # n
+    flags: array  # n
+    loss: array  # n (NaN where flags say no loss)
+    lr: array  # n x lr_groups, NaN-padded past each row's lr_n
+    lr_n: array  # n: a row's real learning rates; the rest of its lr columns are padding
+    timings: dict[str, array]  # F64_COLUMNS, n each
+    grad_total: array  # one per row with grads
+    grad_norms: array  # rows with grads x n_layers
 
     @property
     def has_grads(self) -> list[bool]:
@@ -143,14 +161,14 @@ def step_columns(msg: dict[str, Any]) -> StepColumns:
             n=n,
             n_layers=n_layers,
             lr_groups=groups,
-            step=_unpacked("q", msg["step"]),
-            flags=bytes(msg["flags"]),
-            loss=_unpacked("d", msg["loss"]),
-            lr=_unpacked("d", msg["lr"]),
-            lr_n=bytes(msg["lr_n"]),
-            timings={name: _unpacked("d", msg[name]) for name in F64_COLUMNS},
-            grad_total=_unpacked("d", msg["grad_total"]),
-            grad_norms=_unpacked("f", msg["grad_norms"]),
+            step=_unpacked("step", msg["step"]),
+            flags=_unpacked("flags", msg["flags"]),
+            loss=_unpacked("loss", msg["loss"]),
+            lr=_unpacked("lr", msg["lr"]),
+            lr_n=_unpacked("lr_n", msg["lr_n"]),
+            timings={name: _unpacked(name, msg[name]) for name in F64_COLUMNS},
+            grad_total=_unpacked("grad_total", msg["grad_total"]),
+            grad_norms=_unpacked("grad_norms", msg["grad_norms"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed steps message: {exc}", ErrorCode.BAD_MESSAGE) from None
@@ -198,35 +216,37 @@ def unpack_steps(msg: dict[str, Any]) -> list[StepRecord]:
 
 
 def last_step(msg: dict[str, Any]) -> int | None:
-    """The last step number in a ``steps`` message, reading 8 bytes; None when it has no step
-    (empty, or not a well-formed step column)."""
+    """The last step number in a ``steps`` message, reading one value (no numpy, no object per
+    step); None when it has no step (empty, or not a well-formed step column)."""
+    size = ITEMSIZE["step"]
     try:
         column = bytes(msg["step"])
-        if int(msg["n"]) <= 0 or len(column) < 8:
+        if int(msg["n"]) <= 0 or len(column) < size:
             return None
     except (KeyError, TypeError, ValueError):
         return None
-    return int.from_bytes(column[-8:], "little", signed=True)
+    return int(_unpacked("step", column[-size:])[0])
 
 
 def grad_rows(msg: dict[str, Any]) -> int:
-    """Rows with per-layer norms in a ``steps`` message (each has one f64 total)."""
-    return len(msg["grad_total"]) // 8
+    """Rows with per-layer norms in a ``steps`` message (each has one total)."""
+    return len(msg["grad_total"]) // ITEMSIZE["grad_total"]
 
 
 def grad_row_bytes(msg: dict[str, Any]) -> int:
-    """Bytes one row with per-layer norms takes: its f64 total and n_layers f32 norms."""
-    return 8 + 4 * int(msg["layers"])
+    """Bytes one row with per-layer norms takes: its total and one norm per layer."""
+    return ITEMSIZE["grad_total"] + ITEMSIZE["grad_norms"] * int(msg["layers"])
 
 
 def drop_grad_rows(msg: dict[str, Any], keep: Sequence[int]) -> dict[str, Any]:
     """``msg`` without the per-layer rows whose ``keep`` entry is 0 (one entry per row with
     grads); the scalars are untouched. Byte slicing: no object per step."""
     flags = bytes(msg["flags"])
-    width = 4 * int(msg["layers"])
+    width = ITEMSIZE["grad_norms"] * int(msg["layers"])
+    t = ITEMSIZE["grad_total"]
     totals, norms = bytes(msg["grad_total"]), bytes(msg["grad_norms"])
     out = dict(msg)
-    out["grad_total"] = b"".join(totals[8 * g : 8 * g + 8] for g, k in enumerate(keep) if k)
+    out["grad_total"] = b"".join(totals[t * g : t * (g + 1)] for g, k in enumerate(keep) if k)
     out["grad_norms"] = b"".join(
         norms[width * g : width * (g + 1)] for g, k in enumerate(keep) if k
     )
@@ -239,9 +259,6 @@ def drop_grad_rows(msg: dict[str, Any], keep: Sequence[int]) -> dict[str, Any]:
             g += 1
     out["flags"] = bytes(new_flags)
     return out
-
-
-_CONCAT_COLUMNS = ("step", "flags", "loss", "lr", "lr_n", *F64_COLUMNS, "grad_total", "grad_norms")
 
 
 def concat_steps(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -257,6 +274,6 @@ def concat_steps(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {k: first[k] for k in ("type", "layers", "lr_groups", "history")}
     out["n"] = sum(int(m["n"]) for m in messages)
-    for column in _CONCAT_COLUMNS:
+    for column, _ in COLUMNS:
         out[column] = b"".join(bytes(m[column]) for m in messages)
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time as _time
 import warnings
+from array import array
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +36,57 @@ EMA_ALPHA = 0.05  # smoothed loss: about a 20-step memory
 RATE_WINDOW = 5.0  # seconds of recent steps that steps/s is measured over
 ANATOMY_WINDOW = 32  # steps averaged for the step-anatomy bar
 INPUT_BOUND_SHARE = 0.30  # data loading above this share of a step means the GPU waits on input
+
+
+def _numpy(column: array) -> np.ndarray:
+    """A decoded protocol column as numpy, its dtype the column's own typecode (no copy)."""
+    return np.frombuffer(column, dtype=column.typecode)
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """One ``steps`` message as numpy arrays over protocol's decoded columns: the layout is
+    protocol's (:func:`step_columns`), this only gives it numpy shapes."""
+
+    n: int
+    n_layers: int
+    lr_groups: int
+    steps: np.ndarray  # int, n
+    has_loss: np.ndarray  # bool, n
+    loss: np.ndarray  # n, NaN where there is no loss
+    lr: np.ndarray  # n x lr_groups, NaN-padded past each row's lr_n
+    lr_n: np.ndarray  # n: how many of a row's lr columns are real
+    timings: dict[str, np.ndarray]  # F64_COLUMNS, n each
+    has_grads: np.ndarray  # bool, n
+    grad_total: np.ndarray  # one per row with grads
+    grad_rows: np.ndarray  # rows with grads x n_layers
+
+    @classmethod
+    def decode(cls, msg: dict[str, Any]) -> StepBatch:
+        """The batch in ``msg``; ProtocolError when its columns are malformed."""
+        c = step_columns(msg)
+        flags = _numpy(c.flags)
+        has_loss = (flags & FLAG_HAS_LOSS).astype(bool)
+        has_grads = (flags & FLAG_HAS_GRADS).astype(bool)
+        return cls(
+            n=c.n,
+            n_layers=c.n_layers,
+            lr_groups=c.lr_groups,
+            steps=_numpy(c.step),
+            has_loss=has_loss,
+            loss=np.where(has_loss, _numpy(c.loss), np.nan),
+            lr=_numpy(c.lr).reshape(c.n, c.lr_groups),
+            lr_n=_numpy(c.lr_n),
+            timings={name: _numpy(col) for name, col in c.timings.items()},
+            has_grads=has_grads,
+            grad_total=_numpy(c.grad_total),
+            grad_rows=_numpy(c.grad_norms).reshape(int(has_grads.sum()), c.n_layers),
+        )
+
+    @property
+    def grad_steps(self) -> np.ndarray:
+        """The steps of the rows with per-layer norms, in ``grad_rows`` order."""
+        return self.steps[self.has_grads]
 
 
 class GrowArray:
@@ -280,6 +332,11 @@ class Alert:
             history=bool(message.get("history")),
         )
 
+    @property
+    def nonfinite(self) -> bool:
+        """A NaN/inf loss or gradient alert (the header counts them apart)."""
+        return self.kind.startswith("nonfinite")
+
 
 class RunState:
     """Everything the TUI knows about one run; updated in O(batch) from protocol messages.
@@ -287,6 +344,10 @@ class RunState:
     Views read it on the repaint timer. ``revision`` changes whenever anything visible changed, so
     the view repaints only when there is something new.
     """
+
+    # The histories with one row per step (besides the ``cols`` timings): thinned together,
+    # shared together by a replay cursor.
+    PER_STEP = ("steps", "has_loss", "loss", "loss_ema", "lr", "lr_n")
 
     def __init__(self, run: dict[str, Any] | None = None) -> None:
         self.run: dict[str, Any] = dict(run or {})
@@ -370,69 +431,70 @@ class RunState:
 
     def _apply_steps(self, msg: dict[str, Any]) -> None:
         try:
-            c = step_columns(msg)  # the layout is protocol's; this only wraps it in numpy
+            batch = StepBatch.decode(msg)
         except ProtocolError as exc:
             self.errors.append(str(exc))
             return
-        n, n_layers, groups = c.n, c.n_layers, c.lr_groups
+        n, n_layers, groups = batch.n, batch.n_layers, batch.lr_groups
         if n == 0:
             return
-        steps = np.frombuffer(c.step, np.int64)
-        flags = np.frombuffer(c.flags, np.uint8)
-        loss = np.frombuffer(c.loss, np.float64)
-        lr = np.frombuffer(c.lr, np.float64)
-        cols = {name: np.frombuffer(col, np.float64) for name, col in c.timings.items()}
-        totals = np.frombuffer(c.grad_total, np.float64)
-        norms = np.frombuffer(c.grad_norms, np.float32)
-        has_grads = (flags & FLAG_HAS_GRADS).astype(bool)
-        n_grad = int(has_grads.sum())
-        has_loss = (flags & FLAG_HAS_LOSS).astype(bool)
-        self.steps.extend(steps)
-        self.has_loss.extend(has_loss)
-        loss = np.where(has_loss, loss, np.nan)
-        self.loss.extend(loss)
-        self.loss_ema.extend(self._ema_block(loss))
-        for name, col in cols.items():
+        self.steps.extend(batch.steps)
+        self.has_loss.extend(batch.has_loss)
+        self.loss.extend(batch.loss)
+        self.loss_ema.extend(self._ema_block(batch.loss))
+        for name, col in batch.timings.items():
             self.cols[name].extend(col)
         if groups > self.lr.width:
             self.lr.widen(groups)
         self.lr_groups = max(self.lr_groups, groups)
         if groups:
-            self.lr.extend(lr.reshape(n, groups))
+            self.lr.extend(batch.lr)
         else:
             self.lr.extend(np.full((n, self.lr.width), np.nan))
-        self.lr_n.extend(np.frombuffer(c.lr_n, np.uint8))
-        if n_grad:
+        self.lr_n.extend(batch.lr_n)
+        if batch.has_grads.any():
             if n_layers != self.grads.n_layers:
                 # Steps arrived before (or without) a matching ``layers`` message: name them.
                 self._apply_layers(
                     {"names": [f"layer {i}" for i in range(n_layers)], "numel": [0] * n_layers}
                 )
-            gsteps = steps[has_grads]
+            gsteps = batch.grad_steps
             self.grad_steps.extend(gsteps)
-            self.grad_total.extend(totals)
+            self.grad_total.extend(batch.grad_total)
             if n_layers:
-                self.grads.extend(gsteps, norms.reshape(n_grad, n_layers))
+                self.grads.extend(gsteps, batch.grad_rows)
         self._bound_history()
 
     def _bound_history(self) -> None:
         if len(self.steps) > MAX_SCALAR_ROWS:
             keep = thin_mask(len(self.steps))
-            for arr in (
-                self.steps,
-                self.has_loss,
-                self.loss,
-                self.loss_ema,
-                self.lr,
-                self.lr_n,
-                *self.cols.values(),
-            ):
+            for arr in self._per_step():
                 arr.compress(keep)
             self.thinned_steps += 1
         if len(self.grad_steps) > MAX_SCALAR_ROWS:
             keep = thin_mask(len(self.grad_steps))
             self.grad_steps.compress(keep)
             self.grad_total.compress(keep)
+
+    def _per_step(self) -> list[GrowArray]:
+        return [*(getattr(self, name) for name in self.PER_STEP), *self.cols.values()]
+
+    def share_head(self, source: RunState, n: int) -> None:
+        """Show ``source``'s first ``n`` steps (a replay cursor): every per-step history becomes
+        a view of source's first n rows, nothing copied; the gradient totals and the smoothed
+        loss are those up to that step. The gradient history, alerts and reports are the
+        caller's (they are not per-step arrays)."""
+        for name in self.PER_STEP:
+            setattr(self, name, getattr(source, name).head(n))
+        self.cols = {name: col.head(n) for name, col in source.cols.items()}
+        self.lr_groups = source.lr_groups
+        step = int(self.steps.values[-1]) if self.steps.n else -1
+        k = int(np.searchsorted(source.grad_steps.values, step, side="right"))
+        self.grad_steps = source.grad_steps.head(k)
+        self.grad_total = source.grad_total.head(k)
+        ema = self.loss_ema.values
+        finite = np.flatnonzero(np.isfinite(ema))
+        self._ema = float(ema[finite[-1]]) if finite.size else None
 
     def _ema_block(self, loss: np.ndarray) -> np.ndarray:
         # A sequential recurrence, so one float op per step in Python; non-finite losses are
@@ -452,7 +514,7 @@ class RunState:
         alert = Alert.from_message(message)
         self.alerts.appendleft(alert)  # newest first
         self.alert_count += 1
-        if alert.kind.startswith("nonfinite"):
+        if alert.nonfinite:
             self.nonfinite_alerts += 1
 
     def sent(self, mid: int, command: str, args: dict[str, Any]) -> None:
@@ -489,11 +551,6 @@ class RunState:
     @property
     def smoothed_loss(self) -> float | None:
         return self._ema
-
-    @smoothed_loss.setter
-    def smoothed_loss(self, value: float | None) -> None:
-        """Where the smoothing resumes: a replay cursor sets it to the curve's value there."""
-        self._ema = value
 
     @property
     def diverged(self) -> bool:

@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 
 from tdbg.protocol.framing import ProtocolError
-from tdbg.protocol.steps import FLAG_HAS_GRADS, step_columns
 from tdbg.recording.reader import Recording
 from tdbg.tui.state.deep import DeepState
-from tdbg.tui.state.run_state import MAX_ALERTS, Alert, GradHistory, RunState
+from tdbg.tui.state.run_state import MAX_ALERTS, Alert, GradHistory, RunState, StepBatch
 
 DEEP_CHECKPOINT = 128  # deep-dive messages between DeepState checkpoints
 DEEP_TYPES = frozenset({"job", "activations", "probe"})
@@ -100,9 +99,7 @@ class Timeline:
             self.grad_steps = np.zeros(0, np.int64)
             self.grad_rows = np.zeros((0, n_layers), np.float32)
         self._alert_pos = np.array([p for p, _ in self._alerts], dtype=np.int64)
-        self._alert_nonfinite = np.array(
-            [a.kind.startswith("nonfinite") for _, a in self._alerts], dtype=bool
-        )
+        self._alert_nonfinite = np.array([a.nonfinite for _, a in self._alerts], dtype=bool)
         deep.sort(key=lambda item: (item[0], item[1]))  # stable: recording order within a step
         self._deep_pos = [p for p, _, _ in deep]
         self._deep = [m for _, _, m in deep]
@@ -126,19 +123,14 @@ class Timeline:
         self, msg: dict[str, Any], steps_out: list[np.ndarray], rows_out: list[np.ndarray]
     ) -> None:
         try:
-            c = step_columns(msg)
+            batch = StepBatch.decode(msg)
         except ProtocolError:
             return  # the live model says so when it folds the same batch
-        n_layers = c.n_layers
-        if n_layers != len(self.full.layer_names) or not n_layers:
+        n_layers = batch.n_layers
+        if n_layers != len(self.full.layer_names) or not n_layers or not batch.has_grads.any():
             return
-        has = (np.frombuffer(c.flags, np.uint8) & FLAG_HAS_GRADS).astype(bool)
-        if not has.any():
-            return
-        steps = np.frombuffer(c.step, np.int64)[has]
-        rows = np.frombuffer(c.grad_norms, np.float32).reshape(-1, n_layers)
-        steps_out.append(steps.astype(np.int64))
-        rows_out.append(rows.astype(np.float32))
+        steps_out.append(batch.grad_steps.astype(np.int64))
+        rows_out.append(batch.grad_rows.astype(np.float32))
 
     @staticmethod
     def _apply_deep(state: DeepState, msg: dict[str, Any]) -> None:
@@ -191,22 +183,12 @@ class Timeline:
             return state
         index = self.clamp(index)
         state.cursor_index = index
-        n = index + 1
         step = int(full.steps.values[index])
-        for name in ("steps", "has_loss", "loss", "loss_ema", "lr", "lr_n"):
-            setattr(state, name, getattr(full, name).head(n))
-        state.cols = {name: col.head(n) for name, col in full.cols.items()}
-        state.lr_groups = full.lr_groups
-        k = int(np.searchsorted(full.grad_steps.values, step, side="right"))
-        state.grad_steps = full.grad_steps.head(k)
-        state.grad_total = full.grad_total.head(k)
+        state.share_head(full, index + 1)
         g = int(np.searchsorted(self.grad_steps, step, side="right"))
         state.grads = GradHistory.from_rows(
             len(full.layer_names), self.grad_steps[:g], self.grad_rows[:g]
         )
-        ema = full.loss_ema.values[:n]
-        finite = np.flatnonzero(np.isfinite(ema))
-        state.smoothed_loss = float(ema[finite[-1]]) if finite.size else None
         self._put_alerts(state, step)
         state.system = self._report_at("system", step)
         state.probe = self._report_at("probe", step)

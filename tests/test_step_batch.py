@@ -1,0 +1,106 @@
+"""The step batch's layout has one owner: protocol's COLUMNS describe the whole message, and the
+TUI's numpy reading (live and at a replay cursor) agrees with protocol's own unpack."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from tdbg.probe.recorder import Recorder
+from tdbg.protocol.framing import pack
+from tdbg.protocol.steps import (
+    COLUMNS,
+    ITEMSIZE,
+    StepRecord,
+    concat_steps,
+    pack_steps,
+    unpack_steps,
+)
+from tdbg.recording.reader import Recording
+from tdbg.tui.sources.synthetic import RUN, layer_names
+from tdbg.tui.state.run_state import RunState, StepBatch
+from tdbg.tui.state.timeline import Timeline
+
+HEADER = {"type", "n", "layers", "lr_groups", "history"}
+NAN = math.nan
+# Learning rates per step: param groups come and go, and a NaN is an lr the probe could not read
+# (a real group), unlike the NaN padding of a row shorter than the batch's widest.
+LRS = [[0.1, 0.2, 0.3], [0.1, NAN], [], [0.5], [NAN, NAN, 0.25], [0.4, 0.3]]
+
+
+def records(n_layers: int = 3, start: int = 0) -> list[StepRecord]:
+    out = []
+    for i, lr in enumerate(LRS):
+        step = start + i
+        grads = [float(step + k) for k in range(n_layers)] if i % 2 == 0 else None
+        out.append(
+            StepRecord(
+                step=step,
+                time=100.0 + step,
+                loss=None if i == 3 else 1.0 / (step + 1),
+                lr=list(lr),
+                step_time=0.5 + i,
+                samples=float(8 * i),
+                data_time=0.01 * i,
+                grad_total=None if grads is None else float(sum(grads)),
+                grad_norms=grads,
+            )
+        )
+    return out
+
+
+def as_lr(values: list[float]) -> list[float | None]:
+    """A step's learning rates as the TUI shows them: an unreadable one as None."""
+    return [None if math.isnan(v) else v for v in values]
+
+
+def test_columns_describe_the_whole_message() -> None:
+    msg = pack_steps(records(), 3)
+    assert set(msg) - HEADER == {name for name, _ in COLUMNS}
+    for name, _ in COLUMNS:
+        assert len(msg[name]) % ITEMSIZE[name] == 0, name
+    joined = concat_steps([msg, pack_steps(records(start=len(LRS)), 3)])
+    assert joined is not None and set(joined) == set(msg)
+    assert [r.step for r in unpack_steps(joined)] == list(range(2 * len(LRS)))
+
+
+def test_the_numpy_batch_agrees_with_unpack() -> None:
+    msg = pack_steps(records(), 3)
+    batch = StepBatch.decode(msg)
+    recs = unpack_steps(msg)
+    assert (batch.n, batch.n_layers, batch.lr_groups) == (len(recs), 3, 3)
+    assert batch.steps.tolist() == [r.step for r in recs]
+    assert batch.has_loss.tolist() == [r.loss is not None for r in recs]
+    np.testing.assert_array_equal(batch.loss, [NAN if r.loss is None else r.loss for r in recs])
+    for i, r in enumerate(recs):
+        assert as_lr(batch.lr[i, : batch.lr_n[i]].tolist()) == as_lr(r.lr)
+    for name, column in batch.timings.items():
+        np.testing.assert_array_equal(column, [getattr(r, name) for r in recs], err_msg=name)
+    with_grads = [r for r in recs if r.grad_norms is not None]
+    assert batch.grad_steps.tolist() == [r.step for r in with_grads]
+    assert batch.grad_total.tolist() == [r.grad_total for r in with_grads]
+    assert batch.grad_rows.tolist() == [list(r.grad_norms or ()) for r in with_grads]
+
+
+def test_each_step_shows_its_own_learning_rates_live_and_in_replay(tmp_path: Path) -> None:
+    """lr_n says how many of a row's lr columns are real: the TUI shows a step's own groups, an
+    unreadable one as missing, and never the padding of a shorter row, at every replay cursor
+    as on the live screen."""
+    recs = records()
+    live = RunState(RUN)
+    for i, rec in enumerate(recs):
+        live.apply(pack_steps([rec], 3))
+        assert live.latest_lr() == as_lr(LRS[i]), f"live, step {i}"
+
+    path = tmp_path / "lr.tdbgrec"
+    recorder = Recorder(path, dict(RUN), layer_names(3), [1, 1, 1])
+    assert recorder.open()
+    msg = pack_steps(recs, 3)  # one batch: every row padded to three groups
+    recorder.add_steps(msg, pack(msg))
+    recorder.close()
+    timeline = Timeline(Recording(path))
+    assert len(timeline) == len(LRS)
+    for i, lr in enumerate(LRS):
+        assert timeline.state_at(i).latest_lr() == as_lr(lr), f"replay cursor at step {i}"
