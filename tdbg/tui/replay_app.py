@@ -56,9 +56,9 @@ class ReplayMonitorScreen(MonitorScreen):
     def on_mount(self) -> None:
         app = self.app
         if isinstance(app, ReplayApp):
-            app._show_cursor()
+            app.show_cursor()
 
-    def _unavailable(self, command: str) -> str | None:
+    def unavailable(self, command: str) -> str | None:
         return READ_ONLY
 
     def action_cancel_job(self) -> None:
@@ -100,7 +100,7 @@ class ReplayApp(TdbgApp):
         """Nothing to read: the recording was loaded before the app started."""
 
     def on_mount(self) -> None:
-        self._show_cursor()
+        self.show_cursor()
         if self.timeline.note:
             self.notify(self.timeline.note, severity="warning", timeout=10)
 
@@ -116,7 +116,7 @@ class ReplayApp(TdbgApp):
         self._cursor_revision += 1
         state.revision = self._cursor_revision
         self.state = state
-        self._show_cursor()
+        self.show_cursor()
         if self._paint_timer is not None:
             self._paint_timer.stop()
         self._paint_timer = self.set_timer(PAINT_DELAY, self._paint_cursor)
@@ -143,7 +143,8 @@ class ReplayApp(TdbgApp):
             return "killed"
         return None
 
-    def _show_cursor(self) -> None:
+    def show_cursor(self) -> None:
+        """Show the cursor line at ``cursor`` (the light part of a move: no panel repaint)."""
         timeline = self.timeline
         cursors = self.monitor.query(ReplayCursor)
         if not cursors:

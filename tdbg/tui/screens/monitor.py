@@ -132,8 +132,9 @@ class MonitorScreen(Screen[None]):
 
     # --- deep dives: every command goes through the app, which owns the source --------------
 
-    def _unavailable(self, command: str) -> str | None:
-        """Why ``command`` cannot run on this run (from the welcome's ``commands``), or None."""
+    def unavailable(self, command: str) -> str | None:
+        """Why ``command`` cannot run on this run (from the welcome's ``commands``), or None; a
+        screen over a source that runs nothing (a replay) overrides it."""
         state = self._state
         run = state.run if state is not None else {}
         reasons = run.get("commands")
@@ -145,7 +146,7 @@ class MonitorScreen(Screen[None]):
         return None
 
     def _send(self, command: str, **args: Any) -> int | None:
-        why = self._unavailable(command)
+        why = self.unavailable(command)
         if why is not None:
             self.notify(f"{label(command)} unavailable: {why}", severity="warning", timeout=5)
             return None
@@ -159,7 +160,7 @@ class MonitorScreen(Screen[None]):
         return mid
 
     def action_profile(self) -> None:
-        why = self._unavailable("profile")
+        why = self.unavailable("profile")
         if why is not None:
             self.notify(f"profile unavailable: {why}", severity="warning", timeout=5)
             return
@@ -275,7 +276,7 @@ class MonitorScreen(Screen[None]):
         self.set_class(deep.activations_on, "-activations")
         self.query_one(AnomalyBanner).show(deep)
         panel = self.query_one(DeepPanel)
-        panel.show(deep, self._unavailable("snapshot"))  # may switch to the newest dive's view
+        panel.show(deep, self.unavailable("snapshot"))  # may switch to the newest dive's view
         # Only the profile table needs the deep-dive panel's full height; text views fit less.
         self.set_class(panel.view != "deep-profile", "-deep-text")
         border = self.query_one("#profiler-panel")
