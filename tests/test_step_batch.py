@@ -14,8 +14,11 @@ from tdbg.protocol.steps import (
     COLUMNS,
     ITEMSIZE,
     StepRecord,
+    batch_bytes,
     concat_steps,
+    joinable,
     pack_steps,
+    row_bytes,
     unpack_steps,
 )
 from tdbg.recording.reader import Recording
@@ -64,6 +67,22 @@ def test_columns_describe_the_whole_message() -> None:
     joined = concat_steps([msg, pack_steps(records(start=len(LRS)), 3)])
     assert joined is not None and set(joined) == set(msg)
     assert [r.step for r in unpack_steps(joined)] == list(range(2 * len(LRS)))
+
+
+def test_sizes_and_joining_follow_the_columns() -> None:
+    for n_layers, groups in ((0, 0), (3, 1), (1000, 4)):
+        rows = [
+            StepRecord(step=i, time=0.0, lr=[0.1] * groups, grad_norms=[1.0] * n_layers)
+            for i in range(7)
+        ]
+        msg = pack_steps(rows, n_layers)
+        assert batch_bytes(msg) == 7 * row_bytes(n_layers, groups)
+        assert joinable(msg, pack_steps(rows[:2], n_layers))
+        scalars = [StepRecord(step=0, time=0.0, lr=[0.1] * groups)]
+        assert not joinable(msg, pack_steps(scalars, n_layers + 1))  # rows of another width
+        wider = [StepRecord(step=0, time=0.0, lr=[0.1] * (groups + 1))]
+        assert not joinable(msg, pack_steps(wider, n_layers))
+        assert concat_steps([msg, pack_steps(wider, n_layers)]) is None
 
 
 def test_the_numpy_batch_agrees_with_unpack() -> None:

@@ -6,14 +6,17 @@ from collections import deque
 from typing import Any
 
 from tdbg.protocol.framing import MAX_OUTBOUND_FRAME
-from tdbg.protocol.steps import StepRecord, concat_steps, pack_steps, unpack_steps
+from tdbg.protocol.steps import (
+    StepRecord,
+    batch_bytes,
+    concat_steps,
+    pack_steps,
+    row_bytes,
+    unpack_steps,
+)
 
 MERGE_EVERY = 64  # small live batches merged into one chunk this often
 CHUNK_BYTES = 1 << 20  # a merged chunk holds about this much (well under the 4 MiB frame cap)
-
-
-def _size(msg: dict[str, Any]) -> int:
-    return sum(len(v) for v in msg.values() if isinstance(v, bytes))
 
 
 class History:
@@ -35,7 +38,7 @@ class History:
 
     def add(self, msg: dict[str, Any]) -> None:
         self._recent.append(msg)
-        self.bytes += _size(msg)
+        self.bytes += batch_bytes(msg)
         if len(self._recent) >= MERGE_EVERY:
             self._merge_recent()
         if self.bytes > self.budget:
@@ -43,7 +46,7 @@ class History:
 
     def _repack(self, records: list[StepRecord]) -> list[dict[str, Any]]:
         """Pack records into chunks of about CHUNK_BYTES."""
-        row = 100 + 4 * self.n_layers
+        row = row_bytes(self.n_layers)
         per_chunk = max(1, min(CHUNK_BYTES, MAX_OUTBOUND_FRAME // 2) // row)
         return [
             pack_steps(records[i : i + per_chunk], self.n_layers)
@@ -55,11 +58,11 @@ class History:
         group: list[dict[str, Any]] = []
         size = 0
         for msg in self._recent:
-            if group and size + _size(msg) > CHUNK_BYTES:
+            if group and size + batch_bytes(msg) > CHUNK_BYTES:
                 self._append_joined(group)
                 group, size = [], 0
             group.append(msg)
-            size += _size(msg)
+            size += batch_bytes(msg)
         if group:
             self._append_joined(group)
         self._recent = []
@@ -84,7 +87,7 @@ class History:
             old = old[::2]
         self.thinned += 1
         self.chunks[:half] = self._repack(old)
-        self.bytes = sum(_size(m) for m in self.chunks)
+        self.bytes = sum(batch_bytes(m) for m in self.chunks)
 
     def replay(self) -> list[dict[str, Any]]:
         """Messages a late client gets before live data: steps (oldest first), then alerts."""

@@ -228,6 +228,23 @@ def last_step(msg: dict[str, Any]) -> int | None:
     return int(_unpacked("step", column[-size:])[0])
 
 
+def batch_bytes(msg: dict[str, Any]) -> int:
+    """Bytes a ``steps`` message's columns take: its size, near enough, for a byte budget."""
+    return sum(len(v) for name, _ in COLUMNS if isinstance(v := msg.get(name), bytes))
+
+
+def row_bytes(n_layers: int, lr_groups: int = 1) -> int:
+    """Bytes one step with per-layer norms adds to a batch (``lr_groups`` learning rates)."""
+    per_row = sum(ITEMSIZE[name] for name in ("step", "flags", "loss", "lr_n", *F64_COLUMNS))
+    return per_row + lr_groups * ITEMSIZE["lr"] + grad_row_bytes({"layers": n_layers})
+
+
+def joinable(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two ``steps`` messages can be joined byte-wise by :func:`concat_steps`: the same
+    layer and param-group counts, so their rows have the same width."""
+    return bool(a["layers"] == b["layers"] and a["lr_groups"] == b["lr_groups"])
+
+
 def grad_rows(msg: dict[str, Any]) -> int:
     """Rows with per-layer norms in a ``steps`` message (each has one total)."""
     return len(msg["grad_total"]) // ITEMSIZE["grad_total"]
@@ -268,9 +285,7 @@ def concat_steps(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     if not messages:
         return None
     first = messages[0]
-    if any(
-        m["layers"] != first["layers"] or m["lr_groups"] != first["lr_groups"] for m in messages
-    ):
+    if not all(joinable(first, m) for m in messages):
         return None
     out: dict[str, Any] = {k: first[k] for k in ("type", "layers", "lr_groups", "history")}
     out["n"] = sum(int(m["n"]) for m in messages)

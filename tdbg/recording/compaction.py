@@ -11,10 +11,12 @@ from typing import Any
 
 from tdbg.protocol.framing import pack
 from tdbg.protocol.steps import (
+    batch_bytes,
     concat_steps,
     drop_grad_rows,
     grad_row_bytes,
     grad_rows,
+    joinable,
     last_step,
 )
 from tdbg.recording.reader import Recording
@@ -184,10 +186,9 @@ def compact(
             step = last_step(msg)
             if step is not None:
                 writer.last_step = step
-            size = sum(len(v) for v in msg.values() if isinstance(v, bytes))
+            size = batch_bytes(msg)
             if pending and (
-                msg["layers"] != pending[0]["layers"]
-                or msg["lr_groups"] != pending[0]["lr_groups"]
+                not joinable(pending[0], msg)
                 or pending_bytes + size > CHUNK_BYTES  # a joined frame stays under the frame cap
             ):
                 flush_steps()
