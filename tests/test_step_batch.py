@@ -123,3 +123,35 @@ def test_each_step_shows_its_own_learning_rates_live_and_in_replay(tmp_path: Pat
     assert len(timeline) == len(LRS)
     for i, lr in enumerate(LRS):
         assert timeline.state_at(i).latest_lr() == as_lr(lr), f"replay cursor at step {i}"
+
+
+def test_batches_without_the_newer_columns_read_them_as_nan():
+    """A recording written before micro_batches/clip/epoch existed still decodes and joins."""
+    import math
+
+    from tdbg.protocol.steps import OPTIONAL_COLUMNS, StepRecord, concat_steps, pack_steps
+
+    new = pack_steps([StepRecord(step=1, time=1.0, micro_batches=4, clip_max=1.0)], 0)
+    old = {k: v for k, v in pack_steps([StepRecord(step=0, time=0.0)], 0).items()}
+    for name in OPTIONAL_COLUMNS:
+        old.pop(name)
+    joined = concat_steps([old, new])
+    assert joined is not None
+    records = unpack_steps(joined)
+    assert [r.step for r in records] == [0, 1]
+    assert math.isnan(records[0].micro_batches) and records[1].micro_batches == 4
+    assert records[1].clip_max == 1.0 and math.isnan(records[1].clip_norm)
+
+
+def test_metrics_reader_drops_malformed_points_and_keeps_nan():
+    import math
+
+    from tdbg.protocol.messages import metrics_message, read_metrics
+
+    msg = metrics_message([(3, "val_loss", 0.5), (4, "acc", float("nan"))])
+    msg["points"] += [["x", "a", 1.0], [5, 7, 1.0], [6, "b", "str"], [7, "c"]]  # type: ignore
+    points = read_metrics(msg)
+    assert points[0] == (3, "val_loss", 0.5)
+    assert points[1][:2] == (4, "acc") and math.isnan(points[1][2])
+    assert len(points) == 2
+    assert read_metrics({"points": None}) == [] and read_metrics(None) == []

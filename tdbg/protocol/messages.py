@@ -62,6 +62,8 @@ functions, which never raise on a malformed message (a bad figure reads as None)
             count steps; ``result`` (on ``done``) is the command's answer: [ProfileResult],
             [SnapshotResult], [NanHuntResult], [AnomalyResult], or ``{}`` (see docs/dump.md).
             Finished jobs are replayed to late clients with ``history: true``.
+``metrics`` ``{points: [[step, name, value], ...]}`` — user metrics (``tdbg.log``, framework
+            logs, a loss per optimizer as ``loss/NAME``), in step order [Metrics].
 ``activations`` ``{step, names, types, mean, std, min, max, zero_frac, nonfinite}`` — per-module
             output statistics of one sampled step; the value lists are in ``names`` order
             [Activations].
@@ -94,6 +96,12 @@ if TYPE_CHECKING:  # typing.NotRequired is 3.11+; only the type checker needs it
 # builds and what a client may rely on after reading.
 
 
+class WatchedOptimizer(TypedDict):
+    name: str
+    type: str  # the optimizer's class name
+    groups: int  # its param groups: its lr columns follow the previous optimizers' ones
+
+
 class RunInfo(TypedDict):
     """Who the run is: built by the probe at watch(), completed when its socket is bound."""
 
@@ -107,6 +115,10 @@ class RunInfo(TypedDict):
     torch: str
     device: str  # "cpu", "cuda:0", ...
     commands: dict[str, str]  # deep-dive commands this run cannot serve -> why
+    # What is watched: model names (layers say which is theirs), optimizers in lr column order.
+    models: NotRequired[list[str]]
+    optimizers: NotRequired[list[WatchedOptimizer]]
+    param_groups: NotRequired[int]  # all optimizers' groups (lr columns are capped: MAX_LR_COLUMNS)
     socket: NotRequired[str]  # set once the socket is bound (absent for a recording-only probe)
     proto_min: NotRequired[int]
     proto_max: NotRequired[int]
@@ -125,6 +137,7 @@ class Layers(TypedDict):
     type: Literal["layers"]
     names: list[str]
     numel: list[int]
+    model: NotRequired[list[int]]  # per layer: its model's index in RunInfo.models
 
 
 class StepsHeader(TypedDict):
@@ -201,7 +214,10 @@ class ProbeStats(TypedDict):
     errors: int
     last_error: str | None
     steps_seen: int
-    disabled: bool
+    disabled: bool  # switched off by the error breaker (not: closed at the end of the run)
+    closed: NotRequired[bool]  # the run ended and the probe closed cleanly
+    total_steps: NotRequired[int | None]  # optimizer steps the run will take, where known
+    skipped_steps: NotRequired[int]  # updates skipped by watch(skip_nonfinite=True)
 
 
 class ProbeHealth(ProbeStats):
@@ -376,6 +392,15 @@ class Job(TypedDict):
     history: NotRequired[bool]
 
 
+class Metrics(TypedDict):
+    """User metrics (``tdbg.log``, framework logs, per-optimizer losses) as points
+    ``[step, name, value]``; a value that is not finite is kept (and alerted on)."""
+
+    type: Literal["metrics"]
+    points: list[tuple[int, str, float]]
+    history: NotRequired[bool]
+
+
 class Activations(TypedDict):
     """Per-module output statistics of one sampled step; the value lists are in names order."""
 
@@ -406,6 +431,7 @@ ProbeMessage = (
     | Ack
     | Job
     | Activations
+    | Metrics
 )
 
 
@@ -946,3 +972,26 @@ def job_message(
         "time": time,
         "result": result,
     }
+
+
+MAX_METRIC_NAME = 64  # characters of a metric's name kept (longer names are cut)
+
+
+def metrics_message(points: Sequence[tuple[int, str, float]]) -> Metrics:
+    """A ``metrics`` message of ``(step, name, value)`` points, in the order given."""
+    return {"type": "metrics", "points": [(int(s), str(n), float(v)) for s, n, v in points]}
+
+
+def read_metrics(message: Any) -> list[tuple[int, str, float]]:
+    """A ``metrics`` message's points; a malformed point (no step, no name, not a number) is
+    dropped, a non-finite value is kept."""
+    out: list[tuple[int, str, float]] = []
+    for point in _list(_dict(message).get("points")):
+        fields = _list(point)
+        if len(fields) != 3:
+            continue
+        step, name, value = _int(fields[0]), _str(fields[1]), _float(fields[2])
+        if step is None or not name or value is None:
+            continue
+        out.append((step, name[:MAX_METRIC_NAME], value))
+    return out

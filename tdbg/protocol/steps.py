@@ -11,6 +11,10 @@ from typing import Any
 
 from tdbg.protocol.framing import ErrorCode, ProtocolError
 
+# Learning rates sent per step: a run with more param groups (one per layer, layer-wise decay)
+# shows the first MAX_LR_COLUMNS of them, and the probe says so once.
+MAX_LR_COLUMNS = 64
+
 FLAG_HAS_LOSS = 1
 FLAG_HAS_GRADS = 2
 
@@ -33,6 +37,10 @@ class StepRecord:
     backward_time: float = NAN
     optimizer_time: float = NAN
     probe_time: float = NAN
+    micro_batches: float = NAN
+    clip_max: float = NAN
+    clip_norm: float = NAN
+    epoch: float = NAN
     grad_total: float | None = None
     grad_norms: Sequence[float] | None = None  # one per layer, in ``layers`` order
 
@@ -48,7 +56,15 @@ F64_COLUMNS = (
     "backward_time",
     "optimizer_time",
     "probe_time",
+    *("micro_batches", "clip_max", "clip_norm", "epoch"),
 )
+# What a step was, besides its timings (f64 too; NaN: not known): ``micro_batches`` backward
+# passes (forwards with grad, where no backward is seen) since the previous step, for gradient
+# accumulation; ``clip_max`` the ``max_norm`` a ``clip_grad_norm_`` was given this step and
+# ``clip_norm`` the total norm it measured (before clipping: the clip was active when it is the
+# larger); ``epoch`` the epoch the step belongs to. Batches written before these columns existed
+# (older recordings) lack them: readers take NaN.
+OPTIONAL_COLUMNS = frozenset({"micro_batches", "clip_max", "clip_norm", "epoch"})
 
 
 # Every column of a ``steps`` message, in wire order, with its ``array`` typecode (each column
@@ -85,12 +101,19 @@ def _unpacked(column: str, data: bytes) -> array:
     return arr
 
 
+def _column(msg: dict[str, Any], name: str, n: int) -> bytes:
+    """A column's bytes; an optional column a batch lacks (an older writer) reads as NaN."""
+    if name in OPTIONAL_COLUMNS and name not in msg:
+        return _packed(name, [NAN] * n)
+    return bytes(msg[name])
+
+
 def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = False) -> dict:
     """Pack step records into one columnar ``steps`` message: the :data:`COLUMNS`, ``lr``
     NaN-padded to the widest row, ``lr_n`` saying how many of a row's lr columns are real."""
     groups = max((len(r.lr) for r in records), default=0)
-    if groups > 255:
-        raise ValueError(f"{groups} param groups: at most 255 are supported")
+    if groups > MAX_LR_COLUMNS:
+        raise ValueError(f"{groups} learning rates in a step: at most {MAX_LR_COLUMNS} are sent")
     msg: dict[str, Any] = {
         "type": "steps",
         "n": len(records),
@@ -166,7 +189,7 @@ def step_columns(msg: dict[str, Any]) -> StepColumns:
             loss=_unpacked("loss", msg["loss"]),
             lr=_unpacked("lr", msg["lr"]),
             lr_n=_unpacked("lr_n", msg["lr_n"]),
-            timings={name: _unpacked(name, msg[name]) for name in F64_COLUMNS},
+            timings={name: _unpacked(name, _column(msg, name, n)) for name in F64_COLUMNS},
             grad_total=_unpacked("grad_total", msg["grad_total"]),
             grad_norms=_unpacked("grad_norms", msg["grad_norms"]),
         )
@@ -290,5 +313,5 @@ def concat_steps(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     out: dict[str, Any] = {k: first[k] for k in ("type", "layers", "lr_groups", "history")}
     out["n"] = sum(int(m["n"]) for m in messages)
     for column, _ in COLUMNS:
-        out[column] = b"".join(bytes(m[column]) for m in messages)
+        out[column] = b"".join(_column(m, column, int(m["n"])) for m in messages)
     return out
