@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tdbg.probe.hook_refs import WeakHook
+
 perf = time.perf_counter
 
 
@@ -87,13 +89,14 @@ class PhaseHooks:
         self.seconds = 0.0  # time spent inside these hooks since the last take_seconds()
         self._on_optimizer_step = on_optimizer_step
         self._on_error = on_error
+        # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
         self.handles: list[RemovableHandle] = [
-            model.register_forward_pre_hook(self._forward_pre),
-            model.register_forward_hook(self._forward_post),
+            model.register_forward_pre_hook(WeakHook(self._forward_pre)),
+            model.register_forward_hook(WeakHook(self._forward_post)),
         ]
         if optimizer is not None:
-            self.handles.append(optimizer.register_step_pre_hook(self._optimizer_pre))
-            self.handles.append(optimizer.register_step_post_hook(self._optimizer_post))
+            self.handles.append(optimizer.register_step_pre_hook(WeakHook(self._optimizer_pre)))
+            self.handles.append(optimizer.register_step_post_hook(WeakHook(self._optimizer_post)))
 
     def take(self) -> StepTimeline:
         """Hand over this step's marks and start a fresh timeline."""

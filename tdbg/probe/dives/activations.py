@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
+from tdbg.probe.hook_refs import WeakHook
 
 MAX_DEPTH = 6  # how deep floating_tensors looks into nested tuples/lists/dicts
 MAX_TENSORS = 64  # and how many tensors it yields from one output: a module returning a
@@ -168,14 +169,12 @@ class ActivationsDive(Dive):
 
     def _arm(self) -> None:
         for index, (_, _, module) in enumerate(self._leaves):
-            hook = self._hook(index)
+            # Weak and inert when copied: a checkpoint taken while sampling stays picklable.
+            hook = WeakHook(self._on_output, index)
             self._handles.append(module.register_forward_hook(hook))
 
-    def _hook(self, index: int) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            self._record(index, output)
-
-        return hook
+    def _on_output(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
+        self._record(index, output)
 
     def _record(self, index: int, output: Any) -> None:
         """Forward hook: one row of device scalars; no .item(), no host sync."""

@@ -404,8 +404,10 @@ class AutoWatch:
         if optimizer is not None:
             # Registered after the probe's own hooks: at each step the probe has read the
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
-            self._own.append(optimizer.register_step_pre_hook(self._on_own_step_pre))
-            self._own.append(optimizer.register_step_post_hook(self._on_own_step_post))
+            from tdbg.probe.hook_refs import WeakHook
+
+            self._own.append(optimizer.register_step_pre_hook(WeakHook(self._on_own_step_pre)))
+            self._own.append(optimizer.register_step_post_hook(WeakHook(self._on_own_step_post)))
 
     def _choose(self) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
         """The outermost module called whose parameters got gradients, and its optimizer."""
