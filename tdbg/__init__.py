@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Probe", "__version__", "watch"]
+__all__ = ["Probe", "__version__", "log", "watch"]
 
 if TYPE_CHECKING:
     from tdbg.probe.watch import Probe, watch
@@ -18,3 +19,11 @@ def __getattr__(name: str) -> Any:
 
         return getattr(_watch_module, name)
     raise AttributeError(f"module 'tdbg' has no attribute {name!r}")
+
+
+def log(metrics: Any = None, /, *, step: Any = None, **scalars: Any) -> None:
+    """Record your own metrics — ``tdbg.log(val_loss=v, acc=a)`` — into the run's probe (from
+    ``watch()`` or ``tdbg run``). A no-op, importing nothing, when nothing is watched."""
+    watching = sys.modules.get("tdbg.probe.watch")
+    if watching is not None:
+        watching.log(metrics, step=step, **scalars)

@@ -30,18 +30,25 @@ class Layer:
         return any(p.requires_grad for p in self.params)
 
 
-def find_layers(model: nn.Module) -> list[Layer]:
-    """Layers in ``named_modules()`` order; a parameter shared by two modules counts once."""
-    seen: set[int] = set()
+def find_layers(
+    model: nn.Module, name: str | None = None, prefix: str = "", seen: set[int] | None = None
+) -> list[Layer]:
+    """Layers in ``named_modules()`` order; a parameter shared by two modules counts once.
+
+    The root module's own parameters form a layer named ``name`` (the model's name; its class
+    name when it has none); the others are named ``prefix`` + their ``named_modules()`` path.
+    ``seen``: parameter ids already taken (by another watched model)."""
+    seen = set() if seen is None else seen
     layers: list[Layer] = []
-    for name, module in model.named_modules(remove_duplicate=True):
+    for path, module in model.named_modules(remove_duplicate=True):
         own = []
         for param in module.parameters(recurse=False):
             if id(param) not in seen:
                 seen.add(id(param))
                 own.append(param)
         if own:
-            layers.append(Layer(name or type(model).__name__, tuple(own)))
+            label = prefix + path if path else (name or type(model).__name__)
+            layers.append(Layer(label, tuple(own)))
     return layers
 
 
@@ -62,6 +69,25 @@ class GradSample:
     @property
     def on_host(self) -> bool:
         return not isinstance(self.values, torch.Tensor)
+
+    @staticmethod
+    def join(samples: Sequence[GradSample]) -> GradSample:
+        """One sample from several optimizers' (disjoint parameters, the same layers)."""
+        if len(samples) == 1:
+            return samples[0]
+        parts = [
+            s.values if isinstance(s.values, torch.Tensor) else torch.stack(list(s.values))
+            for s in samples
+            if len(s.layer_index)
+        ]
+        if parts:
+            device = parts[0].device
+            values = torch.cat([p.float().to(device, non_blocking=True) for p in parts])
+        else:
+            values = torch.zeros(0)
+        index = torch.cat([s.layer_index for s in samples])
+        missing = sorted({i for s in samples for i in s.missing})
+        return GradSample(values, index, samples[0].n_layers, missing)
 
     def layer_norms(self, host_values: torch.Tensor | None = None) -> tuple[array, float]:
         values = self.values if host_values is None else host_values
@@ -96,16 +122,21 @@ class GradientStats:
     Per-layer sums happen later, in the probe thread.
     """
 
-    def __init__(self, layers: list[Layer]) -> None:
+    def __init__(self, layers: list[Layer], only: set[int] | None = None) -> None:
+        """``only``: ids of the parameters to cover (one optimizer's); None: every trainable one.
+        Layer indices stay those of ``layers``, so several of these fill one per-layer row."""
         self.layers = layers
         self.n_layers = len(layers)
         self._params: list[nn.Parameter] = []
         self._param_layer: list[int] = []
         for index, layer in enumerate(layers):
             for param in layer.params:
-                if param.requires_grad:
+                if param.requires_grad and (only is None or id(param) in only):
                     self._params.append(param)
                     self._param_layer.append(index)
+        self.layer_indices = sorted(set(self._param_layer))
+        self.param_ids = frozenset(id(p) for p in self._params)
+
         self._plan_key: tuple[type, ...] | None = None
         self._whole = False
         self._plan: list[tuple[list[int], bool, bool]] = []  # (members, sparse, low precision)
@@ -114,6 +145,10 @@ class GradientStats:
         self._missing: list[int] = []
         self._device: torch.device | None = None
         self.replanned = False  # the last compute() built a new plan (its time is not typical)
+
+    @property
+    def n_params(self) -> int:
+        return len(self._params)
 
     @property
     def device(self) -> torch.device:
@@ -159,7 +194,9 @@ class GradientStats:
             else:
                 norms.append(torch._foreach_norm(group))  # type: ignore[arg-type]
         values: torch.Tensor | Sequence[torch.Tensor]
-        if self._on_host:
+        if not norms:
+            values = []  # no parameter has a gradient: nothing to copy
+        elif self._on_host:
             # Already on the host: the probe thread stacks them, not the training thread.
             values = norms[0] if len(norms) == 1 else [n for group in norms for n in group]
         elif len(norms) == 1:

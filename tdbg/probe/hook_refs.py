@@ -35,7 +35,7 @@ class WeakHook:
     __slots__ = ("_method", "_args", "__weakref__")
 
     def __init__(self, method: Callable[..., Any], *args: Any) -> None:
-        self._method = weakref.WeakMethod(method)  # type: ignore[arg-type]
+        self._method = weakref.WeakMethod(method)
         self._args = args  # leading arguments (plain values: an index, a name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -67,40 +67,59 @@ class StepTimeline:
         self.optimizer_end: Mark | None = None
 
 
+class OptimizerEvents(Protocol):
+    """What the sampler hears from the optimizer hooks (``index``: the optimizer's slot)."""
+
+    def on_optimizer_pre(self, index: int) -> None: ...
+
+    def on_grads_ready(self, index: int) -> None: ...
+
+    def on_optimizer_post(self, index: int) -> None: ...
+
+
 class PhaseHooks:
     """Root-module forward hooks and optimizer step hooks feeding a StepTimeline.
 
-    One forward pre-hook and one forward hook on the root module (not per layer), so the cost is
-    two Python calls per forward. ``on_optimizer_step`` runs before the optimizer consumes the
-    gradients, whatever the user's ``zero_grad`` placement.
+    One forward pre-hook and one forward hook per watched root module (not per layer), so the
+    cost is two Python calls per forward. ``on_grads_ready`` runs once the gradients the update
+    will use exist and before the optimizer consumes them, whatever the user's ``zero_grad``
+    placement: at the step pre-hook, or — for ``optimizer.step(closure)``, whose closure runs
+    forward and backward inside the step — right after the closure's first call returns.
     """
 
     def __init__(
         self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        models: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer],
         cuda_device: torch.device | None,
-        on_optimizer_step: Callable[[], None],
+        events: OptimizerEvents,
         on_error: Callable[[BaseException], None],
     ) -> None:
         self.cuda_device = cuda_device
         self.active = True  # False once the probe switched itself off; removal comes later
         self.timeline = StepTimeline()
         self.seconds = 0.0  # time spent inside these hooks since the last take_seconds()
-        self._on_optimizer_step = on_optimizer_step
+        # From the gradients' being ready to the step's end: forwards in there (LBFGS evaluating
+        # its closure again) are the optimizer's work, not the step's forward.
+        self._updating = False
+        self._events = events
+        self._on_optimizer_step = events.on_grads_ready
         self._on_error = on_error
         # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
-        self.handles: list[RemovableHandle] = [
-            model.register_forward_pre_hook(WeakHook(self._forward_pre)),
-            model.register_forward_hook(WeakHook(self._forward_post)),
-        ]
-        if optimizer is not None:
-            self.handles.append(optimizer.register_step_pre_hook(WeakHook(self._optimizer_pre)))
-            self.handles.append(optimizer.register_step_post_hook(WeakHook(self._optimizer_post)))
+        self.handles: list[RemovableHandle] = []
+        for model in models:
+            self.handles.append(model.register_forward_pre_hook(WeakHook(self._forward_pre)))
+            self.handles.append(model.register_forward_hook(WeakHook(self._forward_post)))
+        for index, optimizer in enumerate(optimizers):
+            pre = WeakHook(self._optimizer_pre, index)
+            self.handles.append(optimizer.register_step_pre_hook(pre))
+            post = WeakHook(self._optimizer_post, index)
+            self.handles.append(optimizer.register_step_post_hook(post))
 
     def take(self) -> StepTimeline:
         """Hand over this step's marks and start a fresh timeline."""
         timeline, self.timeline = self.timeline, StepTimeline()
+        self._updating = False  # also after a step() that raised between the hooks
         return timeline
 
     def take_seconds(self) -> float:
@@ -121,27 +140,61 @@ class PhaseHooks:
         if not self.active:
             return
         try:
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and not self._updating:
                 point = self.timeline.forward_end = mark(self.cuda_device)
                 self.seconds += perf() - host_time(point)
         except Exception as exc:
             self._on_error(exc)
 
-    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _optimizer_pre(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if not self.active:
-            return
+            return None
         try:
-            point = self.timeline.optimizer_start = mark(self.cuda_device)
-            self._on_optimizer_step()
+            point = mark(self.cuda_device)
+            if self.timeline.optimizer_start is None:
+                self.timeline.optimizer_start = point
+            self._events.on_optimizer_pre(index)
+            # torch passes step()'s own arguments: (optimizer, closure?, ...), {closure?}.
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")
+            if callable(closure):
+                # The closure computes this step's gradients inside step(): read them after it.
+                wrapped = self._closure(index, closure)
+                self.seconds += perf() - host_time(point)
+                if len(args) > 1:
+                    return (args[0], wrapped, *args[2:]), kwargs
+                return args, {**kwargs, "closure": wrapped}
+            self._updating = True
+            self._on_optimizer_step(index)
             self.seconds += perf() - host_time(point)
         except Exception as exc:
             self._on_error(exc)
+        return None
 
-    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _closure(self, index: int, closure: Callable[[], Any]) -> Callable[[], Any]:
+        first = [True]
+
+        def run_closure() -> Any:
+            out = closure()
+            if first[0] and self.active:  # LBFGS calls it again: the first call's gradients
+                first[0] = False
+                self._updating = True
+                try:
+                    point = self.timeline.optimizer_start = mark(self.cuda_device)
+                    self._on_optimizer_step(index)
+                    self.seconds += perf() - host_time(point)
+                except Exception as exc:
+                    self._on_error(exc)
+            return out
+
+        return run_closure
+
+    def _optimizer_post(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self.active:
             return
         try:
             point = self.timeline.optimizer_end = mark(self.cuda_device)
+            self._updating = False
+            self._events.on_optimizer_post(index)
             self.seconds += perf() - host_time(point)
         except Exception as exc:
             self._on_error(exc)

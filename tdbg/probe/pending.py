@@ -15,9 +15,11 @@ from tdbg.protocol.steps import NAN, StepRecord
 class PendingStep:
     """What ``probe.step()`` knew, with device values still in flight.
 
-    ``values`` is a host tensor laid out as ``[loss?] + [layer_0, layer_1, ...]`` (the loss first
-    only when ``loss_in_values``); on CUDA it is the target of one non-blocking copy and ``ready``
-    is the event recorded after it. The probe thread reads it only once ``ready.query()``.
+    ``values`` is a host tensor laid out as ``[scalars named by device_scalars] + [per-parameter
+    norms]``; on CUDA it is the target of one non-blocking copy and ``ready`` is the event
+    recorded after it. The probe thread reads it only once ``ready.query()``. ``host_scalars``
+    are CPU tensors (already computed: reading them never syncs) or numbers. A scalar is
+    ``loss``, ``clip_norm`` or ``loss/NAME`` (one optimizer's loss, sent as a metric).
     """
 
     step: int
@@ -31,8 +33,12 @@ class PendingStep:
     previous_end: Mark | None
     step_mark: Mark
     loss: float | None = None
-    loss_tensor: Any = None
-    loss_in_values: bool = False
+    micro_batches: float = NAN
+    clip_max: float = NAN
+    epoch: float = NAN
+    host_scalars: dict[str, Any] = field(default_factory=dict)
+    device_scalars: list[str] = field(default_factory=list)
+    points: list[tuple[int, str, float]] = field(default_factory=list)  # metrics, once resolved
     values: Any = None
     ready: Any = None
     grads: GradSample | None = None  # this step's sample, when gradients were sampled
@@ -67,16 +73,19 @@ class PendingStep:
         if data is None:
             return None
         data = max(0.0, data) if data == data else NAN
-        loss = self.loss
         grad_total: float | None = None
         grad_norms: array | None = None
         host = self.values
-        if host is not None and self.loss_in_values:
-            loss, host = float(host[0]), host[1:]
+        scalars = {name: float(value) for name, value in self.host_scalars.items()}
+        if host is not None and self.device_scalars:
+            k = len(self.device_scalars)
+            scalars.update(zip(self.device_scalars, host[:k].tolist(), strict=True))
+            host = host[k:]
         if self.grads is not None:
             grad_norms, grad_total = self.grads.layer_norms(None if self.grads.on_host else host)
-        if self.loss_tensor is not None:
-            loss = float(self.loss_tensor)  # a CPU tensor: already computed, no sync
+        loss = scalars.pop("loss", self.loss)
+        clip_norm = scalars.pop("clip_norm", NAN)
+        self.points = [(self.step, name, value) for name, value in scalars.items()]
         record = StepRecord(
             step=self.step,
             time=self.time,
@@ -90,6 +99,10 @@ class PendingStep:
             backward_time=backward,
             optimizer_time=optimizer,
             probe_time=self.probe_time,
+            micro_batches=self.micro_batches,
+            clip_max=self.clip_max,
+            clip_norm=clip_norm,
+            epoch=self.epoch,
             grad_total=grad_total,
             grad_norms=grad_norms,
         )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,6 +18,7 @@ from tdbg.probe.hooks import Mark, PhaseHooks, mark, perf
 from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.server import ProbeServer
+from tdbg.protocol.steps import MAX_LR_COLUMNS
 
 NAN = float("nan")
 EMA = 0.1  # weight of the newest value in the running averages of step time and costs
@@ -30,19 +33,39 @@ def _number(value: Any) -> float:
         return NAN
 
 
+@dataclass
+class OptimizerSlot:
+    """One watched optimizer and what this step learnt from its hooks."""
+
+    optimizer: torch.optim.Optimizer
+    name: str
+    grads: GradientStats  # over the watched parameters it updates
+    lr: list[float] | None = None  # read at its step pre-hook: the LR this update uses
+    loss: Any = None  # the scalars backpropagated for this update (a tensor, detached)
+    sample: GradSample | None = None
+    in_step: bool = False
+    closure_loss: Any = None  # the first scalar backpropagated inside step(closure)
+
+
 class StepSampler:
-    """Everything ``probe.step()`` and the optimizer hook do on the training thread.
+    """Everything ``probe.step()`` and the hooks do on the training thread.
 
     Per step: the loss (never read from the device here), the learning rates, the step's
     timeline, and — every ``grad_interval`` steps, chosen to stay within ``overhead_budget``
-    unless ``grad_every`` fixes it — one fused gradient pass; the step goes to the probe
-    thread's inbox with its one device-to-host copy in flight. O(1) Python, no sync.
+    unless ``grad_every`` fixes it — one fused gradient pass per optimizer, on the gradients its
+    update uses (before any clipping); the step goes to the probe thread's inbox with its one
+    device-to-host copy in flight. O(1) Python, no sync.
+
+    It also listens to the process-wide taps (:mod:`tdbg.probe.taps`): the scalars
+    backpropagated since the last update (summed: gradient accumulation; the first inside a
+    closure), ``clip_grad_norm_`` calls (their max_norm and measured norm, and a chance to read
+    the gradients before they are scaled) and DataLoader passes (the epoch).
     """
 
     def __init__(
         self,
         layers: list[Layer],
-        optimizer: torch.optim.Optimizer | None,
+        optimizers: list[tuple[str, torch.optim.Optimizer]],
         cuda_device: torch.device | None,
         server: ProbeServer,
         *,
@@ -50,8 +73,18 @@ class StepSampler:
         overhead_budget: float,
         count_error: Callable[[BaseException], None],
     ) -> None:
-        self._grads = GradientStats(layers)
-        self._optimizer = optimizer
+        watched = {id(p) for layer in layers for p in layer.params}
+        self._slots: list[OptimizerSlot] = []
+        held: set[int] = set()
+        for name, optimizer in optimizers:
+            # A parameter two optimizers hold is read with the first one's update.
+            ids = {id(p) for g in optimizer.param_groups for p in g["params"]} & watched - held
+            held |= ids
+            self._slots.append(OptimizerSlot(optimizer, name, GradientStats(layers, ids)))
+        # Parameters no optimizer updates (manual updates, optimizer=None): read at probe.step().
+        rest = {id(p) for layer in layers for p in layer.params} - held
+        self._rest = GradientStats(layers, rest) if rest else None
+        self._n_layers = len(layers)
         self._cuda_device = cuda_device
         self._server = server
         self._count_error = count_error
@@ -64,14 +97,27 @@ class StepSampler:
         self.grad_interval = grad_every or 1
         self._grad_cost = 0.0  # EMA of seconds per gradient pass
         self._step_ema = 0.0  # EMA of seconds per step
-        self._sample: GradSample | None = None
-        self._grad_seconds = 0.0  # this step's gradient pass
+        self._grad_seconds = 0.0  # this step's gradient passes
         self._fixed_cost = 0.0  # EMA of the probe's per-step cost besides gradient passes
         self._previous_end: Mark | None = None
         self._grad_marks: tuple[Mark, Mark] | None = None
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
         self._last_host: float | None = None
         self._reported: set[str] = set()
+        # From the taps, since the last probe.step():
+        self._pending_loss: Any = None  # backpropagated, not yet given to an optimizer
+        self._micro = 0  # backward calls of a scalar
+        self._clip: tuple[float, Any] | None = None  # (max_norm, the norm clip measured)
+        self.epoch: float = NAN
+        self.epoch_given = False  # set_progress(epoch=) wins over DataLoader detection
+        self._loader: Any = None  # weakref to the DataLoader whose passes count as epochs
+        self._iterating: Any = None  # weakref to the DataLoader last started
+        self._steps_at_iter = 0
+        self._updated = False  # an optimizer stepped since the last GradScaler.update()
+
+    @property
+    def optimizer_names(self) -> list[str]:
+        return [slot.name for slot in self._slots]
 
     def report_once(self, key: str, message: str) -> None:
         """Tell the user once (stderr and an alert) about a problem with what the loop passes."""
@@ -81,27 +127,103 @@ class StepSampler:
         warn(f"tdbg: {message}")
         self._server.side_alerts.append(alert("probe_error", "warning", self.step_count, message))
 
-    def on_optimizer_step(self) -> None:
-        if self._sample_now and self._sample is None:
-            self._compute_grads()
+    # --- optimizer hooks (hooks.OptimizerEvents) ------------------------------------------------
+    def on_optimizer_pre(self, index: int) -> None:
+        slot = self._slots[index]
+        slot.in_step = True
+        slot.closure_loss = None
+        slot.lr = self._learning_rates(slot.optimizer)
 
-    def _compute_grads(self) -> None:
-        if not self._grads.n_layers:
+    def on_grads_ready(self, index: int) -> None:
+        slot = self._slots[index]
+        if self._sample_now and slot.sample is None:
+            slot.sample = self._compute_grads(slot.grads)
+
+    # Kept as a name: the gradient pass of the first optimizer (tests patch it to fail).
+    def on_optimizer_step(self) -> None:
+        if self._slots:
+            self.on_grads_ready(0)
+
+    def on_optimizer_post(self, index: int) -> None:
+        slot = self._slots[index]
+        slot.in_step = False
+        self._updated = True
+        if slot.closure_loss is not None:
+            slot.loss, slot.closure_loss = slot.closure_loss, None
+        else:
+            slot.loss, self._pending_loss = self._pending_loss, None
+
+    # --- taps (taps.Listener) ------------------------------------------------------------------
+    def on_backward(self, loss: torch.Tensor) -> None:
+        for slot in self._slots:
+            if slot.in_step:  # inside step(closure): LBFGS evaluates it again and again
+                if slot.closure_loss is None:
+                    slot.closure_loss = loss.float()
+                    self._micro += 1
+                return
+        self._micro += 1
+        value = loss.float()  # an async kernel on the loss's device: no sync
+        self._pending_loss = value if self._pending_loss is None else self._pending_loss + value
+
+    def on_clip(self, parameters: list[Any], max_norm: float, total_norm: Any) -> None:
+        if not parameters or self._clip is not None:
             return
+        ids = {id(p) for p in parameters}
+        mine = False
+        for slot in self._slots:
+            if ids & slot.grads.param_ids:
+                mine = True
+                # Before clip_grad_norm_ scales them: the norms users need to see explode.
+                self.on_grads_ready(self._slots.index(slot))
+        if self._rest is not None and ids & self._rest.param_ids:
+            mine = True
+        if mine:
+            self._clip = (_number(max_norm), total_norm)
+
+    def on_scaler_update(self) -> None:
+        """An AMP iteration ended. If GradScaler skipped the update (inf gradients), what was
+        backpropagated for it fed no update: it is not part of the next step's loss."""
+        if not self._updated and self._slots:
+            self._pending_loss = None
+            self._micro = 0
+        self._updated = False
+
+    def on_loader_iter(self, loader: Any) -> None:
+        if self.epoch_given:
+            return
+        if self._loader is not None and self._loader() is loader:
+            self.epoch = (0.0 if self.epoch != self.epoch else self.epoch) + 1.0
+            self._iterating = None
+            return
+        self._iterating = weakref.ref(loader)
+        self._steps_at_iter = self.step_count
+
+    def _note_loader(self) -> None:
+        """The first DataLoader that steps follow is the training one: its passes are epochs."""
+        if self._loader is None and self._iterating is not None and not self.epoch_given:
+            self._loader, self._iterating = self._iterating, None
+            self.epoch = 0.0
+
+    # --- the gradient pass ---------------------------------------------------------------------
+    def _compute_grads(self, stats: GradientStats) -> GradSample | None:
+        if not stats.n_params:
+            return None
         t0 = perf()
         before = mark(self._cuda_device) if self._cuda_device is not None else None
-        self._sample = self._grads.compute()
+        sample = stats.compute()
         if before is not None:
             # Host time is only the launch cost on a GPU: the probe thread times the kernels
             # with these events and reports back (on_grad_device_time).
-            self._grad_marks = (before, mark(self._cuda_device))
+            after = mark(self._cuda_device)
+            start = before if self._grad_marks is None else self._grad_marks[0]
+            self._grad_marks = (start, after)
         cost = perf() - t0
         self._grad_seconds += cost
-        if self._grads.replanned:
-            return  # that pass also built index tensors: not what a pass usually costs
-        self._grad_cost = (
-            cost if self._grad_cost == 0.0 else (1 - EMA) * self._grad_cost + EMA * cost
-        )
+        if not stats.replanned:  # a replanning pass also built index tensors: not typical
+            self._grad_cost = (
+                cost if self._grad_cost == 0.0 else (1 - EMA) * self._grad_cost + EMA * cost
+            )
+        return sample
 
     def _loss_parts(self, loss: Any) -> tuple[float | None, torch.Tensor | None]:
         """(python value, device tensor) of the loss; never syncs with the device."""
@@ -135,39 +257,89 @@ class StepSampler:
             return NAN
         return _number(value)
 
+    def _take_samples(self) -> GradSample | None:
+        """This step's gradient sample: each optimizer's, read now for one that did not read
+        its own (a GradScaler skip, manual updates), joined into one row."""
+        samples: list[GradSample] = []
+        for slot in self._slots:
+            sample, slot.sample = slot.sample, None
+            if sample is None and self._sample_now:
+                try:
+                    sample = self._compute_grads(slot.grads)
+                except Exception as exc:  # a failed gradient pass must not cost the loss
+                    self._count_error(exc)
+                if sample is not None and len(sample.missing) >= len(slot.grads.layer_indices):
+                    # The optimizer did not step (GradScaler skipped it) and zero_grad already
+                    # ran: no gradient at all is not "no gradient reached every layer".
+                    sample = None
+            if sample is not None:
+                samples.append(sample)
+        if self._rest is not None and self._sample_now:
+            try:
+                sample = self._compute_grads(self._rest)
+            except Exception as exc:
+                self._count_error(exc)
+                sample = None
+            if sample is not None:
+                samples.append(sample)
+        if not samples or not self._n_layers:
+            return None
+        return GradSample.join(samples)
+
+    def _step_losses(self, loss: Any) -> tuple[Any, dict[str, Any]]:
+        """The step's loss (what the loop passed, else what was backpropagated for the first
+        optimizer's update, else since the last step) and each optimizer's, when several."""
+        per_optimizer: dict[str, Any] = {}
+        first: Any = None
+        for slot in self._slots:
+            value, slot.loss = slot.loss, None
+            if value is not None and first is None:
+                first = value
+            if value is not None and len(self._slots) > 1:
+                per_optimizer[f"loss/{slot.name}"] = value
+        leftover, self._pending_loss = self._pending_loss, None
+        if loss is None:
+            loss = first if first is not None else leftover
+        return loss, per_optimizer
+
+    def _step_lrs(self) -> list[float]:
+        lrs: list[float] = []
+        for slot in self._slots:
+            read, slot.lr = slot.lr, None
+            lrs.extend(read if read is not None else self._learning_rates(slot.optimizer))
+        if len(lrs) > MAX_LR_COLUMNS:
+            self.report_once(
+                "lr-columns",
+                f"{len(lrs)} param groups: the learning rates of the first {MAX_LR_COLUMNS} "
+                "are shown",
+            )
+            del lrs[MAX_LR_COLUMNS:]
+        return lrs
+
     def step(self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks) -> None:
         """One ``probe.step()``: hand the step to the probe thread, sample gradients if due."""
         t0 = perf()
+        self._note_loader()
         if not self._server.serving:
             # Nobody can ever read what this step would record: keep nothing, compute nothing.
             self.step_count += 1
             self._sample_now = False
+            self._forget_step()
             hooks.take()
             return
         step_mark = mark(self._cuda_device)
         # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
         step_time = NAN if self._last_host is None else t0 - self._last_host
         self._last_host = t0
-        if self._sample_now and self._sample is None and self._grads.n_layers:
-            try:
-                self._compute_grads()
-            except Exception as exc:  # a failed gradient pass must not cost the step's loss
-                self._count_error(exc)
-            fallback = self._sample
-            if (
-                self._optimizer is not None
-                and fallback is not None
-                and not self._sample_seen(fallback)
-            ):
-                # The optimizer did not step (GradScaler skipped it) and zero_grad already ran:
-                # no gradient at all is not "no gradient reached every layer".
-                self._sample = None
-        sample, self._sample = self._sample, None
+        sample = self._take_samples()
+        loss, per_optimizer = self._step_losses(loss)
         loss_value, loss_tensor = self._loss_parts(loss)
+        clip, self._clip = self._clip, None
+        micro, self._micro = self._micro, 0
         pending = PendingStep(
             step=self.step_count,
             time=time.time(),
-            lr=self._learning_rates(),
+            lr=self._step_lrs(),
             step_time=step_time,
             samples=self._count(samples, "samples"),
             tokens=self._count(tokens, "tokens"),
@@ -176,14 +348,22 @@ class StepSampler:
             previous_end=self._previous_end,
             step_mark=step_mark,
             loss=loss_value,
+            micro_batches=float(micro) if micro else NAN,
+            clip_max=NAN if clip is None else clip[0],
+            epoch=self.epoch,
         )
         pending.grad_marks, self._grad_marks = self._grad_marks, None
         if sample is not None:
             pending.grads = sample
             pending.missing_layers = sample.missing
-        _stage_values(pending, sample, loss_tensor)
+        scalars: dict[str, Any] = dict(per_optimizer)
+        if loss_tensor is not None:
+            scalars["loss"] = loss_tensor
+        if clip is not None:
+            scalars["clip_norm"] = clip[1]
+        _stage_values(pending, sample, scalars)
         self.step_count += 1
-        # The gradient pass is counted once: in this call or in the optimizer hook that ran it.
+        # The gradient pass is counted once: in this call or in the hook that ran it.
         probe_time = (perf() - t0) + hooks.take_seconds()
         pending.probe_time = probe_time
         fixed = max(0.0, probe_time - self._grad_seconds)
@@ -195,21 +375,22 @@ class StepSampler:
         self._server.push_step(pending)
         self._previous_end = mark(self._cuda_device)
 
+    def _forget_step(self) -> None:
+        for slot in self._slots:
+            slot.sample = slot.loss = slot.lr = None
+        self._pending_loss = self._clip = None
+        self._micro = 0
+        self._grad_marks = None
+
     def on_grad_device_time(self, seconds: float) -> None:
         """From the probe thread: a resolved gradient pass's device time (one float store)."""
         if seconds == seconds and seconds > 0:
             cost = self._grad_device_cost
             self._grad_device_cost = seconds if cost == 0.0 else (1 - EMA) * cost + EMA * seconds
 
-    def _sample_seen(self, sample: GradSample) -> bool:
-        """Did any trainable layer have a gradient in this sample?"""
-        return len(sample.missing) < self._n_trainable
-
-    def _learning_rates(self) -> list[float]:
-        if self._optimizer is None:
-            return []
+    def _learning_rates(self, optimizer: torch.optim.Optimizer) -> list[float]:
         out = []
-        for group in self._optimizer.param_groups:
+        for group in optimizer.param_groups:
             lr = group.get("lr")
             if isinstance(lr, torch.Tensor):
                 # A tensor lr on the GPU (capturable optimizers) would need a sync to read.
@@ -240,22 +421,24 @@ class StepSampler:
         self._sample_now = self.step_count - self._last_sampled >= interval
 
 
-def _stage_values(
-    pending: PendingStep, sample: GradSample | None, loss_tensor: torch.Tensor | None
-) -> None:
-    """Put the step's device values (loss, per-parameter norms) on their way to the host."""
+def _stage_values(pending: PendingStep, sample: GradSample | None, scalars: dict[str, Any]) -> None:
+    """Put the step's device values (loss, clip norm, per-optimizer losses, per-parameter
+    norms) on their way to the host: CPU values are kept as they are (reading them later never
+    syncs); device ones join the step's one copy."""
     values: list[torch.Tensor] = []
-    if loss_tensor is not None:
-        if loss_tensor.device.type == "cpu":
-            pending.loss_tensor = loss_tensor
-        else:
-            device = loss_tensor.device
-            if sample is not None and isinstance(sample.values, torch.Tensor):
-                device = sample.values.device
-            values.append(loss_tensor.reshape(1).to(device, torch.float32, non_blocking=True))
-            pending.loss_in_values = True
+    device: torch.device | None = None
     if sample is not None and isinstance(sample.values, torch.Tensor):
-        values.append(sample.values)
+        device = sample.values.device
+    for name, value in scalars.items():
+        if not isinstance(value, torch.Tensor) or value.device.type == "cpu":
+            pending.host_scalars[name] = value
+            continue
+        target = device or value.device
+        device = target
+        values.append(value.detach().reshape(1).to(target, torch.float32, non_blocking=True))
+        pending.device_scalars.append(name)
+    if sample is not None and isinstance(sample.values, torch.Tensor):
+        values.append(sample.values.float() if device is not None else sample.values)
     if values:
         vector = values[0] if len(values) == 1 else torch.cat(values)
         if vector.device.type == "cpu":

@@ -15,17 +15,18 @@ from collections.abc import Callable
 from typing import Any
 
 from tdbg import __version__
-from tdbg.probe.alerts import AlertRules
+from tdbg.probe.alerts import AlertRules, alert
 from tdbg.probe.commands import CommandDesk, Refused
 from tdbg.probe.connection import Connection
 from tdbg.probe.endpoint import Endpoint, EndpointError, peer_credentials
 from tdbg.probe.history import History
 from tdbg.probe.log import warn
+from tdbg.probe.metrics import MetricsHistory, PendingMetrics
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.recorder import Recorder
 from tdbg.probe.system import SystemSampler
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
-from tdbg.protocol.messages import COMMANDS, validate_client_message
+from tdbg.protocol.messages import COMMANDS, metrics_message, validate_client_message
 from tdbg.protocol.steps import StepRecord, pack_steps
 
 TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
@@ -37,6 +38,7 @@ MAX_RESOLVE_PER_TICK = 2000
 MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dropped
 LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
 MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
+METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad"})
 
 
@@ -56,12 +58,18 @@ class ProbeServer:
         frozen: list[int] | None = None,
         on_grad_device_time: Callable[[float], None] | None = None,
         recorder: Recorder | None = None,
+        layer_models: list[int] | None = None,
     ) -> None:
         self.inbox: deque[PendingStep] = deque(maxlen=INBOX_SIZE)
         self.appended = 0  # written by the training thread only
         self.consumed = 0  # written by the probe thread only
         self.layer_names = layer_names
         self.layer_numel = layer_numel
+        self.layer_models = layer_models  # per layer, its model's index (several models)
+        # From MetricsDesk (training thread): tdbg.log() batches, read off the training thread.
+        self.metrics_inbox: deque[PendingMetrics] = deque()
+        self.metrics = MetricsHistory()
+        self._step_points: list[tuple[int, str, float]] = []
         self.history = History(len(layer_names))
         self.rules = AlertRules(layer_names, frozen or [])
         self._on_grad_device_time = on_grad_device_time
@@ -429,10 +437,15 @@ class ProbeServer:
                 "run": self.endpoint.run_info,
             }
         )
-        replay: list[dict[str, Any]] = [
-            {"type": "layers", "names": self.layer_names, "numel": self.layer_numel},
-            *self.history.replay(),
-        ]
+        layers: dict[str, Any] = {
+            "type": "layers",
+            "names": self.layer_names,
+            "numel": self.layer_numel,
+        }
+        if self.layer_models is not None:
+            layers["model"] = self.layer_models
+        replay: list[dict[str, Any]] = [layers, *self.history.replay()]
+        replay.extend(dict(metrics_message(c), history=True) for c in self.metrics.replay())
         if self.desk is not None:
             replay.extend(self.desk.replay())
         for latest in (self.latest_system, self._probe_message()):
@@ -461,7 +474,24 @@ class ProbeServer:
                 self._on_grad_device_time(pending.grad_device_time)
             self.consumed += 1
             resolved.append(result)
+            self._step_points.extend(pending.points)
         return resolved
+
+    def _drain_metrics(self) -> list[tuple[int, str, float]]:
+        points, self._step_points = self._step_points, []
+        inbox = self.metrics_inbox
+        while inbox:
+            try:
+                got = inbox[0].resolve()
+            except Exception as exc:
+                inbox.popleft()
+                self._on_error(exc)
+                continue
+            if got is None:
+                break  # a copy in flight: keep the order
+            inbox.popleft()
+            points.extend(got)
+        return points
 
     def _tick(self, now: float) -> None:
         resolved = self._drain_inbox()
@@ -486,6 +516,23 @@ class ProbeServer:
             frames.append(pack(msg))
             if self.recorder is not None:
                 self.recorder.add_steps(msg, frames[-1])
+        points = self._drain_metrics()
+        if points:
+            for name in self.metrics.add(points):
+                step, _, value = self.metrics.first_nonfinite[name]
+                alerts.append(
+                    alert(
+                        "nonfinite_metric",
+                        "warning",
+                        step,
+                        f"metric {name} is {value} at step {step} (first non-finite value)",
+                    )
+                )
+            for i in range(0, len(points), METRICS_PER_FRAME):
+                chunk = metrics_message(points[i : i + METRICS_PER_FRAME])
+                frames.append(pack(dict(chunk)))
+                if self.recorder is not None:
+                    self.recorder.add(frames[-1])
         for a in alerts:
             self.history.alerts.append(a)
             frames.append(pack(a))

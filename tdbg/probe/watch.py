@@ -13,7 +13,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,12 +21,14 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from tdbg.probe import taps
 from tdbg.probe.alerts import alert
 from tdbg.probe.commands import CommandDesk
 from tdbg.probe.dives.base import Dive, DiveContext, DiveRunner
 from tdbg.probe.gradients import find_layers
 from tdbg.probe.hooks import PhaseHooks
 from tdbg.probe.log import warn
+from tdbg.probe.metrics import MetricsDesk
 from tdbg.probe.sampler import StepSampler
 from tdbg.probe.server import ProbeServer
 
@@ -52,17 +54,73 @@ def _run_name(name: str | None) -> str:
     return script.removesuffix(".py") or "python"
 
 
-def _check_watched(model: Any, optimizer: Any) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"tdbg.watch: model must be a torch.nn.Module, not {type(model).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(
-            "tdbg.watch: optimizer must be a torch.optim.Optimizer or None, "
-            f"not {type(optimizer).__name__}"
-        )
+def _named(
+    what: Any, kind: type, label: str, default: str, caller: dict[int, str]
+) -> list[tuple[str, Any]]:
+    """``watch()``'s model/optimizer argument as ``[(name, object)]``: one object, a list or
+    tuple of them, or a dict ``name -> object``. An unnamed object takes the name the calling
+    code binds it to (``netG``), else ``default`` (numbered when there are several)."""
+    if what is None:
+        return []
+    if isinstance(what, kind):
+        items: list[tuple[str | None, Any]] = [(None, what)]
+    elif isinstance(what, dict):
+        items = list(what.items())
+    elif isinstance(what, list | tuple):
+        items = [(None, item) for item in what]
+    else:
+        items = [(None, what)]
+    out: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    for key, obj in items:
+        if not isinstance(obj, kind):
+            spelled = "torch.nn.Module" if kind is nn.Module else "torch.optim.Optimizer or None"
+            raise TypeError(
+                f"tdbg.watch: {label} must be a {spelled} (or a list or dict of them), "
+                f"not {type(obj).__name__}"
+            )
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"tdbg.watch: {label} names must be strings, not {key!r}")
+        if id(obj) in seen:
+            continue  # the same object twice is watched once
+        seen.add(id(obj))
+        out.append((key or caller.get(id(obj)) or "", obj))
+    taken = {name for name, _ in out if name}
+    for i, (name, obj) in enumerate(out):
+        if not name:
+            name = default if len(out) == 1 else f"{default}{i}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            out[i] = (name, obj)
+    return out
 
 
-def _run_info(name: str, cuda_device: torch.device | None) -> tuple[dict[str, Any], dict[str, str]]:
+def _caller_names(depth: int = 2) -> dict[int, str]:
+    """id -> name of what the calling code's variables hold (its locals, then its globals), so
+    that a run shows ``netG`` and ``optD`` rather than class names."""
+    names: dict[int, str] = {}
+    try:
+        frame: Any = sys._getframe(depth)
+    except ValueError:
+        return names
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("tdbg."):
+        frame = frame.f_back  # watch() itself, tdbg run's discovery: the user's code is above
+    if frame is None:
+        return names
+    for scope in (frame.f_globals, frame.f_locals):
+        for key, value in list(scope.items()):
+            if isinstance(value, nn.Module | torch.optim.Optimizer) and not key.startswith("_"):
+                names[id(value)] = key
+    return names
+
+
+def _run_info(
+    name: str,
+    cuda_device: torch.device | None,
+    models: list[tuple[str, nn.Module]],
+    optimizers: list[tuple[str, torch.optim.Optimizer]],
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The ``hello`` message's run description, and the commands this run cannot serve (why)."""
     unavailable: dict[str, str] = {}
     if cuda_device is None:
@@ -80,6 +138,12 @@ def _run_info(name: str, cuda_device: torch.device | None) -> tuple[dict[str, An
         "torch": torch.__version__,
         "device": str(cuda_device or "cpu"),
         "commands": unavailable,
+        "models": [model_name for model_name, _ in models],
+        "optimizers": [
+            {"name": opt_name, "type": type(opt).__name__, "groups": len(opt.param_groups)}
+            for opt_name, opt in optimizers
+        ],
+        "param_groups": sum(len(opt.param_groups) for _, opt in optimizers),
     }
     return run_info, unavailable
 
@@ -156,6 +220,8 @@ class ProbeOptions:
     anomaly_check_nan: bool = False
     activations_every: int | None = None
     record: str | os.PathLike[str] | None = None
+    total_steps: int | None = None
+    skip_nonfinite: bool = False
 
     def __post_init__(self) -> None:
         if not self.overhead_budget > 0:
@@ -166,6 +232,11 @@ class ProbeOptions:
         every = self.activations_every
         if every is not None and (not isinstance(every, int) or not 1 <= every <= 10_000):
             raise ValueError("tdbg.watch: activations_every must be an integer 1-10000 or None")
+        total = self.total_steps
+        if total is not None and (
+            isinstance(total, bool) or not isinstance(total, int) or total < 1
+        ):
+            raise ValueError("tdbg.watch: total_steps must be a positive integer or None")
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> ProbeOptions:
@@ -202,7 +273,13 @@ class Probe:
     def __init__(
         self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
     ) -> None:
-        _check_watched(model, optimizer)
+        caller = _caller_names()
+        models = _named(model, nn.Module, "model", "model", caller)
+        if not models:
+            raise TypeError(
+                "tdbg.watch: no model given (a torch.nn.Module, or a list or dict of them)"
+            )
+        optimizers = _named(optimizer, torch.optim.Optimizer, "optimizer", "optimizer", caller)
         opts = ProbeOptions.of(options)
         self.options = opts
         record_path = _record_path(opts.record)
@@ -210,16 +287,26 @@ class Probe:
         self.errors = 0
         self.last_error: str | None = None
         self.closed = False
-        self._disabled = False
+        self._disabled = False  # switched off by the error breaker, or closed
+        self._broken = False  # switched off by the error breaker
         self._pid = os.getpid()
-        self._layers = find_layers(model)
+        self.total_steps: int | None = opts.total_steps
+        seen: set[int] = set()
+        self._layers = []
+        layer_models: list[int] = []
+        for index, (model_name, module) in enumerate(models):
+            prefix = f"{model_name}." if len(models) > 1 else ""
+            found = find_layers(module, model_name, prefix, seen)
+            self._layers.extend(found)
+            layer_models.extend([index] * len(found))
+        self.models = [model_name for model_name, _ in models]
         cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
         self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
         if not self._layers:
             warn(
                 "tdbg: the model has no parameters: only loss, learning rate and timings are shown"
             )
-        run_info, unavailable = _run_info(self.name, self._cuda_device)
+        run_info, unavailable = _run_info(self.name, self._cuda_device, models, optimizers)
         # Fixed at watch(): asked again on sampled steps, so not recounted there.
         frozen = [i for i, layer in enumerate(self._layers) if not layer.trainable]
         names = [layer.name for layer in self._layers]
@@ -240,20 +327,25 @@ class Probe:
             frozen=frozen,
             on_grad_device_time=self._on_grad_device_time,
             recorder=recorder,
+            layer_models=layer_models if len(models) > 1 else None,
         )
         self._sampler = StepSampler(
             self._layers,
-            optimizer,
+            optimizers,
             self._cuda_device,
             self._server,
             grad_every=opts.grad_every,
             overhead_budget=float(opts.overhead_budget),
             count_error=self._count_error,
         )
+        self._metrics = MetricsDesk(self._sampler.report_once)
+        self._server.metrics_inbox = self._metrics.inbox
+        first_model = models[0][1]
+        first_optimizer = optimizers[0][1] if optimizers else None
         self._dives = DiveRunner(
             DiveContext(
-                model=model,
-                optimizer=optimizer,
+                model=first_model,
+                optimizer=first_optimizer,
                 cuda_device=self._cuda_device,
                 run_info=run_info,
                 artifacts=self._artifacts_dir,
@@ -269,8 +361,14 @@ class Probe:
         self._server.take_commands(desk, bool(opts.nan_hunt))
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = PhaseHooks(
-            model, optimizer, self._cuda_device, self._sampler.on_optimizer_step, self._count_error
+            [module for _, module in models],
+            [opt for _, opt in optimizers],
+            self._cuda_device,
+            self._sampler,
+            self._count_error,
         )
+        taps.attach(self._sampler)
+        self._created = time.monotonic()
         if opts.serve or record_path is not None:
             if opts.serve and multiprocessing.parent_process() is not None:
                 warn("tdbg: watching from a multiprocessing child: serving its own socket")
@@ -326,7 +424,10 @@ class Probe:
         return None if recorder is None or recorder.path is None else str(recorder.path)
 
     def step(self, loss: Any = None, *, samples: Any = None, tokens: Any = None) -> None:
-        """Record one training iteration. ``loss``: a scalar tensor or number (NaN is an alert).
+        """Record one optimizer update. ``loss``: a scalar tensor or number (NaN is an alert);
+        None: what the probe saw backpropagated for it — the sum of the scalars since the last
+        step (the mean micro-batch loss when the script divides by the accumulation steps), the
+        closure's loss for ``optimizer.step(closure)``, the first optimizer's with several.
 
         ``samples`` / ``tokens``: how many this step processed, for samples/s and tokens/s.
         """
@@ -347,12 +448,77 @@ class Probe:
             except Exception as exc:
                 self._count_error(exc)
 
+    def log(
+        self, metrics: Mapping[str, Any] | None = None, /, *, step: Any = None, **scalars: Any
+    ) -> None:
+        """Record your own metrics: ``probe.log(val_loss=v, acc=a)`` or ``probe.log({"val/loss":
+        v})``. Numbers or one-element tensors (a device tensor is read off the training thread:
+        no sync). ``step``: the step they belong to (default: the last step recorded). A bad
+        name or value is reported once and dropped; nothing raises into the loop."""
+        if self._disabled:
+            return
+        try:
+            merged: dict[Any, Any] = {}
+            if metrics is not None:
+                if isinstance(metrics, Mapping):
+                    merged.update(metrics)
+                else:
+                    self._sampler.report_once(
+                        "log-arg",
+                        f"tdbg.log: expected a dict of metrics, not {type(metrics).__name__}",
+                    )
+            merged.update(scalars)
+            at = max(0, self._sampler.step_count - 1)
+            if step is not None:
+                if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                    at = step
+                else:
+                    self._sampler.report_once(
+                        "log-step", f"tdbg.log(step={step!r}): not a step number — ignored"
+                    )
+            self._metrics.log(at, merged)
+        except Exception as exc:
+            self._count_error(exc)
+
+    def note_backward(self, loss: Any, inside_step: bool = False) -> None:
+        """A scalar backpropagated before this probe's taps existed (``tdbg run`` starts the
+        probe at the first backward): counted into the step as if the taps had seen it.
+        ``inside_step``: it came from the closure of an ``optimizer.step(closure)`` already
+        running (its pre-hook came before the probe did)."""
+        try:
+            if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                if inside_step:
+                    self._sampler.on_optimizer_pre(0)
+                self._sampler.on_backward(loss.detach())
+        except Exception as exc:
+            self._count_error(exc)
+
+    def set_progress(self, *, epoch: Any = None, total_steps: Any = None) -> None:
+        """Say where the run is: the current ``epoch`` (from now on instead of counting the
+        DataLoader's passes) and the ``total_steps`` it will take (for the ETA)."""
+        try:
+            if epoch is not None:
+                value = float(epoch)
+                if value == value:
+                    self._sampler.epoch = value
+                    self._sampler.epoch_given = True
+            if total_steps is not None:
+                total = int(total_steps)
+                self.total_steps = total if total > 0 else None
+        except (TypeError, ValueError, OverflowError):
+            self._sampler.report_once(
+                "progress", f"probe.set_progress: not numbers: {epoch!r}, {total_steps!r}"
+            )
+        except Exception as exc:
+            self._count_error(exc)
+
     def close(self) -> None:
         """Remove every hook, stop serving and remove the socket; safe to call twice."""
         if self.closed:
             return
         self.closed = True
         self._disabled = True
+        taps.detach(self._sampler)
         try:
             if os.getpid() == self._pid:
                 self._dives.close()  # the profiler stopped, hooks removed, anomaly mode off
@@ -393,6 +559,8 @@ class Probe:
             if self.errors >= MAX_ERRORS and not self._disabled:
                 warn(f"tdbg: {MAX_ERRORS} internal errors: the probe switches itself off")
                 self._disabled = True
+                self._broken = True
+                taps.detach(self._sampler)
                 self._hooks.active = False  # removed at the next probe.step() or close()
                 threading.Thread(target=self._server.stop, daemon=True).start()
         except Exception:
@@ -406,12 +574,16 @@ class Probe:
             "errors": self.errors,
             "last_error": self.last_error,
             "steps_seen": self._sampler.step_count,
-            "disabled": self._disabled,
+            "disabled": self._broken,
+            "closed": self.closed and not self._broken,
+            "total_steps": self.total_steps,
+            "skipped_steps": 0,
         }
 
     def _after_fork_in_child(self) -> None:
         self._disabled = True
         self.closed = True
+        taps.detach(self._sampler)
         self._dives.forget()
         self._hooks.remove()
         self._server.abandon_after_fork()
@@ -438,14 +610,36 @@ def watch(
     watch() that uses ``$TDBG_RECORD`` removes it from ``os.environ``: subprocesses started
     afterwards do not inherit it and record nothing unless given ``record=``.
     """
-    # Only a module can be a key of the weak map: anything else gets Probe's clear TypeError.
-    previous = _by_model.get(model) if isinstance(model, nn.Module) else None
-    if previous is not None and not previous.closed:
-        warn("tdbg.watch: this model was already watched; closing the earlier probe")
-        previous.close()
+    modules = _modules_of(model)
+    for module in modules:
+        previous = _by_model.get(module)
+        if previous is not None and not previous.closed:
+            warn("tdbg.watch: this model was already watched; closing the earlier probe")
+            previous.close()
     probe = Probe(model, optimizer, **options)
-    _by_model[model] = probe
+    for module in modules:
+        _by_model[module] = probe
     return probe
+
+
+def _modules_of(model: Any) -> list[nn.Module]:
+    """The modules in watch()'s model argument (only a module can key the weak map: anything
+    else gets Probe's clear TypeError)."""
+    items = model.values() if isinstance(model, dict) else model
+    if isinstance(model, nn.Module):
+        return [model]
+    if isinstance(items, list | tuple) or isinstance(model, dict):
+        return [m for m in items if isinstance(m, nn.Module)]
+    return []
+
+
+def log(metrics: Mapping[str, Any] | None = None, /, *, step: Any = None, **scalars: Any) -> None:
+    """``tdbg.log(val_loss=v, acc=a)``: record metrics into the run's live probe (the one
+    ``watch()`` or ``tdbg run`` started; the newest when there are several). A no-op when
+    nothing is watched. See :meth:`Probe.log`."""
+    probes = [p for p in list(_live) if not p.closed]
+    if probes:
+        max(probes, key=lambda p: p._created).log(metrics, step=step, **scalars)
 
 
 def _close_all() -> None:

@@ -346,6 +346,8 @@ class AutoWatch:
                 probe = self.probe
                 if probe is None:
                     return
+                # The probe's own backward tap starts after this backward: hand it this one.
+                probe.note_backward(loss, inside_step=self._in_step and self.optimizer is not None)
             if self.optimizer is None:
                 self._loss = None
                 probe.step(loss)
@@ -360,11 +362,12 @@ class AutoWatch:
         if self.off or self.probe is None:
             return
         try:
-            loss = self._closure_loss if self._closure_loss is not None else self._loss
             self._in_step = False
             self._closure_loss = None
             self._loss = None
-            self.probe.step(loss)
+            # The probe saw what was backpropagated for this update (its taps): the sum over
+            # accumulated micro-batches, or the closure's loss.
+            self.probe.step()
         except Exception as exc:
             self._fail(exc)
 

@@ -1,0 +1,174 @@
+"""Process-wide taps on torch calls every loop makes: backward, GradScaler.scale, clipping, epochs.
+
+A probe cannot ask the loop for what it does not pass: which scalars were backpropagated since
+the last update (gradient accumulation, closures, one loss per optimizer), the norm before
+``clip_grad_norm_`` scaled the gradients, when a DataLoader starts a new pass. These wrappers
+see it for every live probe. Each is installed while at least one probe listens and removed
+(where still ours) when the last one leaves. Cost: one Python call per backward, per clip and
+per DataLoader iteration; nothing here reads a device value.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+
+class Listener(Protocol):
+    def on_backward(self, loss: torch.Tensor) -> None: ...
+
+    def on_clip(self, parameters: list[Any], max_norm: float, total_norm: Any) -> None: ...
+
+    def on_loader_iter(self, loader: Any) -> None: ...
+
+    def on_scaler_update(self) -> None: ...
+
+
+_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+_lock = threading.Lock()
+_restore: list[Callable[[], None]] = []
+_scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale's last (out, in)
+
+
+def attach(listener: Listener) -> None:
+    with _lock:
+        _listeners.add(listener)
+        if not _restore:
+            _install()
+
+
+def detach(listener: Listener) -> None:
+    with _lock:
+        _listeners.discard(listener)
+        if not _listeners:
+            while _restore:
+                _restore.pop()()
+
+
+def _each(call: Callable[[Any], None]) -> None:
+    for listener in list(_listeners):
+        try:
+            call(listener)
+        except Exception:  # a listener counts its own errors; a tap never raises into the loop
+            pass
+
+
+def _swap(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    """Replace ``owner.name`` by ``make(original)``; put it back later unless replaced since."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+    wrapper = make(original)
+    setattr(owner, name, wrapper)
+
+    def restore() -> None:
+        if getattr(owner, name, None) is wrapper:
+            setattr(owner, name, original)
+
+    _restore.append(restore)
+
+
+def _install() -> None:
+    _swap(torch.autograd, "backward", _wrap_backward)
+    scaler_class = getattr(getattr(torch, "amp", None), "GradScaler", None)
+    if scaler_class is not None:
+        _swap(scaler_class, "scale", _wrap_scale)
+        _swap(scaler_class, "update", _wrap_update)
+    from torch.nn.utils import clip_grad
+
+    # clip_grad_norm_ looks this up in its module at each call: wrapping it here also sees a
+    # clip_grad_norm_ the script imported before watch() (`from torch.nn.utils import ...`).
+    _swap(clip_grad, "_clip_grads_with_norm_", _wrap_clip)
+    from torch.utils.data import DataLoader
+
+    _swap(DataLoader, "__iter__", _wrap_loader_iter)
+
+
+def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    # Tensor.backward() calls torch.autograd.backward(): one wrapper sees both spellings.
+    @functools.wraps(original)
+    def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+        out = original(tensors, grad_tensors, *args, **kwargs)
+        if grad_tensors is None and _listeners:
+            loss = _scalar(tensors)
+            if loss is not None:
+                _each(lambda listener: listener.on_backward(loss))
+        return out
+
+    return backward
+
+
+def _scalar(tensors: Any) -> torch.Tensor | None:
+    """The loss a backward call was given (before GradScaler scaled it), detached; or None."""
+    global _scaled
+    tensor = tensors
+    if isinstance(tensor, list | tuple):
+        if len(tensor) != 1:
+            return None
+        tensor = tensor[0]
+    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
+        return None  # backward(gradient) of a non-scalar: not a loss
+    scaled = _scaled
+    if scaled is not None and scaled[0]() is tensor:
+        _scaled = None
+        return scaled[1]
+    return tensor.detach()  # a view: no copy, no sync
+
+
+def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:
+    """AMP: ``scaler.scale(loss).backward()`` backpropagates loss x scale; remember which tensor
+    ``scale()`` returned for which loss, so the loss reported is the script's own."""
+
+    @functools.wraps(original)
+    def scale(scaler: Any, outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        global _scaled
+        out = original(scaler, outputs, *args, **kwargs)
+        if out is not outputs and isinstance(outputs, torch.Tensor) and _listeners:
+            try:
+                _scaled = (weakref.ref(out), outputs.detach())
+            except TypeError:
+                _scaled = None
+        return out
+
+    return scale
+
+
+def _wrap_update(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``scaler.update()`` ends an AMP iteration: whether or not ``scaler.step()`` skipped it."""
+
+    @functools.wraps(original)
+    def update(scaler: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(scaler, *args, **kwargs)
+        if _listeners:
+            _each(lambda listener: listener.on_scaler_update())
+        return out
+
+    return update
+
+
+def _wrap_clip(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def clip(parameters: Any, max_norm: float, total_norm: Any, *args: Any, **kwargs: Any) -> Any:
+        if _listeners:
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            parameters = params  # a generator is read once: pass the list on
+            # Before the original scales the gradients: the listener reads them unclipped.
+            _each(lambda listener: listener.on_clip(params, max_norm, total_norm))
+        return original(parameters, max_norm, total_norm, *args, **kwargs)
+
+    return clip
+
+
+def _wrap_loader_iter(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def loader_iter(loader: Any) -> Any:
+        if _listeners:
+            _each(lambda listener: listener.on_loader_iter(loader))
+        return original(loader)
+
+    return loader_iter
