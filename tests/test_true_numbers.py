@@ -8,6 +8,7 @@ import io
 import pickle
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import Loop, Reader
 
@@ -70,3 +71,286 @@ def test_a_copied_probe_hook_is_inert_and_holds_nothing() -> None:
     assert isinstance(pickle.loads(pickle.dumps(hook)), InertHook)  # noqa: S301
     del target
     assert hook(1) is None  # the probe's object is gone: nothing kept it alive
+
+
+def _norms(params: list[torch.nn.Parameter]) -> float:
+    return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)))  # type: ignore[union-attr, arg-type]
+
+
+def _model(seed: int = 0, width: int = 16) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, width), torch.nn.Tanh(), torch.nn.Linear(width, 1)
+    )
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    return torch.randn(32, 4), torch.randn(32, 1) * 5
+
+
+def test_closure_steps_report_the_gradients_the_update_used(runtime_dir: Path) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    truth: list[tuple[float, float]] = []
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        truth.append((loss.item(), _norms(list(model.parameters()))))
+        return loss
+
+    for _ in range(5):
+        opt.step(closure)
+        probe.step()  # no loss given: the closure's
+    reader.wait(lambda r: len(r.records()) >= 5)
+    reader.settle()
+    records = reader.records()
+    for record, (loss, total) in zip(records, truth, strict=True):
+        assert record.loss == pytest.approx(loss, rel=1e-6)
+        assert record.grad_total == pytest.approx(total, rel=1e-5)
+        assert record.backward_time >= 0
+    assert not [a for a in reader.of("alert") if a["kind"] == "no_grad"]
+    reader.close()
+
+
+def test_clipping_shows_the_norm_before_the_clip_and_that_it_clipped(runtime_dir: Path) -> None:
+    from torch.nn.utils import clip_grad_norm_  # bound before watch(), as scripts do
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    returned = []
+    for _ in range(4):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        returned.append(float(clip_grad_norm_(model.parameters(), max_norm=0.5)))
+        opt.step()
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 4)
+    for record, total in zip(reader.records(), returned, strict=True):
+        assert total > 0.5  # the clip was active
+        assert record.grad_total == pytest.approx(total, rel=1e-5)  # before, not ~0.5 after
+        assert record.clip_max == 0.5
+        assert record.clip_norm == pytest.approx(total, rel=1e-6)
+    reader.close()
+
+
+def test_the_lr_of_step_k_is_the_one_its_update_used(runtime_dir: Path) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    used = []
+    for _ in range(8):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 8)
+    assert [r.lr[0] for r in reader.records()] == used
+    assert used[2] != used[3]  # the schedule changed in there
+    reader.close()
+
+
+def test_gradient_accumulation_reports_the_whole_update(runtime_dir: Path) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    k = 4
+    means = []
+    for _ in range(3):
+        opt.zero_grad()
+        parts = []
+        for i in range(k):
+            loss = ((model(x[i::k]) - y[i::k]) ** 2).mean()
+            parts.append(loss.item())
+            (loss / k).backward()  # nanoGPT's way
+        opt.step()
+        probe.step()  # the sum of the scaled micro-batch losses: their mean
+        means.append(sum(parts) / k)
+    reader.wait(lambda r: len(r.records()) >= 3)
+    records = reader.records()
+    assert [r.loss for r in records] == pytest.approx(means, rel=1e-6)
+    assert [r.micro_batches for r in records] == [k, k, k]
+    reader.close()
+
+
+def test_several_models_and_optimizers_are_all_watched(runtime_dir: Path) -> None:
+    netG, netD = _model(1), _model(2)
+    optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
+    optD = torch.optim.SGD(netD.parameters(), lr=0.1)
+    x, y = _data()
+    probe = tdbg.watch([netG, netD], [optG, optD], grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader.wait(lambda r: r.of("synced"))
+    run = reader.client.run
+    assert run["models"] == ["netG", "netD"]
+    assert [o["name"] for o in run["optimizers"]] == ["optG", "optD"]
+    layers = reader.of("layers")[0]
+    assert layers["names"] == ["netG.0", "netG.2", "netD.0", "netD.2"]
+    assert layers["model"] == [0, 0, 1, 1]
+    truth = []
+    for _ in range(3):
+        optD.zero_grad()
+        loss_d = ((netD(x) - y) ** 2).mean()
+        loss_d.backward()
+        optD.step()
+        optG.zero_grad()
+        loss_g = (netG(x) ** 2).mean()
+        loss_g.backward()
+        optG.step()
+        probe.step()
+        truth.append((loss_g.item(), loss_d.item()))
+    reader.wait(lambda r: len(r.records()) >= 3)
+    reader.wait(lambda r: sum(len(m["points"]) for m in r.of("metrics")) >= 6)
+    records = reader.records()
+    points = [p for m in reader.of("metrics") for p in m["points"]]
+    for step, (loss_g, loss_d) in enumerate(truth):
+        assert [v for s, n, v in points if s == step and n == "loss/optD"] == [
+            pytest.approx(loss_d, rel=1e-6)
+        ]
+        assert [v for s, n, v in points if s == step and n == "loss/optG"] == [
+            pytest.approx(loss_g, rel=1e-6)
+        ]
+        assert records[step].loss == pytest.approx(loss_g, rel=1e-6)  # the first optimizer's
+        assert len(records[step].lr) == 2 and records[step].grad_norms is not None
+        assert all(v > 0 for v in records[step].grad_norms)  # type: ignore[union-attr]
+    reader.close()
+
+
+def test_thousands_of_param_groups_keep_monitoring_on(runtime_dir: Path) -> None:
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(150)])
+    groups = [{"params": [p], "lr": 0.01 * (1 + i % 3)} for i, p in enumerate(model.parameters())]
+    opt = torch.optim.SGD(groups, lr=0.01)
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    x = torch.randn(3, 2)
+    for _ in range(3):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 3)
+    assert all(len(r.lr) == 64 for r in reader.records())
+    assert probe.errors == 0
+    reader.wait(lambda r: any("300 param groups" in a["message"] for a in r.of("alert")))
+    reader.close()
+
+
+def test_a_bare_module_is_named_after_its_variable_and_a_clean_end_is_not_disabled(
+    tmp_path: Path,
+) -> None:
+    from tdbg.recording.reader import Recording
+
+    head = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    path = tmp_path / "run.tdbg"
+    probe = tdbg.watch(head, opt, serve=False, record=path)
+    for _ in range(2):
+        opt.zero_grad()
+        loss = head(torch.ones(2, 3)).sum()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    probe.close()
+    messages = list(Recording(path).messages())
+    assert [m["names"] for m in messages if m.get("type") == "layers"] == [["head"]]
+    last = [m for m in messages if m.get("type") == "probe"][-1]
+    assert last["disabled"] is False and last["closed"] is True
+
+
+def test_user_metrics_arrive_and_bad_ones_are_reported_once(runtime_dir: Path) -> None:
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    loop.run(2, probe)
+    tdbg.log(val_loss=0.5, acc=torch.tensor(0.75))  # module level: the live probe
+    probe.log({"val/ppl": 12.0}, step=0)
+    tdbg.log(loss_scale=float("nan"))  # recorded, and an alert
+    for _ in range(2):
+        tdbg.log(bad=object())  # reported once, dropped
+        probe.log({3: 1.0})  # type: ignore[dict-item]
+    tdbg.log(**{f"m{i}": float(i) for i in range(300)})  # capped, with a note
+    loop.run(1, probe)
+    reader.wait(lambda r: any(a["kind"] == "nonfinite_metric" for a in r.of("alert")))
+    reader.settle()
+    points = [tuple(p) for m in reader.of("metrics") for p in m["points"]]
+    assert (1, "val_loss", 0.5) in points and (1, "acc", 0.75) in points
+    assert (0, "val/ppl", 12.0) in points
+    assert any(n == "loss_scale" and v != v for _, n, v in points)
+    names = {n for _, n, _ in points}
+    assert "bad" not in names and len(names) == 256
+    messages = [a["message"] for a in reader.of("alert")]
+    assert sum("cannot read a number from object" in m for m in messages) == 1
+    assert sum("must be a non-empty string" in m for m in messages) == 1
+    assert sum("more than 256 metric names" in m for m in messages) == 1
+    assert probe.errors == 0
+    reader.close()
+    probe.close()
+    tdbg.log(after=1.0)  # nothing watched: a no-op
+
+
+def test_metrics_reach_a_late_client_and_the_recording(runtime_dir: Path, tmp_path: Path) -> None:
+    from tdbg.recording.reader import Recording
+
+    loop = Loop()
+    path = tmp_path / "m.tdbg"
+    probe = tdbg.watch(loop.model, loop.opt, record=path)
+    loop.run(2, probe)
+    tdbg.log(val_loss=0.25)
+    live = Reader(probe.socket_path)  # type: ignore[arg-type]
+    loop.run(1, probe)
+    live.wait(lambda r: r.of("metrics"))  # the probe thread has it: now a late client
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader.wait(lambda r: r.of("synced"))
+    assert [tuple(p) for m in reader.of("metrics") for p in m["points"]] == [(1, "val_loss", 0.25)]
+    assert all(m.get("history") for m in reader.of("metrics"))
+    reader.close()
+    live.close()
+    probe.close()
+    recorded = [m for m in Recording(path).messages() if m.get("type") == "metrics"]
+    assert [tuple(p) for m in recorded for p in m["points"]] == [(1, "val_loss", 0.25)]
+
+
+def test_epochs_follow_the_training_dataloader(runtime_dir: Path) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loop = Loop()
+    train = DataLoader(TensorDataset(loop.x, loop.y), batch_size=16)
+    val = DataLoader(TensorDataset(loop.x, loop.y), batch_size=32)
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    for _ in range(3):
+        for x, y in train:
+            loop.opt.zero_grad()
+            loss = ((loop.model(x) - y) ** 2).mean()
+            loss.backward()
+            loop.opt.step()
+            probe.step(loss)
+        with torch.no_grad():
+            for x, _ in val:  # validation passes are not epochs
+                loop.model(x)
+    reader.wait(lambda r: len(r.records()) >= 6)
+    assert [r.epoch for r in reader.records()] == [0, 0, 1, 1, 2, 2]
+    probe.set_progress(epoch=7, total_steps=100)
+    loop.run(1, probe)
+    reader.wait(lambda r: len(r.records()) >= 7)
+    assert reader.records()[-1].epoch == 7
+    reader.wait(lambda r: any(m.get("total_steps") == 100 for m in r.of("probe")))
+    reader.close()

@@ -71,6 +71,8 @@ class MetricsDesk:
                         "one number — not recorded",
                     )
                     continue
+                if not self._admit(name):
+                    continue
                 if value.device.type == "cpu":
                     host.append(float(value.detach()))
                     names.append(name)
@@ -85,6 +87,8 @@ class MetricsDesk:
                     f"tdbg.log({name}=...): cannot read a number from "
                     f"{type(value).__name__} — not recorded",
                 )
+                continue
+            if not self._admit(name):
                 continue
             names.append(name)
             host.append(number)
@@ -108,7 +112,10 @@ class MetricsDesk:
                 f"tdbg.log: a metric name must be a non-empty string, not {raw!r:.40} — dropped",
             )
             return None
-        name = raw[:MAX_METRIC_NAME]
+        return raw[:MAX_METRIC_NAME]
+
+    def _admit(self, name: str) -> bool:
+        """A name with a good value counts towards the cap; past it new names are dropped."""
         if name not in self._names:
             if len(self._names) >= MAX_METRIC_NAMES:
                 self._report_once(
@@ -116,9 +123,9 @@ class MetricsDesk:
                     f"tdbg.log: more than {MAX_METRIC_NAMES} metric names; new names are "
                     f"dropped (first dropped: {name!r})",
                 )
-                return None
+                return False
             self._names.add(name)
-        return name
+        return True
 
 
 def _number(value: Any) -> float | None:

@@ -213,6 +213,8 @@ class ProbeServer:
                 time.sleep(TICK_SECONDS)
         with contextlib.suppress(Exception):
             self._tick(time.monotonic())
+            # The run's last word on the probe: closed cleanly (or switched off by errors).
+            self._broadcast_stats(time.monotonic())
 
     def _shutdown_connections(self) -> None:
         bye = pack({"type": "bye", "reason": "shutdown"})
