@@ -155,3 +155,21 @@ def test_metrics_reader_drops_malformed_points_and_keeps_nan():
     assert points[1][:2] == (4, "acc") and math.isnan(points[1][2])
     assert len(points) == 2
     assert read_metrics({"points": None}) == [] and read_metrics(None) == []
+
+
+def test_layers_that_grow_mid_run_keep_the_gradient_history() -> None:
+    """A layer replaced or a model added mid-run: the layers list grows, earlier rows read NaN."""
+    from tdbg.protocol.steps import StepRecord, pack_steps
+
+    state = RunState()
+    state.apply({"type": "layers", "names": ["a", "b"], "numel": [1, 1]})
+    state.apply(pack_steps([StepRecord(step=0, time=0.0, grad_total=1.0, grad_norms=[1, 2])], 2))
+    state.apply({"type": "layers", "names": ["a", "b", "c"], "numel": [1, 1, 4], "gone": [1]})
+    # A batch packed before the probe thread saw the change: two norms, padded.
+    state.apply(pack_steps([StepRecord(step=1, time=1.0, grad_total=1.0, grad_norms=[3, 4])], 2))
+    state.apply(pack_steps([StepRecord(step=2, time=2.0, grad_total=1.0, grad_norms=[5, 6, 7])], 3))
+    assert state.layer_names == ["a", "b", "c"]
+    assert state.grads.n_layers == 3 and len(state.grads) == 3
+    # And the probe side packs an old, shorter row into a wider batch with NaN.
+    msg = pack_steps([StepRecord(step=3, time=3.0, grad_total=1.0, grad_norms=[1.0])], 3)
+    assert math.isnan(unpack_steps(msg)[0].grad_norms[2])  # type: ignore[index]

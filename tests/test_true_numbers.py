@@ -354,3 +354,44 @@ def test_epochs_follow_the_training_dataloader(runtime_dir: Path) -> None:
     assert reader.records()[-1].epoch == 7
     reader.wait(lambda r: any(m.get("total_steps") == 100 for m in r.of("probe")))
     reader.close()
+
+
+def test_a_replaced_layer_and_optimizer_are_followed(runtime_dir: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+
+    def run(n: int) -> list[list[float]]:
+        norms = []
+        for _ in range(n):
+            opt.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            norms.append([_norms(list(m.parameters())) for m in model if list(m.parameters())])
+            opt.step()
+            probe.step(loss)
+        return norms
+
+    run(3)
+    model[2] = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 1))  # new head
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)  # and a new optimizer for it
+    after = run(3)
+    reader.wait(lambda r: len(r.records()) >= 6)
+    reader.wait(lambda r: len(r.of("layers")) >= 2)
+    layers = reader.of("layers")[-1]
+    assert layers["names"] == ["0", "2", "2.0", "2.1"] and layers["gone"] == [1]
+    records = reader.records()
+    assert [r.lr for r in records] == [[0.05]] * 3 + [[0.2]] * 3
+    for record, truth in zip(records[3:], after, strict=True):
+        norms = record.grad_norms
+        assert norms is not None and norms[0] == pytest.approx(truth[0], rel=1e-5)
+        assert norms[1] != norms[1]  # gone: no norm, not a frozen old value
+        head = (norms[2] ** 2 + norms[3] ** 2) ** 0.5
+        assert head == pytest.approx(truth[1], rel=1e-5)
+    assert not [
+        a for a in reader.of("alert") if a["kind"] in ("no_grad", "zero_grad", "nonfinite_grad")
+    ]
+    reader.close()

@@ -84,6 +84,7 @@ class AlertRules:
     def __init__(self, layer_names: Sequence[str], frozen: Sequence[int] = ()) -> None:
         self.layer_names = list(layer_names)
         self.frozen = set(frozen)  # layers with no trainable parameter: a zero norm is expected
+        self.gone: set[int] = set()  # layers whose parameters left the model: no norm (NaN)
         self._losses = RobustWindow()
         self._grad_logs = RobustWindow()  # log10 of the total gradient norm
         self._step_times: deque[float] = deque(maxlen=WINDOW)
@@ -146,7 +147,7 @@ class AlertRules:
     def _check_grads(self, rec: StepRecord, missing_layers: Sequence[int]) -> list[dict]:
         out: list[dict] = []
         step, norms, names = rec.step, rec.grad_norms or (), self.layer_names
-        bad = [names[i] for i, v in enumerate(norms) if not math.isfinite(v)]
+        bad = [names[i] for i, v in enumerate(norms) if not math.isfinite(v) and i not in self.gone]
         if bad:
             if self._onset("grad_nonfinite", tuple(bad)):
                 out.append(

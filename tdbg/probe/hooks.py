@@ -110,11 +110,23 @@ class PhaseHooks:
         for model in models:
             self.handles.append(model.register_forward_pre_hook(WeakHook(self._forward_pre)))
             self.handles.append(model.register_forward_hook(WeakHook(self._forward_post)))
+        self._by_optimizer: dict[int, list[RemovableHandle]] = {}
         for index, optimizer in enumerate(optimizers):
-            pre = WeakHook(self._optimizer_pre, index)
-            self.handles.append(optimizer.register_step_pre_hook(pre))
-            post = WeakHook(self._optimizer_post, index)
-            self.handles.append(optimizer.register_step_post_hook(post))
+            self.add_optimizer(index, optimizer)
+
+    def add_optimizer(self, key: int, optimizer: torch.optim.Optimizer) -> None:
+        """Hook ``optimizer``; its events name it ``key`` (the sampler's slot key)."""
+        pre = optimizer.register_step_pre_hook(WeakHook(self._optimizer_pre, key))
+        post = optimizer.register_step_post_hook(WeakHook(self._optimizer_post, key))
+        self._by_optimizer[key] = [pre, post]
+        self.handles.extend((pre, post))
+
+    def remove_optimizer(self, key: int) -> None:
+        """Unhook the optimizer ``key`` (at a step boundary, never from inside its hooks)."""
+        for handle in self._by_optimizer.pop(key, []):
+            handle.remove()
+            if handle in self.handles:
+                self.handles.remove(handle)
 
     def take(self) -> StepTimeline:
         """Hand over this step's marks and start a fresh timeline."""
@@ -203,3 +215,4 @@ class PhaseHooks:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        self._by_optimizer.clear()

@@ -37,6 +37,7 @@ def _number(value: Any) -> float:
 class OptimizerSlot:
     """One watched optimizer and what this step learnt from its hooks."""
 
+    key: int  # stable: the hooks name the slot by it
     optimizer: torch.optim.Optimizer
     name: str
     grads: GradientStats  # over the watched parameters it updates
@@ -73,24 +74,22 @@ class StepSampler:
         overhead_budget: float,
         count_error: Callable[[BaseException], None],
     ) -> None:
-        watched = {id(p) for layer in layers for p in layer.params}
         self._slots: list[OptimizerSlot] = []
-        held: set[int] = set()
-        for name, optimizer in optimizers:
-            # A parameter two optimizers hold is read with the first one's update.
-            ids = {id(p) for g in optimizer.param_groups for p in g["params"]} & watched - held
-            held |= ids
-            self._slots.append(OptimizerSlot(optimizer, name, GradientStats(layers, ids)))
-        # Parameters no optimizer updates (manual updates, optimizer=None): read at probe.step().
-        rest = {id(p) for layer in layers for p in layer.params} - held
-        self._rest = GradientStats(layers, rest) if rest else None
-        self._n_layers = len(layers)
+        self._by_key: dict[int, OptimizerSlot] = {}
+        self._rest: GradientStats | None = None
+        self._n_layers = 0
+        self._n_trainable = 0
+        self.rebuild(layers, [(i, name, opt) for i, (name, opt) in enumerate(optimizers)])
+        self.layout_dirty = False  # a watched module changed, or a new optimizer updates it
+        self.new_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
+        self.watched_modules: set[int] = set()  # ids of every module of the watched models
+        self.watched_params: set[int] = set()
+        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers looked at
         self._cuda_device = cuda_device
         self._server = server
         self._count_error = count_error
         self.grad_every = grad_every
         self.overhead_budget = overhead_budget
-        self._n_trainable = sum(1 for layer in layers if layer.trainable)
         self.step_count = 0
         self._sample_now = True
         self._last_sampled = -1
@@ -119,6 +118,51 @@ class StepSampler:
     def optimizer_names(self) -> list[str]:
         return [slot.name for slot in self._slots]
 
+    def rebuild(
+        self, layers: list[Layer], optimizers: list[tuple[int, str, torch.optim.Optimizer]]
+    ) -> None:
+        """(Re)build the gradient passes: one per optimizer over the watched parameters it
+        updates, one for the rest. At watch() and at a step boundary after the watched layers
+        changed; a slot kept (same key) keeps what this step already learnt from its hooks."""
+        current = [layer for layer in layers if layer.params]
+        watched = {id(p) for layer in current for p in layer.params}
+        slots: list[OptimizerSlot] = []
+        held: set[int] = set()
+        for key, name, optimizer in optimizers:
+            # A parameter two optimizers hold is read with the first one's update.
+            ids = {id(p) for g in optimizer.param_groups for p in g["params"]} & watched - held
+            held |= ids
+            stats = GradientStats(layers, ids)
+            slot = self._by_key.get(key)
+            if slot is None or slot.optimizer is not optimizer:
+                slot = OptimizerSlot(key, optimizer, name, stats)
+            slot.grads = stats
+            slots.append(slot)
+        self._slots = slots
+        self._by_key = {slot.key: slot for slot in slots}
+        # Parameters no optimizer updates (manual updates, optimizer=None): read at probe.step().
+        rest = watched - held
+        self._rest = GradientStats(layers, rest) if rest else None
+        self._n_layers = len(layers)
+        self._n_trainable = sum(1 for layer in current if layer.trainable)
+
+    # --- what changes the watched layers (taps.Listener) -----------------------------------------
+    def on_module_change(self, module: Any) -> None:
+        if id(module) in self.watched_modules:
+            self.layout_dirty = True  # handled at the next probe.step(), a step boundary
+
+    def on_any_optimizer_step(self, optimizer: Any) -> None:
+        if optimizer in self._checked:
+            return  # one set lookup per step of an optimizer seen before
+        self._checked.add(optimizer)
+        if any(slot.optimizer is optimizer for slot in self._slots):
+            return
+        held = (id(p) for g in optimizer.param_groups for p in g["params"])
+        if any(i in self.watched_params for i in held):
+            # A new optimizer updates the watched model (it replaced the one given to watch()).
+            self.new_optimizers.append(weakref.ref(optimizer))
+            self.layout_dirty = True
+
     def report_once(self, key: str, message: str) -> None:
         """Tell the user once (stderr and an alert) about a problem with what the loop passes."""
         if key in self._reported:
@@ -128,24 +172,28 @@ class StepSampler:
         self._server.side_alerts.append(alert("probe_error", "warning", self.step_count, message))
 
     # --- optimizer hooks (hooks.OptimizerEvents) ------------------------------------------------
-    def on_optimizer_pre(self, index: int) -> None:
-        slot = self._slots[index]
+    def on_optimizer_pre(self, key: int) -> None:
+        slot = self._by_key.get(key)
+        if slot is None:
+            return
         slot.in_step = True
         slot.closure_loss = None
         slot.lr = self._learning_rates(slot.optimizer)
 
-    def on_grads_ready(self, index: int) -> None:
-        slot = self._slots[index]
-        if self._sample_now and slot.sample is None:
+    def on_grads_ready(self, key: int) -> None:
+        slot = self._by_key.get(key)
+        if slot is not None and self._sample_now and slot.sample is None:
             slot.sample = self._compute_grads(slot.grads)
 
     # Kept as a name: the gradient pass of the first optimizer (tests patch it to fail).
     def on_optimizer_step(self) -> None:
         if self._slots:
-            self.on_grads_ready(0)
+            self.on_grads_ready(self._slots[0].key)
 
-    def on_optimizer_post(self, index: int) -> None:
-        slot = self._slots[index]
+    def on_optimizer_post(self, key: int) -> None:
+        slot = self._by_key.get(key)
+        if slot is None:
+            return
         slot.in_step = False
         self._updated = True
         if slot.closure_loss is not None:
@@ -174,7 +222,7 @@ class StepSampler:
             if ids & slot.grads.param_ids:
                 mine = True
                 # Before clip_grad_norm_ scales them: the norms users need to see explode.
-                self.on_grads_ready(self._slots.index(slot))
+                self.on_grads_ready(slot.key)
         if self._rest is not None and ids & self._rest.param_ids:
             mine = True
         if mine:

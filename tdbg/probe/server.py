@@ -38,6 +38,7 @@ MAX_RESOLVE_PER_TICK = 2000
 MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dropped
 LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
 MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
+NAN = float("nan")
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad"})
 
@@ -70,6 +71,8 @@ class ProbeServer:
         self.metrics_inbox: deque[PendingMetrics] = deque()
         self.metrics = MetricsHistory()
         self._step_points: list[tuple[int, str, float]] = []
+        self._layout: tuple[Any, ...] | None = None  # from relayout(), for the probe thread
+        self.gone: list[int] = []  # layers whose parameters left the model
         self.history = History(len(layer_names))
         self.rules = AlertRules(layer_names, frozen or [])
         self._on_grad_device_time = on_grad_device_time
@@ -100,6 +103,54 @@ class ProbeServer:
         """From the training thread: one step for the probe thread (never blocks)."""
         self.inbox.append(pending)
         self.appended += 1
+
+    def relayout(
+        self,
+        names: list[str],
+        numel: list[int],
+        layer_models: list[int] | None,
+        models: list[str],
+        gone: list[int],
+        optimizers: list[dict[str, Any]],
+    ) -> None:
+        """From the training thread: the watched layers changed (names only grow). The probe
+        thread applies it before the next steps it sends (one reference swap: no lock)."""
+        self._layout = (names, numel, layer_models, models, gone, optimizers)
+        self.wake()
+
+    def _apply_layout(self) -> list[bytes]:
+        layout, self._layout = self._layout, None
+        if layout is None:
+            return []
+        names, numel, layer_models, models, gone, optimizers = layout
+        self.layer_names, self.layer_numel, self.layer_models = names, numel, layer_models
+        self.gone = gone
+        self.history.n_layers = len(names)
+        self.rules.layer_names = list(names)
+        self.rules.gone = set(gone)  # a layer that left the model: no norm is expected
+        run = self.endpoint.run_info
+        run["models"] = models
+        run["optimizers"] = optimizers
+        run["param_groups"] = sum(int(o["groups"]) for o in optimizers)
+        frame = pack(self._layers_message())
+        if self.recorder is not None:
+            self.recorder.layer_names, self.recorder.layer_numel = names, numel
+            self.recorder.add(frame)
+        return [frame]
+
+    def _layers_message(self) -> dict[str, Any]:
+        layers: dict[str, Any] = {
+            "type": "layers",
+            "names": self.layer_names,
+            "numel": self.layer_numel,
+        }
+        if self.layer_models is not None:
+            layers["model"] = self.layer_models
+        if self.gone:
+            layers["gone"] = self.gone
+        if "models" in self.endpoint.run_info:
+            layers["models"] = self.endpoint.run_info["models"]
+        return layers
 
     def take_commands(self, desk: CommandDesk, auto_nan_hunt: bool) -> None:
         """Serve deep-dive commands through ``desk`` (made after the server: its dives use the
@@ -439,14 +490,7 @@ class ProbeServer:
                 "run": self.endpoint.run_info,
             }
         )
-        layers: dict[str, Any] = {
-            "type": "layers",
-            "names": self.layer_names,
-            "numel": self.layer_numel,
-        }
-        if self.layer_models is not None:
-            layers["model"] = self.layer_models
-        replay: list[dict[str, Any]] = [layers, *self.history.replay()]
+        replay: list[dict[str, Any]] = [self._layers_message(), *self.history.replay()]
         replay.extend(dict(metrics_message(c), history=True) for c in self.metrics.replay())
         if self.desk is not None:
             replay.extend(self.desk.replay())
@@ -496,7 +540,10 @@ class ProbeServer:
         return points
 
     def _tick(self, now: float) -> None:
+        layout_frames = self._apply_layout()
         resolved = self._drain_inbox()
+        # A step pushed after a relayout may have been drained before it was seen above.
+        layout_frames += self._apply_layout()
         alerts: list[dict[str, Any]] = []
         while self.side_alerts:
             alerts.append(self.side_alerts.popleft())
@@ -504,12 +551,17 @@ class ProbeServer:
             self.last_step_time = now
             alerts.extend(self.rules.check_resumed(resolved[0][0].step))
         for record, missing in resolved:
+            norms = record.grad_norms
+            if self.gone and norms is not None:
+                for i in self.gone:  # left the model: no norm, rather than a 0 that looks real
+                    if i < len(norms):
+                        norms[i] = NAN  # type: ignore[index]
             alerts.extend(self.rules.check_step(record, missing))
             self.recent_costs.append((record.probe_time, record.step_time))
             self.last_step = record.step
         if not resolved and self.last_step is not None:
             alerts.extend(self.rules.check_stall(self.last_step, now - self.last_step_time))
-        frames: list[bytes] = []
+        frames: list[bytes] = layout_frames
         n_layers = len(self.layer_names)
         per_frame = max(1, LIVE_FRAME_BYTES // (100 + 4 * n_layers))
         for i in range(0, len(resolved), per_frame):

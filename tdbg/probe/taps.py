@@ -28,6 +28,10 @@ class Listener(Protocol):
 
     def on_scaler_update(self) -> None: ...
 
+    def on_module_change(self, module: Any) -> None: ...
+
+    def on_any_optimizer_step(self, optimizer: Any) -> None: ...
+
 
 _listeners: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
@@ -87,6 +91,27 @@ def _install() -> None:
     from torch.utils.data import DataLoader
 
     _swap(DataLoader, "__iter__", _wrap_loader_iter)
+    # A layer or parameter assigned into a module (``model.fc = nn.Linear(...)``), and any
+    # optimizer's step (a new optimizer for the model): global registries, so no per-module cost.
+    from torch.nn.modules import module as module_mod
+    from torch.optim import optimizer as optimizer_mod
+
+    for handle in (
+        module_mod.register_module_module_registration_hook(_on_module_registered),
+        module_mod.register_module_parameter_registration_hook(_on_module_registered),
+        optimizer_mod.register_optimizer_step_pre_hook(_on_optimizer_step),
+    ):
+        _restore.append(handle.remove)
+
+
+def _on_module_registered(module: Any, name: str, value: Any) -> None:
+    if _listeners:
+        _each(lambda listener: listener.on_module_change(module))
+
+
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    if _listeners:
+        _each(lambda listener: listener.on_any_optimizer_step(optimizer))
 
 
 def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -25,7 +25,7 @@ from tdbg.probe import taps
 from tdbg.probe.alerts import alert
 from tdbg.probe.commands import CommandDesk
 from tdbg.probe.dives.base import Dive, DiveContext, DiveRunner
-from tdbg.probe.gradients import find_layers
+from tdbg.probe.gradients import Layer, find_layers
 from tdbg.probe.hooks import PhaseHooks
 from tdbg.probe.log import warn
 from tdbg.probe.metrics import MetricsDesk
@@ -300,6 +300,9 @@ class Probe:
             self._layers.extend(found)
             layer_models.extend([index] * len(found))
         self.models = [model_name for model_name, _ in models]
+        self._models = models
+        self._optimizers = [(i, opt_name, opt) for i, (opt_name, opt) in enumerate(optimizers)]
+        self._layer_models = layer_models
         cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
         self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
         if not self._layers:
@@ -367,6 +370,7 @@ class Probe:
             self._sampler,
             self._count_error,
         )
+        self._note_watched()
         taps.attach(self._sampler)
         self._created = time.monotonic()
         if opts.serve or record_path is not None:
@@ -436,8 +440,14 @@ class Probe:
                 # Switched off by the circuit breaker: remove the hooks here, at a step
                 # boundary, never from inside a hook while torch iterates over them.
                 self._hooks.remove()
+                taps.detach(self._sampler)
                 self._dives.close("the probe switched itself off")
             return
+        if self._sampler.layout_dirty:
+            try:
+                self._relayout()
+            except Exception as exc:
+                self._count_error(exc)
         try:
             self._sampler.step(loss, samples, tokens, self._hooks)
         except Exception as exc:
@@ -560,7 +570,6 @@ class Probe:
                 warn(f"tdbg: {MAX_ERRORS} internal errors: the probe switches itself off")
                 self._disabled = True
                 self._broken = True
-                taps.detach(self._sampler)
                 self._hooks.active = False  # removed at the next probe.step() or close()
                 threading.Thread(target=self._server.stop, daemon=True).start()
         except Exception:
@@ -579,6 +588,82 @@ class Probe:
             "total_steps": self.total_steps,
             "skipped_steps": 0,
         }
+
+    # --- following the model when it changes ---------------------------------------------------
+    def _note_watched(self) -> None:
+        """What the taps compare against: every module and parameter of the watched models."""
+        modules: set[int] = set()
+        params: set[int] = set()
+        for _, model in self._models:
+            modules.update(id(m) for m in model.modules())
+            params.update(id(p) for p in model.parameters())
+        self._sampler.watched_modules = modules
+        self._sampler.watched_params = params
+
+    def _relayout(self) -> None:
+        """At a step boundary, after a watched module changed or a new optimizer updates it:
+        follow the model's parameters as they are now. A layer replaced under the same name
+        keeps its index and reports the new parameters; new layers are appended; a layer whose
+        parameters left the model is *gone* (no norms, no alerts); an optimizer that no longer
+        updates any of it is unhooked and a new one is hooked. Clients get a new ``layers``."""
+        sampler = self._sampler
+        sampler.layout_dirty = False
+        index_of = {layer.name: i for i, layer in enumerate(self._layers)}
+        layers = list(self._layers)
+        layer_models = list(self._layer_models)
+        seen: set[int] = set()
+        present: set[int] = set()
+        for m, (model_name, model) in enumerate(self._models):
+            prefix = f"{model_name}." if len(self._models) > 1 else ""
+            for layer in find_layers(model, model_name, prefix, seen):
+                present.add(index_of.setdefault(layer.name, len(layers)))
+                i = index_of[layer.name]
+                if i == len(layers):
+                    layers.append(layer)
+                    layer_models.append(m)
+                else:
+                    layers[i] = layer  # the same name, maybe new parameters: follow them
+        gone = [i for i in range(len(layers)) if i not in present]
+        for i in gone:
+            layers[i] = Layer(layers[i].name, ())
+        current = {id(p) for layer in layers for p in layer.params}
+        arrived = [o for o in (ref() for ref in sampler.new_optimizers) if o is not None]
+        newly_held = {id(p) for o in arrived for g in o.param_groups for p in g["params"]}
+
+        def still_used(optimizer: torch.optim.Optimizer) -> bool:
+            # Kept while it updates a parameter of the model that no newcomer took over.
+            mine = {id(p) for g in optimizer.param_groups for p in g["params"]} & current
+            return bool(mine - newly_held)
+
+        optimizers = [entry for entry in self._optimizers if still_used(entry[2])]
+        for key, _, _ in self._optimizers:
+            if all(key != kept[0] for kept in optimizers):
+                self._hooks.remove_optimizer(key)
+        next_key = max((key for key, _, _ in self._optimizers), default=-1) + 1
+        names = {name for _, name, _ in optimizers}
+        for optimizer in arrived:
+            if any(o is optimizer for _, _, o in optimizers):
+                continue
+            name = f"optimizer{next_key}" if "optimizer" in names or optimizers else "optimizer"
+            optimizers.append((next_key, name, optimizer))
+            names.add(name)
+            self._hooks.add_optimizer(next_key, optimizer)
+            next_key += 1
+        sampler.new_optimizers = []
+        self._layers, self._layer_models, self._optimizers = layers, layer_models, optimizers
+        sampler.rebuild(layers, optimizers)
+        self._note_watched()
+        self._server.relayout(
+            [layer.name for layer in layers],
+            [layer.numel for layer in layers],
+            layer_models if len(self._models) > 1 else None,
+            [name for name, _ in self._models],
+            gone,
+            [
+                {"name": name, "type": type(opt).__name__, "groups": len(opt.param_groups)}
+                for _, name, opt in optimizers
+            ],
+        )
 
     def _after_fork_in_child(self) -> None:
         self._disabled = True

@@ -36,8 +36,12 @@ functions, which never raise on a malformed message (a bad figure reads as None)
 ``welcome`` ``{proto, server_version, run: RunInfo}`` — the answer to hello [Welcome]. RunInfo
             is ``{name, pid, rank, host, argv, start_time, cwd, torch, device, commands, socket,
             proto_min, proto_max}``; ``commands`` maps a command this run cannot serve to why.
-``layers``  ``{names: [str], numel: [int]}`` — the layers whose gradients are watched, in the
-            order used by every ``grad_norms`` array. Sent before any step [Layers].
+``layers``  ``{names: [str], numel: [int], model?: [int], models?: [str], gone?: [int]}`` — the
+            layers whose gradients are watched, in the order used by every ``grad_norms``
+            array. Sent before any step [Layers]; sent again mid-run when the watched layers
+            change (a layer replaced, a model or optimizer added): the list only grows, earlier
+            names keep their index, a batch with fewer layers than the latest list has NaN for
+            the rest, and ``gone`` lists layers whose parameters left the model.
 ``steps``   ``{n, layers, lr_groups, history}`` [StepsHeader] and the columns of a batch of step
             records, owned by :mod:`tdbg.protocol.steps` (``pack_steps``/``unpack_steps``);
             ``history: true`` marks batches replayed to a late client. Per-layer norms may be
@@ -137,7 +141,9 @@ class Layers(TypedDict):
     type: Literal["layers"]
     names: list[str]
     numel: list[int]
-    model: NotRequired[list[int]]  # per layer: its model's index in RunInfo.models
+    model: NotRequired[list[int]]  # per layer: its model's index in ``models``
+    models: NotRequired[list[str]]  # the watched models' names (as RunInfo.models, kept current)
+    gone: NotRequired[list[int]]  # layers whose parameters left the model: no norms from then on
 
 
 class StepsHeader(TypedDict):

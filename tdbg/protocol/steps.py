@@ -144,9 +144,11 @@ def pack_steps(records: Sequence[StepRecord], n_layers: int, history: bool = Fal
     for r in with_grads:
         row = r.grad_norms
         assert row is not None
-        if len(row) != n_layers:
+        if len(row) > n_layers:
             raise ValueError(f"step {r.step}: {len(row)} grad norms for {n_layers} layers")
         norms.extend(row)
+        # A row from before layers were added (the run's layers only grow): NaN for the new.
+        norms.extend([NAN] * (n_layers - len(row)))
     if sys.byteorder != "little":
         norms.byteswap()
     msg["grad_norms"] = norms.tobytes()

@@ -183,6 +183,15 @@ class GradHistory:
     def __len__(self) -> int:
         return self._count + self._old_n
 
+    def widen(self, n_layers: int) -> None:
+        """Layers were added mid-run (the list only grows): earlier rows read NaN for them."""
+        extra = n_layers - self.n_layers
+        if extra <= 0:
+            return
+        self._ring = np.pad(self._ring, ((0, 0), (0, extra)), constant_values=np.nan)
+        self._old = np.pad(self._old, ((0, 0), (0, extra)), constant_values=np.nan)
+        self.n_layers = n_layers
+
     @classmethod
     def from_rows(
         cls,
@@ -422,6 +431,13 @@ class RunState:
     def _apply_layers(self, message: dict[str, Any]) -> None:
         names = [str(n) for n in message.get("names") or []]
         numel = [int(n) for n in message.get("numel") or []]
+        old = self.layer_names
+        if old and names[: len(old)] == old:
+            # The run's layers changed mid-run (a layer replaced, a model added): the list only
+            # grows and every earlier layer keeps its index, so the history stays.
+            self.layer_names, self.layer_numel = names, numel
+            self.grads.widen(len(names))
+            return
         if names != self.layer_names:
             self.layer_names = names
             self.layer_numel = numel
@@ -453,6 +469,13 @@ class RunState:
             self.lr.extend(np.full((n, self.lr.width), np.nan))
         self.lr_n.extend(batch.lr_n)
         if batch.has_grads.any():
+            rows = batch.grad_rows
+            if 0 < n_layers < self.grads.n_layers:
+                # A batch from before layers were added: NaN for the layers it did not know.
+                rows = np.pad(
+                    rows, ((0, 0), (0, self.grads.n_layers - n_layers)), constant_values=np.nan
+                )
+                n_layers = self.grads.n_layers
             if n_layers != self.grads.n_layers:
                 # Steps arrived before (or without) a matching ``layers`` message: name them.
                 self._apply_layers(
@@ -462,7 +485,7 @@ class RunState:
             self.grad_steps.extend(gsteps)
             self.grad_total.extend(batch.grad_total)
             if n_layers:
-                self.grads.extend(gsteps, batch.grad_rows)
+                self.grads.extend(gsteps, rows)
         self._bound_history()
 
     def _bound_history(self) -> None:
