@@ -455,3 +455,42 @@ def test_script_children_get_no_tdbg_settings_and_stay_inert(
     assert seen["after"] == {"env": user, "preloaded": True, "claimed": False, "recording": None}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.tdbg"]
     assert len(recorded_steps(record)) == 3
+
+
+@pytest.mark.slow
+def test_a_gan_watches_both_models_and_both_optimizers(tmp_path: Path, runtime_dir: Path) -> None:
+    record = tmp_path / "gan.tdbg"
+    proc = subprocess.run(
+        [*TDBG, "run", "--record", str(record), "--grad-every", "1", "train_gan.py"],
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    truth = json.loads(proc.stdout)
+    dump = subprocess.run(
+        [*TDBG, "dump", str(record)], capture_output=True, text=True, timeout=60, check=True
+    )
+    events = [json.loads(line) for line in dump.stdout.splitlines()]
+    hello = events[0]
+    # netD is found at the first backward, netG and its optimizer at optG's first step.
+    steps = [e for e in events if e["type"] == "step"]
+    from tdbg.recording.reader import Recording
+
+    recorded = [m for m in Recording(record).messages() if m.get("type") == "metrics"]
+    points = [tuple(p) for m in recorded for p in m["points"]]
+    layers = [e for e in events if e["type"] == "layers"]
+    names = layers[-1]["layers"] if layers else hello["layers"]
+    assert "netG.0" in names and "netG.2" in names and "0" in names
+    # Step 0 is D's first update alone; from then on one step per round, D then G. The first
+    # round's G update is step 1 on its own (it was found there); rounds 2.. are steps 2..
+    d_losses = {s: v for s, n, v in points if n == "loss/optD"}
+    g_losses = {s: v for s, n, v in points if n == "loss/optG"}
+    for i in range(1, len(truth)):
+        step = i + 1
+        assert d_losses[step] == pytest.approx(truth[i]["D"], rel=1e-5), step
+        assert g_losses[step] == pytest.approx(truth[i]["G"], rel=1e-5), step
+    assert steps[0]["loss"] == pytest.approx(truth[0]["D"], rel=1e-5)
+    last = steps[-1]
+    assert len(last["lr"]) == 2 and set(last["grad_norms"]) >= {"0", "2", "netG.0", "netG.2"}

@@ -104,8 +104,10 @@ def _caller_names(depth: int = 2) -> dict[int, str]:
         frame: Any = sys._getframe(depth)
     except ValueError:
         return names
-    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("tdbg."):
-        frame = frame.f_back  # watch() itself, tdbg run's discovery: the user's code is above
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(
+        ("tdbg.", "torch.")
+    ):
+        frame = frame.f_back  # watch(), tdbg run's discovery, torch's hooks: the user is above
     if frame is None:
         return names
     for scope in (frame.f_globals, frame.f_locals):
@@ -301,8 +303,11 @@ class Probe:
             layer_models.extend([index] * len(found))
         self.models = [model_name for model_name, _ in models]
         self._models = models
+        # Fixed once per model: a model added later must not rename the first one's layers.
+        self._prefixes = [f"{name}." if len(models) > 1 else "" for name, _ in models]
         self._optimizers = [(i, opt_name, opt) for i, (opt_name, opt) in enumerate(optimizers)]
         self._layer_models = layer_models
+        self._optimizer_names: dict[int, str] = {}  # names add() was given, until hooked
         cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
         self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
         if not self._layers:
@@ -490,6 +495,32 @@ class Probe:
         except Exception as exc:
             self._count_error(exc)
 
+    def add(self, model: nn.Module | None = None, optimizer: Any = None) -> None:
+        """Watch one more model and/or optimizer from now on (``tdbg run`` finds a GAN's second
+        pair at its first step). Its layers are appended; clients get a new ``layers``. Call it
+        between steps, or from torch's global optimizer pre-step hook."""
+        try:
+            caller = _caller_names()
+            if model is not None:
+                taken = {name for name, _ in self._models}
+                for name, module in _named(model, nn.Module, "model", "model", caller):
+                    if any(m is module for _, m in self._models):
+                        continue
+                    while name in taken:
+                        name += "_"
+                    taken.add(name)
+                    self._models.append((name, module))
+                    self._prefixes.append(f"{name}.")
+                self.models = [name for name, _ in self._models]
+            if optimizer is not None:
+                for name, opt in _named(optimizer, torch.optim.Optimizer, "o", "", caller):
+                    self._sampler.new_optimizers.append(weakref.ref(opt))
+                    if name:
+                        self._optimizer_names[id(opt)] = name
+            self._relayout()
+        except Exception as exc:
+            self._count_error(exc)
+
     def note_backward(self, loss: Any, inside_step: bool = False) -> None:
         """A scalar backpropagated before this probe's taps existed (``tdbg run`` starts the
         probe at the first backward): counted into the step as if the taps had seen it.
@@ -614,7 +645,7 @@ class Probe:
         seen: set[int] = set()
         present: set[int] = set()
         for m, (model_name, model) in enumerate(self._models):
-            prefix = f"{model_name}." if len(self._models) > 1 else ""
+            prefix = self._prefixes[m]
             for layer in find_layers(model, model_name, prefix, seen):
                 present.add(index_of.setdefault(layer.name, len(layers)))
                 i = index_of[layer.name]
@@ -641,10 +672,17 @@ class Probe:
                 self._hooks.remove_optimizer(key)
         next_key = max((key for key, _, _ in self._optimizers), default=-1) + 1
         names = {name for _, name, _ in optimizers}
+        caller = _caller_names() if arrived else {}
         for optimizer in arrived:
             if any(o is optimizer for _, _, o in optimizers):
                 continue
-            name = f"optimizer{next_key}" if "optimizer" in names or optimizers else "optimizer"
+            name = (
+                self._optimizer_names.pop(id(optimizer), "")
+                or caller.get(id(optimizer))
+                or f"optimizer{next_key}"
+            )
+            while name in names:
+                name += "_"
             optimizers.append((next_key, name, optimizer))
             names.add(name)
             self._hooks.add_optimizer(next_key, optimizer)

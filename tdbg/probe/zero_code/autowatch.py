@@ -23,6 +23,7 @@ ENV_NAME = "TDBG_NAME"
 ENV_GRAD_EVERY = "TDBG_GRAD_EVERY"
 ENV_RECORD = "TDBG_RECORD"  # read by watch() itself; removed once this process's probe has it
 MAX_MISSES = 10  # backward calls reaching no module's parameters before giving up
+DISCOVERY_STEPS = 20  # steps after the start during which more models/optimizers are looked for
 
 
 def _warn(message: str) -> None:
@@ -158,11 +159,15 @@ class AutoWatch:
         self._dead = False  # failed: remove everything at the next safe point
         self.probe: Probe | None = None
         self.model: nn.Module | None = None
+        self.models: list[Any] = []  # every model watched (a GAN's two)
         self.optimizer: torch.optim.Optimizer | None = None
         self._seen: dict[int, weakref.ref[nn.Module]] = {}
         self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._global: list[Any] = []  # RemovableHandles of the global discovery hooks
-        self._own: list[Any] = []  # the chosen optimizer's step hooks
+        self._own: list[Any] = []  # the watched optimizers' step hooks
+        self._watched: list[Any] = []  # the optimizers watched, in the order they were found
+        self._stepped: set[int] = set()  # ids of those that stepped in the current round
+        self._discovering = False  # after the start: a second model or optimizer may show up
         self._in_step = False
         self._loss: Any = None  # the last scalar backpropagated outside optimizer.step()
         self._closure_loss: Any = None  # the first one inside it (what step(closure) returns)
@@ -307,8 +312,10 @@ class AutoWatch:
         self._closure_loss = None
         try:
             self._optimizers.add(optimizer)
-        except TypeError:
-            pass
+            if self._discovering and self.probe is not None and not self.off:
+                self._maybe_add(optimizer)
+        except Exception as exc:
+            self._fail(exc)
 
     def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._in_step = False
@@ -365,9 +372,18 @@ class AutoWatch:
             self._in_step = False
             self._closure_loss = None
             self._loss = None
+            # One step per round: when every watched optimizer has stepped (a GAN's D then G).
+            self._stepped.add(id(optimizer))
+            if not all(id(o) in self._stepped for o in self._watched):
+                return
+            self._stepped.clear()
             # The probe saw what was backpropagated for this update (its taps): the sum over
             # accumulated micro-batches, or the closure's loss.
             self.probe.step()
+            if self._discovering and self.probe.steps >= DISCOVERY_STEPS:
+                # Before torch iterates the global post hooks: removing them now is safe.
+                self._discovering = False
+                self._remove_global()
         except Exception as exc:
             self._fail(exc)
 
@@ -392,10 +408,15 @@ class AutoWatch:
             return
         import tdbg
 
-        self._remove_global()
-        if optimizer is not None:
+        if optimizer is None:
+            self._remove_global()
+        else:
+            # Kept for a few steps: a second model and optimizer (a GAN) show up at their first
+            # step; then removed, so that a long run pays nothing for discovery.
+            self._discovering = True
             self._restore_init()  # an optimizer mode probe needs no later optimizers
         self.model, self.optimizer = model, optimizer
+        self.models = [model]
         try:
             self.probe = tdbg.watch(
                 model, optimizer, name=self.config["name"], grad_every=self.config["grad_every"]
@@ -407,10 +428,50 @@ class AutoWatch:
         if optimizer is not None:
             # Registered after the probe's own hooks: at each step the probe has read the
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
-            from tdbg.probe.hook_refs import WeakHook
 
-            self._own.append(optimizer.register_step_pre_hook(WeakHook(self._on_own_step_pre)))
-            self._own.append(optimizer.register_step_post_hook(WeakHook(self._on_own_step_post)))
+            self._hook_optimizer(optimizer)
+
+    def _hook_optimizer(self, optimizer: Any) -> None:
+        from tdbg.probe.hook_refs import WeakHook
+
+        self._watched.append(optimizer)
+        self._own.append(optimizer.register_step_pre_hook(WeakHook(self._on_own_step_pre)))
+        self._own.append(optimizer.register_step_post_hook(WeakHook(self._on_own_step_post)))
+
+    def _maybe_add(self, optimizer: Any) -> None:
+        """An optimizer stepping that is not watched: if it updates another called model (the
+        generator of a GAN), watch both. Runs in torch's global pre-step hook, before the
+        optimizer's own hooks are iterated: hooking it here takes effect for this very step."""
+        if any(o is optimizer for o in self._watched) or self.probe is None:
+            return
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        watched = {id(p) for m in self._models() for p in m.parameters()}
+        if not held or held & watched:
+            return  # a replacement of a watched one: the probe follows that itself
+        model = self._owner_of(held)
+        if model is None:
+            return
+        self.probe.add(model, optimizer)
+        self.models.append(model)
+        # The round so far counts as done for the others: the step ends after this one.
+        self._stepped = {id(o) for o in self._watched}
+        self._hook_optimizer(optimizer)
+
+    def _models(self) -> list[Any]:
+        return list(self.models)
+
+    def _owner_of(self, held: set[int]) -> Any:
+        """The outermost module called whose parameters ``held`` holds most of."""
+        modules = [m for ref in self._seen.values() if (m := ref()) is not None]
+        inner = {id(sub) for m in modules for sub in m.modules() if sub is not m}
+        best, most = None, 0
+        for module in modules:
+            if id(module) in inner:
+                continue
+            count = sum(1 for p in module.parameters() if id(p) in held)
+            if count > most:
+                best, most = module, count
+        return best
 
     def _choose(self) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
         """The outermost module called whose parameters got gradients, and its optimizer."""
