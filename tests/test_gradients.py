@@ -208,3 +208,26 @@ def test_non_finite_gradients_show_as_non_finite() -> None:
     assert math.isfinite(per_layer[0])
     assert math.isnan(per_layer[1])
     assert math.isnan(total)
+
+
+def test_the_gradient_pass_also_flags_non_finite_weights() -> None:
+    """Weights are normed in the same fused call: a layer whose weights hold a NaN is named,
+    on the host and after the device-layout join of several optimizers' samples."""
+    from tdbg.probe.gradients import GradientStats, GradSample, find_layers
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    model(torch.randn(5, 3)).sum().backward()
+    layers = find_layers(model)
+    clean = GradientStats(layers).compute()
+    assert clean.weight_nonfinite() == []
+    with torch.no_grad():
+        model[2].bias[1] = float("nan")
+    sample = GradientStats(layers).compute()
+    assert sample.weight_nonfinite() == [1]
+    norms, _ = sample.layer_norms()
+    assert all(v == v for v in norms)  # the gradients themselves are finite
+    first = GradientStats(layers, {id(p) for p in model[0].parameters()}).compute()
+    second = GradientStats(layers, {id(p) for p in model[2].parameters()}).compute()
+    joined = GradSample.join([first, second])
+    assert joined.weight_nonfinite() == [1]
+    assert list(joined.layer_norms()[0]) == pytest.approx(list(norms))

@@ -59,12 +59,15 @@ class GradSample:
     ``values[i]`` is the norm of a parameter of layer ``layer_index[i]``; the probe thread folds
     them into per-layer norms (:func:`layer_norms`) — after the step's one device-to-host copy on
     a GPU — so the training thread pays only for the fused norm kernel (and a stack on a GPU).
+    With ``weights``, ``values`` continues with the same parameters' weight norms, in the same
+    order, from the same fused call: where a NaN began, on no extra copy (:meth:`weight_nonfinite`).
     """
 
     values: torch.Tensor | Sequence[torch.Tensor]  # 0-d tensors, one per parameter, on the CPU
-    layer_index: torch.Tensor  # on the host, int64, one entry per value
+    layer_index: torch.Tensor  # on the host, int64, one entry per gradient norm
     n_layers: int
     missing: list[int]  # layers with a parameter that requires grad but has no .grad
+    weights: bool = False  # values = [gradient norms] + [weight norms]
 
     @property
     def on_host(self) -> bool:
@@ -75,11 +78,18 @@ class GradSample:
         """One sample from several optimizers' (disjoint parameters, the same layers)."""
         if len(samples) == 1:
             return samples[0]
-        parts = [
-            s.values if isinstance(s.values, torch.Tensor) else torch.stack(list(s.values))
-            for s in samples
-            if len(s.layer_index)
-        ]
+        weights = all(s.weights for s in samples)
+        grads: list[torch.Tensor] = []
+        norms_of_weights: list[torch.Tensor] = []
+        for s in samples:
+            n = len(s.layer_index)
+            if not n:
+                continue
+            vector = s.values if isinstance(s.values, torch.Tensor) else torch.stack(list(s.values))
+            grads.append(vector[:n])
+            if weights:
+                norms_of_weights.append(vector[n : 2 * n])
+        parts = grads + norms_of_weights
         if parts:
             device = parts[0].device
             values = torch.cat([p.float().to(device, non_blocking=True) for p in parts])
@@ -87,12 +97,28 @@ class GradSample:
             values = torch.zeros(0)
         index = torch.cat([s.layer_index for s in samples])
         missing = sorted({i for s in samples for i in s.missing})
-        return GradSample(values, index, samples[0].n_layers, missing)
+        return GradSample(values, index, samples[0].n_layers, missing, weights)
 
-    def layer_norms(self, host_values: torch.Tensor | None = None) -> tuple[array, float]:
+    def _vector(self, host_values: torch.Tensor | None) -> torch.Tensor:
         values = self.values if host_values is None else host_values
         if not isinstance(values, torch.Tensor):
             values = torch.stack([v.float() for v in values]) if values else torch.zeros(0)
+        return values
+
+    def weight_nonfinite(self, host_values: torch.Tensor | None = None) -> list[int]:
+        """Layers whose weights held a NaN or Inf when the gradients were read (the weights
+        this step's forward used); [] when weights were not measured."""
+        if not self.weights:
+            return []
+        n = len(self.layer_index)
+        weights = self._vector(host_values)[n : 2 * n].detach().to("cpu", torch.float64)
+        bad = ~torch.isfinite(weights)
+        if not bool(bad.any()):
+            return []
+        return sorted({int(i) for i in self.layer_index[bad].tolist()})
+
+    def layer_norms(self, host_values: torch.Tensor | None = None) -> tuple[array, float]:
+        values = self._vector(host_values)[: len(self.layer_index)]
         return layer_norms(values, self.layer_index, self.n_layers)
 
 
@@ -134,6 +160,7 @@ class GradientStats:
                 if param.requires_grad and (only is None or id(param) in only):
                     self._params.append(param)
                     self._param_layer.append(index)
+        self._weights: list[torch.Tensor] = list(self._params)
         self.layer_indices = sorted(set(self._param_layer))
         self.param_ids = frozenset(id(p) for p in self._params)
 
@@ -184,23 +211,33 @@ class GradientStats:
         if self.replanned:
             self._make_plan(grads, key)
         norms: list[tuple[torch.Tensor, ...]] = []
-        for members, sparse, low_precision in self._plan:
-            group = grads if self._whole else [grads[i] for i in members]
-            if sparse:
-                group = [g.coalesce().values() for g in group]  # type: ignore[union-attr]
-            if low_precision:
-                # Accumulate in float32: an fp16 norm overflows at 65504, bf16 loses digits.
-                norms.append(torch._foreach_norm(group, 2, dtype=torch.float32))  # type: ignore[arg-type]
-            else:
-                norms.append(torch._foreach_norm(group))  # type: ignore[arg-type]
+        weight_norms: list[tuple[torch.Tensor, ...]] = []
+        with torch.no_grad():  # a pre-step hook may run with grad mode on: no graph of weights
+            for members, sparse, low_precision in self._plan:
+                group = grads if self._whole else [grads[i] for i in members]
+                weights = self._weights if self._whole else [self._weights[i] for i in members]
+                kwargs = {"dtype": torch.float32} if low_precision else {}
+                # Low precision accumulates in float32: an fp16 norm overflows at 65504.
+                if sparse:
+                    dense = [g.coalesce().values() for g in group]  # type: ignore[union-attr]
+                    norms.append(torch._foreach_norm(dense, 2, **kwargs))
+                    weight_norms.append(torch._foreach_norm(weights, 2, **kwargs))
+                else:
+                    # One fused call over the gradients and their weights: one kernel launch.
+                    both = torch._foreach_norm([*group, *weights], 2, **kwargs)  # type: ignore[list-item]
+                    norms.append(both[: len(group)])
+                    weight_norms.append(both[len(group) :])
         values: torch.Tensor | Sequence[torch.Tensor]
+        ordered = [n for group in (*norms, *weight_norms) for n in group]
         if not norms:
             values = []  # no parameter has a gradient: nothing to copy
         elif self._on_host:
             # Already on the host: the probe thread stacks them, not the training thread.
-            values = norms[0] if len(norms) == 1 else [n for group in norms for n in group]
+            values = ordered
         elif len(norms) == 1:
-            values = torch.stack(norms[0])  # one tensor: the step's single copy needs it
+            values = torch.stack(ordered)  # one tensor: the step's single copy needs it
         else:
-            values = torch.cat([torch.stack(n).to(self.device, non_blocking=True) for n in norms])
-        return GradSample(values, self._layer_index, self.n_layers, self._missing)
+            values = torch.cat(
+                [torch.stack(n).to(self.device, non_blocking=True) for n in (*norms, *weight_norms)]
+            )
+        return GradSample(values, self._layer_index, self.n_layers, self._missing, bool(norms))

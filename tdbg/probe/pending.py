@@ -45,6 +45,7 @@ class PendingStep:
     missing_layers: list[int] = field(default_factory=list)
     grad_marks: tuple[Mark, Mark] | None = None  # around the gradient pass, on a GPU
     grad_device_time: float | None = None  # what the pass took on the device, once resolved
+    weight_nonfinite: list[int] | None = None  # layers with NaN/Inf weights (sampled steps)
 
     def resolve(self) -> tuple[StepRecord, list[int]] | None:
         """The finished record, or None while device work is pending. Never blocks."""
@@ -82,7 +83,9 @@ class PendingStep:
             scalars.update(zip(self.device_scalars, host[:k].tolist(), strict=True))
             host = host[k:]
         if self.grads is not None:
-            grad_norms, grad_total = self.grads.layer_norms(None if self.grads.on_host else host)
+            on_device = None if self.grads.on_host else host
+            grad_norms, grad_total = self.grads.layer_norms(on_device)
+            self.weight_nonfinite = self.grads.weight_nonfinite(on_device)
         loss = scalars.pop("loss", self.loss)
         clip_norm = scalars.pop("clip_norm", NAN)
         self.points = [(self.step, name, value) for name, value in scalars.items()]
