@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tdbg.probe.gradients import GradSample
@@ -36,18 +37,19 @@ class PendingStep:
     micro_batches: float = NAN
     clip_max: float = NAN
     epoch: float = NAN
-    host_scalars: dict[str, Any] = field(default_factory=dict)
-    device_scalars: list[str] = field(default_factory=list)
-    points: list[tuple[int, str, float]] = field(default_factory=list)  # metrics, once resolved
+    # Filled only on steps that have them: no empty containers made per step.
+    host_scalars: dict[str, Any] | None = None
+    device_scalars: list[str] | None = None
+    points: tuple[tuple[int, str, float], ...] = ()  # metrics (loss/NAME), once resolved
     values: Any = None
     ready: Any = None
     grads: GradSample | None = None  # this step's sample, when gradients were sampled
-    missing_layers: list[int] = field(default_factory=list)
+    missing_layers: Sequence[int] = ()
     grad_marks: tuple[Mark, Mark] | None = None  # around the gradient pass, on a GPU
     grad_device_time: float | None = None  # what the pass took on the device, once resolved
     weight_nonfinite: list[int] | None = None  # layers with NaN/Inf weights (sampled steps)
 
-    def resolve(self) -> tuple[StepRecord, list[int]] | None:
+    def resolve(self) -> tuple[StepRecord, Sequence[int]] | None:
         """The finished record, or None while device work is pending. Never blocks."""
         if self.ready is not None and not self.ready.query():
             return None
@@ -77,7 +79,7 @@ class PendingStep:
         grad_total: float | None = None
         grad_norms: array | None = None
         host = self.values
-        scalars = {name: float(value) for name, value in self.host_scalars.items()}
+        scalars = {name: float(value) for name, value in (self.host_scalars or {}).items()}
         if host is not None and self.device_scalars:
             k = len(self.device_scalars)
             scalars.update(zip(self.device_scalars, host[:k].tolist(), strict=True))
@@ -88,7 +90,8 @@ class PendingStep:
             self.weight_nonfinite = self.grads.weight_nonfinite(on_device)
         loss = scalars.pop("loss", self.loss)
         clip_norm = scalars.pop("clip_norm", NAN)
-        self.points = [(self.step, name, value) for name, value in scalars.items()]
+        if scalars:
+            self.points = tuple((self.step, name, value) for name, value in scalars.items())
         record = StepRecord(
             step=self.step,
             time=self.time,

@@ -339,11 +339,15 @@ class StepSampler:
         optimizer's update, else since the last step) and each optimizer's, when several."""
         per_optimizer: dict[str, Any] = {}
         first: Any = None
+        several = len(self._slots) > 1
         for slot in self._slots:
-            value, slot.loss = slot.loss, None
-            if value is not None and first is None:
+            value = slot.loss
+            if value is None:
+                continue
+            slot.loss = None
+            if first is None:
                 first = value
-            if value is not None and len(self._slots) > 1:
+            if several:
                 per_optimizer[f"loss/{slot.name}"] = value
         leftover, self._pending_loss = self._pending_loss, None
         if loss is None:
@@ -367,7 +371,8 @@ class StepSampler:
     def step(self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks) -> None:
         """One ``probe.step()``: hand the step to the probe thread, sample gradients if due."""
         t0 = perf()
-        self._note_loader()
+        if self._iterating is not None:
+            self._note_loader()
         if not self._server.serving:
             # Nobody can ever read what this step would record: keep nothing, compute nothing.
             self.step_count += 1
@@ -404,12 +409,13 @@ class StepSampler:
         if sample is not None:
             pending.grads = sample
             pending.missing_layers = sample.missing
-        scalars: dict[str, Any] = dict(per_optimizer)
+        scalars = per_optimizer
         if loss_tensor is not None:
             scalars["loss"] = loss_tensor
         if clip is not None:
             scalars["clip_norm"] = clip[1]
-        _stage_values(pending, sample, scalars)
+        if scalars or sample is not None:
+            _stage_values(pending, sample, scalars)
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the hook that ran it.
         probe_time = (perf() - t0) + hooks.take_seconds()
@@ -479,11 +485,15 @@ def _stage_values(pending: PendingStep, sample: GradSample | None, scalars: dict
         device = sample.values.device
     for name, value in scalars.items():
         if not isinstance(value, torch.Tensor) or value.device.type == "cpu":
+            if pending.host_scalars is None:
+                pending.host_scalars = {}
             pending.host_scalars[name] = value
             continue
         target = device or value.device
         device = target
         values.append(value.detach().reshape(1).to(target, torch.float32, non_blocking=True))
+        if pending.device_scalars is None:
+            pending.device_scalars = []
         pending.device_scalars.append(name)
     if sample is not None and isinstance(sample.values, torch.Tensor):
         values.append(sample.values.float() if device is not None else sample.values)

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tdbg import __version__
@@ -501,8 +501,8 @@ class ProbeServer:
         conn.start_replay(replay)
 
     # --- periodic work ----------------------------------------------------------------------
-    def _drain_inbox(self) -> list[tuple[StepRecord, list[int]]]:
-        resolved: list[tuple[StepRecord, list[int]]] = []
+    def _drain_inbox(self) -> list[tuple[StepRecord, Sequence[int]]]:
+        resolved: list[tuple[StepRecord, Sequence[int]]] = []
         inbox = self.inbox
         # Bounded work per wakeup keeps the probe thread's GIL hold short.
         while inbox and len(resolved) < MAX_RESOLVE_PER_TICK:
