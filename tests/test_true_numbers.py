@@ -395,3 +395,25 @@ def test_a_replaced_layer_and_optimizer_are_followed(runtime_dir: Path) -> None:
         a for a in reader.of("alert") if a["kind"] in ("no_grad", "zero_grad", "nonfinite_grad")
     ]
     reader.close()
+
+
+def test_clipping_without_an_optimizer_shows_the_same_pre_clip_norm(runtime_dir: Path) -> None:
+    model = _model()
+    x, y = _data()
+    probe = tdbg.watch(model, grad_every=1)  # manual updates: gradients read at probe.step()
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    returned = []
+    for _ in range(3):
+        model.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        returned.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad  # type: ignore[operator]
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 3)
+    for record, total in zip(reader.records(), returned, strict=True):
+        assert total > 0.5 and record.grad_total == pytest.approx(total, rel=1e-5)
+        assert record.clip_max == 0.5
+    reader.close()

@@ -107,6 +107,7 @@ class StepSampler:
         self._pending_loss: Any = None  # backpropagated, not yet given to an optimizer
         self._micro = 0  # backward calls of a scalar
         self._clip: tuple[float, Any] | None = None  # (max_norm, the norm clip measured)
+        self._rest_sample: GradSample | None = None  # read inside a clip (no optimizer)
         self.epoch: float = NAN
         self.epoch_given = False  # set_progress(epoch=) wins over DataLoader detection
         self._loader: Any = None  # weakref to the DataLoader whose passes count as epochs
@@ -223,8 +224,11 @@ class StepSampler:
                 mine = True
                 # Before clip_grad_norm_ scales them: the norms users need to see explode.
                 self.on_grads_ready(slot.key)
-        if self._rest is not None and ids & self._rest.param_ids:
+        rest = self._rest
+        if rest is not None and ids & rest.param_ids:
             mine = True
+            if self._sample_now and self._rest_sample is None:
+                self._rest_sample = self._compute_grads(rest)  # unclipped, as above
         if mine:
             self._clip = (_number(max_norm), total_norm)
 
@@ -322,14 +326,14 @@ class StepSampler:
                     sample = None
             if sample is not None:
                 samples.append(sample)
-        if self._rest is not None and self._sample_now:
+        rest_sample, self._rest_sample = self._rest_sample, None
+        if rest_sample is None and self._rest is not None and self._sample_now:
             try:
-                sample = self._compute_grads(self._rest)
+                rest_sample = self._compute_grads(self._rest)
             except Exception as exc:
                 self._count_error(exc)
-                sample = None
-            if sample is not None:
-                samples.append(sample)
+        if rest_sample is not None:
+            samples.append(rest_sample)
         if not samples or not self._n_layers:
             return None
         return GradSample.join(samples)
@@ -432,7 +436,7 @@ class StepSampler:
     def _forget_step(self) -> None:
         for slot in self._slots:
             slot.sample = slot.loss = slot.lr = None
-        self._pending_loss = self._clip = None
+        self._pending_loss = self._clip = self._rest_sample = None
         self._micro = 0
         self._grad_marks = None
 
