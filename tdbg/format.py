@@ -115,3 +115,16 @@ def fmt_percent(fraction: object, spec: str = ".1f") -> str:
     if v is None or math.isnan(v):
         return NA
     return f"{100 * v:{spec}}"
+
+
+def fmt_span(seconds: object) -> str:
+    """A short span as people say it: ``45s``, ``1m03s``, ``2h05m``; ``n/a`` when unknown."""
+    v = number(seconds)
+    if v is None or not math.isfinite(v) or v < 0:
+        return NA
+    s = int(v)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s // 60 % 60:02d}m"

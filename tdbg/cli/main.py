@@ -33,6 +33,7 @@ from tdbg.cli.errors import CliError
 from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
+from tdbg.cli.status import add_status_parser
 from tdbg.cli.target_args import (
     TARGET_HELP,
     add_remote_options,
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     tui.set_defaults(func=cmd_tui)
     add_bridge_parser(sub)
     add_run_parser(sub)
+    add_status_parser(sub)
 
     profile = _job_parser(
         sub,

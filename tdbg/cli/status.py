@@ -1,0 +1,144 @@
+"""``tdbg status [TARGET...]``: one line per run (step, loss, steps/s, health) for ssh and cron."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+from tdbg.cli.args import positive_float
+from tdbg.cli.errors import CliError
+from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target, target_arg
+from tdbg.connect.client import ConnectError
+from tdbg.connect.runtime import discover, runtime_dir
+from tdbg.connect.targets import Recording, resolve
+from tdbg.format import fmt, fmt_loss
+
+if TYPE_CHECKING:
+    from tdbg.tui.state.health import Health
+    from tdbg.tui.state.run_state import RunState
+
+EXIT_UNHEALTHY = 1
+EXIT_USAGE = 2
+SYNC_SECONDS = 5.0  # how long a run may take to send its history
+
+
+def add_status_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "status",
+        help="one line per run: step, loss, steps/s and health; exit 1 if any is unhealthy",
+        description=(
+            "One line per run: its name, step, loss, steps/s, a health verdict (live, stalled, "
+            "non-finite, input-bound, ended, probe off) and its alert count. Without TARGET, "
+            "every run on this machine. Exit status: 0 all healthy (a run that ended cleanly "
+            "counts as healthy), 1 one or more unhealthy, 2 no run or bad arguments."
+        ),
+    )
+    p.add_argument("targets", nargs="*", type=target_arg, metavar="TARGET", help=TARGET_HELP)
+    add_remote_options(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per run")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=SYNC_SECONDS,
+        metavar="S",
+        help=f"wait at most S seconds for a run's history (default {SYNC_SECONDS:g})",
+    )
+    p.set_defaults(func=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    from tdbg.tui.state.health import assess  # numpy: loaded by this command only
+
+    texts: list[str] = list(args.targets)
+    if not texts:
+        entries = discover()
+        if not entries:
+            raise CliError(f"no tdbg runs in {runtime_dir()}")
+        texts = [str(e.socket) for e in entries]
+    worst = 0
+    for text in texts:
+        try:
+            state = _read(text, args)
+        except (CliError, ConnectError) as exc:
+            print(f"tdbg: error: {exc}", file=sys.stderr, flush=True)
+            worst = max(worst, EXIT_USAGE)
+            continue
+        health = assess(state)
+        out.write(_line(state, health, args.json))
+        out.flush()
+        if not health.healthy:
+            worst = max(worst, EXIT_UNHEALTHY)
+    return worst
+
+
+def _read(text: str, args: argparse.Namespace) -> RunState:
+    """A run's state from its history (a live run: until ``synced``; a recording: whole)."""
+    from tdbg.tui.state.run_state import RunState
+
+    target = resolve(text)
+    state = RunState()
+    if isinstance(target, Recording):
+        from tdbg.recording.reader import Recording as RecordingFile
+        from tdbg.recording.reader import RecordingError
+
+        try:
+            recording = RecordingFile(target.path)
+            state.run = dict(recording.run)
+            state.apply_many(recording.messages())
+        except RecordingError as exc:
+            raise CliError(str(exc)) from None
+        state.mark("ended", "shutdown" if recording.ended else "killed")
+        return state
+    client = attach_target(target, text, args.timeout, args)
+    try:
+        state.run = dict(client.run)
+        state.mark("live")
+        deadline = time.monotonic() + args.timeout
+        for message in client.messages(timeout=max(0.05, deadline - time.monotonic())):
+            state.apply(message)
+            if state.synced or time.monotonic() > deadline:
+                break
+        if client.peer_closed and not state.synced:
+            state.mark("ended", state.end_reason or "closed")
+    finally:
+        client.close()
+    return state
+
+
+def _line(state: RunState, health: Health, as_json: bool) -> str:
+    name = str(state.run.get("name") or "?")
+    step = state.last_step
+    loss = state.last_loss
+    if as_json:
+        rate = health.steps_per_sec
+        return (
+            json.dumps(
+                {
+                    "name": name,
+                    "pid": state.run.get("pid"),
+                    "step": step,
+                    "loss": loss if loss is None or math.isfinite(loss) else str(loss),
+                    "steps_per_sec": rate,
+                    "health": health.word,
+                    "level": health.level,
+                    "detail": health.detail,
+                    "alerts": state.alert_count,
+                }
+            )
+            + "\n"
+        )
+    rate = health.steps_per_sec
+    parts = [
+        f"{name:<20}",
+        f"step {step if step is not None else '-':>7}",
+        f"loss {fmt_loss(loss):>9}",
+        f"{fmt(rate, '.3g') if rate is not None else '-':>6} steps/s",
+        f"{health.word:<11}",
+        f"{state.alert_count} alert{'s' if state.alert_count != 1 else ''}",
+    ]
+    detail = "" if health.word == "live" else f"  ({health.detail})"
+    return "  ".join(parts) + detail + "\n"

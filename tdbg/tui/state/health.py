@@ -1,0 +1,83 @@
+"""The run's health in one word — live, stalled, non-finite, input-bound, ended — never stale."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tdbg.format import fmt_span
+from tdbg.tui.state.run_state import RunState
+
+STALL_MIN_SECONDS = 10.0  # a step gap shorter than this is never a stall
+STALL_FACTOR = 10.0  # ... nor one shorter than this many recent step times
+RECENT_STEPS = 50
+
+
+@dataclass(frozen=True)
+class Health:
+    """A verdict: ``word`` for the header, ``level`` for its colour, ``detail`` for a line."""
+
+    word: str  # "live" | "stalled" | "non-finite" | "input-bound" | "ended" | "probe off" | ...
+    level: str  # "ok" | "warn" | "bad" | "idle"
+    detail: str
+    steps_per_sec: float | None  # a recent window: 0 while stalled, None when unknown
+
+    @property
+    def healthy(self) -> bool:
+        """What ``tdbg status`` exits 0 for: nothing wrong (a run that ended cleanly included)."""
+        return self.level in ("ok", "idle")
+
+
+def assess(state: RunState, now: float | None = None) -> Health:
+    """The run's health as of ``now`` (wall clock; steps carry their wall time)."""
+    now = time.time() if now is None else now
+    probe = state.probe or {}
+    rate = state.steps_per_sec()
+    if probe.get("disabled"):
+        return Health("probe off", "bad", "the probe switched itself off after errors", None)
+    if state.ended or probe.get("closed"):
+        reason = state.end_reason or "closed"
+        how = "the run ended" if reason in ("shutdown", "closed") else f"ended: {reason}"
+        last = state.last_step
+        at = f" at step {last}" if last is not None else ""
+        return Health("ended", "idle", f"{how}{at}", None)
+    if not state.n_steps:
+        return Health("starting", "idle", "waiting for the first step", None)
+    start = _nonfinite_since(state)
+    if start is not None:
+        return Health("non-finite", "bad", f"loss non-finite since step {start}", rate)
+    gap = now - float(state.cols["time"].values[-1])
+    expected = _recent_step_seconds(state)
+    limit = max(STALL_MIN_SECONDS, STALL_FACTOR * expected) if expected else STALL_MIN_SECONDS
+    if state.connection == "live" and gap > limit:
+        return Health("stalled", "bad", f"no step for {fmt_span(gap)}", 0.0)
+    if state.input_bound:
+        share = state.anatomy()["data_time"] or 0.0
+        return Health("input-bound", "warn", f"waiting for data {share:.0%} of each step", rate)
+    return Health("live", "ok", "training", rate)
+
+
+def _nonfinite_since(state: RunState) -> int | None:
+    """The first step of the trailing run of non-finite losses, or None if the last is finite."""
+    has = state.has_loss.values
+    if not has.any():
+        return None
+    idx = np.flatnonzero(has)
+    losses = state.loss.values[idx]
+    if math.isfinite(float(losses[-1])):
+        return None
+    finite = np.flatnonzero(np.isfinite(losses))
+    first_bad = int(finite[-1]) + 1 if finite.size else 0
+    return int(state.steps.values[idx[first_bad]])
+
+
+def _recent_step_seconds(state: RunState) -> float | None:
+    times = state.cols["time"].values[-RECENT_STEPS:]
+    if len(times) < 2:
+        return None
+    gaps = np.diff(times)
+    gaps = gaps[np.isfinite(gaps) & (gaps > 0)]
+    return float(np.median(gaps)) if gaps.size else None
