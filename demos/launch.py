@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 
 DEMOS = Path(__file__).resolve().parent
 CHOICES = ("mlp", "transformer", "nan", "cnn")
@@ -70,9 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("demo", nargs="?", default="mlp", choices=CHOICES, help="default: mlp")
     args = p.parse_args(ours)
-    # A private runtime directory (mkdtemp makes it 0700): this run cannot meet any other.
-    runtime = Path(tempfile.mkdtemp(prefix="tdbg-demo-"))
+    # The usual runtime directory: `tdbg ls` / `tdbg status` in another terminal see the demo;
+    # the TUI attaches to the job's own socket, so another run there cannot get in the way.
+    runtime = runtime_dir()
     env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime), PYTHONUNBUFFERED="1")
+    print(
+        f"tdbg demo: starting the {args.demo} training job (torch takes a few seconds to load)…",
+        flush=True,
+    )
     with tempfile.TemporaryFile() as log:
         # The job must not write to the terminal the TUI owns: stdout dropped, stderr kept.
         job = subprocess.Popen(
@@ -110,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         finally:
             stop(job)
-            shutil.rmtree(runtime, ignore_errors=True)
+            artifacts = runtime / "artifacts"
+            if artifacts.is_dir() and any(artifacts.iterdir()):
+                # Kept: the screen said to open the traces in Perfetto; they outlive the demo.
+                print(f"tdbg demo: profiler traces and memory snapshots are in {artifacts}")
 
 
 if __name__ == "__main__":
