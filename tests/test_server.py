@@ -804,3 +804,41 @@ def test_r51_r52_dataloader_workers(runtime_dir: Path, context: str) -> None:
     assert socks == [Path(path).name]
     assert len(probe._server._clients) == 1
     reader.close()
+
+
+def test_a_client_that_never_reads_is_dropped_with_a_goodbye_that_says_why(
+    runtime_dir: Path, small_limits: None
+) -> None:
+    """Unread data over the soft limit and nothing taken for SOFT_LIMIT_SECONDS: dropped, and
+    what it reads afterwards is complete frames, then the bye with the reason (not megabytes
+    of stale steps first, cut off mid-frame)."""
+    model, opt = wide_model()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    path = probe.socket_path
+    assert path is not None
+    stalled = Raw(path, rcvbuf=4096)
+    stalled.handshake()  # then never reads again
+    shrink_send_buffer(probe)
+    x = torch.randn(4, 2)
+    n = 0
+
+    def step() -> None:
+        nonlocal n
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        probe.step()
+        n += 1
+
+    wait_until(
+        lambda: step() or not any(c.peer_pid == os.getpid() for c in probe._server._clients),
+        30.0,
+        "the stalled client dropped",
+    )
+    stalled.read_to_eof(timeout=10.0)
+    byes = stalled.of("bye")
+    assert byes and byes[-1]["reason"] == "slow_consumer"
+    assert stalled.messages[-1]["type"] == "bye"
+    unread = sum(len(framing.pack(m)) for m in stalled.messages if m["type"] == "steps")
+    assert unread < 4 * connection.HARD_LIMIT  # the queue was cut, not delivered
+    stalled.close()

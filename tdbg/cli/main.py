@@ -67,6 +67,13 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
     try:
         for event in dump_events(client, args.timeout):
             out.write(json.dumps(event, separators=(",", ":")) + "\n")
+            if event["type"] == "end" and event.get("reason") == "slow_consumer":
+                print(
+                    "tdbg: the probe dropped this client: it read too slowly (over 1 MiB unread "
+                    "for 10 s); the run goes on",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if event["type"] == "step":
                 steps += 1
                 if args.count is not None and steps >= args.count:

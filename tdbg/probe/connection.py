@@ -10,8 +10,8 @@ from typing import Any
 
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, pack
 
-SOFT_LIMIT = 1 << 20  # bytes queued for a client...
-SOFT_LIMIT_SECONDS = 10.0  # ...for this long makes it a slow consumer
+SOFT_LIMIT = 1 << 20  # bytes unread by a client...
+SOFT_LIMIT_SECONDS = 10.0  # ...while it takes nothing for this long makes it a slow consumer
 HARD_LIMIT = 8 << 20  # bytes queued: a slow consumer at once
 HANDSHAKE_SECONDS = 5.0
 FRAME_SECONDS = 10.0  # a started frame must complete in this time (slowloris)
@@ -26,7 +26,11 @@ SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 class Connection:
     """Outbound data flows: ``backlog`` (history replay and anything queued behind it, packed
     lazily) -> ``outbuf`` (encoded bytes) -> the kernel. Only ``outbuf`` and live messages count
-    against the slow-consumer limits, so a long history never gets a healthy client dropped."""
+    against the slow-consumer limits, so a long history never gets a healthy client dropped.
+
+    Every frame enters ``outbuf`` through :meth:`append`, which remembers where it ends: a
+    goodbye can then cut what is queued at a frame boundary, so a dropped client reads complete
+    frames and then the ``bye`` saying why — not megabytes of stale data first."""
 
     def __init__(self, sock: socket.socket, peer_pid: int) -> None:
         self.sock = sock
@@ -40,7 +44,12 @@ class Connection:
         self.backlog: deque[dict[str, Any] | bytes] = deque()
         self.backlog_live_bytes = 0  # live frames waiting behind the replay: they count
         self.outbuf = bytearray()
+        self.sent = 0  # bytes the kernel took, ever
+        self.appended = 0  # bytes put in outbuf, ever
+        self.frame_ends: deque[int] = deque()  # where each frame in outbuf ends (in appended)
+        self.last_progress = time.monotonic()  # when the client last took a byte
         self.over_soft_since: float | None = None
+        self.closing_until: float | None = None  # dropped: its goodbye goes out until then
         self.error_times: deque[float] = deque()
         self.limited_times: deque[float] = deque()
         self.tokens = RATE_BURST
@@ -49,12 +58,33 @@ class Connection:
         self.closed = False
 
     # --- outbound ---------------------------------------------------------------------------
+    def append(self, frame: bytes) -> None:
+        """One whole frame (or the preamble) into ``outbuf``."""
+        self.outbuf += frame
+        self.appended += len(frame)
+        self.frame_ends.append(self.appended)
+
+    def goodbye(self, frame: bytes) -> None:
+        """Replace what is queued by ``frame`` (a ``bye``), after the frame being sent."""
+        self.backlog.clear()
+        self.replaying = False
+        self.backlog_live_bytes = 0
+        while self.frame_ends and self.frame_ends[0] <= self.sent:
+            self.frame_ends.popleft()
+        keep = (self.frame_ends[0] - self.sent) if self.frame_ends else 0
+        del self.outbuf[keep:]
+        self.appended = self.sent + len(self.outbuf)
+        self.frame_ends.clear()
+        if keep:
+            self.frame_ends.append(self.appended)
+        self.append(frame)
+
     def queue(self, frame: bytes) -> None:
         if self.replaying:
             self.backlog.append(frame)
             self.backlog_live_bytes += len(frame)
         else:
-            self.outbuf += frame
+            self.append(frame)
 
     def start_replay(self, messages: list[dict[str, Any]]) -> None:
         self.replaying = True
@@ -64,7 +94,7 @@ class Connection:
     def refill_from_backlog(self) -> None:
         while self.backlog and len(self.outbuf) < SOFT_LIMIT // 2:
             item = self.backlog.popleft()
-            self.outbuf += item if isinstance(item, bytes) else pack(item)
+            self.append(item if isinstance(item, bytes) else pack(item))
         if not self.backlog:
             self.replaying = False
             self.backlog_live_bytes = 0
@@ -80,6 +110,11 @@ class Connection:
             except OSError:  # EPIPE, ECONNRESET: a disconnect, not an error
                 return False
             del self.outbuf[:sent]
+            if sent:
+                self.sent += sent
+                self.last_progress = time.monotonic()
+                while self.frame_ends and self.frame_ends[0] <= self.sent:
+                    self.frame_ends.popleft()
             self.refill_from_backlog()
         return True
 
@@ -88,19 +123,26 @@ class Connection:
         return bool(self.outbuf or self.backlog)
 
     def slow_consumer(self, now: float) -> bool:
+        """Too much unread: over HARD_LIMIT at once; over SOFT_LIMIT for SOFT_LIMIT_SECONDS
+        while the client took nothing; or a history it would not take in REPLAY_SECONDS.
+        During a replay the history itself does not count, only live frames waiting behind it
+        (a long history never gets a healthy client dropped)."""
         if self.replaying:
-            return (
-                self.backlog_live_bytes > HARD_LIMIT or now - self.replay_started > REPLAY_SECONDS
-            )
-        queued = len(self.outbuf)
-        if queued > HARD_LIMIT:
+            unread = self.backlog_live_bytes
+            if now - self.replay_started > REPLAY_SECONDS:
+                return True
+        else:
+            unread = len(self.outbuf)
+        if unread > HARD_LIMIT:
             return True
-        if queued > SOFT_LIMIT:
+        stuck = self.outbuf and now - self.last_progress > SOFT_LIMIT_SECONDS
+        if unread > SOFT_LIMIT:
             if self.over_soft_since is None:
                 self.over_soft_since = now
-            return now - self.over_soft_since > SOFT_LIMIT_SECONDS
+            return bool(stuck) or now - self.over_soft_since > SOFT_LIMIT_SECONDS
         self.over_soft_since = None
-        return False
+        # A client that takes nothing at all while its live data piles up during a replay.
+        return bool(self.replaying and stuck and self.backlog_live_bytes > SOFT_LIMIT // 4)
 
     # --- inbound limits ---------------------------------------------------------------------
     def take_token(self) -> bool:

@@ -39,6 +39,7 @@ MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dro
 LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
 MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
 NAN = float("nan")
+GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read again
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad"})
 
@@ -80,6 +81,7 @@ class ProbeServer:
         self._stats = stats
         self._on_error = on_error
         self._clients: list[Connection] = []
+        self._closing: list[Connection] = []  # dropped, their goodbye still being sent
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
@@ -215,10 +217,11 @@ class ProbeServer:
         """In a forked child: drop inherited sockets, touch no files, start nothing."""
         self._stop.set()
         self.serving = False  # the child's socket_path is None: the parent's socket is not its
-        for conn in self._clients:
+        for conn in [*self._clients, *self._closing]:
             with contextlib.suppress(OSError):
                 conn.sock.close()
         self._clients = []
+        self._closing = []
         self.endpoint.close(unlink=False)
         if self.recorder is not None:
             self.recorder.abandon()  # the parent's file: the child writes nothing to it
@@ -270,14 +273,18 @@ class ProbeServer:
     def _shutdown_connections(self) -> None:
         bye = pack({"type": "bye", "reason": "shutdown"})
         for conn in list(self._clients):
+            # What is queued still goes first (the run's last steps), then the bye.
             conn.backlog.clear()
             conn.replaying = False
-            conn.outbuf += bye
+            conn.append(bye)
             with contextlib.suppress(OSError):
                 conn.sock.setblocking(False)
                 conn.flush()
             conn.close()
         self._clients = []
+        for conn in self._closing:
+            conn.close()
+        self._closing = []
         self.endpoint.close()
         with contextlib.suppress(Exception):
             self._selector.close()
@@ -313,6 +320,12 @@ class ProbeServer:
                 self._wake_r.recv(4096)
         else:
             conn: Connection = key.data
+            if conn.closing_until is not None:  # dropped: only its goodbye still goes out
+                if mask & selectors.EVENT_READ:
+                    with contextlib.suppress(OSError):
+                        conn.sock.recv(65536)
+                self._flush_goodbyes(time.monotonic())
+                return
             if mask & selectors.EVENT_READ:
                 self._read(conn)
             if not conn.closed and mask & selectors.EVENT_WRITE:
@@ -342,15 +355,17 @@ class ProbeServer:
                 continue
             sock.setblocking(False)
             conn = Connection(sock, pid)
-            conn.outbuf += preamble()
+            conn.append(preamble())
             if len(self._clients) >= MAX_CLIENTS:
-                conn.outbuf += pack(
-                    {
-                        "type": "error",
-                        "code": ErrorCode.BUSY,
-                        "id": 0,
-                        "message": f"this probe already serves {MAX_CLIENTS} clients",
-                    }
+                conn.append(
+                    pack(
+                        {
+                            "type": "error",
+                            "code": ErrorCode.BUSY,
+                            "id": 0,
+                            "message": f"this probe already serves {MAX_CLIENTS} clients",
+                        }
+                    )
                 )
                 conn.flush()
                 conn.close()
@@ -362,16 +377,31 @@ class ProbeServer:
     def _drop(self, conn: Connection, reason: str | None = None) -> None:
         if conn.closed:
             return
+        with contextlib.suppress(ValueError):
+            self._clients.remove(conn)
         if reason:
-            conn.outbuf += pack({"type": "bye", "reason": reason})
+            conn.goodbye(pack({"type": "bye", "reason": reason}))
         # Best effort, non-blocking: an error reply queued just before (UNSUPPORTED_VERSION,
         # BAD_FRAME, ...) must reach the peer before the close (guarantees: wire).
-        conn.flush()
+        if conn.flush() and reason and conn.outbuf and len(self._closing) < MAX_CLIENTS:
+            # The kernel's buffer is full (a client that stopped reading): its goodbye waits
+            # behind the frame in flight for GOODBYE_SECONDS, in case the client reads again.
+            conn.closing_until = time.monotonic() + GOODBYE_SECONDS
+            self._closing.append(conn)
+            return
+        self._close(conn)
+
+    def _close(self, conn: Connection) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(conn.sock)
         conn.close()
-        with contextlib.suppress(ValueError):
-            self._clients.remove(conn)
+
+    def _flush_goodbyes(self, now: float) -> None:
+        for conn in list(self._closing):
+            done = not conn.flush() or not conn.outbuf
+            if done or now > (conn.closing_until or 0.0):
+                self._closing.remove(conn)
+                self._close(conn)
 
     def _flush(self, conn: Connection) -> None:
         if not conn.flush():
@@ -414,13 +444,15 @@ class ProbeServer:
             self._flush(conn)
 
     def _reply_error(self, conn: Connection, code: str, mid: Any, message: str) -> None:
-        conn.outbuf += pack(
-            {
-                "type": "error",
-                "code": code,
-                "id": mid if isinstance(mid, int) else 0,
-                "message": message,
-            }
+        conn.append(
+            pack(
+                {
+                    "type": "error",
+                    "code": code,
+                    "id": mid if isinstance(mid, int) else 0,
+                    "message": message,
+                }
+            )
         )
 
     def _handle(self, conn: Connection, message: dict[str, Any]) -> None:
@@ -482,13 +514,15 @@ class ProbeServer:
             self._drop(conn)
             return
         conn.handshaken = True
-        conn.outbuf += pack(
-            {
-                "type": "welcome",
-                "proto": proto,
-                "server_version": __version__,
-                "run": self.endpoint.run_info,
-            }
+        conn.append(
+            pack(
+                {
+                    "type": "welcome",
+                    "proto": proto,
+                    "server_version": __version__,
+                    "run": self.endpoint.run_info,
+                }
+            )
         )
         replay: list[dict[str, Any]] = [self._layers_message(), *self.history.replay()]
         replay.extend(dict(metrics_message(c), history=True) for c in self.metrics.replay())
@@ -631,6 +665,8 @@ class ProbeServer:
         return frame
 
     def _fan_out(self, frames: list[bytes], now: float) -> None:
+        if self._closing:
+            self._flush_goodbyes(now)
         for conn in list(self._clients):
             if not conn.handshaken:
                 reason = conn.timed_out(now)
