@@ -258,3 +258,23 @@ def test_connect_imports_no_cli_tui_or_torch() -> None:
     loaded = json.loads(out.stdout)
     bad = [m for m in loaded if m == "torch" or m.startswith(("torch.", "tdbg.cli", "tdbg.tui"))]
     assert bad == []
+
+
+def test_a_fifo_or_a_device_is_named_for_what_it_is(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(TargetError, match="is a FIFO, not a run's socket"):
+        resolve(str(fifo))
+    with pytest.raises(TargetError, match="/dev/zero is a device"):
+        resolve("/dev/zero")
+
+
+def test_tdbg_run_of_a_missing_module_is_one_line_and_exit_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tdbg.cli", "run", "-m", "no_such_module_here"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "tdbg: error: no module named no_such_module_here"

@@ -88,6 +88,7 @@ def child_argv(module: list[str] | None, command: list[str]) -> tuple[str, list[
         words = module + command
         if not words:
             raise CliError("-m: name a module, e.g. tdbg run -m mypkg.train")
+        _check_module(words[0])
         return sys.executable, [sys.executable, "-m", *words]
     if command[:1] == ["--"]:
         command = command[1:]
@@ -109,6 +110,18 @@ def child_argv(module: list[str] | None, command: list[str]) -> tuple[str, list[
         if not script.startswith("-"):
             _check_script(script)
     return executable, command
+
+
+def _check_module(name: str) -> None:
+    """The top-level package of ``-m NAME`` must exist where python -m will look: the current
+    directory first, then this interpreter's path (nothing is imported to find out)."""
+    from importlib.machinery import PathFinder
+
+    top = name.split(".", 1)[0]
+    if not top or top in sys.builtin_module_names:
+        return
+    if PathFinder.find_spec(top, [os.getcwd(), *sys.path[1:]]) is None:
+        raise CliError(f"no module named {top}")
 
 
 def _check_script(path: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,19 +145,32 @@ def resolve(text: str | None) -> Target:
         except SshUrlError as exc:
             raise TargetError(str(exc)) from None
     path = Path(text).expanduser()
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:  # a directory on the way that we may not search, a loop, ...
+        raise TargetError(f"cannot look at {text}: {exc.strerror or exc}") from None
+    if mode is None:
+        if os.sep not in text:  # a bare word: a run's name or pid in the runtime directory
+            return _by_name(text)
+        raise missing_error(text)
+    if stat.S_ISDIR(mode):
         return only_run(path, text)
-    if path.suffix == ".json" and path.exists():
+    if path.suffix == ".json":
         return _from_metadata(path, text)
-    if path.is_file():
-        if is_recording(path):
+    if stat.S_ISREG(mode):
+        try:
+            recording = is_recording(path)
+        except OSError as exc:
+            raise TargetError(f"cannot read {text}: {exc.strerror or exc}") from None
+        if recording:
             return Recording(path)
         raise not_a_run_file_error(text)
-    if path.exists():  # a socket (or a FIFO, a device: connecting says what it is)
+    if stat.S_ISSOCK(mode):
         return LocalSocket(path, _entry_of(path))
-    if os.sep not in text:  # a bare word: a run's name or pid in the runtime directory
-        return _by_name(text)
-    raise missing_error(text)
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) else "a file"
+    raise TargetError(f"{text} is {kind}, not a run's socket or a recording")
 
 
 def only_run(directory: Path | None = None, text: str | None = None) -> LocalSocket:
