@@ -266,3 +266,40 @@ def test_importing_the_integrations_loads_no_framework_and_no_torch() -> None:
     assert out.returncode == 0, out.stderr
     loaded = set(json.loads(out.stdout.strip().splitlines()[-1]))
     assert not loaded & {"torch", "lightning", "pytorch_lightning", "transformers", "accelerate"}
+
+
+def test_a_client_attached_during_fit_sees_each_step_live(runtime_dir: Path) -> None:
+    from conftest import Reader
+
+    from tdbg.integrations.lightning import TdbgCallback
+
+    callback = TdbgCallback(grad_every=1)  # serving, as by default
+    model = _regression(L.LightningModule)()
+    readers: list[Reader] = []
+
+    class Attach(L.Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            readers.append(Reader(callback.probe.socket_path))
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            # Every update of the epoch reaches the client while fit() is still running.
+            readers[0].wait(lambda r: len(r.records()) >= model.updates)
+
+    train, _ = _loaders(n_train=16)
+    _trainer(L, [callback, Attach()], max_epochs=2, accumulate_grad_batches=2).fit(model, train)
+    reader = readers[0]
+    reader.wait(lambda r: r.ended)  # closed at the end of training: the stream ends
+    run = reader.client.run
+    assert run["models"] == ["model"]
+    assert [o["name"] for o in run["optimizers"]] == ["optimizer"]
+    records = reader.records()
+    assert [r.step for r in records] == [0, 1, 2, 3] and model.updates == 4
+    assert [r.loss for r in records] == pytest.approx(
+        [sum(model.micro[i : i + 2]) / 2 for i in range(0, 8, 2)]
+    )
+    assert [r.epoch for r in records] == [0, 0, 1, 1]
+    train_mse = [
+        (s, v) for m in reader.of("metrics") for s, n, v in m["points"] if n == "train_mse"
+    ]
+    assert train_mse == [(k, pytest.approx(model.micro[2 * k + 1])) for k in range(4)]
+    reader.close()
