@@ -303,3 +303,19 @@ def test_a_client_attached_during_fit_sees_each_step_live(runtime_dir: Path) -> 
     ]
     assert train_mse == [(k, pytest.approx(model.micro[2 * k + 1])) for k in range(4)]
     reader.close()
+
+
+def test_a_gan_s_max_steps_counts_updates_and_its_total_counts_rounds(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    from tdbg.integrations.lightning import TdbgCallback
+
+    path = tmp_path / "gan.tdbg"
+    model = _gan(L.LightningModule)()
+    loader = DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=4)  # 10 batches
+    callback = TdbgCallback(record=path, serve=False)
+    # Lightning stops after 8 optimizer updates: 4 batches of two updates each.
+    _trainer(L, [callback], max_epochs=3, max_steps=8).fit(model, loader)
+    records, _, probes = _recorded(path)
+    assert len(records) == len(model.truth) == 4
+    assert probes[-1]["total_steps"] == 4

@@ -53,6 +53,7 @@ class TdbgLightning:
         self._micro = 0  # micro-batches that gave a loss
         self._samples: float | None = None
         self._seen: dict[str, Any] = {}  # metric name -> the value last sent (held: identity)
+        self._rounds_known = False  # manual optimization: updates a batch makes, looked at
 
     # --- Lightning hooks ----------------------------------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -116,6 +117,7 @@ class TdbgLightning:
         self.probe = watch({"model": pl_module}, named or None, **options)
         self._optimizers = len(optimizers)
         self._hooks = [o.register_step_post_hook(self._on_update) for o in optimizers]
+        self._rounds_known = False
         self._reset()
 
     def _on_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -139,12 +141,23 @@ class TdbgLightning:
                 # Lightning divides every micro-batch's loss by the window; a short last
                 # window (the epoch's end) is rescaled to the mean of the ones it had.
                 loss = self._loss if self._micro == window else self._loss * (window / self._micro)
+            if not automatic and not self._rounds_known:
+                self._rounds_known = True
+                self._count_rounds(trainer, self._updates)
             self.probe.step(loss, samples=self._samples)
             self._reset()
             self._send_metrics(trainer, self.probe.steps - 1)
         elif self._window_ended:
             self._reset()  # the update was skipped (GradScaler saw inf/NaN): not a step
         self._window_ended = False
+
+    def _count_rounds(self, trainer: Any, updates: int) -> None:
+        """Manual optimization counts ``max_steps`` in optimizer updates (a GAN makes two a
+        batch) while a tdbg step is a batch: the total is the rounds ``max_steps`` allows."""
+        max_steps = int(getattr(trainer, "max_steps", -1) or -1)
+        total = self.probe.total_steps
+        if updates > 1 and max_steps > 0 and total is not None:
+            self.probe.set_progress(total_steps=min(total, math.ceil(max_steps / updates)))
 
     def _reset(self) -> None:
         self._updates = 0
