@@ -293,3 +293,34 @@ def test_refused_commands_never_reach_the_training_thread(session: Session) -> N
     assert not session.probe._dives.busy and not session.probe._dives.intents
     session.loop.run(3, session.probe)
     assert not session.reader.of("job")
+
+
+def test_a_refusal_flood_is_folded_in_the_audit_log_and_the_log_rotates(
+    session: Session, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reconnecting to retry gets neither a fresh rate limit nor an unbounded audit log."""
+    from tdbg.probe import commands
+
+    first = session.answer(session.send("anomaly", steps=1))
+    assert first["type"] == "ack"
+    refused = [session.answer(session.send("anomaly", steps=1)) for _ in range(30)]
+    assert all(r["type"] == "error" for r in refused)
+    log = runtime_dir / "audit.jsonl"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) == 1 + commands.AUDIT_REFUSALS_PER_MINUTE  # the other 10: counted
+    # The rate limit is the peer's, not the connection's: a new connection does not reset it.
+    again = Reader(session.probe.socket_path or "")
+    again.wait(lambda r: r.of("synced"))
+    ids = [again.client.send("ping") for _ in range(60)]
+    again.wait(lambda r: len(r.of("pong")) + len(r.of("error")) >= 60)
+    limited = [m for m in again.of("error") if m["code"] == "RATE_LIMITED"]
+    assert limited and len(again.of("pong")) < len(ids)
+    again.close()
+    # Past its size limit the log rotates: one older file, the current one small again.
+    monkeypatch.setattr(commands, "AUDIT_MAX_BYTES", log.stat().st_size)
+    desk = session.probe._server.desk  # the server thread's own entry point, from another peer
+    assert desk is not None
+    with pytest.raises(commands.Refused):
+        desk.submit("cancel", {"job": 999}, (1, 0), "manual")
+    assert (runtime_dir / "audit.jsonl.1").exists()
+    assert len(log.read_text().splitlines()) == 1

@@ -14,7 +14,7 @@ import json
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,10 @@ class Refused(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+AUDIT_MAX_BYTES = 1 << 20  # the audit log rotates past this size (one older file is kept)
+AUDIT_REFUSALS_PER_MINUTE = 20  # refusals logged per peer per minute; the rest are counted
 
 
 class CommandDesk:
@@ -62,6 +66,19 @@ class CommandDesk:
         self.latest_activations: dict[str, Any] | None = None
         self.activations_every: int | None = None
         self.auto_nan_hunt_done = False
+        self._refusals: dict[int, deque[float]] = {}  # peer pid -> refusals logged this minute
+        self._suppressed: dict[int, int] = {}  # peer pid -> refusals not logged since
+
+    @staticmethod
+    def _rotate_if_full(path: Path) -> None:
+        """Past AUDIT_MAX_BYTES the log becomes ``audit.jsonl.1`` (replacing the older one):
+        at most twice that on disk, whatever the clients do."""
+        try:
+            if os.lstat(path).st_size < AUDIT_MAX_BYTES:
+                return
+            os.replace(path, path.with_name(path.name + ".1"))
+        except FileNotFoundError:
+            return
 
     # --- server thread ----------------------------------------------------------------------
     def submit(
@@ -175,6 +192,22 @@ class CommandDesk:
     ) -> None:
         if self.audit_path is None or command not in MUTATING | {"cancel"}:
             return
+        suppressed = 0
+        if result.startswith("refused"):
+            # A flood of refusals (a client reconnecting to retry) is folded: at most
+            # AUDIT_REFUSALS_PER_MINUTE entries a peer, then one line with the count.
+            key = peer[0] if peer else -1
+            times = self._refusals.setdefault(key, deque())
+            now = time.monotonic()
+            while times and now - times[0] > 60.0:
+                times.popleft()
+            if len(times) >= AUDIT_REFUSALS_PER_MINUTE:
+                self._suppressed[key] = self._suppressed.get(key, 0) + 1
+                return
+            times.append(now)
+            suppressed = self._suppressed.pop(key, 0)
+            if len(self._refusals) > 256:
+                self._refusals.pop(next(iter(self._refusals)))
         entry = {
             "time": time.time(),
             "peer_pid": peer[0] if peer else None,
@@ -184,7 +217,10 @@ class CommandDesk:
             "args": args,
             "result": result,
         }
+        if suppressed:
+            entry["suppressed_before"] = suppressed  # refusals from this peer not written
         try:
+            self._rotate_if_full(self.audit_path)
             fd = os.open(
                 self.audit_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
             )

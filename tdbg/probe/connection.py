@@ -23,6 +23,25 @@ RATE_LIMITED_PER_MINUTE = 200  # refusals a client may collect before it is drop
 SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
+class TokenBucket:
+    """20 commands/s, burst 40 — one per peer process, kept across its reconnects (a client
+    that reconnects to get a fresh bucket gets the one it emptied)."""
+
+    def __init__(self) -> None:
+        self.tokens = RATE_BURST
+        self.refilled = time.monotonic()
+        self.limited_times: deque[float] = deque()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(RATE_BURST, self.tokens + (now - self.refilled) * RATE_PER_S)
+        self.refilled = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 class Connection:
     """Outbound data flows: ``backlog`` (history replay and anything queued behind it, packed
     lazily) -> ``outbuf`` (encoded bytes) -> the kernel. Only ``outbuf`` and live messages count
@@ -51,9 +70,7 @@ class Connection:
         self.over_soft_since: float | None = None
         self.closing_until: float | None = None  # dropped: its goodbye goes out until then
         self.error_times: deque[float] = deque()
-        self.limited_times: deque[float] = deque()
-        self.tokens = RATE_BURST
-        self.refilled = time.monotonic()
+        self.bucket = TokenBucket()  # the server hands over the peer's own (see Buckets)
         self.dropped_messages = 0
         self.closed = False
 
@@ -146,14 +163,8 @@ class Connection:
 
     # --- inbound limits ---------------------------------------------------------------------
     def take_token(self) -> bool:
-        """Token bucket: 20 commands/s, burst 40."""
-        now = time.monotonic()
-        self.tokens = min(RATE_BURST, self.tokens + (now - self.refilled) * RATE_PER_S)
-        self.refilled = now
-        if self.tokens < 1.0:
-            return False
-        self.tokens -= 1.0
-        return True
+        """The peer's token bucket: 20 commands/s, burst 40."""
+        return self.bucket.take()
 
     def count_error(self) -> bool:
         """Record a protocol error; True when the connection has made too many this minute."""
@@ -161,7 +172,7 @@ class Connection:
 
     def count_rate_limited(self) -> bool:
         """Record a rate-limit refusal; True when a client ignores them (sustained flooding)."""
-        return _over(self.limited_times, RATE_LIMITED_PER_MINUTE)
+        return _over(self.bucket.limited_times, RATE_LIMITED_PER_MINUTE)
 
     def timed_out(self, now: float) -> str | None:
         if not self.handshaken and now - self.accepted_at > HANDSHAKE_SECONDS:
@@ -188,3 +199,19 @@ def _over(times: deque[float], per_minute: int) -> bool:
     while times and now - times[0] > 60.0:
         times.popleft()
     return len(times) > per_minute
+
+
+class Buckets:
+    """The token buckets of the last MAX_PEERS peer processes, by pid."""
+
+    MAX_PEERS = 256
+
+    def __init__(self) -> None:
+        self._by_pid: dict[int, TokenBucket] = {}
+
+    def of(self, pid: int) -> TokenBucket:
+        bucket = self._by_pid.pop(pid, None) or TokenBucket()
+        self._by_pid[pid] = bucket  # most recent last
+        while len(self._by_pid) > self.MAX_PEERS:
+            del self._by_pid[next(iter(self._by_pid))]
+        return bucket

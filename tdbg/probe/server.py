@@ -17,7 +17,7 @@ from typing import Any
 from tdbg import __version__
 from tdbg.probe.alerts import AlertRules, alert
 from tdbg.probe.commands import CommandDesk, Refused
-from tdbg.probe.connection import Connection
+from tdbg.probe.connection import Buckets, Connection
 from tdbg.probe.endpoint import Endpoint, EndpointError, peer_credentials
 from tdbg.probe.history import History
 from tdbg.probe.log import warn
@@ -82,6 +82,7 @@ class ProbeServer:
         self._on_error = on_error
         self._clients: list[Connection] = []
         self._closing: list[Connection] = []  # dropped, their goodbye still being sent
+        self._buckets = Buckets()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = threading.Event()
@@ -355,6 +356,7 @@ class ProbeServer:
                 continue
             sock.setblocking(False)
             conn = Connection(sock, pid)
+            conn.bucket = self._buckets.of(pid)  # its rate limit survives reconnecting
             conn.append(preamble())
             if len(self._clients) >= MAX_CLIENTS:
                 conn.append(
