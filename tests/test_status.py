@@ -19,8 +19,8 @@ def _state(times: list[float], losses: list[float], data: float = 0.0) -> RunSta
     state = RunState({"name": "unit"})
     state.mark("live")
     records = [
-        StepRecord(step=i, time=t, loss=l, step_time=0.1, data_time=data)
-        for i, (t, l) in enumerate(zip(times, losses, strict=True))
+        StepRecord(step=i, time=t, loss=value, step_time=0.1, data_time=data)
+        for i, (t, value) in enumerate(zip(times, losses, strict=True))
     ]
     state.apply(pack_steps(records, 0))
     return state

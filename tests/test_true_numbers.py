@@ -417,3 +417,60 @@ def test_clipping_without_an_optimizer_shows_the_same_pre_clip_norm(runtime_dir:
         assert total > 0.5 and record.grad_total == pytest.approx(total, rel=1e-5)
         assert record.clip_max == 0.5
     reader.close()
+
+
+def test_a_closure_after_accumulated_micro_batches_counts_them_all(runtime_dir: Path) -> None:
+    """Lightning with accumulate_grad_batches=k: k-1 backward passes outside the step, the last
+    inside step(closure); the update's loss is all k of them."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    k = 3
+    parts: list[float] = []
+
+    def micro(i: int) -> torch.Tensor:
+        loss = ((model(x[i::k]) - y[i::k]) ** 2).mean() / k
+        loss.backward()
+        parts.append(loss.item())
+        return loss
+
+    opt.zero_grad()
+    for i in range(k - 1):
+        micro(i)
+    opt.step(lambda: micro(k - 1))
+    probe.step()
+    reader.wait(lambda r: len(r.records()) >= 1)
+    record = reader.records()[0]
+    assert record.loss == pytest.approx(sum(parts), rel=1e-6)
+    assert record.micro_batches == k
+    reader.close()
+
+
+def test_an_optimizer_wrapper_without_hooks_is_unwrapped(runtime_dir: Path) -> None:
+    """Accelerate's AcceleratedOptimizer subclasses Optimizer but has no hook tables."""
+
+    class Wrapper(torch.optim.Optimizer):
+        def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+            self.optimizer = optimizer  # no super().__init__(): as Accelerate does
+
+        def step(self, closure=None):  # type: ignore[no-untyped-def, override]
+            return self.optimizer.step(closure)
+
+    model = _model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    wrapped = Wrapper(inner)
+    x, y = _data()
+    probe = tdbg.watch(model, wrapped, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    for _ in range(2):
+        inner.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        wrapped.step()
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 2)
+    assert [r.lr for r in reader.records()] == [[0.05], [0.05]]
+    assert all(r.grad_norms is not None for r in reader.records())
+    reader.close()

@@ -197,10 +197,14 @@ class StepSampler:
             return
         slot.in_step = False
         self._updated = True
-        if slot.closure_loss is not None:
-            slot.loss, slot.closure_loss = slot.closure_loss, None
+        closure, slot.closure_loss = slot.closure_loss, None
+        pending, self._pending_loss = self._pending_loss, None
+        # Accumulated micro-batches backpropagated before the step, plus the closure's own
+        # (Lightning runs the last micro-batch's forward/backward inside step(closure)).
+        if closure is None:
+            slot.loss = pending
         else:
-            slot.loss, self._pending_loss = self._pending_loss, None
+            slot.loss = closure if pending is None else pending + closure
 
     # --- taps (taps.Listener) ------------------------------------------------------------------
     def on_backward(self, loss: torch.Tensor) -> None:

@@ -81,6 +81,7 @@ def _named(
             )
         if key is not None and not isinstance(key, str):
             raise TypeError(f"tdbg.watch: {label} names must be strings, not {key!r}")
+        obj = _unwrapped(obj)
         if id(obj) in seen:
             continue  # the same object twice is watched once
         seen.add(id(obj))
@@ -94,6 +95,19 @@ def _named(
             taken.add(name)
             out[i] = (name, obj)
     return out
+
+
+def _unwrapped(obj: Any) -> Any:
+    """The torch optimizer inside a wrapper that subclasses Optimizer without being one
+    (Accelerate's AcceleratedOptimizer, and the like): its hooks are the real optimizer's."""
+    for _ in range(4):
+        inner = getattr(obj, "optimizer", None)
+        if "_optimizer_step_pre_hooks" in vars(obj) or not isinstance(
+            inner, torch.optim.Optimizer
+        ):
+            return obj
+        obj = inner
+    return obj
 
 
 def _caller_names(depth: int = 2) -> dict[int, str]:

@@ -12,10 +12,10 @@ from torch import nn
 def main() -> None:
     torch.manual_seed(3)
     torch.set_num_threads(1)
-    netG = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))  # noqa: N806
-    netD = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))  # noqa: N806
-    optD = torch.optim.Adam(netD.parameters(), lr=2e-3)  # noqa: N806
-    optG = torch.optim.SGD(netG.parameters(), lr=1e-2)  # noqa: N806
+    netG = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    netD = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 1))
+    optD = torch.optim.Adam(netD.parameters(), lr=2e-3)
+    optG = torch.optim.SGD(netG.parameters(), lr=1e-2)
     bce = nn.BCEWithLogitsLoss()
     real = torch.randn(16, 2) + 2
     truth = []
