@@ -286,15 +286,19 @@ async def test_tui_over_ssh_follows_a_restarted_run(
     from tdbg.tui.app import make_app
     from tdbg.tui.sources.remote import remote_source
 
-    short = (*DEMO, "--steps", "150")
-    with demo_job("mlp", *short, runtime=runtime_dir) as (first, _):
+    # The first run trains until the TUI has attached and seen it live, then ends cleanly (a
+    # fixed step count could end before a slow ssh attach on a busy machine).
+    with demo_job("mlp", *DEMO, runtime=runtime_dir) as (first, _):
         url = sshd.url(str(runtime_dir))
         source = remote_source([url], sshd.client_options()[1::2], REMOTE_TDBG)
         source.backoff_cap = 1.0
         app = make_app(source)
         async with app.run_test(size=(160, 48)):
+            await until(lambda: app.state.n_steps > 5, what="the first run's steps")
+            os.killpg(first.pid, signal.SIGTERM)  # the demo closes its probe and exits 0
             await until(lambda: app.state.connection == "ended", what="the first run's end")
-            assert app.state.n_steps == 150
+            last = app.state.last_step
+            assert last is not None and app.state.n_steps == last + 1  # every step, none lost
             with demo_job("mlp", *DEMO, runtime=runtime_dir) as (second, _):
                 await until(lambda: app.state.run.get("pid") == second.pid, what="the restart")
                 await until(lambda: app.state.connection == "live", what="live on the new run")
