@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO ?= mlp
 
-.PHONY: setup demo test lint check clean
+.PHONY: setup demo test test-fast lint check clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The quick subset while working: everything but the end-to-end tests marked slow (CI runs all).
+test-fast: setup
+	$(PY) -m pytest -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check tdbg tests demos benchmarks

@@ -21,6 +21,28 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes seconds (spawned interpreters); -m 'not slow'")
 
 
+# Whole modules of end-to-end tests (sshd, tmux, real frameworks, demo jobs in subprocesses):
+# `make test-fast` leaves them out; `make test` and CI run everything.
+SLOW_MODULES = frozenset(
+    {
+        "test_ssh",
+        "test_e2e_tmux",
+        "test_e2e_journey",
+        "test_integrations_lightning",
+        "test_integrations_huggingface",
+        "test_integrations_accelerate",
+        "test_zero_code",
+        "test_tui_live",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__ in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh 0700 directory under /tmp (short, so socket paths stay under 100 bytes),

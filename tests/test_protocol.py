@@ -473,9 +473,13 @@ def test_steps_with_no_records_and_no_layers() -> None:
     assert all(r.lr == [] and r.grad_norms is None for r in back)
 
 
-def test_pack_steps_refuses_a_row_of_the_wrong_width() -> None:
+def test_pack_steps_refuses_a_row_wider_than_the_layers_and_pads_a_shorter_one() -> None:
     with pytest.raises(ValueError, match="grad norms"):
-        pack_steps([StepRecord(step=0, time=0.0, grad_total=1.0, grad_norms=[1.0])], 2)
+        pack_steps([StepRecord(step=0, time=0.0, grad_total=1.0, grad_norms=[1.0, 2.0, 3.0])], 2)
+    # A row from before layers were added (the list only grows): NaN for the new ones.
+    msg = pack_steps([StepRecord(step=0, time=0.0, grad_total=1.0, grad_norms=[1.0])], 2)
+    norms = unpack_steps(msg)[0].grad_norms
+    assert norms is not None and norms[0] == 1.0 and norms[1] != norms[1]
 
 
 @pytest.mark.parametrize("column", ["step", "flags", "loss", "lr", "grad_norms", "grad_total"])
