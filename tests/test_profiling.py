@@ -376,3 +376,26 @@ def test_closing_the_probe_mid_profile_stops_the_profiler(runtime_dir: Path) -> 
         reader.close()
         probe.close()
     assert not profiler_active()
+
+
+def test_the_artifacts_directory_keeps_within_its_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Oldest first; never the file just written, never a write in progress."""
+    from tdbg.probe import artifacts
+
+    monkeypatch.setattr(artifacts, "ARTIFACTS_MAX_FILES", 3)
+    monkeypatch.setattr(artifacts, "ARTIFACTS_MAX_BYTES", 9_150)
+    directory = tmp_path / "artifacts"
+    directory.mkdir(mode=0o700)
+    for i in range(4):
+        path = directory / f"old{i}.json"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1000 + i, 1000 + i))
+    (directory / ".in-progress.tmp").write_bytes(b"x")
+    tmp = artifacts.private_temp(directory, "new.json")
+    tmp.write_bytes(b"y" * 9_000)
+    result = artifacts.finalize(tmp, directory / "new.json")
+    left = sorted(p.name for p in directory.iterdir())
+    assert left == [".in-progress.tmp", "new.json", "old3.json"]  # files bound, then bytes
+    assert result["size"] == 9_000

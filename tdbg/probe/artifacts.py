@@ -14,6 +14,10 @@ from tdbg.connect.runtime import check_private_dir, make_private_dir
 
 HASH_CHUNK = 1 << 20  # 1 MiB reads: hashing a 100 MB snapshot costs ~0.1 s on the worker thread
 MAX_NAME_PART = 64
+# What the artifacts directory may hold: past either bound the oldest files go (never the one
+# just written). A run profiled every few minutes for weeks must not fill the disk.
+ARTIFACTS_MAX_BYTES = 4 << 30
+ARTIFACTS_MAX_FILES = 200
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -92,7 +96,33 @@ def finalize(tmp: Path, final: Path) -> dict[str, Any]:
             digest.update(chunk)
     target = _free_name(final)
     os.replace(tmp, target)
+    prune(target.parent, keep=target)
     return {"path": str(target), "size": st.st_size, "sha256": digest.hexdigest()}
+
+
+def prune(directory: Path, keep: Path) -> list[Path]:
+    """Delete the oldest artifacts until the directory is within ARTIFACTS_MAX_FILES and
+    ARTIFACTS_MAX_BYTES; ``keep`` (the newest) stays. Returns what went; never raises."""
+    files: list[tuple[float, int, Path]] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(directory):
+            if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                continue  # temp files of writes in progress are not ours to remove
+            st = entry.stat(follow_symlinks=False)
+            files.append((st.st_mtime, st.st_size, Path(entry.path)))
+    files.sort()
+    total = sum(size for _, size, _ in files)
+    removed: list[Path] = []
+    for _, size, path in files:
+        if len(files) - len(removed) <= ARTIFACTS_MAX_FILES and total <= ARTIFACTS_MAX_BYTES:
+            break
+        if path == keep:
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            removed.append(path)
+            total -= size
+    return removed
 
 
 def discard(tmp: Path | None) -> None:
