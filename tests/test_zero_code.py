@@ -16,6 +16,7 @@ from conftest import wait_until
 
 from tdbg.cli.dump import dump_events
 from tdbg.connect.client import ProbeClient
+from tdbg.protocol.steps import unpack_steps
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
 PRELOAD = Path(__file__).resolve().parent.parent / "tdbg" / "probe" / "zero_code" / "preload"
@@ -494,3 +495,49 @@ def test_a_gan_watches_both_models_and_both_optimizers(tmp_path: Path, runtime_d
     assert steps[0]["loss"] == pytest.approx(truth[0]["D"], rel=1e-5)
     last = steps[-1]
     assert len(last["lr"]) == 2 and set(last["grad_norms"]) >= {"0", "2", "netG.0", "netG.2"}
+
+
+@pytest.mark.slow
+def test_tdbg_run_of_torchrun_watches_every_rank(tmp_path: Path, runtime_dir: Path) -> None:
+    """`tdbg run -- python -m torch.distributed.run --nproc_per_node=2 ...` (gloo, CPU): each
+    rank watches itself, records its own file, and says where it sits in the job."""
+    from tdbg.recording.reader import Recording
+
+    record = tmp_path / "job.tdbg"
+    proc = subprocess.run(
+        [
+            *TDBG,
+            "run",
+            "--record",
+            str(record),
+            "--grad-every",
+            "1",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "train_ddp.py",
+        ],
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = {}
+    for rank in (0, 1):
+        recording = Recording(tmp_path / f"job.rank{rank}.tdbg")
+        steps = [
+            r for m in recording.messages() if m.get("type") == "steps" for r in unpack_steps(m)
+        ]
+        runs[rank] = (recording.run, steps)
+    (run0, steps0), (run1, steps1) = runs[0], runs[1]
+    assert (run0["rank"], run1["rank"]) == (0, 1)
+    assert run0["world_size"] == run1["world_size"] == 2
+    assert run0["job"] and run0["job"] == run1["job"]
+    assert [s.step for s in steps0] == [s.step for s in steps1] == list(range(6))
+    # DDP: the gradients after the all-reduce are the same on every rank; the losses are not.
+    for a, b in zip(steps0, steps1, strict=True):
+        assert a.grad_total == pytest.approx(b.grad_total, rel=1e-5)
+    assert [s.loss for s in steps0] != [s.loss for s in steps1]

@@ -47,6 +47,30 @@ def _rank() -> int:
     return 0
 
 
+def _env_int(var: str) -> int | None:
+    try:
+        return int(os.environ[var])
+    except (KeyError, ValueError):
+        return None
+
+
+def _job_info() -> dict[str, Any]:
+    """Where this process sits in a distributed job, from the launcher's environment (torchrun,
+    torch.distributed.run, mpirun-style RANK/WORLD_SIZE); {} for a single process."""
+    world = _env_int("WORLD_SIZE")
+    if world is None or world < 2:
+        return {}
+    job = os.environ.get("TORCHELASTIC_RUN_ID") or ""
+    if not job or job == "none":
+        master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+        job = ":".join(master) if all(master) else ""
+    info: dict[str, Any] = {"world_size": world, "job": job}
+    local = _env_int("LOCAL_RANK")
+    if local is not None:
+        info["local_rank"] = local
+    return info
+
+
 def _run_name(name: str | None) -> str:
     if name:
         return name
@@ -102,9 +126,7 @@ def _unwrapped(obj: Any) -> Any:
     (Accelerate's AcceleratedOptimizer, and the like): its hooks are the real optimizer's."""
     for _ in range(4):
         inner = getattr(obj, "optimizer", None)
-        if "_optimizer_step_pre_hooks" in vars(obj) or not isinstance(
-            inner, torch.optim.Optimizer
-        ):
+        if "_optimizer_step_pre_hooks" in vars(obj) or not isinstance(inner, torch.optim.Optimizer):
             return obj
         obj = inner
     return obj
@@ -147,6 +169,7 @@ def _run_info(
         "name": name,
         "pid": os.getpid(),
         "rank": _rank(),
+        **_job_info(),
         "host": socket.gethostname(),
         "argv": [str(a)[:200] for a in sys.argv[:32]],
         "start_time": time.time(),
@@ -219,6 +242,11 @@ def _record_path(record: Any) -> str | os.PathLike[str] | None:
     env = os.environ.get("TDBG_RECORD", "")
     if env and multiprocessing.parent_process() is None:
         os.environ.pop("TDBG_RECORD", None)
+        if _job_info() and "{rank}" not in env:
+            # Every rank of a torchrun job reads the same variable: one file per rank.
+            path = Path(env)
+            suffix = path.suffix
+            env = str(path.with_name(f"{path.stem}.rank{{rank}}{suffix}"))
         return env
     return None
 

@@ -119,6 +119,10 @@ class RunInfo(TypedDict):
     torch: str
     device: str  # "cpu", "cuda:0", ...
     commands: dict[str, str]  # deep-dive commands this run cannot serve -> why
+    # A rank of a distributed job (from the launcher's environment; absent for one process).
+    world_size: NotRequired[int]
+    local_rank: NotRequired[int]
+    job: NotRequired[str]  # the job's id (torchrun's run id, else MASTER_ADDR:PORT)
     # What is watched: model names (layers say which is theirs), optimizers in lr column order.
     models: NotRequired[list[str]]
     optimizers: NotRequired[list[WatchedOptimizer]]

@@ -43,6 +43,10 @@ def install() -> None:
     """
     if os.environ.get(ENV_ACTIVE) != "1":
         return
+    if is_launcher():
+        # `tdbg run -- torchrun ...`: the launcher trains nothing; it keeps the settings in its
+        # environment so that every rank it starts (each a torchelastic worker) watches itself.
+        return
     # This process is the one `tdbg run` started: it takes the settings meant for it, and the
     # processes the script starts (`subprocess.run([sys.executable, "eval.py"])`, spawned
     # workers, a child handed the preload anyway) never see them, so they stay inert.
@@ -56,6 +60,18 @@ def install() -> None:
         _activate(torch)
     else:
         sys.meta_path.insert(0, _TorchFinder())
+
+
+def is_launcher() -> bool:
+    """This process is torchrun / ``python -m torch.distributed.run`` (or the older launch)."""
+    # sys.orig_argv: at start-up (where this runs) `python -m X` has not set sys.argv[0] yet.
+    argv = list(getattr(sys, "orig_argv", None) or sys.argv)
+    for i, word in enumerate(argv[:4]):
+        if os.path.basename(word) == "torchrun":
+            return True
+        if word == "-m" and i + 1 < len(argv):
+            return argv[i + 1] in ("torch.distributed.run", "torch.distributed.launch")
+    return False
 
 
 class _TorchFinder:

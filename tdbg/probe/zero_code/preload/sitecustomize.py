@@ -9,18 +9,27 @@ import sys
 
 def _tdbg_preload() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
-    # The script sees the sys.path and PYTHONPATH it would see run directly: the processes it
-    # starts (spawned DataLoader workers, helper interpreters) are never preloaded.
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    rest = os.pathsep.join(p for p in entries if p and os.path.abspath(p) != here)
-    if rest:
-        os.environ["PYTHONPATH"] = rest
-    else:
-        os.environ.pop("PYTHONPATH", None)
+    failure: Exception | None = None
     try:
         from tdbg.probe.zero_code import autowatch
 
+        launcher = autowatch.is_launcher()
+    except Exception as exc:  # reported below, once, with the other failures
+        autowatch, launcher, failure = None, False, exc  # type: ignore[assignment]
+    # The script sees the sys.path and PYTHONPATH it would see run directly: the processes it
+    # starts (spawned DataLoader workers, helper interpreters) are never preloaded — unless it
+    # is torchrun, whose workers (the ranks) are what is to be watched.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    if not launcher:
+        entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        rest = os.pathsep.join(p for p in entries if p and os.path.abspath(p) != here)
+        if rest:
+            os.environ["PYTHONPATH"] = rest
+        else:
+            os.environ.pop("PYTHONPATH", None)
+    try:
+        if failure is not None:
+            raise failure
         autowatch.install()
     except Exception as exc:
         sys.stderr.write(
