@@ -474,3 +474,39 @@ def test_an_optimizer_wrapper_without_hooks_is_unwrapped(runtime_dir: Path) -> N
     assert [r.lr for r in reader.records()] == [[0.05], [0.05]]
     assert all(r.grad_norms is not None for r in reader.records())
     reader.close()
+
+
+def test_a_stall_alert_says_where_the_training_thread_is_stuck(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from tdbg.probe import alerts
+
+    monkeypatch.setattr(alerts, "STALL_MIN_S", 0.3)
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    release = threading.Event()
+
+    def next_batch_from_a_hung_loader() -> None:
+        release.wait(30)
+
+    def train() -> None:
+        loop.run(10, probe)
+        next_batch_from_a_hung_loader()
+        loop.run(2, probe)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        reader.wait(lambda r: any(a["kind"] == "stalled" for a in r.of("alert")))
+    finally:
+        release.set()
+        trainer.join(10)
+    stalled = next(a for a in reader.of("alert") if a["kind"] == "stalled")
+    assert any("next_batch_from_a_hung_loader" in line for line in stalled["stack"][-3:])
+    assert "stuck at" in stalled["message"]
+    assert "called from" in stalled["message"] and "test_true_numbers.py" in stalled["message"]
+    reader.wait(lambda r: any(a["kind"] == "resumed" for a in r.of("alert")))
+    reader.close()

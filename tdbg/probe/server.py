@@ -24,6 +24,7 @@ from tdbg.probe.log import warn
 from tdbg.probe.metrics import MetricsHistory, PendingMetrics
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.recorder import Recorder
+from tdbg.probe.stacks import stuck_where, thread_stack
 from tdbg.probe.system import SystemSampler
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
 from tdbg.protocol.messages import COMMANDS, metrics_message, validate_client_message
@@ -73,6 +74,7 @@ class ProbeServer:
         self.metrics = MetricsHistory()
         self._step_points: list[tuple[int, str, float]] = []
         self._layout: tuple[Any, ...] | None = None  # from relayout(), for the probe thread
+        self.training_thread: int | None = None  # the thread that calls probe.step()
         self.gone: list[int] = []  # layers whose parameters left the model
         self.history = History(len(layer_names))
         self.rules = AlertRules(layer_names, frozen or [])
@@ -559,6 +561,15 @@ class ProbeServer:
             self._step_points.extend(pending.points)
         return resolved
 
+    def _with_stack(self, stall: dict[str, Any]) -> dict[str, Any]:
+        """A stall alert with the training thread's Python stack: where it is stuck."""
+        stack = thread_stack(self.training_thread)
+        if not stack:
+            return stall
+        return dict(
+            stall, message=f"{stall['message']} — stuck at {stuck_where(stack)}", stack=stack
+        )
+
     def _drain_metrics(self) -> list[tuple[int, str, float]]:
         points, self._step_points = self._step_points, []
         inbox = self.metrics_inbox
@@ -596,7 +607,8 @@ class ProbeServer:
             self.recent_costs.append((record.probe_time, record.step_time))
             self.last_step = record.step
         if not resolved and self.last_step is not None:
-            alerts.extend(self.rules.check_stall(self.last_step, now - self.last_step_time))
+            for stall in self.rules.check_stall(self.last_step, now - self.last_step_time):
+                alerts.append(self._with_stack(stall))
         frames: list[bytes] = layout_frames
         n_layers = len(self.layer_names)
         per_frame = max(1, LIVE_FRAME_BYTES // (100 + 4 * n_layers))

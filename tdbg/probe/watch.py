@@ -490,6 +490,9 @@ class Probe:
                 taps.detach(self._sampler)
                 self._dives.close("the probe switched itself off")
             return
+        ident = threading.get_ident()
+        if self._server.training_thread != ident:
+            self._server.training_thread = ident  # where a stall's stack is read
         if self._sampler.layout_dirty:
             try:
                 self._relayout()

@@ -170,6 +170,7 @@ class Alert(TypedDict):
     time: float
     message: str
     layers: list[str]
+    stack: NotRequired[list[str]]  # ``stalled``: the training thread's Python stack, innermost last
     history: NotRequired[bool]
 
 
