@@ -60,6 +60,10 @@ def stop(job: subprocess.Popen[bytes]) -> None:
         job.wait()
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     ours, demo_args = split_argv(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(
@@ -69,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("demo", nargs="?", default="mlp", choices=CHOICES, help="default: mlp")
     args = p.parse_args(ours)
+    # A closed terminal (SIGHUP) or a kill (SIGTERM) must not leave the job training on its
+    # own (it runs in its own session): both unwind through the `finally` that stops it.
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, _exit_on_signal)
     # The usual runtime directory: `tdbg ls` / `tdbg status` in another terminal see the demo;
     # the TUI attaches to the job's own socket, so another run there cannot get in the way.
     runtime = runtime_dir()
