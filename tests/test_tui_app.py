@@ -78,7 +78,7 @@ async def test_run_ended_keeps_the_data() -> None:
         assert app.state.n_steps == 200
         monitor = app.screen
         assert isinstance(monitor, MonitorScreen) and monitor.has_class("-ended")
-        await shows(pilot, app, "run ended (shutdown)", "step 199", "blocks.0.attn.weight")
+        await shows(pilot, app, "● run ended", "step 199", "blocks.0.attn.weight")
 
 
 async def test_live_replay_stays_live() -> None:
@@ -117,7 +117,7 @@ async def test_keys_toggle_heatmap_log_sort_and_help() -> None:
         # Non-finite norms sort first: the NaN layer heads the table.
         await wait_for(
             pilot,
-            lambda: table.get_row_at(0)[0] == "blocks.0.attn.weight",
+            lambda: str(table.get_row_at(0)[0]) == "netG blocks.0.attn.weight",
             "the NaN layer at the top of the table",
         )
         await pilot.press("o")
@@ -137,12 +137,12 @@ async def test_tab_cycles_panels() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         seen = set()
-        for _ in range(7):
+        for _ in range(9):
             await pilot.press("tab")
             focused = app.focused
             assert focused is not None
             seen.add(focused.id)
-        assert {"loss-panel", "grad-table", "memory-panel", "alerts-panel"} <= seen
+        assert {"loss-panel", "grad-table", "memory-panel", "alerts-panel", "metrics"} <= seen
 
 
 async def test_a_thousand_layers_keep_up() -> None:
@@ -241,7 +241,7 @@ async def test_socket_source_against_a_fake_probe(sock_path: str) -> None:
         await ended(pilot, app)
         assert app.state.n_steps == 120
         assert app.state.end_reason == "shutdown; watching for a restart"
-        await shows(pilot, app, "run ended (shutdown", "blocks.0.attn.weight")
+        await shows(pilot, app, "run ended · watching for a restart", "blocks.0.attn.weight")
         app.source.stop()  # no restart will come: stop watching discovery
     thread.join(5)
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, Sparkline
+from textual.widgets import ContentSwitcher, DataTable, Footer, Sparkline, Static
 
-from tdbg.format import fmt, fmt_loss
+from tdbg.format import fmt, fmt_loss, fmt_percent
 from tdbg.tui.screens.profile_form import ProfileFormScreen
 from tdbg.tui.state.deep import DIVES, label
 from tdbg.tui.state.run_state import RunState
@@ -23,8 +25,9 @@ from tdbg.tui.widgets.deep_panel import DeepPanel
 from tdbg.tui.widgets.gradient_heatmap import GradientHeatmap
 from tdbg.tui.widgets.gradient_table import GradientTable
 from tdbg.tui.widgets.learning_rates import LearningRates
-from tdbg.tui.widgets.loss_chart import LossChart
+from tdbg.tui.widgets.loss_chart import PALETTE, LossChart
 from tdbg.tui.widgets.memory_panel import MemoryPanel
+from tdbg.tui.widgets.metric_table import MetricTable
 from tdbg.tui.widgets.probe_status import ProbeStatus
 from tdbg.tui.widgets.profiler_table import ProfilerTable
 from tdbg.tui.widgets.run_header import RunHeader
@@ -36,6 +39,13 @@ ACTIVATIONS_EVERY = 10  # steps between activation-statistics samples when s tur
 ANOMALY_STEPS = 10  # steps of autograd anomaly mode per press of a
 NAN_HUNT_STEPS = 1
 WIDE = 170  # columns from which activations sit left-right of the gradient norms, not below
+SHORT = 30  # rows below which the layout tightens (80x24): one-line header, no loss sparkline
+MAX_OVERLAID = 6  # loss-like metrics drawn over the loss chart
+
+
+def _norm(value: float) -> str:
+    """A max_norm as a script writes it: ``1.0``, ``0.5``, ``5.0``."""
+    return f"{value:.1f}" if value == int(value) else f"{value:.3g}"
 
 
 class Panel(Vertical, can_focus=True):
@@ -68,6 +78,7 @@ class MonitorScreen(Screen[None]):
         self._grad_revision = -1
         self._state: RunState | None = None
         self._acts_shown: object = None
+        self.chart_metric: str | None = None  # a metric charted in the loss panel (enter)
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -77,6 +88,7 @@ class MonitorScreen(Screen[None]):
             with Vertical(id="left"):
                 with Panel(id="loss-panel", classes="panel"):
                     yield LossChart(id="loss-chart")
+                    yield Static(id="loss-legend")
                     yield Sparkline([], id="loss-recent")
                 with Horizontal(id="left-bottom"):
                     with Panel(id="lr-panel", classes="panel"):
@@ -86,6 +98,7 @@ class MonitorScreen(Screen[None]):
             with Vertical(id="right"):
                 with Vertical(id="grad-area"):
                     with Vertical(id="grad-panel", classes="panel"):
+                        yield Static(id="grad-summary")
                         with ContentSwitcher(initial="grad-table", id="grad-switcher"):
                             yield GradientTable(id="grad-table")
                             yield GradientHeatmap(id="grad-heatmap")
@@ -93,6 +106,8 @@ class MonitorScreen(Screen[None]):
                         yield ActivationTable(id="act-table")
                 with Panel(id="memory-panel", classes="panel"):
                     yield MemoryPanel(id="memory")
+        with Panel(id="metrics-panel", classes="panel"):
+            yield MetricTable(id="metrics")
         with Panel(id="profiler-panel", classes="panel"):
             yield DeepPanel(id="deep")
         yield ProbeStatus(id="status")
@@ -107,6 +122,7 @@ class MonitorScreen(Screen[None]):
             "memory-panel": "Memory",
             "profiler-panel": "Profiler top-ops",
             "act-panel": "Activations per module (s turns off)",
+            "metrics-panel": "Metrics",
         }
         for panel_id, title in titles.items():
             self.query_one(f"#{panel_id}").border_title = title
@@ -231,6 +247,16 @@ class MonitorScreen(Screen[None]):
 
     def on_resize(self) -> None:
         self.set_class(self.size.width >= WIDE, "-wide")
+        self.set_class(self.size.height < SHORT, "-short")
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on a metric charts it in the loss panel; enter on it again goes back."""
+        if not isinstance(event.data_table, MetricTable):
+            return
+        name = str(event.row_key.value)
+        self.chart_metric = None if name == self.chart_metric else name
+        self._chart_at = 0.0
+        self.repaint(force=True)
 
     # --- painting -------------------------------------------------------------------------
 
@@ -251,12 +277,19 @@ class MonitorScreen(Screen[None]):
         self.set_class(state.diverged, "-diverged")
         self.set_class(state.ended, "-ended")
         self.set_class(state.input_bound, "-input-bound")
-        self.query_one(RunHeader).show(state)
+        self.query_one(RunHeader).show(state, two_lines=self.size.height >= SHORT)
         self.query_one(AnatomyBar).show(state)
         if force or now - self._chart_at >= CHART_INTERVAL:
             self._chart_at = now
             self._paint_loss(state)
+            self._paint_metrics(state)
         self.query_one(LearningRates).show(state)
+        lr_panel = self.query_one("#lr-panel")
+        groups = state.param_groups
+        lr_panel.border_subtitle = (
+            f"showing {state.lr_groups} of {groups}" if state.lr_columns_capped else ""
+        )
+        self.set_class(bool(len(state.metrics)), "-metrics")
         self.query_one(AlertList).show(state)
         self.query_one("#alerts-panel").border_subtitle = f"{state.alert_count} total"
         self.query_one(MemoryPanel).show(state)
@@ -294,30 +327,107 @@ class MonitorScreen(Screen[None]):
             step = "n/a" if acts is None else fmt(acts.step, "d")
             self.query_one("#act-panel").border_subtitle = f"step {step} · every {every} steps"
 
+    def _paint_metrics(self, state: RunState) -> None:
+        store = state.metrics
+        if not len(store):
+            return
+        self.query_one(MetricTable).show(store)
+        panel = self.query_one("#metrics-panel")
+        bad = sum(1 for name in store.names if store[name].nonfinite)
+        subtitle = f"{len(store)} names"
+        if bad:
+            subtitle += f" · {bad} non-finite"
+        if store.dropped_names:
+            subtitle += f" · {store.dropped_names} points of further names dropped"
+        panel.border_subtitle = subtitle + " · enter: chart"
+
     def _paint_loss(self, state: RunState) -> None:
         chart = self.query_one(LossChart)
-        chart.replot(state.steps.values, state.loss.values, state.loss_ema.values, self.log_scale)
+        panel = self.query_one("#loss-panel")
+        legend = self.query_one("#loss-legend", Static)
+        scale = "log" if self.log_scale else "linear"
+        name = self.chart_metric
+        if name is not None and name in state.metrics:
+            series = state.metrics[name]
+            x, y = series.step_values
+            chart.replot(x, y, y[:0], self.log_scale)
+            panel.border_title = f"Metric {name}"
+            panel.border_subtitle = (
+                f"last {fmt(series.last, '.4g')} at step {fmt(series.last_step, 'd')} · {scale}"
+                " (l) · enter: back to loss"
+            )
+            legend.update(Text(f"━ {name}", style=chart.color_style("loss-chart--raw")))
+            return
+        overlaid = [s for s in state.metrics.loss_like()][:MAX_OVERLAID]
+        extra = [
+            (*s.step_values, PALETTE[k % len(PALETTE)]) for k, s in enumerate(overlaid)
+        ]
+        chart.replot(
+            state.steps.values, state.loss.values, state.loss_ema.values, self.log_scale, extra
+        )
+        parts = [("━ loss ", chart.color_style("loss-chart--raw"))]
+        parts.append(("━ smoothed ", chart.color_style("loss-chart--smoothed")))
+        for k, s in enumerate(overlaid):
+            parts.append((f"━ {s.name} ", f"rgb{PALETTE[k % len(PALETTE)]}".replace(" ", "")))
+        legend.update(Text.assemble(*parts, no_wrap=True, overflow="ellipsis"))
+        panel.border_title = "Loss"
         recent = state.loss.values[-RECENT_LOSS:]
         self.query_one("#loss-recent", Sparkline).data = [
             float(v) for v in recent if v == v and abs(v) != float("inf")
         ]
-        panel = self.query_one("#loss-panel")
-        scale = "log" if self.log_scale else "linear"
+        micro = state.micro_batches
+        micro_text = ""
+        if micro is not None and micro > 1:
+            micro_text = f" · {micro:g} micro-batches"
         panel.border_subtitle = (
-            f"last {fmt_loss(state.last_loss)} · smoothed {fmt(state.smoothed_loss, '.4g')}"
-            f" · {scale} (l)"
+            f"last {fmt_loss(state.last_loss)}{micro_text}"
+            f" · smoothed {fmt(state.smoothed_loss, '.4g')} · {scale} (l)"
         )
 
     def _paint_grads(self, state: RunState) -> None:
         names = state.layer_names
+        self._paint_grad_summary(state)
         if self.heatmap:
             steps, rows = state.grads.matrix()
             heatmap = self.query_one(GradientHeatmap)
             heatmap.show(names, steps, rows)
         else:
             table = self.query_one(GradientTable)
-            table.show(names, state.grads.latest(), state.grads.recent(32), state.layer_trends())
+            owners = [state.layer_owner(i) for i in range(len(names))]
+            table.show(
+                names, state.grads.latest(), state.grads.recent(32), state.layer_trends(), owners
+            )
         self._update_grad_title()
+
+    def _paint_grad_summary(self, state: RunState) -> None:
+        """The total norm (per model when several), and what clip_grad_norm_ did: the norms
+        shown are the ones measured before clipping."""
+        parts = []
+        clip = state.clipping()
+        totals = state.grad_total.values
+        if clip is not None:
+            parts.append(
+                f"clip {_norm(clip.max_norm)} · active {fmt_percent(clip.active_share, '.0f')}% "
+                f"of steps · pre-clip total {fmt(clip.last_norm, '.3g')}"
+            )
+        elif len(totals):
+            parts.append(f"total {fmt(float(totals[-1]), '.3g')}")
+        latest = state.grads.latest()
+        models = state.models
+        if latest is not None and len(models) > 1 and len(state.layer_model) == len(latest):
+            owner = np.asarray(state.layer_model)
+            for m, name in enumerate(models):
+                mine = latest[owner == m].astype(np.float64)
+                if mine.size:
+                    parts.append(f"{name} {fmt(float(np.sqrt(np.nansum(mine * mine))), '.3g')}")
+        self.query_one("#grad-summary", Static).update(
+            Text(" · ".join(parts), no_wrap=True, overflow="ellipsis")
+        )
+        panel = self.query_one("#grad-panel")
+        title = "Gradient norms per layer"
+        if clip is not None:
+            title += " (pre-clip)"
+        panel.border_title = title
 
     def _update_grad_title(self) -> None:
         state = self._state

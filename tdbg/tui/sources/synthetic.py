@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from tdbg.protocol.messages import (
@@ -16,6 +17,7 @@ from tdbg.protocol.messages import (
     Job,
     JobResult,
     Layers,
+    Metrics,
     NanHuntResult,
     ProbeHealth,
     ProfileResult,
@@ -26,6 +28,7 @@ from tdbg.protocol.messages import (
     System,
     alert_message,
     job_message,
+    metrics_message,
     nan_hunt_result,
 )
 from tdbg.protocol.steps import StepRecord, pack_steps
@@ -42,10 +45,20 @@ RUN: RunInfo = {
     "torch": "2.0.0",
     "device": "cpu",
     "commands": {},
+    "models": ["netG", "netD"],
+    "optimizers": [
+        {"name": "optG", "type": "Adam", "groups": 1},
+        {"name": "optD", "type": "Adam", "groups": 1},
+    ],
+    "param_groups": 2,
     "socket": "/nonexistent/0-4242",
     "proto_min": 1,
     "proto_max": 1,
 }
+MODELS = ("netG", "netD")
+STEPS_PER_EPOCH = 100
+MICRO_BATCHES = 4
+CLIP_MAX = 1.0
 
 
 def layer_names(n: int) -> list[str]:
@@ -61,8 +74,11 @@ def step_records(
     nan_at: int | None = None,
     data_share: float = 0.1,
     seed: int = 0,
+    true_numbers: bool = True,
 ) -> list[StepRecord]:
-    """``count`` steps from ``start``: a decaying noisy loss, two LR groups, per-layer norms."""
+    """``count`` steps from ``start``: a decaying noisy loss, two LR groups, per-layer norms;
+    with ``true_numbers`` also 4 micro-batches a step, ``clip_grad_norm_(max_norm=1.0)`` active
+    on about 40% of the steps (the norms are the pre-clip ones) and 100 steps an epoch."""
     rng = random.Random(seed + start)
     out = []
     step_time = 0.05
@@ -71,11 +87,15 @@ def step_records(
         if nan_at is not None and s >= nan_at:
             loss = math.nan
         norms = None
+        clip_norm = 0.8 + 0.35 * rng.random()  # the pre-clip total norm clip measured
         if s % grad_every == 0:
             norms = [
                 10 ** (-3 + 2 * (i / max(1, n_layers - 1))) * (1 + 0.1 * rng.random())
                 for i in range(n_layers)
             ]
+            if true_numbers and norms:
+                scale = clip_norm / math.sqrt(sum(n * n for n in norms))
+                norms = [n * scale for n in norms]
             if n_layers > 2:
                 norms[1] = 1e-9  # a vanished layer
             if nan_at is not None and s >= nan_at and n_layers:
@@ -95,6 +115,10 @@ def step_records(
                 backward_time=rest * 0.55,
                 optimizer_time=rest * 0.1,
                 probe_time=step_time * 0.005,
+                micro_batches=MICRO_BATCHES if true_numbers else math.nan,
+                clip_max=CLIP_MAX if true_numbers else math.nan,
+                clip_norm=clip_norm if true_numbers else math.nan,
+                epoch=float(s // STEPS_PER_EPOCH) if true_numbers else math.nan,
                 grad_total=None if norms is None else math.sqrt(sum(n * n for n in norms)),
                 grad_norms=norms,
             )
@@ -145,6 +169,33 @@ def system_message(gpu: bool = False) -> System:
     return msg
 
 
+def metric_points(
+    start: int,
+    count: int,
+    nan_at: int | None = None,
+    extra: int = 0,
+    models: Sequence[str] = MODELS,
+) -> list[tuple[int, str, float]]:
+    """The metrics a run logs over steps ``[start, start + count)``: a loss per optimizer
+    (``loss/NAME``) every step, ``val_loss`` and ``val/acc`` every 50 steps (NaN from
+    ``nan_at``), a framework's ``grad_scale`` every 10 and ``extra`` more names every 50."""
+    points: list[tuple[int, str, float]] = []
+    for s in range(start, start + count):
+        base = 2.5 * math.exp(-s / 300) + 0.1
+        if len(models) > 1:
+            for k, name in enumerate(models):
+                points.append((s, f"loss/{name}", base * (1.2 - 0.3 * k) + 0.02 * math.sin(s)))
+        if s % 10 == 0:
+            points.append((s, "grad_scale", 65536.0 / 2 ** ((s // 150) % 3)))
+        if s % 50 == 0:
+            val = base * 1.1 + 0.05
+            points.append((s, "val_loss", math.nan if nan_at is not None and s >= nan_at else val))
+            points.append((s, "val/acc", min(0.99, 0.3 + s / 600)))
+            for i in range(extra):
+                points.append((s, f"extra/metric_{i:03d}", i + s / 1000))
+    return points
+
+
 def synthetic_run(
     steps: int = 400,
     n_layers: int = 12,
@@ -153,17 +204,44 @@ def synthetic_run(
     nan_at: int | None = None,
     gpu: bool = False,
     data_share: float = 0.1,
+    models: Sequence[str] = MODELS,
+    total_steps: int | None = 1000,
+    skipped_steps: int = 0,
+    closed: bool = False,
+    metrics: bool = True,
+    extra_metrics: int = 0,
+    true_numbers: bool = True,
+    t0: float = START_TIME,
 ) -> list[dict[str, Any]]:
-    """A full message list as a probe would send it: layers, step batches, alerts, system."""
+    """A full message list as a probe would send it: layers, step batches, metrics, alerts,
+    system, the probe's health. ``models`` split the layers (the first half the first
+    model's...); ``true_numbers=False`` and ``metrics=False`` give what an older probe sent
+    (no micro-batches, clipping, epoch, metrics, total steps)."""
     names = layer_names(n_layers)
     layers: Layers = {"type": "layers", "names": names, "numel": [1000] * n_layers}
+    if true_numbers and models:
+        per = max(1, -(-n_layers // len(models)))
+        layers["models"] = list(models)
+        layers["model"] = [min(i // per, len(models) - 1) for i in range(n_layers)]
     msgs: list[dict[str, Any]] = [dict(layers)]
     for start in range(0, steps, batch):
         count = min(batch, steps - start)
         records = step_records(
-            start, count, n_layers, grad_every, nan_at=nan_at, data_share=data_share
+            start,
+            count,
+            n_layers,
+            grad_every,
+            nan_at=nan_at,
+            data_share=data_share,
+            true_numbers=true_numbers,
+            t0=t0,
         )
         msgs.append(pack_steps(records, n_layers))
+        if metrics:
+            batch_metrics: Metrics = metrics_message(
+                metric_points(start, count, nan_at, extra_metrics, models)
+            )
+            msgs.append(dict(batch_metrics))
     alerts: list[Alert] = [
         alert_message(
             "loss_spike",
@@ -188,6 +266,22 @@ def synthetic_run(
         )
     msgs.extend(dict(a) for a in alerts)
     msgs.append(dict(system_message(gpu)))
+    msgs.extend([dict(probe_message(steps, grad_every, total_steps, skipped_steps, closed))])
+    synced: Synced = {"type": "synced"}
+    msgs.append(dict(synced))
+    return msgs
+
+
+def probe_message(
+    steps: int,
+    grad_every: int = 1,
+    total_steps: int | None = 1000,
+    skipped_steps: int = 0,
+    closed: bool = False,
+    disabled: bool = False,
+    errors: int = 0,
+) -> ProbeHealth:
+    """The probe's 1 Hz health message."""
     probe: ProbeHealth = {
         "type": "probe",
         "time": START_TIME,
@@ -195,18 +289,19 @@ def synthetic_run(
         "grad_interval": grad_every,
         "grad_mode": "fixed",
         "overhead_budget": 0.02,
-        "errors": 0,
-        "last_error": None,
+        "errors": errors,
+        "last_error": "RuntimeError: boom" if errors else None,
         "dropped": 0,
         "clients": 1,
         "steps_seen": steps,
-        "disabled": False,
+        "disabled": disabled,
+        "closed": closed,
+        "total_steps": total_steps,
+        "skipped_steps": skipped_steps,
         "rejected_peers": 0,
         "history_bytes": 0,
     }
-    synced: Synced = {"type": "synced"}
-    msgs.extend([dict(probe), dict(synced)])
-    return msgs
+    return probe
 
 
 # --- deep dives: jobs and results as the wire contract types them -----------------------------

@@ -21,8 +21,16 @@ from tdbg.format import fmt_loss as fmt_loss
 from tdbg.format import fmt_stat as fmt_stat
 from tdbg.format import fmt_us as fmt_us
 from tdbg.protocol.framing import ProtocolError
-from tdbg.protocol.steps import F64_COLUMNS, FLAG_HAS_GRADS, FLAG_HAS_LOSS, step_columns
+from tdbg.protocol.messages import read_metrics
+from tdbg.protocol.steps import (
+    F64_COLUMNS,
+    FLAG_HAS_GRADS,
+    FLAG_HAS_LOSS,
+    MAX_LR_COLUMNS,
+    step_columns,
+)
 from tdbg.tui.state.deep import DeepState
+from tdbg.tui.state.metrics import MetricStore
 
 ANATOMY = ("data_time", "forward_time", "backward_time", "optimizer_time")
 
@@ -366,6 +374,9 @@ class RunState:
         self.revision = 0
         self.layer_names: list[str] = []
         self.layer_numel: list[int] = []
+        self.layer_model: list[int] = []  # per layer, its model's index in ``models``
+        self.layer_models: list[str] | None = None  # the ``layers`` message's models, if sent
+        self.metrics = MetricStore()
         self.steps = GrowArray(np.int64)
         self.has_loss = GrowArray(np.bool_)
         self.loss = GrowArray(np.float64)
@@ -416,6 +427,8 @@ class RunState:
                 getattr(self.deep, f"apply_{mtype}")(message)
             except (TypeError, ValueError, AttributeError) as exc:  # a bad message, not a crash
                 self.errors.append(f"malformed {mtype} message: {exc}")
+        elif mtype == "metrics":
+            self.metrics.add(read_metrics(message))
         elif mtype == "synced":
             self.synced = True
         elif mtype == "bye":
@@ -431,6 +444,14 @@ class RunState:
     def _apply_layers(self, message: dict[str, Any]) -> None:
         names = [str(n) for n in message.get("names") or []]
         numel = [int(n) for n in message.get("numel") or []]
+        models = message.get("models")
+        if isinstance(models, list) and models:
+            self.layer_models = [str(m) for m in models]
+        owners = message.get("model")
+        if isinstance(owners, list):
+            self.layer_model = [
+                int(m) if isinstance(m, int) and not isinstance(m, bool) else -1 for m in owners
+            ]
         old = self.layer_names
         if old and names[: len(old)] == old:
             # The run's layers changed mid-run (a layer replaced, a model added): the list only
@@ -668,3 +689,157 @@ class RunState:
             base = np.nanmean(np.where(np.isfinite(older), older, np.nan), axis=0)
             trend = np.log10(rows[-1] / base)
         return np.where(np.isfinite(trend), trend, np.nan)
+
+    # --- what is watched, progress, clipping (issue 10: the true numbers) ---------------------
+
+    @property
+    def models(self) -> list[str]:
+        """The watched models' names (the latest ``layers`` message's, else the welcome's)."""
+        if self.layer_models:
+            return list(self.layer_models)
+        models = self.run.get("models")
+        return [str(m) for m in models] if isinstance(models, list) else []
+
+    @property
+    def optimizers(self) -> list[tuple[str, str, int]]:
+        """``(name, type, groups)`` per watched optimizer, in lr column order."""
+        out: list[tuple[str, str, int]] = []
+        for entry in self.run.get("optimizers") or []:
+            if not isinstance(entry, dict):
+                continue
+            groups = entry.get("groups")
+            n = groups if isinstance(groups, int) and not isinstance(groups, bool) else 1
+            out.append((str(entry.get("name") or "?"), str(entry.get("type") or "?"), max(0, n)))
+        return out
+
+    @property
+    def param_groups(self) -> int | None:
+        """All optimizers' param groups (the probe sends at most MAX_LR_COLUMNS lr columns)."""
+        value = self.run.get("param_groups")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        opts = self.optimizers
+        return sum(g for _, _, g in opts) if opts else None
+
+    @property
+    def lr_columns_capped(self) -> bool:
+        groups = self.param_groups
+        return groups is not None and groups > MAX_LR_COLUMNS
+
+    def lr_labels(self, n: int) -> list[str]:
+        """A label for each of ``n`` lr columns: its optimizer's name (``optD``, or ``optD.1``
+        for its second group), ``group k`` where the run does not say."""
+        labels: list[str] = []
+        for name, _, groups in self.optimizers:
+            if groups == 1:
+                labels.append(name)
+            else:
+                labels.extend(f"{name}.{g}" for g in range(groups))
+        labels = labels[:n]
+        labels.extend(f"group {g}" for g in range(len(labels), n))
+        return labels
+
+    def layer_owner(self, index: int) -> str | None:
+        """The model a layer belongs to, when several are watched (else None)."""
+        models = self.models
+        if len(models) < 2 or index >= len(self.layer_model):
+            return None
+        m = self.layer_model[index]
+        return models[m] if 0 <= m < len(models) else None
+
+    def latest_col(self, name: str) -> float | None:
+        """The latest known (finite) value of a per-step column, e.g. ``epoch``."""
+        if not self.steps.n:
+            return None
+        col = self.cols[name].values
+        tail = col[-ANATOMY_WINDOW:]
+        finite = np.flatnonzero(np.isfinite(tail))
+        if finite.size:
+            return float(tail[finite[-1]])
+        finite = np.flatnonzero(np.isfinite(col))
+        return float(col[finite[-1]]) if finite.size else None
+
+    @property
+    def micro_batches(self) -> float | None:
+        """Gradient-accumulation micro-batches of the latest step that says."""
+        return self.latest_col("micro_batches")
+
+    @property
+    def epoch(self) -> float | None:
+        return self.latest_col("epoch")
+
+    def clipping(self) -> Clipping | None:
+        """How ``clip_grad_norm_`` behaved over the run's steps that report it; None when the
+        script does not clip (or the probe is older)."""
+        if not self.steps.n:
+            return None
+        cmax = self.cols["clip_max"].values
+        cnorm = self.cols["clip_norm"].values
+        known = np.isfinite(cmax) & ~np.isnan(cnorm)
+        if not known.any():
+            return None
+        idx = np.flatnonzero(known)
+        active = int((cnorm[idx] > cmax[idx]).sum())
+        last = int(idx[-1])
+        return Clipping(
+            max_norm=float(cmax[last]),
+            last_norm=float(cnorm[last]),
+            last_step=int(self.steps.values[last]),
+            steps=int(idx.size),
+            active=active,
+        )
+
+    @property
+    def planned_steps(self) -> int | None:
+        """The optimizer steps the run will take, where the probe knows (the ETA's basis)."""
+        value = (self.probe or {}).get("total_steps")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        return None
+
+    @property
+    def skipped_steps(self) -> int:
+        value = (self.probe or {}).get("skipped_steps")
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
+    def probe_closed(self) -> bool:
+        """The run ended and its probe closed cleanly (not an error)."""
+        return bool((self.probe or {}).get("closed"))
+
+    @property
+    def probe_disabled(self) -> bool:
+        """The probe switched itself off after too many errors (the error breaker)."""
+        return bool((self.probe or {}).get("disabled"))
+
+    def progress(self) -> float | None:
+        """The share of ``planned_steps`` done (the last step's number + 1 over the total)."""
+        total, last = self.planned_steps, self.last_step
+        if total is None or last is None:
+            return None
+        return min(1.0, (last + 1) / total)
+
+    def eta(self) -> float | None:
+        """Seconds left at the recent steps/s, when the total is known and the run is live."""
+        total, last = self.planned_steps, self.last_step
+        if total is None or last is None or self.ended or self.probe_closed:
+            return None
+        rate = self.steps_per_sec()
+        if not rate or rate <= 0:
+            return None
+        return max(0.0, (total - last - 1) / rate)
+
+
+@dataclass(frozen=True, slots=True)
+class Clipping:
+    """``clip_grad_norm_`` over the steps that report it."""
+
+    max_norm: float  # the latest step's max_norm
+    last_norm: float  # the total norm it measured, before clipping
+    last_step: int
+    steps: int  # steps that report a clip
+    active: int  # of them, steps where the measured norm exceeded max_norm
+
+    @property
+    def active_share(self) -> float:
+        return self.active / self.steps if self.steps else 0.0

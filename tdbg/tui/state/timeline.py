@@ -83,6 +83,8 @@ class Timeline:
                     grad_steps.clear()  # rows of another width cannot be stacked with these
                     grad_rows.clear()
                 self.full.apply(msg)
+            elif mtype == "metrics":
+                self.full.apply(msg)
             elif mtype == "alert":
                 self._alerts.append((self._own_step(msg, position), Alert.from_message(msg)))
             elif mtype in ("system", "probe"):
@@ -171,6 +173,8 @@ class Timeline:
         state = ReplayState(self.run)
         state.layer_names = list(full.layer_names)
         state.layer_numel = list(full.layer_numel)
+        state.layer_model = list(full.layer_model)
+        state.layer_models = full.layer_models
         state.synced = True
         state.total_steps = len(self)
         state.end_reason = "replay"
@@ -185,6 +189,7 @@ class Timeline:
         state.cursor_index = index
         step = int(full.steps.values[index])
         state.share_head(full, index + 1)
+        state.metrics = full.metrics.until(step)
         g = int(np.searchsorted(self.grad_steps, step, side="right"))
         state.grads = GradHistory.from_rows(
             len(full.layer_names), self.grad_steps[:g], self.grad_rows[:g]

@@ -36,6 +36,7 @@ class GradientTable(DataTable[Any]):
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
         self.sort_mode = "name"
         self._names: list[str] = []
+        self._shown: list[str] = []  # the name cells as text: "netG blocks.0.fc.weight"
         self._norms = np.empty(0)
         self._trends = np.empty(0)
         self._recent = np.empty((0, 0))
@@ -58,9 +59,15 @@ class GradientTable(DataTable[Any]):
         return ""
 
     def show(
-        self, names: list[str], latest: np.ndarray | None, recent: np.ndarray, trends: np.ndarray
+        self,
+        names: list[str],
+        latest: np.ndarray | None,
+        recent: np.ndarray,
+        trends: np.ndarray,
+        owners: list[str | None] | None = None,
     ) -> None:
-        """Show the latest norms; ``recent`` is (rows x layers) for the trend sparklines."""
+        """Show the latest norms; ``recent`` is (rows x layers) for the trend sparklines;
+        ``owners`` (per layer, its model when several are watched) leads each name."""
         n = len(names)
         self._norms = (
             latest.astype(np.float64)
@@ -75,11 +82,17 @@ class GradientTable(DataTable[Any]):
             self._lo = float(np.log10(finite.min())) if finite.size else 0.0
             hi = float(np.log10(finite.max())) if finite.size else 1.0
         self._span = hi - self._lo if hi > self._lo else 1.0
-        if names != self._names:
+        owners = owners if owners is not None and len(owners) == n else [None] * n
+        shown = [f"{o} {name}" if o else name for o, name in zip(owners, names, strict=True)]
+        if names != self._names or shown != self._shown:
             self._names = list(names)
+            self._shown = shown
             self.clear()
             for i, name in enumerate(names):
-                self.add_row(name, *self._cells(i), key=str(i))
+                cell = Text(name)
+                if owners[i]:
+                    cell = Text.assemble((f"{owners[i]} ", "bold"), name)
+                self.add_row(cell, *self._cells(i), key=str(i))
         self.apply_sort()
 
     def _cells(self, i: int) -> tuple[Text, Text, Text]:
@@ -121,15 +134,17 @@ class GradientTable(DataTable[Any]):
     def apply_sort(self) -> None:
         if not self._names:
             return
-        index = {name: i for i, name in enumerate(self._names)}
+        index = {name: i for i, name in enumerate(self._shown)}
         if self.sort_mode == "name":
-            self.sort("name", key=lambda name: index[name])  # model order, as the probe sent it
+            # Model order, as the probe sent it (grouped by model when several are watched).
+            self.sort("name", key=lambda name: index[str(name)])
             self._refresh_visible()
             return
         values = self._norms if self.sort_mode == "norm" else self._trends
 
-        def key(name: str) -> tuple[int, float]:
-            v = float(values[index[name]]) if index[name] < len(values) else math.nan
+        def key(cell: object) -> tuple[int, float]:
+            i = index[str(cell)]
+            v = float(values[i]) if i < len(values) else math.nan
             # Non-finite first: a NaN gradient is the most urgent row on the screen.
             return (0, 0.0) if not math.isfinite(v) else (1, -v)
 

@@ -1,4 +1,5 @@
-"""LearningRates: the current learning rate of every param group with a sparkline of its history."""
+"""LearningRates: the current learning rate of every param group, labelled by its optimizer, with
+a sparkline of its history."""
 
 from __future__ import annotations
 
@@ -25,11 +26,13 @@ class LearningRates(Static):
         width = max(8, self.content_size.width)
         history = state.lr.values
         text = Text(no_wrap=True, overflow="crop")
+        labels = state.lr_labels(len(latest))
+        pad = max(8, *(len(label) for label in labels)) if labels else 8
         for g, value in enumerate(latest):
             if g:
                 text.append("\n")
             zero = value == 0
-            text.append(f"group {g:<2} ")
+            text.append(f"{labels[g]:<{pad}} ")
             text.append(f"{fmt(value, '.3e'):>10}\n", self._style(zero))
             column = history[:, g] if g < history.shape[1] else np.empty(0)
             # Bucket to the width so the sparkline covers the whole run, not just its tail.

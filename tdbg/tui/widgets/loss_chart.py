@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
@@ -25,6 +26,17 @@ def bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int) -> tuple[np.ndarray,
     return x[edges[:-1]], sums / counts
 
 
+# Colours of the metrics drawn over the loss (val_loss, loss/NAME, ...), in legend order.
+PALETTE: tuple[tuple[int, int, int], ...] = (
+    (80, 200, 120),
+    (220, 120, 220),
+    (110, 190, 230),
+    (230, 160, 60),
+    (200, 200, 90),
+    (240, 110, 110),
+)
+
+
 class LossChart(Static):
     """Call ``replot(steps, loss, smoothed, log)``; colours come from the component classes."""
 
@@ -37,7 +49,21 @@ class LossChart(Static):
         r, g, b = color.get_truecolor()
         return (r, g, b)
 
-    def replot(self, steps: np.ndarray, loss: np.ndarray, smoothed: np.ndarray, log: bool) -> None:
+    def color_style(self, component: str) -> str:
+        """A component's colour as a Rich style string (for a legend beside the chart)."""
+        r, g, b = self._rgb(component)
+        return f"rgb({r},{g},{b})"
+
+    def replot(
+        self,
+        steps: np.ndarray,
+        loss: np.ndarray,
+        smoothed: np.ndarray,
+        log: bool,
+        extra: Sequence[tuple[np.ndarray, np.ndarray, tuple[int, int, int]]] = (),
+    ) -> None:
+        """Draw the loss (raw and smoothed) and ``extra`` series ``(steps, values, rgb)``:
+        metrics that belong with the loss (val_loss, loss/NAME) on the same axes."""
         width, height = self.content_size
         if width < 10 or height < 4:
             return
@@ -70,6 +96,11 @@ class LossChart(Static):
                     marker=plt.marker("braille", self._rgb("loss-chart--smoothed")),
                 )
             )
+        for ex, ey, rgb in extra:
+            ey = np.where(ey > 0, ey, np.nan) if log else ey
+            xe, ye = bucket_mean(ex.astype(np.float64), ey, points)
+            if len(ye):
+                fig.draw(fig.signal(xe.tolist(), ye.tolist(), marker=plt.marker("braille", rgb)))
         if log:
             fig.ruler("y").scale("log")
         self.update(Text.from_ansi(fig.build().string(), no_wrap=True))

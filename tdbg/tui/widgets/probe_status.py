@@ -10,10 +10,21 @@ from tdbg.tui.state.run_state import RunState
 
 
 class ProbeStatus(Static):
+    """The probe's state first (switched off by its error breaker, closed with the run,
+    updates skipped by the non-finite guard), then its cost and counters."""
+
     def show(self, state: RunState) -> None:
         probe = state.probe or {}
         cost = probe.get("cost_fraction")
-        parts = [
+        parts = []
+        if state.probe_disabled:
+            parts.append(f"PROBE OFF: error breaker after {fmt(probe.get('errors'), 'd')} errors")
+        elif state.probe_closed:
+            parts.append("run ended · probe closed")
+        if state.skipped_steps:
+            n = state.skipped_steps
+            parts.append(f"skipped {n} non-finite update{'s' if n != 1 else ''}")
+        parts += [
             f"probe {fmt(None if cost is None else cost * 100, '.1f', '%')}",
             f"grads every {fmt(probe.get('grad_interval'), 'd')} steps",
             f"dropped {fmt(probe.get('dropped'), 'd')}",
@@ -29,4 +40,6 @@ class ProbeStatus(Static):
             parts.append(f"last error: {probe['last_error']}")
         if state.errors:
             parts.append(f"protocol: {state.errors[-1]}")
+        self.set_class(state.probe_disabled, "-disabled")
+        self.set_class(bool(state.skipped_steps), "-skipped")
         self.update(Text(" · ".join(parts), no_wrap=True, overflow="ellipsis"))

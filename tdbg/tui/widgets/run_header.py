@@ -1,4 +1,5 @@
-"""RunHeader: run name, host, pid, step, steps/s, elapsed and the connection state."""
+"""RunHeader: run name, state, step/total, epoch, steps/s, ETA, elapsed, host, pid; then what
+is watched (models, optimizers)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import ClassVar
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.format import fmt, fmt_duration
+from tdbg.format import fmt, fmt_duration, fmt_percent, fmt_span
 from tdbg.tui.state.run_state import RunState
 
 
@@ -21,29 +22,72 @@ class RunHeader(Static):
     }
     STATES = ("connecting", "live", "ended", "reconnecting", "waiting")
 
-    def show(self, state: RunState) -> None:
+    def show(self, state: RunState, two_lines: bool = True) -> None:
+        """Line 1: who, the state, progress (step/total, epoch, ETA); line 2 (``two_lines``,
+        else appended to line 1): what is watched."""
         run = state.run
         for name in self.STATES:
             self.set_class(state.connection == name, f"-{name}")
+        clean = state.probe_closed or (state.end_reason or "").startswith(("shutdown", "closed"))
+        self.set_class(state.ended and clean, "-clean")
         name_style = self.get_component_rich_style("run-header--name")
         dim = self.get_component_rich_style("run-header--dim")
+        state_style = self.get_component_rich_style("run-header--state")
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" tdbg ", dim)
         text.append(str(run.get("name") or "(no run)"), name_style)
-        text.append(
-            f"  {run.get('host') or 'n/a'}  pid {run.get('pid', 'n/a')}  rank {run.get('rank', 0)}",
-            dim,
-        )
-        text.append(f"  step {fmt(state.last_step, 'd')}")
-        text.append(f"  {fmt(state.steps_per_sec(), '.1f')} steps/s")
-        text.append(f"  elapsed {fmt_duration(state.elapsed())}")
         label = state.connection
-        if state.connection == "ended":
-            label = f"run ended ({state.end_reason or 'closed'})"
+        if state.connection == "ended" or state.probe_closed:
+            reason = state.end_reason or "closed"
+            label = f"run ended ({reason})"
+            if clean:  # closed cleanly: not an error; a restart may still be watched for
+                rest = reason.partition("; ")[2]
+                label = f"run ended · {rest}" if rest else "run ended"
         elif state.connection == "reconnecting":
             # Either a restarted run was found or a dropped connection (ssh) is being retried:
             # the notice beside the screen says which.
             label = "reconnecting"
-        text.append("  ● ", self.get_component_rich_style("run-header--state"))
-        text.append(label, self.get_component_rich_style("run-header--state"))
+        text.append("  ● ", state_style)
+        text.append(label, state_style)
+        total = state.planned_steps
+        step = fmt(state.last_step, "d")
+        if total is not None:
+            progress = state.progress()
+            text.append(f"  step {step}/{total} {fmt_percent(progress, '.0f')}%")
+        else:
+            text.append(f"  step {step}")
+        epoch = state.epoch
+        if epoch is not None:
+            text.append(f"  epoch {epoch:g}")
+        text.append(f"  {fmt(state.steps_per_sec(), '.1f')} steps/s")
+        eta = state.eta()
+        if eta is not None:
+            text.append(f"  ETA {fmt_span(eta)}")
+        text.append(f"  elapsed {fmt_duration(state.elapsed())}")
+        where = f"  {run.get('host') or 'n/a'}  pid {run.get('pid', 'n/a')}"
+        if run.get("world_size") is not None or run.get("rank"):
+            where += f"  rank {run.get('rank', 0)}"
+        text.append(where, dim)
+        watched = watching(state)
+        self.set_class(two_lines and bool(watched), "-two")
+        if watched:
+            text.append("\n " if two_lines else "  ", dim)
+            text.append(watched, dim)
         self.update(text)
+
+
+def watching(state: RunState) -> str:
+    """``watching netG, netD · optimizers optG (Adam), optD (Adam)``; "" when the run does not
+    say (an older probe)."""
+    parts = []
+    models = state.models
+    if models:
+        parts.append("watching " + ", ".join(models))
+    optimizers = state.optimizers
+    if optimizers:
+        word = "optimizer" if len(optimizers) == 1 else "optimizers"
+        parts.append(f"{word} " + ", ".join(f"{n} ({t})" for n, t, _ in optimizers))
+    groups = state.param_groups
+    if groups is not None and groups > 1:
+        parts.append(f"{groups} param groups")
+    return " · ".join(parts)
