@@ -541,3 +541,49 @@ def test_tdbg_run_of_torchrun_watches_every_rank(tmp_path: Path, runtime_dir: Pa
     for a, b in zip(steps0, steps1, strict=True):
         assert a.grad_total == pytest.approx(b.grad_total, rel=1e-5)
     assert [s.loss for s in steps0] != [s.loss for s in steps1]
+
+
+def _torchrun(tmp_path: Path, ranks: int, steps: int, **env: str) -> list[Path]:
+    record = tmp_path / "job.tdbg"
+    proc = subprocess.run(
+        [
+            *TDBG,
+            "run",
+            "--record",
+            str(record),
+            "--grad-every",
+            "1",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={ranks}",
+            "train_ddp.py",
+        ],
+        cwd=SCRIPTS,
+        env=dict(os.environ, DDP_STEPS=str(steps), **env),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [tmp_path / f"job.rank{r}.tdbg" for r in range(ranks)]
+
+
+@pytest.mark.slow
+def test_a_straggler_and_a_diverged_rank_are_named(
+    tmp_path: Path, runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three gloo ranks under DDP: rank 1 waits 40 ms for each batch, rank 2 changes one layer's
+    gradient after the all-reduce. `tdbg status` on the job's recordings names both."""
+    from tdbg.cli.main import run
+
+    files = _torchrun(tmp_path, 3, 30, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
+    code = run(["status", *map(str, files)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "3 of 3 ranks" in out
+    assert "straggler: rank 1 holds the others up" in out and "input wait" in out
+    divergence = [line for line in out.splitlines() if "rank_divergence" in line]
+    assert divergence and "rank 2:" in divergence[0] and "in module.2 at" in divergence[0]
+    assert "straggler: rank 0" not in out and "straggler: rank 2" not in out

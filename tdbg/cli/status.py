@@ -59,19 +59,57 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         if not entries:
             raise CliError(f"no tdbg runs in {runtime_dir()}")
         texts = [str(e.socket) for e in entries]
+    from tdbg.tui.state.job import Job
+
     worst = 0
+    states = []
     for text in texts:
         try:
-            state = _read(text, args)
+            states.append(_read(text, args))
         except (CliError, ConnectError) as exc:
             print(f"tdbg: error: {exc}", file=sys.stderr, flush=True)
             worst = max(worst, EXIT_USAGE)
-            continue
+    jobs, single = Job.group(states)
+    for state in single:
         health = assess(state)
         out.write(_line(state, health, args.json))
-        out.flush()
         if not health.healthy:
             worst = max(worst, EXIT_UNHEALTHY)
+    for job in jobs:
+        # A distributed job: its ranks (compared with each other here, outside the job),
+        # then what the comparison found.
+        findings = job.findings()
+        missing = job.missing_ranks()
+        if args.json:
+            out.write(
+                json.dumps(
+                    {
+                        "job": job.job,
+                        "world_size": job.world_size,
+                        "missing_ranks": missing,
+                        "findings": [
+                            {"kind": f.kind, "ranks": f.ranks, "message": f.message}
+                            for f in findings
+                        ],
+                    }
+                )
+                + "\n"
+            )
+        else:
+            shown = f"{len(job.ranks)} of {job.world_size} ranks"
+            out.write(f"job {job.job[:12]}  {shown}" + (f", missing {missing}" if missing else ""))
+            out.write("\n")
+        for state in job.ranks.values():
+            health = assess(state)
+            out.write(_line(state, health, args.json, prefix="  "))
+            if not health.healthy:
+                worst = max(worst, EXIT_UNHEALTHY)
+        if not args.json:
+            for finding in findings:
+                out.write(f"  {finding.kind}: {finding.message}\n")
+        if findings:
+            worst = max(worst, EXIT_UNHEALTHY)
+    out.flush()
     return worst
 
 
@@ -109,8 +147,11 @@ def _read(text: str, args: argparse.Namespace) -> RunState:
     return state
 
 
-def _line(state: RunState, health: Health, as_json: bool) -> str:
+def _line(state: RunState, health: Health, as_json: bool, prefix: str = "") -> str:
     name = str(state.run.get("name") or "?")
+    rank = state.run.get("rank")
+    if isinstance(state.run.get("world_size"), int) and rank is not None:
+        name = f"{name}[{rank}]"
     step = state.last_step
     loss = state.last_loss
     if as_json:
@@ -120,6 +161,8 @@ def _line(state: RunState, health: Health, as_json: bool) -> str:
                 {
                     "name": name,
                     "pid": state.run.get("pid"),
+                    "rank": state.run.get("rank"),
+                    "job": state.run.get("job"),
                     "step": step,
                     "loss": loss if loss is None or math.isfinite(loss) else str(loss),
                     "steps_per_sec": rate,
@@ -141,4 +184,4 @@ def _line(state: RunState, health: Health, as_json: bool) -> str:
         f"{state.alert_count} alert{'s' if state.alert_count != 1 else ''}",
     ]
     detail = "" if health.word == "live" else f"  ({health.detail})"
-    return "  ".join(parts) + detail + "\n"
+    return prefix + "  ".join(parts) + detail + "\n"

@@ -200,6 +200,12 @@ class GradHistory:
         self._old = np.pad(self._old, ((0, 0), (0, extra)), constant_values=np.nan)
         self.n_layers = n_layers
 
+    def recent_steps(self, n: int) -> np.ndarray:
+        """The steps of :meth:`recent`'s rows, oldest first."""
+        n = min(n, self._count)
+        idx = (self._head - n + np.arange(n)) % self.recent_cap
+        return self._ring_steps[idx]
+
     @classmethod
     def from_rows(
         cls,

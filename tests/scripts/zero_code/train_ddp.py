@@ -1,8 +1,13 @@
-"""A tiny DDP loop for torchrun with gloo on CPU; tdbg-free (run it under `tdbg run`)."""
+"""A tiny DDP loop for torchrun with gloo on CPU; tdbg-free (run it under `tdbg run`).
+
+DDP_SLOW_RANK=r: that rank waits 40 ms for each batch (a slow data loader);
+DDP_DIVERGE_RANK=r: that rank changes one layer's gradient after the all-reduce (as a broken
+comm hook would), so its update differs from the others'."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -15,14 +20,22 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)))
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    model = DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    slow = int(os.environ.get("DDP_SLOW_RANK", "-1")) == rank
+    diverge = int(os.environ.get("DDP_DIVERGE_RANK", "-1")) == rank
     torch.manual_seed(100 + rank)  # each rank its own data
     for _ in range(int(os.environ.get("DDP_STEPS", "6"))):
+        if slow:
+            time.sleep(0.04)
         x, y = torch.randn(16, 4), torch.randn(16, 1)
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
+        if diverge:
+            with torch.no_grad():
+                net[2].weight.grad.add_(0.5)  # type: ignore[union-attr]
         opt.step()
     dist.destroy_process_group()
 
