@@ -54,10 +54,30 @@ def _env_int(var: str) -> int | None:
         return None
 
 
+def _process_group() -> tuple[int, int] | None:
+    """(rank, world size) of an initialised default process group, else None."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return None
+
+
 def _job_info() -> dict[str, Any]:
     """Where this process sits in a distributed job, from the launcher's environment (torchrun,
     torch.distributed.run, mpirun-style RANK/WORLD_SIZE); {} for a single process."""
     world = _env_int("WORLD_SIZE")
+    if world is None:
+        group = _process_group()
+        if group is not None and group[1] > 1:
+            # mp.spawn and friends pass rank and world size to init_process_group, not the
+            # environment: read them from torch.distributed (local calls, no collective).
+            master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+            job = ":".join(master) if all(master) else ""
+            return {"world_size": group[1], "job": job, "rank": group[0]}
     if world is None or world < 2:
         return {}
     job = os.environ.get("TORCHELASTIC_RUN_ID") or ""
