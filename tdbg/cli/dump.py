@@ -10,7 +10,7 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import Any, TextIO
 
 from tdbg.connect.client import ProbeClient
-from tdbg.protocol.messages import read_result
+from tdbg.protocol.messages import read_metrics, read_result
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording, open_recording
 
@@ -44,6 +44,29 @@ def _seconds(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
+def _count(value: float) -> int | float | None:
+    """A count or index sent as f64: an int when whole, null when NaN (not known)."""
+    if math.isnan(value):
+        return None
+    return int(value) if math.isfinite(value) and value == int(value) else finite(value)
+
+
+def metric_events(msg: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """One ``metric`` JSON object per point of a ``metrics`` message (``tdbg.log``, framework
+    logs, ``loss/NAME``); a non-finite value is kept as "nan" / "inf"."""
+    history = bool(msg.get("history"))
+    for step, name, value in read_metrics(msg):
+        event: dict[str, Any] = {
+            "type": "metric",
+            "step": step,
+            "name": name,
+            "value": finite(value),
+        }
+        if history:
+            event["history"] = True
+        yield event
+
+
 def step_events(msg: dict[str, Any], layers: list[str]) -> Iterator[dict[str, Any]]:
     """One ``step`` JSON object per record of a ``steps`` message."""
     history = bool(msg.get("history"))
@@ -67,6 +90,11 @@ def step_events(msg: dict[str, Any], layers: list[str]) -> Iterator[dict[str, An
             "backward_time": _seconds(rec.backward_time),
             "optimizer_time": _seconds(rec.optimizer_time),
             "probe_time": _seconds(rec.probe_time),
+            # What the step was (null where unknown: an older probe or recording).
+            "micro_batches": _count(rec.micro_batches),
+            "clip_max": _seconds(rec.clip_max),
+            "clip_norm": finite(rec.clip_norm) if not math.isnan(rec.clip_norm) else None,
+            "epoch": _count(rec.epoch),
         }
         if history:
             event["history"] = True
@@ -174,12 +202,19 @@ def message_events(
         if mtype == "layers":
             # The probe sends its layers right after welcome: hello carries them.
             layers[:] = [str(n) for n in msg.get("names", [])]
+            watched: dict[str, Any] = {k: msg[k] for k in ("model", "models", "gone") if k in msg}
             if hello:
                 hello["numel"] = msg.get("numel", [])
+                hello.update(watched)
                 yield hello
                 hello = {}
             else:
-                yield {"type": "layers", "layers": list(layers), "numel": msg.get("numel", [])}
+                yield {
+                    "type": "layers",
+                    "layers": list(layers),
+                    "numel": msg.get("numel", []),
+                    **watched,
+                }
             continue
         if hello:
             yield hello
@@ -211,6 +246,8 @@ def message_events(
                 yield result
         elif mtype == "activations":
             yield activations_event(msg)
+        elif mtype == "metrics":
+            yield from metric_events(msg)
         elif mtype == "synced":
             yield {"type": "synced"}
         elif mtype == "bye":

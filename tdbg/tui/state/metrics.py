@@ -72,7 +72,7 @@ class MetricSeries:
             lo, hi = float(finite.min()), float(finite.max())
             self.lo = lo if math.isnan(self.lo) else min(self.lo, lo)
             self.hi = hi if math.isnan(self.hi) else max(self.hi, hi)
-        if self.n > MAX_POINTS:
+        while self.n > MAX_POINTS:
             keep = np.ones(self.n, dtype=bool)
             keep[1 : self.n // 2 : 2] = False
             kept = int(keep.sum())
