@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO ?= mlp
 
-.PHONY: setup demo test test-fast lint check clean
+.PHONY: setup demo test test-fast gpu-check lint check clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,11 @@ test: setup
 # The quick subset while working: everything but the end-to-end tests marked slow (CI runs all).
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
+
+# The CUDA paths on a real GPU (no added sync, NVML, allocator, snapshot, profile, cost);
+# says so and exits 0 on a machine without CUDA.
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py
 
 lint: setup
 	$(VENV)/bin/ruff check tdbg tests demos benchmarks
