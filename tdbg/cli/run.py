@@ -137,6 +137,9 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
     previous = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(PRELOAD_DIR) + (os.pathsep + previous if previous else "")
     env["TDBG_AUTOWATCH"] = "1"  # the child takes it out of its environment (autowatch.install)
+    # PyTorch's flight recorder (the last collectives of each process group): read by a rank's
+    # probe only when it stalls, to say which collective it waits in. Left alone if set.
+    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     if args.name:
         env["TDBG_NAME"] = args.name
     if args.grad_every is not None:

@@ -24,7 +24,7 @@ from tdbg.probe.log import warn
 from tdbg.probe.metrics import MetricsHistory, PendingMetrics
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.recorder import Recorder
-from tdbg.probe.stacks import stuck_where, thread_stack
+from tdbg.probe.stacks import last_collective, stuck_where, thread_stack
 from tdbg.probe.system import SystemSampler
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
 from tdbg.protocol.messages import COMMANDS, metrics_message, validate_client_message
@@ -564,11 +564,13 @@ class ProbeServer:
     def _with_stack(self, stall: dict[str, Any]) -> dict[str, Any]:
         """A stall alert with the training thread's Python stack: where it is stuck."""
         stack = thread_stack(self.training_thread)
-        if not stack:
-            return stall
-        return dict(
-            stall, message=f"{stall['message']} — stuck at {stuck_where(stack)}", stack=stack
-        )
+        out = dict(stall)
+        if stack:
+            out.update(message=f"{stall['message']} — stuck at {stuck_where(stack)}", stack=stack)
+        collective = last_collective()
+        if collective is not None:
+            out["collective"] = collective  # compared across ranks by `tdbg status`
+        return out
 
     def _drain_metrics(self) -> list[tuple[int, str, float]]:
         points, self._step_points = self._step_points, []

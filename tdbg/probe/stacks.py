@@ -45,3 +45,35 @@ def stuck_where(stack: list[str]) -> str:
         if not where.startswith(libraries) and "/tdbg/" not in where:
             return innermost if where == innermost else f"{innermost}, called from {where}"
     return innermost
+
+
+def last_collective() -> dict[str, object] | None:
+    """The newest entry of PyTorch's flight recorder for this process (its sequence number, op,
+    input sizes and state), or None when there is no process group or no recorder
+    (``TORCH_FR_BUFFER_SIZE``; ``tdbg run`` sets it). Read only on a stall: a rank that never
+    entered the collective the others wait in has a lower sequence number than theirs."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        import json
+
+        import torch
+
+        dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+        if dump is None:
+            return None
+        raw = dump(includeCollectives=True, onlyActive=False)
+        entries = json.loads(raw).get("entries") or []
+    except Exception:
+        return None
+    if not entries:
+        return None
+    last = entries[-1]
+    return {
+        "seq": last.get("collective_seq_id"),
+        "op": last.get("profiling_name"),
+        "sizes": last.get("input_sizes"),
+        "state": last.get("state"),
+        "group": last.get("process_group"),
+    }

@@ -171,6 +171,9 @@ class Alert(TypedDict):
     message: str
     layers: list[str]
     stack: NotRequired[list[str]]  # ``stalled``: the training thread's Python stack, innermost last
+    # ``stalled`` in a distributed job: the flight recorder's last collective of this rank
+    # ({seq, op, sizes, state, group}); the rank with the lowest seq did not enter the others'.
+    collective: NotRequired[dict[str, Any]]
     history: NotRequired[bool]
 
 

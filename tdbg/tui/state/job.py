@@ -60,11 +60,45 @@ class Job:
         return [r for r in range(self.world_size) if r not in self.ranks]
 
     def findings(self) -> list[JobFinding]:
-        out: list[JobFinding] = []
+        out: list[JobFinding] = list(self._hang())
         out.extend(self._stragglers())
         out.extend(self._divergence())
         out.extend(self._nonfinite())
         return out
+
+    # --- where a hang is stuck ---------------------------------------------------------------
+    def _hang(self) -> list[JobFinding]:
+        """Stalled ranks' last collectives compared: the others wait in collective #N; the
+        ranks whose last is below N never entered it, and their stacks say where they are."""
+        last: dict[int, tuple[int, str, str]] = {}  # rank -> (seq, op, where it is stuck)
+        for rank, state in self.ranks.items():
+            stalls = [a for a in state.alerts if a.kind == "stalled" and a.collective]
+            if not stalls:
+                continue
+            collective = stalls[-1].collective or {}
+            seq = collective.get("seq")
+            if isinstance(seq, int):
+                where = stalls[-1].message.split(" — stuck at ", 1)[-1] if stalls else ""
+                last[rank] = (seq, str(collective.get("op") or "collective"), where)
+        if len(last) < 2:
+            return []
+        top = max(seq for seq, _, _ in last.values())
+        behind = sorted(r for r, (seq, _, _) in last.items() if seq < top)
+        waiting = sorted(r for r, (seq, _, _) in last.items() if seq == top)
+        if not behind:
+            return []
+        op = last[waiting[0]][1]
+        where = "; ".join(f"rank {r} stuck at {last[r][2]}" for r in behind if last[r][2])
+        return [
+            JobFinding(
+                "hang",
+                behind,
+                f"rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} never "
+                f"entered collective #{top} ({op}) that rank{'s' if len(waiting) > 1 else ''} "
+                f"{', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} in"
+                + (f"; {where}" if where else ""),
+            )
+        ]
 
     # --- stragglers ---------------------------------------------------------------------------
     def _recent(self, state: RunState, column: str) -> float | None:

@@ -339,6 +339,8 @@ class Alert:
     message: str
     layers: tuple[str, ...]
     history: bool = False
+    stack: tuple[str, ...] = ()  # ``stalled``: the training thread's stack, innermost last
+    collective: dict[str, Any] | None = None  # ``stalled`` in a job: its last collective
 
     @classmethod
     def from_message(cls, message: dict[str, Any]) -> Alert:
@@ -353,6 +355,10 @@ class Alert:
             message=str(message.get("message") or ""),
             layers=tuple(str(x) for x in message.get("layers") or ()),
             history=bool(message.get("history")),
+            stack=tuple(str(x) for x in message.get("stack") or () if isinstance(x, str)),
+            collective=collective
+            if isinstance(collective := message.get("collective"), dict)
+            else None,
         )
 
     @property

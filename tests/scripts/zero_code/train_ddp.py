@@ -2,7 +2,9 @@
 
 DDP_SLOW_RANK=r: that rank waits 40 ms for each batch (a slow data loader);
 DDP_DIVERGE_RANK=r: that rank changes one layer's gradient after the all-reduce (as a broken
-comm hook would), so its update differs from the others'."""
+comm hook would), so its update differs from the others';
+DDP_HANG_RANK=r: at step 5 that rank waits (up to 10 minutes) for a batch that never comes,
+so the others wait for it in the all-reduce: a hung job."""
 
 from __future__ import annotations
 
@@ -15,6 +17,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 
+def wait_for_a_batch_that_never_comes() -> None:
+    time.sleep(600)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -25,10 +31,13 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     slow = int(os.environ.get("DDP_SLOW_RANK", "-1")) == rank
     diverge = int(os.environ.get("DDP_DIVERGE_RANK", "-1")) == rank
+    hang = int(os.environ.get("DDP_HANG_RANK", "-1")) == rank
     torch.manual_seed(100 + rank)  # each rank its own data
-    for _ in range(int(os.environ.get("DDP_STEPS", "6"))):
+    for step in range(int(os.environ.get("DDP_STEPS", "6"))):
         if slow:
             time.sleep(0.04)
+        if hang and step == 5:
+            wait_for_a_batch_that_never_comes()
         x, y = torch.randn(16, 4), torch.randn(16, 1)
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
