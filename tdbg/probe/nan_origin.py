@@ -1,0 +1,138 @@
+"""Where a run first went non-finite: the step and the module, before NaN spreads everywhere.
+
+Once one optimizer update has consumed a non-finite gradient every weight is NaN, and anything
+that looks later (the NaN hunt, the per-layer gradient alert) sees the whole model non-finite.
+:class:`NanOrigin` runs on the probe thread over the resolved steps, in order, and on the FIRST
+non-finite event names where it began:
+
+- ``weights``: a layer's weights were non-finite at the optimizer pre-hook of step K (the weights
+  step K's forward used) while they were finite before: the first such layer in layer order.
+- ``backward``: the loss of step K is finite but some layers' gradients are not: the backward
+  made them; the origin is the non-finite layer LAST in layer order (nearest the loss), since
+  backward runs from the loss towards the inputs.
+- ``forward``: the loss is non-finite with finite weights and a forward origin was found on the
+  spot (:func:`tdbg.probe.guard.find_forward_origin`, passed as ``forward``).
+- ``loss``: the loss is non-finite, the weights finite (or not measured) and no forward origin
+  is known: the forward or the loss overflowed; the alert says which check would name it.
+
+No torch here: it works on plain floats and indices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tdbg.probe.alerts import alert
+
+KIND = "nonfinite_origin"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where the first non-finite value came from."""
+
+    step: int  # the step whose forward/backward made it, or whose forward used the bad weights
+    phase: str  # "weights" | "forward" | "backward" | "loss"
+    module: str | None  # as in named_modules(); None when not known ("loss" without a hunt)
+    detail: str  # one line for people, the alert's message
+    last_finite: int | None = None  # the last step where everything measured was finite
+    module_type: str | None = None
+    nonfinite: int | None = None  # non-finite values in what was named, when known
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _finite(value: float | None) -> bool:
+    return value is None or math.isfinite(value)
+
+
+class NanOrigin:
+    """Feed every resolved step in order with :meth:`observe`; the first non-finite event
+    returns one ``nonfinite_origin`` alert (severity ``error``) and sets :attr:`origin`.
+    Later steps return None: the origin is the first event only."""
+
+    def __init__(self, layer_names: Sequence[str]) -> None:
+        self.layer_names = list(layer_names)
+        self.origin: Origin | None = None
+        self.last_finite: int | None = None  # last step with loss, grads and weights finite
+
+    def _name(self, index: int) -> str:
+        if 0 <= index < len(self.layer_names):
+            return self.layer_names[index] or "<root>"
+        return f"layer {index}"
+
+    def observe(
+        self,
+        step: int,
+        loss: float | None,
+        grad_norms: Sequence[float] | None,
+        weight_nonfinite: Sequence[int] | None,
+        forward: tuple[str, str, int] | None = None,
+    ) -> dict[str, Any] | None:
+        """One resolved step. ``grad_norms``: per layer on sampled steps, else None;
+        ``weight_nonfinite``: indices of layers whose weights were non-finite at this step's
+        optimizer pre-hook, None when not measured; ``forward``: what
+        ``find_forward_origin`` returned for this step, if it ran. Returns the alert or None."""
+        if self.origin is not None:
+            return None
+        bad_weights = sorted(set(weight_nonfinite or ()))
+        bad_grads = [i for i, v in enumerate(grad_norms or ()) if not math.isfinite(v)]
+        loss_ok = _finite(loss)
+        if not bad_weights and not bad_grads and loss_ok and forward is None:
+            self.last_finite = step
+            return None
+        since = self.last_finite
+        finite_at = f" (finite at step {since})" if since is not None else ""
+        if bad_weights:
+            first = bad_weights[0]
+            name = self._name(first)
+            more = f"; {len(bad_weights) - 1} more layer(s)" if len(bad_weights) > 1 else ""
+            origin = Origin(
+                step,
+                "weights",
+                self.layer_names[first] if first < len(self.layer_names) else name,
+                f"weights of {name} non-finite at step {step}{finite_at}{more}",
+                since,
+            )
+        elif forward is not None:
+            module, type_name, count = forward
+            shown = module or "<root>"
+            origin = Origin(
+                step,
+                "forward",
+                module,
+                f"forward of {shown} ({type_name}) made {count} non-finite value(s) at step "
+                f"{step} from finite inputs and weights{finite_at}",
+                since,
+                type_name,
+                count,
+            )
+        elif loss_ok and bad_grads:
+            last = bad_grads[-1]
+            name = self._name(last)
+            origin = Origin(
+                step,
+                "backward",
+                self.layer_names[last] if last < len(self.layer_names) else name,
+                f"backward made a non-finite gradient in {name} at step {step} with a finite "
+                f"loss ({len(bad_grads)} layer(s) non-finite; {name} is nearest the loss)"
+                f"{finite_at}",
+                since,
+            )
+        else:
+            origin = Origin(
+                step,
+                "loss",
+                None,
+                f"loss is {loss} at step {step} with finite weights: the forward or the loss "
+                f"overflowed{finite_at}; watch(skip_nonfinite=True) re-runs that forward and "
+                "names the module",
+                since,
+            )
+        self.origin = origin
+        layers = [origin.module] if origin.module is not None else []
+        return alert(KIND, "error", step, origin.detail, layers)
