@@ -13,7 +13,7 @@ from tdbg.tui.state.run_state import RunState
 
 
 def state_of(**kwargs: object) -> RunState:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply_many(synthetic_run(**kwargs))  # type: ignore[arg-type]
     return state
 

@@ -40,7 +40,13 @@ ANOMALY_STEPS = 10  # steps of autograd anomaly mode per press of a
 NAN_HUNT_STEPS = 1
 WIDE = 170  # columns from which activations sit left-right of the gradient norms, not below
 SHORT = 30  # rows below which the layout tightens (80x24): one-line header, no loss sparkline
+CRAMPED = 40
+TALL = 50  # rows from which the metrics table shows more names before it scrolls
 MAX_OVERLAID = 6  # loss-like metrics drawn over the loss chart
+
+
+def _rgb(colour: tuple[int, int, int]) -> str:
+    return "rgb({},{},{})".format(*colour)
 
 
 def _norm(value: float) -> str:
@@ -248,6 +254,9 @@ class MonitorScreen(Screen[None]):
     def on_resize(self) -> None:
         self.set_class(self.size.width >= WIDE, "-wide")
         self.set_class(self.size.height < SHORT, "-short")
+        self.set_class(self.size.height >= TALL, "-tall")
+        # With a deep dive open, fewer than this many rows leave no room for the metrics table.
+        self.set_class(self.size.height < CRAMPED, "-cramped")
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter on a metric charts it in the loss panel; enter on it again goes back."""
@@ -278,7 +287,7 @@ class MonitorScreen(Screen[None]):
         self.set_class(state.ended, "-ended")
         self.set_class(state.input_bound, "-input-bound")
         self.query_one(RunHeader).show(state, two_lines=self.size.height >= SHORT)
-        self.query_one(AnatomyBar).show(state)
+        self.query_one(AnatomyBar).show(state, compact=self.size.height < SHORT)
         if force or now - self._chart_at >= CHART_INTERVAL:
             self._chart_at = now
             self._paint_loss(state)
@@ -331,7 +340,9 @@ class MonitorScreen(Screen[None]):
         store = state.metrics
         if not len(store):
             return
-        self.query_one(MetricTable).show(store)
+        overlaid = store.loss_like()[:MAX_OVERLAID]
+        colours = {s.name: _rgb(PALETTE[k % len(PALETTE)]) for k, s in enumerate(overlaid)}
+        self.query_one(MetricTable).show(store, colours)
         panel = self.query_one("#metrics-panel")
         bad = sum(1 for name in store.names if store[name].nonfinite)
         subtitle = f"{len(store)} names"
@@ -359,16 +370,14 @@ class MonitorScreen(Screen[None]):
             legend.update(Text(f"━ {name}", style=chart.color_style("loss-chart--raw")))
             return
         overlaid = [s for s in state.metrics.loss_like()][:MAX_OVERLAID]
-        extra = [
-            (*s.step_values, PALETTE[k % len(PALETTE)]) for k, s in enumerate(overlaid)
-        ]
+        extra = [(*s.step_values, PALETTE[k % len(PALETTE)]) for k, s in enumerate(overlaid)]
         chart.replot(
             state.steps.values, state.loss.values, state.loss_ema.values, self.log_scale, extra
         )
         parts = [("━ loss ", chart.color_style("loss-chart--raw"))]
         parts.append(("━ smoothed ", chart.color_style("loss-chart--smoothed")))
         for k, s in enumerate(overlaid):
-            parts.append((f"━ {s.name} ", f"rgb{PALETTE[k % len(PALETTE)]}".replace(" ", "")))
+            parts.append((f"━ {s.name} ", _rgb(PALETTE[k % len(PALETTE)])))
         legend.update(Text.assemble(*parts, no_wrap=True, overflow="ellipsis"))
         panel.border_title = "Loss"
         recent = state.loss.values[-RECENT_LOSS:]
@@ -424,7 +433,7 @@ class MonitorScreen(Screen[None]):
             Text(" · ".join(parts), no_wrap=True, overflow="ellipsis")
         )
         panel = self.query_one("#grad-panel")
-        title = "Gradient norms per layer"
+        title = "Gradient norms per layer" if self.size.width >= 100 else "Grad norms"
         if clip is not None:
             title += " (pre-clip)"
         panel.border_title = title

@@ -114,9 +114,11 @@ class MetricStore:
         """Fold ``(step, name, value)`` points (as ``read_metrics`` gives them) in."""
         grouped: dict[str, tuple[list[int], list[float]]] = {}
         for step, name, value in points:
-            if name not in self.series and name not in grouped and len(self.series) + len(
-                grouped
-            ) >= MAX_NAMES:
+            if (
+                name not in self.series
+                and name not in grouped
+                and len(self.series) + len(grouped) >= MAX_NAMES
+            ):
                 self.dropped_names += 1
                 continue
             steps, values = grouped.setdefault(name, ([], []))

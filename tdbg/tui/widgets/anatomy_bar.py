@@ -30,7 +30,8 @@ class AnatomyBar(Static):
         "anatomy-bar--warning",
     }
 
-    def show(self, state: RunState) -> None:
+    def show(self, state: RunState, compact: bool = False) -> None:
+        """The bar over the legend; ``compact`` (a short terminal): the legend alone."""
         shares = state.anatomy()
         self.set_class(state.input_bound, "-input-bound")
         width = max(10, self.size.width - 2)
@@ -66,4 +67,4 @@ class AnatomyBar(Static):
         if state.input_bound:
             legend.append("  INPUT-BOUND", self.get_component_rich_style("anatomy-bar--warning"))
             legend.append(": the data loader is the bottleneck")
-        self.update(Text("\n").join([bar, legend]))
+        self.update(legend if compact else Text("\n").join([bar, legend]))

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from tdbg.tui.widgets.glyphs import gauge, spark
 
@@ -44,10 +45,30 @@ class GradientTable(DataTable[Any]):
         self._lo, self._span = 0.0, 1.0
 
     def on_mount(self) -> None:
-        self.add_column("layer", key="name")
+        self._name_key = self.add_column("layer", key="name")
         self.add_column("norm", key="norm", width=9)
         self.add_column("log bar", key="bar", width=BAR)
         self.add_column("trend", key="trend", width=TREND)
+
+    def on_resize(self) -> None:
+        self._fit_names()
+
+    def _fit_names(self) -> None:
+        """On a narrow panel (80 columns), cap the layer column so the norm stays on screen
+        beside it: a long (model-prefixed) name is cut rather than the number; the bar and
+        trend scroll off to the right."""
+        column = self.columns.get(self._name_key)
+        norm = self.columns.get(ColumnKey("norm"))
+        if column is None or norm is None or not self.size.width:
+            return
+        room = self.size.width - norm.get_render_width(self) - 2 * self.cell_padding - 1
+        needed = max((len(name) for name in self._shown), default=5)
+        width = max(12, min(needed, room))
+        if column.auto_width or column.width != width:
+            column.auto_width = False
+            column.width = width
+            self._require_update_dimensions = True
+            self.refresh()
 
     def _style(self, value: float) -> Any:
         if not math.isfinite(value):
@@ -93,6 +114,7 @@ class GradientTable(DataTable[Any]):
                 if owners[i]:
                     cell = Text.assemble((f"{owners[i]} ", "bold"), name)
                 self.add_row(cell, *self._cells(i), key=str(i))
+            self._fit_names()
         self.apply_sort()
 
     def _cells(self, i: int) -> tuple[Text, Text, Text]:

@@ -41,6 +41,7 @@ class MetricTable(DataTable[Any]):
         self._names: list[str] = []
         self._revision = -1
         self._store: MetricStore | None = None
+        self._colours: dict[str, str] = {}
 
     def on_mount(self) -> None:
         self.add_column("metric", key="name")
@@ -60,9 +61,17 @@ class MetricTable(DataTable[Any]):
             return None
         return str(key.value)
 
-    def show(self, store: MetricStore) -> None:
-        if store.revision == self._revision and store.names == self._names:
+    def show(self, store: MetricStore, colours: dict[str, str] | None = None) -> None:
+        """Show ``store``; ``colours`` names the metrics drawn on the loss chart (their
+        name is written in their line's colour: the table is the chart's legend too)."""
+        colours = colours or {}
+        if (
+            store.revision == self._revision
+            and store.names == self._names
+            and colours == self._colours
+        ):
             return
+        self._colours = colours
         self._revision = store.revision
         names = store.names
         if names[: len(self._names)] != self._names:  # another run (a restart): start over
@@ -102,7 +111,10 @@ class MetricTable(DataTable[Any]):
         dim = self.get_component_rich_style("metric-table--dim")
         last = series.last
         name = Text(series.name)
-        if loss_like(series.name):
+        colour = self._colours.get(series.name)
+        if colour:
+            name.stylize(colour)
+        elif loss_like(series.name):
             name.stylize(self.get_component_rich_style("metric-table--loss"))
         if series.nonfinite:
             name.append(" !", bad)

@@ -70,9 +70,14 @@ class RunHeader(Static):
         text.append(where, dim)
         watched = watching(state)
         self.set_class(two_lines and bool(watched), "-two")
-        if watched:
-            text.append("\n " if two_lines else "  ", dim)
-            text.append(watched, dim)
+        width = self.size.width or 500  # before the first layout: no cut
+        if watched and not two_lines:
+            text.append(f"  {watched}", dim)
+        text.truncate(width, overflow="ellipsis")
+        if watched and two_lines:
+            second = Text(f" {watched}", style=dim, no_wrap=True, overflow="ellipsis")
+            second.truncate(width, overflow="ellipsis")
+            text = Text("\n").join([text, second])
         self.update(text)
 
 

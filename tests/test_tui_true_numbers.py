@@ -1,0 +1,159 @@
+"""tdbg-tui shows issue 10's numbers, asserted on the screen as a user reads it: progress, epoch
+and ETA; micro-batches; clipping beside the pre-clip norms; what is watched; user metrics (table,
+NaN highlighted, charted on enter, bounded); a run that ended cleanly; an older probe; 80x24."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.pilot import Pilot
+from waiting import wait_for
+
+from tdbg.tui.app import TdbgApp, make_app, screen_text
+from tdbg.tui.screens.monitor import MonitorScreen
+from tdbg.tui.sources.base import ReplaySource
+from tdbg.tui.sources.synthetic import RUN, synthetic_run
+from tdbg.tui.widgets.metric_table import MetricTable
+
+SIZE = (120, 40)
+
+
+async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str) -> str:
+    """Wait until every needle is on screen; return the screen text."""
+    await wait_for(pilot, lambda: all(n in screen_text(app) for n in needles), f"{needles}")
+    return screen_text(app)
+
+
+def live(**kwargs: Any) -> TdbgApp:
+    return make_app(ReplaySource(synthetic_run(**kwargs), dict(RUN), end=False))
+
+
+async def test_the_main_screen_shows_the_true_numbers() -> None:
+    app = live(steps=400, n_layers=12, skipped_steps=3)
+    async with app.run_test(size=SIZE) as pilot:
+        text = await shows(
+            pilot,
+            app,
+            "step 399/1000 40%",
+            "val/acc",
+            "4 micro-batches",
+            "clip 1.0 · active",
+            "netD blocks.2.proj.weight",
+            "optD      1.000e-04",
+        )
+        lines = text.split("\n")
+        header, watched = lines[0], lines[1]
+        assert "● live" in header and "epoch 3" in header and "20.0 steps/s" in header
+        assert "ETA 30s" in header  # 600 steps left at 20 steps/s
+        assert "testhost" in header and "pid 4242" in header
+        assert "watching netG, netD · optimizers optG (Adam), optD (Adam)" in watched
+        assert "4 micro-batches" in text  # beside the loss
+        assert "━ loss" in text and "━ val_loss" in text and "━ loss/netG" in text  # legend
+        assert "Gradient norms per layer (pre-clip)" in text
+        assert "clip 1.0 · active" in text and "% of steps" in text
+        assert "netG blocks.0.attn.weight" in text and "netD blocks.2.proj.weight" in text
+        assert "optG      1.000e-03" in text and "optD      1.000e-04" in text  # LR labels
+        for name in ("loss/netG", "loss/netD", "grad_scale", "val_loss", "val/acc"):
+            assert name in text
+        assert "metric" in text and "min" in text and "max" in text and "5 names" in text
+        assert "skipped 3 non-finite updates" in text
+
+
+async def test_a_run_that_closed_cleanly_reads_run_ended() -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=200, closed=True), dict(RUN)))
+    async with app.run_test(size=SIZE) as pilot:
+        text = await shows(pilot, app, "● run ended", "run ended · probe closed")
+        assert "(shutdown)" not in text and "ETA" not in text and "PROBE OFF" not in text
+        assert app.query_one("#header").has_class("-clean")
+
+
+async def test_the_error_breaker_is_not_an_ended_run() -> None:
+    messages = synthetic_run(steps=50)
+    probe = next(m for m in messages if m["type"] == "probe")
+    probe.update(disabled=True, errors=100, last_error="RuntimeError: boom")
+    app = make_app(ReplaySource(messages, dict(RUN), end=False))
+    async with app.run_test(size=SIZE) as pilot:
+        text = await shows(pilot, app, "PROBE OFF: error breaker after 100 errors")
+        assert "run ended" not in text
+
+
+async def test_a_nan_metric_is_visible_and_flagged() -> None:
+    app = live(steps=300, nan_at=250)
+    async with app.run_test(size=SIZE) as pilot:
+        text = await shows(pilot, app, "val_loss !", "1 non-finite")
+        row = next(line for line in text.split("\n") if "val_loss !" in line)
+        assert "NaN" in row and "300" not in row.split("NaN")[0]  # latest value NaN, step 250
+        assert "250" in row
+
+
+async def test_enter_charts_a_metric_and_again_goes_back() -> None:
+    app = live(steps=300)
+    async with app.run_test(size=SIZE) as pilot:
+        await shows(pilot, app, "val/acc")
+        table = app.query_one(MetricTable)
+        table.focus()
+        await pilot.pause()
+        table.move_cursor(row=table.get_row_index("val/acc"))
+        await pilot.pause()
+        await pilot.press("enter")
+        await shows(pilot, app, "Metric val/acc", "━ val/acc")
+        await pilot.press("enter")
+        await shows(pilot, app, "━ smoothed")
+        monitor = app.screen
+        assert isinstance(monitor, MonitorScreen) and monitor.chart_metric is None
+
+
+async def test_many_metrics_stay_in_a_bounded_scrolling_table() -> None:
+    app = live(steps=100, extra_metrics=40)
+    async with app.run_test(size=SIZE) as pilot:
+        await shows(pilot, app, "45 names")
+        panel = app.query_one("#metrics-panel")
+        assert panel.size.height <= 10  # the table scrolls; the charts keep their room
+        assert "extra/metric_039" not in screen_text(app)
+        table = app.query_one(MetricTable)
+        table.focus()
+        await pilot.pause()
+        table.move_cursor(row=table.row_count - 1)  # the cursor scrolls the table
+        await shows(pilot, app, "extra/metric_039")
+
+
+async def test_an_older_probe_shows_none_of_it() -> None:
+    run = {k: v for k, v in RUN.items() if k not in ("models", "optimizers", "param_groups")}
+    messages = synthetic_run(
+        steps=200, models=(), total_steps=None, metrics=False, true_numbers=False
+    )
+    app = make_app(ReplaySource(messages, run, end=False))
+    async with app.run_test(size=SIZE) as pilot:
+        text = await shows(pilot, app, "step 199", "blocks.0.attn.weight")
+        for absent in ("micro-batches", "clip", "epoch", "ETA", "watching", "Metrics", "/1000"):
+            assert absent not in text, absent
+        assert "group 0" in text and "total " in text
+        assert app.query_one("#header").size.height == 1
+
+
+async def test_lr_columns_beyond_the_cap_say_so() -> None:
+    run = dict(RUN, param_groups=120)
+    app = make_app(ReplaySource(synthetic_run(steps=20), run, end=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await shows(pilot, app, "showing 2 of 120", "120 param groups")
+
+
+async def test_80x24_keeps_the_essentials() -> None:
+    app = live(steps=400)
+    async with app.run_test(size=(80, 24)) as pilot:
+        text = await shows(
+            pilot, app, "step 399/1000 40%", "Metrics", "clip 1.0", "4 micro-batches", "1.69e-02"
+        )
+        assert app.query_one("#header").size.height == 1  # one line on a short screen
+        assert "4 micro-batches" in text and "optG" in text and "netG blocks.0" in text
+        assert app.query_one("#loss-chart").size.height >= 3
+        assert app.query_one("#grad-table").size.height >= 4
+        assert "Press p to profile" not in text  # the footer has the keys
+
+
+async def test_200x60_has_room_for_everything() -> None:
+    app = live(steps=400, extra_metrics=3)
+    async with app.run_test(size=(200, 60)) as pilot:
+        text = await shows(pilot, app, "step 399/1000 40%", "extra/metric_002")
+        assert "watching netG, netD" in text and "Press p to profile" in text
+        assert app.query_one("#loss-chart").size.height >= 15
