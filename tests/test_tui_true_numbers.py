@@ -4,21 +4,26 @@ NaN highlighted, charted on enter, bounded); a run that ended cleanly; an older 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
 from waiting import wait_for
 
+from tdbg.protocol.framing import pack
+from tdbg.protocol.messages import metrics_message
+from tdbg.protocol.steps import pack_steps
 from tdbg.tui.app import TdbgApp, make_app, screen_text
+from tdbg.tui.replay_app import ReplayApp, load
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.sources.base import ReplaySource
-from tdbg.tui.sources.synthetic import RUN, synthetic_run
+from tdbg.tui.sources.synthetic import RUN, layer_names, metric_points, step_records, synthetic_run
 from tdbg.tui.widgets.metric_table import MetricTable
 
 SIZE = (120, 40)
 
 
-async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str) -> str:
+async def shows(pilot: Pilot[Any], app: TdbgApp | ReplayApp, *needles: str) -> str:
     """Wait until every needle is on screen; return the screen text."""
     await wait_for(pilot, lambda: all(n in screen_text(app) for n in needles), f"{needles}")
     return screen_text(app)
@@ -157,3 +162,29 @@ async def test_200x60_has_room_for_everything() -> None:
         text = await shows(pilot, app, "step 399/1000 40%", "extra/metric_002")
         assert "watching netG, netD" in text and "Press p to profile" in text
         assert app.query_one("#loss-chart").size.height >= 15
+
+
+async def test_a_replay_shows_metrics_as_they_stood_at_the_cursor(tmp_path: Path) -> None:
+    from tdbg.probe.recorder import Recorder  # the real writer: what a run records
+
+    path = tmp_path / "run.tdbg"
+    rec = Recorder(path, dict(RUN), layer_names(4), [100] * 4)
+    assert rec.open()
+    for start in range(0, 200, 50):
+        msg = pack_steps(step_records(start, 50, 4), 4)
+        rec.add_steps(msg, pack(msg))
+        rec.add(pack(dict(metrics_message(metric_points(start, 50, nan_at=150)))))
+        rec.flush()
+    rec.close()
+    timeline = load(str(path))
+    at_60 = timeline.state_at(timeline.index_of(60))
+    assert at_60.metrics["val_loss"].last_step == 50 and at_60.micro_batches == 4
+    app = ReplayApp(timeline)
+    async with app.run_test(size=SIZE) as pilot:
+        text = await shows(pilot, app, "val_loss !", "4 micro-batches", "clip 1.0 · active")
+        assert "NaN" in next(line for line in text.split("\n") if "val_loss !" in line)
+        for _ in range(3):
+            await pilot.press("home")
+        await wait_for(pilot, lambda: app.cursor == 0, "the cursor at the first step")
+        await shows(pilot, app, "val_loss")
+        assert "val_loss !" not in screen_text(app)  # the NaN came later

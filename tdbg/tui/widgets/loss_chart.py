@@ -30,7 +30,7 @@ def bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int) -> tuple[np.ndarray,
 PALETTE: tuple[tuple[int, int, int], ...] = (
     (80, 200, 120),
     (220, 120, 220),
-    (110, 190, 230),
+    (235, 235, 235),
     (230, 160, 60),
     (200, 200, 90),
     (240, 110, 110),

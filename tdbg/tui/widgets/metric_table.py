@@ -66,7 +66,8 @@ class MetricTable(DataTable[Any]):
         name is written in their line's colour: the table is the chart's legend too)."""
         colours = colours or {}
         if (
-            store.revision == self._revision
+            store is self._store
+            and store.revision == self._revision
             and store.names == self._names
             and colours == self._colours
         ):
