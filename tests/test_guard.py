@@ -36,7 +36,8 @@ def snapshot(model: nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]
 
 def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(
-        x.dtype == y.dtype and torch.equal(x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8))
+        x.dtype == y.dtype
+        and torch.equal(x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8))
         for x, y in zip(a, b, strict=True)
     )
 

@@ -577,3 +577,84 @@ def test_nan_hunt_through_the_probe_and_its_socket(runtime_dir: Path) -> None:
     finally:
         reader.close()
         probe.close()
+
+
+# --- a known origin heads the answer ------------------------------------------------------
+
+
+def test_a_known_origin_heads_the_answer_not_the_nan_everywhere_model() -> None:
+    """After one update spread NaN into every weight the hunt alone would name the first module;
+    the origin the probe found (weights of "2" at step 3) is the answer's headline."""
+    from tdbg.probe.nan_origin import Origin
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(NAN)
+    x = torch.randn(BATCH, 8)
+    _, plain = hunt(model, trainer(model, x, lr=0.0), trigger="auto")
+    assert (plain["module"], plain["phase"]) == ("0", "forward")  # the old answer
+
+    before = hook_census(model)
+    ctx = dive_context(model)
+    ctx.nan_origin = Origin(3, "weights", "2", "weights of 2 non-finite at step 3", 2)  # type: ignore[attr-defined]
+    dive = NanHuntDive(ctx, 8, {"steps": 1}, "auto")
+    dive.start(5)
+    trainer(model, x, lr=0.0)(6)
+    dive.boundary(6)
+    wait_until(lambda: any(e["state"] == "done" for e in ctx.events))
+    result = next(e["result"] for e in ctx.events if e["state"] == "done")
+    assert hook_census(model) == before
+    assert set(result) == SPEC_FIELDS
+    assert (result["found"], result["phase"], result["module"], result["step"]) == (
+        True,
+        "weights",
+        "2",
+        3,
+    )
+    assert result["module_type"] == "Linear"
+
+
+def test_an_origin_passed_to_the_dive_names_a_forward_module() -> None:
+    from tdbg.probe.nan_origin import Origin
+
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
+    with torch.no_grad():
+        model[0].weight.fill_(NAN)
+    ctx = dive_context(model)
+    origin = Origin(
+        9, "forward", "1", "forward of 1 (ReLU) made 4 non-finite value(s)", 8, "ReLU", 4
+    )
+    dive = NanHuntDive(ctx, 9, {"steps": 1}, "auto", origin=origin)
+    dive.start(10)
+    trainer(model, torch.randn(BATCH, 8), lr=0.0)(11)
+    dive.boundary(11)
+    wait_until(lambda: any(e["state"] == "done" for e in ctx.events))
+    result = next(e["result"] for e in ctx.events if e["state"] == "done")
+    assert (result["phase"], result["module"], result["module_type"], result["step"]) == (
+        "forward",
+        "1",
+        "ReLU",
+        9,
+    )
+    assert result["nonfinite"] == 4
+
+
+def test_a_loss_only_origin_keeps_a_finding_made_with_finite_weights() -> None:
+    """Known: the loss went NaN at step 3, no module. The hunt (weights intact, the guard skipped
+    the update) finds the module itself: its answer stands."""
+    from tdbg.probe.nan_origin import Origin
+
+    model = nn.Sequential(nn.Linear(8, 8), Poison(8), nn.Linear(8, 4))
+    model[1].on = {1}
+    model[1].step = 1
+    ctx = dive_context(model)
+    ctx.nan_origin = Origin(3, "loss", None, "loss is nan at step 3")  # type: ignore[attr-defined]
+    dive = NanHuntDive(ctx, 10, {"steps": 1}, "auto")
+    dive.start(0)
+    trainer(model, torch.randn(BATCH, 8), lr=0.0)(1)
+    dive.boundary(1)
+    wait_until(lambda: any(e["state"] == "done" for e in ctx.events))
+    result = next(e["result"] for e in ctx.events if e["state"] == "done")
+    assert (result["phase"], result["module"], result["step"]) == ("forward", "1", 1)

@@ -92,11 +92,14 @@ def train(scenario: str, guard: bool = False) -> tuple[NanOrigin, list[dict[str,
             loss.backward()
             # the optimizer pre-hook
             weight_bad = [
-                i for i, layer in enumerate(layers)
+                i
+                for i, layer in enumerate(layers)
                 if not all(bool(torch.isfinite(p).all()) for p in layer.params)
             ]
             norms = [
-                math.sqrt(sum(float(p.grad.norm()) ** 2 for p in layer.params if p.grad is not None))
+                math.sqrt(
+                    sum(float(p.grad.norm()) ** 2 for p in layer.params if p.grad is not None)
+                )
                 for layer in layers
             ]
             forward = None

@@ -1,4 +1,4 @@
-"""``watch(skip_nonfinite=True)``: skip an update whose gradients are non-finite, as GradScaler does.
+"""``watch(skip_nonfinite=True)``: skip an update with non-finite gradients, as GradScaler does.
 
 Training thread. :class:`NonfiniteGuard` is called from the optimizer's step pre-hook, before the
 update reads the gradients. Cost per step: per (device, dtype) group one fused
@@ -79,7 +79,9 @@ class NonfiniteGuard:
         if math.isfinite(every.double().sum().item()):
             return False
         flags = torch.isfinite(every).tolist()  # second sync, only on a skipped step
-        self.nonfinite_layers = sorted({self._layer(index[k]) for k, ok in enumerate(flags) if not ok})
+        self.nonfinite_layers = sorted(
+            {self._layer(index[k]) for k, ok in enumerate(flags) if not ok}
+        )
         for p in self.params:
             p.grad = None
         self.skipped += 1
@@ -154,4 +156,3 @@ def find_forward_origin(
                 torch.cuda.set_rng_state_all(cuda_states)
         except Exception:
             pass
-

@@ -14,6 +14,7 @@ from torch.utils.hooks import RemovableHandle
 
 from tdbg.probe.dives.activations import HostCopy, floating_tensors, nonfinite
 from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
+from tdbg.probe.nan_origin import Origin
 from tdbg.protocol.messages import NanHuntResult, nan_hunt_result
 
 # Why tensor hooks and not ``register_full_backward_hook``: a full backward hook wraps the
@@ -83,12 +84,29 @@ class NanHuntDive(Dive):
     ``params_nonfinite`` counts the non-finite values of the module's own parameters
     (``recurse=False``) — their values for a forward finding (the optimizer made them so),
     their gradients for a backward one.
+
+    The origin, when the probe already knows it (:class:`tdbg.probe.nan_origin.Origin`, from
+    the first non-finite step: a weight, a forward re-run, a backward): the hunt runs a step
+    AFTER that, when an update has usually spread NaN into every weight and the first module
+    it sees is no answer. So the result's headline (``phase``, ``module``, ``module_type``,
+    ``step``, ``nonfinite``) names the origin instead; it is read when the result is built,
+    from ``origin=`` or else from the context's ``nan_origin`` attribute (the probe thread sets
+    ``ctx.nan_origin = origin`` before it submits the automatic hunt). Without one, the hunt's
+    own finding stands, as before.
     """
 
     kind = "nan_hunt"
 
-    def __init__(self, ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> None:
+    def __init__(
+        self,
+        ctx: DiveContext,
+        job: int,
+        args: dict[str, Any],
+        trigger: str,
+        origin: Origin | None = None,
+    ) -> None:
         super().__init__(ctx, job, args, trigger)
+        self.origin = origin
         self.total = max(1, int(args.get("steps", 1)))
         self._names: list[str] = []
         self._types: list[str] = []
@@ -167,7 +185,8 @@ class NanHuntDive(Dive):
                 self._settle(("failed", step, reason, None))
             else:
                 if found is not None or last:
-                    self._settle(("done", step, "", found or self._result(checked)))
+                    answer = self._headline(found or self._result(checked), checked)
+                    self._settle(("done", step, "", answer))
             if last and self._outcome is not None:
                 self.emit(*self._outcome)
 
@@ -287,6 +306,36 @@ class NanHuntDive(Dive):
         self._on_grad("param", slot, param.grad)
 
     # --- worker thread ----------------------------------------------------------------------
+    def _known_origin(self) -> Origin | None:
+        origin = self.origin if self.origin is not None else getattr(self.ctx, "nan_origin", None)
+        return origin if isinstance(origin, Origin) else None
+
+    def _headline(self, found: NanHuntResult, checked: int) -> NanHuntResult:
+        """The hunt's answer, its headline replaced by the known origin (if any)."""
+        origin = self._known_origin()
+        if origin is None:
+            return found
+        if origin.module is None and found["found"] and not found["params_nonfinite"]:
+            return found  # the loss alone was known, and the hunt saw finite weights: its answer
+        module_type = origin.module_type
+        if module_type is None and origin.module is not None:
+            modules = dict(self.ctx.model.named_modules())
+            module = modules.get(origin.module)
+            if module is None and origin.module == type(self.ctx.model).__name__:
+                module = self.ctx.model  # the root layer is named after the model's class
+            module_type = type(module).__name__ if module is not None else None
+        return self._result(
+            checked,
+            found=True,
+            phase=origin.phase,
+            module=origin.module,
+            module_type=module_type,
+            step=origin.step,
+            nonfinite=origin.nonfinite,
+            numel=None,
+            params_nonfinite=None,
+        )
+
     def _result(self, checked: int, **found: Any) -> NanHuntResult:
         return nan_hunt_result(checked, self.trigger, **found)
 
