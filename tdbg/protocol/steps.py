@@ -317,3 +317,34 @@ def concat_steps(messages: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     for column, _ in COLUMNS:
         out[column] = b"".join(_column(m, column, int(m["n"])) for m in messages)
     return out
+
+
+def thin_rows(msg: dict[str, Any]) -> dict[str, Any]:
+    """``msg`` with every other step kept — the last one always — and no per-layer rows: a
+    history too large for its budget keeps the shape of an old stretch at half the resolution.
+    Column-wise C-level slicing (``array[start::2]``): no object per step."""
+    n = int(msg["n"])
+    groups = int(msg["lr_groups"])
+    out: dict[str, Any] = {
+        k: msg[k] for k in ("type", "layers", "lr_groups", "history") if k in msg
+    }
+    start = (n - 1) % 2  # so that the batch's last step stays
+    kept = (n - start + 1) // 2
+    out["n"] = kept
+    for column, _ in COLUMNS:
+        if column in ("grad_total", "grad_norms"):
+            out[column] = b""
+            continue
+        arr = _unpacked(column, _column(msg, column, n))
+        if column == "lr" and groups > 1:
+            thinned = array(arr.typecode, bytes(kept * groups * arr.itemsize))
+            for j in range(groups):  # one extended slice per param group, not per step
+                thinned[j::groups] = arr[j::groups][start::2]
+        else:
+            thinned = arr[start::2]
+        if column == "flags":
+            thinned = array("B", bytes(f & ~FLAG_HAS_GRADS for f in thinned))
+        if sys.byteorder != "little":
+            thinned.byteswap()
+        out[column] = thinned.tobytes()
+    return out
