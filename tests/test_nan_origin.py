@@ -174,3 +174,12 @@ def test_unmeasured_steps_count_as_finite_by_what_was_seen() -> None:
     assert event is not None and event["layers"] == ["b"]
     assert origin.observe(4, math.nan, None, [0, 1]) is None  # only the first event
     assert origin.origin is not None and origin.origin.as_dict()["last_finite"] == 2
+
+
+def test_skipped_alert_names_layers_and_count() -> None:
+    from tdbg.probe.nan_origin import SKIPPED_KIND, skipped_alert
+
+    event = skipped_alert(5, ["fc1", "fc2"], [1], 2)
+    assert event["kind"] == SKIPPED_KIND and event["severity"] == "warning"
+    assert event["layers"] == ["fc2"] and "step 5" in event["message"]
+    assert "2 update(s) skipped" in event["message"]

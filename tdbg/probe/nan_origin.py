@@ -136,3 +136,24 @@ class NanOrigin:
         self.origin = origin
         layers = [origin.module] if origin.module is not None else []
         return alert(KIND, "error", step, origin.detail, layers)
+
+
+SKIPPED_KIND = "skipped_nonfinite"
+
+
+def skipped_alert(
+    step: int, layer_names: Sequence[str], layers: Sequence[int], skipped: int
+) -> dict[str, Any]:
+    """The alert for an update ``watch(skip_nonfinite=True)`` skipped (a warning: the model is
+    intact). ``layers``: :attr:`NonfiniteGuard.nonfinite_layers`; ``skipped``: its count so far."""
+    names = [layer_names[i] if 0 <= i < len(layer_names) else f"layer {i}" for i in layers]
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    where = f" in {shown}" if names else ""
+    return alert(
+        SKIPPED_KIND,
+        "warning",
+        step,
+        f"skipped the update of step {step}: non-finite gradient{where} "
+        f"({skipped} update(s) skipped so far; weights and optimizer state unchanged)",
+        names,
+    )
