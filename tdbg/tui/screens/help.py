@@ -12,10 +12,9 @@ KEYS = """\
 q            quit
 ?            this help
 tab / ⇧tab   next / previous panel
-l            loss chart: linear / log scale
+l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
 h            gradients: table / heatmap
 o            gradient table: sort by name / norm / trend (or click a header)
-enter        metrics table: chart the metric under the cursor in the loss panel (again: back)
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
 Deep dives (the probe runs them in the training process at the next step boundary):

@@ -292,6 +292,8 @@ class MonitorScreen(Screen[None]):
             self._chart_at = now
             self._paint_loss(state)
             self._paint_metrics(state)
+            # Every step's clip figures, not only the sampled steps' norms: at the chart rate.
+            self._paint_grad_summary(state)
         self.query_one(LearningRates).show(state)
         lr_panel = self.query_one("#lr-panel")
         groups = state.param_groups
@@ -395,7 +397,6 @@ class MonitorScreen(Screen[None]):
 
     def _paint_grads(self, state: RunState) -> None:
         names = state.layer_names
-        self._paint_grad_summary(state)
         if self.heatmap:
             steps, rows = state.grads.matrix()
             heatmap = self.query_one(GradientHeatmap)
