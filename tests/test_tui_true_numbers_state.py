@@ -119,3 +119,22 @@ def test_loss_like_names() -> None:
         assert loss_like(name), name
     for name in ("acc", "val/acc", "lossless_ratio", "grad_scale", "closs_rate"):
         assert not loss_like(name), name
+
+
+def test_watching_says_what_is_watched_plainly() -> None:
+    from tdbg.tui.widgets.run_header import watching
+
+    assert watching(state_of(steps=2)) == (
+        "watching netG, netD · optimizers optG (Adam), optD (Adam) · 2 param groups"
+    )
+    one = RunState(
+        {
+            "models": ["model"],
+            "optimizers": [{"name": "optimizer", "type": "AdamW", "groups": 1}],
+            "param_groups": 1,
+        }
+    )
+    assert watching(one) == "watching model · optimizer (AdamW)"
+    named = RunState({"optimizers": [{"name": "sgd_main", "type": "SGD", "groups": 2}]})
+    assert watching(named) == "optimizer sgd_main (SGD) · 2 param groups"
+    assert watching(RunState({})) == ""  # an older probe says nothing

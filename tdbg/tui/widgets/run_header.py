@@ -89,7 +89,10 @@ def watching(state: RunState) -> str:
     if models:
         parts.append("watching " + ", ".join(models))
     optimizers = state.optimizers
-    if optimizers:
+    if len(optimizers) == 1 and optimizers[0][0].lower().startswith("opt"):
+        name, kind, _ = optimizers[0]  # "optimizer (Adam)", not "optimizer optimizer (Adam)"
+        parts.append(f"{name} ({kind})")
+    elif optimizers:
         word = "optimizer" if len(optimizers) == 1 else "optimizers"
         parts.append(f"{word} " + ", ".join(f"{n} ({t})" for n, t, _ in optimizers))
     groups = state.param_groups
