@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Loop, Reader
+from conftest import Loop, Reader, wait_until
 
 import tdbg
 
@@ -509,4 +509,134 @@ def test_a_stall_alert_says_where_the_training_thread_is_stuck(
     assert "stuck at" in stalled["message"]
     assert "called from" in stalled["message"] and "test_true_numbers.py" in stalled["message"]
     reader.wait(lambda r: any(a["kind"] == "resumed" for a in r.of("alert")))
+    reader.close()
+
+
+class Boom(torch.nn.Module):
+    """A layer whose forward overflows float32 when armed (finite weights and inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(16))
+        self.armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * self.scale
+        return y * 1e30 * 1e30 if self.armed else y
+
+
+class InfBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def, override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+        return grad * float("inf")
+
+
+class BadGrad(torch.nn.Module):
+    """A layer whose backward makes Inf when armed; its forward (and the loss) stay finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(16))
+        self.armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.scale
+        return InfBackward.apply(x) if self.armed else x
+
+
+def _origin_net() -> torch.nn.Module:
+    from collections import OrderedDict
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        OrderedDict(
+            fc1=torch.nn.Linear(4, 16),
+            boom=Boom(),
+            bad=BadGrad(),
+            act=torch.nn.Tanh(),
+            fc2=torch.nn.Linear(16, 1),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("scenario", "module", "phase"),
+    [
+        ("weights", "fc2", "weights"),
+        ("forward", "boom", "forward"),
+        ("backward", "bad", "backward"),
+    ],
+)
+def test_the_first_alert_names_where_a_nan_began(
+    runtime_dir: Path, scenario: str, module: str, phase: str
+) -> None:
+    net = _origin_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = _data()
+    probe = tdbg.watch(net, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    k = 6
+
+    def train(step: int) -> None:
+        if step == k:
+            if scenario == "weights":
+                with torch.no_grad():
+                    net.fc2.weight[0, 0] = float("nan")
+            else:
+                getattr(net, "boom" if scenario == "forward" else "bad").armed = True
+        opt.zero_grad()
+        loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+        net.boom.armed = net.bad.armed = False  # one bad step; one update spreads NaN anyway
+
+    for step in range(10):
+        train(step)
+    reader.wait(lambda r: any(a["kind"] == "nonfinite_origin" for a in r.of("alert")))
+    alerts = reader.of("alert")
+    first = next(a for a in alerts if a["severity"] == "error")
+    assert first["kind"] == "nonfinite_origin", [a["kind"] for a in alerts]
+    assert first["step"] == k and first["layers"] == [module], first["message"]
+    assert phase in first["message"] or (phase == "weights" and "weights of" in first["message"])
+    # The automatic NaN hunt runs on the next steps, after NaN has spread everywhere; it heads
+    # its answer with the origin.
+    more = iter(range(10, 1000))
+
+    def hunt_done() -> bool:
+        train(next(more))
+        return any(j["state"] == "done" for j in reader.of("job") if j["command"] == "nan_hunt")
+
+    wait_until(hunt_done, 30.0, "the automatic NaN hunt's answer")
+    hunt = next(j for j in reader.of("job") if j["command"] == "nan_hunt" and j["state"] == "done")
+    assert (hunt["result"]["module"], hunt["result"]["step"]) == (module, k), hunt["result"]
+    reader.close()
+
+
+def test_skip_nonfinite_keeps_the_model_intact_and_names_the_origin(runtime_dir: Path) -> None:
+    net = _origin_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    x, y = _data()
+    probe = tdbg.watch(net, opt, grad_every=1, skip_nonfinite=True)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    for step in range(8):
+        net.boom.armed = step == 4
+        if step == 4:
+            before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        opt.zero_grad()
+        loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+        if step == 4:
+            assert all(torch.equal(before[n], p) for n, p in net.named_parameters())
+    assert all(torch.isfinite(p).all() for p in net.parameters())  # trained on, intact
+    reader.wait(lambda r: any(a["kind"] == "skipped_nonfinite" for a in r.of("alert")))
+    reader.wait(lambda r: any(m.get("skipped_steps") == 1 for m in r.of("probe")))
+    origin = next(a for a in reader.of("alert") if a["kind"] == "nonfinite_origin")
+    assert origin["step"] == 4 and origin["layers"] == ["boom"]
     reader.close()

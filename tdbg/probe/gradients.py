@@ -163,6 +163,8 @@ class GradientStats:
         self._weights: list[torch.Tensor] = list(self._params)
         self.layer_indices = sorted(set(self._param_layer))
         self.param_ids = frozenset(id(p) for p in self._params)
+        self.params: list[nn.Parameter] = self._params  # what it covers, and each one's layer
+        self.param_layer: list[int] = self._param_layer
 
         self._plan_key: tuple[type, ...] | None = None
         self._whole = False

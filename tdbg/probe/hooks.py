@@ -102,6 +102,11 @@ class PhaseHooks:
         # From the gradients' being ready to the step's end: forwards in there (LBFGS evaluating
         # its closure again) are the optimizer's work, not the step's forward.
         self._updating = False
+        # The root module and arguments of the latest forward with grad, when asked for: a
+        # non-finite step's forward is re-run on them (the weights still intact) to name the
+        # module that overflowed. One reference to a batch, nothing copied.
+        self.capture_inputs = False
+        self.last_inputs: tuple[nn.Module, Any] | None = None
         self._events = events
         self._on_optimizer_step = events.on_grads_ready
         self._on_error = on_error
@@ -145,6 +150,8 @@ class PhaseHooks:
             if self.timeline.forward_start is None and torch.is_grad_enabled():
                 point = self.timeline.forward_start = mark(self.cuda_device)
                 self.seconds += perf() - host_time(point)
+            if self.capture_inputs and not self._updating and torch.is_grad_enabled():
+                self.last_inputs = (module, args)
         except Exception as exc:
             self._on_error(exc)
 

@@ -48,6 +48,8 @@ class PendingStep:
     grad_marks: tuple[Mark, Mark] | None = None  # around the gradient pass, on a GPU
     grad_device_time: float | None = None  # what the pass took on the device, once resolved
     weight_nonfinite: list[int] | None = None  # layers with NaN/Inf weights (sampled steps)
+    forward_origin: tuple[str, str, int] | None = None  # a non-finite forward, re-run in place
+    skipped_layers: list[int] | None = None  # skip_nonfinite: the update was skipped (these)
 
     def resolve(self) -> tuple[StepRecord, Sequence[int]] | None:
         """The finished record, or None while device work is pending. Never blocks."""

@@ -14,6 +14,7 @@ import torch
 from tdbg.probe.alerts import alert
 from tdbg.probe.budget import gradient_interval
 from tdbg.probe.gradients import GradientStats, GradSample, Layer
+from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
 from tdbg.probe.hooks import Mark, PhaseHooks, mark, perf
 from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
@@ -46,6 +47,7 @@ class OptimizerSlot:
     sample: GradSample | None = None
     in_step: bool = False
     closure_loss: Any = None  # the first scalar backpropagated inside step(closure)
+    guard: NonfiniteGuard | None = None  # watch(skip_nonfinite=True)
 
 
 class StepSampler:
@@ -73,7 +75,15 @@ class StepSampler:
         grad_every: int | None,
         overhead_budget: float,
         count_error: Callable[[BaseException], None],
+        skip_nonfinite: bool = False,
     ) -> None:
+        self.skip_nonfinite = skip_nonfinite
+        self.skipped_steps = 0  # updates the guard skipped
+        # The root module and arguments of the latest forward (PhaseHooks.last_inputs), for
+        # re-running a non-finite step's forward while its weights are intact.
+        self.captured: Callable[[], tuple[Any, Any] | None] = lambda: None
+        self._forward_origin: tuple[str, str, int] | None = None
+        self._skipped_layers: list[int] | None = None
         self._slots: list[OptimizerSlot] = []
         self._by_key: dict[int, OptimizerSlot] = {}
         self._rest: GradientStats | None = None
@@ -138,6 +148,8 @@ class StepSampler:
             if slot is None or slot.optimizer is not optimizer:
                 slot = OptimizerSlot(key, optimizer, name, stats)
             slot.grads = stats
+            if self.skip_nonfinite:
+                slot.guard = NonfiniteGuard(stats.params, stats.param_layer)
             slots.append(slot)
         self._slots = slots
         self._by_key = {slot.key: slot for slot in slots}
@@ -183,8 +195,30 @@ class StepSampler:
 
     def on_grads_ready(self, key: int) -> None:
         slot = self._by_key.get(key)
-        if slot is not None and self._sample_now and slot.sample is None:
+        if slot is None:
+            return
+        if self._sample_now and slot.sample is None:
             slot.sample = self._compute_grads(slot.grads)
+        if slot.guard is not None:
+            # One sync per update, the price of keeping the model intact (README).
+            if slot.guard.check_and_skip():
+                if self._skipped_layers is None:
+                    self._skipped_layers = []
+                    self.skipped_steps += 1
+                self._skipped_layers.extend(slot.guard.nonfinite_layers)
+                self._find_forward_origin()
+        elif slot.sample is not None and slot.sample.on_host and self._forward_origin is None:
+            # On the CPU the norms are already computed: checking them costs no sync. A
+            # non-finite one: re-run the forward now, before this update spreads NaN.
+            values = slot.sample.values
+            if values and not bool(torch.stack(list(values)).isfinite().all()):
+                self._find_forward_origin()
+
+    def _find_forward_origin(self) -> None:
+        captured = self.captured()
+        if captured is not None and self._forward_origin is None:
+            module, args = captured
+            self._forward_origin = find_forward_origin(module, args)
 
     # Kept as a name: the gradient pass of the first optimizer (tests patch it to fail).
     def on_optimizer_step(self) -> None:
@@ -414,6 +448,8 @@ class StepSampler:
             epoch=self.epoch,
         )
         pending.grad_marks, self._grad_marks = self._grad_marks, None
+        pending.forward_origin, self._forward_origin = self._forward_origin, None
+        pending.skipped_layers, self._skipped_layers = self._skipped_layers, None
         if sample is not None:
             pending.grads = sample
             pending.missing_layers = sample.missing

@@ -22,6 +22,8 @@ from tdbg.probe.endpoint import Endpoint, EndpointError, peer_credentials
 from tdbg.probe.history import History
 from tdbg.probe.log import warn
 from tdbg.probe.metrics import MetricsHistory, PendingMetrics
+from tdbg.probe.nan_origin import KIND as ORIGIN_KIND
+from tdbg.probe.nan_origin import NanOrigin, skipped_alert
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.recorder import Recorder
 from tdbg.probe.stacks import last_collective, stuck_where, thread_stack
@@ -42,7 +44,7 @@ MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
 NAN = float("nan")
 GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read again
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
-NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad"})
+NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
 
 
 class ProbeServer:
@@ -75,6 +77,9 @@ class ProbeServer:
         self._step_points: list[tuple[int, str, float]] = []
         self._layout: tuple[Any, ...] | None = None  # from relayout(), for the probe thread
         self.training_thread: int | None = None  # the thread that calls probe.step()
+        self.nan_origin = NanOrigin(layer_names)
+        self._extras: list[PendingStep] = []  # the resolved steps' pending objects, in order
+        self.skipped_steps: Callable[[], int] = lambda: 0  # set by the probe (the guard)
         self.gone: list[int] = []  # layers whose parameters left the model
         self.history = History(len(layer_names))
         self.rules = AlertRules(layer_names, frozen or [])
@@ -133,6 +138,7 @@ class ProbeServer:
         self.history.n_layers = len(names)
         self.rules.layer_names = list(names)
         self.rules.gone = set(gone)  # a layer that left the model: no norm is expected
+        self.nan_origin.layer_names = list(names)
         run = self.endpoint.run_info
         run["models"] = models
         run["optimizers"] = optimizers
@@ -540,6 +546,7 @@ class ProbeServer:
 
     # --- periodic work ----------------------------------------------------------------------
     def _drain_inbox(self) -> list[tuple[StepRecord, Sequence[int]]]:
+        self._extras = []  # kept in step with ``resolved``, even after a failed tick
         resolved: list[tuple[StepRecord, Sequence[int]]] = []
         inbox = self.inbox
         # Bounded work per wakeup keeps the probe thread's GIL hold short.
@@ -558,6 +565,7 @@ class ProbeServer:
                 self._on_grad_device_time(pending.grad_device_time)
             self.consumed += 1
             resolved.append(result)
+            self._extras.append(pending)
             self._step_points.extend(pending.points)
         return resolved
 
@@ -599,7 +607,27 @@ class ProbeServer:
         if resolved:
             self.last_step_time = now
             alerts.extend(self.rules.check_resumed(resolved[0][0].step))
-        for record, missing in resolved:
+        extras, self._extras = self._extras, []
+        for (record, missing), pending in zip(resolved, extras, strict=True):
+            if pending.skipped_layers is not None:
+                alerts.append(
+                    skipped_alert(
+                        record.step, self.layer_names, pending.skipped_layers, self.skipped_steps()
+                    )
+                )
+            # Where it began, before this step's other non-finite alerts: the first alert of a
+            # NaN names the origin (and the automatic hunt heads its answer with it).
+            found = self.nan_origin.observe(
+                record.step,
+                record.loss,
+                record.grad_norms,
+                pending.weight_nonfinite,
+                pending.forward_origin,
+            )
+            if found is not None:
+                alerts.append(found)
+                if self.desk is not None:
+                    self.desk.runner.ctx.nan_origin = self.nan_origin.origin
             norms = record.grad_norms
             if self.gone and norms is not None:
                 for i in self.gone:  # left the model: no norm, rather than a 0 that looks real

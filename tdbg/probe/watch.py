@@ -407,7 +407,9 @@ class Probe:
             grad_every=opts.grad_every,
             overhead_budget=float(opts.overhead_budget),
             count_error=self._count_error,
+            skip_nonfinite=bool(opts.skip_nonfinite),
         )
+        self._server.skipped_steps = lambda: self._sampler.skipped_steps
         self._metrics = MetricsDesk(self._sampler.report_once)
         self._server.metrics_inbox = self._metrics.inbox
         first_model = models[0][1]
@@ -437,6 +439,11 @@ class Probe:
             self._sampler,
             self._count_error,
         )
+        # The latest forward's inputs are kept (a reference) where re-running a non-finite step's
+        # forward can name the module that overflowed: with the guard, or on the CPU, where
+        # the norms are read without a sync.
+        self._hooks.capture_inputs = bool(opts.skip_nonfinite) or self._cuda_device is None
+        self._sampler.captured = lambda: self._hooks.last_inputs
         self._note_watched()
         taps.attach(self._sampler)
         self._created = time.monotonic()
@@ -682,7 +689,7 @@ class Probe:
             "disabled": self._broken,
             "closed": self.closed and not self._broken,
             "total_steps": self.total_steps,
-            "skipped_steps": 0,
+            "skipped_steps": self._sampler.skipped_steps,
         }
 
     # --- following the model when it changes ---------------------------------------------------
