@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from tdbg.protocol.messages import Alert as AlertMessage
 from tdbg.protocol.steps import StepRecord
 
 WINDOW = 100  # recent values a robust z-score is measured against
@@ -21,7 +22,10 @@ LR_ZERO_STEPS = 3  # lr must stay 0 this many steps (warm-up may start at 0)
 MAX_NAMED = 8  # layers named in one message
 
 
-def alert(kind: str, severity: str, step: int, message: str, layers: Sequence[str] = ()) -> dict:
+def alert(
+    kind: str, severity: str, step: int, message: str, layers: Sequence[str] = ()
+) -> AlertMessage:
+    """An ``alert`` message, typed by the protocol's definition (what clients read)."""
     return {
         "type": "alert",
         "kind": kind,
@@ -98,8 +102,8 @@ class AlertRules:
         self._active[key] = value
         return changed and value is not None
 
-    def check_step(self, rec: StepRecord, missing_layers: Sequence[int] = ()) -> list[dict]:
-        out: list[dict] = []
+    def check_step(self, rec: StepRecord, missing_layers: Sequence[int] = ()) -> list[AlertMessage]:
+        out: list[AlertMessage] = []
         step = rec.step
         if rec.loss is not None:
             if not math.isfinite(rec.loss):
@@ -144,8 +148,8 @@ class AlertRules:
             self._step_times.append(rec.step_time)
         return out
 
-    def _check_grads(self, rec: StepRecord, missing_layers: Sequence[int]) -> list[dict]:
-        out: list[dict] = []
+    def _check_grads(self, rec: StepRecord, missing_layers: Sequence[int]) -> list[AlertMessage]:
+        out: list[AlertMessage] = []
         step, norms, names = rec.step, rec.grad_norms or (), self.layer_names
         bad = [names[i] for i, v in enumerate(norms) if not math.isfinite(v) and i not in self.gone]
         if bad:
@@ -207,7 +211,7 @@ class AlertRules:
             self._grad_logs.append(log_total)
         return out
 
-    def check_stall(self, last_step: int, seconds_since_step: float) -> list[dict]:
+    def check_stall(self, last_step: int, seconds_since_step: float) -> list[AlertMessage]:
         """Called periodically by the probe thread: a loop with no step for far too long."""
         if len(self._step_times) < 3:
             return []
@@ -226,7 +230,7 @@ class AlertRules:
             ]
         return []
 
-    def check_resumed(self, step: int) -> list[dict]:
+    def check_resumed(self, step: int) -> list[AlertMessage]:
         if self.stalled_since is None:
             return []
         stalled_for = time.time() - self.stalled_since

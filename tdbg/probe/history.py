@@ -6,6 +6,7 @@ from collections import deque
 from typing import Any
 
 from tdbg.protocol.framing import MAX_OUTBOUND_FRAME
+from tdbg.protocol.messages import Alert
 from tdbg.protocol.steps import (
     StepRecord,
     batch_bytes,
@@ -45,7 +46,7 @@ class History:
         self.step_levels: list[int] = []  # per chunk: times its steps were halved
         self._recent: list[dict[str, Any]] = []
         self.bytes = 0
-        self.alerts: deque[dict[str, Any]] = deque(maxlen=max_alerts)
+        self.alerts: deque[Alert] = deque(maxlen=max_alerts)
         self.thinned = 0  # thinning passes so far
 
     def add(self, msg: dict[str, Any]) -> None:

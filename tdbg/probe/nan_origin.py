@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tdbg.probe.alerts import alert
+from tdbg.protocol.messages import Alert as AlertMessage
 
 KIND = "nonfinite_origin"
 
@@ -72,7 +73,7 @@ class NanOrigin:
         grad_norms: Sequence[float] | None,
         weight_nonfinite: Sequence[int] | None,
         forward: tuple[str, str, int] | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> AlertMessage | None:
         """One resolved step. ``grad_norms``: per layer on sampled steps, else None;
         ``weight_nonfinite``: indices of layers whose weights were non-finite at this step's
         optimizer pre-hook, None when not measured; ``forward``: what
@@ -143,7 +144,7 @@ SKIPPED_KIND = "skipped_nonfinite"
 
 def skipped_alert(
     step: int, layer_names: Sequence[str], layers: Sequence[int], skipped: int
-) -> dict[str, Any]:
+) -> AlertMessage:
     """The alert for an update ``watch(skip_nonfinite=True)`` skipped (a warning: the model is
     intact). ``layers``: :attr:`NonfiniteGuard.nonfinite_layers`; ``skipped``: its count so far."""
     names = [layer_names[i] if 0 <= i < len(layer_names) else f"layer {i}" for i in layers]

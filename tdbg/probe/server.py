@@ -29,7 +29,7 @@ from tdbg.probe.recorder import Recorder
 from tdbg.probe.stacks import last_collective, stuck_where, thread_stack
 from tdbg.probe.system import SystemSampler
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
-from tdbg.protocol.messages import COMMANDS, metrics_message, validate_client_message
+from tdbg.protocol.messages import COMMANDS, Alert, metrics_message, validate_client_message
 from tdbg.protocol.steps import StepRecord, pack_steps
 
 TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
@@ -101,7 +101,7 @@ class ProbeServer:
         self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
         self.rejected_peers = 0
         self.serving = False
-        self.side_alerts: deque[dict[str, Any]] = deque(maxlen=64)  # from the training thread
+        self.side_alerts: deque[Alert] = deque(maxlen=64)  # from the training thread
         self.desk: CommandDesk | None = None  # deep-dive commands: see take_commands
         self.auto_nan_hunt = False
         self.recorder = recorder  # watch(record=...): a sink beside the clients
@@ -569,12 +569,13 @@ class ProbeServer:
             self._step_points.extend(pending.points)
         return resolved
 
-    def _with_stack(self, stall: dict[str, Any]) -> dict[str, Any]:
+    def _with_stack(self, stall: Alert) -> Alert:
         """A stall alert with the training thread's Python stack: where it is stuck."""
         stack = thread_stack(self.training_thread)
-        out = dict(stall)
+        out: Alert = {**stall}
         if stack:
-            out.update(message=f"{stall['message']} — stuck at {stuck_where(stack)}", stack=stack)
+            out["message"] = f"{stall['message']} — stuck at {stuck_where(stack)}"
+            out["stack"] = stack
         collective = last_collective()
         if collective is not None:
             out["collective"] = collective  # compared across ranks by `tdbg status`
@@ -601,7 +602,7 @@ class ProbeServer:
         resolved = self._drain_inbox()
         # A step pushed after a relayout may have been drained before it was seen above.
         layout_frames += self._apply_layout()
-        alerts: list[dict[str, Any]] = []
+        alerts: list[Alert] = []
         while self.side_alerts:
             alerts.append(self.side_alerts.popleft())
         if resolved:
@@ -667,7 +668,7 @@ class ProbeServer:
                     self.recorder.add(frames[-1])
         for a in alerts:
             self.history.alerts.append(a)
-            frames.append(pack(a))
+            frames.append(pack(dict(a)))
             if self.recorder is not None:
                 self.recorder.add(frames[-1])
         if self.desk is not None:

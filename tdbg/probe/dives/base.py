@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tdbg.probe.log import warn
-from tdbg.protocol.messages import Job, JobResult, job_message
+from tdbg.protocol.messages import Alert, Job, JobResult, job_message
 
 MAX_EVENTS = 2048  # job and activation messages waiting for the probe thread
 
@@ -35,7 +35,7 @@ class DiveContext:
     run_info: dict[str, Any]
     artifacts: Callable[[], Path | None]  # the directory for trace and snapshot files
     submit: Callable[[Callable[[], None]], None]  # run on the probe's worker thread
-    side_alerts: deque[dict[str, Any]]  # alerts for the probe thread to send
+    side_alerts: deque[Alert]  # alerts for the probe thread to send
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_EVENTS))
     anomaly_check_nan: bool = False  # watch(anomaly_check_nan=True): clients may ask check_nan
     step: int = 0  # the current step count, updated by the runner at each boundary
