@@ -212,14 +212,24 @@ def _last_step(path: Path) -> int | None:
 def test_env_var_records_only_in_the_main_process(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tdbg.probe import watch
+    import multiprocessing
+
+    import tdbg
 
     monkeypatch.setenv("TDBG_RECORD", str(tmp_path / "env.tdbgrec"))
-    monkeypatch.setattr(watch.multiprocessing, "parent_process", lambda: object())
-    assert watch._record_path(None) is None  # a spawned child inherits TDBG_*: inert
-    assert watch._record_path(tmp_path / "explicit") == tmp_path / "explicit"
+    # As in a spawned child, which inherits TDBG_* from its parent: it must stay inert.
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
+    model = Loop().model
+    probe = tdbg.watch(model, serve=False)
+    assert probe.recording_path is None
+    probe.close()
+    explicit = tdbg.watch(model, serve=False, record=tmp_path / "explicit")
+    wait_until(lambda: explicit.recording_path is not None, what="the explicit recording")
+    assert explicit.recording_path == str(tmp_path / "explicit")
+    explicit.close()
     with pytest.raises(TypeError, match="record must be a file path"):
-        watch._record_path(42)
+        tdbg.watch(model, serve=False, record=42)  # type: ignore[arg-type]
+    assert not (tmp_path / "env.tdbgrec").exists()
 
 
 def test_env_var_is_claimed_so_plain_subprocesses_do_not_record(
@@ -245,7 +255,7 @@ def test_env_var_is_claimed_so_plain_subprocesses_do_not_record(
     assert probe.recording_path == str(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["env.tdbgrec"]
     second = tdbg.watch(Loop(seed=1).model, serve=False)  # a later watch() has nothing to claim
-    assert second.recording_path is None and second._server.recorder is None
+    assert second.recording_path is None
     second.close()
 
 
@@ -660,7 +670,6 @@ def test_recording_while_a_client_reads_keeps_live_frames_unchanged(
     """Thinning applies to the file only, by compactions on the sampler thread: a live client
     still gets every sampled row, and the file keeps every step."""
     import tdbg
-    from tdbg.probe import watch
 
     tiny = Bounds(grads=2 << 10, compact_at=16 << 10, max_growth=16 << 10)
     monkeypatch.setattr(recorder_module, "DEFAULT_BOUNDS", tiny)
@@ -676,7 +685,7 @@ def test_recording_while_a_client_reads_keeps_live_frames_unchanged(
         # The probe thread has written this burst (clients and the recorder get the same
         # frames) before the next: eight separate writes, each able to trigger a compaction.
         reader.wait(lambda r, n=40 * burst: len(r.records()) == n)
-    watch._close_all()
+    probe.close()
     reader.close()
     assert recorder.compactions >= 1, recorder.written
     assert all(r.grad_norms is not None for r in reader.records())
