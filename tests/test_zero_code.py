@@ -503,28 +503,7 @@ def test_tdbg_run_of_torchrun_watches_every_rank(tmp_path: Path, runtime_dir: Pa
     rank watches itself, records its own file, and says where it sits in the job."""
     from tdbg.recording.reader import Recording
 
-    record = tmp_path / "job.tdbg"
-    proc = subprocess.run(
-        [
-            *TDBG,
-            "run",
-            "--record",
-            str(record),
-            "--grad-every",
-            "1",
-            "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            "train_ddp.py",
-        ],
-        cwd=SCRIPTS,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _torchrun(tmp_path, 2, 6)
     runs = {}
     for rank in (0, 1):
         recording = Recording(tmp_path / f"job.rank{rank}.tdbg")

@@ -40,3 +40,22 @@ class LazyClass:
 
 def failed(framework: str, what: str, exc: BaseException) -> None:
     logger.warning(f"tdbg: {framework} callback failed {what} ({exc!r}); training goes on")
+
+
+class FailSafe:
+    """What both callbacks do when a step of theirs fails: say so once and stop watching,
+    never stopping training. Subclasses name their ``framework`` and define ``_stop``."""
+
+    framework = ""
+    probe: Any = None
+
+    def _stop(self) -> None:
+        raise NotImplementedError
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """An error in the callback never stops training: say so once and stop watching."""
+        failed(self.framework, what, exc)
+        try:
+            self._stop()
+        except Exception:
+            self.probe = None

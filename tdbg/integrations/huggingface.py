@@ -25,15 +25,17 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tdbg.integrations._common import LazyClass, failed, innermost
+from tdbg.integrations._common import FailSafe, LazyClass, innermost
 
 
-class TdbgHuggingFace:
+class TdbgHuggingFace(FailSafe):
     """What :class:`TdbgCallback` does; ``transformers.TrainerCallback`` is mixed in when the
     class is first used, so importing this module imports neither transformers nor torch.
 
     ``TdbgCallback(**options)``: ``options`` are ``tdbg.watch()``'s (``name=``, ``record=``,
     ``grad_every=``, ...). ``probe`` is the live probe during ``train()``."""
+
+    framework = "Hugging Face"
 
     def __init__(self, **watch_options: Any) -> None:
         self.watch_options = watch_options
@@ -121,14 +123,6 @@ class TdbgHuggingFace:
         probe, self.probe = self.probe, None
         if probe is not None:
             probe.close()
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        """An error in the callback never stops training: say so once and stop watching."""
-        failed("Hugging Face", what, exc)
-        try:
-            self._stop()
-        except Exception:
-            self.probe = None
 
 
 def _tokens_seen(args: Any, state: Any) -> int | None:

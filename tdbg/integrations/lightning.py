@@ -32,15 +32,17 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tdbg.integrations._common import LazyClass, failed, innermost
+from tdbg.integrations._common import FailSafe, LazyClass, innermost
 
 
-class TdbgLightning:
+class TdbgLightning(FailSafe):
     """What :class:`TdbgCallback` does; Lightning's ``Callback`` is mixed in when the class is
     first used, so importing this module imports neither Lightning nor torch.
 
     ``TdbgCallback(**options)``: ``options`` are ``tdbg.watch()``'s (``name=``, ``record=``,
     ``grad_every=``, ...). ``probe`` is the live probe during ``fit``."""
+
+    framework = "Lightning"
 
     def __init__(self, **watch_options: Any) -> None:
         self.watch_options = watch_options
@@ -201,14 +203,6 @@ class TdbgLightning:
         self._seen = {}
         if probe is not None:
             probe.close()
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        """An error in the callback never stops training: say so once and stop watching."""
-        failed("Lightning", what, exc)
-        try:
-            self._stop()
-        except Exception:
-            self.probe = None
 
 
 def _total_steps(trainer: Any) -> int | None:
