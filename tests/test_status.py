@@ -78,3 +78,34 @@ def test_status_of_a_recording_and_without_any_run(
     probe.close()
     assert run(["status", str(path)]) == 0
     assert "ended" in capsys.readouterr().out
+
+
+def test_the_probe_s_own_stall_alert_says_stalled_until_resumed() -> None:
+    """A TUI that attaches to a run stalled for an hour learns it from the stall alert in the
+    history, not after ten more seconds of its own clock."""
+    state = _state([0.1 * i for i in range(20)], [1.0] * 20)
+    state.apply(
+        {
+            "type": "alert",
+            "kind": "stalled",
+            "severity": "error",
+            "step": 19,
+            "time": 5.0,
+            "message": "no step for 3600 s after step 19 — stuck at loader.py:1",
+            "layers": [],
+        }
+    )
+    health = assess(state, now=2.0, by_arrival=True)
+    assert health.word == "stalled" and health.detail.startswith("no step for 3600 s")
+    state.apply(
+        {
+            "type": "alert",
+            "kind": "resumed",
+            "severity": "info",
+            "step": 20,
+            "time": 6.0,
+            "message": "the loop resumed after 3600 s",
+            "layers": [],
+        }
+    )
+    assert assess(state, now=2.0, by_arrival=True).word == "live"

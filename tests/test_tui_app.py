@@ -91,6 +91,27 @@ async def test_live_replay_stays_live() -> None:
         await shows(pilot, app, "live")
 
 
+async def test_a_stalled_run_says_so_in_the_header_not_live() -> None:
+    """The header's verdict (issue 11): the probe's stall alert turns "live" into "stalled",
+    in red, with steps/s at 0; a resumed run is live again."""
+    stall = {
+        "type": "alert",
+        "kind": "stalled",
+        "severity": "error",
+        "step": 49,
+        "time": 0.0,
+        "message": "no step for 63 s after step 49 — stuck at loader.py:12 in __next__",
+        "layers": [],
+    }
+    source = ReplaySource([*synthetic_run(steps=50), stall], RUN, end=False)
+    app = make_app(source)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.state.n_steps == 50, "50 steps")
+        await shows(pilot, app, "stalled: no step for 63 s after step 49", "0.0 steps/s")
+        header = app.query_one("RunHeader")
+        assert header.has_class("-stalled")
+
+
 async def test_keys_toggle_heatmap_log_sort_and_help() -> None:
     app = make_app(ReplaySource(synthetic_run(steps=300, n_layers=8, nan_at=290), RUN))
     async with app.run_test(size=SIZE) as pilot:

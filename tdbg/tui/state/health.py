@@ -31,8 +31,11 @@ class Health:
         return self.level in ("ok", "idle")
 
 
-def assess(state: RunState, now: float | None = None) -> Health:
-    """The run's health as of ``now`` (wall clock; steps carry their wall time)."""
+def assess(state: RunState, now: float | None = None, by_arrival: bool = False) -> Health:
+    """The run's health as of ``now`` (wall clock). How long since the last step is judged by
+    the steps' own wall time, or — ``by_arrival``, the live TUI — by when they arrived here
+    (a replayed stream or another machine's clock cannot fake a stall); the probe's own
+    ``stalled`` alert (with no ``resumed`` after it) says stalled either way."""
     now = time.time() if now is None else now
     probe = state.probe or {}
     rate = state.steps_per_sec()
@@ -49,7 +52,11 @@ def assess(state: RunState, now: float | None = None) -> Health:
     start = _nonfinite_since(state)
     if start is not None:
         return Health("non-finite", "bad", f"loss non-finite since step {start}", rate)
-    gap = now - float(state.cols["time"].values[-1])
+    stall = _stall_alert(state)
+    if stall is not None and state.connection == "live":
+        return Health("stalled", "bad", stall, 0.0)
+    arrived = state.steps_arrived if by_arrival and state.steps_arrived else None
+    gap = now - (arrived if arrived is not None else float(state.cols["time"].values[-1]))
     expected = _recent_step_seconds(state)
     limit = max(STALL_MIN_SECONDS, STALL_FACTOR * expected) if expected else STALL_MIN_SECONDS
     if state.connection == "live" and gap > limit:
@@ -58,6 +65,16 @@ def assess(state: RunState, now: float | None = None) -> Health:
         share = state.anatomy()["data_time"] or 0.0
         return Health("input-bound", "warn", f"waiting for data {share:.0%} of each step", rate)
     return Health("live", "ok", "training", rate)
+
+
+def _stall_alert(state: RunState) -> str | None:
+    """The probe's own stall alert, while no ``resumed`` came after it: what it said."""
+    for alert in state.alerts:  # newest first
+        if alert.kind == "resumed":
+            return None
+        if alert.kind == "stalled":
+            return alert.message.split(" — ", 1)[0]
+    return None
 
 
 def _nonfinite_since(state: RunState) -> int | None:

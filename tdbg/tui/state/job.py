@@ -75,10 +75,11 @@ class Job:
             stalls = [a for a in state.alerts if a.kind == "stalled" and a.collective]
             if not stalls:
                 continue
-            collective = stalls[-1].collective or {}
+            latest = stalls[0]  # alerts are kept newest first
+            collective = latest.collective or {}
             seq = collective.get("seq")
             if isinstance(seq, int):
-                where = stalls[-1].message.split(" — stuck at ", 1)[-1] if stalls else ""
+                where = latest.message.split(" — stuck at ", 1)[-1]
                 last[rank] = (seq, str(collective.get("op") or "collective"), where)
         if len(last) < 2:
             return []

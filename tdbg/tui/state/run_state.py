@@ -412,6 +412,7 @@ class RunState:
         self.deep = DeepState()  # deep-dive commands: requests, jobs, results, activations
         self._ema: float | None = None
         self.received_at: float | None = None  # wall clock of the last message
+        self.steps_arrived: float | None = None  # wall clock here when steps last arrived
 
     # --- updates --------------------------------------------------------------------------
 
@@ -487,6 +488,7 @@ class RunState:
         n, n_layers, groups = batch.n, batch.n_layers, batch.lr_groups
         if n == 0:
             return
+        self.steps_arrived = _time.time()
         self.steps.extend(batch.steps)
         self.has_loss.extend(batch.has_loss)
         self.loss.extend(batch.loss)

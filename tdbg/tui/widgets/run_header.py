@@ -9,7 +9,10 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_duration, fmt_percent, fmt_span
+from tdbg.tui.state.health import assess
 from tdbg.tui.state.run_state import RunState
+
+VERDICT_SECONDS = 1.0  # the verdict is re-judged this often even when no data arrives
 
 
 class RunHeader(Static):
@@ -21,13 +24,29 @@ class RunHeader(Static):
         "run-header--dim",
     }
     STATES = ("connecting", "live", "ended", "reconnecting", "waiting")
+    VERDICTS = ("stalled", "non-finite", "input-bound", "probe-off")
+
+    def on_mount(self) -> None:
+        # A stalled run sends nothing: without a clock of its own the header would say "live".
+        self._shown: tuple[RunState, bool] | None = None
+        self.set_interval(VERDICT_SECONDS, self._rejudge)
+
+    def _rejudge(self) -> None:
+        shown = getattr(self, "_shown", None)
+        if shown is not None:
+            self.show(*shown)
 
     def show(self, state: RunState, two_lines: bool = True) -> None:
         """Line 1: who, the state, progress (step/total, epoch, ETA); line 2 (``two_lines``,
         else appended to line 1): what is watched."""
+        self._shown = (state, two_lines)
         run = state.run
         for name in self.STATES:
             self.set_class(state.connection == name, f"-{name}")
+        health = assess(state, by_arrival=True) if state.connection == "live" else None
+        verdict = health.word.replace(" ", "-") if health is not None else ""
+        for name in self.VERDICTS:
+            self.set_class(verdict == name, f"-{name}")
         clean = state.probe_closed or (state.end_reason or "").startswith(("shutdown", "closed"))
         self.set_class(state.ended and clean, "-clean")
         name_style = self.get_component_rich_style("run-header--name")
@@ -47,6 +66,9 @@ class RunHeader(Static):
             # Either a restarted run was found or a dropped connection (ssh) is being retried:
             # the notice beside the screen says which.
             label = "reconnecting"
+        if health is not None and verdict in self.VERDICTS:
+            # The run's health in words: stalled for 1m03s, non-finite since step N, ...
+            label = f"{health.word}: {health.detail}"
         text.append("  ● ", state_style)
         text.append(label, state_style)
         total = state.planned_steps
@@ -59,7 +81,8 @@ class RunHeader(Static):
         epoch = state.epoch
         if epoch is not None:
             text.append(f"  epoch {epoch:g}")
-        text.append(f"  {fmt(state.steps_per_sec(), '.1f')} steps/s")
+        rate = health.steps_per_sec if health is not None else state.steps_per_sec()
+        text.append(f"  {fmt(rate, '.1f')} steps/s")  # a recent window; 0 while stalled
         eta = state.eta()
         if eta is not None:
             text.append(f"  ETA {fmt_span(eta)}")
