@@ -640,3 +640,13 @@ def test_skip_nonfinite_keeps_the_model_intact_and_names_the_origin(runtime_dir:
     origin = next(a for a in reader.of("alert") if a["kind"] == "nonfinite_origin")
     assert origin["step"] == 4 and origin["layers"] == ["boom"]
     reader.close()
+
+
+def test_total_steps_come_from_a_one_cycle_schedule(runtime_dir: Path) -> None:
+    loop = Loop()
+    schedule = torch.optim.lr_scheduler.OneCycleLR(loop.opt, max_lr=0.1, total_steps=500)  # type: ignore[arg-type]
+    probe = tdbg.watch(loop.model, loop.opt)
+    wait_until(lambda: probe.total_steps == 500, 10.0, "the schedule's length")
+    probe.close()
+    assert tdbg.watch(loop.model, loop.opt, total_steps=7).total_steps == 7  # given wins
+    del schedule

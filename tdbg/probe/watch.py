@@ -152,6 +152,39 @@ def _unwrapped(obj: Any) -> Any:
     return obj
 
 
+def _schedule_length(optimizers: list[torch.optim.Optimizer]) -> int | None:
+    """The total steps a OneCycleLR driving one of ``optimizers`` was built for (the one
+    scheduler whose length is the run's, by construction); None when there is none. Found
+    once, at watch(), among what refers to the optimizer (a scheduler keeps a reference)."""
+    if not optimizers:
+        return None
+    import gc
+
+    try:
+        from torch.optim.lr_scheduler import OneCycleLR
+
+        for optimizer in optimizers:
+            for ref in gc.get_referrers(optimizer):
+                # The scheduler itself, or its attribute dict (how Python may hold it): only a
+                # dict that looks like a OneCycleLR's is worth a second scan of the heap.
+                if isinstance(ref, dict):
+                    looks = ref.get("optimizer") is optimizer and "total_steps" in ref
+                    owners = gc.get_referrers(ref) if looks else []
+                else:
+                    owners = [ref]
+                for owner in owners:
+                    total = (
+                        getattr(owner, "total_steps", None)
+                        if isinstance(owner, OneCycleLR)
+                        else None
+                    )
+                    if isinstance(total, int) and total > 0:
+                        return total
+    except Exception:
+        return None
+    return None
+
+
 def _caller_names(depth: int = 2) -> dict[int, str]:
     """id -> name of what the calling code's variables hold (its locals, then its globals), so
     that a run shows ``netG`` and ``optD`` rather than class names."""
@@ -444,6 +477,10 @@ class Probe:
         # the norms are read without a sync.
         self._hooks.capture_inputs = bool(opts.skip_nonfinite) or self._cuda_device is None
         self._sampler.captured = lambda: self._hooks.last_inputs
+        if self.total_steps is None and optimizers:
+            # A scan of the heap (tens of ms): on the probe's worker thread, once, not here.
+            opts_only = [opt for _, opt in optimizers]
+            self._server.submit_work(lambda: self._adopt_schedule(opts_only))
         self._note_watched()
         taps.attach(self._sampler)
         self._created = time.monotonic()
@@ -592,6 +629,11 @@ class Probe:
             self._relayout()
         except Exception as exc:
             self._count_error(exc)
+
+    def _adopt_schedule(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        total = _schedule_length(optimizers)
+        if total is not None and self.total_steps is None:
+            self.total_steps = total
 
     def note_backward(self, loss: Any, inside_step: bool = False) -> None:
         """A scalar backpropagated before this probe's taps existed (``tdbg run`` starts the
