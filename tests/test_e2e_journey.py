@@ -27,9 +27,12 @@ pytestmark = [
 
 REMOTE_TDBG = str(Path(sys.executable).parent / "tdbg")  # the venv is not on sshd's PATH
 
-# A plain training script: no tdbg in it. Its loss turns NaN at step 150 (a poisoned weight).
+# A plain training script: no tdbg in it. Its loss turns NaN (a poisoned weight) once the test
+# has seen it live and creates the file named by argv[1]: a fixed step would race a slow attach.
 SCRIPT = textwrap.dedent(
     """
+    import os
+    import sys
     import time
     import torch
     from torch import nn
@@ -39,8 +42,10 @@ SCRIPT = textwrap.dedent(
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(64, 8), torch.randn(64, 1)
+    poisoned = False
     for step in range(100_000):
-        if step == 150:
+        if not poisoned and os.path.exists(sys.argv[1]):
+            poisoned = True
             with torch.no_grad():
                 model[2].weight[0, 0] = float("nan")
         opt.zero_grad()
@@ -64,10 +69,12 @@ def test_run_record_ssh_attach_kill_and_replay(
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     recording = tmp_path / "journey.tdbgrec"
+    poison = tmp_path / "poison"
     session = f"tdbg-journey-{runtime_dir.name}"
     env = f"env -u COLUMNS -u LINES TDBG_RUNTIME_DIR={runtime_dir}"
     tdbg = f"{shlex.quote(sys.executable)} -m tdbg.cli"
-    train = f"{env} {tdbg} run --name journey --record {recording} -- {sys.executable} {script}"
+    job = f"{sys.executable} {script} {poison}"
+    train = f"{env} {tdbg} run --name journey --record {recording} -- {job}"
     tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "48", f"{train}; sleep 60")
     # One tmux session per program: tmux 3.3a's server dies on a second window (or session)
     # once window-size is manual, so each session gets its size from -x/-y instead.
@@ -85,7 +92,8 @@ def test_run_record_ssh_attach_kill_and_replay(
         pane = f"{session}-tui"
         screen = wait_screen(pane, ["live", "journey", "Loss", "Gradient norms"])
         assert f"pid {pid}" in screen
-        wait_screen(pane, ["nonfinite_"])  # the NaN at step 150 reached the screen
+        poison.touch()
+        wait_screen(pane, ["nonfinite_"])  # the NaN reached the screen
         tmux("send-keys", "-t", pane, "q")
         wait_gone(pane, "Gradient norms", "tdbg-tui quitting on q")
 
