@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import TIMEOUT
 
 from tdbg.cli import main as cli
 from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_ERROR, EXIT_NO_RUN, EXIT_SEVERAL
@@ -278,3 +280,78 @@ def test_tdbg_run_of_a_missing_module_is_one_line_and_exit_2() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "tdbg: error: no module named no_such_module_here"
+
+
+def _as_another_user(argv: list[str]) -> list[str]:
+    """``argv`` run by someone the directory made by ``_unsearchable`` shuts out. Root passes
+    every permission check, so as root the command keeps uid 0 but loses the two capabilities
+    that bypass them (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH): a real permission check, with the
+    interpreter under /root still readable (as ``nobody`` it would not even start)."""
+    if os.geteuid() != 0:
+        return argv
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: no way to be refused a directory")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search", *argv]
+
+
+def _unsearchable(parent: Path) -> Path:
+    """A directory the user of ``_as_another_user`` may not search: another user's 0700
+    directory (as root), or one of ours with mode 000."""
+    theirs = parent / "theirs"
+    theirs.mkdir()
+    if os.geteuid() == 0:
+        os.chown(theirs, 65534, 65534)
+        os.chmod(theirs, 0o700)
+    else:
+        os.chmod(theirs, 0)
+    return theirs
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [sys.executable, "-m", "tdbg.cli", "dump"],
+        [sys.executable, "-m", "tdbg.cli", "profile"],
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tdbg.cli.main import tui_main; sys.exit(tui_main())",
+        ],
+    ],
+    ids=["tdbg dump", "tdbg profile", "tdbg-tui"],
+)
+def test_a_target_in_a_directory_we_may_not_search_is_one_line_and_exit_2(
+    runtime_dir: Path, tmp_path: Path, argv: list[str]
+) -> None:
+    """Another user's runtime directory: one line saying so, exit 2 (was: a PermissionError
+    traceback and exit 1)."""
+    theirs = _unsearchable(tmp_path)
+    target = str(theirs / "0-1.sock")
+    try:
+        out = subprocess.run(
+            _as_another_user([*argv, target]),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            env=dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir)),
+        )
+    finally:
+        os.chmod(theirs, 0o700)  # ours again (mode 000), so pytest can remove it
+    prog = "tdbg-tui" if "-c" in argv else "tdbg"
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == f"{prog}: error: cannot look at {target}: Permission denied\n"
+
+
+def test_a_fifo_or_a_device_given_to_tdbg_dump_is_one_line_and_exit_2(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    """Not "Connection refused": what the file is, and that it is not a run's socket."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir))
+    for target, kind in ((str(fifo), "a FIFO"), ("/dev/zero", "a device")):
+        out = _cli("dump", target, env=env)
+        assert out.returncode == 2, out.stderr
+        said = f"tdbg: error: {target} is {kind}, not a run's socket or a recording\n"
+        assert out.stderr == said
