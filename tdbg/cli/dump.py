@@ -7,6 +7,7 @@ import math
 import sys
 import time
 from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tdbg.connect.client import ProbeClient
@@ -272,20 +273,119 @@ def _messages_until(client: ProbeClient, deadline: float | None) -> Iterator[dic
                 return
 
 
-def dump_recording(path: str, out: TextIO, count: int | None = None) -> int:
+def dump_recording(path: str, out: TextIO, window: Window) -> int:
     """``tdbg dump FILE``: a recording as JSON lines on ``out``; where a damaged or cut-short
     file stopped goes to stderr. Raises RecordingError when the file is not a recording."""
     recording = open_recording(path)
-    steps = 0
-    for event in recording_events(recording):
+    ended = False
+    for event in windowed(recording_events(recording), window):
         out.write(json.dumps(event, separators=(",", ":")) + "\n")
-        if event["type"] == "step":
-            steps += 1
-            if count is not None and steps >= count:
-                out.flush()
-                return 0
+        ended = event["type"] == "end"
     out.flush()
     note = recording.end_note
-    if note is not None:
+    if ended and note is not None:
         print(f"tdbg: {note}", file=sys.stderr)
     return 0
+
+
+# --- which part of the stream to print: --follow, --last N, --count N ----------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """Which part of a run ``tdbg dump`` prints: its history (all of it, none, or the events of
+    its last ``last`` steps), then its live events (until ``count`` live steps, or for good).
+
+    Everything a run sends before ``synced`` is history; a recording is all history."""
+
+    history: bool = True
+    last: int | None = None  # with history: only the last N steps of it (None: all)
+    live: bool = True
+    count: int | None = None  # stop after this many live steps (a recording: steps)
+
+    @classmethod
+    def of(cls, follow: bool, last: int | None, count: int | None) -> Window:
+        """``--follow``: no history; ``--last N``: the last N steps of it, then live only with
+        ``--follow`` or ``--count``; ``--count N``: N live steps (no history unless ``--last``)."""
+        history = last is not None or not (follow or count is not None)
+        live = last is None or follow or count is not None
+        return cls(history=history, last=last, live=live, count=count)
+
+    @classmethod
+    def of_recording(cls, last: int | None, count: int | None) -> Window:
+        """A recording is all history: ``--last N`` its last N steps, ``--count N`` its first
+        N steps (of the last ones, with both)."""
+        return cls(history=True, last=last, live=True, count=count)
+
+
+def windowed(events: Iterable[dict[str, Any]], window: Window) -> Iterator[dict[str, Any]]:
+    """The events of ``window``: the history cut as asked, then live events until ``count``
+    live steps (a recording's steps all count) or the end."""
+    if not window.history:
+        events = _live_only(events)
+    elif window.last is not None:
+        events = _last_steps(events, window.last)
+    live = False
+    steps = 0
+    for event in events:
+        etype = event["type"]
+        if etype == "synced" and not window.live:
+            yield event
+            return  # the history was all that was asked for
+        yield event
+        live = live or etype == "synced"
+        if etype == "step" and window.count is not None and (live or "history" not in event):
+            steps += 1
+            if steps >= window.count:
+                return
+
+
+def _live_only(events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """``hello`` (it names the run and its layers), then what comes from ``synced`` on; an
+    ``end`` or ``error`` before it too (the run went away while its history was sent)."""
+    live = False
+    for event in events:
+        live = live or event["type"] == "synced"
+        if live or event["type"] in ("hello", "end", "error"):
+            yield event
+
+
+def _last_steps(events: Iterable[dict[str, Any]], n: int) -> Iterator[dict[str, Any]]:
+    """The history (up to ``synced``, or a recording's ``end``) cut to its last ``n`` steps and
+    what happened in them, then everything after it as it comes."""
+    buffered: list[dict[str, Any]] = []
+    iterator = iter(events)
+    boundary: dict[str, Any] | None = None
+    for event in iterator:
+        if event["type"] in ("synced", "end"):
+            boundary = event
+            break
+        buffered.append(event)
+    yield from _cut(buffered, n)
+    if boundary is not None:
+        yield boundary
+        yield from iterator
+
+
+def _cut(history: list[dict[str, Any]], n: int) -> Iterator[dict[str, Any]]:
+    """``history`` without what came before its last ``n`` steps. Step events are cut by
+    position (a restarted run's steps start over); other events by their own ``step``, else
+    their ``time`` (memory, a job still armed); events with neither (hello, layers) stay."""
+    positions = [i for i, event in enumerate(history) if event["type"] == "step"]
+    if len(positions) <= n:
+        yield from history
+        return
+    first = positions[-n]
+    first_step = history[first].get("step")
+    first_time = history[first].get("time")
+    for i, event in enumerate(history):
+        if event["type"] == "step":
+            keep = i >= first
+        elif isinstance(event.get("step"), int | float) and isinstance(first_step, int | float):
+            keep = event["step"] >= first_step
+        elif isinstance(event.get("time"), int | float) and isinstance(first_time, int | float):
+            keep = event["time"] >= first_time
+        else:
+            keep = True
+        if keep:
+            yield event

@@ -28,7 +28,7 @@ from tdbg.cli.dives import (
     cmd_profile,
     cmd_snapshot,
 )
-from tdbg.cli.dump import dump_events, job_event
+from tdbg.cli.dump import Window, dump_events, job_event, windowed
 from tdbg.cli.errors import CliError
 from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
@@ -58,14 +58,16 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
         from tdbg.cli.dump import dump_recording
         from tdbg.recording.reader import RecordingError
 
+        if args.follow:
+            raise CliError("--follow needs a live run: a recording has no new steps to wait for")
         try:
-            return dump_recording(args.target, out, args.count)
+            return dump_recording(args.target, out, Window.of_recording(args.last, args.count))
         except RecordingError as exc:
             raise CliError(str(exc)) from None
+    window = Window.of(args.follow, args.last, args.count)
     client = attach_target(target, args.target, args.timeout, args)
-    steps = 0
     try:
-        for event in dump_events(client, args.timeout):
+        for event in windowed(dump_events(client, args.timeout), window):
             out.write(json.dumps(event, separators=(",", ":")) + "\n")
             if event["type"] == "end" and event.get("reason") == "slow_consumer":
                 print(
@@ -74,10 +76,6 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-            if event["type"] == "step":
-                steps += 1
-                if args.count is not None and steps >= args.count:
-                    break
             out.flush()
     finally:
         client.close()
@@ -210,10 +208,35 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="tdbg", description="tdbg: live PyTorch training monitor")
     parser.add_argument("--version", action="version", version=f"tdbg {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    dump = sub.add_parser("dump", help="print a run's events as JSON lines")
+    dump = sub.add_parser(
+        "dump",
+        help="print a run's events as JSON lines",
+        description="Print a run's events as JSON lines (docs/dump.md): by default its history "
+        "(everything before `synced`), then live events until it ends.",
+        epilog="Examples: `tdbg dump --count 1` the step the run takes next; `tdbg dump --last 1` "
+        "the current step, at once; `tdbg dump --last 50 --follow` the last 50 steps, then live.",
+    )
     dump.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
     add_remote_options(dump)
-    dump.add_argument("--count", type=positive_int, help="stop after N step events")
+    dump.add_argument(
+        "--follow",
+        action="store_true",
+        help="from now on: no history, only the events that arrive after attaching",
+    )
+    dump.add_argument(
+        "--last",
+        type=positive_int,
+        metavar="N",
+        help="of the history, only the last N steps and what happened in them; then stop "
+        "(with --follow or --count: go on live)",
+    )
+    dump.add_argument(
+        "--count",
+        type=positive_int,
+        metavar="N",
+        help="stop after N live steps (taken after attaching); implies no history unless "
+        "--last; of a recording, its first N steps",
+    )
     dump.add_argument(
         "--timeout",
         type=positive_float,
