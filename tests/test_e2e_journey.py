@@ -90,8 +90,9 @@ def test_run_record_ssh_attach_kill_and_replay(
         tui = f"{env} {tdbg} tui {url} {options} --remote-tdbg {REMOTE_TDBG}; sleep 60"
         tmux("new-session", "-d", "-s", f"{session}-tui", "-x", "160", "-y", "48", tui)
         pane = f"{session}-tui"
-        screen = wait_screen(pane, ["live", "journey", "Loss", "Gradient norms"])
-        assert f"pid {pid}" in screen
+        # The header's verdict word depends on the run (the sleep between steps reads as
+        # input-bound); the run's name and pid with its panels prove the attach.
+        wait_screen(pane, ["journey", f"pid {pid}", "Loss", "Gradient norms"])
         poison.touch()
         wait_screen(pane, ["nonfinite_"])  # the NaN reached the screen
         tmux("send-keys", "-t", pane, "q")

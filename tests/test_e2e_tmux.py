@@ -71,8 +71,12 @@ def test_tui_in_tmux_attaches_and_quits(runtime_dir: Path) -> None:
             == "160x48"
         )
         try:
-            screen = wait_screen(session, ["live", "Loss", "Gradient norms", "head", "Memory"])
-            assert f"pid {proc.pid}" in screen
+            # The NaN at step 200 may land before a slow attach: the header then says non-finite
+            # where it would say live; either verdict proves the TUI is attached to this run.
+            screen = wait_screen(
+                session, ["Loss", "Gradient norms", "head", "Memory", f"pid {proc.pid}"]
+            )
+            assert "live" in screen or "non-finite" in screen
             wait_screen(session, ["non-finite", "body.1"])
             tmux("send-keys", "-t", session, "?")
             wait_screen(session, ["tdbg — keys", "quit"])
