@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import Loop, Reader, wait_until
 from torch import nn
+from waiting import TIMEOUT
 
 import tdbg
 from tdbg.connect import runtime
@@ -842,3 +843,77 @@ def test_a_client_that_never_reads_is_dropped_with_a_goodbye_that_says_why(
     unread = sum(len(framing.pack(m)) for m in stalled.messages if m["type"] == "steps")
     assert unread < 4 * connection.HARD_LIMIT  # the queue was cut, not delivered
     stalled.close()
+
+
+def test_tdbg_dump_says_why_the_probe_dropped_it(runtime_dir: Path, small_limits: None) -> None:
+    """The real ``tdbg dump`` with its stdout unread (a pipe nobody drains): it stops reading
+    the socket, the probe drops it, and once its output is read it ends with the reason — as
+    its last event and as one line on stderr — not a bare ``disconnected``."""
+    model, opt = wide_model()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    path = probe.socket_path
+    assert path is not None
+    x = torch.randn(4, 2)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        probe.step()
+
+    def attached() -> bool:
+        return any(c.peer_pid == dump.pid for c in probe._server._clients)
+
+    dump = subprocess.Popen(
+        [sys.executable, "-m", "tdbg.cli", "dump", path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: step() or attached(), what="tdbg dump attached")
+        shrink_send_buffer(probe)
+        wait_until(lambda: step() or not attached(), what="the stalled tdbg dump dropped")
+        out, err = dump.communicate(timeout=TIMEOUT)
+    finally:
+        if dump.poll() is None:
+            dump.kill()
+            dump.communicate()
+    assert dump.returncode == 0, err
+    assert json.loads(out.splitlines()[-1]) == {"type": "end", "reason": "slow_consumer"}
+    assert err == (
+        "tdbg: the probe dropped this client: it read too slowly (over 1 MiB unread for 10 s); "
+        "the run goes on\n"
+    )
+
+
+async def test_the_tui_header_says_why_the_probe_dropped_it(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real app on a real probe whose hard limit is 0 bytes: every client is a slow
+    consumer at its first live frame (the TUI itself reads too fast to be one). The header
+    says why the run ended for it. No run is discoverable where it looks for a restart, so
+    it stays on that verdict instead of reattaching."""
+    from waiting import wait_for
+
+    from tdbg.tui.app import make_app, screen_text
+    from tdbg.tui.sources.base import SocketSource
+
+    monkeypatch.setattr(connection, "HARD_LIMIT", 0)
+    loop = Loop()
+    probe, path = serving(loop)
+    nowhere = tmp_path / "no-runs"
+    nowhere.mkdir(mode=0o700)
+    app = make_app(SocketSource(path=path, directory=nowhere))
+    async with app.run_test(size=(160, 48)) as pilot:
+        header = app.query_one("RunHeader")
+        await wait_for(
+            pilot,
+            lambda: loop.step(probe) or header.has_class("-ended"),
+            what="the TUI dropped and its header ended",
+        )
+        await wait_for(
+            pilot,
+            lambda: "ended: dropped: this viewer read too slowly" in screen_text(app),
+            what="the reason, in words, in the header",
+        )
