@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -25,10 +26,32 @@ PHASE_WORDS = {
 
 @dataclass(frozen=True)
 class JobFinding:
-    kind: str  # "straggler" | "rank_divergence" | "nonfinite_ranks"
+    kind: str  # "straggler" | "rank_divergence" | "nonfinite_ranks" | "hang"
     ranks: list[int]
     message: str
     layers: list[str] = field(default_factory=list)
+    step: int | None = None  # rank_divergence: the first step found; straggler: latest step
+    phase: str | None = None  # straggler: the step column that explains it (``PHASES``)
+    slower_by: float | None = None  # straggler: seconds of own work a step over the others
+    collective: dict[str, Any] | None = None  # hang: {seq, op, sizes, group} the others wait in
+    stacks: dict[int, str] = field(default_factory=dict)  # hang: rank -> its training stack
+
+
+@dataclass(frozen=True)
+class StragglerMeasure:
+    """One rank's own work per step (median of the recent steps) against the other ranks'."""
+
+    rank: int
+    busy: float  # seconds of own work a step (the step less its backward)
+    typical: float  # the other ranks' median of the same
+
+    @property
+    def ratio(self) -> float:
+        return self.busy / self.typical if self.typical > 0 else math.inf
+
+    @property
+    def slower_by(self) -> float:
+        return self.busy - self.typical
 
 
 @dataclass
@@ -60,46 +83,46 @@ class Job:
         return [r for r in range(self.world_size) if r not in self.ranks]
 
     def findings(self) -> list[JobFinding]:
-        out: list[JobFinding] = list(self._hang())
+        out: list[JobFinding] = list(self.hangs())
         out.extend(self._stragglers())
-        out.extend(self._divergence())
-        out.extend(self._nonfinite())
+        out.extend(self.divergences())
+        out.extend(self.nonfinite_ranks())
         return out
 
     # --- where a hang is stuck ---------------------------------------------------------------
-    def _hang(self) -> list[JobFinding]:
-        """Stalled ranks' last collectives compared: the others wait in collective #N; the
-        ranks whose last is below N never entered it, and their stacks say where they are."""
-        last: dict[int, tuple[int, str, str]] = {}  # rank -> (seq, op, where it is stuck)
+    def hangs(self) -> list[JobFinding]:
+        """Stalled ranks' last collectives compared, within each process group (sequence
+        numbers count per group): the others wait in collective #N; the ranks whose last is
+        below N never entered it, and their stacks say where they are."""
+        by_group: dict[str, dict[int, _Stall]] = {}
         for rank, state in self.ranks.items():
-            stalls = [a for a in state.alerts if a.kind == "stalled" and a.collective]
-            if not stalls:
+            stall = _still_stalled(state)
+            if stall is not None:
+                by_group.setdefault(stall.group, {})[rank] = stall
+        out = []
+        for group, last in sorted(by_group.items()):
+            if len(last) < 2:
                 continue
-            latest = stalls[0]  # alerts are kept newest first
-            collective = latest.collective or {}
-            seq = collective.get("seq")
-            if isinstance(seq, int):
-                where = latest.message.split(" — stuck at ", 1)[-1]
-                last[rank] = (seq, str(collective.get("op") or "collective"), where)
-        if len(last) < 2:
-            return []
-        top = max(seq for seq, _, _ in last.values())
-        behind = sorted(r for r, (seq, _, _) in last.items() if seq < top)
-        waiting = sorted(r for r, (seq, _, _) in last.items() if seq == top)
-        if not behind:
-            return []
-        op = last[waiting[0]][1]
-        where = "; ".join(f"rank {r} stuck at {last[r][2]}" for r in behind if last[r][2])
-        return [
-            JobFinding(
-                "hang",
-                behind,
-                f"rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} never "
-                f"entered collective #{top} ({op}) that rank{'s' if len(waiting) > 1 else ''} "
-                f"{', '.join(map(str, waiting))} wait{'' if len(waiting) > 1 else 's'} in"
-                + (f"; {where}" if where else ""),
+            top = max(s.seq for s in last.values())
+            behind = sorted(r for r, s in last.items() if s.seq < top)
+            waiting = sorted(r for r, s in last.items() if s.seq == top)
+            if not behind:
+                continue
+            waited = last[waiting[0]]
+            where = "; ".join(f"rank {r} stuck at {last[r].where}" for r in behind if last[r].where)
+            out.append(
+                JobFinding(
+                    "hang",
+                    behind,
+                    f"rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} never "
+                    f"entered collective #{top} ({waited.op}) that rank"
+                    f"{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
+                    f"wait{'' if len(waiting) > 1 else 's'} in" + (f"; {where}" if where else ""),
+                    collective={"seq": top, "op": waited.op, "sizes": waited.sizes, "group": group},
+                    stacks={r: last[r].stack for r in sorted(last)},
+                )
             )
-        ]
+        return out
 
     # --- stragglers ---------------------------------------------------------------------------
     def _recent(self, state: RunState, column: str) -> float | None:
@@ -118,32 +141,41 @@ class Job:
         busy = busy[np.isfinite(busy)]
         return float(np.median(busy)) if busy.size >= RECENT // 2 else None
 
-    def _stragglers(self) -> list[JobFinding]:
+    def straggler_measures(self) -> list[StragglerMeasure]:
+        """Each rank's own work a step against the median of the others' (two or more ranks
+        with enough recent steps; [] otherwise)."""
         known = {r: t for r, s in self.ranks.items() if (t := self._busy(s)) is not None}
         if len(known) < 2:
             return []
-        slow: list[int] = []
-        for rank, t in known.items():
-            typical = float(np.median([v for r, v in known.items() if r != rank]))
-            if t > STRAGGLER_RATIO * typical and t - typical > STRAGGLER_MIN_SECONDS:
-                slow.append(rank)
-        if not slow or len(slow) == len(known):
+        return [
+            StragglerMeasure(rank, t, float(np.median([v for r, v in known.items() if r != rank])))
+            for rank, t in known.items()
+        ]
+
+    def _stragglers(self) -> list[JobFinding]:
+        measures = self.straggler_measures()
+        slow = [m.rank for m in measures if is_straggling(m, STRAGGLER_RATIO)]
+        if not slow or len(slow) == len(measures):
             return []
-        out = []
-        for rank in slow:
-            peers = [r for r in known if r not in slow]
-            typical = float(np.median([known[r] for r in peers]))
-            phase, extra = self._why_slow(rank, peers)
-            because = f"; mostly {PHASE_WORDS[phase]} (+{extra * 1e3:.1f} ms)" if phase else ""
-            out.append(
-                JobFinding(
-                    "straggler",
-                    [rank],
-                    f"rank {rank} holds the others up: {known[rank] * 1e3:.1f} ms of its own "
-                    f"work a step vs {typical * 1e3:.1f} ms on the others{because}",
-                )
-            )
-        return out
+        return [self.straggler(rank, slow) for rank in slow]
+
+    def straggler(self, rank: int, slow: list[int]) -> JobFinding:
+        """The finding for ``rank``, one of the ``slow`` ranks: by how much, and why."""
+        known = {m.rank: m.busy for m in self.straggler_measures()}
+        peers = [r for r in known if r not in slow] or [r for r in known if r != rank]
+        typical = float(np.median([known[r] for r in peers]))
+        phase, extra = self._why_slow(rank, peers)
+        because = f"; mostly {PHASE_WORDS[phase]} (+{extra * 1e3:.1f} ms)" if phase else ""
+        mine = known.get(rank, math.nan)
+        return JobFinding(
+            "straggler",
+            [rank],
+            f"rank {rank} holds the others up: {mine * 1e3:.1f} ms of its own "
+            f"work a step vs {typical * 1e3:.1f} ms on the others{because}",
+            step=self.ranks[rank].last_step,
+            phase=phase,
+            slower_by=mine - typical,
+        )
 
     def _why_slow(self, rank: int, others: list[int]) -> tuple[str | None, float]:
         best, extra = None, 0.0
@@ -162,10 +194,27 @@ class Job:
     def data_parallel(self) -> bool:
         """Whether the rule 'every rank has the same gradients' applies: every rank watches the
         same layers with the same sizes (DDP). FSDP shards and model parallelism differ."""
-        layouts = {(tuple(s.layer_names), tuple(s.layer_numel)) for s in self.ranks.values()}
-        return len(layouts) == 1 and len(self.ranks) > 1 and bool(next(iter(layouts))[0])
+        return self.divergence_rule()[0]
 
-    def _divergence(self) -> list[JobFinding]:
+    def divergence_rule(self) -> tuple[bool, str]:
+        """Whether the 'equal gradients on every rank' rule applies to this job, and why."""
+        if len(self.ranks) < 2:
+            return False, "one rank seen: nothing to compare"
+        layouts = {(tuple(s.layer_names), tuple(s.layer_numel)) for s in self.ranks.values()}
+        if not next(iter(layouts))[0] and len(layouts) == 1:
+            return False, "no layers reported yet"
+        if len(layouts) > 1:
+            return False, (
+                "does not apply: the ranks watch different layers or sizes (FSDP shards, "
+                "pipeline or tensor parallelism), so their gradients are not meant to agree"
+            )
+        n = len(next(iter(layouts))[0])
+        return True, (
+            f"applies: every rank watches the same {n} layer{'s' if n != 1 else ''} "
+            "(data parallel): gradients after the all-reduce must agree"
+        )
+
+    def divergences(self) -> list[JobFinding]:
         if not self.data_parallel():
             return []
         rows = {r: _grad_rows(s) for r, s in self.ranks.items()}
@@ -206,10 +255,11 @@ class Job:
                 "parallelism they should be equal after the all-reduce (a skipped all-reduce, "
                 "a comm hook, other weights?)",
                 layers,
+                step=diverged[0],
             )
         ]
 
-    def _nonfinite(self) -> list[JobFinding]:
+    def nonfinite_ranks(self) -> list[JobFinding]:
         bad = [r for r, s in self.ranks.items() if _last_loss_nonfinite(s)]
         if not bad or len(bad) == len(self.ranks):
             return []
@@ -221,6 +271,46 @@ class Job:
                 f"{', '.join(map(str, bad))} only",
             )
         ]
+
+
+def is_straggling(measure: StragglerMeasure, ratio: float) -> bool:
+    """Slower than the others by ``ratio`` and by enough time to matter (not noise on tiny
+    steps)."""
+    return measure.ratio > ratio and measure.slower_by > STRAGGLER_MIN_SECONDS
+
+
+@dataclass(frozen=True)
+class _Stall:
+    """A rank's newest ``stalled`` alert, still unresolved, with its last collective."""
+
+    seq: int
+    op: str
+    sizes: Any
+    group: str
+    where: str
+    stack: str
+
+
+def _still_stalled(state: RunState) -> _Stall | None:
+    """The rank's stall, when its newest stall/resume alert is a stall with a collective."""
+    latest = next((a for a in state.alerts if a.kind in ("stalled", "resumed")), None)
+    if latest is None or latest.kind != "stalled" or not latest.collective:
+        return None
+    collective = latest.collective
+    seq = collective.get("seq")
+    if not isinstance(seq, int):
+        return None
+    group = collective.get("group")
+    return _Stall(
+        seq=seq,
+        op=str(collective.get("op") or "collective"),
+        sizes=collective.get("sizes"),
+        group=str(group[0] if isinstance(group, list | tuple) and group else group or "default"),
+        where=latest.message.split(" — stuck at ", 1)[-1]
+        if " — stuck at " in latest.message
+        else "",
+        stack="\n".join(latest.stack),
+    )
 
 
 def _grad_rows(state: RunState) -> dict[int, np.ndarray]:
