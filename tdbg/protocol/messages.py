@@ -175,6 +175,13 @@ class Alert(TypedDict):
     # ({seq, op, sizes, state, group}); the rank with the lowest seq did not enter the others'.
     collective: NotRequired[dict[str, Any]]
     history: NotRequired[bool]
+    # Job alerts (``straggler``, ``rank_divergence``, ``hang``), raised by the reader that
+    # compares a job's ranks, not by a probe: the ranks named, and ``cleared`` once it is over.
+    ranks: NotRequired[list[int]]
+    cleared: NotRequired[bool]
+    phase: NotRequired[str]  # straggler: what its extra time goes to (input wait, forward, ...)
+    slower_by: NotRequired[float]  # straggler: seconds of own work a step over the others
+    stacks: NotRequired[dict[str, str]]  # hang: rank -> its training thread's stack
 
 
 class HostStats(TypedDict):
