@@ -22,6 +22,7 @@ import pytest
 from conftest import wait_until
 from demo_job import demo_job
 from test_cli import TDBG, events, run_cli
+from waiting import TIMEOUT
 
 from tdbg.cli import dives as dive_commands
 from tdbg.cli import dump as dump_events
@@ -691,18 +692,90 @@ def test_snapshot_on_a_cpu_run_is_refused_naming_cuda(runtime_dir: Path) -> None
     assert out.stderr.startswith("tdbg: error: snapshot refused: ")
 
 
+# A small MLP trained until killed. Its layer body.2 outputs NaN from the step at which the file
+# argv[1] (the trigger) exists; that step goes to argv[2]. Once a NaN hunt has hooked its modules
+# and no trigger is there yet, it says so (argv[3]) and waits: the hunt watches at most 100 steps,
+# so a loop that ran on would race the test's trigger (the old fixed step 80 raced the arming).
+NAN_HUNT_SCRIPT = """
+import os, sys, time
+import torch
+from torch import nn
+import tdbg
+
+trigger, poisoned_at, hunted = sys.argv[1:4]
+torch.manual_seed(0)
+model = nn.Sequential()
+model.add_module("body", nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU()))
+model.add_module("head", nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+probe = tdbg.watch(model, opt, name="nanhunt", grad_every=1)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+poison = [False]
+layer = model.body[2]
+layer.register_forward_hook(lambda m, i, out: out * float("nan") if poison[0] else None)
+for step in range(10**9):
+    while not os.path.exists(trigger) and len(layer._forward_hooks) > 1:  # the hunt's hook
+        if not os.path.exists(hunted):
+            open(hunted, "w").close()
+        time.sleep(0.01)
+    if not poison[0] and os.path.exists(trigger):
+        poison[0] = True
+        with open(poisoned_at, "w") as f:
+            f.write(str(step))
+    opt.zero_grad()
+    loss = ((model(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+    probe.step(loss)
+"""
+
+
 @pytest.mark.slow
-def test_nan_hunt_names_the_module(runtime_dir: Path) -> None:
-    # The hunt watches up to 100 steps from wherever the run is when it arms: body.2's output
-    # turns NaN at step 80, about 4 s in, so the hunt is armed well before and sees it first.
-    args = ("--how", "forward", "--layer", "body.2", "--nan-at", "80", "--delay", "0.05")
-    with demo_job("nan", *args, runtime=runtime_dir):
-        out = run_cli("nan-hunt", "--steps", "100", runtime=runtime_dir)
-    assert out.returncode == 0, out.stderr
-    first = out.stdout.splitlines()[0]
-    assert first.startswith("first non-finite forward value: body.2 ("), out.stdout
-    assert "at step 80" in first, out.stdout
-    assert "inputs already non-finite: no" in out.stdout
+def test_nan_hunt_names_the_module(runtime_dir: Path, tmp_path: Path) -> None:
+    """The NaN comes after the hunt is armed because the test makes it so: it pulls the
+    trigger once the training script reports the hunt's hooks on its modules."""
+    script = tmp_path / "train.py"
+    script.write_text(NAN_HUNT_SCRIPT)
+    trigger, poisoned_at, hunted = (
+        tmp_path / "trigger",
+        tmp_path / "poisoned_at",
+        tmp_path / "hunted",
+    )
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir))
+    job = subprocess.Popen(
+        [sys.executable, str(script), str(trigger), str(poisoned_at), str(hunted)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    hunt = None
+    try:
+        wait_until(
+            lambda: job.poll() is not None or list(runtime_dir.glob("*.sock")), what="the run"
+        )
+        assert job.poll() is None, job.communicate()[1]
+        hunt = subprocess.Popen(
+            [*TDBG, "nan-hunt", "--steps", "100"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(hunted.exists, what="the hunt's hooks on the training script's modules")
+        trigger.touch()
+        out, err = hunt.communicate(timeout=TIMEOUT)
+    finally:
+        for proc in (hunt, job):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert hunt is not None and hunt.returncode == 0, err
+    step = int(poisoned_at.read_text())
+    first = out.splitlines()[0]
+    assert first.startswith("first non-finite forward value: body.2 ("), out
+    assert f"at step {step}" in first, out
+    assert "inputs already non-finite: no" in out
 
 
 @pytest.mark.slow
