@@ -1,14 +1,33 @@
-"""LossChart: the whole run's loss, raw and smoothed, drawn with plotext into a Static."""
+"""LossChart: the loss, raw and smoothed, over a window of steps that the keys move, via plotext."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import plotext as plt
 from rich.text import Text
+from textual.binding import Binding, BindingType
 from textual.widgets import Static
+
+from tdbg.tui.state.chart_axes import (
+    StepWindow,
+    first_nonfinite,
+    step_label,
+    step_ticks,
+    value_label,
+    value_ticks,
+    y_range,
+)
+from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
+
+DEFAULT_WINDOW = 500  # steps shown when w first narrows the chart from the whole run
+RAW_DIM = 0.6  # the raw loss is drawn at this share of its colour: the smoothed line leads
+TICK_EVERY = 10  # columns per x tick at most
+ROWS_PER_TICK = 3  # rows per y tick at most
+NAN_RGB = (235, 70, 70)
 
 
 def bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
@@ -36,17 +55,61 @@ PALETTE: tuple[tuple[int, int, int], ...] = (
     (240, 110, 110),
 )
 
+Extra = tuple[np.ndarray, np.ndarray, tuple[int, int, int]]
 
-class LossChart(Static):
-    """Call ``replot(steps, loss, smoothed, log)``; colours come from the component classes."""
+
+@dataclass(slots=True)
+class _Data:
+    """What the last ``replot`` got: kept so a key redraws at once, without waiting for data."""
+
+    steps: np.ndarray
+    loss: np.ndarray
+    smoothed: np.ndarray
+    log: bool
+    extra: Sequence[Extra]
+    present: np.ndarray | None
+
+
+class LossChart(Static, can_focus=True):
+    """Call ``replot(steps, loss, smoothed, log)``; colours come from the component classes.
+
+    Focused, its keys choose the steps shown (window, zoom, pan) and the y-range (robust or
+    full); a caption line above the plot says what is shown and where the loss went NaN.
+    """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"loss-chart--raw", "loss-chart--smoothed"}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("w", "window", "Last N / all"),
+        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", key_display="+"),
+        Binding("minus", "zoom(2)", "Zoom out", key_display="-"),
+        Binding("comma,left", "pan(-1)", "Older", key_display=","),
+        Binding("full_stop,right", "pan(1)", "Newer", key_display="."),
+        Binding("f", "full_range", "Full y-range"),
+    ]
+    DEFAULT_CSS = """
+    LossChart:focus { background: $boost; }
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.window = StepWindow()
+        self.full_range = False
+        self.nan_step: int | None = None
+        self._data: _Data | None = None
+
+    def on_mount(self) -> None:
+        take_panel_tab_stop(self)
+
+    # --- colours ---------------------------------------------------------------------------
 
     def _rgb(self, component: str) -> tuple[int, int, int]:
         color = self.get_component_rich_style(component).color
         if color is None:
-            return (200, 200, 200)
-        r, g, b = color.get_truecolor()
+            r, g, b = (200, 200, 200)
+        else:
+            r, g, b = color.get_truecolor()
+        if component == "loss-chart--raw":  # dimmed: raw points are the noise behind the line
+            r, g, b = (round(c * RAW_DIM) for c in (r, g, b))
         return (r, g, b)
 
     def color_style(self, component: str) -> str:
@@ -54,53 +117,134 @@ class LossChart(Static):
         r, g, b = self._rgb(component)
         return f"rgb({r},{g},{b})"
 
+    # --- keys ------------------------------------------------------------------------------
+
+    def _span(self) -> tuple[int, int] | None:
+        if self._data is None or not len(self._data.steps):
+            return None
+        return int(self._data.steps[0]), int(self._data.steps[-1])
+
+    def action_window(self) -> None:
+        span = self._span()
+        if self.window.size is not None or span is None:
+            self.window = StepWindow()
+        else:
+            self.window = StepWindow(DEFAULT_WINDOW).zoomed(1, *span)
+        self._draw()
+
+    def action_zoom(self, factor: float) -> None:
+        span = self._span()
+        if span is not None:
+            self.window = self.window.zoomed(factor, *span)
+            self._draw()
+
+    def action_pan(self, direction: int) -> None:
+        span = self._span()
+        if span is not None:
+            self.window = self.window.panned(direction, *span)
+            self._draw()
+
+    def action_full_range(self) -> None:
+        self.full_range = not self.full_range
+        self._draw()
+
+    # --- drawing ---------------------------------------------------------------------------
+
     def replot(
         self,
         steps: np.ndarray,
         loss: np.ndarray,
         smoothed: np.ndarray,
         log: bool,
-        extra: Sequence[tuple[np.ndarray, np.ndarray, tuple[int, int, int]]] = (),
+        extra: Sequence[Extra] = (),
+        present: np.ndarray | None = None,
     ) -> None:
         """Draw the loss (raw and smoothed) and ``extra`` series ``(steps, values, rgb)``:
-        metrics that belong with the loss (val_loss, loss/NAME) on the same axes."""
+        metrics that belong with the loss (val_loss, loss/NAME) on the same axes. ``present``
+        marks the steps that reported a loss (a NaN elsewhere is a missing value)."""
+        self._data = _Data(steps, loss, smoothed, log, extra, present)
+        self._draw()
+
+    def caption(self) -> Text:
+        """The line above the plot: where the loss went NaN, the steps shown, the y-range mode."""
+        text = Text(no_wrap=True, overflow="ellipsis", end="")
+        if self.nan_step is not None:
+            text.append(f" NaN at step {self.nan_step} ", "bold white on rgb(170,30,30)")
+            text.append(" ")
+        span = self._span()
+        if span is not None:
+            lo, hi = self.window.bounds(*span)
+            shown = "all steps" if self.window.size is None else f"steps {step_label(lo)}–"
+            if self.window.size is not None:
+                shown += "newest" if self.window.offset == 0 else step_label(hi)
+                shown += f" of {step_label(span[1])}"
+            text.append(shown, "dim")
+            text.append(" · y " + ("full" if self.full_range else "fitted"), "dim")
+            if self.has_focus:
+                text.append(" · keys w + - , . f", "dim")
+        text.truncate(max(1, self.content_size.width), overflow="ellipsis")
+        return text
+
+    def _draw(self) -> None:
         width, height = self.content_size
-        if width < 10 or height < 4:
+        data = self._data
+        if data is None or width < 10 or height < 5:
             return
-        x = steps.astype(np.float64)
-        y = loss
-        ys = smoothed
-        if log:
+        self.nan_step = first_nonfinite(data.steps, data.loss, data.present)
+        x = data.steps.astype(np.float64)
+        y, ys = data.loss, data.smoothed
+        if data.log:
             y = np.where(y > 0, y, np.nan)
             ys = np.where(ys > 0, ys, np.nan)
         if not np.isfinite(y).any():
-            self.update("no finite loss yet" if len(steps) else "waiting for the first step…")
+            waiting = "no finite loss yet" if len(data.steps) else "waiting for the first step…"
+            self.update(Text.assemble(self.caption(), "\n", waiting))
             return
+        span = self._span()
+        assert span is not None
+        lo, hi = self.window.bounds(*span)
+        inside = (data.steps >= lo) & (data.steps <= hi)
+        x, y, ys = x[inside], y[inside], ys[inside] if len(ys) == len(inside) else ys
+        limits = y_range(y, robust=not self.full_range, log=data.log)
         points = max(8, 2 * width)  # braille: two dots per cell across
-        xr, yr = bucket_mean(x, y, points)
-        xs, yss = bucket_mean(x, ys, points)
         fig = plt.figure
         fig.clear()
-        fig.plot_size(width, height)
+        fig.plot_size(width, height - 1)
         fig.theme("colorless")
-        fig.draw(
-            fig.signal(
-                xr.tolist(), yr.tolist(), marker=plt.marker("braille", self._rgb("loss-chart--raw"))
-            )
-        )
-        if len(yss):
-            fig.draw(
-                fig.signal(
-                    xs.tolist(),
-                    yss.tolist(),
-                    marker=plt.marker("braille", self._rgb("loss-chart--smoothed")),
-                )
-            )
-        for ex, ey, rgb in extra:
-            ey = np.where(ey > 0, ey, np.nan) if log else ey
-            xe, ye = bucket_mean(ex.astype(np.float64), ey, points)
+        xr, yr = bucket_mean(x, y, points)
+        raw = plt.marker("braille", self._rgb("loss-chart--raw"))
+        fig.draw(fig.signal(xr.tolist(), yr.tolist(), marker=raw))
+        for ex, ey, rgb in data.extra:
+            keep = (ex >= lo) & (ex <= hi)
+            ey = ey[keep]
+            ey = np.where(ey > 0, ey, np.nan) if data.log else ey
+            xe, ye = bucket_mean(ex[keep].astype(np.float64), ey, points)
             if len(ye):
                 fig.draw(fig.signal(xe.tolist(), ye.tolist(), marker=plt.marker("braille", rgb)))
-        if log:
-            fig.ruler("y").scale("log")
-        self.update(Text.from_ansi(fig.build().string(), no_wrap=True))
+        xs, yss = bucket_mean(x, ys, points)
+        if len(yss):  # drawn last, joined into a line: on top of the raw points
+            smooth = plt.marker("braille", self._rgb("loss-chart--smoothed"))
+            fig.draw(fig.signal(xs.tolist(), yss.tolist(), marker=smooth).lines())
+        if self.nan_step is not None and lo <= self.nan_step <= hi and limits is not None:
+            nan_line = plt.marker("│", NAN_RGB)
+            fig.draw(fig.segment([self.nan_step] * 2, list(limits), marker=nan_line))
+        ticks = step_ticks(lo, hi, max(2, width // TICK_EVERY))
+        x_axis = fig.ruler("x")
+        x_axis.lim(lo, max(hi, lo + 1))
+        x_axis.ticks(ticks, [step_label(t) for t in ticks])
+        y_axis = fig.ruler("y")
+        if data.log:
+            y_axis.scale("log")
+        if limits is not None:
+            y_axis.lim(*limits)
+            if not data.log:  # plotext's log ticks are already powers of ten
+                values = value_ticks(*limits, max(2, (height - 3) // ROWS_PER_TICK))
+                y_axis.ticks(values, [value_label(v) for v in values])
+        plot = Text.from_ansi(fig.build().string(), no_wrap=True)
+        self.update(Text.assemble(self.caption(), "\n", plot, no_wrap=True))
+
+    def on_focus(self) -> None:
+        self._draw()  # the caption lists the keys while focused
+
+    def on_blur(self) -> None:
+        self._draw()
