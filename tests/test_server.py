@@ -55,7 +55,7 @@ class Raw:
     def message(self, mtype: str, mid: int, **args: object) -> None:
         self.send(framing.pack(messages.client_message(mtype, mid, **args), MAX_INBOUND_FRAME))
 
-    def read_until(self, condition, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    def read_until(self, condition, timeout: float = TIMEOUT) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout
         while not condition():
             left = deadline - time.monotonic()
@@ -75,7 +75,7 @@ class Raw:
                 continue
             self.messages.extend(self.decoder.feed(chunk))
 
-    def read_to_eof(self, timeout: float = 5.0) -> None:
+    def read_to_eof(self, timeout: float = TIMEOUT) -> None:
         try:
             self.read_until(lambda: self.eof, timeout)
         except AssertionError:
@@ -145,7 +145,7 @@ def test_r44_ninth_client_gets_busy(runtime_dir: Path) -> None:
     for r in readers:
         r.wait(lambda r: len(r.records()) >= 3)
     readers[0].close()
-    wait_until(lambda: len(probe._server._clients) < server.MAX_CLIENTS, 3.0)
+    wait_until(lambda: len(probe._server._clients) < server.MAX_CLIENTS)
     late = Reader(path)
     late.wait(lambda r: len(r.records()) >= 3)
     for r in [late, *readers[1:]]:
@@ -175,14 +175,14 @@ def test_client_killed_mid_frame_does_not_disturb_others(runtime_dir: Path) -> N
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        wait_until(lambda: len(probe._server._clients) == 2, 3.0, "victim attached")
+        wait_until(lambda: len(probe._server._clients) == 2, what="victim attached")
         loop.run(5, probe)
         child.send_signal(signal.SIGKILL)
         child.wait(5)
         loop.run(5, probe)
         healthy.wait(lambda r: len(r.records()) >= 10)
         assert [x.loss for x in healthy.records()] == loop.losses
-        wait_until(lambda: len(probe._server._clients) == 1, 3.0, "victim dropped")
+        wait_until(lambda: len(probe._server._clients) == 1, what="victim dropped")
         assert probe.errors == 0
     finally:
         if child.poll() is None:
@@ -209,8 +209,10 @@ def wide_model() -> tuple[nn.Module, torch.optim.Optimizer]:
 def test_r38_r41_stalled_client_never_blocks_training(
     runtime_dir: Path, small_limits: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A client that stops reading while the loop runs flat out: steps keep their pace, the
-    probe's buffer for it stays bounded, and it is dropped as a slow consumer."""
+    """A client that stops reading while the loop runs flat out: every step returns (a
+    blocked send would hang it), the probe's buffer for it stays bounded, it is dropped as a
+    slow consumer, and a healthy client beside it gets every step. What it costs the training
+    thread in time is benchmarks/slow_client.py's figure, not a test's."""
     monkeypatch.setattr(connection, "HARD_LIMIT", 48 << 10)
     monkeypatch.setattr(connection, "SOFT_LIMIT", 16 << 10)
     model, opt = wide_model()
@@ -222,28 +224,25 @@ def test_r38_r41_stalled_client_never_blocks_training(
     stalled.handshake()  # then never reads again
     shrink_send_buffer(probe)
     x = torch.randn(4, 2)
-    worst = 0.0
     max_queued = 0
     n = 0
-    deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline:
+
+    def step_until_dropped() -> bool:
+        nonlocal n, max_queued
         opt.zero_grad()
         loss = model(x).pow(2).mean()
         loss.backward()
         opt.step()
-        t0 = time.perf_counter()
         probe.step(loss)
-        worst = max(worst, time.perf_counter() - t0)
         n += 1
         conns = [c for c in probe._server._clients if c.peer_pid == os.getpid()]
         max_queued = max([max_queued] + [len(c.outbuf) for c in conns])
-        if n >= 20 and len(probe._server._clients) == 1:
-            break  # the stalled one has been dropped
-    assert len(probe._server._clients) == 1, "the stalled client was never dropped"
-    assert worst < 0.05, f"probe.step took {worst * 1000:.1f} ms at worst"
+        return n >= 20 and len(probe._server._clients) == 1  # the stalled one is gone
+
+    wait_until(step_until_dropped, what="the stalled client dropped")
     # bounded: the hard limit plus at most one tick's worth of frames
     assert 0 < max_queued <= connection.HARD_LIMIT + (256 << 10)
-    healthy.wait(lambda r: len(r.records()) >= n, timeout=10.0)
+    healthy.wait(lambda r: len(r.records()) >= n)
     assert [r.step for r in healthy.records()] == list(range(n))
     stalled.read_to_eof()  # what it gets is a clean prefix of frames, then the close
     assert stalled.eof
@@ -251,26 +250,20 @@ def test_r38_r41_stalled_client_never_blocks_training(
     stalled.close()
 
 
-def test_r38_step_rate_with_a_stalled_client(runtime_dir: Path, small_limits: None) -> None:
-    """Steps done in a fixed time with and without a stalled client: a generous ratio."""
+def test_r38_training_goes_on_with_a_stalled_client_attached(runtime_dir: Path) -> None:
+    """A client that never reads, under the limits: the loop's steps all reach a healthy
+    client, and the stalled one stays attached (it is dropped for what it holds unread, never
+    for being slow alone). The step rate beside it is benchmarks/slow_client.py's figure."""
     loop = Loop()
     probe, path = serving(loop, grad_every=1)
-
-    def steps_in(seconds: float) -> int:
-        end = time.monotonic() + seconds
-        start = len(loop.losses)
-        while time.monotonic() < end:
-            loop.step(probe)
-        return len(loop.losses) - start
-
-    steps_in(0.2)  # warm up
-    alone = [steps_in(0.25) for _ in range(3)]
     stalled = Raw(path, rcvbuf=4096)
-    stalled.handshake()
-    with_stalled = [steps_in(0.25) for _ in range(3)]
-    assert len(probe._server._clients) == 1  # still attached throughout
-    # best of three each: this machine's noise is large, a blocked loop would be far slower
-    assert max(with_stalled) > 0.3 * max(alone), (alone, with_stalled)
+    stalled.handshake()  # then never reads again
+    healthy = Reader(path)
+    loop.run(300, probe)
+    healthy.wait(lambda r: len(r.records()) >= 300, what="all 300 steps at the healthy client")
+    assert [r.step for r in healthy.records()] == list(range(300))
+    assert len(probe._server._clients) == 2  # both still attached
+    healthy.close()
     stalled.close()
 
 
@@ -282,7 +275,7 @@ def test_r18_wrong_magic_closes_the_connection(runtime_dir: Path) -> None:
     probe, path = serving(loop)
     raw = Raw(path)
     raw.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    raw.read_to_eof(timeout=2.0)
+    raw.read_to_eof()
     assert raw.eof
     assert not raw.of("welcome")
     raw.close()
@@ -298,12 +291,10 @@ def test_r24_no_hello_in_time_closes(runtime_dir: Path, monkeypatch: pytest.Monk
     silent = Raw(path)
     preamble_only = Raw(path)
     preamble_only.send(framing.preamble())
-    t0 = time.monotonic()
     for raw in (silent, preamble_only):
-        raw.read_to_eof(timeout=3.0)
+        raw.read_to_eof()  # closed at HANDSHAKE_SECONDS: no need of the 30 s ceiling
         assert raw.eof and not raw.of("welcome")
         raw.close()
-    assert time.monotonic() - t0 < 2.5
 
 
 def test_r24_handshake_deadline_is_not_too_eager(runtime_dir: Path) -> None:
@@ -327,7 +318,7 @@ def test_r25_slowloris_frame_is_closed(runtime_dir: Path, monkeypatch: pytest.Mo
     raw = Raw(path)
     raw.handshake()
     raw.send(b"\x00\x00")  # the first bytes of a frame, then nothing
-    raw.read_to_eof(timeout=3.0)
+    raw.read_to_eof()
     assert raw.eof
     raw.close()
 
@@ -395,7 +386,7 @@ def test_r26_undecodable_frame_gets_an_error_then_close(runtime_dir: Path) -> No
     oversized = Raw(path)
     oversized.handshake()
     oversized.send((MAX_INBOUND_FRAME + 1).to_bytes(4, "big"))  # no payload follows
-    oversized.read_to_eof(timeout=2.0)
+    oversized.read_to_eof()
     assert oversized.of("error")[-1]["code"] == ErrorCode.BAD_FRAME
     oversized.close()
     assert probe.errors == 0
@@ -431,8 +422,7 @@ def test_r45_more_than_twenty_messages_a_second_are_rate_limited(runtime_dir: Pa
     assert len(limited) == 80 - len(pongs)
     assert not raw.eof  # rate limiting is not a disconnect
     raw.message("ping", 999)
-    time.sleep(0)  # nothing to wait for but the reply
-    raw.read_until(lambda: any(m.get("id") == 999 for m in raw.messages), timeout=3.0)
+    raw.read_until(lambda: any(m.get("id") == 999 for m in raw.messages))
     raw.close()
 
 
@@ -581,7 +571,7 @@ def test_r14_other_uid_is_refused_before_a_byte(runtime_dir: Path, probe_log: io
         result = f.read()
     os.chmod(runtime_dir, 0o700)
     assert result in (b"EOF", b"EXC:ConnectionResetError(104, 'Connection reset by peer')")
-    wait_until(lambda: "refused a connection from uid 65534" in probe_log.getvalue(), 2.0)
+    wait_until(lambda: "refused a connection from uid 65534" in probe_log.getvalue())
 
 
 def test_r13_stale_socket_of_our_name_is_replaced(runtime_dir: Path) -> None:
@@ -655,9 +645,9 @@ def test_r16_removed_socket_is_detected_and_rebound(
     loop = Loop()
     probe, path = serving(loop)
     os.unlink(path)
-    wait_until(lambda: os.path.exists(path), 3.0, "socket rebound")
+    wait_until(lambda: os.path.exists(path), what="socket rebound")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    wait_until(lambda: Path(path).with_suffix(".json").exists(), 2.0, "metadata rewritten")
+    wait_until(lambda: Path(path).with_suffix(".json").exists(), what="metadata rewritten")
     assert "removed or replaced" in probe_log.getvalue()
     reader = Reader(path)
     loop.run(3, probe)
@@ -675,7 +665,7 @@ def test_r16_replaced_socket_is_not_unlinked(
     probe, path = serving(loop)
     os.unlink(path)
     Path(path).write_text("someone else's file")
-    wait_until(lambda: not probe._server.endpoint.listener, 3.0, "probe gave up the name")
+    wait_until(lambda: not probe._server.endpoint.listener, what="probe gave up the name")
     loop.run(3, probe)  # training unaffected
     probe.close()
     assert Path(path).read_text() == "someone else's file"  # not ours, not removed
@@ -684,7 +674,11 @@ def test_r16_replaced_socket_is_not_unlinked(
 # --- lifecycle --------------------------------------------------------------------------------
 
 
-def test_r54_close_with_a_stalled_client_is_quick(runtime_dir: Path, small_limits: None) -> None:
+def test_r54_close_does_not_wait_for_a_stalled_client(
+    runtime_dir: Path, small_limits: None
+) -> None:
+    """close() with a client that never reads and a full kernel buffer: it returns (waiting
+    for that client would hang it), and the socket, the metadata and the threads are gone."""
     model, opt = wide_model()
     probe = tdbg.watch(model, opt, grad_every=1)
     path = probe.socket_path
@@ -694,19 +688,19 @@ def test_r54_close_with_a_stalled_client_is_quick(runtime_dir: Path, small_limit
     shrink_send_buffer(probe)
     x = torch.randn(4, 2)
     conn = probe._server._clients[0]
-    deadline = time.monotonic() + 5.0
-    while not conn.outbuf:  # bytes left over after a flush: the kernel's buffer is full
-        assert time.monotonic() < deadline, "never backed up"
+
+    def step() -> None:
         loss = model(x).pow(2).mean()
         loss.backward()
         opt.step()
         probe.step(loss)
-    t0 = time.monotonic()
+
+    # bytes left over after a flush: the kernel's buffer is full
+    wait_until(lambda: step() or conn.outbuf, what="the stalled client backed up")
     probe.close()
-    assert time.monotonic() - t0 < 1.0
     assert not os.path.exists(path)
     assert os.listdir(runtime_dir) == []
-    wait_until(lambda: not tdbg_threads(), 1.0, "threads gone")
+    wait_until(lambda: not tdbg_threads(), what="threads gone")
     stalled.close()
 
 
@@ -836,7 +830,7 @@ def test_a_client_that_never_reads_is_dropped_with_a_goodbye_that_says_why(
         30.0,
         "the stalled client dropped",
     )
-    stalled.read_to_eof(timeout=10.0)
+    stalled.read_to_eof()
     byes = stalled.of("bye")
     assert byes and byes[-1]["reason"] == "slow_consumer"
     assert stalled.messages[-1]["type"] == "bye"
