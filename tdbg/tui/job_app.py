@@ -1,0 +1,153 @@
+"""``tdbg-tui --job``: every rank of one distributed job on one screen (``JobScreen``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.message import Message
+from textual.screen import Screen
+
+from tdbg.connect.client import ConnectError
+from tdbg.tui.screens.help import HelpScreen
+from tdbg.tui.screens.job import JobScreen, RankScreen
+from tdbg.tui.screens.waiting import WaitingScreen
+from tdbg.tui.sources.job import JobSource, RankBatches
+from tdbg.tui.state.job import Job
+from tdbg.tui.state.job_alerts import JobAlerts
+from tdbg.tui.state.run_state import RunState
+
+REPAINT_INTERVAL = 1 / 8  # seconds: the job screen repaints at most this often, on change
+
+
+class JobApp(App[int]):
+    """The job view. One worker reads every rank; handlers fold batches into per-rank state."""
+
+    CSS_PATH = "tdbg.tcss"
+    TITLE = "tdbg"
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+    ]
+
+    class RanksReceived(Message):
+        def __init__(self, batches: RankBatches) -> None:
+            super().__init__()
+            self.batches = batches
+
+    class SourceNoticed(Message):
+        def __init__(self, kind: str, payload: Any) -> None:
+            super().__init__()
+            self.kind, self.payload = kind, payload
+
+    def __init__(self, source: JobSource) -> None:
+        super().__init__()
+        self.source = source
+        self.job = Job(source.job or "", {})
+        self.alerts = JobAlerts()
+        self.revision = 0
+        self._painted = -1
+        self.notices: list[str] = []
+
+    def get_default_screen(self) -> Screen[Any]:
+        return JobScreen(id="job")
+
+    def on_mount(self) -> None:
+        self.set_interval(REPAINT_INTERVAL, self._repaint)
+        self._pump()
+
+    @work(thread=True, exclusive=True, group="source")
+    def _pump(self) -> None:
+        source = self.source
+
+        def notify(kind: str, payload: Any) -> None:
+            self.post_message(self.SourceNoticed(kind, payload))
+
+        try:
+            source.open(notify)
+        except ConnectError:
+            return
+        for batches in source.batches():
+            self.post_message(self.RanksReceived(batches))
+
+    def on_job_app_source_noticed(self, event: SourceNoticed) -> None:
+        if event.kind == "waiting" and not isinstance(self.screen, WaitingScreen):
+            self.push_screen(WaitingScreen(str(event.payload)))
+        elif event.kind != "waiting":
+            self.notices.append(str(event.payload))
+            self.notify(str(event.payload), severity="warning")
+
+    def on_job_app_ranks_received(self, event: RanksReceived) -> None:
+        if not self.screen_stack:
+            return  # the app is shutting down: its screens are gone before its worker
+        if isinstance(self.screen, WaitingScreen):
+            self.pop_screen()
+        self.job.job = self.source.job or self.job.job
+        for rank, messages in event.batches.items():
+            for message in messages:
+                if message.get("type") == "hello":  # a rank attached (or restarted): start anew
+                    run = {k: v for k, v in message.items() if k != "type"}
+                    self.job.ranks[rank] = RunState(run)
+                    self.job.ranks[rank].mark("live")
+                    self.job.ranks = dict(sorted(self.job.ranks.items()))
+                    if isinstance(self.screen, RankScreen) and self.screen.rank == rank:
+                        self.screen.show(self.job.ranks[rank])
+                    continue
+                state = self.job.ranks.get(rank)
+                if state is None:
+                    continue
+                state.apply(message)
+                if message.get("type") == "bye":
+                    state.mark("ended", str(message.get("reason") or "closed"))
+        for raised in self.alerts.update(self.job):
+            if not raised.cleared:
+                self.notices.append(raised.message)
+        self.revision += 1
+
+    def _repaint(self) -> None:
+        if not self.screen_stack:
+            return
+        screen = self.screen
+        if isinstance(screen, RankScreen):
+            screen.repaint()
+        elif isinstance(screen, JobScreen) and self.revision != self._painted:
+            if screen.show(self.job, self.alerts):
+                self._painted = self.revision
+
+    # --- drilling into one rank ---------------------------------------------------------------
+    def open_rank(self, rank: int) -> None:
+        state = self.job.ranks.get(rank)
+        if state is None:
+            return
+        screen = RankScreen(rank)
+        self.push_screen(screen)
+        screen.show(state)
+
+    def send_command(self, command: str, **args: Any) -> int | None:
+        """A deep-dive command from the rank screen: to that rank's probe."""
+        screen = self.screen
+        if not isinstance(screen, RankScreen):
+            return None
+        mid = self.source.send(screen.rank, command, **args)
+        if mid is None:
+            self.notify(self.source.send_error or f"{command} not sent", severity="warning")
+            return None
+        self.job.ranks[screen.rank].sent(mid, command, args)
+        return mid
+
+    @property
+    def painted_revision(self) -> int:
+        return self._painted
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        self.source.close()
+        self.exit(0)
+
+    def on_unmount(self) -> None:
+        self.source.close()

@@ -1,0 +1,121 @@
+"""JobScreen: a distributed job whole — its line, the rank table worst first, its live alerts;
+Enter opens one rank's full single-run screen (RankScreen), Esc comes back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from tdbg.format import fmt, fmt_loss
+from tdbg.tui.screens.monitor import MonitorScreen
+from tdbg.tui.state.job import Job
+from tdbg.tui.state.job_alerts import JobAlerts
+from tdbg.tui.state.job_table import JobSummary, rank_rows, summarize
+from tdbg.tui.widgets.rank_table import RankTable
+
+MAX_ALERTS_SHOWN = 50
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
+
+
+class JobScreen(Screen[None]):
+    """Dumb view: ``show(job, alerts)`` repaints; Enter on a rank asks the app to open it."""
+
+    BINDINGS = [Binding("enter", "open_rank", "Open rank", show=True)]
+    # The rank table takes what its rows need (up to most of the screen); alerts the rest.
+    DEFAULT_CSS = """
+    JobScreen #job-ranks { height: auto; max-height: 70%; border: round $primary; }
+    JobScreen #rank-table { height: auto; max-height: 100%; }
+    JobScreen #job-alerts { height: 1fr; min-height: 5; border: round $primary; }
+    JobScreen #job-line { text-style: bold; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="job-line")
+        yield Static(id="job-rule")
+        with Vertical(id="job-ranks", classes="panel"):
+            yield RankTable(id="rank-table")
+        with Vertical(id="job-alerts", classes="panel"):
+            yield Static("no job alerts", id="job-alert-list")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#job-ranks").border_title = "Ranks (worst first; Enter opens one)"
+        self.query_one("#job-alerts").border_title = "Job alerts"
+
+    def show(self, job: Job, alerts: JobAlerts) -> bool:
+        if not self.is_mounted or not self.query(Footer):
+            return False
+        self.query_one("#job-line", Static).update(_job_line(job, summarize(job)))
+        self.query_one("#job-rule", Static).update(Text(f"divergence check {alerts.rule}"))
+        self.query_one(RankTable).show(rank_rows(job, alerts))
+        self.query_one("#job-alert-list", Static).update(_alert_text(alerts))
+        return True
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self._open(int(event.row_key.value))
+
+    def action_open_rank(self) -> None:
+        rank = self.query_one(RankTable).selected_rank
+        if rank is not None:
+            self._open(rank)
+
+    def _open(self, rank: int) -> None:
+        opener = getattr(self.app, "open_rank", None)
+        if opener is not None:
+            opener(rank)
+
+
+def _job_line(job: Job, summary: JobSummary) -> Text:
+    text = Text()
+    text.append(f"job {job.job}", style="bold")
+    text.append(f"  {summary.ranks_seen} of {summary.world_size} ranks")
+    missing = job.missing_ranks()
+    if missing:
+        text.append(f" (missing {', '.join(map(str, missing[:8]))})", style="yellow")
+    text.append(f"  step {summary.step if summary.step is not None else '-'}")
+    text.append(f"  loss {fmt_loss(summary.loss)} (mean of ranks)")
+    rate = summary.steps_per_sec
+    text.append(f"  {fmt(rate, '.3g') if rate is not None else '-'} steps/s")
+    if summary.samples_per_sec is not None:
+        text.append(f"  {fmt(summary.samples_per_sec, '.4g')} samples/s")
+    return text
+
+
+def _alert_text(alerts: JobAlerts) -> Text:
+    if not alerts.events:
+        return Text("no job alerts", style="dim")
+    text = Text()
+    for i, alert in enumerate(alerts.events[:MAX_ALERTS_SHOWN]):
+        if i:
+            text.append("\n")
+        style = SEVERITY_STYLE.get(alert.severity, "")
+        text.append(f"{alert.step:>7} ", style="dim")
+        text.append(f"{alert.kind}: ", style=style)
+        text.append(alert.message)
+        stacks = alert.finding.stacks
+        for rank in alert.ranks if not alert.cleared else []:
+            stack = stacks.get(rank, "")
+            if stack:
+                innermost = stack.splitlines()[-1]
+                text.append(f"\n        rank {rank} at {innermost}", style="dim")
+    return text
+
+
+class RankScreen(MonitorScreen):
+    """One rank's full single-run screen inside the job; Esc goes back to the job."""
+
+    BINDINGS = [Binding("escape", "back", "Job")]
+
+    def __init__(self, rank: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rank = rank
+
+    def action_back(self) -> None:
+        self.app.pop_screen()

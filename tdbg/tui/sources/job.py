@@ -1,0 +1,167 @@
+"""Every rank of one job on this machine: the runs sharing a job id, each read on its own thread.
+
+The app's worker calls ``open()`` (blocks until a rank of the job is found) and then iterates
+``batches()``, which yields ``{rank: [messages]}`` with what has arrived from every rank, and
+picks up ranks that start later. ``send(rank, command, **args)`` goes to one rank's probe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tdbg.connect.client import ConnectError, ProbeClient
+from tdbg.connect.runtime import RunEntry, discover
+from tdbg.protocol.framing import ProtocolError
+
+POLL_INTERVAL = 0.5  # seconds between looks for ranks that started later
+MAX_BATCH = 4096  # messages handed to the UI at once
+
+Notify = Callable[[str, Any], None]
+RankBatches = dict[int, list[dict[str, Any]]]
+
+
+def job_entries(entries: list[RunEntry]) -> dict[str, dict[int, RunEntry]]:
+    """Runs that belong to a distributed job (a job id and a world size), by job and rank; a
+    rank seen twice (a restart) is its newest run."""
+    jobs: dict[str, dict[int, RunEntry]] = {}
+    for entry in entries:  # oldest first: a newer run of a rank replaces the older one
+        job = str(entry.meta.get("job") or "")
+        if job and isinstance(entry.meta.get("world_size"), int):
+            jobs.setdefault(job, {})[int(entry.meta.get("rank") or 0)] = entry
+    return jobs
+
+
+class JobSource:
+    """The ranks of job ``job`` (None: the only job found, or the one with most ranks)."""
+
+    def __init__(self, job: str | None = None, directory: Path | None = None) -> None:
+        self.job = job
+        self.directory = directory
+        self.label = f"job {job}" if job else "job"
+        self.runs: dict[int, dict[str, Any]] = {}  # rank -> its hello's run description
+        self.ended: dict[int, str] = {}  # rank -> why its connection ended
+        self._clients: dict[int, ProbeClient] = {}
+        self._inbox: queue.SimpleQueue[tuple[int, dict[str, Any] | None]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._send_lock = threading.Lock()
+        self.send_error: str | None = None
+
+    # --- the worker's side ---------------------------------------------------------------
+    def open(self, notify: Notify) -> None:
+        """Block until a rank of the job is attached; ConnectError when stopped first."""
+        announced = False
+        while not self._stop.is_set():
+            if self._attach_new(notify):
+                return
+            if not announced:
+                notify("waiting", f"a rank of job {self.job}" if self.job else "a distributed job")
+                announced = True
+            self._stop.wait(POLL_INTERVAL)
+        raise ConnectError("stopped while waiting for the job's ranks")
+
+    def batches(self) -> Iterator[RankBatches]:
+        """What every rank sent since the last batch, until stopped; new ranks join as found."""
+        next_look = 0.0
+        import time
+
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + POLL_INTERVAL
+                self._attach_new(lambda kind, payload: None)
+            try:
+                rank, message = self._inbox.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            out: RankBatches = {}
+            count = 0
+            while True:
+                if message is None:
+                    self._clients.pop(rank, None)
+                    out.setdefault(rank, []).append(
+                        {"type": "bye", "reason": self.ended.get(rank, "connection closed")}
+                    )
+                else:
+                    out.setdefault(rank, []).append(message)
+                count += 1
+                if count >= MAX_BATCH:
+                    break
+                try:
+                    rank, message = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+            yield out
+
+    def _attach_new(self, notify: Notify) -> bool:
+        """Connect to ranks of the job not read yet; True when any rank is attached."""
+        jobs = job_entries(discover(self.directory))
+        if self.job is None and jobs:
+            self.job = max(jobs, key=lambda j: len(jobs[j]))
+            self.label = f"job {self.job}"
+        for rank, entry in sorted(jobs.get(self.job or "", {}).items()):
+            known = self.runs.get(rank)
+            fresh = known is None or known.get("pid") != entry.meta.get("pid")
+            if rank in self._clients or not fresh:
+                continue
+            try:
+                client = ProbeClient.connect(entry.socket)
+            except ConnectError as exc:
+                notify("warning", f"rank {rank}: {exc}")
+                continue
+            self._clients[rank] = client
+            self.runs[rank] = dict(client.run)
+            self.ended.pop(rank, None)
+            self._inbox.put((rank, {"type": "hello", **client.run}))
+            threading.Thread(
+                target=self._read, args=(rank, client), name=f"tdbg-rank{rank}", daemon=True
+            ).start()
+        return bool(self._clients)
+
+    def _read(self, rank: int, client: ProbeClient) -> None:
+        try:
+            for message in client.messages():
+                if message.get("type") == "bye":
+                    self.ended[rank] = str(message.get("reason") or "closed")
+                self._inbox.put((rank, message))
+        except (OSError, ProtocolError, ConnectError) as exc:
+            self.ended[rank] = f"connection lost: {exc}"
+        finally:
+            self.ended.setdefault(rank, "connection closed")
+            self._inbox.put((rank, None))
+
+    # --- the UI thread's side --------------------------------------------------------------
+    def send(self, rank: int, command: str, **args: Any) -> int | None:
+        """Send a command to one rank's probe; its id, or None with ``send_error`` set."""
+        with self._send_lock:
+            self.send_error = None
+            client = self._clients.get(rank)
+            if client is None or client.closed or client.peer_closed:
+                why = self.ended.get(rank, "not attached")
+                self.send_error = f"rank {rank} is not connected ({why}): {command} not sent"
+                return None
+            try:
+                return client.send(command, **args)
+            except (OSError, ProtocolError, ValueError) as exc:
+                self.send_error = f"could not send {command} to rank {rank}: {exc}"
+                return None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def close(self) -> None:
+        self.stop()
+        with self._send_lock:
+            for client in list(self._clients.values()):
+                with contextlib.suppress(OSError):
+                    client.sock.shutdown(2)  # wakes its reader thread blocked in recv
+                client.close()
+            self._clients.clear()

@@ -1,0 +1,114 @@
+"""The job screen's figures: one row per rank, worst first, and the job's own loss and rate."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tdbg.tui.state.job import Job
+from tdbg.tui.state.job_alerts import JobAlerts
+from tdbg.tui.state.run_state import RunState
+
+SEVERITY_ORDER = {"hang": 0, "rank_divergence": 1, "nonfinite_ranks": 1, "straggler": 2}
+
+
+@dataclass(frozen=True)
+class RankRow:
+    rank: int
+    node: str
+    step: int | None
+    step_time: float | None
+    data_time: float | None
+    forward_time: float | None
+    backward_time: float | None
+    optimizer_time: float | None
+    loss: float | None
+    grad_total: float | None
+    memory: int | None  # bytes: the CUDA allocator's peak when on a GPU, else the RSS
+    alerts: list[str] = field(default_factory=list)  # the active job alert kinds on this rank
+    state: str = "live"  # live | ended (with its reason) | stalled
+
+
+def rank_rows(job: Job, alerts: JobAlerts) -> list[RankRow]:
+    """Every rank seen, worst first: ranks with job alerts (a hang, then divergence, then a
+    straggler), then ranks that ended or stalled, then by their own work a step, slowest first."""
+    flagged = alerts.ranks_alerted()
+    rows = [_row(rank, state, flagged.get(rank, [])) for rank, state in job.ranks.items()]
+    busy = {m.rank: m.busy for m in job.straggler_measures()}
+
+    def badness(row: RankRow) -> tuple[float, float, float, int]:
+        worst_alert = min((SEVERITY_ORDER.get(k, 3) for k in row.alerts), default=9)
+        trouble = 0 if row.state != "live" else 1
+        slow = busy.get(row.rank, row.step_time or 0.0)
+        return (worst_alert, trouble, -slow, row.rank)
+
+    return sorted(rows, key=badness)
+
+
+def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
+    mean = state.mean_recent
+    grad = state.grad_total.values
+    grad_total = float(grad[-1]) if grad.size else None
+    status = "live"
+    if state.ended:
+        status = f"ended ({state.end_reason})" if state.end_reason else "ended"
+    elif any(a.kind == "stalled" for a in list(state.alerts)[:1]):
+        status = "stalled"
+    return RankRow(
+        rank=rank,
+        node=str(state.run.get("host") or "?"),
+        step=state.last_step,
+        step_time=mean("step_time"),
+        data_time=mean("data_time"),
+        forward_time=mean("forward_time"),
+        backward_time=mean("backward_time"),
+        optimizer_time=mean("optimizer_time"),
+        loss=state.last_loss,
+        grad_total=grad_total,
+        memory=_memory(state),
+        alerts=sorted(alerts, key=lambda k: SEVERITY_ORDER.get(k, 3)),
+        state=status,
+    )
+
+
+def _memory(state: RunState) -> int | None:
+    system = state.system or {}
+    peaks = [
+        p
+        for d in system.get("cuda") or []
+        if isinstance(d, dict) and isinstance(p := d.get("peak"), int)
+    ]
+    if peaks:
+        return max(peaks)
+    rss = (system.get("host") or {}).get("rss")
+    return rss if isinstance(rss, int) else None
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """The job as one run: its step, mean loss over the ranks, its step rate and samples/s."""
+
+    ranks_seen: int
+    world_size: int
+    step: int | None  # the slowest rank's step: the job is only as far as that
+    loss: float | None  # mean over the ranks' latest losses
+    steps_per_sec: float | None  # the slowest rank's: the others wait for it
+    samples_per_sec: float | None  # summed over the ranks
+
+
+def summarize(job: Job) -> JobSummary:
+    states = list(job.ranks.values())
+    steps = [s.last_step for s in states if s.last_step is not None]
+    losses = [x for s in states if (x := s.last_loss) is not None and math.isfinite(x)]
+    rates = [r for s in states if (r := s.steps_per_sec()) is not None]
+    samples = [r for s in states if (r := s.throughput("samples")) is not None]
+    return JobSummary(
+        ranks_seen=len(states),
+        world_size=job.world_size,
+        step=min(steps) if steps else None,
+        loss=float(np.mean(losses)) if losses else None,
+        steps_per_sec=min(rates) if rates else None,
+        samples_per_sec=float(sum(samples)) if samples else None,
+    )

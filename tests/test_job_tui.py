@@ -1,0 +1,89 @@
+"""The job screen under its Pilot, fed by a real 2-rank torchrun job (gloo, CPU) under `tdbg run`:
+the rank table, a straggler named live, Enter on a rank and Esc back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from waiting import wait_for
+
+from tdbg.tui.app import screen_text
+from tdbg.tui.job_app import JobApp
+from tdbg.tui.screens.job import JobScreen, RankScreen
+from tdbg.tui.sources.job import JobSource
+from tdbg.tui.widgets.rank_table import RankTable
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
+
+
+@contextmanager
+def torchrun_job(ranks: int, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`tdbg run -- python -m torch.distributed.run --nproc_per_node=N train_ddp.py`, running
+    until the test is done with it (then its whole process group is killed)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tdbg.cli",
+            "run",
+            "--grad-every",
+            "1",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={ranks}",
+            "train_ddp.py",
+        ],
+        cwd=SCRIPTS,
+        env=dict(os.environ, **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+@pytest.mark.slow
+async def test_the_job_screen_shows_every_rank_and_names_a_straggler(runtime_dir: Path) -> None:
+    with torchrun_job(2, DDP_STEPS="100000", DDP_SLOW_RANK="1"):
+        app = JobApp(JobSource(directory=runtime_dir))
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_for(pilot, lambda: len(app.job.ranks) == 2, "both ranks attached", 120)
+            table = app.screen.query_one(RankTable)
+
+            def straggler_on_screen() -> str | None:
+                text = screen_text(app)
+                return text if "straggler: rank 1 holds the others up" in text else None
+
+            text = await wait_for(pilot, straggler_on_screen, "a straggler named on screen", 120)
+            assert "of 2 ranks" in text and "input wait" in text
+            # The rank table: both ranks, the straggler first (worst first), flagged.
+            assert table.row_count == 2
+            first = [str(c) for c in table.get_row_at(0)]
+            second = [str(c) for c in table.get_row_at(1)]
+            assert first[0] == "1" and first[-1] == "straggler"
+            assert second[0] == "0" and second[-1] == "ok"
+            assert "applies: every rank watches the same" in text
+            # Enter on the straggler opens its own full screen; Esc comes back to the job.
+            table.move_cursor(row=0)
+            table.focus()
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, RankScreen), "rank 1's screen")
+            assert isinstance(app.screen, RankScreen) and app.screen.rank == 1
+            await wait_for(
+                pilot, lambda: "Gradient norms per layer" in screen_text(app), "the rank's panels"
+            )
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "back to the job")
