@@ -86,7 +86,7 @@ class Session:
                     return m
             return None
 
-        wait_until(found, 5.0, f"an answer to command {mid}")
+        wait_until(found, what=f"an answer to command {mid}")
         answer = found()
         assert answer is not None
         return answer
@@ -94,12 +94,17 @@ class Session:
     def jobs(self, job: int) -> list[dict[str, Any]]:
         return [m for m in self.reader.of("job") if m["job"] == job]
 
-    def run_until(self, condition: Any, limit: int = 500) -> None:
-        for _ in range(limit):
+    def run_until(self, condition: Any) -> None:
+        """Step the loop until ``condition()`` holds: as many steps as the probe thread needs,
+        not a fixed count that a busy machine's slower probe thread could outlast."""
+
+        def holds_or_step() -> bool:
             if condition():
-                return
+                return True
             self.loop.step(self.probe)
-        wait_until(condition, 5.0, "after the loop ran")
+            return False
+
+        wait_until(holds_or_step, what="while the loop ran")
 
     def final(self, job: int) -> dict[str, Any]:
         self.run_until(
@@ -174,7 +179,7 @@ def test_anomaly_mode_runs_n_steps_then_switches_itself_off(session: Session) ->
     session.loop.run(2, session.probe)
     ack = session.answer(session.send("anomaly", steps=3))
     assert ack["type"] == "ack" and "global and slow" in ack["message"]
-    wait_until(lambda: session.jobs(ack["job"]), 5.0, "the armed event")
+    wait_until(lambda: session.jobs(ack["job"]), what="the armed event")
     assert session.jobs(ack["job"])[0]["state"] == "armed"
     assert not torch.is_anomaly_enabled()  # nothing changes before a step boundary
     session.loop.step(session.probe)
@@ -230,7 +235,7 @@ def test_anomaly_reports_a_backward_error_naming_the_forward_line(session: Sessi
         alerts[:] = [a for a in session.reader.of("alert") if a["kind"] == "anomaly"]
         return bool(alerts)
 
-    wait_until(anomaly_alert, 5.0, "an anomaly alert")
+    wait_until(anomaly_alert, what="an anomaly alert")
     assert "SigmoidBackward0" in alerts[0]["message"]
     assert "test_commands.py" in alerts[0]["message"]  # the forward call's own file and line
     final = session.final(ack["job"])

@@ -901,11 +901,14 @@ async def test_the_tui_header_says_why_the_probe_dropped_it(
     app = make_app(SocketSource(path=path, directory=nowhere))
     async with app.run_test(size=(160, 48)) as pilot:
         header = app.query_one("RunHeader")
-        await wait_for(
-            pilot,
-            lambda: loop.step(probe) or header.has_class("-ended"),
-            what="the TUI dropped and its header ended",
-        )
+
+        def step_until_ended() -> bool:
+            if header.has_class("-ended"):
+                return True
+            loop.step(probe)
+            return False
+
+        await wait_for(pilot, step_until_ended, what="the TUI dropped and its header ended")
         await wait_for(
             pilot,
             lambda: "ended: dropped: this viewer read too slowly" in screen_text(app),
