@@ -19,7 +19,7 @@ from tdbg.probe.gradients import GradientStats
 
 def consumed(probe: tdbg.Probe, n: int) -> None:
     """Wait until the probe thread has turned ``n`` steps into records (and history)."""
-    wait_until(lambda: probe._server.consumed >= n, 5.0, f"{n} steps consumed")
+    wait_until(lambda: probe._server.consumed >= n, what=f"{n} steps consumed")
 
 
 def alerts_of(reader: Reader, kind: str) -> list[dict]:
@@ -273,7 +273,7 @@ def test_probe_errors_are_counted_and_never_raised(
     reader.wait(lambda r: len(r.records()) >= 5 and alerts_of(r, "probe_error"))
     assert [r.loss for r in reader.records()] == loop.losses  # the rest still works
     assert all(r.grad_norms is None for r in reader.records())
-    reader.wait(lambda r: any(m.get("errors", 0) >= 5 for m in r.of("probe")), timeout=3.0)
+    reader.wait(lambda r: any(m.get("errors", 0) >= 5 for m in r.of("probe")))
     reader.close()
 
 
@@ -295,8 +295,8 @@ def test_circuit_breaker_switches_the_probe_off(
     assert probe._disabled
     assert hook_counts(loop.model, loop.opt) == (0, 0, 0, 0)
     assert probe_log.getvalue().count("switches itself off") == 1
-    wait_until(lambda: not os.path.exists(sock), 3.0, "server stopped")
-    wait_until(lambda: not any(t.is_alive() for t in probe._server._threads), 3.0, "threads ended")
+    wait_until(lambda: not os.path.exists(sock), what="server stopped")
+    wait_until(lambda: not any(t.is_alive() for t in probe._server._threads), what="threads ended")
     assert len(loop.losses) == 150
 
 
@@ -313,7 +313,7 @@ def test_late_client_gets_the_whole_history_then_live_steps(runtime_dir: Path) -
     probe.step(float("nan"))
     loop.losses.append(math.nan)
     consumed(probe, len(loop.losses))
-    wait_until(lambda: probe._server.history.alerts, 2.0, "alert in history")
+    wait_until(lambda: probe._server.history.alerts, what="alert in history")
     reader = Reader(probe.socket_path)  # type: ignore[arg-type]
     reader.wait(lambda r: r.of("synced"))
     history = reader.records(history=True)
@@ -344,7 +344,7 @@ def test_probe_health_message(runtime_dir: Path) -> None:
     probe = tdbg.watch(loop.model, loop.opt, grad_every=2)
     reader = Reader(probe.socket_path)  # type: ignore[arg-type]
     loop.run(6, probe)
-    reader.wait(lambda r: any(m["steps_seen"] == 6 for m in r.of("probe")), timeout=3.0)
+    reader.wait(lambda r: any(m["steps_seen"] == 6 for m in r.of("probe")))
     msg = [m for m in reader.of("probe") if m["steps_seen"] == 6][-1]
     assert msg["clients"] == 1 and msg["errors"] == 0 and msg["grad_interval"] == 2
     assert msg["dropped"] == 0
