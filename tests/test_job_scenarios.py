@@ -1,0 +1,94 @@
+"""The issue's scenarios as live job alerts, with real `torchrun` and gloo: a straggler and a
+diverged rank (the ranks' recordings fed to the job step by step, as the job screen gets them),
+and a hang named on the job screen with the collective and every rank's stack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_job_tui import torchrun_job
+from test_zero_code import _torchrun
+from waiting import wait_for
+
+from tdbg.protocol.steps import pack_steps, unpack_steps
+from tdbg.recording.reader import Recording
+from tdbg.tui.app import screen_text
+from tdbg.tui.job_app import JobApp
+from tdbg.tui.sources.job import JobSource
+from tdbg.tui.state.job import Job
+from tdbg.tui.state.job_alerts import JobAlert, JobAlerts
+from tdbg.tui.state.run_state import RunState
+
+
+def replay_as_live(files: list[Path]) -> tuple[JobAlerts, list[JobAlert]]:
+    """Each rank's recorded steps fed one step at a time on every rank, the job judged after each
+    (the order a live job screen sees them in); the alerts and every raise/clear event."""
+    job, alerts = Job("", {}), JobAlerts()
+    steps_by_rank = {}
+    for rank, path in enumerate(files):
+        recording = Recording(path)
+        state = RunState(dict(recording.run))
+        messages = list(recording.messages())
+        for message in messages:
+            if message.get("type") == "layers":
+                state.apply(message)
+        steps_by_rank[rank] = [
+            r for m in messages if m.get("type") == "steps" for r in unpack_steps(m)
+        ]
+        job.ranks[rank] = state
+    events: list[JobAlert] = []
+    for i in range(min(len(s) for s in steps_by_rank.values())):
+        for rank, state in job.ranks.items():
+            state.apply(pack_steps([steps_by_rank[rank][i]], len(state.layer_names)))
+        events += alerts.update(job)
+    return alerts, events
+
+
+@pytest.mark.slow
+def test_a_straggler_and_a_diverged_rank_raise_their_alerts(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    """Three gloo ranks under DDP: rank 1 waits 40 ms for each batch, rank 2 changes one layer's
+    gradient after the all-reduce."""
+    files = _torchrun(tmp_path, 3, 40, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
+    alerts, events = replay_as_live(files)
+    raised = {(a.kind, tuple(a.ranks)): a for a in events if not a.cleared}
+    assert set(raised) == {("straggler", (1,)), ("rank_divergence", (2,))}, events
+    straggler = raised["straggler", (1,)].as_message()
+    assert straggler["phase"] == "input wait" and straggler["slower_by"] > 0.02
+    assert raised["straggler", (1,)].step <= 20 + 20  # the first window, then within 20 steps
+    divergence = raised["rank_divergence", (2,)]
+    assert divergence.finding.layers == ["module.2"] and divergence.step is not None
+    assert alerts.rule.startswith("applies")
+    assert not [a for a in events if a.cleared]  # neither recovered: nothing flapped
+
+
+@pytest.mark.slow
+async def test_a_hang_is_named_on_the_job_screen_with_its_collective_and_stacks(
+    runtime_dir: Path,
+) -> None:
+    """Three gloo ranks; rank 1 waits forever for a batch at step 5 while ranks 0 and 2 wait in
+    the all-reduce: the job screen names rank 1, the collective, and where rank 1 is."""
+    with torchrun_job(3, DDP_STEPS="1000", DDP_HANG_RANK="1"):
+        app = JobApp(JobSource(directory=runtime_dir))
+        async with app.run_test(size=(180, 40)) as pilot:
+
+            def hang() -> JobAlert | None:
+                """The hang alert once every rank's stall is in (it is raised as soon as two
+                ranks' stalls disagree, and follows the others as they stall)."""
+                alert = next((a for a in app.alerts.active.values() if a.kind == "hang"), None)
+                return alert if alert is not None and len(alert.finding.stacks) == 3 else None
+
+            alert = await wait_for(pilot, hang, "a hang alert with every rank's stack", 150)
+            message = alert.as_message()
+            assert message["ranks"] == [1]
+            collective = message["collective"]
+            assert isinstance(collective["seq"], int) and "all" in str(collective["op"]).lower()
+            assert set(message["stacks"]) == {"0", "1", "2"}
+            assert "wait_for_a_batch_that_never_comes" in message["stacks"]["1"]
+            text = await wait_for(
+                pilot, lambda: "hang: rank 1 never entered" in screen_text(app) and screen_text(app)
+            )
+            assert "ranks 0, 2 wait in" in text
+            assert "rank 1 at " in text  # its innermost frame, under the alert
