@@ -442,7 +442,7 @@ def test_command_returns_ack_and_keeps_other_messages(pair: tuple[ProbeClient, P
     peer.send(armed, {"type": "probe", "jobs": [4]})  # job progress may overtake the ack
     peer.send({"type": "ack", "id": sent["id"], "command": "profile", "job": 4, "message": ""})
     peer.send(job_msg("running", job=4))
-    thread.join(5)
+    thread.join(TIMEOUT)
     assert box["ack"]["job"] == 4
     got = []
     for msg in client.messages(timeout=0.2):
@@ -465,7 +465,7 @@ def test_command_refused_carries_the_code(pair: tuple[ProbeClient, Peer]) -> Non
     mid = peer.read()["id"]
     peer.send({"type": "error", "id": mid + 1, "code": "BUSY", "message": "not ours"})
     peer.send({"type": "error", "id": mid, "code": "UNAVAILABLE", "message": "needs CUDA"})
-    thread.join(5)
+    thread.join(TIMEOUT)
     exc = box["exc"]
     assert exc.code == "UNAVAILABLE" and str(exc) == "needs CUDA" and exc.command == "snapshot"
     assert [m["code"] for m in client.messages(timeout=0.1)] == ["BUSY"]
@@ -506,7 +506,7 @@ def start_watch(
     thread.start()
     mid = peer.read()["id"]
     peer.send({"type": "ack", "id": mid, "command": "profile", "job": job, "message": ""})
-    thread.join(5)
+    thread.join(TIMEOUT)
     assert box["ack"]["job"] == job and watch.job == job
     return watch
 
@@ -547,7 +547,7 @@ def test_watch_timeout_while_armed_cancels(pair: tuple[ProbeClient, Peer]) -> No
     thread.start()
     with pytest.raises(cli.CliError, match=r"did not reach a step boundary within 0.5 s"):
         watch.wait()
-    thread.join(5)
+    thread.join(TIMEOUT)
     assert not thread.is_alive()
 
 
@@ -820,7 +820,7 @@ def test_dump_shows_another_clients_profile(runtime_dir: Path) -> None:
             seen: list[dict[str, Any]] = []
 
             def read_until(etype: str) -> None:
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + TIMEOUT
                 while not any(e["type"] == etype for e in seen):
                     line = dump.stdout.readline() if dump.stdout else ""
                     assert line and time.monotonic() < deadline, f"no {etype} event: {seen[-3:]}"
@@ -832,7 +832,7 @@ def test_dump_shows_another_clients_profile(runtime_dir: Path) -> None:
             read_until("profile")
         finally:
             dump.terminate()
-            dump.wait(10)
+            dump.wait(TIMEOUT)
             dump.stdout.close()
     jobs = [e for e in seen if e["type"] == "job" and e["command"] == "profile"]
     assert [j["state"] for j in jobs][0] == "armed" and jobs[-1]["state"] == "done"
@@ -867,7 +867,7 @@ def test_stalled_run_times_out_then_ctrl_c_and_ending_run(runtime_dir: Path) -> 
         assert armed, line
         job = int(armed.group(1))
         waiting.send_signal(signal.SIGINT)
-        _, err = waiting.communicate(timeout=10)
+        _, err = waiting.communicate(timeout=TIMEOUT)
         assert waiting.returncode == 130, err
         assert f"interrupted: nan_hunt job {job} cancelled" in err
         assert "Traceback" not in err
@@ -882,9 +882,9 @@ def test_stalled_run_times_out_then_ctrl_c_and_ending_run(runtime_dir: Path) -> 
         )
         assert late.stderr is not None
         stream = late.stderr
-        wait_until(lambda: "armed" in stream.readline(), 10, "anomaly armed")
+        wait_until(lambda: "armed" in stream.readline(), what="anomaly armed")
         os.killpg(proc.pid, signal.SIGTERM)  # the demo closes its probe and exits
-        _, err = late.communicate(timeout=15)
+        _, err = late.communicate(timeout=TIMEOUT)
     assert late.returncode == 2, err
     assert err.count("\n") == 1 and "the run ended before anomaly job" in err, err
 

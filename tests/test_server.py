@@ -178,7 +178,7 @@ def test_client_killed_mid_frame_does_not_disturb_others(runtime_dir: Path) -> N
         wait_until(lambda: len(probe._server._clients) == 2, what="victim attached")
         loop.run(5, probe)
         child.send_signal(signal.SIGKILL)
-        child.wait(5)
+        child.wait(TIMEOUT)
         loop.run(5, probe)
         healthy.wait(lambda r: len(r.records()) >= 10)
         assert [x.loss for x in healthy.records()] == loop.losses
