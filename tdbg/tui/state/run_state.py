@@ -850,6 +850,19 @@ class RunState:
         return max(0.0, (total - last - 1) / rate)
 
 
+def _last_finite(col: np.ndarray) -> int | None:
+    """The index of the last finite value, or None. A column is most often finite at its end
+    (or never finite): both answered without building an index array."""
+    if not len(col):
+        return None
+    if math.isfinite(col[-1]):
+        return len(col) - 1
+    finite = np.isfinite(col)
+    if not finite.any():
+        return None
+    return len(col) - 1 - int(finite[::-1].argmax())
+
+
 class _StepSummaries:
     """What a repaint reads of the whole step history, kept up to date as rows arrive so that
     no frame scans the history (at 2^18 steps the clipping figures alone took 25 ms a frame):
@@ -882,9 +895,9 @@ class _StepSummaries:
             elif self.nonfinite_since is None:  # the whole block is non-finite: began here
                 self.nonfinite_since = int(steps[idx[0]])
         for name, col in cols.items():
-            where = np.flatnonzero(np.isfinite(col))
-            if where.size:
-                self.latest[name] = float(col[where[-1]])
+            i = _last_finite(col)
+            if i is not None:
+                self.latest[name] = float(col[i])
         self._fold_clipping(steps, cols.get("clip_max"), cols.get("clip_norm"))
 
     def _fold_clipping(
