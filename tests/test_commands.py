@@ -135,7 +135,7 @@ def _hook_count(model: nn.Module) -> int:
     return total
 
 
-def test_r28_unknown_command_gets_an_error_and_the_connection_stays_open(session: Session) -> None:
+def test_an_unknown_command_gets_an_error_and_the_connection_stays_open(session: Session) -> None:
     mid = session.send("format_disk")
     assert session.answer(mid)["code"] == ErrorCode.UNKNOWN_COMMAND
     pid = session.send("ping")
@@ -162,7 +162,7 @@ def test_anomaly_check_nan_needs_the_scripts_consent(session: Session) -> None:
     assert "anomaly_check_nan=True" in answer["message"]
 
 
-def test_r34_read_only_probe_refuses_mutating_commands(
+def test_a_read_only_probe_refuses_mutating_commands(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TDBG_READONLY", "1")
@@ -194,7 +194,7 @@ def test_anomaly_mode_runs_n_steps_then_switches_itself_off(session: Session) ->
     assert _hook_count(session.loop.model) == hooks_before
 
 
-def test_r30_a_second_job_of_the_same_kind_is_busy(session: Session) -> None:
+def test_a_second_job_of_the_same_kind_is_busy(session: Session) -> None:
     first = session.answer(session.send("anomaly", steps=5))
     assert first["type"] == "ack"
     second = session.answer(session.send("anomaly", steps=5))
@@ -244,7 +244,7 @@ def test_anomaly_reports_a_backward_error_naming_the_forward_line(session: Sessi
     assert warnings.showwarning is original  # the user's warning machinery is as it was
 
 
-def test_r37_close_mid_job_releases_everything(runtime_dir: Path) -> None:
+def test_close_mid_job_releases_everything(runtime_dir: Path) -> None:
     s = Session()
     ack = s.answer(s.send("anomaly", steps=50))
     s.loop.run(2, s.probe)
@@ -267,7 +267,7 @@ def test_finished_jobs_are_replayed_to_a_late_client(session: Session) -> None:
         late.close()
 
 
-def test_r35_commands_are_audit_logged(session: Session, runtime_dir: Path) -> None:
+def test_commands_are_audit_logged(session: Session, runtime_dir: Path) -> None:
     ack = session.answer(session.send("anomaly", steps=1))
     session.answer(session.send("anomaly", steps=1))  # busy: refused, logged too
     lines = [json.loads(line) for line in (runtime_dir / "audit.jsonl").read_text().splitlines()]

@@ -109,7 +109,7 @@ def tdbg_threads() -> list[threading.Thread]:
 # --- fan-out and client limits --------------------------------------------------------------
 
 
-def test_r43_r44_several_clients_get_the_same_steps(runtime_dir: Path) -> None:
+def test_several_clients_get_the_same_steps(runtime_dir: Path) -> None:
     loop = Loop()
     probe, path = serving(loop, grad_every=1)
     readers = [Reader(path) for _ in range(3)]
@@ -128,7 +128,7 @@ def test_r43_r44_several_clients_get_the_same_steps(runtime_dir: Path) -> None:
         r.close()
 
 
-def test_r44_ninth_client_gets_busy(runtime_dir: Path) -> None:
+def test_a_ninth_client_gets_busy(runtime_dir: Path) -> None:
     loop = Loop()
     probe, path = serving(loop)
     readers = [Reader(path) for _ in range(server.MAX_CLIENTS)]
@@ -206,7 +206,7 @@ def wide_model() -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=1e-4)
 
 
-def test_r38_r41_stalled_client_never_blocks_training(
+def test_a_stalled_client_never_blocks_training_and_is_dropped(
     runtime_dir: Path, small_limits: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A client that stops reading while the loop runs flat out: every step returns (a
@@ -250,7 +250,7 @@ def test_r38_r41_stalled_client_never_blocks_training(
     stalled.close()
 
 
-def test_r38_training_goes_on_with_a_stalled_client_attached(runtime_dir: Path) -> None:
+def test_training_goes_on_with_a_stalled_client_attached(runtime_dir: Path) -> None:
     """A client that never reads, under the limits: the loop's steps all reach a healthy
     client, and the stalled one stays attached (it is dropped for what it holds unread, never
     for being slow alone). The step rate beside it is benchmarks/slow_client.py's figure."""
@@ -270,7 +270,7 @@ def test_r38_training_goes_on_with_a_stalled_client_attached(runtime_dir: Path) 
 # --- handshake and framing ------------------------------------------------------------------
 
 
-def test_r18_wrong_magic_closes_the_connection(runtime_dir: Path) -> None:
+def test_a_wrong_preamble_closes_the_connection(runtime_dir: Path) -> None:
     loop = Loop()
     probe, path = serving(loop)
     raw = Raw(path)
@@ -285,7 +285,9 @@ def test_r18_wrong_magic_closes_the_connection(runtime_dir: Path) -> None:
     reader.close()
 
 
-def test_r24_no_hello_in_time_closes(runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_hello_by_the_handshake_deadline_closes(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(connection, "HANDSHAKE_SECONDS", 0.3)
     _, path = serving(Loop())
     silent = Raw(path)
@@ -297,7 +299,7 @@ def test_r24_no_hello_in_time_closes(runtime_dir: Path, monkeypatch: pytest.Monk
         raw.close()
 
 
-def test_r24_handshake_deadline_is_not_too_eager(runtime_dir: Path) -> None:
+def test_the_handshake_deadline_is_not_too_eager(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
     raw.send(framing.preamble())
@@ -312,7 +314,9 @@ def test_r24_handshake_deadline_is_not_too_eager(runtime_dir: Path) -> None:
     raw.close()
 
 
-def test_r25_slowloris_frame_is_closed(runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_frame_started_and_never_finished_is_closed(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(connection, "FRAME_SECONDS", 0.3)
     _, path = serving(Loop())
     raw = Raw(path)
@@ -323,7 +327,7 @@ def test_r25_slowloris_frame_is_closed(runtime_dir: Path, monkeypatch: pytest.Mo
     raw.close()
 
 
-def test_r23_unsupported_version_gets_an_error_then_close(runtime_dir: Path) -> None:
+def test_an_unsupported_protocol_version_gets_an_error_then_close(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
     raw.send(messages.hello("future", proto_min=7, proto_max=9))
@@ -335,7 +339,7 @@ def test_r23_unsupported_version_gets_an_error_then_close(runtime_dir: Path) -> 
     raw.close()
 
 
-def test_r23_overlapping_range_gets_welcome(runtime_dir: Path) -> None:
+def test_an_overlapping_version_range_gets_welcome(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
     raw.send(messages.hello("newer", proto_min=1, proto_max=5))
@@ -356,7 +360,7 @@ def test_first_message_must_be_hello(runtime_dir: Path) -> None:
     raw.close()
 
 
-def test_r26_r28_invalid_message_gets_an_error_and_stays_open(runtime_dir: Path) -> None:
+def test_an_invalid_message_gets_an_error_and_the_connection_stays_open(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
     raw.handshake()
@@ -373,7 +377,7 @@ def test_r26_r28_invalid_message_gets_an_error_and_stays_open(runtime_dir: Path)
     raw.close()
 
 
-def test_r26_undecodable_frame_gets_an_error_then_close(runtime_dir: Path) -> None:
+def test_an_undecodable_frame_gets_an_error_then_close(runtime_dir: Path) -> None:
     loop = Loop()
     probe, path = serving(loop)
     raw = Raw(path)
@@ -392,7 +396,7 @@ def test_r26_undecodable_frame_gets_an_error_then_close(runtime_dir: Path) -> No
     assert probe.errors == 0
 
 
-def test_r26_too_many_errors_close_the_connection(runtime_dir: Path) -> None:
+def test_too_many_errors_close_the_connection(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
     raw.handshake()
@@ -404,7 +408,7 @@ def test_r26_too_many_errors_close_the_connection(runtime_dir: Path) -> None:
     raw.close()
 
 
-def test_r45_more_than_twenty_messages_a_second_are_rate_limited(runtime_dir: Path) -> None:
+def test_more_than_twenty_commands_a_second_are_rate_limited(runtime_dir: Path) -> None:
     _, path = serving(Loop())
     raw = Raw(path)
     raw.handshake()
@@ -429,7 +433,7 @@ def test_r45_more_than_twenty_messages_a_second_are_rate_limited(runtime_dir: Pa
 # --- the runtime directory and files ----------------------------------------------------------
 
 
-def test_r9_r12_r15_modes_of_dir_socket_and_metadata(
+def test_the_runtime_dir_socket_and_metadata_are_private_to_the_user(
     monkeypatch: pytest.MonkeyPatch, runtime_dir: Path
 ) -> None:
     fresh = runtime_dir / "made-by-probe"
@@ -453,13 +457,15 @@ def test_r9_r12_r15_modes_of_dir_socket_and_metadata(
     probe.close()
 
 
-def test_r11_rank_is_in_the_name(runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_socket_name_carries_the_rank(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RANK", "3")
     probe = tdbg.watch(nn.Linear(2, 2))
     assert Path(probe.socket_path).name == f"3-{os.getpid()}.sock"  # type: ignore[arg-type]
 
 
-def test_r11_long_directory_falls_back_to_a_short_one(
+def test_a_runtime_dir_too_long_for_a_socket_path_falls_back_to_a_short_one(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     deep = runtime_dir / ("d" * 60) / ("e" * 60)
@@ -475,7 +481,7 @@ def test_r11_long_directory_falls_back_to_a_short_one(
 
 
 @pytest.mark.parametrize("kind", ["mode-0755", "symlink"])
-def test_r10_unsafe_runtime_dir_means_no_serving_but_training_goes_on(
+def test_an_unsafe_runtime_dir_means_no_serving_but_training_goes_on(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_log: io.StringIO, kind: str
 ) -> None:
     target = runtime_dir / "real"
@@ -517,7 +523,7 @@ def own_socket_inodes() -> set[str]:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/net/unix"), reason="Linux /proc needed")
-def test_r1_r2_only_a_pathname_unix_socket(runtime_dir: Path) -> None:
+def test_the_probe_listens_only_on_a_pathname_unix_socket(runtime_dir: Path) -> None:
     def tcp_listeners() -> set[tuple[str, str]]:
         out = set()
         for name in ("tcp", "tcp6"):
@@ -544,7 +550,7 @@ def test_r1_r2_only_a_pathname_unix_socket(runtime_dir: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
-def test_r14_other_uid_is_refused_before_a_byte(runtime_dir: Path, probe_log: io.StringIO) -> None:
+def test_another_uid_is_refused_before_a_byte(runtime_dir: Path, probe_log: io.StringIO) -> None:
     _, path = serving(Loop())
     os.chmod(runtime_dir, 0o711)  # let the other uid reach the socket (the test's doing)
     os.chmod(path, 0o666)
@@ -574,7 +580,7 @@ def test_r14_other_uid_is_refused_before_a_byte(runtime_dir: Path, probe_log: io
     wait_until(lambda: "refused a connection from uid 65534" in probe_log.getvalue())
 
 
-def test_r13_stale_socket_of_our_name_is_replaced(runtime_dir: Path) -> None:
+def test_a_stale_socket_of_our_name_is_replaced(runtime_dir: Path) -> None:
     stale = runtime_dir / f"0-{os.getpid()}.sock"
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(stale))
@@ -588,7 +594,7 @@ def test_r13_stale_socket_of_our_name_is_replaced(runtime_dir: Path) -> None:
     reader.close()
 
 
-def test_r13_live_socket_of_our_name_is_left_alone(runtime_dir: Path) -> None:
+def test_a_live_socket_of_our_name_is_left_alone(runtime_dir: Path) -> None:
     taken = runtime_dir / f"0-{os.getpid()}.sock"
     other = socket.socket(socket.AF_UNIX)
     other.bind(str(taken))
@@ -602,7 +608,7 @@ def test_r13_live_socket_of_our_name_is_left_alone(runtime_dir: Path) -> None:
         other.close()
 
 
-def test_r13_non_socket_file_is_refused(runtime_dir: Path, probe_log: io.StringIO) -> None:
+def test_a_file_in_our_sockets_place_is_refused(runtime_dir: Path, probe_log: io.StringIO) -> None:
     squatter = runtime_dir / f"0-{os.getpid()}.sock"
     squatter.write_text("precious")
     loop = Loop()
@@ -613,7 +619,7 @@ def test_r13_non_socket_file_is_refused(runtime_dir: Path, probe_log: io.StringI
     assert "not a socket" in probe_log.getvalue()
 
 
-def test_r53_r55_discovery_hides_and_cleans_dead_runs(runtime_dir: Path) -> None:
+def test_discovery_hides_and_cleans_up_dead_runs(runtime_dir: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale_sock = runtime_dir / f"0-{dead.pid}.sock"
@@ -638,7 +644,7 @@ def test_r53_r55_discovery_hides_and_cleans_dead_runs(runtime_dir: Path) -> None
     assert runtime.discover(runtime_dir) == []
 
 
-def test_r16_removed_socket_is_detected_and_rebound(
+def test_a_removed_socket_is_detected_and_rebound(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_log: io.StringIO
 ) -> None:
     monkeypatch.setattr(server, "INODE_CHECK_SECONDS", 0.1)
@@ -657,7 +663,7 @@ def test_r16_removed_socket_is_detected_and_rebound(
     assert os.listdir(runtime_dir) == []
 
 
-def test_r16_replaced_socket_is_not_unlinked(
+def test_a_socket_replaced_by_someone_else_is_not_unlinked(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(server, "INODE_CHECK_SECONDS", 0.1)
@@ -674,9 +680,7 @@ def test_r16_replaced_socket_is_not_unlinked(
 # --- lifecycle --------------------------------------------------------------------------------
 
 
-def test_r54_close_does_not_wait_for_a_stalled_client(
-    runtime_dir: Path, small_limits: None
-) -> None:
+def test_close_does_not_wait_for_a_stalled_client(runtime_dir: Path, small_limits: None) -> None:
     """close() with a client that never reads and a full kernel buffer: it returns (waiting
     for that client would hang it), and the socket, the metadata and the threads are gone."""
     model, opt = wide_model()
@@ -704,7 +708,7 @@ def test_r54_close_does_not_wait_for_a_stalled_client(
     stalled.close()
 
 
-def test_r54_clients_get_bye_on_close(runtime_dir: Path) -> None:
+def test_clients_get_a_bye_on_close(runtime_dir: Path) -> None:
     loop = Loop()
     probe, path = serving(loop)
     reader = Reader(path)
@@ -715,7 +719,7 @@ def test_r54_clients_get_bye_on_close(runtime_dir: Path) -> None:
     assert reader.messages[-1] == {"type": "bye", "reason": "shutdown"}
 
 
-def test_r51_forked_child_probe_is_inert(runtime_dir: Path) -> None:
+def test_a_forked_childs_probe_is_inert(runtime_dir: Path) -> None:
     loop = Loop()
     probe, path = serving(loop)
     loop.run(2, probe)
@@ -771,7 +775,9 @@ class Squares(torch.utils.data.Dataset):
 
 
 @pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
-def test_r51_r52_dataloader_workers(runtime_dir: Path, context: str) -> None:
+def test_dataloader_workers_neither_serve_nor_disturb_the_probe(
+    runtime_dir: Path, context: str
+) -> None:
     """Spawn is slow (each worker imports torch): about 2-4 s."""
     loop = Loop()
     probe, path = serving(loop)
