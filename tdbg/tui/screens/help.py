@@ -15,6 +15,8 @@ tab / ⇧tab   next / previous panel
 l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
 h            gradients: table / heatmap
 o            gradient table: sort by name / norm / trend (or click a header)
+t            gradient table: each trend on its own scale / all on one (rows compare)
+/            gradients: filter layers by name as you type (enter keeps it, escape clears)
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
 Deep dives (the probe runs them in the training process at the next step boundary):
@@ -33,8 +35,8 @@ Replay (tdbg-tui replay FILE; the keys work whichever panel has focus):
 ⇧← ⇧→        jump 5 % of the recording (at least 10 steps)
 home end     the first / last recorded step
 
-Heatmap colours: low (vanishing) … high (exploding) on a log scale from 1e-8 to 1e4;
-× marks NaN / Inf, a separate colour marks exact zeros. Profile Δ/call: ▲ slower, ▼ faster.
+Heatmap colours: a log scale fitted to the layers shown, its ends on the heatmap's first line;
+× marks NaN / Inf, · exact zeros. Profile Δ/call: ▲ slower, ▼ faster.
 
 escape or ? closes this help."""
 

@@ -23,6 +23,7 @@ from tdbg.tui.widgets.anatomy_bar import AnatomyBar
 from tdbg.tui.widgets.anomaly_banner import AnomalyBanner
 from tdbg.tui.widgets.deep_panel import DeepPanel
 from tdbg.tui.widgets.gradient_heatmap import GradientHeatmap
+from tdbg.tui.widgets.gradient_panel import GradientPanel
 from tdbg.tui.widgets.gradient_table import GradientTable
 from tdbg.tui.widgets.learning_rates import LearningRates
 from tdbg.tui.widgets.loss_chart import PALETTE, LossChart
@@ -104,10 +105,7 @@ class MonitorScreen(Screen[None]):
             with Vertical(id="right"):
                 with Vertical(id="grad-area"):
                     with Vertical(id="grad-panel", classes="panel"):
-                        yield Static(id="grad-summary")
-                        with ContentSwitcher(initial="grad-table", id="grad-switcher"):
-                            yield GradientTable(id="grad-table")
-                            yield GradientHeatmap(id="grad-heatmap")
+                        yield GradientPanel(id="grad-body")
                     with Vertical(id="act-panel", classes="panel"):
                         yield ActivationTable(id="act-table")
                 with Panel(id="memory-panel", classes="panel"):
@@ -433,19 +431,17 @@ class MonitorScreen(Screen[None]):
         self.query_one("#grad-summary", Static).update(
             Text(" · ".join(parts), no_wrap=True, overflow="ellipsis")
         )
-        panel = self.query_one("#grad-panel")
         title = "Gradient norms per layer" if self.size.width >= 100 else "Grad norms"
         if clip is not None:
             title += " (pre-clip)"
-        panel.border_title = title
+        self.query_one(GradientPanel).set_title(title)
 
     def _update_grad_title(self) -> None:
         state = self._state
-        panel = self.query_one("#grad-panel")
+        panel = self.query_one(GradientPanel)  # it adds the filter and the trend scale
         sampled = "n/a" if state is None else fmt(state.grads.latest_step(), "d")
         if self.heatmap:
-            caption = self.query_one(GradientHeatmap).caption
-            panel.border_subtitle = f"heatmap 1e-8…1e4 · {caption} · h: table"
+            panel.set_subtitle("heatmap · h: table")
         else:
             mode = self.query_one(GradientTable).sort_mode
-            panel.border_subtitle = f"step {sampled} · sort {mode} (o) · h: heatmap"
+            panel.set_subtitle(f"step {sampled} · sort {mode} (o) · h: heatmap")

@@ -11,8 +11,16 @@ BLOCKS = "▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉█"
 
 
-def spark(values: Sequence[float] | np.ndarray, width: int, log: bool = False) -> str:
-    """A one-line sparkline of the last ``width`` values; non-finite values show as ``!``."""
+def spark(
+    values: Sequence[float] | np.ndarray,
+    width: int,
+    log: bool = False,
+    bounds: tuple[float, float] | None = None,
+) -> str:
+    """A one-line sparkline of the last ``width`` values; non-finite values show as ``!``.
+
+    The heights span the values' own min..max, or ``bounds`` (in log10 units with ``log``)
+    when several sparklines must be compared on one scale."""
     arr = np.asarray(values, dtype=np.float64)[-width:]
     if arr.size == 0:
         return ""
@@ -23,7 +31,7 @@ def spark(values: Sequence[float] | np.ndarray, width: int, log: bool = False) -
         finite = np.isfinite(arr)
     if not finite.any():
         return "!" * arr.size
-    lo, hi = float(arr[finite].min()), float(arr[finite].max())
+    lo, hi = bounds if bounds is not None else (float(arr[finite].min()), float(arr[finite].max()))
     span = hi - lo
     out = []
     for v, ok in zip(arr.tolist(), finite.tolist(), strict=True):
@@ -32,7 +40,7 @@ def spark(values: Sequence[float] | np.ndarray, width: int, log: bool = False) -
         elif span <= 0:
             out.append(BLOCKS[3])
         else:
-            out.append(BLOCKS[min(7, int((v - lo) / span * 8))])
+            out.append(BLOCKS[min(7, max(0, int((v - lo) / span * 8)))])
     return "".join(out)
 
 
@@ -45,3 +53,16 @@ def gauge(fraction: float | None, width: int) -> str:
     full, part = divmod(eighths, 8)
     bar = "█" * full + (EIGHTHS[part] if part and full < width else "")
     return bar + " " * (width - len(bar))
+
+
+def log_bar(value: float, lo: float, span: float, width: int) -> str:
+    """A bar for a norm on a log scale from 10**lo to 10**(lo + span): a finite nonzero norm
+    gets at least one cell, so the smallest layer still shows; an exact zero is the only empty
+    bar; NaN / Inf fill the bar with ``×``."""
+    if not math.isfinite(value):
+        return "×" * width
+    if value <= 0:
+        return " " * width
+    fraction = (math.log10(value) - lo) / span if span > 0 else 1.0
+    # One full cell is the floor; the log scale fills the rest.
+    return "█" + gauge(fraction, width - 1) if width > 1 else "█"

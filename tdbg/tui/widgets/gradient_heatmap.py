@@ -1,4 +1,4 @@
-"""GradientHeatmap: layers x steps, log colour scale; renders only the rows on screen."""
+"""GradientHeatmap: layers x steps on a log colour scale fitted to the data, with its legend."""
 
 from __future__ import annotations
 
@@ -12,34 +12,78 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-LOG_MIN = -8.0  # 1e-8: vanished
-LOG_MID = -2.0
-LOG_MAX = 4.0  # 1e4: exploded
+from tdbg.tui.state.names import matching, shorten
+
 LEVELS = 24
 NONFINITE = -1
 ZERO = -2
-LABEL = 18
+GLYPHS = {NONFINITE: "×", ZERO: "·"}  # not colours alone: both must read on any theme
+MIN_LABEL = 12
+MIN_DECADES = 1.0  # the scale spans at least this, so noise on a flat layer is not a rainbow
+LEGEND_ROWS = 1
+
+
+def fit_scale(logs: np.ndarray) -> tuple[float, float]:
+    """The colour scale's ends (log10 units) for these log10 norms: Tukey's fences (quartiles
+    ± 1.5 IQR) within the data's own range, so one vanished or exploded layer does not squash
+    every other layer into one colour (it takes the end colour instead), and at least
+    MIN_DECADES wide, centred on the data."""
+    finite = logs[np.isfinite(logs)]
+    if not finite.size:
+        return -MIN_DECADES / 2, MIN_DECADES / 2
+    q1, q3 = np.percentile(finite, [25, 75])
+    lo = max(float(finite.min()), float(q1 - 1.5 * (q3 - q1)))
+    hi = min(float(finite.max()), float(q3 + 1.5 * (q3 - q1)))
+    if hi - lo < MIN_DECADES:
+        mid = (hi + lo) / 2
+        lo, hi = mid - MIN_DECADES / 2, mid + MIN_DECADES / 2
+    return lo, hi
+
+
+def sci(log10: float) -> str:
+    """10**log10 in two or three characters of mantissa: ``3e-4``, ``1e2``."""
+    mantissa, exponent = f"{10.0**log10:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 class GradientHeatmap(ScrollView, can_focus=True):
-    """Call ``show(names, steps, rows)``; rows is (sampled steps x layers), oldest first."""
+    """Call ``show(names, steps, rows)``; rows is (sampled steps x layers), oldest first.
+
+    The first line is the legend (the colour ramp between the scale's ends, the steps shown,
+    what ``×`` and ``·`` mean); it stays put while the layers scroll under it.
+    """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "gradient-heatmap--low",
         "gradient-heatmap--mid",
+        "gradient-heatmap--warm",
         "gradient-heatmap--high",
         "gradient-heatmap--nonfinite",
         "gradient-heatmap--zero",
         "gradient-heatmap--label",
     }
+    # The app's stylesheet may restyle these; the defaults make the widget whole on its own.
+    DEFAULT_CSS = """
+    GradientHeatmap > .gradient-heatmap--low { color: $primary; }
+    GradientHeatmap > .gradient-heatmap--mid { color: $success; }
+    GradientHeatmap > .gradient-heatmap--warm { color: $warning; }
+    GradientHeatmap > .gradient-heatmap--high { color: $error; }
+    GradientHeatmap > .gradient-heatmap--nonfinite { color: $warning; text-style: bold; }
+    GradientHeatmap > .gradient-heatmap--zero { color: $foreground-muted; }
+    GradientHeatmap > .gradient-heatmap--label { color: $foreground-muted; }
+    """
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.name_filter = ""
         self._names: list[str] = []
+        self._rows: list[int] = []  # the layers that pass the filter, in model order
         self._levels = np.zeros((0, 0), dtype=np.int16)
         self._styles: list[Style] = []
         self._special: dict[int, Style] = {}
         self._label = Style()
+        self._label_width = MIN_LABEL
+        self._scale: tuple[float, float, bool, bool] | None = None  # lo, hi, clipped lo/hi
         self._caption = ""
         self._data: tuple[list[str], np.ndarray, np.ndarray] | None = None
 
@@ -48,22 +92,39 @@ class GradientHeatmap(ScrollView, can_focus=True):
             style = self.get_component_styles(name)
             return style.color
 
-        low, mid, high = (color(f"gradient-heatmap--{n}") for n in ("low", "mid", "high"))
+        # Four stops (blue, green, yellow, red): a straight green-to-red blend passes through a
+        # grey that reads like the zero colour.
+        stops = [color(f"gradient-heatmap--{n}") for n in ("low", "mid", "warm", "high")]
         styles = []
         for i in range(LEVELS):
-            t = i / (LEVELS - 1)
-            c = low.blend(mid, t * 2) if t <= 0.5 else mid.blend(high, (t - 0.5) * 2)
+            at = i / (LEVELS - 1) * (len(stops) - 1)
+            k = min(int(at), len(stops) - 2)
+            c = stops[k].blend(stops[k + 1], at - k)
             styles.append(Style(color=c.rich_color))
         self._styles = styles
         self._special = {
-            NONFINITE: Style(color=color("gradient-heatmap--nonfinite").rich_color),
-            ZERO: Style(color=color("gradient-heatmap--zero").rich_color),
+            level: self.get_component_rich_style(f"gradient-heatmap--{name}")
+            for level, name in ((NONFINITE, "nonfinite"), (ZERO, "zero"))
         }
         self._label = self.get_component_rich_style("gradient-heatmap--label")
+
+    @property
+    def total(self) -> int:
+        return len(self._names)
+
+    @property
+    def matched(self) -> int:
+        return len(self._rows)
 
     def show(self, names: list[str], steps: np.ndarray, rows: np.ndarray) -> None:
         self._data = (names, steps, rows)
         self._rebuild()
+
+    def filter(self, query: str) -> None:
+        """Show only the layers whose name matches ``query``; the scale refits to them."""
+        if query != self.name_filter:
+            self.name_filter = query
+            self._rebuild()
 
     def on_resize(self) -> None:
         # The heatmap may get its data while hidden (width 0); lay it out once it has a size.
@@ -75,36 +136,77 @@ class GradientHeatmap(ScrollView, can_focus=True):
         names, steps, rows = self._data
         self._palette()
         self._names = names
-        width = max(1, self.scrollable_content_region.width - LABEL - 1)
+        self._rows = matching(names, self.name_filter)
+        region = self.scrollable_content_region.width
+        longest = max((len(names[i]) for i in self._rows), default=MIN_LABEL)
+        self._label_width = max(MIN_LABEL, min(longest, region // 3))
+        width = max(1, region - self._label_width - 1)
+        self._scale = None
         if rows.shape[0] == 0 or rows.shape[1] != len(names):
-            self._levels = np.zeros((len(names), 0), dtype=np.int16)
+            self._levels = np.zeros((len(self._rows), 0), dtype=np.int16)
             self._caption = "no sampled gradients yet"
         else:
             cols = np.unique(
                 np.linspace(0, rows.shape[0] - 1, min(width, rows.shape[0])).astype(int)
             )
-            data = rows[cols].T.astype(np.float64)  # layers x columns
+            data = rows[np.ix_(cols, np.asarray(self._rows, dtype=np.intp))].T.astype(
+                np.float64
+            )  # layers x columns
             with np.errstate(all="ignore"):
                 logs = np.log10(np.where(data > 0, data, np.nan))
-            t = np.clip((logs - LOG_MIN) / (LOG_MAX - LOG_MIN), 0.0, 1.0)
+            lo, hi = fit_scale(logs)
+            finite = logs[np.isfinite(logs)]
+            clipped = (
+                bool(finite.size and finite.min() < lo),
+                bool(finite.size and finite.max() > hi),
+            )
+            self._scale = (lo, hi, *clipped)
+            t = np.clip((logs - lo) / (hi - lo), 0.0, 1.0)
             levels = np.nan_to_num(t * (LEVELS - 1), nan=0.0).astype(np.int16)
             levels[~np.isfinite(data)] = NONFINITE
             levels[data == 0] = ZERO
             self._levels = levels
             self._caption = f"steps {int(steps[cols[0]])}…{int(steps[cols[-1]])}"
-        self.virtual_size = Size(LABEL + 1 + self._levels.shape[1], len(names))
+        self.virtual_size = Size(
+            self._label_width + 1 + self._levels.shape[1], len(self._rows) + LEGEND_ROWS
+        )
         self.refresh()
+
+    def _legend(self, width: int) -> Strip:
+        if self._scale is None:
+            return Strip([Segment(self._caption, self._label)]).extend_cell_length(width)
+        lo, hi, below, above = self._scale
+        low = ("≤" if below else "") + sci(lo) + " "
+        high = " " + ("≥" if above else "") + sci(hi)
+        marks = [
+            (" ", self._label),
+            ("×", self._special[NONFINITE]),
+            (" NaN/Inf ", self._label),
+            ("·", self._special[ZERO]),
+            (" zero", self._label),
+            (f" · {self._caption}", self._label),
+        ]
+        # The ramp takes what the words leave (the steps shown go first when it is tight).
+        words = len(low) + len(high) + sum(len(text) for text, _ in marks[:-1])
+        ramp = max(4, min(LEVELS, width - words - len(marks[-1][0])))
+        segments = [Segment(low, self._label)]
+        for k in range(ramp):
+            segments.append(Segment("█", self._styles[round(k * (LEVELS - 1) / (ramp - 1))]))
+        segments.append(Segment(high, self._label))
+        segments.extend(Segment(text, style) for text, style in marks)
+        return Strip(segments).crop(0, width).extend_cell_length(width)
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
-        index = y + scroll_y
         width = self.scrollable_content_region.width
-        if index >= len(self._names):
+        if y < LEGEND_ROWS:
+            return self._legend(width)
+        position = y - LEGEND_ROWS + scroll_y
+        if position >= len(self._rows):
             return Strip.blank(width)
-        name = self._names[index]
-        label = (name if len(name) <= LABEL else "…" + name[-(LABEL - 1) :]).ljust(LABEL)
-        segments = [Segment(label + " ", self._label)]
-        row = self._levels[index] if index < self._levels.shape[0] else np.empty(0, np.int16)
+        name = shorten(self._names[self._rows[position]], self._label_width)
+        segments = [Segment(name.ljust(self._label_width) + " ", self._label)]
+        row = self._levels[position] if position < self._levels.shape[0] else np.empty(0)
         if row.size:
             # Runs of equal colour become one segment: far fewer segments than cells.
             change = np.flatnonzero(np.diff(row)) + 1
@@ -112,11 +214,11 @@ class GradientHeatmap(ScrollView, can_focus=True):
             ends = np.concatenate((change, [row.size]))
             for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
                 level = int(row[s])
-                style = self._special.get(level) or self._styles[level]
-                glyph = "×" if level == NONFINITE else "█"
-                segments.append(Segment(glyph * (e - s), style))
+                style = self._special[level] if level < 0 else self._styles[level]
+                segments.append(Segment(GLYPHS.get(level, "█") * (e - s), style))
         return Strip(segments).crop(scroll_x, scroll_x + width).extend_cell_length(width)
 
     @property
     def caption(self) -> str:
+        """The steps shown (``steps 0…399``), as laid out at the widget's current width."""
         return self._caption

@@ -8,22 +8,34 @@ from typing import Any, ClassVar
 import numpy as np
 from rich.text import Text
 from textual.widgets import DataTable
-from textual.widgets.data_table import ColumnKey
 
-from tdbg.tui.widgets.glyphs import gauge, spark
+from tdbg.tui.state.names import matching, shorten
+from tdbg.tui.widgets.glyphs import log_bar, spark
 
 SORTS = ("name", "norm", "trend")
 VANISHING = 1e-7  # below this a layer's gradient has effectively vanished
 EXPLODING = 1e3  # above this it is exploding for almost any model
+NORM = 9
 BAR = 8
 TREND = 10
+MIN_NAME = 12  # the layer column never gets narrower than this
+WANT_NAME = 20  # the bar and the trend give way (scroll off to the right) below this
+
+
+class LayerName(Text):
+    """A name cell that knows its layer: shortened names may repeat, the index never does."""
+
+    def __init__(self, layer: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.layer = layer
 
 
 class GradientTable(DataTable[Any]):
-    """Rows are keyed by layer index; rebuilt only when the layers change.
+    """Rows are keyed by layer index; rebuilt only when the layers or the filter change.
 
     Updates rewrite only the visible rows (and the app throttles them to ~2 Hz); sorting uses
-    the numpy arrays, so the order is right for off-screen rows too.
+    the numpy arrays, so the order is right for off-screen rows too. Long names are shortened
+    from the middle to the layer column's width, so the norm always stays on screen.
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -36,39 +48,72 @@ class GradientTable(DataTable[Any]):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
         self.sort_mode = "name"
+        self.shared_trend = False  # one log scale for every row's trend, not each row's own
+        self.name_filter = ""  # the filter typed after ``/``
         self._names: list[str] = []
-        self._shown: list[str] = []  # the name cells as text: "netG blocks.0.fc.weight"
+        self._owners: list[str | None] = []
+        self._shown: list[str] = []  # the names as matched: "netG blocks.0.fc.weight"
+        self._rows: list[int] = []  # the layers that pass the filter
+        self._name_width = 0
         self._norms = np.empty(0)
         self._trends = np.empty(0)
         self._recent = np.empty((0, 0))
         self._has_norms = False
         self._lo, self._span = 0.0, 1.0
+        self._trend_bounds: tuple[float, float] | None = None
 
     def on_mount(self) -> None:
         self._name_key = self.add_column("layer", key="name")
-        self.add_column("norm", key="norm", width=9)
+        self.add_column("norm", key="norm", width=NORM)
         self.add_column("log bar", key="bar", width=BAR)
         self.add_column("trend", key="trend", width=TREND)
 
     def on_resize(self) -> None:
         self._fit_names()
 
-    def _fit_names(self) -> None:
-        """On a narrow panel (80 columns), cap the layer column so the norm stays on screen
-        beside it: a long (model-prefixed) name is cut rather than the number; the bar and
-        trend scroll off to the right."""
+    @property
+    def total(self) -> int:
+        return len(self._names)
+
+    @property
+    def matched(self) -> int:
+        return len(self._rows)
+
+    def _fit_names(self, rewrite: bool = True) -> None:
+        """Size the layer column to the panel: the norm always stays on screen beside it, and
+        the bar and trend too while the names get at least WANT_NAME cells; names longer than
+        the column are shortened from the middle (the tail says which layer it is)."""
         column = self.columns.get(self._name_key)
-        norm = self.columns.get(ColumnKey("norm"))
-        if column is None or norm is None or not self.size.width:
+        avail = self.scrollable_content_region.width
+        if column is None or not avail:
             return
-        room = self.size.width - norm.get_render_width(self) - 2 * self.cell_padding - 1
+        pad = 2 * self.cell_padding
+        avail -= pad
         needed = max((len(name) for name in self._shown), default=5)
-        width = max(12, min(needed, room))
+        others = [NORM + pad, BAR + pad, TREND + pad]
+        for keep in (3, 2, 1):
+            room = avail - sum(others[:keep])
+            if room >= min(needed, WANT_NAME):
+                break
+        width = max(MIN_NAME, min(needed, room))
         if column.auto_width or column.width != width:
             column.auto_width = False
             column.width = width
             self._require_update_dimensions = True
             self.refresh()
+        if width != self._name_width:
+            self._name_width = width
+            for row in self._rows if rewrite else ():
+                self.update_cell(str(row), "name", self._name_cell(row))
+
+    def _name_cell(self, i: int) -> LayerName:
+        owner = self._owners[i]
+        width = self._name_width or MIN_NAME
+        if owner:
+            cell = LayerName(i, f"{owner} ", style="bold")
+            cell.append(shorten(self._names[i], max(1, width - len(owner) - 1)))
+            return cell
+        return LayerName(i, shorten(self._names[i], width))
 
     def _style(self, value: float) -> Any:
         if not math.isfinite(value):
@@ -107,32 +152,65 @@ class GradientTable(DataTable[Any]):
         shown = [f"{o} {name}" if o else name for o, name in zip(owners, names, strict=True)]
         if names != self._names or shown != self._shown:
             self._names = list(names)
+            self._owners = list(owners)
             self._shown = shown
-            self.clear()
-            for i, name in enumerate(names):
-                cell = Text(name)
-                if owners[i]:
-                    cell = Text.assemble((f"{owners[i]} ", "bold"), name)
-                self.add_row(cell, *self._cells(i), key=str(i))
-            self._fit_names()
+            self._rebuild()
+        else:
+            self._fit_trends()
+            self.apply_sort()
+
+    def filter(self, query: str) -> None:
+        """Show only the layers whose name (with its model) matches ``query``."""
+        if query != self.name_filter:
+            self.name_filter = query
+            self._rebuild()
+
+    def toggle_shared_trend(self) -> bool:
+        self.shared_trend = not self.shared_trend
+        self._fit_trends()
+        self._refresh_visible()
+        return self.shared_trend
+
+    def _rebuild(self) -> None:
+        self._rows = matching(self._shown, self.name_filter)
+        self._fit_trends()
+        self.clear()
+        self._fit_names(rewrite=False)  # the rows are added below at the fitted width
+        for i in self._rows:
+            self.add_row(self._name_cell(i), *self._cells(i), key=str(i))
         self.apply_sort()
+
+    def _fit_trends(self) -> None:
+        """The shared trend scale: the log10 range of the shown layers' recent norms."""
+        self._trend_bounds = None
+        if not self.shared_trend or not len(self._recent) or not self._rows:
+            return
+        values = self._recent[:, self._rows][-TREND:].astype(np.float64)
+        values = values[np.isfinite(values) & (values > 0)]
+        if values.size:
+            logs = np.log10(values)
+            lo, hi = float(logs.min()), float(logs.max())
+            self._trend_bounds = (lo, hi if hi > lo else lo + 1.0)
 
     def _cells(self, i: int) -> tuple[Text, Text, Text]:
         value = float(self._norms[i])
         style = self._style(value)
         norm = Text(f"{value:9.2e}" if self._has_norms else "      n/a", style=style)
-        frac = None
-        if value > 0 and math.isfinite(value):
-            frac = (math.log10(value) - self._lo) / self._span
-        bar = Text(gauge(frac, BAR), style=self.get_component_rich_style("gradient-table--bar"))
+        if not self._has_norms:
+            bar = Text(" " * BAR)
+        elif math.isfinite(value):
+            bar_style = self.get_component_rich_style("gradient-table--bar")
+            bar = Text(log_bar(value, self._lo, self._span, BAR), style=bar_style)
+        else:
+            bar = Text(log_bar(value, self._lo, self._span, BAR), style=style)
         column = self._recent[:, i] if len(self._recent) else ()
-        trend = Text(spark(column, TREND, log=True), style=style)
+        trend = Text(spark(column, TREND, log=True, bounds=self._trend_bounds), style=style)
         return norm, bar, trend
 
     def _refresh_visible(self) -> None:
         # Only the rows on screen are rewritten: a cell write costs a refresh, and 1,000 layers
         # x 3 cells would take ~60 ms. Rows scrolled into view are rewritten on scroll.
-        if not self._names:
+        if not self._rows:
             return
         top = max(0, int(self.scroll_offset.y))
         rows = self.ordered_rows[top : top + max(1, self.size.height)]
@@ -154,18 +232,17 @@ class GradientTable(DataTable[Any]):
         return self.sort_mode
 
     def apply_sort(self) -> None:
-        if not self._names:
+        if not self._rows:
             return
-        index = {name: i for i, name in enumerate(self._shown)}
         if self.sort_mode == "name":
             # Model order, as the probe sent it (grouped by model when several are watched).
-            self.sort("name", key=lambda name: index[str(name)])
+            self.sort("name", key=lambda cell: cell.layer)
             self._refresh_visible()
             return
         values = self._norms if self.sort_mode == "norm" else self._trends
 
-        def key(cell: object) -> tuple[int, float]:
-            i = index[str(cell)]
+        def key(cell: LayerName) -> tuple[int, float]:
+            i = cell.layer
             v = float(values[i]) if i < len(values) else math.nan
             # Non-finite first: a NaN gradient is the most urgent row on the screen.
             return (0, 0.0) if not math.isfinite(v) else (1, -v)

@@ -1,0 +1,139 @@
+"""The gradient views in the real app: a fitted heatmap scale, bar floors, trend scales, filter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from test_tui_app import ended, shows
+from textual.pilot import Pilot
+from textual.widgets import Input
+from waiting import wait_for
+
+from tdbg.tui.app import TdbgApp, make_app, screen_text
+from tdbg.tui.sources.base import ReplaySource
+from tdbg.tui.sources.synthetic import RUN, synthetic_run
+from tdbg.tui.widgets.gradient_heatmap import LEVELS, GradientHeatmap
+from tdbg.tui.widgets.gradient_table import GradientTable
+
+SIZE = (120, 40)
+VANISHED = 1  # the synthetic run's layer whose gradient is 1e-9
+
+
+def run(steps: int = 300, n_layers: int = 8, **kwargs: Any) -> TdbgApp:
+    return make_app(ReplaySource(synthetic_run(steps=steps, n_layers=n_layers, **kwargs), RUN))
+
+
+def frame_headings(app: TdbgApp) -> str:
+    frame = app.query_one("#grad-panel")
+    return f"{frame.border_title} | {frame.border_subtitle}"
+
+
+async def focus_gradients(pilot: Pilot[Any], app: TdbgApp) -> None:
+    """The gradient panel's keys work where its views have the focus (tab reaches it)."""
+    table = app.query_one(GradientTable)
+    while not table.has_focus:
+        await pilot.press("tab")
+
+
+async def test_heatmap_scale_fits_the_norms_and_says_so() -> None:
+    app = run()
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        await pilot.press("h")
+        steps, _ = app.state.grads.matrix()
+        caption = f"steps {int(steps[0])}…{int(steps[-1])}"  # not "steps 0…0"
+        text = await shows(pilot, app, caption, "NaN/Inf", "zero")
+        legend = text.split("\n")[
+            [i for i, line in enumerate(text.split("\n")) if caption in line][0]
+        ]
+        assert "e-" in legend  # the scale's ends, e.g. "≤2e-3 ████ 7e-1"
+        heatmap = app.query_one(GradientHeatmap)
+        levels = heatmap._levels
+        typical = np.delete(levels, VANISHED, axis=0)  # the vanished layer takes the low end
+        # The typical layers (norms between 1e-2 and 1) use most of the ramp, not one green.
+        assert typical.max() - typical[typical >= 0].min() >= LEVELS // 2
+        assert (levels[VANISHED] == 0).all()
+
+
+async def test_smallest_layer_keeps_a_bar() -> None:
+    app = run()
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        table = app.query_one(GradientTable)
+        await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
+        bar = str(table.get_cell(str(VANISHED), "bar"))
+        assert bar.startswith("█") and bar[1:].strip() == ""  # the floor: one cell
+        largest = int(np.nanargmax(app.state.grads.latest()))
+        assert str(table.get_cell(str(largest), "bar")) == "█" * 8
+
+
+async def test_t_puts_every_trend_on_one_scale() -> None:
+    app = run()
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        table = app.query_one(GradientTable)
+        await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
+        await focus_gradients(pilot, app)
+        assert "trend: row (t)" in frame_headings(app)
+        largest = str(int(np.nanargmax(app.state.grads.latest())))
+        await pilot.press("t")
+        await wait_for(pilot, lambda: "trend: all (t)" in frame_headings(app), "shared")
+        # On one scale the vanished layer lies flat at the bottom, the largest near the top.
+        assert set(str(table.get_cell(str(VANISHED), "trend"))) == {"▁"}
+        assert set(str(table.get_cell(largest, "trend"))) <= set("▆▇█")
+        await shows(pilot, app, "trend: all (t)")
+        await pilot.press("t")
+        await wait_for(pilot, lambda: "trend: row (t)" in frame_headings(app), "per row")
+        assert set(str(table.get_cell(str(VANISHED), "trend"))) != {"▁"}
+
+
+async def test_slash_filters_the_table_and_heatmap_as_you_type() -> None:
+    app = run()
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        table = app.query_one(GradientTable)
+        heatmap = app.query_one(GradientHeatmap)
+        await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
+        await focus_gradients(pilot, app)
+        await pilot.press("slash")
+        field = app.query_one("#grad-filter", Input)
+        await wait_for(pilot, lambda: field.has_focus and field.display, "the filter field")
+        await pilot.press("a", "t", "t", "n")  # letters that are keys elsewhere type here
+        await wait_for(pilot, lambda: table.row_count == 2, "two attn rows")
+        text = await shows(pilot, app, "filter: attn (2 of 8)", "1.attn.weight")
+        assert "mlp.weight" not in text
+        await pilot.press("enter")  # keeps the filter, the keys go back to the table
+        await wait_for(pilot, lambda: table.has_focus, "the table focused")
+        await pilot.press("h")
+        await wait_for(pilot, lambda: heatmap.matched == 2, "the heatmap filtered")
+        text = await shows(pilot, app, "filter: attn (2 of 8)", "NaN/Inf")
+        assert "mlp.weight" not in text
+        await pilot.press("h")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: table.row_count == 8, "every row back")
+        await wait_for(pilot, lambda: "filter:" not in screen_text(app), "the filter cleared")
+        assert heatmap.matched == 8 and not field.display
+
+
+async def test_long_names_leave_the_norms_on_screen() -> None:
+    messages = synthetic_run(steps=60, n_layers=8)
+    for message in messages:
+        if message.get("type") == "layers":
+            message["names"] = [
+                f"encoder.transformer.layers.{i}.self_attention.output_projection.weight"
+                for i in range(len(message["names"]))
+            ]
+    app = make_app(ReplaySource(messages, RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        table = app.query_one(GradientTable)
+        await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
+        latest = app.state.grads.latest()
+        assert latest is not None
+        norms = [f"{float(v):9.2e}".strip() for v in latest]
+        text = await shows(pilot, app, *norms)  # every norm on screen beside its name
+        assert "…" in text and "output_projection.weight" not in text  # cut from the middle
+        for i in range(8):
+            name = str(table.get_cell(str(i), "name"))
+            assert name.endswith("weight") and "…" in name
