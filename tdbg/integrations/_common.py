@@ -37,6 +37,16 @@ class LazyClass:
             )
         return self.built
 
+    def module_getattr(self, module: str) -> Callable[[str], Any]:
+        """The ``__getattr__`` for ``module`` (PEP 562) that hands out ``TdbgCallback``."""
+
+        def __getattr__(name: str) -> Any:
+            if name == "TdbgCallback":
+                return self.get()
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+        return __getattr__
+
 
 def failed(framework: str, what: str, exc: BaseException) -> None:
     logger.warning(f"tdbg: {framework} callback failed {what} ({exc!r}); training goes on")

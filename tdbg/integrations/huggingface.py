@@ -152,8 +152,4 @@ _class = LazyClass(TdbgHuggingFace, _trainer_callback_base)
 if TYPE_CHECKING:
     TdbgCallback = TdbgHuggingFace
 else:
-
-    def __getattr__(name: str) -> Any:
-        if name == "TdbgCallback":
-            return _class.get()
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __getattr__ = _class.module_getattr(__name__)

@@ -277,8 +277,4 @@ _class = LazyClass(TdbgLightning, _lightning_callback_base)
 if TYPE_CHECKING:
     TdbgCallback = TdbgLightning
 else:
-
-    def __getattr__(name: str) -> Any:
-        if name == "TdbgCallback":
-            return _class.get()
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __getattr__ = _class.module_getattr(__name__)
