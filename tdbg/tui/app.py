@@ -5,14 +5,14 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
 from rich.cells import cell_len
 from textual import work
-from textual.app import App
+from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.message import Message
 from textual.notifications import SeverityLevel
@@ -20,8 +20,9 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 from tdbg.connect.targets import Discover, LocalSocket, Recording, Remote, Target, resolve
+from tdbg.tui.palette import palette_commands
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
@@ -52,27 +53,34 @@ class TdbgApp(App[int]):
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("r", "switch_run", "Switch run"),
     ]
 
-    class EventsReceived(Message):
+    class FromSource(Message):
+        """A message the source worker posts; ``origin`` is the source it read. After a switch
+        of runs the old worker's last posts are dropped by this, not folded into the new run."""
+
+        origin: Source | None = None
+
+    class EventsReceived(FromSource):
         """A batch of protocol messages arrived (one post per socket read, not per sample)."""
 
         def __init__(self, batch: list[dict[str, Any]]) -> None:
             super().__init__()
             self.batch = batch
 
-    class ProbeConnected(Message):
+    class ProbeConnected(FromSource):
         def __init__(self, run: dict[str, Any], restarted: bool) -> None:
             super().__init__()
             self.run = run
             self.restarted = restarted
 
-    class ConnectionEnded(Message):
+    class ConnectionEnded(FromSource):
         def __init__(self, reason: str | None) -> None:
             super().__init__()
             self.reason = reason
 
-    class SourceNoticed(Message):
+    class SourceNoticed(FromSource):
         """The source needs the user (``choices``), is ``waiting``, or has a ``warning``."""
 
         def __init__(self, kind: str, payload: Any) -> None:
@@ -80,7 +88,7 @@ class TdbgApp(App[int]):
             self.kind = kind
             self.payload = payload
 
-    class SourceFailed(Message):
+    class SourceFailed(FromSource):
         def __init__(self, reason: str) -> None:
             super().__init__()
             self.reason = reason
@@ -135,28 +143,41 @@ class TdbgApp(App[int]):
         worker = get_current_worker()
         source = self.source
 
+        def post(message: TdbgApp.FromSource) -> None:
+            message.origin = source
+            self.post_message(message)
+
         def notify(kind: str, payload: Any) -> None:
-            self.post_message(self.SourceNoticed(kind, payload))
+            post(self.SourceNoticed(kind, payload))
 
         try:
             source.open(notify)
         except ConnectError as exc:
             if not source.stopped:
-                self.post_message(self.SourceFailed(str(exc)))
+                post(self.SourceFailed(str(exc)))
             return
         restarted = False
         while not worker.is_cancelled and not source.stopped:
-            self.post_message(self.ProbeConnected(dict(source.run), restarted))
+            post(self.ProbeConnected(dict(source.run), restarted))
             for batch in source.batches():
-                self.post_message(self.EventsReceived(batch))
-            self.post_message(self.ConnectionEnded(source.end_reason))
+                post(self.EventsReceived(batch))
+            post(self.ConnectionEnded(source.end_reason))
             if worker.is_cancelled or not source.reattach(notify):
                 return
             restarted = True
 
     # --- handlers: O(batch) state updates, no I/O ------------------------------------------
 
+    def _stale(self, event: FromSource) -> bool:
+        """The event came from a source this app has switched away from: drop it."""
+        if event.origin is not None and event.origin is not self.source:
+            event.stop()
+            return True
+        return False
+
     def on_tdbg_app_events_received(self, event: EventsReceived) -> None:
+        if self._stale(event):
+            return
         self.state.apply_many(event.batch)
         self.batches_applied += 1
         for notice in self.state.deep.drain_notices():
@@ -178,6 +199,8 @@ class TdbgApp(App[int]):
         return mid
 
     def on_tdbg_app_probe_connected(self, event: ProbeConnected) -> None:
+        if self._stale(event):
+            return
         if event.restarted:
             old = self.state.run
             same = all(event.run.get(k) == old.get(k) for k in ("pid", "start_time", "host"))
@@ -203,12 +226,16 @@ class TdbgApp(App[int]):
             self.pop_screen()
 
     def on_tdbg_app_connection_ended(self, event: ConnectionEnded) -> None:
+        if self._stale(event):
+            return
         reason = event.reason or "closed"
         if self.source.watches_for_restart and not self.source.stopped:
             reason += "; watching for a restart"
         self.state.mark("ended", reason)
 
     def on_tdbg_app_source_noticed(self, event: SourceNoticed) -> None:
+        if self._stale(event):
+            return
         if event.kind == "reconnecting":
             self.state.mark("reconnecting")
         elif event.kind == "waiting":
@@ -223,11 +250,14 @@ class TdbgApp(App[int]):
                 if entry is None:
                     self.exit(0)
 
-            self.push_screen(RunPickerScreen(entries), chosen)
+            local = isinstance(self.source, DiscoverySource)  # a remote run's socket is not here
+            self.push_screen(RunPickerScreen(entries, peek=local), chosen)
         else:
             self.notify(str(event.payload), severity="warning")
 
     def on_tdbg_app_source_failed(self, event: SourceFailed) -> None:
+        if self._stale(event):
+            return
         self.state.mark("ended", event.reason)
         self.notify(event.reason, severity="error", timeout=10)
 
@@ -257,6 +287,59 @@ class TdbgApp(App[int]):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
+
+    # --- the command palette (ctrl+p) and switching runs -----------------------------------
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        """tdbg's own actions first (each runs what its key runs), then Textual's (its Quit is
+        ours)."""
+        yield from palette_commands(self, self.monitor)
+        for command in super().get_system_commands(screen):
+            if command.title != "Quit":
+                yield command
+
+    def runs_directory(self) -> Path | None:
+        """Where the runs this app can switch to live: the local runtime directory (or the
+        one the run was found in); None for a replay or a remote source."""
+        remote = sys.modules.get("tdbg.tui.sources.remote")  # loaded only if a source is remote
+        if remote is not None and isinstance(self.source, remote.RemoteSource):
+            return None
+        if not isinstance(self.source, SocketSource):
+            return None
+        return self.source.directory or runtime_dir()
+
+    def action_switch_run(self) -> None:
+        """``r``: the picker over this machine's runs; the one chosen replaces the one shown."""
+        directory = self.runs_directory()
+        if directory is None:
+            self.notify("switching runs works on this machine's runs only", severity="warning")
+            return
+        if isinstance(self.screen, RunPickerScreen):
+            return
+        entries = discover(directory)
+        if not entries:
+            self.notify(f"no tdbg runs in {directory}", severity="warning")
+            return
+        current = Path(self.source.path) if isinstance(self.source, SocketSource) else None
+        picker = RunPickerScreen(entries, attached=current or Path(), peek=True)
+        self.push_screen(picker, lambda entry: self.switch_to(entry, directory))
+
+    def switch_to(self, entry: RunEntry | None, directory: Path | None = None) -> None:
+        """Show ``entry`` instead of the current run: its source, state and screen start
+        afresh (the old run's data, deep dives and notices are dropped), and the old source
+        is closed; whatever its worker still posts is dropped as stale."""
+        if entry is None:
+            return
+        if isinstance(self.source, SocketSource) and Path(self.source.path) == entry.socket:
+            return  # already on screen
+        old = self.source
+        self.source = SocketSource(path=entry.socket, directory=directory or entry.socket.parent)
+        old.close()
+        self.state = RunState(dict(entry.meta))
+        self._painted = -1
+        self.monitor.show(self.state)
+        self.notify(f"switched to run {entry.name} (pid {entry.pid})")
+        self._pump()  # exclusive in its group: the old worker is cancelled
 
     async def action_quit(self) -> None:
         self.source.close()

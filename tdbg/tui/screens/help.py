@@ -11,6 +11,8 @@ from textual.widgets import Static
 KEYS = """\
 q            quit
 ?            this help
+r            switch run: pick another run on this machine (its step, loss, health)
+ctrl+p       command palette: every action here, by name
 tab / ⇧tab   next / previous panel
 l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
 h            gradients: table / heatmap
