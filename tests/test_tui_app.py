@@ -213,14 +213,19 @@ async def test_restarted_run_replaces_the_data() -> None:
 
 
 def serve_once(
-    path: str, messages: list[dict[str, Any]], garbage: bool = False
+    path: str, messages: list[dict[str, Any]], garbage: bool = False, accepts: int = 1
 ) -> threading.Thread:
+    """A fake probe that serves ``messages`` to ``accepts`` clients, one after the other."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
 
     def run() -> None:
-        conn, _ = server.accept()
+        for _ in range(accepts):
+            serve(*server.accept())
+        server.close()
+
+    def serve(conn: socket.socket, _: Any) -> None:
         with conn:
             if garbage:
                 conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
@@ -240,7 +245,6 @@ def serve_once(
             # The app may already have hung up (the picker test leaves runs unattached).
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 conn.sendall(out + framing.pack({"type": "bye", "reason": "shutdown"}))
-        server.close()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -328,12 +332,13 @@ async def test_several_runs_open_the_picker() -> None:
         threads = []
         for i, steps in enumerate((40, 70)):
             sock = os.path.join(directory, f"0-{i}")
-            threads.append(serve_once(sock, synthetic_run(steps=steps)))
+            # Two clients each: the picker's peek at its row, then the app if it is picked.
+            threads.append(serve_once(sock, synthetic_run(steps=steps), accepts=2))
             write_meta(directory, sock, f"run{i}", float(i))
         app = make_app(DiscoverySource(Path(directory)))
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: isinstance(app.screen, RunPickerScreen), "the picker")
-            await shows(pilot, app, "run0", "run1")
+            await shows(pilot, app, "run0", "run1", "step 39", "step 69")
             await pilot.press("down", "enter")
             await ended(pilot, app)
             assert app.state.n_steps == 70
