@@ -15,7 +15,7 @@ import pytest
 from waiting import wait_for
 
 from tdbg.tui.app import screen_text
-from tdbg.tui.job_app import JobApp
+from tdbg.tui.job_app import JobApp, local_job
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.sources.job import JobSource
 from tdbg.tui.widgets.rank_table import RankTable
@@ -61,6 +61,8 @@ async def test_the_job_screen_shows_every_rank_and_names_a_straggler(runtime_dir
         app = JobApp(JobSource(directory=runtime_dir))
         async with app.run_test(size=(160, 40)) as pilot:
             await wait_for(pilot, lambda: len(app.job.ranks) == 2, "both ranks attached", 120)
+            # `tdbg-tui` alone opens this screen: every local run is a rank of this one job.
+            assert local_job(runtime_dir) == app.job.job != ""
             table = app.screen.query_one(RankTable)
 
             def straggler_on_screen() -> str | None:

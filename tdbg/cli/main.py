@@ -139,7 +139,13 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
         return replay_main(extra)
     from tdbg.tui.app import launch  # textual is loaded only for the TUI (and its replay)
+    from tdbg.tui.job_app import launch_job
 
+    local = args.target is None and not extra and not getattr(args, "hosts", None)
+    if args.job is not None or local:  # a distributed job: its ranks on one screen
+        code = launch_job(args.job)
+        if code is not None:
+            return code
     return launch(
         args.target,
         [*getattr(args, "extra_targets", []), *(getattr(args, "hosts", None) or [])],
@@ -160,6 +166,9 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--host", dest="hosts", action="append", metavar="URL", help="an ssh:// target"
+    )
+    parser.add_argument(
+        "--job", metavar="JOB", help="every local rank of distributed job JOB on one screen"
     )
     add_remote_options(parser)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -11,10 +12,11 @@ from textual.message import Message
 from textual.screen import Screen
 
 from tdbg.connect.client import ConnectError
+from tdbg.connect.runtime import discover
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.waiting import WaitingScreen
-from tdbg.tui.sources.job import JobSource, RankBatches
+from tdbg.tui.sources.job import JobSource, RankBatches, job_entries
 from tdbg.tui.state.job import Job
 from tdbg.tui.state.job_alerts import JobAlerts
 from tdbg.tui.state.run_state import RunState
@@ -151,3 +153,29 @@ class JobApp(App[int]):
 
     def on_unmount(self) -> None:
         self.source.close()
+
+
+def local_job(directory: Path | None = None) -> str | None:
+    """The job id when every local run is a rank of one job (two ranks or more), else None."""
+    entries = discover(directory)
+    jobs = job_entries(entries)
+    if len(entries) < 2 or len(jobs) != 1:
+        return None
+    job, ranks = next(iter(jobs.items()))
+    return job if len(ranks) == len(entries) else None
+
+
+def launch_job(job: str | None, directory: Path | None = None) -> int | None:
+    """``tdbg-tui --job JOB``: the job screen for JOB (waiting for its ranks). With ``job``
+    None (``tdbg-tui`` alone): the job screen when every local run is a rank of one job; None
+    when that is not so, and the caller goes on as for single runs."""
+    job = job if job is not None else local_job(directory)
+    if job is None:
+        return None
+    source = JobSource(job, directory)
+    app = JobApp(source)
+    try:
+        result = app.run()
+    finally:
+        source.close()
+    return int(result or app.return_code or 0)
