@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -19,7 +19,20 @@ h            gradients: table / heatmap
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradient table: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type (enter keeps it, escape clears)
+t            gradient table: each trend on its own scale / all on one (rows compare)
+/            gradients: filter layers by name as you type (enter keeps it, escape clears)
 ↑ ↓ PgUp PgDn  scroll the focused panel
+
+Loss chart (tab to it; its keys while it has the focus):
+w            the last 500 steps / every step
++ -          zoom in / out: half / twice the steps
+, .          older / newer steps (also ← → outside a replay); at the newest it follows the run
+f            y-range: fitted to the steps shown (the first steps' loss ignored) / all of it
+             a red line and "NaN at step N" mark the first non-finite loss
+
+Alerts (tab to them): the first alert of each kind on top, in the order they came (the first is
+usually the cause), ×N folds its repeats; below, later alerts with other messages, newest first.
+↑ ↓ PgUp PgDn Home End  move the cursor     enter  the alert in full (escape closes it)
 
 Deep dives (the probe runs them in the training process at the next step boundary):
 p            profile the next steps: a form (steps, time cap, shapes / memory / stack)
@@ -40,7 +53,7 @@ home end     the first / last recorded step
 Heatmap colours: a log scale fitted to the layers shown, its ends on the heatmap's first line;
 × marks NaN / Inf, · exact zeros. Profile Δ/call: ▲ slower, ▼ faster.
 
-escape or ? closes this help."""
+↑ ↓ PgUp PgDn Home End scroll this help; escape or ? closes it."""
 
 
 class HelpScreen(ModalScreen[None]):
@@ -51,9 +64,13 @@ class HelpScreen(ModalScreen[None]):
     ]
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-box"):
+        # A focused VerticalScroll: its keys scroll the help on a terminal too short for it.
+        with VerticalScroll(id="help-box"):
             yield Static("tdbg — keys", id="help-title")
             yield Static(KEYS, id="help-keys", markup=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#help-box").focus()
 
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(None)

@@ -31,23 +31,17 @@ def step_label(step: int) -> str:
 
 
 def step_ticks(lo: float, hi: float, max_ticks: int) -> list[int]:
-    """At most ``max_ticks`` whole steps in ``[lo, hi]``, a round stride apart (1, 2, 5 x 10^k):
-    never a fractional or negative step."""
+    """As many whole steps in ``[lo, hi]``, a round stride apart (1, 2, 5 x 10^k), as fit in
+    ``max_ticks``: never a fractional or negative step."""
     first, last = max(0, math.ceil(lo)), math.floor(hi)
     if last < first or max_ticks < 1:
         return []
-    span = last - first
-    if span == 0 or max_ticks == 1:
-        return [first]
-    stride = 1
-    raw = span / (max_ticks - 1)
-    magnitude = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
-    for mult in (1, 2, 5, 10):
-        stride = max(1, int(mult * magnitude))
-        if span / stride <= max_ticks - 1:
-            break
-    start = math.ceil(first / stride) * stride
-    return list(range(start, last + 1, stride))
+    magnitude = 10 ** max(0, math.floor(math.log10(max(1, last - first))) - 1)
+    for stride in (m * magnitude * scale for scale in (1, 10, 100) for m in (1, 2, 5)):
+        start = math.ceil(first / stride) * stride
+        if (last - start) // stride + 1 <= max_ticks:
+            return list(range(start, last + 1, stride))
+    return [first]
 
 
 def value_ticks(lo: float, hi: float, max_ticks: int) -> list[float]:

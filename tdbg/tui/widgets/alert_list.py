@@ -88,13 +88,14 @@ class AlertList(OptionList):
         style = self.get_component_rich_style(f"alert-list--{severity}")
         dim = self.get_component_rich_style("alert-list--dim")
         step = "?" if row.first_step is None else str(row.first_step)
+        if row.count > 1 and row.last_step != row.first_step:
+            step += "–" + ("?" if row.last_step is None else str(row.last_step))
         text = Text(no_wrap=True, overflow="ellipsis", end="")
         text.append(f"{severity[0].upper()} ", style)
-        text.append(f"{step:>6} ", dim)
+        text.append(f"{step:>5} ", dim)
+        if row.count > 1:  # before the kind: a narrow panel cuts the end of the line
+            text.append(f"×{row.count} ", style)
         text.append(alert.kind, style)
-        if row.count > 1:
-            last = "?" if row.last_step is None else str(row.last_step)
-            text.append(f" ×{row.count} (last {last})", style)
         text.append(": ", style)
         text.append(alert.message)
         if alert.layers:

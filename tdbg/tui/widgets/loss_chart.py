@@ -174,10 +174,11 @@ class LossChart(Static, can_focus=True):
         span = self._span()
         if span is not None:
             lo, hi = self.window.bounds(*span)
-            shown = "all steps" if self.window.size is None else f"steps {step_label(lo)}–"
-            if self.window.size is not None:
-                shown += "newest" if self.window.offset == 0 else step_label(hi)
-                shown += f" of {step_label(span[1])}"
+            if self.window.size is None:
+                shown = f"all steps {lo}–{hi}"
+            else:
+                follows = " (newest)" if self.window.offset == 0 else ""
+                shown = f"steps {lo}–{hi}{follows}"
             text.append(shown, "dim")
             text.append(" · y " + ("full" if self.full_range else "fitted"), "dim")
             if self.has_focus:
@@ -242,6 +243,9 @@ class LossChart(Static, can_focus=True):
                 y_axis.ticks(values, [value_label(v) for v in values])
         plot = Text.from_ansi(fig.build().string(), no_wrap=True)
         self.update(Text.assemble(self.caption(), "\n", plot, no_wrap=True))
+
+    def on_resize(self) -> None:
+        self._draw()  # the plot is drawn for a size: a new layout (z, a panel folding) redraws it
 
     def on_focus(self) -> None:
         self._draw()  # the caption lists the keys while focused

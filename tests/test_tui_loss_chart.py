@@ -1,0 +1,98 @@
+"""The loss chart in the real app: whole-step ticks, the NaN marker, and its keys (window, zoom,
+pan, y-range) each making the change they promise on screen."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from test_tui_app import painted, shows
+from textual.pilot import Pilot
+from waiting import wait_for
+
+from tdbg.tui.app import TdbgApp, make_app, screen_text
+from tdbg.tui.screens.help import KEYS
+from tdbg.tui.sources.base import ReplaySource
+from tdbg.tui.sources.synthetic import RUN, synthetic_run
+from tdbg.tui.widgets.loss_chart import LossChart
+
+
+async def focus_by_tab(pilot: Pilot[Any], app: TdbgApp, widget: Any) -> None:
+    """Press tab until ``widget`` has the focus, as a user would reach it."""
+    for _ in range(20):
+        if app.focused is widget:
+            return
+        await pilot.press("tab")
+    assert app.focused is widget, f"tab never reached {widget!r}; focused: {app.focused!r}"
+
+
+def chart_lines(app: TdbgApp) -> list[str]:
+    """The loss chart's rows as they are on screen."""
+    chart = app.query_one(LossChart)
+    region = chart.content_region
+    rows = screen_text(app).split("\n")[region.y : region.bottom]
+    return [row[region.x : region.right] for row in rows]
+
+
+async def test_step_ticks_are_whole_steps_and_the_nan_is_marked() -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=2000, n_layers=4, nan_at=1980), RUN))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.n_steps == 2000, "2000 steps")
+        await painted(pilot, app)
+        await shows(pilot, app, "NaN at step 1980", "all steps 0–1999")
+        lines = chart_lines(app)
+        axis = lines[-1]
+        assert "1k" in axis and "1.5k" in axis, axis
+        plot = "\n".join(lines)
+        assert not re.search(r"\de\d|\de[+-]", plot), plot  # no 1.9e2
+        assert not re.search(r"(?<![\d.])-\d", axis), axis  # no negative step
+        assert not re.search(r"\d\.\d", axis.replace("1.5k", "")), axis  # no 33.3
+        # The vertical NaN line: one column of │ inside the plot.
+        assert sum(row.count("│") for row in lines[1:-2]) > 2 * (len(lines) - 4)
+
+
+async def test_keys_window_zoom_pan_and_range_change_what_is_shown() -> None:
+    for key in ("w", "+", "-", ",", ".", "f"):
+        assert f"\n{key} " in f"\n{KEYS}" or f" {key} " in KEYS, f"{key} is in the help"
+    app = make_app(ReplaySource(synthetic_run(steps=2000, n_layers=4), RUN))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.n_steps == 2000, "2000 steps")
+        await painted(pilot, app)
+        chart = app.query_one(LossChart)
+        await focus_by_tab(pilot, app, chart)
+        await shows(pilot, app, "all steps 0–1999 · y fitted · keys w + - , . f")
+        await pilot.press("w")
+        await shows(pilot, app, "steps 1499–1999 (newest)")
+        await pilot.press("plus")
+        await shows(pilot, app, "steps 1749–1999 (newest)")
+        await pilot.press("comma")
+        await shows(pilot, app, "steps 1687–1937 ·")
+        await pilot.press("comma")
+        await shows(pilot, app, "steps 1625–1875 ·")
+        await pilot.press("full_stop")
+        await pilot.press("full_stop")
+        await shows(pilot, app, "steps 1749–1999 (newest)")
+        await pilot.press("minus")
+        await shows(pilot, app, "steps 1499–1999 (newest)")
+        assert "1.5k" in chart_lines(app)[-1]  # the ticks follow the window
+        await pilot.press("minus", "minus")
+        await shows(pilot, app, "all steps 0–1999")
+
+        # The fitted range leaves out the first steps' loss; the full range shows it.
+        def top_label() -> float:
+            return max(
+                float(m) for m in re.findall(r"^\s*([\d.]+)┤", "\n".join(chart_lines(app)), re.M)
+            )
+
+        fitted = top_label()
+        await pilot.press("f")
+        await shows(pilot, app, "· y full")
+        await wait_for(
+            pilot, lambda: top_label() > fitted, "the full range reaches the first steps' loss"
+        )
+        await pilot.press("f")
+        await shows(pilot, app, "· y fitted")
+        await pilot.press("w")
+        await shows(pilot, app, "steps 1499–1999 (newest)")
+        await pilot.press("w")
+        await shows(pilot, app, "all steps 0–1999")
