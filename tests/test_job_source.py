@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import pytest
 from waiting import wait_for, wait_until
 
 from tdbg.connect.runtime import discover
@@ -39,6 +40,7 @@ def rank(runtime: Path, job: str, number: int, world: int) -> Iterator[subproces
         proc.wait(30)
 
 
+@pytest.mark.slow
 async def test_two_jobs_are_never_mixed_and_a_dead_rank_shows_as_ended(runtime_dir: Path) -> None:
     with ExitStack() as stack:
         stack.enter_context(rank(runtime_dir, "jobA", 0, 2))
