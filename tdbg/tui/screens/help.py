@@ -23,16 +23,18 @@ t            gradient table: each trend on its own scale / all on one (rows comp
 /            gradients: filter layers by name as you type (enter keeps it, escape clears)
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
-Loss chart (tab to it; its keys while it has the focus):
+Loss chart (tab to it; these keys while it has the focus):
 w            the last 500 steps / every step
 + -          zoom in / out: half / twice the steps
-, .          older / newer steps (also ← → outside a replay); at the newest it follows the run
-f            y-range: fitted to the steps shown (the first steps' loss ignored) / all of it
+, .          older / newer steps (← → too, outside a replay); at the newest
+             the window follows the run
+f            y-range: fitted to the steps shown / all of it
              a red line and "NaN at step N" mark the first non-finite loss
 
-Alerts (tab to them): the first alert of each kind on top, in the order they came (the first is
-usually the cause), ×N folds its repeats; below, later alerts with other messages, newest first.
-↑ ↓ PgUp PgDn Home End  move the cursor     enter  the alert in full (escape closes it)
+Alerts (tab to them): the first alert of each kind on top, in the order
+the kinds came (the first is usually the cause), repeats folded as ×N;
+then later alerts with other messages, newest first.
+↑ ↓ PgUp PgDn Home End   move     enter   the alert in full (escape closes)
 
 Deep dives (the probe runs them in the training process at the next step boundary):
 p            profile the next steps: a form (steps, time cap, shapes / memory / stack)
