@@ -19,8 +19,6 @@ h            gradients: table / heatmap
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradient table: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type (enter keeps it, escape clears)
-t            gradient table: each trend on its own scale / all on one (rows compare)
-/            gradients: filter layers by name as you type (enter keeps it, escape clears)
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
 Loss chart (tab to it; these keys while it has the focus):
