@@ -128,3 +128,43 @@ def fmt_span(seconds: object) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s // 60 % 60:02d}m"
+
+
+_SI = ((1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def fmt_rate(value: object) -> str:
+    """A rate per second (steps/s, samples/s, tokens/s) without an exponent: one decimal from
+    0.1 to 100 (``16.9``, ``0.4``, ``0.0`` while stalled), whole from 100 (``812``), k/M/G from
+    10,000 (``328k``, ``1.25M``), two significant digits below 0.1 (``0.05``)."""
+    v = number(value)
+    if v is None or not math.isfinite(v):
+        return NA
+    size = abs(v)
+    if size >= 1e4:
+        for scale, suffix in _SI:
+            if size >= scale:
+                text = f"{v / scale:.3g}"
+                return f"{text if 'e' not in text else f'{v / scale:.0f}'}{suffix}"
+    if size >= 99.95:
+        return f"{v:.0f}"
+    if size >= 0.1 or v == 0:
+        return f"{v:.1f}"
+    return f"{v:.2g}"
+
+
+def fmt_count(value: object, noun: str) -> str:
+    """A whole count with its noun, singular for one: ``1 step``, ``10 steps``, ``n/a steps``."""
+    v = number(value)
+    if v is None or not math.isfinite(v):
+        return f"{NA} {noun}s"
+    n = round(v)
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def fmt_every(value: object, noun: str = "step") -> str:
+    """How often, as people say it: ``every step``, ``every 10 steps``."""
+    v = number(value)
+    if v is not None and math.isfinite(v) and round(v) == 1:
+        return f"every {noun}"
+    return f"every {fmt_count(value, noun)}"

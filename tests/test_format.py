@@ -133,3 +133,26 @@ def test_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_rates_counts_and_intervals_read_one_way() -> None:
+    """steps/s and tokens/s in the TUI and `tdbg status` alike: no exponent, no mixed decimals."""
+    from tdbg.format import fmt_count, fmt_every, fmt_rate
+
+    assert [fmt_rate(v) for v in (0.0, 0.05, 0.44, 16.94, 20, 812.4, 327680, 1.25e6)] == [
+        "0.0",
+        "0.05",
+        "0.4",
+        "16.9",
+        "20.0",
+        "812",
+        "328k",
+        "1.25M",
+    ]
+    assert fmt_rate(None) == fmt_rate(NAN) == "n/a"
+    assert (fmt_count(1, "alert"), fmt_count(3, "alert")) == ("1 alert", "3 alerts")
+    assert (fmt_every(1), fmt_every(10), fmt_every(2, "epoch")) == (
+        "every step",
+        "every 10 steps",
+        "every 2 epochs",
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,9 @@ def test_status_prints_one_line_per_run_and_exits_by_health(
     assert run(["status"]) == 0
     line = capsys.readouterr().out
     assert line.startswith("healthy") and "step       4" in line and " live " in line
+    # The rate as the TUI header spells it (format.fmt_rate), the alert count in words.
+    assert re.search(r" (\d+\.\d|\d+|\d+(\.\d+)?[kM]) steps/s ", line), line
+    assert "0 alerts" in line
     assert run(["status", "--json", str(probe.socket_path)]) == 0
     got = json.loads(capsys.readouterr().out)
     assert (got["name"], got["step"], got["health"]) == ("healthy", 4, "live")
@@ -109,3 +113,14 @@ def test_the_probe_s_own_stall_alert_says_stalled_until_resumed() -> None:
         }
     )
     assert assess(state, now=2.0, by_arrival=True).word == "live"
+
+
+def test_ls_says_how_long_ago_each_run_started(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, name="listed")
+    assert run(["ls"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("listed") and re.search(r"started \d\d:\d\d:\d\d \(\d+s ago\)", line)
+    probe.close()

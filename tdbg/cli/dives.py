@@ -23,6 +23,7 @@ from tdbg.cli.report import (
 )
 from tdbg.cli.target_args import connect_target
 from tdbg.connect.client import CommandRefused, CommandTimeout, ProbeClient
+from tdbg.format import fmt_every
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import FINAL_STATES
 
@@ -305,7 +306,7 @@ def cmd_activations(args: argparse.Namespace, out: TextIO) -> int:
                 _write_json(out, {"enabled": True, "every": args.every, "job": ack.get("job")})
             else:
                 out.write(
-                    f"activation statistics every {args.every} steps (job {ack.get('job')}); "
+                    f"activation statistics {fmt_every(args.every)} (job {ack.get('job')}); "
                     "see them with tdbg dump or tdbg-tui, stop with tdbg activations --off\n"
                 )
             return 0

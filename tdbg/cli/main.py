@@ -44,6 +44,7 @@ from tdbg.cli.target_args import (
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
 from tdbg.connect.targets import Recording, resolve, resolve_nodes
+from tdbg.format import fmt_span, number
 from tdbg.protocol.framing import ProtocolError
 
 EXIT_FAILED = 1  # a deep-dive job ended failed or cancelled (its reason is on stderr)
@@ -100,11 +101,16 @@ def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _ls_line(meta: dict[str, Any], socket: str, node: str = "") -> str:
-    started = time.strftime("%H:%M:%S", time.localtime(float(meta.get("start_time") or 0)))
+    start = number(meta.get("start_time"))
+    if start is None:
+        started = "started n/a"
+    else:  # the clock time, and how long ago in the same spelling as the TUI's (`1m03s`)
+        clock = time.strftime("%H:%M:%S", time.localtime(start))
+        started = f"started {clock} ({fmt_span(time.time() - start)} ago)"
     name = str(meta.get("name") or "?")
     return (
         f"{node}{name:<20} pid {meta.get('pid', '?')!s:<8} rank {meta.get('rank', 0)!s:<3} "
-        f"started {started}  {socket}\n"
+        f"{started}  {socket}\n"
     )
 
 

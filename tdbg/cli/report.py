@@ -214,7 +214,8 @@ def progress_line(msg: dict[str, Any]) -> str:
         text = "armed, waiting for the next step boundary"
     elif state == "running":
         total = msg.get("total")
-        text = f"running {msg.get('done')}/{total if total is not None else '-'}"
+        done = msg.get("done")
+        text = f"running {done}/{total}" if total is not None else f"running {done}"
         if msg.get("step") is not None:
             text += f" (step {msg.get('step')})"
     else:

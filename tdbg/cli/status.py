@@ -15,7 +15,7 @@ from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target,
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
 from tdbg.connect.targets import Recording, resolve
-from tdbg.format import fmt, fmt_loss
+from tdbg.format import fmt, fmt_count, fmt_loss, fmt_rate
 
 if TYPE_CHECKING:
     from tdbg.tui.state.health import Health
@@ -177,11 +177,11 @@ def _line(state: RunState, health: Health, as_json: bool, prefix: str = "") -> s
     rate = health.steps_per_sec
     parts = [
         f"{name:<20}",
-        f"step {step if step is not None else '-':>7}",
+        f"step {fmt(step, 'd'):>7}",
         f"loss {fmt_loss(loss):>9}",
-        f"{fmt(rate, '.3g') if rate is not None else '-':>6} steps/s",
+        f"{fmt_rate(rate):>6} steps/s",
         f"{health.word:<11}",
-        f"{state.alert_count} alert{'s' if state.alert_count != 1 else ''}",
+        fmt_count(state.alert_count, "alert"),
     ]
     detail = "" if health.word == "live" else f"  ({health.detail})"
     return prefix + "  ".join(parts) + detail + "\n"
