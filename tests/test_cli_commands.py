@@ -396,7 +396,7 @@ def test_progress_lines() -> None:
     failed = job_msg("failed", message="the profiler is in use")
     assert report.progress_line(failed) == "profile job 7: failed: the profiler is in use"
     forever = job_msg("running", command="activations", total=None, done=4)
-    assert report.progress_line(forever) == "activations job 7: running 4/- (step 120)"
+    assert report.progress_line(forever) == "activations job 7: running 4 steps (step 120)"
 
 
 # --- the client's command helper and the job watch, over a socket pair ----------------------

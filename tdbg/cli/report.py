@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from tdbg.cli.dump import unfinite
-from tdbg.format import fmt, fmt_bytes, fmt_percent, fmt_seconds, fmt_stat, fmt_us
+from tdbg.format import fmt, fmt_bytes, fmt_count, fmt_percent, fmt_seconds, fmt_stat, fmt_us
 from tdbg.protocol.messages import read_anomaly, read_nan_hunt, read_profile, read_snapshot
 
 
@@ -215,7 +215,8 @@ def progress_line(msg: dict[str, Any]) -> str:
     elif state == "running":
         total = msg.get("total")
         done = msg.get("done")
-        text = f"running {done}/{total}" if total is not None else f"running {done}"
+        text = f"running {done}/{total}" if total is not None else "running "
+        text += fmt_count(done, "step") if total is None else ""
         if msg.get("step") is not None:
             text += f" (step {msg.get('step')})"
     else:
