@@ -215,8 +215,10 @@ def progress_line(msg: dict[str, Any]) -> str:
     elif state == "running":
         total = msg.get("total")
         done = msg.get("done")
-        text = f"running {done}/{total}" if total is not None else "running "
-        text += fmt_count(done, "step") if total is None else ""
+        if total is None:  # activation statistics run until turned off
+            text = f"running {fmt_count(done, 'step')}"
+        else:
+            text = f"running {done}/{total}"
         if msg.get("step") is not None:
             text += f" (step {msg.get('step')})"
     else:
