@@ -52,7 +52,7 @@ async def test_step_ticks_are_whole_steps_and_the_nan_is_marked() -> None:
 
 
 async def test_keys_window_zoom_pan_and_range_change_what_is_shown() -> None:
-    for key in ("w", "+", "-", ",", ".", "f"):
+    for key in ("w", "+", "-", ",", ".", "f", "v"):
         assert f"\n{key} " in f"\n{KEYS}" or f" {key} " in KEYS, f"{key} is in the help"
     app = make_app(ReplaySource(synthetic_run(steps=2000, n_layers=4), RUN))
     async with app.run_test(size=(120, 40)) as pilot:
@@ -60,7 +60,7 @@ async def test_keys_window_zoom_pan_and_range_change_what_is_shown() -> None:
         await painted(pilot, app)
         chart = app.query_one(LossChart)
         await focus_by_tab(pilot, app, chart)
-        await shows(pilot, app, "all steps 0–1999 · y fitted · keys w + - , . f")
+        await shows(pilot, app, "all steps 0–1999 · y fitted · keys w + - , . f v")
         await pilot.press("w")
         await shows(pilot, app, "steps 1499–1999 (newest)")
         await pilot.press("plus")
@@ -96,3 +96,18 @@ async def test_keys_window_zoom_pan_and_range_change_what_is_shown() -> None:
         await shows(pilot, app, "steps 1499–1999 (newest)")
         await pilot.press("w")
         await shows(pilot, app, "all steps 0–1999")
+
+
+async def test_v_shows_the_step_time_of_each_step_and_back() -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=400, n_layers=4), RUN))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.n_steps == 400, "400 steps")
+        await painted(pilot, app)
+        chart = app.query_one(LossChart)
+        await focus_by_tab(pilot, app, chart)
+        await pilot.press("v")
+        await shows(pilot, app, "step time ms, now 20 steps/s")  # the synthetic steps: 50 ms
+        labels = re.findall(r"^\s*([\d.]+)┤", "\n".join(chart_lines(app)), re.M)
+        assert "50" in labels, labels  # the y axis is in ms now
+        await pilot.press("v")
+        await wait_for(pilot, lambda: "step time ms" not in screen_text(app), "the loss again")

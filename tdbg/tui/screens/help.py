@@ -27,6 +27,7 @@ w            the last 500 steps / every step
 , .          older / newer steps (← → too, outside a replay); at the newest
              the window follows the run
 f            y-range: fitted to the steps shown / all of it
+v            loss / step time of each step in ms (the caption gives steps/s)
              a red line and "NaN at step N" mark the first non-finite loss
 
 Alerts (tab to them): the first alert of each kind on top, in the order

@@ -372,7 +372,13 @@ class MonitorScreen(Screen[None]):
         overlaid = [s for s in state.metrics.loss_like()][:MAX_OVERLAID]
         extra = [(*s.step_values, PALETTE[k % len(PALETTE)]) for k, s in enumerate(overlaid)]
         chart.replot(
-            state.steps.values, state.loss.values, state.loss_ema.values, self.log_scale, extra
+            state.steps.values,
+            state.loss.values,
+            state.loss_ema.values,
+            self.log_scale,
+            extra,
+            present=state.has_loss.values,
+            step_time=state.cols["step_time"].values,
         )
         parts = [("━ loss ", chart.color_style("loss-chart--raw"))]
         parts.append(("━ smoothed ", chart.color_style("loss-chart--smoothed")))

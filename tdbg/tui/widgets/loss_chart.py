@@ -28,6 +28,20 @@ RAW_DIM = 0.6  # the raw loss is drawn at this share of its colour: the smoothed
 TICK_EVERY = 10  # columns per x tick at most
 ROWS_PER_TICK = 3  # rows per y tick at most
 NAN_RGB = (235, 70, 70)
+SMOOTH_STEPS = 20  # the step-time view's smoothed line: a trailing mean of this many steps
+RATE_STEPS = 20  # steps whose step times give the caption's steps/s
+
+
+def trailing_mean(values: np.ndarray, n: int) -> np.ndarray:
+    """The mean of each value and the ``n - 1`` before it (fewer at the start), NaN skipped."""
+    ok = np.isfinite(values)
+    sums = np.cumsum(np.where(ok, values, 0.0))
+    counts = np.cumsum(ok)
+    lagged_sums = np.concatenate([np.zeros(n), sums[:-n]]) if len(values) > n else 0.0
+    lagged_counts = np.concatenate([np.zeros(n), counts[:-n]]) if len(values) > n else 0
+    window = counts - lagged_counts
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(window > 0, (sums - lagged_sums) / window, np.nan)
 
 
 def bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +82,7 @@ class _Data:
     log: bool
     extra: Sequence[Extra]
     present: np.ndarray | None
+    step_time: np.ndarray | None
 
 
 class LossChart(Static, can_focus=True):
@@ -85,6 +100,7 @@ class LossChart(Static, can_focus=True):
         Binding("comma,left", "pan(-1)", "Older", key_display=","),
         Binding("full_stop,right", "pan(1)", "Newer", key_display="."),
         Binding("f", "full_range", "Full y-range"),
+        Binding("v", "view", "Loss / step time"),
     ]
     DEFAULT_CSS = """
     LossChart:focus { background: $boost; }
@@ -94,6 +110,7 @@ class LossChart(Static, can_focus=True):
         super().__init__(*args, **kwargs)
         self.window = StepWindow()
         self.full_range = False
+        self.step_times = False  # v: the step time per step instead of the loss
         self.nan_step: int | None = None
         self._data: _Data | None = None
 
@@ -148,6 +165,10 @@ class LossChart(Static, can_focus=True):
         self.full_range = not self.full_range
         self._draw()
 
+    def action_view(self) -> None:
+        self.step_times = not self.step_times
+        self._draw()
+
     # --- drawing ---------------------------------------------------------------------------
 
     def replot(
@@ -158,11 +179,13 @@ class LossChart(Static, can_focus=True):
         log: bool,
         extra: Sequence[Extra] = (),
         present: np.ndarray | None = None,
+        step_time: np.ndarray | None = None,
     ) -> None:
         """Draw the loss (raw and smoothed) and ``extra`` series ``(steps, values, rgb)``:
         metrics that belong with the loss (val_loss, loss/NAME) on the same axes. ``present``
-        marks the steps that reported a loss (a NaN elsewhere is a missing value)."""
-        self._data = _Data(steps, loss, smoothed, log, extra, present)
+        marks the steps that reported a loss (a NaN elsewhere is a missing value); with
+        ``step_time`` (seconds, per step) v shows it instead of the loss."""
+        self._data = _Data(steps, loss, smoothed, log, extra, present, step_time)
         self._draw()
 
     def caption(self) -> Text:
@@ -171,6 +194,12 @@ class LossChart(Static, can_focus=True):
         if self.nan_step is not None:
             text.append(f" NaN at step {self.nan_step} ", "bold white on rgb(170,30,30)")
             text.append(" ")
+        if self._showing_step_times():  # first: the words on the panel say "Loss"
+            text.append("step time ms", "bold")
+            rate = self._recent_rate()
+            if rate is not None:
+                text.append(f", now {rate:.3g} steps/s", "bold")
+            text.append(" · ", "dim")
         span = self._span()
         if span is not None:
             lo, hi = self.window.bounds(*span)
@@ -182,9 +211,31 @@ class LossChart(Static, can_focus=True):
             text.append(shown, "dim")
             text.append(" · y " + ("full" if self.full_range else "fitted"), "dim")
             if self.has_focus:
-                text.append(" · keys w + - , . f", "dim")
+                text.append(" · keys w + - , . f v", "dim")
         text.truncate(max(1, self.content_size.width), overflow="ellipsis")
         return text
+
+    def _showing_step_times(self) -> bool:
+        data = self._data
+        return self.step_times and data is not None and data.step_time is not None
+
+    def _recent_rate(self) -> float | None:
+        """Steps per second over the newest steps' own step times (the header's rate is the
+        wall clock's; this is what the chart shows)."""
+        data = self._data
+        if data is None or data.step_time is None:
+            return None
+        recent = data.step_time[-RATE_STEPS:]
+        recent = recent[np.isfinite(recent) & (recent > 0)]
+        return float(1.0 / recent.mean()) if recent.size else None
+
+    def _series(self, data: _Data) -> tuple[np.ndarray, np.ndarray]:
+        """The raw and smoothed values the chart draws: the loss, or the step time in ms."""
+        if not self._showing_step_times():
+            return data.loss, data.smoothed
+        assert data.step_time is not None
+        ms = data.step_time * 1000.0
+        return ms, trailing_mean(ms, SMOOTH_STEPS)
 
     def _draw(self) -> None:
         width, height = self.content_size
@@ -193,7 +244,8 @@ class LossChart(Static, can_focus=True):
             return
         self.nan_step = first_nonfinite(data.steps, data.loss, data.present)
         x = data.steps.astype(np.float64)
-        y, ys = data.loss, data.smoothed
+        y, ys = self._series(data)
+        extra = () if self._showing_step_times() else data.extra
         if data.log:
             y = np.where(y > 0, y, np.nan)
             ys = np.where(ys > 0, ys, np.nan)
@@ -215,7 +267,7 @@ class LossChart(Static, can_focus=True):
         xr, yr = bucket_mean(x, y, points)
         raw = plt.marker("braille", self._rgb("loss-chart--raw"))
         fig.draw(fig.signal(xr.tolist(), yr.tolist(), marker=raw))
-        for ex, ey, rgb in data.extra:
+        for ex, ey, rgb in extra:
             keep = (ex >= lo) & (ex <= hi)
             ey = ey[keep]
             ey = np.where(ey > 0, ey, np.nan) if data.log else ey
