@@ -255,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument(
         "--timeout",
         type=positive_float,
+        metavar="S",
         help="wait at most S seconds for a run and stop after S seconds",
     )
     dump.set_defaults(func=cmd_dump)
