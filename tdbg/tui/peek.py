@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from rich.markup import escape
+
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.runtime import RunEntry
 from tdbg.format import fmt, fmt_loss, fmt_span
@@ -45,10 +47,6 @@ class Glance:
             style = LEVEL_STYLE.get(self.health.level, "")
             parts.append(f"[{style}]● {self.health.word}[/]" if style else self.health.word)
         return "  ".join(parts)
-
-
-def escape(text: str) -> str:
-    return text.replace("[", r"\[")
 
 
 def peek(entry: RunEntry, timeout: float = PEEK_SECONDS) -> Glance:

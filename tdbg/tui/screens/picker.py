@@ -67,6 +67,8 @@ class RunPickerScreen(ModalScreen[RunEntry | None]):
         """``name  pid  rank`` (``← on screen`` for the attached run), what the peek saw (or
         an ellipsis while it looks), then the command line, which the row may cut."""
         entry = self.entries[index]
+        if not self.peeking:  # as the entry describes itself (a remote one leads with its node)
+            return Text(entry.describe())
         text = Text(f"{entry.name}  pid {entry.pid}  rank {entry.meta.get('rank', 0)}")
         if self.attached is not None and entry.socket == self.attached:
             text.append("  ← on screen", "bold")
@@ -74,7 +76,7 @@ class RunPickerScreen(ModalScreen[RunEntry | None]):
         if glance is not None:
             text.append("  ")
             text.append_text(Text.from_markup(glance.markup()))
-        elif self.peeking:
+        else:
             text.append("  …", "dim")
         argv = " ".join(str(a) for a in entry.meta.get("argv") or [])
         if argv:
