@@ -85,8 +85,8 @@ class AlertList(OptionList):
     def _prompt(self, row: AlertRow) -> Text:
         alert = row.alert
         severity = alert.severity if alert.severity in ("error", "warning") else "info"
-        style = self.get_component_rich_style(f"alert-list--{severity}")
-        dim = self.get_component_rich_style("alert-list--dim")
+        style = self.get_component_rich_style(f"alert-list--{severity}", partial=True)
+        dim = self.get_component_rich_style("alert-list--dim", partial=True)
         step = "?" if row.first_step is None else str(row.first_step)
         if row.count > 1 and row.last_step != row.first_step:
             step += "–" + ("?" if row.last_step is None else str(row.last_step))
