@@ -131,7 +131,7 @@ async def test_long_names_leave_the_norms_on_screen() -> None:
         await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
         latest = app.state.grads.latest()
         assert latest is not None
-        norms = [f"{float(v):9.2e}".strip() for v in latest]
+        norms = [f"{float(v):.2e}" for v in latest]
         text = await shows(pilot, app, *norms)  # every norm on screen beside its name
         assert "…" in text and "output_projection.weight" not in text  # cut from the middle
         for i in range(8):

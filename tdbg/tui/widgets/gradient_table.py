@@ -15,9 +15,9 @@ from tdbg.tui.widgets.glyphs import log_bar, spark
 SORTS = ("name", "norm", "trend")
 VANISHING = 1e-7  # below this a layer's gradient has effectively vanished
 EXPLODING = 1e3  # above this it is exploding for almost any model
-NORM = 9
+NORM = 8  # a norm is never negative: no sign column
 BAR = 8
-TREND = 10
+TREND = 9
 MIN_NAME = 12  # the layer column never gets narrower than this
 WANT_NAME = 20  # the bar and the trend give way (scroll off to the right) below this
 
@@ -195,7 +195,7 @@ class GradientTable(DataTable[Any]):
     def _cells(self, i: int) -> tuple[Text, Text, Text]:
         value = float(self._norms[i])
         style = self._style(value)
-        norm = Text(f"{value:9.2e}" if self._has_norms else "      n/a", style=style)
+        norm = Text(f"{value:{NORM}.2e}" if self._has_norms else "n/a".rjust(NORM), style=style)
         if not self._has_norms:
             bar = Text(" " * BAR)
         elif math.isfinite(value):
