@@ -33,7 +33,7 @@ def describe(row: AlertRow) -> Text:
         which = "of this kind" if row.pinned else "with this message"
         field("seen", f"{row.count} times {which}, steps {first} to {last}")
     if row.pinned:
-        field("order", "the first alert of its kind (shown first: the likely cause)")
+        field("order", "the first alert of its kind")
     if alert.time is not None:
         field("time", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(alert.time)))
     if alert.history:
