@@ -1,12 +1,15 @@
-"""The CUDA paths, proven on a real GPU: no host-device sync added by the probe, device-side
-norms right, NVML and allocator figures against nvidia-smi and torch, a memory snapshot and a
-profile with CUDA times, and the probe's cost. On a machine without CUDA it says so, exit 0.
+"""The CUDA paths, proven on a real GPU: no host-device sync added by the probe (a plain loop,
+the demos' models and the Lightning and Hugging Face callbacks), device-side norms right, NVML
+and allocator figures against nvidia-smi and torch, a memory snapshot and a profile with CUDA
+times, and the probe's cost. On a machine without CUDA it says so and lists what it would
+check, exit 0 (tests/test_gpu_check.py runs that path in CI).
 
     make gpu-check        (or: .venv/bin/python benchmarks/gpu_check.py)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,6 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +30,7 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "demos"))  # the demos' models: models.make_mlp, ...
 
 import tdbg  # noqa: E402
 from tdbg.connect.client import ProbeClient  # noqa: E402
@@ -32,7 +39,8 @@ STEPS = 60
 results: list[tuple[str, bool, str]] = []
 
 
-def check(name: str, ok: bool, detail: str = "") -> None:
+def check(name: str, ok: bool, *details: str) -> None:
+    detail = "; ".join(details)
     results.append((name, ok, detail))
     print(f"{'PASS' if ok else 'FAIL'}  {name}{': ' + detail if detail else ''}", flush=True)
 
@@ -226,13 +234,232 @@ def cost(device: torch.device) -> None:
     )
 
 
+# --- the demos and the real frameworks under sync debug mode --------------------------------
+
+
+@contextlib.contextmanager
+def sync_is_an_error() -> Iterator[list[str]]:
+    """Sync debug mode "error" inside; yields a list that gets the first sync's message and
+    where it was called (file:line), which the check prints."""
+    caught: list[str] = []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield caught
+    except RuntimeError as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        caught.append(f"{str(exc).splitlines()[0]} at {where.filename}:{where.lineno}")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def demo_tasks() -> list[tuple[str, Any, Callable[[int], object] | None]]:
+    """(label, task, before_step) for each demo: demos/mlp.py, transformer.py, cnn.py and
+    nan.py's case (a layer's gradients turn NaN at step 20, read by the probe's alerts)."""
+    import models  # demos/models.py
+
+    nan_task = models.make_mlp()
+    layer = nan_task.model.body[2]
+
+    def poison(step: int) -> None:
+        if step == 20:
+            with torch.no_grad():
+                for param in layer.parameters():
+                    if param.grad is not None:
+                        param.grad.fill_(float("nan"))
+
+    tasks = [(name, make(), None) for name, make in models.MAKERS.items()]
+    return [*tasks, ("nan", nan_task, poison)]
+
+
+def demos_on_the_gpu(device: torch.device) -> None:
+    """Each demo's model trained on the GPU with the probe, the loop under sync debug mode
+    "error"."""
+    for label, task, before_step in demo_tasks():
+        demo_on_the_gpu(device, label, task, before_step)
+
+
+def demo_on_the_gpu(
+    device: torch.device, label: str, task: Any, before_step: Callable[[int], object] | None
+) -> None:
+    """The batches are made and copied to the GPU first: a copy from pageable host memory is
+    a sync of the demo's own, not the probe's."""
+    task.model.to(device)  # the optimizer holds the same parameters, now on the GPU
+    batches = [tuple(t.to(device) for t in task.batch()) for _ in range(4)]
+    probe = tdbg.watch(task.model, task.optimizer, grad_every=1, name=f"gpu-{label}")
+
+    def step(i: int) -> None:
+        inputs, targets = batches[i % len(batches)]
+        hook = (lambda: before_step(i)) if before_step is not None else None
+        loss = task.train_step(inputs, targets, hook)
+        probe.step(loss, samples=task.batch_size, tokens=task.tokens)
+
+    for i in range(5):  # warm-up outside the strict mode: cuBLAS/cuDNN handles, the plan
+        step(i)
+    with sync_is_an_error() as caught:
+        for i in range(5, 5 + STEPS):
+            step(i)
+    check(f"demo {label}: no host-device sync in {STEPS} probed steps", not caught, *caught)
+    check(f"demo {label}: the probe counted no internal errors", probe.errors == 0)
+    probe.close()
+
+
+@contextlib.contextmanager
+def syncs_from_tdbg() -> Iterator[list[str]]:
+    """Sync debug mode "warn" inside; yields a list that gets one line per sync whose Python
+    stack passes through tdbg. The frameworks sync on their own (Hugging Face reads each
+    loss for its NaN filter, Lightning its progress), so "error" would stop at theirs first:
+    each sync is kept as a warning and blamed on tdbg only when tdbg code is on its stack."""
+    package = str(Path(tdbg.__file__).resolve().parent)
+    ours: list[str] = []
+    shown = warnings.showwarning
+
+    def record(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        if "synchronizing CUDA operation" not in str(message):
+            shown(message, category, filename, lineno, file, line)
+            return
+        stack = traceback.extract_stack()
+        tdbg_frames = [f for f in stack if f.filename.startswith(package)]
+        if tdbg_frames:
+            ours.append(f"{tdbg_frames[-1].filename}:{tdbg_frames[-1].lineno} ({message})")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield ours
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def lightning_on_the_gpu(device: torch.device) -> None:
+    """A real Lightning Trainer on the GPU with tdbg's callback (tests/test_integrations_
+    lightning.py's case, moved to CUDA)."""
+    import lightning.pytorch as lightning
+
+    from tdbg.integrations.lightning import TdbgCallback
+
+    class Regression(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    class KeepProbe(lightning.Callback):
+        """The callback lets go of its probe at the end of fit(): keep it to read its counts."""
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            kept[:] = [callback.probe]
+
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(512, 32), torch.randn(512, 1))
+    callback = TdbgCallback(grad_every=1, name="gpu-lightning")
+    kept: list[Any] = []
+    trainer = lightning.Trainer(
+        accelerator="gpu",
+        devices=[device.index or 0],
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback, KeepProbe()],  # type: ignore[list-item]  # a TdbgCallback is one
+    )
+    with syncs_from_tdbg() as ours:
+        trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=16))
+    check("Lightning: no host-device sync from tdbg's callback or probe", not ours, *ours[:3])
+    probed(f"Lightning: {STEPS} steps probed without internal errors", kept)
+
+
+def huggingface_on_the_gpu(device: torch.device) -> None:
+    """A real transformers Trainer on the GPU with tdbg's callback: a tiny GPT-2 built from
+    its config (no download), as tests/test_integrations_huggingface.py does on the CPU."""
+    import tempfile
+
+    import transformers
+
+    from tdbg.integrations.huggingface import TdbgCallback
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=128, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, 128, (256, 32))
+    rows = [{"input_ids": row, "labels": row} for row in ids]
+    callback = TdbgCallback(grad_every=1, name="gpu-huggingface")
+    kept: list[Any] = []
+
+    class KeepProbe(transformers.TrainerCallback):
+        """The callback lets go of its probe at the end of train(): keep it to read its counts."""
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            kept[:] = [callback.probe]
+
+    with tempfile.TemporaryDirectory() as out:
+        args = transformers.TrainingArguments(
+            output_dir=out,
+            per_device_train_batch_size=8,
+            max_steps=STEPS,
+            learning_rate=1e-3,
+            logging_steps=10,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        trainer = transformers.Trainer(
+            model=model,
+            args=args,
+            train_dataset=rows,
+            callbacks=[callback, KeepProbe()],  # type: ignore[list-item]  # a TdbgCallback is one
+        )
+        with syncs_from_tdbg() as ours:
+            trainer.train()
+    check("Hugging Face: no host-device sync from tdbg's callback or probe", not ours, *ours[:3])
+    probed(f"Hugging Face: {STEPS} steps probed without internal errors", kept)
+
+
+def probed(name: str, kept: list[Any]) -> None:
+    """A framework's probe (kept by the run's last step) stepped STEPS times, with no error."""
+    probe = kept[0] if kept else None
+    steps, errors = getattr(probe, "steps", None), getattr(probe, "errors", None)
+    check(name, steps == STEPS and errors == 0, f"{steps} steps, {errors} errors")
+
+
+PARTS = (
+    no_sync_added,
+    demos_on_the_gpu,
+    lightning_on_the_gpu,
+    huggingface_on_the_gpu,
+    norms_right,
+    figures_and_dives,
+    cost,
+)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device on this machine: nothing to check (exit 0)")
+        print(f"gpu-check: on a CUDA machine it runs {', '.join(p.__name__ for p in PARTS)}")
         return 0
     device = torch.device("cuda", torch.cuda.current_device())
     print(f"gpu-check: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
-    for part in (no_sync_added, norms_right, figures_and_dives, cost):
+    for part in PARTS:
         try:
             part(device)
         except Exception as exc:  # one failing part must not hide the others' results
