@@ -470,6 +470,7 @@ async def test_narrow_terminal_still_shows_the_dives(tmp_path: Path) -> None:
             pilot, app, "aten::addmm", "trace /tmp/tdbg-run", "Δ/call", "blocks.0.fc"
         )
         assert "Gradient norms" in text and "Loss" in text
+        app.monitor.query_one("#profiler-panel").focus()  # z maximises the focused panel
         await pilot.press("z")  # zoom the deep-dive panel
         await wait_for(pilot, lambda: app.monitor.maximized is not None, "maximized")
         assert app.monitor.maximized is app.query_one("#profiler-panel")

@@ -11,6 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import ContentSwitcher, DataTable, Footer, Sparkline, Static
 
 from tdbg.format import fmt, fmt_loss, fmt_percent
@@ -30,6 +31,7 @@ from tdbg.tui.widgets.loss_chart import PALETTE, LossChart
 from tdbg.tui.widgets.memory_panel import MemoryPanel
 from tdbg.tui.widgets.metric_table import MetricTable
 from tdbg.tui.widgets.probe_status import ProbeStatus
+from tdbg.tui.widgets.profiler_panel import HINT
 from tdbg.tui.widgets.profiler_table import ProfilerTable
 from tdbg.tui.widgets.run_header import RunHeader
 
@@ -40,7 +42,9 @@ ACTIVATIONS_EVERY = 10  # steps between activation-statistics samples when s tur
 ANOMALY_STEPS = 10  # steps of autograd anomaly mode per press of a
 NAN_HUNT_STEPS = 1
 WIDE = 170  # columns from which activations sit left-right of the gradient norms, not below
+NARROW = 100  # columns below which the LR panel narrows so the alerts can be read
 SHORT = 30  # rows below which the layout tightens (80x24): one-line header, no loss sparkline
+TINY = 22  # rows below which only the verdict, the loss, the gradients and the alerts stay
 CRAMPED = 40
 TALL = 50  # rows from which the metrics table shows more names before it scrolls
 MAX_OVERLAID = 6  # loss-like metrics drawn over the loss chart
@@ -56,7 +60,26 @@ def _norm(value: float) -> str:
 
 
 class Panel(Vertical, can_focus=True):
-    """A bordered, focusable panel; tab cycles between them."""
+    """A bordered, focusable panel; tab cycles between them. ``z`` maximises it even where a
+    widget inside took its tab stop."""
+
+    ALLOW_MAXIMIZE = True
+
+
+class Frame(Vertical):
+    """A bordered panel whose content takes the focus (a table): ``z`` maximises the frame."""
+
+    ALLOW_MAXIMIZE = True
+
+
+def panel_of(widget: Widget | None) -> Widget | None:
+    """The bordered panel (``.panel``) that holds ``widget``, or None."""
+    node: Any = widget
+    while isinstance(node, Widget):
+        if node.has_class("panel"):
+            return node
+        node = node.parent
+    return None
 
 
 class MonitorScreen(Screen[None]):
@@ -71,6 +94,7 @@ class MonitorScreen(Screen[None]):
         Binding("left_square_bracket", "profile_sort(-1)", "Op sort ←", show=False),
         Binding("right_square_bracket", "profile_sort(1)", "Op sort →", show=False),
         Binding("z", "zoom", "Zoom", show=False),
+        Binding("x", "close_deep", "Close dive", show=False),
         Binding("o", "cycle_sort", "Sort"),
         Binding("h", "toggle_heatmap", "Heatmap"),
         Binding("l", "toggle_log", "Log"),
@@ -86,6 +110,8 @@ class MonitorScreen(Screen[None]):
         self._state: RunState | None = None
         self._acts_shown: object = None
         self.chart_metric: str | None = None  # a metric charted in the loss panel (enter)
+        # The newest dive when x closed the deep-dive panel: it stays closed until a newer one.
+        self._deep_closed: object = None
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
@@ -104,15 +130,17 @@ class MonitorScreen(Screen[None]):
                         yield AlertList(id="alerts")
             with Vertical(id="right"):
                 with Vertical(id="grad-area"):
-                    with Vertical(id="grad-panel", classes="panel"):
+                    with Frame(id="grad-panel", classes="panel"):
                         yield GradientPanel(id="grad-body")
-                    with Vertical(id="act-panel", classes="panel"):
+                    with Frame(id="act-panel", classes="panel"):
                         yield ActivationTable(id="act-table")
                 with Panel(id="memory-panel", classes="panel"):
                     yield MemoryPanel(id="memory")
         with Panel(id="metrics-panel", classes="panel"):
+            yield Static(id="metrics-line")  # the table in one line, on short terminals
             yield MetricTable(id="metrics")
         with Panel(id="profiler-panel", classes="panel"):
+            yield Static(id="deep-strip")  # one dim line while no dive is shown
             yield DeepPanel(id="deep")
         yield ProbeStatus(id="status")
         yield Footer()
@@ -227,6 +255,7 @@ class MonitorScreen(Screen[None]):
             self.notify(f"cancelling {label(job.command)} #{job.job}", timeout=3)
 
     def action_cycle_view(self) -> None:
+        self._deep_closed = None  # d on a closed panel opens it again
         self.query_one(DeepPanel).cycle_view()
         self.repaint(force=True)
         self.notify(f"deep-dive panel: {self.query_one(DeepPanel).title}", timeout=2)
@@ -243,15 +272,34 @@ class MonitorScreen(Screen[None]):
         self.repaint(force=True)
 
     def action_zoom(self) -> None:
-        """Zoom the deep-dive panel (its tables are wide) to the full screen; z or escape undo."""
+        """Maximise the focused panel to the full screen (the deep-dive panel while it shows a
+        dive and nothing has focus; else the loss); z or escape give the layout back."""
         if self.maximized is not None:
             self.minimize()
         else:
-            self.maximize(self.query_one("#profiler-panel"))
+            panel = panel_of(self.focused)
+            if panel is None or not panel.display:
+                shown = self.has_class("-deep")
+                panel = self.query_one("#profiler-panel" if shown else "#loss-panel")
+            self.maximize(panel, container=False)
+        self.repaint(force=True)  # compact panels (memory, metrics) show their full form
+
+    def action_close_deep(self) -> None:
+        """Close the deep-dive panel, giving its rows back, until the next dive (d reopens)."""
+        state = self._state
+        if state is None or not state.deep.has_any:
+            self.notify("no deep dive to close", timeout=2)
+            return
+        self._deep_closed = self.query_one(DeepPanel).latest
+        if self.maximized is not None and self.maximized.id == "profiler-panel":
+            self.minimize()
+        self.repaint(force=True)
 
     def on_resize(self) -> None:
         self.set_class(self.size.width >= WIDE, "-wide")
+        self.set_class(self.size.width < NARROW, "-narrow")
         self.set_class(self.size.height < SHORT, "-short")
+        self.set_class(self.size.height < TINY, "-tiny")
         self.set_class(self.size.height >= TALL, "-tall")
         # With a deep dive open, fewer than this many rows leave no room for the metrics table.
         self.set_class(self.size.height < CRAMPED, "-cramped")
@@ -284,8 +332,9 @@ class MonitorScreen(Screen[None]):
         self.set_class(state.diverged, "-diverged")
         self.set_class(state.ended, "-ended")
         self.set_class(state.input_bound, "-input-bound")
-        self.query_one(RunHeader).show(state, two_lines=self.size.height >= SHORT)
-        self.query_one(AnatomyBar).show(state, compact=self.size.height < SHORT)
+        short = self.size.height < SHORT
+        self.query_one(RunHeader).show(state, two_lines=not short)
+        self.query_one(AnatomyBar).show(state, compact=short)
         if force or now - self._chart_at >= CHART_INTERVAL:
             self._chart_at = now
             self._paint_loss(state)
@@ -301,7 +350,8 @@ class MonitorScreen(Screen[None]):
         self.set_class(bool(len(state.metrics)), "-metrics")
         self.query_one(AlertList).show(state)
         self.query_one("#alerts-panel").border_subtitle = f"{state.alert_count} total"
-        self.query_one(MemoryPanel).show(state)
+        zoomed = self.query_one("#memory-panel").has_class("-maximized")
+        self.query_one(MemoryPanel).show(state, compact=short and not zoomed)
         self.query_one(ProbeStatus).show(state)
         self._paint_deep(state)
         grads_changed = state.grads.total_rows != self._grad_revision
@@ -313,17 +363,21 @@ class MonitorScreen(Screen[None]):
 
     def _paint_deep(self, state: RunState) -> None:
         deep = state.deep
-        self.set_class(deep.has_any, "-deep")
         self.set_class(deep.anomaly_on, "-anomaly")
         self.set_class(deep.activations_on, "-activations")
         self.query_one(AnomalyBanner).show(deep)
         panel = self.query_one(DeepPanel)
         panel.show(deep, self.unavailable("snapshot"))  # may switch to the newest dive's view
+        closed = self._deep_closed is not None and self._deep_closed == panel.latest
+        # The panel takes rows only while it shows a dive; closed (x), it is one dim line.
+        self.set_class(deep.has_any and not closed, "-deep")
+        strip = HINT if not deep.has_any else f"{panel.title}: closed (x) · d: show it again"
+        self.query_one("#deep-strip", Static).update(Text(strip, no_wrap=True, overflow="ellipsis"))
         # Only the profile table needs the deep-dive panel's full height; text views fit less.
         self.set_class(panel.view != "deep-profile", "-deep-text")
         border = self.query_one("#profiler-panel")
         border.border_title = panel.title
-        caption = "d: next view · c: cancel · z: zoom"
+        caption = "d: next view · c: cancel · z: zoom · x: close"
         if panel.view == "deep-profile" and deep.profile is not None:
             caption = f"{self.query_one(ProfilerTable).sort_caption()} ([ ]) · {caption}"
         border.border_subtitle = caption
@@ -343,6 +397,13 @@ class MonitorScreen(Screen[None]):
         overlaid = store.loss_like()[:MAX_OVERLAID]
         colours = {s.name: _rgb(PALETTE[k % len(PALETTE)]) for k, s in enumerate(overlaid)}
         self.query_one(MetricTable).show(store, colours)
+        # Short terminals: the table as one line of latest values (z on it shows the table).
+        dim = "dim"
+        line = Text(f"Metrics ({len(store)}):", dim, no_wrap=True, overflow="ellipsis")
+        for name in store.names:
+            line.append(f"  {name} ", dim)
+            line.append(fmt(store[name].last, ".4g"))
+        self.query_one("#metrics-line", Static).update(line)
         panel = self.query_one("#metrics-panel")
         bad = sum(1 for name in store.names if store[name].nonfinite)
         subtitle = f"{len(store)} names"

@@ -75,10 +75,12 @@ def step_records(
     data_share: float = 0.1,
     seed: int = 0,
     true_numbers: bool = True,
+    tokens: bool = True,
 ) -> list[StepRecord]:
     """``count`` steps from ``start``: a decaying noisy loss, two LR groups, per-layer norms;
     with ``true_numbers`` also 4 micro-batches a step, ``clip_grad_norm_(max_norm=1.0)`` active
-    on about 40% of the steps (the norms are the pre-clip ones) and 100 steps an epoch."""
+    on about 40% of the steps (the norms are the pre-clip ones) and 100 steps an epoch;
+    ``tokens=False``: a run that counts samples only (not a language model)."""
     rng = random.Random(seed + start)
     out = []
     step_time = 0.05
@@ -109,7 +111,7 @@ def step_records(
                 lr=[1e-3 * min(1.0, (s + 1) / 100), 1e-4],
                 step_time=step_time,
                 samples=32.0,
-                tokens=32.0 * 512,
+                tokens=32.0 * 512 if tokens else math.nan,
                 data_time=step_time * data_share,
                 forward_time=rest * 0.3,
                 backward_time=rest * 0.55,
@@ -212,6 +214,7 @@ def synthetic_run(
     extra_metrics: int = 0,
     true_numbers: bool = True,
     t0: float = START_TIME,
+    tokens: bool = True,
 ) -> list[dict[str, Any]]:
     """A full message list as a probe would send it: layers, step batches, metrics, alerts,
     system, the probe's health. ``models`` split the layers (the first half the first
@@ -235,6 +238,7 @@ def synthetic_run(
             data_share=data_share,
             true_numbers=true_numbers,
             t0=t0,
+            tokens=tokens,
         )
         msgs.append(pack_steps(records, n_layers))
         if metrics:

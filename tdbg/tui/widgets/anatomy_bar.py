@@ -45,7 +45,10 @@ class AnatomyBar(Static):
                 cells = int(round(share * width))
                 cells = min(cells, width - used)
                 style = self.get_component_rich_style(f"anatomy-bar--{name}")
-                bar.append(LABELS[name][:cells].ljust(cells), style)
+                # A label only where it fits whole with a gap: cut ones ran into each other
+                # ("daforwabackward"); the legend below names every phase anyway.
+                label = LABELS[name] if cells > len(LABELS[name]) else ""
+                bar.append(label.ljust(cells), style)
                 used += cells
             if used < width:
                 bar.append(
@@ -61,10 +64,17 @@ class AnatomyBar(Static):
             legend.append(
                 f" {LABELS[name]} {fmt(None if part is None else part * 100, '.0f', '%')}"
             )
-        samples = state.throughput("samples")
-        tokens = state.throughput("tokens")
-        legend.append(f"  {fmt(samples, '.4g')} samples/s  {fmt(tokens, '.4g')} tokens/s")
+        # Throughput only where the run reports it: "n/a tokens/s" on a non-LM run is noise.
+        for unit in ("samples", "tokens"):
+            rate = state.throughput(unit)
+            if rate is not None:
+                legend.append(f"  {fmt(rate, '.4g')} {unit}/s")
         if state.input_bound:
-            legend.append("  INPUT-BOUND", self.get_component_rich_style("anatomy-bar--warning"))
-            legend.append(": the data loader is the bottleneck")
+            # First, so a narrow terminal cuts the explanation, not the warning.
+            warning = Text("INPUT-BOUND", self.get_component_rich_style("anatomy-bar--warning"))
+            wide = self.size.width >= len(legend) + 40
+            legend = Text.assemble(
+                warning, " data loader is the bottleneck  " if wide else "  ", legend
+            )
+            legend.no_wrap, legend.overflow = True, "ellipsis"
         self.update(legend if compact else Text("\n").join([bar, legend]))

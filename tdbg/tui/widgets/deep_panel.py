@@ -48,6 +48,11 @@ class DeepPanel(Vertical):
     def title(self) -> str:
         return TITLES[self.view]
 
+    @property
+    def latest(self) -> tuple[int | None, int | None]:
+        """The newest dive's job and the newest refusal's id: what a closed panel waits past."""
+        return self._followed
+
     def switch(self, view: str) -> None:
         self.query_one(ContentSwitcher).current = view
 

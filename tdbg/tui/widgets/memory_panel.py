@@ -20,6 +20,13 @@ def _ratio(a: Any, b: Any) -> float | None:
     return None
 
 
+def cpu_run(state: RunState) -> bool:
+    """No GPU reported and the run's device is not CUDA: GPU figures are not expected."""
+    system = state.system or {}
+    device = str(state.run.get("device") or "")
+    return not system.get("gpus") and not system.get("cuda") and not device.startswith("cuda")
+
+
 class MemoryPanel(Static):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "memory-panel--gauge",
@@ -28,12 +35,15 @@ class MemoryPanel(Static):
         "memory-panel--dim",
     }
 
-    def show(self, state: RunState) -> None:
+    def show(self, state: RunState, compact: bool = False) -> None:
+        """The full panel, or (``compact``, a short terminal) one line of the main figures."""
         system = state.system
         if system is None:
-            self.update("n/a (no system report yet)")
+            self.update(Text("n/a (no system report yet)", style=self._dim))
             return
-        text = Text(no_wrap=True, overflow="ellipsis")
+        if compact:
+            self.update(self._one_line(state, system))
+            return
         lines: list[Text] = []
         for gpu in system.get("gpus") or []:
             lines.append(self._gpu(gpu))
@@ -57,11 +67,50 @@ class MemoryPanel(Static):
         line.append(f"  CPU {fmt(host.get('cpu_percent'), '.0f', '%')}")
         line.append(f"\n      RSS {fmt_bytes(host.get('rss'))}")
         lines.append(line)
-        missing_style = self.get_component_rich_style("memory-panel--missing")
-        for reason in system.get("missing") or []:
-            lines.append(Text(f"n/a: {reason}", style=missing_style))
-        text = Text("\n", no_wrap=True).join(lines)
-        self.update(text)
+        if cpu_run(state):
+            # On a CPU run "no NVML" and "CUDA not in use" are expected, not warnings: one line.
+            lines.append(Text("CPU run · no GPU", style=self._dim))
+        else:
+            missing_style = self.get_component_rich_style("memory-panel--missing")
+            for reason in system.get("missing") or []:
+                lines.append(Text(f"n/a: {reason}", style=missing_style))
+        self.update(Text("\n", no_wrap=True).join(lines))
+
+    @property
+    def _dim(self) -> Any:
+        return self.get_component_rich_style("memory-panel--dim")
+
+    def _one_line(self, state: RunState, system: dict[str, Any]) -> Text:
+        """``Memory  GPU0 97% 30 GiB/80 GiB · cuda:0 peak 25 GiB · RAM 30 GiB/128 GiB ...``"""
+        title = "Memory (CPU run, no GPU) " if cpu_run(state) else "Memory "
+        text = Text(title, style=self._dim, no_wrap=True, overflow="ellipsis")
+        parts: list[tuple[str, Any]] = []
+        for gpu in system.get("gpus") or []:
+            mem = _ratio(gpu.get("mem_used"), gpu.get("mem_total"))
+            figures = f"{fmt_bytes(gpu.get('mem_used'))}/{fmt_bytes(gpu.get('mem_total'))}"
+            parts.append(
+                (
+                    f"GPU{gpu.get('index', '?')} {fmt(gpu.get('util'), '.0f', '%')} {figures}",
+                    self._gauge_style(mem) if mem is not None and mem > 0.9 else None,
+                )
+            )
+        for dev in system.get("cuda") or []:
+            parts.append((f"cuda:{dev.get('index', '?')} peak {fmt_bytes(dev.get('peak'))}", None))
+        host = system.get("host") or {}
+        ram = _ratio(host.get("ram_used"), host.get("ram_total"))
+        parts.append(
+            (
+                f"RAM {fmt_bytes(host.get('ram_used'))}/{fmt_bytes(host.get('ram_total'))}",
+                self._gauge_style(ram) if ram is not None and ram > 0.9 else None,
+            )
+        )
+        parts.append((f"RSS {fmt_bytes(host.get('rss'))}", None))
+        parts.append((f"CPU {fmt(host.get('cpu_percent'), '.0f', '%')}", None))
+        for k, (part, style) in enumerate(parts):
+            if k:
+                text.append(" · ", self._dim)
+            text.append(part, style)
+        return text
 
     def _gauge_style(self, fraction: float | None) -> Any:
         hot = fraction is not None and fraction > 0.9

@@ -9,6 +9,13 @@ from tdbg.format import fmt
 from tdbg.tui.state.run_state import RunState
 
 
+def grads_every(interval: object) -> str:
+    """``grads every step``, ``grads every 10 steps``, ``grads every n/a steps``."""
+    if interval == 1:
+        return "grads every step"
+    return f"grads every {fmt(interval, 'd')} steps"
+
+
 class ProbeStatus(Static):
     """The probe's state first (switched off by its error breaker, closed with the run,
     updates skipped by the non-finite guard), then its cost and counters."""
@@ -26,7 +33,7 @@ class ProbeStatus(Static):
             parts.append(f"skipped {n} non-finite update{'s' if n != 1 else ''}")
         parts += [
             f"probe {fmt(None if cost is None else cost * 100, '.1f', '%')}",
-            f"grads every {fmt(probe.get('grad_interval'), 'd')} steps",
+            grads_every(probe.get("grad_interval")),
             f"dropped {fmt(probe.get('dropped'), 'd')}",
             f"errors {fmt(probe.get('errors'), 'd')}",
             f"clients {fmt(probe.get('clients'), 'd')}",
