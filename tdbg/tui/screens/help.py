@@ -44,7 +44,9 @@ s            activation statistics every 10 steps: on / off (beside the gradient
 c            cancel the running deep dive shown in the deep-dive panel
 d            deep-dive panel: profile / memory snapshot / NaN hunt
 [ ]          profile table: sort by the previous / next column (or click a header)
-z            zoom the deep-dive panel to the full screen (escape or z again)
+z            maximise the focused panel (any: loss, gradients, alerts, memory, deep dive...)
+             to the full screen; escape or z again gives the layout back
+x            close the deep-dive panel (one line again) until the next dive; d reopens it
 
 Replay (tdbg-tui replay FILE; the keys work whichever panel has focus):
 ← →          one recorded step back / forward
