@@ -119,9 +119,8 @@ async def test_deep_dive_keys_say_a_recording_cannot_run_commands(tmp_path: Path
         assert len(messages) == 6 and all(READ_ONLY in m for m in messages), messages
         assert len(app.screen_stack) == 1  # no profile form opened
         await press(pilot, app, "question_mark")
-        await pilot.press(
-            "end"
-        )  # the help is taller than the terminal: its end lists the replay keys
+        # The help is taller than the terminal: its end lists the replay keys.
+        await pilot.press("end")
         await wait_for(
             pilot, lambda: "Replay (tdbg-tui replay FILE" in screen_text(app), "replay keys"
         )
