@@ -102,3 +102,25 @@ def test_last_cuts_alerts_and_metrics_to_its_steps_and_recordings_obey(
     assert [s["step"] for s in steps_of(dump(capsys, "--count", "2", str(path)))] == [0, 1]
     assert run(["dump", "--follow", str(path)]) == 2
     assert "a recording has no new steps" in capsys.readouterr().err
+
+
+def test_every_event_of_a_rank_carries_its_rank(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The launcher's environment makes the demo rank 1 of a 2-rank job (no process group).
+    for var, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(var, value)
+    with demo_job("mlp", *DEMO, runtime=runtime_dir) as (_, entry):
+        events = dump(capsys, "--count", "3", str(entry.socket))
+    assert len(steps_of(events)) == 3
+    assert {e.get("rank") for e in events} == {1}, "an event without the rank's number"
+
+
+def test_a_single_process_run_has_no_rank_on_its_events(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with demo_job("mlp", *DEMO, runtime=runtime_dir) as (_, entry):
+        events = dump(capsys, "--count", "2", str(entry.socket))
+    assert steps_of(events) and not [e for e in events if "rank" in e]

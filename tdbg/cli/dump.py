@@ -166,7 +166,7 @@ def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str
         "server_version": client.welcome.get("server_version"),
     }
     deadline = None if timeout is None else time.monotonic() + timeout
-    ended = yield from message_events(_messages_until(client, deadline), hello)
+    ended = yield from _ranked(message_events(_messages_until(client, deadline), hello), client.run)
     if not ended:
         timed_out = deadline is not None and time.monotonic() >= deadline
         yield {"type": "end", "reason": "timeout" if timed_out else "disconnected"}
@@ -185,9 +185,27 @@ def recording_events(recording: Recording) -> Iterator[dict[str, Any]]:
         "recording": str(recording.path),
         "recorded": recording.created,
     }
-    ended = yield from message_events(recording.messages(), hello, always_hello=True)
+    events = message_events(recording.messages(), hello, always_hello=True)
+    ended = yield from _ranked(events, recording.run)
     if not ended:
         yield {"type": "end", "reason": "damaged" if recording.damaged else "killed"}
+
+
+def _ranked(
+    events: Generator[dict[str, Any], None, bool], run: dict[str, Any]
+) -> Generator[dict[str, Any], None, bool]:
+    """A distributed job's events each carry the rank's ``rank``, so the streams of several
+    ranks can be merged (or grepped) and still say whose each event is."""
+    rank = run.get("rank") if isinstance(run.get("world_size"), int) else None
+    if rank is None:
+        return (yield from events)
+    while True:
+        try:
+            event = next(events)
+        except StopIteration as stop:
+            return bool(stop.value)
+        event.setdefault("rank", rank)
+        yield event
 
 
 def message_events(
