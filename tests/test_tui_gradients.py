@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 from test_tui_app import ended, shows
+from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widgets import Input
 from waiting import wait_for
@@ -37,7 +38,7 @@ async def focus_gradients(pilot: Pilot[Any], app: TdbgApp) -> None:
 
 
 async def test_heatmap_scale_fits_the_norms_and_says_so() -> None:
-    app = run()
+    app = run(n_layers=40)  # a scrollbar: the heatmap is laid out twice
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         await pilot.press("h")
@@ -50,6 +51,8 @@ async def test_heatmap_scale_fits_the_norms_and_says_so() -> None:
         assert "e-" in legend  # the scale's ends, e.g. "≤2e-3 ████ 7e-1"
         heatmap = app.query_one(GradientHeatmap)
         levels = heatmap._levels
+        # One column a sampled step, as many as the width holds (not the 1 of a hidden widget).
+        assert levels.shape[1] >= heatmap.scrollable_content_region.width // 2
         typical = np.delete(levels, VANISHED, axis=0)  # the vanished layer takes the low end
         # The typical layers (norms between 1e-2 and 1) use most of the ramp, not one green.
         assert typical.max() - typical[typical >= 0].min() >= LEVELS // 2
@@ -137,3 +140,35 @@ async def test_long_names_leave_the_norms_on_screen() -> None:
         for i in range(8):
             name = str(table.get_cell(str(i), "name"))
             assert name.endswith("weight") and "…" in name
+
+
+class HeatmapApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield GradientHeatmap()
+
+
+async def test_heatmap_marks_nonfinite_and_zero_cells_apart() -> None:
+    names = ["enc.0.weight", "enc.1.weight", "enc.2.weight", "head.weight"]
+    rows = np.full((20, 4), 0.1, dtype=np.float32)
+    rows[:, 3] = np.logspace(-3, 1, 20)  # one layer that grows through four decades
+    rows[10:, 1] = np.nan
+    rows[:, 2] = 0.0
+    app = HeatmapApp()
+    async with app.run_test(size=(60, 8)) as pilot:
+        heatmap = app.query_one(GradientHeatmap)
+        heatmap.show(names, np.arange(100, 120), rows)
+        text = await until_screen(pilot, app, "enc.2.weight")
+        lines = {line.split(" ", 1)[0]: line for line in text.split("\n")}
+        assert "×" in lines["enc.1.weight"] and "░" not in lines["enc.1.weight"]
+        assert set(lines["enc.2.weight"].split(" ", 1)[1].strip()) == {"░"}
+        legend = text.split("\n")[0]
+        # Fitted to the flat layers (0.1): the growing one runs off both ends, and says so.
+        assert legend.startswith("≤3e-2 ") and "≥3e-1 " in legend and "steps 100…119" in legend
+        heatmap.filter("enc 1")
+        text = await until_screen(pilot, app, "enc.1.weight")
+        assert "enc.0.weight" not in text and heatmap.matched == 1 and heatmap.total == 4
+
+
+async def until_screen(pilot: Pilot[Any], app: App[None], needle: str) -> str:
+    await wait_for(pilot, lambda: needle in screen_text(app), needle)
+    return screen_text(app)

@@ -54,7 +54,7 @@ Replay (tdbg-tui replay FILE; the keys work whichever panel has focus):
 home end     the first / last recorded step
 
 Heatmap colours: a log scale fitted to the layers shown, its ends on the heatmap's first line;
-× marks NaN / Inf, · exact zeros. Profile Δ/call: ▲ slower, ▼ faster.
+× marks NaN / Inf, ░ exact zeros. Profile Δ/call: ▲ slower, ▼ faster.
 
 ↑ ↓ PgUp PgDn Home End scroll this help; escape or ? closes it."""
 

@@ -17,7 +17,7 @@ from tdbg.tui.state.names import matching, shorten
 LEVELS = 24
 NONFINITE = -1
 ZERO = -2
-GLYPHS = {NONFINITE: "×", ZERO: "·"}  # not colours alone: both must read on any theme
+GLYPHS = {NONFINITE: "×", ZERO: "░"}  # not colours alone: both must read on any theme
 MIN_LABEL = 12
 MIN_DECADES = 1.0  # the scale spans at least this, so noise on a flat layer is not a rainbow
 LEGEND_ROWS = 1
@@ -50,7 +50,7 @@ class GradientHeatmap(ScrollView, can_focus=True):
     """Call ``show(names, steps, rows)``; rows is (sampled steps x layers), oldest first.
 
     The first line is the legend (the colour ramp between the scale's ends, the steps shown,
-    what ``×`` and ``·`` mean); it stays put while the layers scroll under it.
+    what ``×`` and ``░`` mean); it stays put while the layers scroll under it.
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -85,6 +85,7 @@ class GradientHeatmap(ScrollView, can_focus=True):
         self._label_width = MIN_LABEL
         self._scale: tuple[float, float, bool, bool] | None = None  # lo, hi, clipped lo/hi
         self._caption = ""
+        self._built_width = -1  # the width the columns were sampled for
         self._data: tuple[list[str], np.ndarray, np.ndarray] | None = None
 
     def _palette(self) -> None:
@@ -138,6 +139,7 @@ class GradientHeatmap(ScrollView, can_focus=True):
         self._names = names
         self._rows = matching(names, self.name_filter)
         region = self.scrollable_content_region.width
+        self._built_width = region
         longest = max((len(names[i]) for i in self._rows), default=MIN_LABEL)
         self._label_width = max(MIN_LABEL, min(longest, region // 3))
         width = max(1, region - self._label_width - 1)
@@ -182,7 +184,7 @@ class GradientHeatmap(ScrollView, can_focus=True):
             (" ", self._label),
             ("×", self._special[NONFINITE]),
             (" NaN/Inf ", self._label),
-            ("·", self._special[ZERO]),
+            ("░", self._special[ZERO]),
             (" zero", self._label),
             (f" · {self._caption}", self._label),
         ]
@@ -200,6 +202,10 @@ class GradientHeatmap(ScrollView, can_focus=True):
         scroll_x, scroll_y = self.scroll_offset
         width = self.scrollable_content_region.width
         if y < LEGEND_ROWS:
+            if self._data is not None and width != self._built_width:
+                # Built before layout gave it a width (shown while hidden, or a scrollbar came):
+                # resample the columns for this width once this frame is drawn.
+                self.call_later(self._rebuild)
             return self._legend(width)
         position = y - LEGEND_ROWS + scroll_y
         if position >= len(self._rows):
