@@ -268,7 +268,9 @@ async def test_socket_source_against_a_fake_probe(sock_path: str) -> None:
         await ended(pilot, app)
         assert app.state.n_steps == 120
         assert app.state.end_reason == "shutdown; watching for a restart"
-        await shows(pilot, app, "run ended · watching for a restart", "blocks.0.attn.weight")
+        await shows(
+            pilot, app, "run ended: clean shutdown · watching for a restart", "blocks.0.attn.weight"
+        )
         app.source.stop()  # no restart will come: stop watching discovery
     thread.join(5)
 

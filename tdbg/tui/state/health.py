@@ -11,8 +11,13 @@ import numpy as np
 from tdbg.format import fmt_span
 from tdbg.tui.state.run_state import RunState
 
-STALL_MIN_SECONDS = 10.0  # a step gap shorter than this is never a stall
-STALL_FACTOR = 10.0  # ... nor one shorter than this many recent step times
+STALL_MIN_SECONDS = 5.0  # a step gap shorter than this is never a stall
+STALL_FACTOR = 10.0  # ... nor one shorter than this many recent (median) step times
+# A run that steps at least once a second is called stalled after this gap at most, so the
+# header (re-judged every second) says so within 10 s of the last step; slower runs get
+# STALL_FACTOR of their own step time.
+FAST_STEP_SECONDS = 1.0
+FAST_STALL_SECONDS = 9.0
 RECENT_STEPS = 50
 
 
@@ -42,11 +47,9 @@ def assess(state: RunState, now: float | None = None, by_arrival: bool = False) 
     if probe.get("disabled"):
         return Health("probe off", "bad", "the probe switched itself off after errors", None)
     if state.ended or probe.get("closed"):
-        reason = state.end_reason or "closed"
-        how = "the run ended" if reason in ("shutdown", "closed") else f"ended: {reason}"
         last = state.last_step
         at = f" at step {last}" if last is not None else ""
-        return Health("ended", "idle", f"{how}{at}", None)
+        return Health("ended", "idle", f"{how_it_ended(state.end_reason)}{at}", None)
     if not state.n_steps:
         return Health("starting", "idle", "waiting for the first step", None)
     start = _nonfinite_since(state)
@@ -57,14 +60,41 @@ def assess(state: RunState, now: float | None = None, by_arrival: bool = False) 
         return Health("stalled", "bad", stall, 0.0)
     arrived = state.steps_arrived if by_arrival and state.steps_arrived else None
     gap = now - (arrived if arrived is not None else float(state.cols["time"].values[-1]))
-    expected = _recent_step_seconds(state)
-    limit = max(STALL_MIN_SECONDS, STALL_FACTOR * expected) if expected else STALL_MIN_SECONDS
+    limit = stall_limit(_recent_step_seconds(state))
     if state.connection == "live" and gap > limit:
         return Health("stalled", "bad", f"no step for {fmt_span(gap)}", 0.0)
     if state.input_bound:
         share = state.anatomy()["data_time"] or 0.0
         return Health("input-bound", "warn", f"waiting for data {share:.0%} of each step", rate)
     return Health("live", "ok", "training", rate)
+
+
+# What a run's end reason (the probe's goodbye, or what the reader saw) means, in words.
+END_REASONS = {
+    "shutdown": "clean shutdown",
+    "closed": "probe closed",
+    "slow_consumer": "dropped: this viewer read too slowly",
+    "connection closed": "connection lost with no goodbye (killed or crashed?)",
+}
+
+
+def how_it_ended(reason: str | None) -> str:
+    """``clean shutdown``, ``connection lost with no goodbye ...``, ``exit 1``; a reason's
+    tail after ``; `` (``watching for a restart``) is kept."""
+    core, _, rest = (reason or "closed").partition("; ")
+    words = END_REASONS.get(core, core)
+    return f"{words} · {rest}" if rest else words
+
+
+def stall_limit(step_seconds: float | None) -> float:
+    """How long without a step is a stall, for a run whose recent median step takes
+    ``step_seconds`` (None: not known yet)."""
+    if step_seconds is None or not step_seconds > 0:
+        return FAST_STALL_SECONDS
+    limit = max(STALL_MIN_SECONDS, STALL_FACTOR * step_seconds)
+    if step_seconds <= FAST_STEP_SECONDS:
+        limit = min(limit, FAST_STALL_SECONDS)
+    return limit
 
 
 def _stall_alert(state: RunState) -> str | None:

@@ -5,15 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tdbg.format import fmt
+from tdbg.format import fmt, fmt_every
 from tdbg.tui.state.run_state import RunState
-
-
-def grads_every(interval: object) -> str:
-    """``grads every step``, ``grads every 10 steps``, ``grads every n/a steps``."""
-    if interval == 1:
-        return "grads every step"
-    return f"grads every {fmt(interval, 'd')} steps"
 
 
 class ProbeStatus(Static):
@@ -33,7 +26,7 @@ class ProbeStatus(Static):
             parts.append(f"skipped {n} non-finite update{'s' if n != 1 else ''}")
         parts += [
             f"probe {fmt(None if cost is None else cost * 100, '.1f', '%')}",
-            grads_every(probe.get("grad_interval")),
+            f"grads {fmt_every(probe.get('grad_interval'))}",
             f"dropped {fmt(probe.get('dropped'), 'd')}",
             f"errors {fmt(probe.get('errors'), 'd')}",
             f"clients {fmt(probe.get('clients'), 'd')}",

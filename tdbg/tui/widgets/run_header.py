@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_duration, fmt_percent, fmt_span
-from tdbg.tui.state.health import assess
+from tdbg.tui.state.health import assess, how_it_ended
 from tdbg.tui.state.run_state import RunState
 
 VERDICT_SECONDS = 1.0  # the verdict is re-judged this often even when no data arrives
@@ -56,12 +56,9 @@ class RunHeader(Static):
         text.append(" tdbg ", dim)
         text.append(str(run.get("name") or "(no run)"), name_style)
         label = state.connection
-        if state.connection == "ended" or state.probe_closed:
-            reason = state.end_reason or "closed"
-            label = f"run ended ({reason})"
-            if clean:  # closed cleanly: not an error; a restart may still be watched for
-                rest = reason.partition("; ")[2]
-                label = f"run ended · {rest}" if rest else "run ended"
+        ended = state.connection == "ended" or state.probe_closed
+        if ended:  # how: a clean shutdown, a lost connection, dropped as a slow reader, ...
+            label = f"run ended: {how_it_ended(state.end_reason)}"
         elif state.connection == "reconnecting":
             # Either a restarted run was found or a dropped connection (ssh) is being retried:
             # the notice beside the screen says which.
@@ -81,8 +78,8 @@ class RunHeader(Static):
         epoch = state.epoch
         if epoch is not None:
             text.append(f"  epoch {epoch:g}")
-        rate = health.steps_per_sec if health is not None else state.steps_per_sec()
-        text.append(f"  {fmt(rate, '.1f')} steps/s")  # a recent window; 0 while stalled
+        if health is not None and not ended:  # a recent window, 0 while stalled; no stale rate
+            text.append(f"  {fmt(health.steps_per_sec, '.1f')} steps/s")
         eta = state.eta()
         if eta is not None:
             text.append(f"  ETA {fmt_span(eta)}")
