@@ -172,3 +172,20 @@ async def test_heatmap_marks_nonfinite_and_zero_cells_apart() -> None:
 async def until_screen(pilot: Pilot[Any], app: App[None], needle: str) -> str:
     await wait_for(pilot, lambda: needle in screen_text(app), needle)
     return screen_text(app)
+
+
+async def test_rows_scrolled_into_view_get_their_figures() -> None:
+    app = run(steps=40, n_layers=200)
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        table = app.query_one(GradientTable)
+        await wait_for(pilot, lambda: table.row_count == 200, "the table's rows")
+        await focus_gradients(pilot, app)
+        while table.scroll_offset.y < table.max_scroll_y or not table.max_scroll_y:
+            await pilot.press("pagedown")
+        await pilot.pause()
+        top = int(table.scroll_offset.y)
+        for row in table.ordered_rows[top : top + table.size.height - 1]:
+            assert str(table.get_cell(row.key, "norm")).strip(), row.key.value
+        assert "199" in str(table.ordered_rows[-1].key.value)
+        await shows(pilot, app, "49.proj.weight")  # the last layer, blocks.49.proj.weight

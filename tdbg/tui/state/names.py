@@ -51,7 +51,7 @@ def shorten(name: str, width: int) -> str:
 
 def _render(parts: list[str], kept: set[int]) -> str:
     """The kept components in order, ``.`` between neighbours, ``…`` for each run dropped."""
-    out = []
+    out: list[str] = []
     for i, part in enumerate(parts):
         if i in kept:
             if out and out[-1] != ELLIPSIS:

@@ -55,6 +55,7 @@ class GradientTable(DataTable[Any]):
         self._shown: list[str] = []  # the names as matched: "netG blocks.0.fc.weight"
         self._rows: list[int] = []  # the layers that pass the filter
         self._name_width = 0
+        self._short_names: dict[tuple[int, int], str] = {}
         self._norms = np.empty(0)
         self._trends = np.empty(0)
         self._recent = np.empty((0, 0))
@@ -70,6 +71,7 @@ class GradientTable(DataTable[Any]):
 
     def on_resize(self) -> None:
         self._fit_names()
+        self._refresh_visible()  # taller: rows that came into view get their figures
 
     @property
     def total(self) -> int:
@@ -111,9 +113,16 @@ class GradientTable(DataTable[Any]):
         width = self._name_width or MIN_NAME
         if owner:
             cell = LayerName(i, f"{owner} ", style="bold")
-            cell.append(shorten(self._names[i], max(1, width - len(owner) - 1)))
+            cell.append(self._short(i, max(1, width - len(owner) - 1)))
             return cell
-        return LayerName(i, shorten(self._names[i], width))
+        return LayerName(i, self._short(i, width))
+
+    def _short(self, i: int, width: int) -> str:
+        # Typing a filter rebuilds the rows at each key: shorten each name once per width.
+        short = self._short_names.get((i, width))
+        if short is None:
+            short = self._short_names[i, width] = shorten(self._names[i], width)
+        return short
 
     def _style(self, value: float) -> Any:
         if not math.isfinite(value):
@@ -152,6 +161,7 @@ class GradientTable(DataTable[Any]):
         shown = [f"{o} {name}" if o else name for o, name in zip(owners, names, strict=True)]
         if names != self._names or shown != self._shown:
             self._names = list(names)
+            self._short_names.clear()
             self._owners = list(owners)
             self._shown = shown
             self._rebuild()
@@ -176,8 +186,11 @@ class GradientTable(DataTable[Any]):
         self._fit_trends()
         self.clear()
         self._fit_names(rewrite=False)  # the rows are added below at the fitted width
+        # Figures only for the rows on screen (apply_sort writes them): the rest are filled in
+        # when scrolled into view, so a keystroke in the filter costs rows, not sparklines.
+        blank = Text("")
         for i in self._rows:
-            self.add_row(self._name_cell(i), *self._cells(i), key=str(i))
+            self.add_row(self._name_cell(i), blank, blank, blank, key=str(i))
         self.apply_sort()
 
     def _fit_trends(self) -> None:
