@@ -3,7 +3,8 @@ and a client reconnecting every few seconds; reports memory growth, file size an
 
 The training process is a subprocess (its RSS is what is measured); this process runs the
 reconnecting client; a second subprocess runs the real Textual app (headless, Pilot) attached
-to the run for its middle third, then replays the recording, and reports its RSS each time.
+to the run for its middle third, and a third the real replay app (``tdbg-tui replay``, headless)
+on the recording once the run is over, moving its cursor through it; each reports its RSS.
 
     .venv/bin/python benchmarks/soak.py                  # 1,000,000 steps (~5 min here)
     .venv/bin/python benchmarks/soak.py --steps 100000   # a quick look
@@ -85,20 +86,31 @@ TUI = textwrap.dedent(
     """
 )
 
+# The real replay app (``tdbg-tui replay FILE``), headless: load the recording, paint, move the
+# cursor to the start, back to the end and a few jumps, then read this process's memory.
 REPLAY = textwrap.dedent(
     """
-    import json, sys, time
+    import asyncio, json, resource, sys, time
     import psutil
-    from tdbg.recording.reader import Recording
-    from tdbg.tui.state.run_state import RunState
+    from tdbg.tui.replay_app import ReplayApp, load
 
-    t0 = time.perf_counter()
-    recording = Recording(sys.argv[1])
-    state = RunState(recording.run)
-    state.apply_many(recording.messages())
-    print(json.dumps({"replay_rss": psutil.Process().memory_info().rss,
-                      "replay_seconds": time.perf_counter() - t0,
-                      "steps_held": state.n_steps, "last_step": state.last_step}))
+    async def main():
+        t0 = time.perf_counter()
+        app = ReplayApp(load(sys.argv[1]))
+        loaded = time.perf_counter() - t0
+        async with app.run_test(size=(120, 40)) as pilot:
+            for key in ("home", "end", "shift+left", "shift+left", "end"):
+                await pilot.press(key)
+                while not app.settled:
+                    await pilot.pause(0.05)
+            print(json.dumps({"replay_rss": psutil.Process().memory_info().rss,
+                              "replay_peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                              * 1024,
+                              "replay_seconds": loaded,
+                              "steps_held": app.state.n_steps,
+                              "last_step": app.state.last_step}))
+
+    asyncio.run(main())
     """
 )
 
@@ -173,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         [py, str(work / "replay.py"), str(record)], env=env, capture_output=True, text=True
     )
     replay_result = json.loads(replay.stdout.strip().splitlines()[-1]) if replay.stdout else {}
+    if not replay_result:
+        print(replay.stderr[-2000:], file=sys.stderr)
     data = rows()
     first, last = data[0], data[-1]
     mib = 1 << 20
@@ -195,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     if replay_result:
         print(
-            f"replay of the recording into the TUI's state: RSS "
-            f"{replay_result['replay_rss'] / mib:.0f} MiB, {replay_result['replay_seconds']:.1f} s,"
-            f" {replay_result['steps_held']:,} steps held (last {replay_result['last_step']:,})"
+            f"tdbg-tui replay of the recording (the real app, headless, the cursor moved "
+            f"through it): RSS {replay_result['replay_rss'] / mib:.0f} MiB (peak "
+            f"{replay_result['replay_peak_rss'] / mib:.0f} MiB), loaded in "
+            f"{replay_result['replay_seconds']:.1f} s, {replay_result['steps_held']:,} steps held "
+            f"(last {replay_result['last_step']:,})"
         )
     print(f"reconnecting client: {counts['reconnects']} reconnects, {counts['failed']} failed")
     return 0 if train.returncode == 0 else 1
