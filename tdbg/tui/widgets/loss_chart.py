@@ -26,7 +26,7 @@ from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 DEFAULT_WINDOW = 500  # steps shown when w first narrows the chart from the whole run
 RAW_DIM = 0.6  # the raw loss is drawn at this share of its colour: the smoothed line leads
 TICK_EVERY = 10  # columns per x tick at most
-ROWS_PER_TICK = 3  # rows per y tick at most
+ROWS_PER_TICK = 2  # rows per y tick at most
 NAN_RGB = (235, 70, 70)
 SMOOTH_STEPS = 20  # the step-time view's smoothed line: a trailing mean of this many steps
 RATE_STEPS = 20  # steps whose step times give the caption's steps/s
