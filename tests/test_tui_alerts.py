@@ -63,6 +63,9 @@ def test_the_root_cause_stays_pinned_after_the_bounded_list_drops_it() -> None:
     digest.update(alerts, count)
     assert [r.alert.kind for r in digest.pinned] == ["nonfinite_grad", "nonfinite_loss"]
     assert digest.pinned[1].count == 38 and digest.missed == 0
+    late = AlertDigest()  # attached late: the bounded list already dropped the first ones
+    late.update(alerts, count)
+    assert late.missed == count - 5 and late.pinned[0].alert.kind == "nonfinite_loss"
     replay: deque[Alert] = deque([alert("loss_spike", 5, severity="warning")])
     assert digest.update(replay, 1)  # a new list (a replay cursor moved): start over
     assert [r.alert.kind for r in digest.rows()] == ["loss_spike"]

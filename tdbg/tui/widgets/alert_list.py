@@ -72,6 +72,9 @@ class AlertList(OptionList):
                 Option(Text("── later, newest first ──", style="dim"), id=LATER, disabled=True)
             )
             options.extend(Option(self._prompt(r), id=r.key) for r in later)
+        if self.digest.missed:  # so a pinned row is not taken for the run's very first
+            missed = f"{self.digest.missed} earlier alerts arrived too fast to be kept"
+            options.append(Option(Text(missed, style="dim"), disabled=True))
         if not rows:
             options.append(Option("no alerts", disabled=True))
         with self.app.batch_update():
