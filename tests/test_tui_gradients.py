@@ -189,3 +189,14 @@ async def test_rows_scrolled_into_view_get_their_figures() -> None:
             assert str(table.get_cell(row.key, "norm")).strip(), row.key.value
         assert "199" in str(table.ordered_rows[-1].key.value)
         await shows(pilot, app, "49.proj.weight")  # the last layer, blocks.49.proj.weight
+
+
+async def test_a_wide_panel_gives_the_trend_more_history() -> None:
+    app = run(steps=60, n_layers=8)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await ended(pilot, app)
+        table = app.query_one(GradientTable)
+        await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
+        await wait_for(pilot, lambda: len(str(table.get_cell("3", "trend"))) > 20, "a long trend")
+        name = "netG blocks.0.attn.weight"
+        await shows(pilot, app, name)  # the names keep their room

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from tdbg.tui.state.names import matching, shorten
 from tdbg.tui.widgets.glyphs import log_bar, spark
@@ -18,6 +19,7 @@ EXPLODING = 1e3  # above this it is exploding for almost any model
 NORM = 8  # a norm is never negative: no sign column
 BAR = 8
 TREND = 9
+MAX_TREND = 32  # a wide panel gives the trend more history, up to the rows the app sends
 MIN_NAME = 12  # the layer column never gets narrower than this
 WANT_NAME = 20  # the bar and the trend give way (scroll off to the right) below this
 
@@ -55,6 +57,7 @@ class GradientTable(DataTable[Any]):
         self._shown: list[str] = []  # the names as matched: "netG blocks.0.fc.weight"
         self._rows: list[int] = []  # the layers that pass the filter
         self._name_width = 0
+        self._trend_width = TREND
         self._short_names: dict[tuple[int, int], str] = {}
         self._norms = np.empty(0)
         self._trends = np.empty(0)
@@ -98,6 +101,7 @@ class GradientTable(DataTable[Any]):
             if room >= min(needed, WANT_NAME):
                 break
         width = max(MIN_NAME, min(needed, room))
+        self._fit_trend(avail - width - sum(others[:2]) - pad)
         if column.auto_width or column.width != width:
             column.auto_width = False
             column.width = width
@@ -107,6 +111,17 @@ class GradientTable(DataTable[Any]):
             self._name_width = width
             for row in self._rows if rewrite else ():
                 self.update_cell(str(row), "name", self._name_cell(row))
+
+    def _fit_trend(self, room: int) -> None:
+        """What the names leave on a wide panel goes to the trend: more history per row."""
+        width = max(TREND, min(MAX_TREND, room))
+        column = self.columns.get(ColumnKey("trend"))
+        if column is None or width == self._trend_width:
+            return
+        self._trend_width = column.width = width
+        self._require_update_dimensions = True
+        self._fit_trends()
+        self._refresh_visible()
 
     def _name_cell(self, i: int) -> LayerName:
         owner = self._owners[i]
@@ -198,7 +213,7 @@ class GradientTable(DataTable[Any]):
         self._trend_bounds = None
         if not self.shared_trend or not len(self._recent) or not self._rows:
             return
-        values = self._recent[:, self._rows][-TREND:].astype(np.float64)
+        values = self._recent[:, self._rows][-self._trend_width :].astype(np.float64)
         values = values[np.isfinite(values) & (values > 0)]
         if values.size:
             logs = np.log10(values)
@@ -217,7 +232,9 @@ class GradientTable(DataTable[Any]):
         else:
             bar = Text(log_bar(value, self._lo, self._span, BAR), style=style)
         column = self._recent[:, i] if len(self._recent) else ()
-        trend = Text(spark(column, TREND, log=True, bounds=self._trend_bounds), style=style)
+        trend = Text(
+            spark(column, self._trend_width, log=True, bounds=self._trend_bounds), style=style
+        )
         return norm, bar, trend
 
     def _refresh_visible(self) -> None:
