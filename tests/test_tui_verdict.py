@@ -92,3 +92,19 @@ async def test_an_ended_run_says_how_and_shows_no_stale_rate() -> None:
         header = screen_text(app).split("\n", 1)[0]
         assert "steps/s" not in header and "ETA" not in header
         assert "step 119" in header
+
+
+async def test_a_stalled_run_shows_no_eta() -> None:
+    stall = {
+        "type": "alert",
+        "kind": "stalled",
+        "severity": "error",
+        "step": 399,
+        "time": 0.0,
+        "message": "no step for 63 s after step 399",
+        "layers": [],
+    }
+    app = make_app(ReplaySource([*synthetic_run(steps=400), stall], RUN, end=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: "stalled: no step for 63 s" in screen_text(app), "stalled")
+        assert "ETA" not in screen_text(app).split("\n", 1)[0]

@@ -81,7 +81,7 @@ class RunHeader(Static):
         if health is not None and not ended:  # a recent window, 0 while stalled; no stale rate
             text.append(f"  {fmt(health.steps_per_sec, '.1f')} steps/s")
         eta = state.eta()
-        if eta is not None:
+        if eta is not None and verdict != "stalled":  # a stalled run has no time left to tell
             text.append(f"  ETA {fmt_span(eta)}")
         text.append(f"  elapsed {fmt_duration(state.elapsed())}")
         where = f"  {run.get('host') or 'n/a'}  pid {run.get('pid', 'n/a')}"
