@@ -10,7 +10,7 @@ pins syrupy 4.8, which needs pytest < 9; this file does the same with nothing ex
 When the screen changes on purpose, regenerate every snapshot with one command, then look at
 what changed (``git diff --stat tests/snapshots``, the SVGs in a browser) before committing:
 
-    TDBG_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_tui_snapshots.py
+    TDBG_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest -q tests/test_tui_snapshots.py
 """
 
 from __future__ import annotations
