@@ -93,6 +93,8 @@ class Pane:
             "-f", "/dev/null", "new-session", "-d", "-s", "bench",
             "-x", str(SIZE[0]), "-y", str(SIZE[1]), f"exec env {_env_words(env)} {line}",
         )  # fmt: skip
+        # tmux holds an Escape 500 ms by default (is it a meta key?): not the app's latency.
+        self._tmux("set-option", "-s", "escape-time", "0")
         self.pid = int(self._tmux("display-message", "-p", "-t", "bench", "#{pane_pid}").strip())
 
     def _tmux(self, *args: str) -> str:
@@ -268,7 +270,12 @@ def profile(pid: int, seconds: float, out: Path) -> None:
         for frame in set(frames):
             total[frame] = total.get(frame, 0) + n
     lines = [f"py-spy, {samples} samples of the TUI over {seconds:.0f} s with data arriving"]
-    for title, table in (("own time", own), ("total time (incl. callees)", total)):
+    ours = {f: n for f, n in total.items() if "tdbg/" in f or "textual/widgets/" in f}
+    for title, table in (
+        ("own time", own),
+        ("total time (incl. callees)", total),
+        ("total time, tdbg's and Textual's widget frames only", ours),
+    ):
         lines.append(f"-- top by {title}")
         for frame, n in sorted(table.items(), key=lambda kv: -kv[1])[:25]:
             lines.append(f"{100 * n / max(samples, 1):5.1f}%  {frame}")
