@@ -493,7 +493,14 @@ async def test_help_lists_the_deep_dive_keys() -> None:
         await started(pilot, app, source)
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+        # The help scrolls on a short terminal: read it page by page, as a user would.
         text = screen_text(app)
+        for _ in range(20):
+            if "escape or ? closes it" in text:
+                break
+            await pilot.press("pagedown")
+            await pilot.pause()
+            text += screen_text(app)
         for line in ("profile the next steps", "memory snapshot", "NaN hunt", "anomaly mode"):
             assert line in text
         assert "o            gradient table" in text
