@@ -200,3 +200,19 @@ async def test_a_wide_panel_gives_the_trend_more_history() -> None:
         await wait_for(pilot, lambda: len(str(table.get_cell("3", "trend"))) > 20, "a long trend")
         name = "netG blocks.0.attn.weight"
         await shows(pilot, app, name)  # the names keep their room
+
+
+async def test_slash_and_t_work_while_another_panel_has_the_focus() -> None:
+    app = run()
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        table = app.query_one(GradientTable)
+        await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
+        assert not table.has_focus  # the loss chart has it at start-up
+        await pilot.press("t")
+        await wait_for(pilot, lambda: "trend: all" in frame_headings(app), "one trend scale")
+        await pilot.press("slash")
+        field = app.query_one("#grad-filter", Input)
+        await wait_for(pilot, lambda: field.has_focus and field.display, "the filter field")
+        await pilot.press("a", "t", "t", "n")
+        await wait_for(pilot, lambda: table.row_count == 2, "two attn rows")

@@ -26,8 +26,10 @@ async def test_panels_show_live_run(runtime_dir: Path) -> None:
             text = screen_text(app)
             assert f"pid {proc.pid}" in text
             assert "Loss" in text and "Gradient norms" in text and "Memory" in text
-            # No GPU here: once the first system sample arrives the memory panel says why.
-            await wait_for(pilot, lambda: "NVML" in screen_text(app), what="missing-GPU reason")
+            # No GPU here: once the first system sample arrives the memory panel says so in one
+            # dim line, not in orange n/a lines.
+            await wait_for(pilot, lambda: "no GPU" in screen_text(app), what="the CPU-run line")
+            assert "n/a: GPU" not in screen_text(app)
             await wait_for(pilot, lambda: state.nonfinite_alerts > 0, what="a non-finite alert")
             await wait_for(
                 pilot,

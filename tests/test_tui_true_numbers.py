@@ -150,10 +150,12 @@ async def test_80x24_keeps_the_essentials() -> None:
             pilot, app, "step 399/1000 40%", "Metrics", "clip 1.0", "4 micro-batches", "1.69e-02"
         )
         assert app.query_one("#header").size.height == 1  # one line on a short screen
-        assert "4 micro-batches" in text and "optG" in text and "netG blocks.0" in text
-        assert app.query_one("#loss-chart").size.height >= 3
-        assert app.query_one("#grad-table").size.height >= 4
+        # On a narrow, short screen the LR panel gives its room to the alerts.
+        assert "4 micro-batches" in text and "netG blocks.0" in text
+        assert app.query_one("#loss-chart").size.height >= 10  # >= 8 plot rows
+        assert app.query_one("#grad-table").size.height >= 6  # a heading and >= 5 layers
         assert "Press p to profile" not in text  # the footer has the keys
+        assert "p Profile" in text, "the footer lost the main keys to a panel's own"
 
 
 async def test_200x60_has_room_for_everything() -> None:

@@ -17,8 +17,8 @@ tab / ⇧tab   next / previous panel
 l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
 h            gradients: table / heatmap
 o            gradient table: sort by name / norm / trend (or click a header)
-t            gradients (tab to them): each trend on its own scale / all on one (rows compare)
-/            gradients (tab to them): filter layers by name as you type; escape clears
+t            gradients: each trend on its own scale / all on one (rows compare)
+/            gradients: filter layers by name as you type; enter keeps, escape clears
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
 Loss chart (tab to it; these keys while it has the focus):

@@ -98,6 +98,9 @@ class MonitorScreen(Screen[None]):
         Binding("o", "cycle_sort", "Sort"),
         Binding("h", "toggle_heatmap", "Heatmap"),
         Binding("l", "toggle_log", "Log"),
+        # The gradient panel's own keys, from anywhere on the screen (it need not have focus).
+        Binding("slash", "filter_layers", "Filter layers", show=False),
+        Binding("t", "trend_scale", "Trend scale", show=False),
     ]
 
     def __init__(self, **kwargs: Any) -> None:
@@ -165,6 +168,12 @@ class MonitorScreen(Screen[None]):
         self.log_scale = not self.log_scale
         self._chart_at = 0.0
         self.repaint(force=True)
+
+    def action_filter_layers(self) -> None:
+        self.query_one(GradientPanel).action_filter()
+
+    def action_trend_scale(self) -> None:
+        self.query_one(GradientPanel).action_trend_scale()
 
     def action_toggle_heatmap(self) -> None:
         self.heatmap = not self.heatmap

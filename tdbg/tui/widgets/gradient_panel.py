@@ -23,7 +23,7 @@ class GradientPanel(Vertical):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("slash", "filter", "Filter layers"),
+        Binding("slash", "filter", "Filter layers", show=False),
         Binding("t", "trend_scale", "Trend scale", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]

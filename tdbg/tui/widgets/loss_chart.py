@@ -94,13 +94,13 @@ class LossChart(Static, can_focus=True):
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"loss-chart--raw", "loss-chart--smoothed"}
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("w", "window", "Last N / all"),
-        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", key_display="+"),
-        Binding("minus", "zoom(2)", "Zoom out", key_display="-"),
-        Binding("comma,left", "pan(-1)", "Older", key_display=","),
-        Binding("full_stop,right", "pan(1)", "Newer", key_display="."),
-        Binding("f", "full_range", "Full y-range"),
-        Binding("v", "view", "Loss / step time"),
+        Binding("w", "window", "Last N / all", show=False),
+        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", key_display="+", show=False),
+        Binding("minus", "zoom(2)", "Zoom out", key_display="-", show=False),
+        Binding("comma,left", "pan(-1)", "Older", key_display=",", show=False),
+        Binding("full_stop,right", "pan(1)", "Newer", key_display=".", show=False),
+        Binding("f", "full_range", "Full y-range", show=False),
+        Binding("v", "view", "Loss / step time", show=False),
     ]
     DEFAULT_CSS = """
     LossChart:focus { background: $boost; }
