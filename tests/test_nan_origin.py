@@ -183,3 +183,74 @@ def test_skipped_alert_names_layers_and_count() -> None:
     assert event["kind"] == SKIPPED_KIND and event["severity"] == "warning"
     assert event["layers"] == ["fc2"] and "step 5" in event["message"]
     assert "2 update(s) skipped" in event["message"]
+
+
+def test_an_unmeasured_loss_never_claims_finite_weights() -> None:
+    origin = NanOrigin(["a", "b"])
+    assert origin.observe(1, 1.0, [1.0, 1.0], []) is None
+    event = origin.observe(2, math.nan, None, None)  # not a sampled step: nothing measured
+    assert event is not None and event["step"] == 2 and event["layers"] == []
+    assert "finite weights" not in event["message"] and "not measured" in event["message"]
+    measured = NanOrigin(["a", "b"])
+    event = measured.observe(2, math.nan, [math.nan, math.nan], [])  # weights measured finite
+    assert event is not None and "with finite weights" in event["message"]
+
+
+def test_an_unmeasured_update_that_left_weights_nonfinite_is_named_at_its_step() -> None:
+    """Step 3's loss is finite, its gradients not measured; step 4's pass finds the weights of
+    a and b non-finite and nothing but the optimizer changed them: the update of step 3."""
+    origin = NanOrigin(["a", "b", "c"])
+    assert origin.observe(2, 1.0, [1.0, 1.0, 1.0], []) is None
+    assert origin.observe(3, 0.9, None, None) is None
+    event = origin.observe(4, math.nan, [math.nan] * 3, [0, 1], changed=[])
+    assert event is not None and event["step"] == 3 and event["layers"] == ["b"]
+    found = origin.origin
+    assert found is not None and (found.phase, found.step, found.last_finite) == ("backward", 3, 2)
+    assert "not measured" in event["message"]
+
+
+def test_a_weight_other_code_changed_is_the_origin_at_the_step_that_used_it() -> None:
+    origin = NanOrigin(["a", "b", "c"])
+    origin.observe(2, 1.0, [1.0, 1.0, 1.0], [])
+    origin.observe(3, 0.9, None, None)
+    event = origin.observe(4, math.nan, [math.nan] * 3, [2], changed=[2])
+    assert event is not None and event["step"] == 4 and event["layers"] == ["c"]
+    assert origin.origin is not None and origin.origin.phase == "weights"
+
+
+def test_a_measured_step_before_keeps_the_weights_at_their_step() -> None:
+    origin = NanOrigin(["a", "b"])
+    origin.observe(3, 0.9, [1.0, 1.0], [])  # measured, finite: the update of step 3 made it
+    event = origin.observe(4, math.nan, [math.nan] * 2, [1])
+    assert event is not None and event["step"] == 4
+    assert origin.origin is not None and origin.origin.phase == "weights"
+
+
+def test_the_guard_s_skipped_layers_name_a_backward_on_an_unsampled_step() -> None:
+    origin = NanOrigin(["a", "b", "c"])
+    origin.observe(1, 1.0, None, None)
+    event = origin.observe(2, 1.0, None, None, grad_nonfinite=[0, 1])
+    assert event is not None and event["step"] == 2 and event["layers"] == ["b"]
+
+
+def test_changed_layers_tell_other_code_from_the_optimizer() -> None:
+    from tdbg.probe.gradients import GradientStats
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    stats = GradientStats(find_layers(model))
+    x, y = torch.randn(5, 4), torch.randn(5, 2)
+    for step in range(4):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        if step in (0, 3):
+            stats.note_versions()
+        if step == 2:
+            with torch.no_grad():
+                model.fc2.weight[0, 0] = 1.0
+        opt.step()
+    names = [layer.name for layer in find_layers(model)]
+    assert [names[i] for i in stats.changed_layers() or []] == ["fc2"]
+    stats.note_versions()  # nothing but the optimizer since: no layer
+    assert stats.changed_layers() == []

@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -190,6 +192,73 @@ def test_gradient_accumulation_reports_the_whole_update(runtime_dir: Path) -> No
     reader.close()
 
 
+def test_an_explicit_loss_under_accumulation_is_the_update_s(runtime_dir: Path) -> None:
+    """probe.step(loss) with the variable at hand after k micro-batches (nanoGPT's
+    ``loss = loss / k; loss.backward()``): that is the last micro-batch divided by k, not the
+    update's loss; the step shows what was backpropagated for the update (their mean) and says
+    so once. Any other loss passed is the user's own, shown as given, with the micro-batches."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    k = 4
+    means, own = [], []
+    for step in range(4):
+        opt.zero_grad()
+        parts = []
+        for i in range(k):
+            loss = ((model(x[i::k]) - y[i::k]) ** 2).mean()
+            parts.append(loss.item())
+            loss = loss / k
+            loss.backward()
+        opt.step()
+        means.append(sum(parts) / k)
+        if step < 2:
+            probe.step(loss)  # the last micro-batch / k
+        else:
+            own.append(parts[-1])
+            probe.step(parts[-1])  # a number of the user's own: kept
+    reader.wait(lambda r: len(r.records()) >= 4)
+    records = reader.records()
+    assert [r.loss for r in records[:2]] == pytest.approx(means[:2], rel=1e-6)
+    assert [r.loss for r in records[2:]] == pytest.approx(own, rel=1e-6)
+    assert [r.micro_batches for r in records] == [k] * 4
+    notes = [a["message"] for a in reader.of("alert") if "micro-batches" in a["message"]]
+    assert len(notes) == 1 and "last of the 4 micro-batches" in notes[0]
+    reader.close()
+
+
+def test_micro_batches_are_counted_per_optimizer(runtime_dir: Path) -> None:
+    """DCGAN: the discriminator backpropagates a real and a fake loss, then the generator one:
+    the step (the first optimizer's update, optD) had 2 micro-batches, not 3."""
+    netG, netD = _model(1), _model(2)
+    optD = torch.optim.SGD(netD.parameters(), lr=0.1)
+    optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
+    x, y = _data()
+    probe = tdbg.watch([netD, netG], [optD, optG], grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    truth = []
+    for _ in range(3):
+        optD.zero_grad()
+        real = ((netD(x) - y) ** 2).mean()
+        real.backward()
+        fake = (netD(x * netG(x).detach()) ** 2).mean()
+        fake.backward()
+        optD.step()
+        optG.zero_grad()
+        loss_g = ((netD(x * netG(x)) - 1) ** 2).mean()
+        loss_g.backward()
+        optG.step()
+        probe.step()
+        truth.append(real.item() + fake.item())
+    reader.wait(lambda r: len(r.records()) >= 3)
+    records = reader.records()
+    assert [r.micro_batches for r in records] == [2, 2, 2]
+    assert [r.loss for r in records] == pytest.approx(truth, rel=1e-6)
+    reader.close()
+
+
 def test_several_models_and_optimizers_are_all_watched(runtime_dir: Path) -> None:
     netG, netD = _model(1), _model(2)
     optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
@@ -356,6 +425,37 @@ def test_epochs_follow_the_training_dataloader(runtime_dir: Path) -> None:
     reader.close()
 
 
+def test_epochs_follow_a_dataloader_made_anew_each_epoch(runtime_dir: Path) -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loop = Loop()
+    data = TensorDataset(loop.x, loop.y)
+    held = TensorDataset(loop.x[:8], loop.y[:8])
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+
+    def train(x: torch.Tensor, y: torch.Tensor) -> None:
+        loop.opt.zero_grad()
+        loss = ((loop.model(x) - y) ** 2).mean()
+        loss.backward()
+        loop.opt.step()
+        probe.step(loss)
+
+    for _ in range(2):
+        loader = DataLoader(data, batch_size=16, shuffle=True)  # a new one each epoch
+        for i, (x, y) in enumerate(loader):
+            train(x, y)
+            if i == 0:
+                with torch.no_grad():  # mid-epoch validation: not an epoch
+                    for vx, _ in DataLoader(held, batch_size=4):
+                        loop.model(vx)
+    for x, y in DataLoader(data, batch_size=16):  # made inline: gone before its first step
+        train(x, y)
+    reader.wait(lambda r: len(r.records()) >= 6)
+    assert [r.epoch for r in reader.records()] == [0, 0, 1, 1, 2, 2]
+    reader.close()
+
+
 def test_a_replaced_layer_and_optimizer_are_followed(runtime_dir: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -513,15 +613,19 @@ def test_a_stall_alert_says_where_the_training_thread_is_stuck(
 
 
 class Boom(torch.nn.Module):
-    """A layer whose forward overflows float32 when armed (finite weights and inputs)."""
+    """A layer whose forward overflows float32 when armed (finite weights and inputs): to +-inf,
+    which the Tanh after it absorbs (the loss stays finite), or, armed ``"nan"``, through a
+    softmax of the overflowed values, whose NaN reaches the loss."""
 
     def __init__(self) -> None:
         super().__init__()
         self.scale = torch.nn.Parameter(torch.ones(16))
-        self.armed = False
+        self.armed: bool | str = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * self.scale
+        if self.armed == "nan":
+            return torch.softmax(y * 1e30 * 1e30, -1)
         return y * 1e30 * 1e30 if self.armed else y
 
 
@@ -563,6 +667,68 @@ def _origin_net() -> torch.nn.Module:
     )
 
 
+K = 6  # the step where it goes wrong: not a sampled step with grad_every=5
+
+
+def _nan_run(
+    scenario: str, grad_every: int | None, forward: bool | str = "nan", budget: float = 0.01
+) -> tuple[Any, Reader, Callable[[int], None]]:
+    """A probe on _origin_net and one training step as a function: at step K the scenario goes
+    wrong once (one update spreads the NaN anyway)."""
+    net = _origin_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = _data()
+    probe = tdbg.watch(net, opt, grad_every=grad_every, overhead_budget=budget)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+
+    def train(step: int) -> None:
+        if step == K:
+            if scenario == "weights":
+                with torch.no_grad():
+                    net.fc2.weight[0, 0] = float("nan")
+            elif scenario == "forward":
+                net.boom.armed = forward
+            else:
+                net.bad.armed = True
+        opt.zero_grad()
+        loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+        net.boom.armed = net.bad.armed = False
+
+    return probe, reader, train
+
+
+def _first_error(reader: Reader) -> dict[str, Any]:
+    reader.wait(lambda r: any(a["kind"] == "nonfinite_origin" for a in r.of("alert")))
+    alerts = reader.of("alert")
+    first = next(a for a in alerts if a["severity"] == "error")
+    assert first["kind"] == "nonfinite_origin", [(a["kind"], a["message"]) for a in alerts]
+    return first
+
+
+def _hunt_headline(reader: Reader, train: Callable[[int], None]) -> dict[str, Any]:
+    """The automatic NaN hunt runs on the next steps, after NaN has spread everywhere; it heads
+    its answer with the origin."""
+    more = iter(range(20, 1000))
+
+    def hunt_done() -> bool:
+        train(next(more))
+        return any(j["state"] == "done" for j in reader.of("job") if j["command"] == "nan_hunt")
+
+    wait_until(hunt_done, 30.0, "the automatic NaN hunt's answer")
+    hunt = next(j for j in reader.of("job") if j["command"] == "nan_hunt" and j["state"] == "done")
+    return hunt["result"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("grad_every", "budget"),
+    [(1, 0.01), (5, 0.01), (None, 0.01), (None, 1e-6)],
+    # auto-sparse: the adaptive interval on a budget so small that step K is never sampled,
+    # whatever the machine's speed (on a loaded one the default budget may sample every step)
+    ids=["every-step", "every-5", "auto", "auto-sparse"],
+)
 @pytest.mark.parametrize(
     ("scenario", "module", "phase"),
     [
@@ -572,49 +738,142 @@ def _origin_net() -> torch.nn.Module:
     ],
 )
 def test_the_first_alert_names_where_a_nan_began(
-    runtime_dir: Path, scenario: str, module: str, phase: str
+    runtime_dir: Path,
+    scenario: str,
+    module: str,
+    phase: str,
+    grad_every: int | None,
+    budget: float,
 ) -> None:
-    net = _origin_net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    x, y = _data()
-    probe = tdbg.watch(net, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
-    k = 6
+    """Whether or not step K is a sampled step: on the CPU a non-finite loss forces that step's
+    pass of weights and gradients, and an unmeasured update that left the weights non-finite
+    is named from the next step's (the first alert and the hunt name K, not K+1)."""
+    probe, reader, train = _nan_run(scenario, grad_every, budget=budget)
+    for step in range(20):
+        train(step)
+    first = _first_error(reader)
+    assert first["step"] == K and first["layers"] == [module], first["message"]
+    assert phase in first["message"] or (phase == "weights" and "weights of" in first["message"])
+    assert "with finite weights" not in first["message"]
+    hunt = _hunt_headline(reader, train)
+    assert (hunt["module"], hunt["step"], hunt["phase"]) == (module, K, phase), hunt
+    reader.close()
+    probe.close()
 
-    def train(step: int) -> None:
-        if step == k:
-            if scenario == "weights":
-                with torch.no_grad():
-                    net.fc2.weight[0, 0] = float("nan")
-            else:
-                getattr(net, "boom" if scenario == "forward" else "bad").armed = True
-        opt.zero_grad()
-        loss = ((net(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        probe.step(loss)
-        net.boom.armed = net.bad.armed = False  # one bad step; one update spreads NaN anyway
 
+def test_an_overflow_the_loss_absorbs_is_named_by_its_step(runtime_dir: Path) -> None:
+    """A forward overflow to inf that a Tanh absorbs leaves the loss finite: only gradients show
+    it. Measured (grad_every=1), the forward re-run names the module; on a step that is not
+    measured nothing cheap shows it at step K, and at K+1 the weights it reached are NaN: the
+    alert names step K and the layer whose gradient it made non-finite, and says the gradients
+    of step K were not measured (never a forward "with finite weights" it did not see)."""
+    probe, reader, train = _nan_run("forward", 1, forward=True)
     for step in range(10):
         train(step)
-    reader.wait(lambda r: any(a["kind"] == "nonfinite_origin" for a in r.of("alert")))
-    alerts = reader.of("alert")
-    first = next(a for a in alerts if a["severity"] == "error")
-    assert first["kind"] == "nonfinite_origin", [a["kind"] for a in alerts]
-    assert first["step"] == k and first["layers"] == [module], first["message"]
-    assert phase in first["message"] or (phase == "weights" and "weights of" in first["message"])
-    # The automatic NaN hunt runs on the next steps, after NaN has spread everywhere; it heads
-    # its answer with the origin.
-    more = iter(range(10, 1000))
-
-    def hunt_done() -> bool:
-        train(next(more))
-        return any(j["state"] == "done" for j in reader.of("job") if j["command"] == "nan_hunt")
-
-    wait_until(hunt_done, 30.0, "the automatic NaN hunt's answer")
-    hunt = next(j for j in reader.of("job") if j["command"] == "nan_hunt" and j["state"] == "done")
-    assert (hunt["result"]["module"], hunt["result"]["step"]) == (module, k), hunt["result"]
+    first = _first_error(reader)
+    assert first["step"] == K and first["layers"] == ["boom"], first["message"]
     reader.close()
+    probe.close()
+    probe, reader, train = _nan_run("forward", 5, forward=True)
+    for step in range(10):
+        train(step)
+    first = _first_error(reader)
+    assert first["step"] == K and first["layers"] == ["bad"], first["message"]
+    assert "not measured" in first["message"] and "finite weights" not in first["message"]
+    reader.close()
+    probe.close()
+
+
+def test_a_weight_set_by_other_code_is_told_from_an_update(runtime_dir: Path) -> None:
+    """Weights found non-finite after an unmeasured step: made by the update of that step
+    (backward) unless code other than the optimizer wrote them (their version counters moved
+    more than the update's): then the weights themselves, at the step that used them."""
+    probe, reader, train = _nan_run("weights", 50)
+    for step in range(10):
+        train(step)
+    first = _first_error(reader)
+    assert first["step"] == K and first["layers"] == ["fc2"], first["message"]
+    assert first["message"].startswith("weights of fc2 non-finite at step 6")
+    reader.close()
+    probe.close()
+
+
+@pytest.mark.parametrize("grad_every", [1, 5])
+def test_a_grad_scaler_skip_is_routine_and_a_later_nan_still_gets_its_origin(
+    runtime_dir: Path, grad_every: int
+) -> None:
+    """AMP: at a high scale the scaled gradients overflow and GradScaler skips the update and
+    lowers the scale — routine, not a NaN: no error, no origin, no hunt; the skip is counted.
+    A NaN of the run's own later (a weight) still gets its origin, at its step."""
+    net = _origin_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    x, y = _data()
+    probe = tdbg.watch(net, opt, grad_every=grad_every)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    skip, nan_at = 3, 8
+    for step in range(12):
+        if step == nan_at:
+            reader.wait(lambda r: len(r.records()) >= nan_at)
+            reader.settle()
+            assert not [a for a in reader.of("alert") if a["severity"] == "error"]
+            assert not [j for j in reader.of("job") if j["command"] == "nan_hunt"]
+            with torch.no_grad():
+                net.fc2.weight[0, 0] = float("nan")
+        opt.zero_grad()
+        loss = ((net(x) - y) ** 2).mean()
+        if step == skip:
+            loss = loss * 1e34  # finite; scaled by 65536 it overflows: the scaler skips
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        probe.step()
+        if step == skip:
+            assert scaler.get_scale() == 2.0**15  # it did skip
+    reader.wait(lambda r: any(a["kind"] == "nonfinite_origin" for a in r.of("alert")))
+    reader.wait(lambda r: any(m.get("amp_skipped_steps", 0) >= 1 for m in r.of("probe")))
+    alerts = reader.of("alert")
+    errors = [a for a in alerts if a["severity"] == "error"]
+    assert all(a["step"] >= nan_at for a in errors), errors
+    first = errors[0]
+    assert first["kind"] == "nonfinite_origin", errors
+    assert (first["step"], first["layers"]) == (nan_at, ["fc2"]), first["message"]
+    records = {r.step: r for r in reader.records()}
+    assert records[skip].grad_norms is None and records[skip].clip_norm != records[skip].clip_norm
+    assert records[skip].loss > 1e30  # the iteration's own (unscaled) loss
+    reader.close()
+    probe.close()
+
+
+def test_the_hunt_headline_names_a_layer_of_the_second_model(runtime_dir: Path) -> None:
+    """With several models the layers are named with their model's prefix ("netD.0"): the
+    hunt's headline still says what module class it is (it was looked up in the first model,
+    without the prefix, and came out None)."""
+    netG, netD = _model(1), _origin_net()
+    optG = torch.optim.SGD(netG.parameters(), lr=0.01)
+    optD = torch.optim.SGD(netD.parameters(), lr=0.01)
+    x, y = _data()
+    probe = tdbg.watch([netG, netD], [optG, optD], grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+
+    def train(step: int) -> None:
+        if step == K:
+            with torch.no_grad():
+                netD.fc2.weight[0, 0] = float("nan")
+        for net, opt in ((netG, optG), (netD, optD)):
+            opt.zero_grad()
+            ((net(x) - y) ** 2).mean().backward()
+            opt.step()
+        probe.step()
+
+    for step in range(K + 2):
+        train(step)
+    first = _first_error(reader)
+    assert (first["step"], first["layers"]) == (K, ["netD.fc2"]), first["message"]
+    hunt = _hunt_headline(reader, train)
+    assert (hunt["module"], hunt["module_type"], hunt["step"]) == ("netD.fc2", "Linear", K)
+    reader.close()
+    probe.close()
 
 
 def test_skip_nonfinite_keeps_the_model_intact_and_names_the_origin(runtime_dir: Path) -> None:

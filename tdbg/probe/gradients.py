@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import torch
 from torch import nn
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
+_VERSION = attrgetter("_version")  # a tensor's in-place modification counter
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class Layer:
 
     name: str
     params: tuple[nn.Parameter, ...]
+    module_type: str = ""  # the class name of the module that owns them
 
     @property
     def numel(self) -> int:
@@ -48,7 +52,7 @@ def find_layers(
                 own.append(param)
         if own:
             label = prefix + path if path else (name or type(model).__name__)
-            layers.append(Layer(label, tuple(own)))
+            layers.append(Layer(label, tuple(own), type(module).__name__))
     return layers
 
 
@@ -174,6 +178,11 @@ class GradientStats:
         self._missing: list[int] = []
         self._device: torch.device | None = None
         self.replanned = False  # the last compute() built a new plan (its time is not typical)
+        # The parameters' in-place modification counters at the last two passes that noted
+        # them (note_versions): what tells a weight changed by the optimizer from one changed
+        # by other code (changed_layers).
+        self.versions: list[int] | None = None
+        self.previous_versions: list[int] | None = None
 
     @property
     def n_params(self) -> int:
@@ -184,6 +193,26 @@ class GradientStats:
         if self._device is None:
             self._device = self._params[0].device if self._params else torch.device("cpu")
         return self._device
+
+    def note_versions(self) -> None:
+        """Remember every parameter's modification counter (one attribute read a parameter)."""
+        self.previous_versions, self.versions = self.versions, list(map(_VERSION, self._params))
+
+    def changed_layers(self) -> list[int] | None:
+        """Layers with a parameter modified in place more often than most parameters between
+        the last two :meth:`note_versions`: changed by code other than the optimizer's update
+        (which bumps every parameter it updates alike); None when there is nothing to compare.
+
+        torch's optimizers (SGD, Adam, ... foreach or not) bump each updated parameter by the
+        same count per step, and a fused one by none; an assignment under ``no_grad``
+        (``w[0] = nan``), ``clamp_``, ``renorm_`` add one more to the parameters they touch. A
+        parameter that missed updates (no gradient) counts fewer, which never names it."""
+        before, now = self.previous_versions, self.versions
+        if before is None or now is None or len(before) != len(now) or not now:
+            return None
+        deltas = [b - a for a, b in zip(before, now, strict=True)]
+        usual = Counter(deltas).most_common(1)[0][0]
+        return sorted({self._param_layer[i] for i, d in enumerate(deltas) if d > usual})
 
     def _make_plan(self, grads: list[torch.Tensor | None], key: tuple[type, ...]) -> None:
         """Group present grads by (device, dtype, layout); remember each norm's layer."""

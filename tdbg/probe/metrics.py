@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,10 +45,12 @@ class PendingMetrics:
 class MetricsDesk:
     """What ``probe.log()`` does on the training thread: O(number of values), never a sync.
 
-    A metric is a Python number or a one-element tensor (a device tensor is copied to the host
-    asynchronously and read by the probe thread, as the loss is). A name that is not a string,
-    a value that is not a number, and names past :data:`MAX_METRIC_NAMES` are reported once
-    each and dropped; nothing raises into the loop."""
+    A metric is a real number (Python, NumPy, ``numbers.Real``) or a one-element real tensor (a
+    device tensor is copied to the host asynchronously and read by the probe thread, as the
+    loss is). Each value is read on its own: one that cannot be (not a number, complex, an int
+    past float's range, a name that is not a string, names past :data:`MAX_METRIC_NAMES`) is
+    reported — once per kind of problem and name, folded with a count past a few names — and
+    dropped, and the call's other values are kept; nothing raises into the loop."""
 
     def __init__(self, report_once: Callable[[str, str], None]) -> None:
         self._report_once = report_once
@@ -63,35 +66,23 @@ class MetricsDesk:
             name = self._name(raw_name)
             if name is None:
                 continue
-            if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    self._report_once(
-                        f"metric-shape:{name}",
-                        f"tdbg.log({name}=...): a tensor of shape {tuple(value.shape)} is not "
-                        "one number — not recorded",
-                    )
-                    continue
-                if not self._admit(name):
-                    continue
-                if value.device.type == "cpu":
-                    host.append(float(value.detach()))
-                    names.append(name)
-                else:
-                    device.append(value.detach().reshape(1).float())
-                    device_names.append(name)
-                continue
-            number = _number(value)
-            if number is None:
+            try:
+                read = self._read(name, value)
+            except Exception as exc:  # a value's own __float__ raising, say: that value only
                 self._report_once(
                     f"metric-type:{name}",
-                    f"tdbg.log({name}=...): cannot read a number from "
-                    f"{type(value).__name__} — not recorded",
+                    f"tdbg.log({name}=...): cannot read a number from {type(value).__name__} "
+                    f"({type(exc).__name__}) — not recorded",
                 )
                 continue
-            if not self._admit(name):
+            if read is None or not self._admit(name):
                 continue
-            names.append(name)
-            host.append(number)
+            if isinstance(read, torch.Tensor):
+                device.append(read)
+                device_names.append(name)
+            else:
+                names.append(name)
+                host.append(read)
         if not names and not device:
             return
         pending = PendingMetrics(step, names, host, device_names)
@@ -104,6 +95,50 @@ class MetricsDesk:
             else:
                 pending.values = vector.to("cpu")
         self.inbox.append(pending)
+
+    def _read(self, name: str, value: Any) -> float | torch.Tensor | None:
+        """The value as a float (host) or a float32 one-element device tensor; None, reported,
+        when it is not one real number."""
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                self._report_once(
+                    f"metric-shape:{name}",
+                    f"tdbg.log({name}=...): a tensor of shape {tuple(value.shape)} is not "
+                    "one number — not recorded",
+                )
+                return None
+            if value.is_complex():
+                self._complex(name, f"a {value.dtype} tensor")
+                return None
+            if value.device.type == "cpu":
+                return float(value.detach())  # float64 and ints read as they are
+            return value.detach().reshape(1).float()
+        number = _number(value)
+        if number is _COMPLEX:
+            self._complex(name, f"a {type(value).__name__} value")
+            return None
+        if number is _OVERFLOW:
+            self._report_once(
+                f"metric-overflow:{name}",
+                f"tdbg.log({name}=...): {type(value).__name__} {_short(value)} is past the "
+                "range of a float — not recorded",
+            )
+            return None
+        if not isinstance(number, float):
+            self._report_once(
+                f"metric-type:{name}",
+                f"tdbg.log({name}=...): cannot read a number from "
+                f"{type(value).__name__} — not recorded",
+            )
+            return None
+        return number
+
+    def _complex(self, name: str, what: str) -> None:
+        self._report_once(
+            f"metric-complex:{name}",
+            f"tdbg.log({name}=...): {what} is complex, not a real number — not recorded "
+            "(log its .real, .imag or abs())",
+        )
 
     def _name(self, raw: Any) -> str | None:
         if not isinstance(raw, str) or not raw:
@@ -128,17 +163,34 @@ class MetricsDesk:
         return True
 
 
-def _number(value: Any) -> float | None:
+_COMPLEX = object()  # _number: a complex value
+_OVERFLOW = object()  # _number: an integer past float's range
+
+
+def _short(value: Any) -> str:
+    text = str(value) if not isinstance(value, int) or value.bit_length() < 200 else "(huge)"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(value: Any) -> Any:
+    """A float, or _COMPLEX / _OVERFLOW, or None (not a number). bool, int, float, NumPy
+    scalars and one-element arrays, and any ``numbers.Real``."""
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, int | float):
-        return float(value)
+    if isinstance(value, numbers.Real):
+        try:
+            return float(value)
+        except OverflowError:
+            return _OVERFLOW
+    if isinstance(value, numbers.Complex):
+        return _COMPLEX
     try:
         import numpy as np
 
-        if isinstance(value, np.generic) and np.ndim(value) == 0:
-            return float(value)
-    except Exception:
+        if isinstance(value, np.ndarray | np.generic) and np.size(value) == 1:
+            item = np.asarray(value).reshape(()).item()
+            return None if isinstance(item, np.ndarray | np.generic) else _number(item)
+    except ImportError:
         pass
     return None
 

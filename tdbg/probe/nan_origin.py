@@ -9,11 +9,20 @@ non-finite event names where it began:
   step K's forward used) while they were finite before: the first such layer in layer order.
 - ``backward``: the loss of step K is finite but some layers' gradients are not: the backward
   made them; the origin is the non-finite layer LAST in layer order (nearest the loss), since
-  backward runs from the loss towards the inputs.
+  backward runs from the loss towards the inputs. Also when step K's gradients were not
+  measured (not a sampled step) but its loss was finite and the weights measured at step K+1
+  are non-finite, with no sign that code other than the optimizer changed them (``changed``):
+  the update of step K applied non-finite gradients; the layer nearest the loss among those
+  it reached is named, and the message says the gradients were not measured.
 - ``forward``: the loss is non-finite with finite weights and a forward origin was found on the
   spot (:func:`tdbg.probe.guard.find_forward_origin`, passed as ``forward``).
-- ``loss``: the loss is non-finite, the weights finite (or not measured) and no forward origin
-  is known: the forward or the loss overflowed; the alert says which check would name it.
+- ``loss``: the loss is non-finite and no forward origin is known: the forward or the loss
+  overflowed. "With finite weights" is said only when the weights were measured at that step;
+  otherwise the alert says they were not, and which setting would have measured them.
+
+A step's weights and gradients are measured on sampled steps, and on a CPU run also on any step
+whose loss is already non-finite before its update (read without a sync), so K is the step
+where it began, not the one after.
 
 No torch here: it works on plain floats and indices.
 """
@@ -22,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tdbg.probe.alerts import alert
@@ -58,8 +67,12 @@ class NanOrigin:
 
     def __init__(self, layer_names: Sequence[str]) -> None:
         self.layer_names = list(layer_names)
+        self.layer_types: list[str] = []  # each layer's module class, where known
         self.origin: Origin | None = None
         self.last_finite: int | None = None  # last step with loss, grads and weights finite
+        # The step before: (step, its gradients measured, its loss known finite, last_finite
+        # before it) — where an unmeasured update turned finite weights non-finite.
+        self._previous: tuple[int, bool, bool, int | None] | None = None
 
     def _name(self, index: int) -> str:
         if 0 <= index < len(self.layer_names):
@@ -73,22 +86,61 @@ class NanOrigin:
         grad_norms: Sequence[float] | None,
         weight_nonfinite: Sequence[int] | None,
         forward: tuple[str, str, int] | None = None,
+        changed: Sequence[int] | None = None,
+        grad_nonfinite: Sequence[int] | None = None,
     ) -> AlertMessage | None:
         """One resolved step. ``grad_norms``: per layer on sampled steps, else None;
         ``weight_nonfinite``: indices of layers whose weights were non-finite at this step's
         optimizer pre-hook, None when not measured; ``forward``: what
-        ``find_forward_origin`` returned for this step, if it ran. Returns the alert or None."""
+        ``find_forward_origin`` returned for this step, if it ran; ``changed``: layers whose
+        weights code other than the optimizer changed since the last measurement (None: not
+        known); ``grad_nonfinite``: layers with a non-finite gradient known without norms
+        (``skip_nonfinite``'s check). Returns the alert or None."""
         if self.origin is not None:
             return None
+        previous = self._previous
+        measured = grad_norms is not None or weight_nonfinite is not None
+        self._previous = (
+            step,
+            measured,
+            loss is not None and math.isfinite(loss),
+            self.last_finite,
+        )
         bad_weights = sorted(set(weight_nonfinite or ()))
         bad_grads = [i for i, v in enumerate(grad_norms or ()) if not math.isfinite(v)]
+        if grad_nonfinite:
+            bad_grads = sorted({*bad_grads, *grad_nonfinite})
         loss_ok = _finite(loss)
         if not bad_weights and not bad_grads and loss_ok and forward is None:
             self.last_finite = step
             return None
         since = self.last_finite
         finite_at = f" (finite at step {since})" if since is not None else ""
-        if bad_weights:
+        if (
+            bad_weights
+            and previous is not None
+            and previous[0] == step - 1
+            and not previous[1]
+            and previous[2]
+            and not set(bad_weights) & set(changed or ())
+        ):
+            # Step K = step - 1 ran its forward on finite weights (its loss was finite) and
+            # its update, unmeasured, left them non-finite; nothing else touched them.
+            k, before = previous[0], previous[3]
+            last = bad_weights[-1]
+            name = self._name(last)
+            before_at = f" (finite at step {before})" if before is not None else ""
+            origin = Origin(
+                k,
+                "backward",
+                self.layer_names[last] if last < len(self.layer_names) else name,
+                f"backward made a non-finite gradient in {name} at step {k}: the update of "
+                f"step {k} (its loss finite) left the weights of {len(bad_weights)} layer(s) "
+                f"non-finite, seen at step {step}; {name} is nearest the loss (step {k}'s "
+                f"gradients were not measured: grad_every=1 measures every step){before_at}",
+                before,
+            )
+        elif bad_weights:
             first = bad_weights[0]
             name = self._name(first)
             more = f"; {len(bad_weights) - 1} more layer(s)" if len(bad_weights) > 1 else ""
@@ -125,18 +177,27 @@ class NanOrigin:
                 since,
             )
         else:
-            origin = Origin(
-                step,
-                "loss",
-                None,
-                f"loss is {loss} at step {step} with finite weights: the forward or the loss "
-                f"overflowed{finite_at}; watch(skip_nonfinite=True) re-runs that forward and "
-                "names the module",
-                since,
+            if weight_nonfinite is not None:
+                weights = (
+                    "with finite weights: the forward or the loss overflowed"
+                    f"{finite_at}; watch(skip_nonfinite=True) re-runs that forward and names "
+                    "the module"
+                )
+            else:
+                weights = (
+                    "(weights and gradients not measured at that step: grad_every=1 measures "
+                    f"every step){finite_at}"
+                )
+            origin = Origin(step, "loss", None, f"loss is {loss} at step {step} {weights}", since)
+        if origin.module_type is None and origin.phase in ("weights", "backward"):
+            index = (
+                self.layer_names.index(origin.module) if origin.module in self.layer_names else -1
             )
+            if 0 <= index < len(self.layer_types) and self.layer_types[index]:
+                origin = replace(origin, module_type=self.layer_types[index])
         self.origin = origin
         layers = [origin.module] if origin.module is not None else []
-        return alert(KIND, "error", step, origin.detail, layers)
+        return alert(KIND, "error", origin.step, origin.detail, layers)
 
 
 SKIPPED_KIND = "skipped_nonfinite"

@@ -50,6 +50,11 @@ class PendingStep:
     weight_nonfinite: list[int] | None = None  # layers with NaN/Inf weights (sampled steps)
     forward_origin: tuple[str, str, int] | None = None  # a non-finite forward, re-run in place
     skipped_layers: list[int] | None = None  # skip_nonfinite: the update was skipped (these)
+    # Layers whose weights code other than the optimizer changed since the last pass (noted
+    # on a pass that found a NaN or Inf; None: not known). See GradientStats.changed_layers.
+    changed_layers: list[int] | None = None
+    amp_skipped: bool = False  # GradScaler skipped this iteration's update
+    weights_only: bool = False  # ``grads`` is read for its weights only (AMP skip: scaled)
 
     def resolve(self) -> tuple[StepRecord, Sequence[int]] | None:
         """The finished record, or None while device work is pending. Never blocks."""
@@ -88,8 +93,10 @@ class PendingStep:
             host = host[k:]
         if self.grads is not None:
             on_device = None if self.grads.on_host else host
-            grad_norms, grad_total = self.grads.layer_norms(on_device)
-            self.weight_nonfinite = self.grads.weight_nonfinite(on_device)
+            if not self.weights_only:
+                grad_norms, grad_total = self.grads.layer_norms(on_device)
+            if self.grads.weights:  # else nothing was measured: not "finite weights"
+                self.weight_nonfinite = self.grads.weight_nonfinite(on_device)
         loss = scalars.pop("loss", self.loss)
         clip_norm = scalars.pop("clip_norm", NAN)
         if scalars:

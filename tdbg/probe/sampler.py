@@ -22,6 +22,14 @@ from tdbg.probe.server import ProbeServer
 from tdbg.protocol.steps import MAX_LR_COLUMNS
 
 NAN = float("nan")
+REPORTS_PER_KIND = 3  # report_once: distinct reports of one kind of problem before a count
+FOLDED = {  # report_once: what the count of one kind says
+    "metric-type": "tdbg.log values that are not numbers",
+    "metric-shape": "tdbg.log tensors that are not one number",
+    "metric-complex": "complex tdbg.log values",
+    "metric-overflow": "tdbg.log ints past a float's range",
+    "metric-name": "tdbg.log names that are not strings",
+}
 EMA = 0.1  # weight of the newest value in the running averages of step time and costs
 
 
@@ -30,8 +38,18 @@ def _number(value: Any) -> float:
         return NAN
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return NAN
+
+
+def _host_nonfinite(value: Any) -> bool:
+    """A loss known to be NaN or Inf without a host-device sync: a Python float or a CPU
+    tensor (reading one is a memory load). A device tensor is never read here: False."""
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu" or value.numel() != 1:
+            return False
+        value = value.item()
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 @dataclass
@@ -48,6 +66,7 @@ class OptimizerSlot:
     in_step: bool = False
     closure_loss: Any = None  # the first scalar backpropagated inside step(closure)
     guard: NonfiniteGuard | None = None  # watch(skip_nonfinite=True)
+    micro: int = 0  # the scalars backpropagated for this update (micro-batches)
 
 
 class StepSampler:
@@ -112,7 +131,10 @@ class StepSampler:
         self._grad_marks: tuple[Mark, Mark] | None = None
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
         self._last_host: float | None = None
-        self._reported: set[str] = set()
+        # report_once: per kind of problem, the keys reported so far (at most
+        # REPORTS_PER_KIND) and how many more were folded into a count.
+        self._reported: dict[str, set[str]] = {}
+        self._folded: dict[str, int] = {}
         # From the taps, since the last probe.step():
         self._pending_loss: Any = None  # backpropagated, not yet given to an optimizer
         self._micro = 0  # backward calls of a scalar
@@ -121,9 +143,27 @@ class StepSampler:
         self.epoch: float = NAN
         self.epoch_given = False  # set_progress(epoch=) wins over DataLoader detection
         self._loader: Any = None  # weakref to the DataLoader whose passes count as epochs
-        self._iterating: Any = None  # weakref to the DataLoader last started
+        self._iterating: Any = None  # (weakref, dataset id) of the DataLoader last started
+        self._dataset = 0  # id of the training DataLoader's dataset
+        self._pass_length: int | None = None  # its batches per pass, when it knows
+        self._pass_batches = 0  # batches backpropagated since its pass began (micro-batches)
         self._steps_at_iter = 0
         self._updated = False  # an optimizer stepped since the last GradScaler.update()
+        # Where a NaN began, on steps whose gradients are not sampled: a non-finite loss read
+        # without a sync (a CPU loss) forces this step's pass of weights and gradients before
+        # the update spreads it (_forced); the layers whose weights other code than the
+        # optimizer changed (parameter version counters, CPU runs) tell a weight set to NaN
+        # from one an update made so (GradientStats.changed_layers).
+        self._forced = False
+        self._changed_layers: list[int] | None = None
+        self._last_backward: torch.Tensor | None = None  # the last scalar backpropagated
+        # GradScaler skipped this iteration's update (inf/NaN gradients at its scale): what
+        # was backpropagated for it, and whether its forward origin was looked for.
+        self._amp_skip = False
+        self._amp_loss: Any = None
+        self._amp_micro = 0
+        self._amp_forward: tuple[str, str, int] | None = None
+        self.amp_skipped_steps = 0
 
     @property
     def optimizer_names(self) -> list[str]:
@@ -177,10 +217,25 @@ class StepSampler:
             self.layout_dirty = True
 
     def report_once(self, key: str, message: str) -> None:
-        """Tell the user once (stderr and an alert) about a problem with what the loop passes."""
-        if key in self._reported:
+        """Tell the user once (stderr and an alert) about a problem with what the loop passes.
+
+        ``key`` is ``KIND`` or ``KIND:DETAIL`` (a metric's name, a type): each key once, and
+        at most REPORTS_PER_KIND keys per kind; past those, a count (at 1, 10, 100, ...) — so
+        thousands of badly logged names cost a handful of lines, not one each."""
+        kind = key.partition(":")[0]
+        seen = self._reported.setdefault(kind, set())
+        if key in seen:
             return
-        self._reported.add(key)
+        if len(seen) < REPORTS_PER_KIND:
+            seen.add(key)
+            self._tell(message)
+            return
+        folded = self._folded[kind] = self._folded.get(kind, 0) + 1
+        if str(folded).rstrip("0") == "1":  # 1, 10, 100, ...: a log-bounded count
+            what = FOLDED.get(kind, "problems like these")
+            self._tell(f"{folded} more {what} (dropped; not reported one by one)")
+
+    def _tell(self, message: str) -> None:
         warn(f"tdbg: {message}")
         self._server.side_alerts.append(alert("probe_error", "warning", self.step_count, message))
 
@@ -192,12 +247,17 @@ class StepSampler:
         slot.in_step = True
         slot.closure_loss = None
         slot.lr = self._learning_rates(slot.optimizer)
+        if self._amp_skip:
+            self._forget_amp_skip()  # an update runs: the skipped one got no probe.step()
 
     def on_grads_ready(self, key: int) -> None:
         slot = self._by_key.get(key)
         if slot is None:
             return
-        if self._sample_now and slot.sample is None:
+        if slot.sample is None and (self._sample_now or self._forced or self._loss_nonfinite(slot)):
+            # A step not due for sampling whose loss is already non-finite: measured anyway,
+            # once, before this update spreads the NaN (where it began needs this step).
+            self._forced = not self._sample_now
             slot.sample = self._compute_grads(slot.grads)
         if slot.guard is not None:
             # One sync per update, the price of keeping the model intact (README).
@@ -207,12 +267,28 @@ class StepSampler:
                     self.skipped_steps += 1
                 self._skipped_layers.extend(slot.guard.nonfinite_layers)
                 self._find_forward_origin()
-        elif slot.sample is not None and slot.sample.on_host and self._forward_origin is None:
+        elif slot.sample is not None and self._host_sample_nonfinite(slot.grads, slot.sample):
             # On the CPU the norms are already computed: checking them costs no sync. A
             # non-finite one: re-run the forward now, before this update spreads NaN.
-            values = slot.sample.values
-            if values and not bool(torch.stack(list(values)).isfinite().all()):
-                self._find_forward_origin()
+            self._find_forward_origin()
+
+    def _loss_nonfinite(self, slot: OptimizerSlot) -> bool:
+        """The scalars this update's gradients come from are non-finite, known without a sync.
+        Called only on steps not due for sampling: one float read (a CPU loss) per update."""
+        return _host_nonfinite(slot.closure_loss) or _host_nonfinite(self._pending_loss)
+
+    def _host_sample_nonfinite(self, stats: GradientStats, sample: GradSample) -> bool:
+        """A gradient pass whose values are on the host (CPU) has a NaN or Inf: then also note
+        which layers' weights code other than the optimizer changed since the last pass."""
+        values = sample.values
+        if not sample.on_host or not values:
+            return False
+        if bool(torch.stack(list(values)).isfinite().all()):
+            return False
+        changed = stats.changed_layers()
+        if changed is not None:
+            self._changed_layers = sorted({*(self._changed_layers or ()), *changed})
+        return True
 
     def _find_forward_origin(self) -> None:
         captured = self.captured()
@@ -233,6 +309,7 @@ class StepSampler:
         self._updated = True
         closure, slot.closure_loss = slot.closure_loss, None
         pending, self._pending_loss = self._pending_loss, None
+        slot.micro, self._micro = self._micro, 0  # this optimizer's micro-batches, not a GAN's
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
         # (Lightning runs the last micro-batch's forward/backward inside step(closure)).
         if closure is None:
@@ -248,6 +325,9 @@ class StepSampler:
                     slot.closure_loss = loss.float()
                     self._micro += 1
                 return
+        if self._amp_skip:
+            self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
+        self._last_backward = loss
         self._micro += 1
         value = loss.float()  # an async kernel on the loss's device: no sync
         self._pending_loss = value if self._pending_loss is None else self._pending_loss + value
@@ -265,18 +345,37 @@ class StepSampler:
         rest = self._rest
         if rest is not None and ids & rest.param_ids:
             mine = True
-            if self._sample_now and self._rest_sample is None:
+            if self._rest_sample is None and (
+                self._sample_now or _host_nonfinite(self._pending_loss)
+            ):
+                self._forced = self._forced or not self._sample_now
                 self._rest_sample = self._compute_grads(rest)  # unclipped, as above
         if mine:
             self._clip = (_number(max_norm), total_norm)
 
     def on_scaler_update(self) -> None:
-        """An AMP iteration ended. If GradScaler skipped the update (inf gradients), what was
-        backpropagated for it fed no update: it is not part of the next step's loss."""
+        """An AMP iteration ended. If GradScaler skipped the update (inf gradients at its
+        scale: routine, the scaler lowers the scale and goes on), what was backpropagated for
+        it fed no update: it is not part of the next step's loss, and what was read of its
+        gradients (scaled, or unscaled and found inf by the scaler) describes no update. A
+        ``probe.step()`` before the next backward records the iteration as skipped."""
         if not self._updated and self._slots:
-            self._pending_loss = None
-            self._micro = 0
+            self.amp_skipped_steps += 1  # also under tdbg run, where it gets no step
+            self._amp_skip = True
+            self._amp_loss, self._pending_loss = self._pending_loss, None
+            self._amp_micro, self._micro = self._micro, 0
+            self._amp_forward, self._forward_origin = self._forward_origin, None
+            for slot in self._slots:
+                slot.sample = None
+            self._rest_sample = self._clip = None
+            self._changed_layers = None
+            self._forced = False
         self._updated = False
+
+    def _forget_amp_skip(self) -> None:
+        self._amp_skip = False
+        self._amp_loss = self._amp_forward = None
+        self._amp_micro = 0
 
     def on_loader_iter(self, loader: Any) -> None:
         if self.epoch_given:
@@ -284,15 +383,41 @@ class StepSampler:
         if self._loader is not None and self._loader() is loader:
             self.epoch = (0.0 if self.epoch != self.epoch else self.epoch) + 1.0
             self._iterating = None
+            self._pass_batches = 0
             return
-        self._iterating = weakref.ref(loader)
+        # The dataset by id: a loader made inline (``for x in DataLoader(ds)``) is gone by the
+        # first step; its dataset is the script's and stays.
+        self._iterating = (weakref.ref(loader), id(getattr(loader, "dataset", None)))
         self._steps_at_iter = self.step_count
 
     def _note_loader(self) -> None:
-        """The first DataLoader that steps follow is the training one: its passes are epochs."""
-        if self._loader is None and self._iterating is not None and not self.epoch_given:
-            self._loader, self._iterating = self._iterating, None
+        """At a step, the DataLoader started since the last one: the first that steps follow is
+        the training one (its passes are epochs); later, one reading the training dataset
+        while the training loader is gone is a new DataLoader made for a new epoch. Others
+        (validation, or a pass over the training data while its loader lives) are not."""
+        started, self._iterating = self._iterating, None
+        if started is None or self.epoch_given:
+            return
+        ref, dataset = started
+        if self._loader is None:
+            self._adopt(ref, dataset)
             self.epoch = 0.0
+        elif dataset == self._dataset and (
+            self._loader() is None
+            or (self._pass_length is not None and self._pass_batches >= self._pass_length)
+        ):
+            self._adopt(ref, dataset)
+            self.epoch = (0.0 if self.epoch != self.epoch else self.epoch) + 1.0
+
+    def _adopt(self, ref: Any, dataset: int) -> None:
+        """``ref``'s loader is the training one from now on; its pass starts now."""
+        self._loader, self._dataset = ref, dataset
+        self._pass_batches = 0
+        loader = ref()
+        try:
+            self._pass_length = len(loader) if loader is not None else None
+        except Exception:  # an IterableDataset without a length
+            self._pass_length = None
 
     # --- the gradient pass ---------------------------------------------------------------------
     def _compute_grads(self, stats: GradientStats) -> GradSample | None:
@@ -301,6 +426,11 @@ class StepSampler:
         t0 = perf()
         before = mark(self._cuda_device) if self._cuda_device is not None else None
         sample = stats.compute()
+        if self._cuda_device is None and self.grad_every != 1:
+            # Steps in between go unmeasured: what tells, at the next pass, an update's NaN
+            # from a weight set to NaN by other code (a memory read a parameter; CPU runs,
+            # where a non-finite loss forces a pass).
+            stats.note_versions()
         if before is not None:
             # Host time is only the launch cost on a GPU: the probe thread times the kernels
             # with these events and reports back (on_grad_device_time).
@@ -347,54 +477,78 @@ class StepSampler:
             return NAN
         return _number(value)
 
-    def _take_samples(self) -> GradSample | None:
+    def _take_samples(self, force_rest: bool = False) -> GradSample | None:
         """This step's gradient sample: each optimizer's, read now for one that did not read
-        its own (a GradScaler skip, manual updates), joined into one row."""
+        its own (an optimizer that did not step, manual updates), joined into one row.
+        ``force_rest``: read the parameters no optimizer updates even if not due."""
         samples: list[GradSample] = []
+        due = self._sample_now or self._forced
         for slot in self._slots:
             sample, slot.sample = slot.sample, None
-            if sample is None and self._sample_now:
+            if sample is None and due:
                 try:
                     sample = self._compute_grads(slot.grads)
                 except Exception as exc:  # a failed gradient pass must not cost the loss
                     self._count_error(exc)
                 if sample is not None and len(sample.missing) >= len(slot.grads.layer_indices):
-                    # The optimizer did not step (GradScaler skipped it) and zero_grad already
-                    # ran: no gradient at all is not "no gradient reached every layer".
+                    # The optimizer did not step and zero_grad already ran: no gradient at
+                    # all is not "no gradient reached every layer".
                     sample = None
+                if sample is not None:
+                    self._host_sample_nonfinite(slot.grads, sample)
             if sample is not None:
                 samples.append(sample)
         rest_sample, self._rest_sample = self._rest_sample, None
-        if rest_sample is None and self._rest is not None and self._sample_now:
+        if rest_sample is None and self._rest is not None and (due or force_rest):
             try:
                 rest_sample = self._compute_grads(self._rest)
             except Exception as exc:
                 self._count_error(exc)
-        if rest_sample is not None:
+        if rest_sample is not None and self._rest is not None:
+            self._host_sample_nonfinite(self._rest, rest_sample)
             samples.append(rest_sample)
         if not samples or not self._n_layers:
             return None
         return GradSample.join(samples)
 
-    def _step_losses(self, loss: Any) -> tuple[Any, dict[str, Any]]:
+    def _step_losses(self, loss: Any) -> tuple[Any, dict[str, Any], int]:
         """The step's loss (what the loop passed, else what was backpropagated for the first
-        optimizer's update, else since the last step) and each optimizer's, when several."""
+        optimizer's update, else since the last step), each optimizer's when several, and the
+        micro-batches (scalars backpropagated) of the update whose loss it is."""
         per_optimizer: dict[str, Any] = {}
         first: Any = None
+        micro = 0
         several = len(self._slots) > 1
         for slot in self._slots:
-            value = slot.loss
+            value, count = slot.loss, slot.micro
+            slot.loss, slot.micro = None, 0
             if value is None:
                 continue
-            slot.loss = None
             if first is None:
-                first = value
+                first, micro = value, count
             if several:
                 per_optimizer[f"loss/{slot.name}"] = value
         leftover, self._pending_loss = self._pending_loss, None
+        rest_micro, self._micro = self._micro, 0
+        if first is None:
+            first, micro = leftover, rest_micro
+        if self._amp_skip and first is None:
+            first, micro = self._amp_loss, self._amp_micro
+        last, self._last_backward = self._last_backward, None
         if loss is None:
-            loss = first if first is not None else leftover
-        return loss, per_optimizer
+            loss = first
+        elif micro > 1 and first is not None and _same_tensor(loss, last):
+            # probe.step(loss) with the variable at hand after k micro-batches: the last one
+            # (divided by k, as nanoGPT does) is not this update's loss; what was
+            # backpropagated for the update is (their sum: the mean micro-batch loss).
+            self.report_once(
+                "loss-last-micro-batch",
+                f"probe.step(loss): that loss is the last of the {micro} micro-batches "
+                "backpropagated for this update; the step shows the update's loss, their sum "
+                "(the mean micro-batch loss when each is divided by their number)",
+            )
+            loss = first
+        return loss, per_optimizer, micro
 
     def _step_lrs(self) -> list[float]:
         lrs: list[float] = []
@@ -426,11 +580,36 @@ class StepSampler:
         # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
         step_time = NAN if self._last_host is None else t0 - self._last_host
         self._last_host = t0
-        sample = self._take_samples()
-        loss, per_optimizer = self._step_losses(loss)
+        loss, per_optimizer, micro = self._step_losses(loss)
+        self._pass_batches += max(1, micro)
+        amp_skip = self._amp_skip
+        weights_only = False
+        if amp_skip:
+            # GradScaler skipped this update: routine, no gradient of it is shown. Only a
+            # non-finite loss of its own (not the scale's overflow) is a NaN to trace: its
+            # weights are read (the gradients are scaled), as on any non-finite step.
+            weights_only = _host_nonfinite(loss)
+            if weights_only:
+                self._forward_origin = self._amp_forward
+            self._forget_amp_skip()
+            for slot in self._slots:
+                slot.sample = None
+            self._rest_sample = None
+            self._forced = weights_only and not self._sample_now
+            sample = self._take_samples(force_rest=weights_only) if weights_only else None
+        else:
+            force_rest = (
+                not self._sample_now
+                and self._rest is not None
+                and self._rest_sample is None
+                and _host_nonfinite(loss)
+            )
+            self._forced = self._forced or force_rest
+            sample = self._take_samples(force_rest)
         loss_value, loss_tensor = self._loss_parts(loss)
         clip, self._clip = self._clip, None
-        micro, self._micro = self._micro, 0
+        if amp_skip:
+            clip = None  # the clip of an update that did not happen
         pending = PendingStep(
             step=self.step_count,
             time=time.time(),
@@ -450,9 +629,14 @@ class StepSampler:
         pending.grad_marks, self._grad_marks = self._grad_marks, None
         pending.forward_origin, self._forward_origin = self._forward_origin, None
         pending.skipped_layers, self._skipped_layers = self._skipped_layers, None
+        pending.changed_layers, self._changed_layers = self._changed_layers, None
+        pending.amp_skipped = amp_skip
+        self._forced = False
         if sample is not None:
             pending.grads = sample
-            pending.missing_layers = sample.missing
+            pending.weights_only = weights_only
+            if not weights_only:
+                pending.missing_layers = sample.missing
         scalars = per_optimizer
         if loss_tensor is not None:
             scalars["loss"] = loss_tensor
@@ -476,9 +660,13 @@ class StepSampler:
     def _forget_step(self) -> None:
         for slot in self._slots:
             slot.sample = slot.loss = slot.lr = None
+            slot.micro = 0
         self._pending_loss = self._clip = self._rest_sample = None
         self._micro = 0
         self._grad_marks = None
+        self._forced = False
+        self._changed_layers = self._last_backward = self._forward_origin = None
+        self._forget_amp_skip()
 
     def on_grad_device_time(self, seconds: float) -> None:
         """From the probe thread: a resolved gradient pass's device time (one float store)."""
@@ -517,6 +705,17 @@ class StepSampler:
             interval = gradient_interval(*self.measured_costs(), self.overhead_budget)
         self.grad_interval = interval
         self._sample_now = self.step_count - self._last_sampled >= interval
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    """``a`` is the tensor ``b`` (or a view of it, as the backward tap keeps): same storage."""
+    return (
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.numel() == 1
+        and a.device == b.device
+        and a.data_ptr() == b.data_ptr()
+    )
 
 
 def _stage_values(pending: PendingStep, sample: GradSample | None, scalars: dict[str, Any]) -> None:

@@ -44,6 +44,7 @@ MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
 NAN = float("nan")
 GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read again
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
+NONFINITE_METRIC_ALERTS = 8  # metric names alerted one by one; then a count at powers of 2
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
 
 
@@ -624,6 +625,8 @@ class ProbeServer:
                 record.grad_norms,
                 pending.weight_nonfinite,
                 pending.forward_origin,
+                pending.changed_layers,
+                pending.skipped_layers,
             )
             if found is not None:
                 alerts.append(found)
@@ -651,16 +654,20 @@ class ProbeServer:
                 self.recorder.add_steps(msg, frames[-1])
         points = self._drain_metrics()
         if points:
-            for name in self.metrics.add(points):
+            new = self.metrics.add(points)
+            before = len(self.metrics.first_nonfinite) - len(new)
+            for count, name in enumerate(new, before + 1):
                 step, _, value = self.metrics.first_nonfinite[name]
-                alerts.append(
-                    alert(
-                        "nonfinite_metric",
-                        "warning",
-                        step,
-                        f"metric {name} is {value} at step {step} (first non-finite value)",
+                if count <= NONFINITE_METRIC_ALERTS:
+                    message = f"metric {name} is {value} at step {step} (first non-finite value)"
+                elif count & (count - 1) == 0:  # past the first few: at 16, 32, 64, ... names
+                    message = (
+                        f"{count} metrics have gone non-finite (the latest: {name} is {value} "
+                        f"at step {step}); each one's first non-finite value is kept"
                     )
-                )
+                else:
+                    continue
+                alerts.append(alert("nonfinite_metric", "warning", step, message))
             for i in range(0, len(points), METRICS_PER_FRAME):
                 chunk = metrics_message(points[i : i + METRICS_PER_FRAME])
                 frames.append(pack(dict(chunk)))

@@ -443,6 +443,7 @@ class Probe:
             skip_nonfinite=bool(opts.skip_nonfinite),
         )
         self._server.skipped_steps = lambda: self._sampler.skipped_steps
+        self._server.nan_origin.layer_types = [layer.module_type for layer in self._layers]
         self._metrics = MetricsDesk(self._sampler.report_once)
         self._server.metrics_inbox = self._metrics.inbox
         first_model = models[0][1]
@@ -542,7 +543,10 @@ class Probe:
         """Record one optimizer update. ``loss``: a scalar tensor or number (NaN is an alert);
         None: what the probe saw backpropagated for it — the sum of the scalars since the last
         step (the mean micro-batch loss when the script divides by the accumulation steps), the
-        closure's loss for ``optimizer.step(closure)``, the first optimizer's with several.
+        closure's loss for ``optimizer.step(closure)``, the first optimizer's with several. A
+        loss passed is shown as passed, except the very tensor backpropagated last when the
+        update had several micro-batches (one of them, not the update's): then the update's,
+        with a note. The micro-batches of the update are counted either way.
 
         ``samples`` / ``tokens``: how many this step processed, for samples/s and tokens/s.
         """
@@ -732,6 +736,8 @@ class Probe:
             "closed": self.closed and not self._broken,
             "total_steps": self.total_steps,
             "skipped_steps": self._sampler.skipped_steps,
+            # Updates AMP's GradScaler skipped (inf gradients at its scale): routine, counted.
+            "amp_skipped_steps": self._sampler.amp_skipped_steps,
         }
 
     # --- following the model when it changes ---------------------------------------------------
@@ -770,7 +776,7 @@ class Probe:
                     layers[i] = layer  # the same name, maybe new parameters: follow them
         gone = [i for i in range(len(layers)) if i not in present]
         for i in gone:
-            layers[i] = Layer(layers[i].name, ())
+            layers[i] = Layer(layers[i].name, (), layers[i].module_type)
         current = {id(p) for layer in layers for p in layer.params}
         arrived = [o for o in (ref() for ref in sampler.new_optimizers) if o is not None]
         newly_held = {id(p) for o in arrived for g in o.param_groups for p in g["params"]}
@@ -805,6 +811,8 @@ class Probe:
         self._layers, self._layer_models, self._optimizers = layers, layer_models, optimizers
         sampler.rebuild(layers, optimizers)
         self._note_watched()
+        # Read with the names by index (names only grow); set before the new names go out.
+        self._server.nan_origin.layer_types = [layer.module_type for layer in layers]
         self._server.relayout(
             [layer.name for layer in layers],
             [layer.numel for layer in layers],

@@ -317,12 +317,12 @@ class NanHuntDive(Dive):
             return found
         if origin.module is None and found["found"] and not found["params_nonfinite"]:
             return found  # the loss alone was known, and the hunt saw finite weights: its answer
+        # The probe names the origin's module class with it (a layer's, a forward re-run's):
+        # its names carry a model prefix with several models, and the root layer is named
+        # after the model, so they are not looked up in one model's named_modules() here.
         module_type = origin.module_type
         if module_type is None and origin.module is not None:
-            modules = dict(self.ctx.model.named_modules())
-            module = modules.get(origin.module)
-            if module is None and origin.module == type(self.ctx.model).__name__:
-                module = self.ctx.model  # the root layer is named after the model's class
+            module = dict(self.ctx.model.named_modules()).get(origin.module)
             module_type = type(module).__name__ if module is not None else None
         return self._result(
             checked,
