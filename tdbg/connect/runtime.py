@@ -99,14 +99,23 @@ def pid_alive(pid: int) -> bool:
 
 
 def write_private_json(path: Path, data: dict[str, Any]) -> None:
-    """Create ``path`` exclusively (O_EXCL|O_NOFOLLOW, 0600), write JSON, verify the mode."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    """Create ``path`` with its JSON whole, or not at all: written to a private temporary file
+    (O_EXCL|O_NOFOLLOW, 0600, mode verified) that is then hard-linked into place. A reader never
+    sees it empty or half-written, and, as with O_EXCL, an existing ``path`` (or a symlink
+    planted there) is never overwritten or followed."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
-            raise RuntimeDirError(f"{path} was created with a mode other than 0600")
-        os.write(fd, json.dumps(data, indent=1).encode())
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+                raise RuntimeDirError(f"{path} was created with a mode other than 0600")
+            os.write(fd, json.dumps(data, indent=1).encode())
+        finally:
+            os.close(fd)
+        os.link(tmp, path, follow_symlinks=False)
     finally:
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 @dataclass(frozen=True)
