@@ -166,8 +166,9 @@ class MonitorScreen(Screen[None]):
 
     def action_toggle_log(self) -> None:
         self.log_scale = not self.log_scale
-        self._chart_at = 0.0
-        self.repaint(force=True)
+        self._chart_at = time.monotonic()
+        if self._state is not None:
+            self._paint_loss(self._state)  # only the chart changes: not a whole-screen repaint
 
     def action_filter_layers(self) -> None:
         self.query_one(GradientPanel).action_filter()
@@ -179,8 +180,10 @@ class MonitorScreen(Screen[None]):
         self.heatmap = not self.heatmap
         switcher = self.query_one("#grad-switcher", ContentSwitcher)
         switcher.current = "grad-heatmap" if self.heatmap else "grad-table"
-        self._grads_at = 0.0
-        self.repaint(force=True)
+        self._grads_at = time.monotonic()
+        if self._state is not None:
+            self._grad_revision = self._state.grads.total_rows
+            self._paint_grads(self._state)  # only the gradient panel changes
 
     def action_cycle_sort(self) -> None:
         mode = self.query_one("#grad-table", GradientTable).cycle_sort()
@@ -328,8 +331,9 @@ class MonitorScreen(Screen[None]):
         self._state = state
         self.repaint(force=True)
 
-    def repaint(self, force: bool = False) -> bool:
-        """Refresh every panel from the state; heavy panels at their own, lower rate.
+    def repaint(self, force: bool = False, clock_only: bool = False) -> bool:
+        """Refresh every panel from the state; heavy panels at their own, lower rate;
+        ``clock_only``: nothing new arrived, only the header's clocks and verdict move.
 
         False when there is nothing to paint yet: the repaint timer can fire between the
         screen's mount and its panels' (seen at start-up under load), and must not crash the app.
@@ -343,6 +347,8 @@ class MonitorScreen(Screen[None]):
         self.set_class(state.input_bound, "-input-bound")
         short = self.size.height < SHORT
         self.query_one(RunHeader).show(state, two_lines=not short)
+        if clock_only and not force:
+            return True
         self.query_one(AnatomyBar).show(state, compact=short)
         if force or now - self._chart_at >= CHART_INTERVAL:
             self._chart_at = now

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
-from textual.widgets import Static
 
 from tdbg.format import fmt
 from tdbg.tui.state.run_state import ANATOMY, RunState
+from tdbg.tui.widgets.steady import SteadyStatic
 
 LABELS = {
     "data_time": "data",
@@ -18,7 +18,7 @@ LABELS = {
 }
 
 
-class AnatomyBar(Static):
+class AnatomyBar(SteadyStatic):
     """A proportional coloured bar plus percentages; ``-input-bound`` when data dominates."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {

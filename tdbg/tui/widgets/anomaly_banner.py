@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from textual.widgets import Static
-
 from tdbg.tui.state.deep import DeepState
+from tdbg.tui.widgets.steady import SteadyStatic
 
 
-class AnomalyBanner(Static):
+class AnomalyBanner(SteadyStatic):
     """Shown only while the screen has ``-anomaly`` (see tdbg.tcss); the text says for how long."""
 
     def show(self, deep: DeepState) -> None:

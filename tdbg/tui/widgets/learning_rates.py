@@ -8,14 +8,14 @@ from typing import ClassVar
 import numpy as np
 from rich.style import Style
 from rich.text import Text
-from textual.widgets import Static
 
 from tdbg.format import fmt
 from tdbg.tui.state.run_state import RunState
 from tdbg.tui.widgets.glyphs import spark
+from tdbg.tui.widgets.steady import SteadyStatic
 
 
-class LearningRates(Static):
+class LearningRates(SteadyStatic):
     COMPONENT_CLASSES: ClassVar[set[str]] = {"learning-rates--spark", "learning-rates--zero"}
 
     def show(self, state: RunState) -> None:

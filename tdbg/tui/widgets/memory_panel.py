@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from rich.text import Text
-from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_bytes
 from tdbg.tui.state.run_state import RunState
 from tdbg.tui.widgets.glyphs import gauge
+from tdbg.tui.widgets.steady import SteadyStatic
 
 GAUGE = 8
 
@@ -27,7 +27,7 @@ def cpu_run(state: RunState) -> bool:
     return not system.get("gpus") and not system.get("cuda") and not device.startswith("cuda")
 
 
-class MemoryPanel(Static):
+class MemoryPanel(SteadyStatic):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "memory-panel--gauge",
         "memory-panel--hot",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_every
 from tdbg.tui.state.run_state import RunState
+from tdbg.tui.widgets.steady import SteadyStatic
 
 
-class ProbeStatus(Static):
+class ProbeStatus(SteadyStatic):
     """The probe's state first (switched off by its error breaker, closed with the run,
     updates skipped by the non-finite guard), then its cost and counters."""
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
-from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_duration, fmt_percent, fmt_span
 from tdbg.tui.state.health import assess, how_it_ended
 from tdbg.tui.state.run_state import RunState
+from tdbg.tui.widgets.steady import SteadyStatic
 
 VERDICT_SECONDS = 1.0  # the verdict is re-judged this often even when no data arrives
 
 
-class RunHeader(Static):
+class RunHeader(SteadyStatic):
     """The top line. The connection state is also set as a CSS class (``-live``, ``-ended``...)."""
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
