@@ -239,6 +239,7 @@ class ProbeStats(TypedDict):
     closed: NotRequired[bool]  # the run ended and the probe closed cleanly
     total_steps: NotRequired[int | None]  # optimizer steps the run will take, where known
     skipped_steps: NotRequired[int]  # updates skipped by watch(skip_nonfinite=True)
+    amp_skipped_steps: NotRequired[int]  # updates AMP's GradScaler skipped (routine: no alert)
 
 
 class ProbeHealth(ProbeStats):
