@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
@@ -49,12 +50,17 @@ class JobScreen(Screen[None]):
         self.query_one("#job-alerts").border_title = "Job alerts"
 
     def show(self, job: Job, alerts: JobAlerts) -> bool:
+        """Paint the job; False when the panels are not all there: before they are mounted, or
+        while the app shuts down and removes them (a repaint tick can fire in between)."""
         if not self.is_mounted or not self.query(Footer):
             return False
-        self.query_one("#job-line", Static).update(_job_line(job, summarize(job)))
-        self.query_one("#job-rule", Static).update(Text(f"divergence check {alerts.rule}"))
-        self.query_one(RankTable).show(rank_rows(job, alerts))
-        self.query_one("#job-alert-list", Static).update(_alert_text(alerts))
+        try:
+            self.query_one("#job-line", Static).update(_job_line(job, summarize(job)))
+            self.query_one("#job-rule", Static).update(Text(f"divergence check {alerts.rule}"))
+            self.query_one(RankTable).show(rank_rows(job, alerts))
+            self.query_one("#job-alert-list", Static).update(_alert_text(alerts))
+        except NoMatches:
+            return False
         return True
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
