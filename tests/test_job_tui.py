@@ -4,7 +4,6 @@ the rank table, a straggler named live, Enter on a rank and Esc back."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from processes import kill_tree
 from waiting import wait_for
 
 from tdbg.tui.app import screen_text
@@ -26,7 +26,7 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
 @contextmanager
 def torchrun_job(ranks: int, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     """`tdbg run -- python -m torch.distributed.run --nproc_per_node=N train_ddp.py`, running
-    until the test is done with it (then its whole process group is killed)."""
+    until the test is done with it (then the launcher and every rank are killed)."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -51,8 +51,7 @@ def torchrun_job(ranks: int, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield proc
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        kill_tree(proc)
 
 
 @pytest.mark.slow

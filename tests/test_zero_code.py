@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_until
+from processes import kill_tree
 
 from tdbg.cli.dump import dump_events
 from tdbg.connect.client import ProbeClient
@@ -609,5 +610,4 @@ def test_a_hung_job_names_the_rank_that_never_entered_the_collective(
         assert "ranks 0, 2 wait in" in line
         assert "wait_for_a_batch_that_never_comes" in line or "train_ddp.py" in line
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        kill_tree(proc)  # the ranks too: they run in sessions of their own
