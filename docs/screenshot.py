@@ -1,4 +1,4 @@
-"""Make the README's picture: the real TUI attached to the real nan demo, saved as SVG."""
+"""Make the README's pictures: the real TUI on the real nan demo, SVG at 120x40 and 80x24."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ async def capture(out: Path, size: tuple[int, int] = (160, 48), timeout: float =
             while not (
                 app.state.nonfinite_alerts
                 and app.state.deep.nan_hunt is not None
-                and "NVML" in screen_text(app)
+                and "no GPU" in screen_text(app)
             ):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the demo never showed its alert and NaN hunt")
@@ -43,6 +43,9 @@ async def capture(out: Path, size: tuple[int, int] = (160, 48), timeout: float =
             return save_screenshot(app, out)
 
 
+SIZES = ((120, 40), (80, 24))
+
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "screenshot.svg"
-    print(asyncio.run(capture(target)))
+    for width, height in SIZES:
+        target = ROOT / "docs" / f"screenshot-{width}x{height}.svg"
+        print(asyncio.run(capture(target, (width, height))))
