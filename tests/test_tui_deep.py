@@ -119,7 +119,7 @@ async def test_profile_progress_then_table_sorted_with_share_and_trace() -> None
     app = make_app(source)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot, app, source)
-        assert "Press p to profile" in screen_text(app)
+        await shows(pilot, app, "Press p to profile")
         steps = job_messages(1, "profile", PROFILE_ARGS, profile_result((100, 104)))
         source.feed(steps[0])
         await shows(pilot, app, "profile #1: armed")

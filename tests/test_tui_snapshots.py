@@ -83,8 +83,12 @@ def source_for(state: str) -> ReplaySource:
 async def settled(pilot: Pilot[Any], app: TdbgApp) -> str:
     """Repaint everything, then wait until the screen stops changing; its text."""
     app.clear_notifications()
-    app.monitor.repaint(force=True)
-    await wait_for(pilot, lambda: app.painted_revision == app.state.revision, "painted")
+    # Twice: the first paint can change the layout (a table's scrollbar comes or goes), and
+    # the widths a panel picks follow the layout it was painted into.
+    for _ in range(2):
+        app.monitor.repaint(force=True)
+        await wait_for(pilot, lambda: app.painted_revision == app.state.revision, "painted")
+        await pilot.pause()
     last = [""]
 
     def same_twice() -> bool:
