@@ -8,9 +8,9 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
 
 from tdbg.connect.runtime import check_private_dir, make_private_dir
+from tdbg.protocol.messages import FileInfo, RunInfo
 
 HASH_CHUNK = 1 << 20  # 1 MiB reads: hashing a 100 MB snapshot costs ~0.1 s on the worker thread
 MAX_NAME_PART = 64
@@ -35,7 +35,7 @@ def _part(text: object, fallback: str) -> str:
     return cleaned or fallback
 
 
-def artifact_name(run_info: dict[str, Any], kind: str, first: int, last: int, suffix: str) -> str:
+def artifact_name(run_info: RunInfo, kind: str, first: int, last: int, suffix: str) -> str:
     """``<name>-r<rank>-p<pid>-<kind>-steps<first>-<last><suffix>``.
 
     Every part comes from the probe itself (the run's name, rank and pid, the dive's kind and
@@ -79,7 +79,7 @@ def _free_name(final: Path) -> Path:
     raise FileExistsError(f"no free name for {final}")
 
 
-def finalize(tmp: Path, final: Path) -> dict[str, Any]:
+def finalize(tmp: Path, final: Path) -> FileInfo:
     """Make ``tmp`` mode 0600, hash it and rename it to ``final`` (or a free variant of it).
 
     Returns ``{path, size, sha256}`` for the job's result. Reads the whole file to hash it

@@ -6,6 +6,7 @@ import contextlib
 import socket
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, pack
@@ -60,7 +61,7 @@ class Connection:
         self.handshaken = False
         self.replaying = False
         self.replay_started = 0.0
-        self.backlog: deque[dict[str, Any] | bytes] = deque()
+        self.backlog: deque[Mapping[str, Any] | bytes] = deque()
         self.backlog_live_bytes = 0  # live frames waiting behind the replay: they count
         self.outbuf = bytearray()
         self.sent = 0  # bytes the kernel took, ever
@@ -103,7 +104,7 @@ class Connection:
         else:
             self.append(frame)
 
-    def start_replay(self, messages: list[dict[str, Any]]) -> None:
+    def start_replay(self, messages: Sequence[Mapping[str, Any]]) -> None:
         self.replaying = True
         self.replay_started = time.monotonic()
         self.backlog.extend(messages)

@@ -10,7 +10,6 @@ import socket
 import stat
 import struct
 from pathlib import Path
-from typing import Any
 
 from tdbg.connect.runtime import (
     MAX_SOCKET_PATH,
@@ -23,6 +22,7 @@ from tdbg.connect.runtime import (
     write_private_json,
 )
 from tdbg.protocol.framing import PROTO_MAX, PROTO_MIN
+from tdbg.protocol.messages import RunInfo
 
 LISTEN_BACKLOG = 16
 
@@ -42,7 +42,7 @@ class Endpoint:
     """A bound, listening AF_UNIX socket plus the metadata file that lets runs be discovered."""
 
     def __init__(
-        self, rank: int, run_info: dict[str, Any], directory: str | os.PathLike[str] | None = None
+        self, rank: int, run_info: RunInfo, directory: str | os.PathLike[str] | None = None
     ) -> None:
         self.rank = rank
         self.pid = os.getpid()
@@ -84,9 +84,14 @@ class Endpoint:
         self.meta_path = path.with_suffix(".json")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.meta_path)  # ours by name: pid + rank, the socket was just bound
-        info = dict(self.run_info, socket=str(path), proto_min=PROTO_MIN, proto_max=PROTO_MAX)
+        info: RunInfo = {
+            **self.run_info,
+            "socket": str(path),
+            "proto_min": PROTO_MIN,
+            "proto_max": PROTO_MAX,
+        }
         try:
-            write_private_json(self.meta_path, info)
+            write_private_json(self.meta_path, dict(info))
         except (OSError, RuntimeDirError) as exc:
             self.close()
             raise EndpointError(f"cannot write metadata {self.meta_path}: {exc}") from None

@@ -64,6 +64,7 @@ from typing import Any
 from tdbg import __version__
 from tdbg.probe.log import warn
 from tdbg.protocol.framing import PROTOCOL_VERSION, pack
+from tdbg.protocol.messages import RunInfo, layers_message
 from tdbg.protocol.steps import grad_row_bytes, grad_rows, last_step
 from tdbg.recording.compaction import THINNED_KINDS, Result, Tally, compact
 from tdbg.recording.reader import FILE_HEADER, FORMAT_VERSION, REC_MAGIC
@@ -113,7 +114,7 @@ class _Compaction:
         self.error: str | None = None
 
 
-def expand_path(path: str | os.PathLike[str], run_info: dict[str, Any]) -> Path:
+def expand_path(path: str | os.PathLike[str], run_info: RunInfo) -> Path:
     """``{pid}``, ``{rank}`` and ``{name}`` in ``path`` replaced from the run info."""
     text = os.fspath(path)
     for key in ("pid", "rank", "name"):
@@ -168,7 +169,7 @@ class Recorder:
     def __init__(
         self,
         path: str | os.PathLike[str],
-        run_info: dict[str, Any],
+        run_info: RunInfo,
         layer_names: list[str],
         layer_numel: list[int],
         bounds: Bounds | None = None,
@@ -227,7 +228,7 @@ class Recorder:
         self._head = head + pack(header)
         self._write_raw(head)
         self.add(self._head[len(head) :])
-        self.add(pack({"type": "layers", "names": self.layer_names, "numel": self.layer_numel}))
+        self.add(pack(layers_message(self.layer_names, self.layer_numel)))
         self.flush()
         return self.active
 

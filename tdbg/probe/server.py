@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tdbg import __version__
@@ -29,7 +29,21 @@ from tdbg.probe.recorder import Recorder
 from tdbg.probe.stacks import last_collective, stuck_where, thread_stack
 from tdbg.probe.system import SystemSampler
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
-from tdbg.protocol.messages import COMMANDS, Alert, metrics_message, validate_client_message
+from tdbg.protocol.messages import (
+    COMMANDS,
+    Alert,
+    Layers,
+    ProbeHealth,
+    ProbeStats,
+    RunInfo,
+    Synced,
+    System,
+    WatchedOptimizer,
+    layers_message,
+    metrics_message,
+    validate_client_message,
+    welcome_message,
+)
 from tdbg.protocol.steps import StepRecord, pack_steps
 
 TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
@@ -54,11 +68,11 @@ class ProbeServer:
 
     def __init__(
         self,
-        run_info: dict[str, Any],
+        run_info: RunInfo,
         layer_names: list[str],
         layer_numel: list[int],
         rank: int,
-        stats: Callable[[], dict[str, Any]],
+        stats: Callable[[], ProbeStats],
         on_error: Callable[[BaseException], None],
         directory: Any = None,
         frozen: list[int] | None = None,
@@ -96,7 +110,7 @@ class ProbeServer:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sampler = SystemSampler()
-        self.latest_system: dict[str, Any] | None = None
+        self.latest_system: System | None = None
         self.last_step: int | None = None
         self.last_step_time = time.monotonic()
         self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
@@ -122,7 +136,7 @@ class ProbeServer:
         layer_models: list[int] | None,
         models: list[str],
         gone: list[int],
-        optimizers: list[dict[str, Any]],
+        optimizers: list[WatchedOptimizer],
     ) -> None:
         """From the training thread: the watched layers changed (names only grow). The probe
         thread applies it before the next steps it sends (one reference swap: no lock)."""
@@ -143,26 +157,21 @@ class ProbeServer:
         run = self.endpoint.run_info
         run["models"] = models
         run["optimizers"] = optimizers
-        run["param_groups"] = sum(int(o["groups"]) for o in optimizers)
+        run["param_groups"] = sum(o["groups"] for o in optimizers)
         frame = pack(self._layers_message())
         if self.recorder is not None:
             self.recorder.layer_names, self.recorder.layer_numel = names, numel
             self.recorder.add(frame)
         return [frame]
 
-    def _layers_message(self) -> dict[str, Any]:
-        layers: dict[str, Any] = {
-            "type": "layers",
-            "names": self.layer_names,
-            "numel": self.layer_numel,
-        }
-        if self.layer_models is not None:
-            layers["model"] = self.layer_models
-        if self.gone:
-            layers["gone"] = self.gone
-        if "models" in self.endpoint.run_info:
-            layers["models"] = self.endpoint.run_info["models"]
-        return layers
+    def _layers_message(self) -> Layers:
+        return layers_message(
+            self.layer_names,
+            self.layer_numel,
+            model=self.layer_models,
+            models=self.endpoint.run_info.get("models"),
+            gone=self.gone,
+        )
 
     def take_commands(self, desk: CommandDesk, auto_nan_hunt: bool) -> None:
         """Serve deep-dive commands through ``desk`` (made after the server: its dives use the
@@ -525,24 +534,16 @@ class ProbeServer:
             self._drop(conn)
             return
         conn.handshaken = True
-        conn.append(
-            pack(
-                {
-                    "type": "welcome",
-                    "proto": proto,
-                    "server_version": __version__,
-                    "run": self.endpoint.run_info,
-                }
-            )
-        )
-        replay: list[dict[str, Any]] = [self._layers_message(), *self.history.replay()]
+        conn.append(pack(welcome_message(proto, __version__, self.endpoint.run_info)))
+        replay: list[Mapping[str, Any]] = [self._layers_message(), *self.history.replay()]
         replay.extend(dict(metrics_message(c), history=True) for c in self.metrics.replay())
         if self.desk is not None:
             replay.extend(self.desk.replay())
         for latest in (self.latest_system, self._probe_message()):
             if latest is not None:
                 replay.append(latest)
-        replay.append({"type": "synced"})
+        synced: Synced = {"type": "synced"}
+        replay.append(synced)
         conn.start_replay(replay)
 
     # --- periodic work ----------------------------------------------------------------------
@@ -738,22 +739,22 @@ class ProbeServer:
     def dropped(self) -> int:
         return max(0, self.appended - self.consumed - len(self.inbox))
 
-    def _probe_message(self) -> dict[str, Any]:
-        msg = {
+    def _probe_message(self) -> ProbeHealth:
+        costs = [(p, s) for p, s in self.recent_costs if p == p and s == s]
+        probe_sum, step_sum = sum(p for p, _ in costs), sum(s for _, s in costs)
+        msg: ProbeHealth = {
             "type": "probe",
             "time": time.time(),
             "clients": len(self._clients),
             "dropped": self.dropped(),
             "rejected_peers": self.rejected_peers,
             "history_bytes": self.history.bytes,
+            "cost_fraction": probe_sum / step_sum if step_sum > 0 else None,
+            **self._stats(),
         }
-        costs = [(p, s) for p, s in self.recent_costs if p == p and s == s]
-        probe_sum, step_sum = sum(p for p, _ in costs), sum(s for _, s in costs)
-        msg["cost_fraction"] = probe_sum / step_sum if step_sum > 0 else None
         if self.desk is not None:
             msg["activations_every"] = self.desk.activations_every
             msg["jobs"] = self.desk.in_flight()
-        msg.update(self._stats())
         return msg
 
     def _broadcast_stats(self, now: float) -> None:

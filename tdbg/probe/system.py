@@ -9,6 +9,8 @@ from typing import Any
 
 import psutil
 
+from tdbg.protocol.messages import CudaStats, GpuStats, HostStats, System
+
 
 class NvmlReader:
     """Per-GPU figures from NVML; says why when NVML cannot be used (no driver, no GPU)."""
@@ -31,28 +33,32 @@ class NvmlReader:
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
             self.problem = f"GPU: NVML not available ({_one_line(exc)})"
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[GpuStats]:
         if self._nvml is None:
             return []
         nv = self._nvml
-        gpus = []
+        gpus: list[GpuStats] = []
         for index, handle in enumerate(self._handles):
-            gpu: dict[str, Any] = {"index": index}
-            gpu["name"] = _try(lambda h=handle: _text(nv.nvmlDeviceGetName(h)))
+            name = _try(lambda h=handle: _text(nv.nvmlDeviceGetName(h)))
             util = _try(lambda h=handle: nv.nvmlDeviceGetUtilizationRates(h))
-            gpu["util"] = None if util is None else float(util.gpu)
             mem = _try(lambda h=handle: nv.nvmlDeviceGetMemoryInfo(h))
-            gpu["mem_used"] = None if mem is None else int(mem.used)
-            gpu["mem_total"] = None if mem is None else int(mem.total)
             temp = _try(lambda h=handle: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-            gpu["temp"] = None if temp is None else float(temp)
             power = _try(lambda h=handle: nv.nvmlDeviceGetPowerUsage(h))
-            gpu["power"] = None if power is None else power / 1000.0  # mW -> W
             limit = _try(lambda h=handle: nv.nvmlDeviceGetEnforcedPowerLimit(h))
-            gpu["power_limit"] = None if limit is None else limit / 1000.0
             clock = _try(lambda h=handle: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-            gpu["sm_clock"] = None if clock is None else int(clock)
-            gpus.append(gpu)
+            gpus.append(
+                {
+                    "index": index,
+                    "name": name,
+                    "util": None if util is None else float(util.gpu),
+                    "mem_used": None if mem is None else int(mem.used),
+                    "mem_total": None if mem is None else int(mem.total),
+                    "temp": None if temp is None else float(temp),
+                    "power": None if power is None else power / 1000.0,  # mW -> W
+                    "power_limit": None if limit is None else limit / 1000.0,
+                    "sm_clock": None if clock is None else int(clock),
+                }
+            )
         return gpus
 
 
@@ -72,14 +78,14 @@ def _one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def cuda_allocator_stats() -> tuple[list[dict[str, Any]], str | None]:
+def cuda_allocator_stats() -> tuple[list[CudaStats], str | None]:
     """Allocator figures per CUDA device in use; host-side bookkeeping only, no device sync."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return [], "CUDA: not available in this process"
     if not torch.cuda.is_initialized():
         return [], "CUDA: not in use by this run"
-    out = []
+    out: list[CudaStats] = []
     for index in range(torch.cuda.device_count()):
         stats = torch.cuda.memory_stats(index)
         if not stats:
@@ -106,12 +112,12 @@ class SystemSampler:
         self._process.cpu_percent(None)  # prime: the first call always returns 0.0
         self._nvml: NvmlReader | None = None
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self) -> System:
         if self._nvml is None:
             self._nvml = NvmlReader()  # lazily, in the probe's thread: nvmlInit can take 100s of ms
         missing: list[str] = []
         ram = psutil.virtual_memory()
-        host = {
+        host: HostStats = {
             "rss": int(self._process.memory_info().rss),
             "cpu_percent": float(self._process.cpu_percent(None)),
             "ram_used": int(ram.total - ram.available),

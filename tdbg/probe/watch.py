@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
-import inspect
 import multiprocessing
 import os
-import socket
-import sys
 import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,339 +19,29 @@ from torch import nn
 from tdbg.probe import taps
 from tdbg.probe.alerts import alert
 from tdbg.probe.commands import CommandDesk
-from tdbg.probe.dives.base import Dive, DiveContext, DiveRunner
+from tdbg.probe.dives.base import DiveContext, DiveRunner
+from tdbg.probe.dives.registry import DIVES
 from tdbg.probe.gradients import Layer, find_layers
 from tdbg.probe.hooks import PhaseHooks
 from tdbg.probe.log import warn
 from tdbg.probe.metrics import MetricsDesk
+from tdbg.probe.run_info import describe_run, rank, schedule_length, watched_optimizer
 from tdbg.probe.sampler import StepSampler
 from tdbg.probe.server import ProbeServer
+from tdbg.probe.watch_args import (
+    ProbeOptions,
+    caller_names,
+    named,
+    record_path,
+    run_name,
+    with_options,
+)
+from tdbg.protocol.messages import ProbeStats, RunInfo
 
 MAX_ERRORS = 100  # circuit breaker (guarantees: training thread)
 
 _live: weakref.WeakSet[Probe] = weakref.WeakSet()
 _by_model: weakref.WeakKeyDictionary[nn.Module, Probe] = weakref.WeakKeyDictionary()
-
-
-def _rank() -> int:
-    for var in ("RANK", "LOCAL_RANK"):
-        try:
-            return int(os.environ[var])
-        except (KeyError, ValueError):
-            continue
-    return 0
-
-
-def _env_int(var: str) -> int | None:
-    try:
-        return int(os.environ[var])
-    except (KeyError, ValueError):
-        return None
-
-
-def _process_group() -> tuple[int, int] | None:
-    """(rank, world size) of an initialised default process group, else None."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
-    return None
-
-
-def _job_info() -> dict[str, Any]:
-    """Where this process sits in a distributed job, from the launcher's environment (torchrun,
-    torch.distributed.run, mpirun-style RANK/WORLD_SIZE); {} for a single process."""
-    world = _env_int("WORLD_SIZE")
-    if world is None:
-        group = _process_group()
-        if group is not None and group[1] > 1:
-            # mp.spawn and friends pass rank and world size to init_process_group, not the
-            # environment: read them from torch.distributed (local calls, no collective).
-            master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-            job = ":".join(master) if all(master) else ""
-            return {"world_size": group[1], "job": job, "rank": group[0]}
-    if world is None or world < 2:
-        return {}
-    job = os.environ.get("TORCHELASTIC_RUN_ID") or ""
-    if not job or job == "none":
-        master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-        job = ":".join(master) if all(master) else ""
-    info: dict[str, Any] = {"world_size": world, "job": job}
-    local = _env_int("LOCAL_RANK")
-    if local is not None:
-        info["local_rank"] = local
-    return info
-
-
-def _run_name(name: str | None) -> str:
-    if name:
-        return name
-    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return script.removesuffix(".py") or "python"
-
-
-def _named(
-    what: Any, kind: type, label: str, default: str, caller: dict[int, str]
-) -> list[tuple[str, Any]]:
-    """``watch()``'s model/optimizer argument as ``[(name, object)]``: one object, a list or
-    tuple of them, or a dict ``name -> object``. An unnamed object takes the name the calling
-    code binds it to (``netG``), else ``default`` (numbered when there are several)."""
-    if what is None:
-        return []
-    if isinstance(what, kind):
-        items: list[tuple[str | None, Any]] = [(None, what)]
-    elif isinstance(what, dict):
-        items = list(what.items())
-    elif isinstance(what, list | tuple):
-        items = [(None, item) for item in what]
-    else:
-        items = [(None, what)]
-    out: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    for key, obj in items:
-        if not isinstance(obj, kind):
-            spelled = "torch.nn.Module" if kind is nn.Module else "torch.optim.Optimizer or None"
-            raise TypeError(
-                f"tdbg.watch: {label} must be a {spelled} (or a list or dict of them), "
-                f"not {type(obj).__name__}"
-            )
-        if key is not None and not isinstance(key, str):
-            raise TypeError(f"tdbg.watch: {label} names must be strings, not {key!r}")
-        obj = _unwrapped(obj)
-        if id(obj) in seen:
-            continue  # the same object twice is watched once
-        seen.add(id(obj))
-        out.append((key or caller.get(id(obj)) or "", obj))
-    taken = {name for name, _ in out if name}
-    for i, (name, obj) in enumerate(out):
-        if not name:
-            name = default if len(out) == 1 else f"{default}{i}"
-            while name in taken:
-                name += "_"
-            taken.add(name)
-            out[i] = (name, obj)
-    return out
-
-
-def _unwrapped(obj: Any) -> Any:
-    """The torch optimizer inside a wrapper that subclasses Optimizer without being one
-    (Accelerate's AcceleratedOptimizer, and the like): its hooks are the real optimizer's."""
-    for _ in range(4):
-        inner = getattr(obj, "optimizer", None)
-        if "_optimizer_step_pre_hooks" in vars(obj) or not isinstance(inner, torch.optim.Optimizer):
-            return obj
-        obj = inner
-    return obj
-
-
-def _schedule_length(optimizers: list[torch.optim.Optimizer]) -> int | None:
-    """The total steps a OneCycleLR driving one of ``optimizers`` was built for (the one
-    scheduler whose length is the run's, by construction); None when there is none. Found
-    once, at watch(), among what refers to the optimizer (a scheduler keeps a reference)."""
-    if not optimizers:
-        return None
-    import gc
-
-    try:
-        from torch.optim.lr_scheduler import OneCycleLR
-
-        for optimizer in optimizers:
-            for ref in gc.get_referrers(optimizer):
-                # The scheduler itself, or its attribute dict (how Python may hold it): only a
-                # dict that looks like a OneCycleLR's is worth a second scan of the heap.
-                if isinstance(ref, dict):
-                    looks = ref.get("optimizer") is optimizer and "total_steps" in ref
-                    owners = gc.get_referrers(ref) if looks else []
-                else:
-                    owners = [ref]
-                for owner in owners:
-                    total = (
-                        getattr(owner, "total_steps", None)
-                        if isinstance(owner, OneCycleLR)
-                        else None
-                    )
-                    if isinstance(total, int) and total > 0:
-                        return total
-    except Exception:
-        return None
-    return None
-
-
-def _caller_names(depth: int = 2) -> dict[int, str]:
-    """id -> name of what the calling code's variables hold (its locals, then its globals), so
-    that a run shows ``netG`` and ``optD`` rather than class names."""
-    names: dict[int, str] = {}
-    try:
-        frame: Any = sys._getframe(depth)
-    except ValueError:
-        return names
-    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(
-        ("tdbg.", "torch.")
-    ):
-        frame = frame.f_back  # watch(), tdbg run's discovery, torch's hooks: the user is above
-    if frame is None:
-        return names
-    for scope in (frame.f_globals, frame.f_locals):
-        for key, value in list(scope.items()):
-            if isinstance(value, nn.Module | torch.optim.Optimizer) and not key.startswith("_"):
-                names[id(value)] = key
-    return names
-
-
-def _run_info(
-    name: str,
-    cuda_device: torch.device | None,
-    models: list[tuple[str, nn.Module]],
-    optimizers: list[tuple[str, torch.optim.Optimizer]],
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The ``hello`` message's run description, and the commands this run cannot serve (why)."""
-    unavailable: dict[str, str] = {}
-    if cuda_device is None:
-        unavailable["snapshot"] = (
-            "memory snapshots record the CUDA allocator: this run's model is on the cpu"
-        )
-    run_info = {
-        "name": name,
-        "pid": os.getpid(),
-        "rank": _rank(),
-        **_job_info(),
-        "host": socket.gethostname(),
-        "argv": [str(a)[:200] for a in sys.argv[:32]],
-        "start_time": time.time(),
-        "cwd": os.getcwd(),
-        "torch": torch.__version__,
-        "device": str(cuda_device or "cpu"),
-        "commands": unavailable,
-        "models": [model_name for model_name, _ in models],
-        "optimizers": [
-            {"name": opt_name, "type": type(opt).__name__, "groups": len(opt.param_groups)}
-            for opt_name, opt in optimizers
-        ],
-        "param_groups": sum(len(opt.param_groups) for _, opt in optimizers),
-    }
-    return run_info, unavailable
-
-
-# Dive factories import their module on first use: torch.profiler and friends are loaded only
-# by a run that is profiled. The names are fixed here; nothing a client sends names a module.
-def _profile(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.dives.profiling import ProfileDive
-
-    return ProfileDive(ctx, job, args, trigger)
-
-
-def _snapshot(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.dives.snapshot import SnapshotDive
-
-    return SnapshotDive(ctx, job, args, trigger)
-
-
-def _nan_hunt(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.dives.nan_hunt import NanHuntDive
-
-    return NanHuntDive(ctx, job, args, trigger)
-
-
-def _anomaly(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.dives.anomaly import AnomalyDive
-
-    return AnomalyDive(ctx, job, args, trigger)
-
-
-def _activations(ctx: DiveContext, job: int, args: dict[str, Any], trigger: str) -> Dive:
-    from tdbg.probe.dives.activations import ActivationsDive
-
-    return ActivationsDive(ctx, job, args, trigger)
-
-
-DIVES = {
-    "profile": _profile,
-    "snapshot": _snapshot,
-    "nan_hunt": _nan_hunt,
-    "anomaly": _anomaly,
-    "activations": _activations,
-}
-
-
-def _record_path(record: Any) -> str | os.PathLike[str] | None:
-    """Where to record: ``record=``, else ``$TDBG_RECORD`` in the main process only (spawned
-    children inherit the environment and must not write a second recording; guarantees: processes).
-
-    The main process claims ``$TDBG_RECORD``: it is removed from ``os.environ``, so that a plain
-    ``subprocess`` started later (an evaluation script that calls watch() too) does not write a
-    ``NAME.1.EXT`` beside the run's recording. Pass ``record=`` to record such a child."""
-    if record is not None:
-        if not isinstance(record, str | os.PathLike) or not os.fspath(record):
-            raise TypeError("tdbg.watch: record must be a file path (str or os.PathLike) or None")
-        return record
-    env = os.environ.get("TDBG_RECORD", "")
-    if env and multiprocessing.parent_process() is None:
-        os.environ.pop("TDBG_RECORD", None)
-        if _job_info() and "{rank}" not in env:
-            # Every rank of a torchrun job reads the same variable: one file per rank.
-            path = Path(env)
-            suffix = path.suffix
-            env = str(path.with_name(f"{path.stem}.rank{{rank}}{suffix}"))
-        return env
-    return None
-
-
-@dataclass(frozen=True)
-class ProbeOptions:
-    """watch()'s keyword options, checked once: the one definition watch() and Probe share."""
-
-    name: str | None = None
-    overhead_budget: float = 0.01
-    grad_every: int | None = None
-    serve: bool = True
-    directory: str | os.PathLike[str] | None = None
-    nan_hunt: bool = True
-    anomaly_check_nan: bool = False
-    activations_every: int | None = None
-    record: str | os.PathLike[str] | None = None
-    total_steps: int | None = None
-    skip_nonfinite: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.overhead_budget > 0:
-            raise ValueError("tdbg.watch: overhead_budget must be > 0 (e.g. 0.01 for 1 %)")
-        every = self.grad_every
-        if every is not None and (not isinstance(every, int) or every < 1):
-            raise ValueError("tdbg.watch: grad_every must be a positive integer or None (auto)")
-        every = self.activations_every
-        if every is not None and (not isinstance(every, int) or not 1 <= every <= 10_000):
-            raise ValueError("tdbg.watch: activations_every must be an integer 1-10000 or None")
-        total = self.total_steps
-        if total is not None and (
-            isinstance(total, bool) or not isinstance(total, int) or total < 1
-        ):
-            raise ValueError("tdbg.watch: total_steps must be a positive integer or None")
-
-    @classmethod
-    def of(cls, options: dict[str, Any]) -> ProbeOptions:
-        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise TypeError(f"tdbg.watch: unexpected keyword argument {unknown[0]!r}")
-        return cls(**options)
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _with_options(fn: _F) -> _F:
-    """Show ProbeOptions' fields as ``fn``'s keyword-only parameters (help(), IDEs, inspect):
-    ``fn`` takes ``**options`` so that the options are written down once, in ProbeOptions."""
-    signature = inspect.signature(fn)
-    keep = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    keywords = [
-        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
-        for f in dataclasses.fields(ProbeOptions)
-    ]
-    fn.__signature__ = signature.replace(parameters=[*keep, *keywords])  # type: ignore[attr-defined]
-    return fn
 
 
 class Probe:
@@ -366,21 +51,35 @@ class Probe:
     an error inside it is counted and reported, never raised into the training loop.
     """
 
-    @_with_options
+    @with_options
     def __init__(
         self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
     ) -> None:
-        caller = _caller_names()
-        models = _named(model, nn.Module, "model", "model", caller)
+        caller = caller_names()
+        models = named(model, nn.Module, "model", "model", caller)
         if not models:
             raise TypeError(
                 "tdbg.watch: no model given (a torch.nn.Module, or a list or dict of them)"
             )
-        optimizers = _named(optimizer, torch.optim.Optimizer, "optimizer", "optimizer", caller)
-        opts = ProbeOptions.of(options)
-        self.options = opts
-        record_path = _record_path(opts.record)
-        self.name = _run_name(opts.name)
+        optimizers = named(optimizer, torch.optim.Optimizer, "optimizer", "optimizer", caller)
+        self.options = opts = ProbeOptions.of(options)
+        record = record_path(opts.record)
+        self.name = run_name(opts.name)
+        self._init_health(opts)
+        self._find_layers(models, optimizers)
+        run_info, unavailable = describe_run(self.name, self._cuda_device, models, optimizers)
+        self._server = self._make_server(run_info, opts, record)
+        self._sampler = self._make_sampler(optimizers, opts)
+        self._metrics = MetricsDesk(self._sampler.report_once)
+        self._server.metrics_inbox = self._metrics.inbox
+        self._dives, desk = self._make_dives(run_info, unavailable, opts)
+        # Hooks last: nothing above can leave them registered behind a failed watch().
+        self._hooks = self._make_hooks(opts)
+        self._begin(opts, record, desk)
+
+    # --- the pieces of watch(), in order ----------------------------------------------------
+    def _init_health(self, opts: ProbeOptions) -> None:
+        """The probe's own state: errors, the circuit breaker, closing."""
         self.errors = 0
         self.last_error: str | None = None
         self.closed = False
@@ -388,6 +87,14 @@ class Probe:
         self._broken = False  # switched off by the error breaker
         self._pid = os.getpid()
         self.total_steps: int | None = opts.total_steps
+
+    def _find_layers(
+        self,
+        models: list[tuple[str, nn.Module]],
+        optimizers: list[tuple[str, torch.optim.Optimizer]],
+    ) -> None:
+        """The watched layers of every model (prefixed by the model's name when there are
+        several), the optimizers in lr column order, and the CUDA device the model is on."""
         seen: set[int] = set()
         self._layers = []
         layer_models: list[int] = []
@@ -409,30 +116,40 @@ class Probe:
             warn(
                 "tdbg: the model has no parameters: only loss, learning rate and timings are shown"
             )
-        run_info, unavailable = _run_info(self.name, self._cuda_device, models, optimizers)
+
+    def _make_server(
+        self, run_info: RunInfo, opts: ProbeOptions, record: str | os.PathLike[str] | None
+    ) -> ProbeServer:
+        """The probe thread's side: the socket, the recording, history and alert rules."""
         # Fixed at watch(): asked again on sampled steps, so not recounted there.
         frozen = [i for i, layer in enumerate(self._layers) if not layer.trainable]
         names = [layer.name for layer in self._layers]
         numels = [layer.numel for layer in self._layers]
         recorder = None
-        if record_path is not None:
+        if record is not None:
             from tdbg.probe.recorder import Recorder
 
-            recorder = Recorder(record_path, run_info, names, numels)
-        self._server = ProbeServer(
+            recorder = Recorder(record, run_info, names, numels)
+        several = len(self._models) > 1
+        return ProbeServer(
             run_info,
             names,
             numels,
-            _rank(),
+            rank(),
             self._stats,
             self._count_error,
             directory=opts.directory,
             frozen=frozen,
             on_grad_device_time=self._on_grad_device_time,
             recorder=recorder,
-            layer_models=layer_models if len(models) > 1 else None,
+            layer_models=self._layer_models if several else None,
         )
-        self._sampler = StepSampler(
+
+    def _make_sampler(
+        self, optimizers: list[tuple[str, torch.optim.Optimizer]], opts: ProbeOptions
+    ) -> StepSampler:
+        """The training thread's side: what each step measures, handed to the server."""
+        sampler = StepSampler(
             self._layers,
             optimizers,
             self._cuda_device,
@@ -442,13 +159,17 @@ class Probe:
             count_error=self._count_error,
             skip_nonfinite=bool(opts.skip_nonfinite),
         )
-        self._server.skipped_steps = lambda: self._sampler.skipped_steps
+        self._server.skipped_steps = lambda: sampler.skipped_steps
         self._server.nan_origin.layer_types = [layer.module_type for layer in self._layers]
-        self._metrics = MetricsDesk(self._sampler.report_once)
-        self._server.metrics_inbox = self._metrics.inbox
-        first_model = models[0][1]
-        first_optimizer = optimizers[0][1] if optimizers else None
-        self._dives = DiveRunner(
+        return sampler
+
+    def _make_dives(
+        self, run_info: RunInfo, unavailable: dict[str, str], opts: ProbeOptions
+    ) -> tuple[DiveRunner, CommandDesk]:
+        """Deep dives on the first model and optimizer, and the desk that takes their commands."""
+        first_model = self._models[0][1]
+        first_optimizer = self._optimizers[0][2] if self._optimizers else None
+        dives = DiveRunner(
             DiveContext(
                 model=first_model,
                 optimizer=first_optimizer,
@@ -463,12 +184,15 @@ class Probe:
             DIVES,
             self._count_error,
         )
-        desk = CommandDesk(self._dives, unavailable, None)
+        desk = CommandDesk(dives, unavailable, None)
         self._server.take_commands(desk, bool(opts.nan_hunt))
-        # Hooks last: nothing above can leave them registered behind a failed watch().
-        self._hooks = PhaseHooks(
-            [module for _, module in models],
-            [opt for _, opt in optimizers],
+        return dives, desk
+
+    def _make_hooks(self, opts: ProbeOptions) -> PhaseHooks:
+        """The hooks on the models and optimizers that feed the sampler."""
+        hooks = PhaseHooks(
+            [module for _, module in self._models],
+            [opt for _, _, opt in self._optimizers],
             self._cuda_device,
             self._sampler,
             self._count_error,
@@ -476,16 +200,22 @@ class Probe:
         # The latest forward's inputs are kept (a reference) where re-running a non-finite step's
         # forward can name the module that overflowed: with the guard, or on the CPU, where
         # the norms are read without a sync.
-        self._hooks.capture_inputs = bool(opts.skip_nonfinite) or self._cuda_device is None
-        self._sampler.captured = lambda: self._hooks.last_inputs
-        if self.total_steps is None and optimizers:
+        hooks.capture_inputs = bool(opts.skip_nonfinite) or self._cuda_device is None
+        self._sampler.captured = lambda: hooks.last_inputs
+        return hooks
+
+    def _begin(
+        self, opts: ProbeOptions, record: str | os.PathLike[str] | None, desk: CommandDesk
+    ) -> None:
+        """Attach to the loop and start serving (and recording)."""
+        if self.total_steps is None and self._optimizers:
             # A scan of the heap (tens of ms): on the probe's worker thread, once, not here.
-            opts_only = [opt for _, opt in optimizers]
+            opts_only = [opt for _, _, opt in self._optimizers]
             self._server.submit_work(lambda: self._adopt_schedule(opts_only))
         self._note_watched()
         taps.attach(self._sampler)
         self._created = time.monotonic()
-        if opts.serve or record_path is not None:
+        if opts.serve or record is not None:
             if opts.serve and multiprocessing.parent_process() is not None:
                 warn("tdbg: watching from a multiprocessing child: serving its own socket")
             if self._server.start(listen=opts.serve):
@@ -613,10 +343,10 @@ class Probe:
         pair at its first step). Its layers are appended; clients get a new ``layers``. Call it
         between steps, or from torch's global optimizer pre-step hook."""
         try:
-            caller = _caller_names()
+            caller = caller_names()
             if model is not None:
                 taken = {name for name, _ in self._models}
-                for name, module in _named(model, nn.Module, "model", "model", caller):
+                for name, module in named(model, nn.Module, "model", "model", caller):
                     if any(m is module for _, m in self._models):
                         continue
                     while name in taken:
@@ -626,7 +356,7 @@ class Probe:
                     self._prefixes.append(f"{name}.")
                 self.models = [name for name, _ in self._models]
             if optimizer is not None:
-                for name, opt in _named(optimizer, torch.optim.Optimizer, "o", "", caller):
+                for name, opt in named(optimizer, torch.optim.Optimizer, "o", "", caller):
                     self._sampler.new_optimizers.append(weakref.ref(opt))
                     if name:
                         self._optimizer_names[id(opt)] = name
@@ -635,7 +365,7 @@ class Probe:
             self._count_error(exc)
 
     def _adopt_schedule(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        total = _schedule_length(optimizers)
+        total = schedule_length(optimizers)
         if total is not None and self.total_steps is None:
             self.total_steps = total
 
@@ -724,7 +454,7 @@ class Probe:
         except Exception:
             self._disabled = True
 
-    def _stats(self) -> dict[str, Any]:
+    def _stats(self) -> ProbeStats:
         return {
             "grad_interval": self.grad_interval,
             "grad_mode": "auto" if self.grad_every is None else "fixed",
@@ -792,7 +522,7 @@ class Probe:
                 self._hooks.remove_optimizer(key)
         next_key = max((key for key, _, _ in self._optimizers), default=-1) + 1
         names = {name for _, name, _ in optimizers}
-        caller = _caller_names() if arrived else {}
+        caller = caller_names() if arrived else {}
         for optimizer in arrived:
             if any(o is optimizer for _, _, o in optimizers):
                 continue
@@ -819,10 +549,7 @@ class Probe:
             layer_models if len(self._models) > 1 else None,
             [name for name, _ in self._models],
             gone,
-            [
-                {"name": name, "type": type(opt).__name__, "groups": len(opt.param_groups)}
-                for _, name, opt in optimizers
-            ],
+            [watched_optimizer(name, opt) for _, name, opt in optimizers],
         )
 
     def _after_fork_in_child(self) -> None:
@@ -834,7 +561,7 @@ class Probe:
         self._server.abandon_after_fork()
 
 
-@_with_options
+@with_options
 def watch(
     model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
 ) -> Probe:

@@ -13,6 +13,7 @@ messages completed by ``chunk`` whether it is 1 byte or 1 MB. What the messages 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import msgpack
@@ -58,7 +59,7 @@ def preamble(proto_min: int = PROTO_MIN, proto_max: int = PROTO_MAX) -> bytes:
     return PREAMBLE.pack(MAGIC, proto_min, proto_max)
 
 
-def pack(message: dict[str, Any], max_frame: int = MAX_OUTBOUND_FRAME) -> bytes:
+def pack(message: Mapping[str, Any], max_frame: int = MAX_OUTBOUND_FRAME) -> bytes:
     """Encode one message as a complete frame (header + payload)."""
     payload = msgpack.packb(message, use_bin_type=True)
     if len(payload) > max_frame:

@@ -139,6 +139,10 @@ class Welcome(TypedDict):
     run: RunInfo
 
 
+def welcome_message(proto: int, server_version: str, run: RunInfo) -> Welcome:
+    return {"type": "welcome", "proto": proto, "server_version": server_version, "run": run}
+
+
 class Layers(TypedDict):
     """The watched layers, in the order of every ``grad_norms`` array; sent before any step."""
 
@@ -148,6 +152,25 @@ class Layers(TypedDict):
     model: NotRequired[list[int]]  # per layer: its model's index in ``models``
     models: NotRequired[list[str]]  # the watched models' names (as RunInfo.models, kept current)
     gone: NotRequired[list[int]]  # layers whose parameters left the model: no norms from then on
+
+
+def layers_message(
+    names: list[str],
+    numel: list[int],
+    *,
+    model: list[int] | None = None,
+    models: list[str] | None = None,
+    gone: list[int] | None = None,
+) -> Layers:
+    """The ``layers`` message; ``model`` only with several models, ``gone`` only when not empty."""
+    layers: Layers = {"type": "layers", "names": names, "numel": numel}
+    if model is not None:
+        layers["model"] = model
+    if gone:
+        layers["gone"] = gone
+    if models is not None:
+        layers["models"] = models
+    return layers
 
 
 class StepsHeader(TypedDict):
@@ -316,6 +339,26 @@ class ProfileTable(TypedDict):
     total_self_cpu: float | None  # over every op, not only the rows sent
     total_self_device: float | None
     truncated: bool  # more ops than rows
+
+
+MAX_PROFILE_ROWS = 100  # rows a profile sends
+
+
+def profile_table(rows: list[ProfileRow], device: bool) -> ProfileTable:
+    """A profile's table from every op's row: sorted by device total on device runs (CPU total
+    otherwise), at most :data:`MAX_PROFILE_ROWS`, and self-time totals over every op (not only
+    the rows kept), so a row's share is its self time over the total."""
+    sort: Literal["device_total", "cpu_total"] = "device_total" if device else "cpu_total"
+    ordered = sorted(rows, key=lambda r: (-(r[sort] or 0.0), -(r["cpu_total"] or 0.0), r["name"]))
+    return {
+        "rows": ordered[:MAX_PROFILE_ROWS],
+        "sort": sort,
+        "device": device,
+        # rounded to the nanosecond: drops float-summation noise
+        "total_self_cpu": round(sum(r["self_cpu"] or 0.0 for r in rows), 3),
+        "total_self_device": round(sum(r["self_device"] or 0.0 for r in rows), 3),
+        "truncated": len(rows) > MAX_PROFILE_ROWS,
+    }
 
 
 class ProfileResult(ProfileTable):

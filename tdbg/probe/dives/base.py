@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tdbg.probe.log import warn
-from tdbg.protocol.messages import Alert, Job, JobResult, job_message
+from tdbg.protocol.messages import Alert, Job, JobResult, RunInfo, job_message
 
 MAX_EVENTS = 2048  # job and activation messages waiting for the probe thread
 
@@ -32,7 +32,7 @@ class DiveContext:
     model: nn.Module
     optimizer: torch.optim.Optimizer | None
     cuda_device: torch.device | None
-    run_info: dict[str, Any]
+    run_info: RunInfo
     artifacts: Callable[[], Path | None]  # the directory for trace and snapshot files
     submit: Callable[[Callable[[], None]], None]  # run on the probe's worker thread
     side_alerts: deque[Alert]  # alerts for the probe thread to send
@@ -99,7 +99,7 @@ class Dive:
         state: str,
         step: int | None,
         message: str = "",
-        result: Mapping[str, Any] | None = None,
+        result: JobResult | None = None,
     ) -> None:
         if self.finished:
             return
@@ -119,8 +119,7 @@ class Dive:
                     message=message,
                     args=self.args,
                     trigger=self.trigger,
-                    # The dives build their results as the protocol's typed results.
-                    result=cast("JobResult | None", result),
+                    result=result,
                 )
             )
         )
@@ -128,14 +127,14 @@ class Dive:
     def progress(self, step: int) -> None:
         self.emit("running", step, f"{self.count}/{self.total}" if self.total else "")
 
-    def done(self, step: int | None, result: dict[str, Any]) -> None:
+    def done(self, step: int | None, result: JobResult) -> None:
         self.emit("done", step, "", result)
 
     def fail(self, step: int | None, reason: str) -> None:
         self.emit("failed", step, reason)
 
-    def analyse(self, step: int, work: Callable[[], dict[str, Any]]) -> None:
-        """Run ``work`` on the probe's worker thread; its dict is the job's result."""
+    def analyse(self, step: int, work: Callable[[], JobResult]) -> None:
+        """Run ``work`` on the probe's worker thread; what it returns is the job's result."""
         self.emit("analysing", step)
 
         def run() -> None:

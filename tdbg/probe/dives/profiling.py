@@ -13,9 +13,15 @@ from torch.profiler import ProfilerActivity
 from tdbg.probe import artifacts
 from tdbg.probe.dives.base import Dive, DiveContext
 from tdbg.probe.log import warn
-from tdbg.protocol.messages import command_args
+from tdbg.protocol.messages import (
+    FileInfo,
+    JobResult,
+    ProfileResult,
+    ProfileRow,
+    command_args,
+    profile_table,
+)
 
-MAX_ROWS = 100
 MAX_NAME = 500  # CUDA kernel names can run to thousands of characters of C++ templates
 ANOTHER_PROFILER = "another torch profiler is already running in this process"
 clock = time.monotonic  # the wall-clock cap's clock (tests replace it)
@@ -34,7 +40,7 @@ def _us(value: float) -> float:
     return round(float(value), 3)  # nanosecond resolution; drops float-summation noise
 
 
-def _row(event: Any) -> dict[str, Any]:
+def _row(event: Any) -> ProfileRow:
     """One ``FunctionEventAvg`` as a wire row: times in microseconds, memory in bytes."""
     name = str(event.key)
     if len(name) > MAX_NAME:
@@ -48,23 +54,6 @@ def _row(event: Any) -> dict[str, Any]:
         "device_total": _us(event.device_time_total),
         "cpu_memory": int(event.self_cpu_memory_usage),
         "device_memory": int(event.self_device_memory_usage),
-    }
-
-
-def profile_table(averages: Any, device: bool) -> dict[str, Any]:
-    """The result's table part from ``prof.key_averages()``: rows sorted by device total on
-    device runs (CPU total otherwise), at most :data:`MAX_ROWS`, and self-time totals over
-    every op (not only the rows kept), so a row's share is its self time over the total."""
-    rows = [_row(event) for event in averages]
-    sort = "device_total" if device else "cpu_total"
-    rows.sort(key=lambda row: (-row[sort], -row["cpu_total"], row["name"]))
-    return {
-        "rows": rows[:MAX_ROWS],
-        "sort": sort,
-        "device": device,
-        "total_self_cpu": _us(sum(row["self_cpu"] for row in rows)),
-        "total_self_device": _us(sum(row["self_device"] for row in rows)),
-        "truncated": len(rows) > MAX_ROWS,
     }
 
 
@@ -185,15 +174,20 @@ class ProfileDive(Dive):
     # --- worker thread ----------------------------------------------------------------------
     def _analyse(
         self, prof: torch.profiler.profile, first: int, last: int, wall: float
-    ) -> dict[str, Any]:
+    ) -> ProfileResult:
         """``key_averages()`` parses every recorded event in Python (seconds for a large
         model over many steps; it holds the GIL, so the training thread slows meanwhile),
         then the trace file is written and hashed."""
         try:
-            result = profile_table(prof.key_averages(), self.ctx.cuda_device is not None)
-            result.update(steps=[first, last], wall_seconds=round(wall, 6), trace=None)
+            rows = [_row(event) for event in prof.key_averages()]
+            table = profile_table(rows, self.ctx.cuda_device is not None)
             trace, why = self._write_trace(prof, first, last)
-            result["trace"] = trace
+            result: ProfileResult = {
+                **table,
+                "steps": [first, last],
+                "wall_seconds": round(wall, 6),
+                "trace": trace,
+            }
             if why:
                 self._note = f"{self._note}; {why}" if self._note else why
             return result
@@ -202,7 +196,7 @@ class ProfileDive(Dive):
 
     def _write_trace(
         self, prof: torch.profiler.profile, first: int, last: int
-    ) -> tuple[dict[str, Any] | None, str]:
+    ) -> tuple[FileInfo | None, str]:
         """The trace as ``<run>-profile-steps<first>-<last>.json`` in the artifacts directory:
         written to an 0600 temp name, then renamed. Without a directory, or if writing fails,
         the table still comes back; the message says why there is no trace."""
@@ -223,5 +217,5 @@ class ProfileDive(Dive):
             return None, f"trace not written: {type(exc).__name__}: {exc}"
 
     # --- reporting --------------------------------------------------------------------------
-    def done(self, step: int | None, result: dict[str, Any]) -> None:
+    def done(self, step: int | None, result: JobResult) -> None:
         self.emit("done", step, self._note, result)

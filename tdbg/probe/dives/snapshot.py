@@ -15,7 +15,7 @@ import tdbg
 from tdbg.probe import artifacts
 from tdbg.probe.dives.base import Dive, DiveContext
 from tdbg.probe.log import warn
-from tdbg.protocol.messages import command_args
+from tdbg.protocol.messages import FileInfo, SnapshotResult, SnapshotSummary, command_args
 
 MAX_SITES = 50
 NO_CUDA = "memory snapshots need CUDA: this run is on cpu"
@@ -85,7 +85,7 @@ def _live_allocations(trace: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 
 def summarize(
     snapshot: dict[str, Any], device: int, max_entries: int | None = None
-) -> dict[str, Any]:
+) -> SnapshotSummary:
     """``top`` allocation sites by bytes, ``active_bytes`` and ``reserved_bytes`` of one
     device from a ``torch.cuda.memory._snapshot()`` dict.
 
@@ -140,7 +140,7 @@ def summarize(
     }
 
 
-def write_snapshot(snapshot: dict[str, Any], directory: Path, name: str) -> dict[str, Any]:
+def write_snapshot(snapshot: dict[str, Any], directory: Path, name: str) -> FileInfo:
     """Pickle ``snapshot`` as ``torch.cuda.memory._dump_snapshot`` does (the format
     pytorch.org/memory_viz reads) to an 0600 temp file, then rename it; ``{path, size,
     sha256}``. Pickling holds the GIL (about a second per few hundred MB of snapshot)."""
@@ -246,7 +246,7 @@ class SnapshotDive(Dive):
     # --- worker thread ----------------------------------------------------------------------
     def _analyse(
         self, snap: dict[str, Any], first: int, last: int, directory: Path
-    ) -> dict[str, Any]:
+    ) -> SnapshotResult:
         summary = summarize(snap, self._device, int(self.args["max_entries"]))
         name = artifacts.artifact_name(self.ctx.run_info, self.kind, first, last, ".pickle")
         info = write_snapshot(snap, directory, name)

@@ -16,7 +16,6 @@ from tdbg.protocol.messages import (
     Alert,
     Job,
     JobResult,
-    Layers,
     Metrics,
     NanHuntResult,
     ProbeHealth,
@@ -28,8 +27,10 @@ from tdbg.protocol.messages import (
     System,
     alert_message,
     job_message,
+    layers_message,
     metrics_message,
     nan_hunt_result,
+    profile_table,
 )
 from tdbg.protocol.steps import StepRecord, pack_steps
 
@@ -221,11 +222,15 @@ def synthetic_run(
     model's...); ``true_numbers=False`` and ``metrics=False`` give what an older probe sent
     (no micro-batches, clipping, epoch, metrics, total steps)."""
     names = layer_names(n_layers)
-    layers: Layers = {"type": "layers", "names": names, "numel": [1000] * n_layers}
+    layers = layers_message(names, [1000] * n_layers)
     if true_numbers and models:
         per = max(1, -(-n_layers // len(models)))
-        layers["models"] = list(models)
-        layers["model"] = [min(i // per, len(models) - 1) for i in range(n_layers)]
+        layers = layers_message(
+            names,
+            [1000] * n_layers,
+            model=[min(i // per, len(models) - 1) for i in range(n_layers)],
+            models=list(models),
+        )
     msgs: list[dict[str, Any]] = [dict(layers)]
     for start in range(0, steps, batch):
         count = min(batch, steps - start)
@@ -346,18 +351,11 @@ def profile_result(
             "device_memory": 8192 * calls * n if device else 0,
         }
         rows.append(row)
-    sort = "device_total" if device else "cpu_total"
-    rows.sort(key=lambda r: -((r["device_total"] if device else r["cpu_total"]) or 0.0))
     return {
-        "rows": rows,
-        "sort": sort,
-        "device": device,
+        **profile_table(rows, device),
         "steps": [steps[0], steps[1]],
         "wall_seconds": 0.0123 * n,
-        "total_self_cpu": sum(r["self_cpu"] or 0.0 for r in rows),
-        "total_self_device": sum(r["self_device"] or 0.0 for r in rows),
         "trace": None if trace is None else {"path": trace, "size": 1_234_567, "sha256": "0" * 64},
-        "truncated": False,
     }
 
 
