@@ -133,15 +133,7 @@ def _read(text: str, args: argparse.Namespace) -> RunState:
         return state
     client = attach_target(target, text, args.timeout, args)
     try:
-        state.run = dict(client.run)
-        state.mark("live")
-        deadline = time.monotonic() + args.timeout
-        for message in client.messages(timeout=max(0.05, deadline - time.monotonic())):
-            state.apply(message)
-            if state.synced or time.monotonic() > deadline:
-                break
-        if client.peer_closed and not state.synced:
-            state.mark("ended", state.end_reason or "closed")
+        state.read_history(client, time.monotonic() + args.timeout)
     finally:
         client.close()
     return state

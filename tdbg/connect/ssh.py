@@ -308,27 +308,40 @@ def classify(target: SshTarget, opts: RemoteOptions, rc: int | None, lines: list
         )
     if rc == 126:
         return f"{remote_tdbg!r} on {node} is not executable ({said}); check --remote-tdbg PATH"
-    if "invalid choice: 'bridge'" in text:
-        return f"the tdbg on {node} is too old to have `tdbg bridge`: upgrade it to {__version__}"
-    if "Host key verification failed" in text or "IDENTIFICATION HAS CHANGED" in text:
-        return f"host key verification failed for {node}: check known_hosts (ssh said: {said})"
-    if "Permission denied" in text or "Too many authentication failures" in text:
-        return f"authentication failed for {node}: check your key or agent (ssh said: {said})"
-    if "Could not resolve hostname" in text:
-        return f"could not resolve host {target.host!r}"
-    if "Connection refused" in text:
-        return f"connection refused by {node}: is sshd running, and is the port right?"
-    if "timed out" in text:
-        return f"host unreachable: connection to {node} timed out"
-    if "No route to host" in text or "Network is unreachable" in text:
-        return f"host unreachable: {node} ({said})"
-    if "Connection closed" in text or "Connection reset" in text:
-        return f"ssh connection to {node} closed ({said})"
+    for needles, template in SSH_FAILURES:
+        if any(needle in text for needle in needles):
+            return template.format(node=node, said=said, host=target.host, version=__version__)
     if rc == 255:
         return f"ssh to {node} failed: {said or 'no message'}"
     if rc is not None and rc < 0:
         return f"ssh to {node} was killed by signal {-rc}"
     return f"tdbg bridge on {node} exited with status {rc}" + (f": {said}" if said else "")
+
+
+# What ssh (or the remote tdbg) said -> what the user is told; the first match wins. Templates
+# may name {node}, {said} (ssh's own words), {host} and {version} (this tdbg's).
+SSH_FAILURES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("invalid choice: 'bridge'",),
+        "the tdbg on {node} is too old to have `tdbg bridge`: upgrade it to {version}",
+    ),
+    (
+        ("Host key verification failed", "IDENTIFICATION HAS CHANGED"),
+        "host key verification failed for {node}: check known_hosts (ssh said: {said})",
+    ),
+    (
+        ("Permission denied", "Too many authentication failures"),
+        "authentication failed for {node}: check your key or agent (ssh said: {said})",
+    ),
+    (("Could not resolve hostname",), "could not resolve host {host!r}"),
+    (
+        ("Connection refused",),
+        "connection refused by {node}: is sshd running, and is the port right?",
+    ),
+    (("timed out",), "host unreachable: connection to {node} timed out"),
+    (("No route to host", "Network is unreachable"), "host unreachable: {node} ({said})"),
+    (("Connection closed", "Connection reset"), "ssh connection to {node} closed ({said})"),
+)
 
 
 class SshProbeClient(ProbeClient):

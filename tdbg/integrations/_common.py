@@ -53,14 +53,32 @@ def failed(framework: str, what: str, exc: BaseException) -> None:
 
 
 class FailSafe:
-    """What both callbacks do when a step of theirs fails: say so once and stop watching,
-    never stopping training. Subclasses name their ``framework`` and define ``_stop``."""
+    """What both callbacks share: a probe, hooks counting the optimizer's updates, and when a
+    step of theirs fails, saying so once and stopping watching, never stopping training.
+    Subclasses name their ``framework`` and set ``_hooks`` and ``_updates`` in ``__init__``."""
 
     framework = ""
     probe: Any = None
+    _hooks: list[Any]
+    _updates: int  # optimizer updates since the last probe.step()
+
+    def _on_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._updates += 1
+
+    def _live(self) -> bool:
+        return self.probe is not None and not self.probe.closed
 
     def _stop(self) -> None:
-        raise NotImplementedError
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        probe, self.probe = self.probe, None
+        self._forget()
+        if probe is not None:
+            probe.close()
+
+    def _forget(self) -> None:
+        """What a subclass drops when it stops watching (before the probe closes)."""
 
     def _failed(self, what: str, exc: BaseException) -> None:
         """An error in the callback never stops training: say so once and stop watching."""

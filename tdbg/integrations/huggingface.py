@@ -102,27 +102,12 @@ class TdbgHuggingFace(FailSafe):
         self._updates = 0
         self._tokens_seen = _tokens_seen(args, state)
 
-    def _on_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._updates += 1
-
     def _tokens(self, args: Any, state: Any) -> int | None:
         seen = _tokens_seen(args, state)
         if seen is None or self._tokens_seen is None:
             return None
         tokens, self._tokens_seen = seen - self._tokens_seen, seen
         return tokens if tokens > 0 else None
-
-    # --- lifecycle ------------------------------------------------------------------------------
-    def _live(self) -> bool:
-        return self.probe is not None and not self.probe.closed
-
-    def _stop(self) -> None:
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
-        probe, self.probe = self.probe, None
-        if probe is not None:
-            probe.close()
 
 
 def _tokens_seen(args: Any, state: Any) -> int | None:

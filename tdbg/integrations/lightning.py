@@ -122,9 +122,6 @@ class TdbgLightning(FailSafe):
         self._rounds_known = False
         self._reset()
 
-    def _on_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._updates += 1
-
     def _batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any) -> None:
         automatic = bool(getattr(pl_module, "automatic_optimization", True))
         if automatic:
@@ -192,17 +189,8 @@ class TdbgLightning(FailSafe):
             self.probe.log(fresh, step=step)
 
     # --- lifecycle ------------------------------------------------------------------------------
-    def _live(self) -> bool:
-        return self.probe is not None and not self.probe.closed
-
-    def _stop(self) -> None:
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
-        probe, self.probe = self.probe, None
+    def _forget(self) -> None:
         self._seen = {}
-        if probe is not None:
-            probe.close()
 
 
 def _total_steps(trainer: Any) -> int | None:

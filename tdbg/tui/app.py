@@ -22,8 +22,8 @@ from textual.worker import get_current_worker
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 from tdbg.connect.targets import Discover, LocalSocket, Recording, Remote, Target, resolve
+from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.palette import palette_commands
-from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
@@ -47,16 +47,11 @@ __all__ = [
 ]
 
 
-class TdbgApp(App[int]):
+class TdbgApp(TdbgBaseApp):
     """The monitor. All I/O happens in one thread worker; handlers only fold batches into state."""
 
-    CSS_PATH = "tdbg.tcss"
-    TITLE = "tdbg"
-    BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("r", "switch_run", "Switch run"),
-    ]
+    BINDINGS = [*TdbgBaseApp.BINDINGS, Binding("r", "switch_run", "Switch run")]
+    source: Source
 
     class FromSource(Message):
         """A message the source worker posts; ``origin`` is the source it read. After a switch
@@ -283,15 +278,6 @@ class TdbgApp(App[int]):
     def _clock() -> float:
         return time.monotonic()
 
-    @property
-    def painted_revision(self) -> int:
-        """The state revision on screen (tests poll this instead of sleeping)."""
-        return self._painted
-
-    def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
-
     # --- the command palette (ctrl+p) and switching runs -----------------------------------
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
@@ -344,13 +330,6 @@ class TdbgApp(App[int]):
         self.monitor.show(self.state)
         self.notify(f"switched to run {entry.name} (pid {entry.pid})")
         self._pump()  # exclusive in its group: the old worker is cancelled
-
-    async def action_quit(self) -> None:
-        self.source.close()
-        self.exit(0)
-
-    def on_unmount(self) -> None:
-        self.source.close()
 
 
 def make_app(source: Source) -> TdbgApp:

@@ -6,14 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from textual import work
-from textual.app import App
-from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover
-from tdbg.tui.screens.help import HelpScreen
+from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.waiting import WaitingScreen
 from tdbg.tui.sources.job import JobSource, RankBatches, job_entries
@@ -24,15 +22,10 @@ from tdbg.tui.state.run_state import RunState
 REPAINT_INTERVAL = 1 / 8  # seconds: the job screen repaints at most this often, on change
 
 
-class JobApp(App[int]):
+class JobApp(TdbgBaseApp):
     """The job view. One worker reads every rank; handlers fold batches into per-rank state."""
 
-    CSS_PATH = "tdbg.tcss"
-    TITLE = "tdbg"
-    BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-    ]
+    source: JobSource
 
     class RanksReceived(Message):
         def __init__(self, batches: RankBatches) -> None:
@@ -138,21 +131,6 @@ class JobApp(App[int]):
             return None
         self.job.ranks[screen.rank].sent(mid, command, args)
         return mid
-
-    @property
-    def painted_revision(self) -> int:
-        return self._painted
-
-    def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
-
-    async def action_quit(self) -> None:
-        self.source.close()
-        self.exit(0)
-
-    def on_unmount(self) -> None:
-        self.source.close()
 
 
 def local_job(directory: Path | None = None) -> str | None:

@@ -59,14 +59,7 @@ def peek(entry: RunEntry, timeout: float = PEEK_SECONDS) -> Glance:
     except (ConnectError, ProtocolError, OSError) as exc:
         return Glance(None, None, None, None, False, error=str(exc))
     try:
-        state.run = dict(client.run) or state.run
-        state.mark("live")
-        for message in client.messages(timeout=max(0.05, deadline - time.monotonic())):
-            state.apply(message)
-            if state.synced or time.monotonic() > deadline:
-                break
-        if client.peer_closed and not state.synced:
-            state.mark("ended", state.end_reason or "closed")
+        state.read_history(client, deadline)
     except (ProtocolError, OSError) as exc:
         return Glance(None, None, None, None, False, error=str(exc))
     finally:

@@ -31,18 +31,36 @@ MAX_BATCH = 4096  # messages handed to the UI at once; a full replay arrives in 
 Notify = Callable[[str, Any], None]
 
 
-class Source:
+class Stoppable:
+    """A source's stop flag: the UI thread asks the worker's blocking calls to return soon."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask blocking calls to return soon; called from the UI thread on exit."""
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def close(self) -> None:
+        self.stop()
+
+
+class Source(Stoppable):
     """The interface the app's worker drives. Subclasses override what they support."""
 
     watches_for_restart = False  # True when reattach() waits for a restarted run
     read_only_reason: str | None = "this source is read-only (a replay): it cannot send commands"
 
     def __init__(self) -> None:
+        super().__init__()
         self.run: dict[str, Any] = {}
         self.label = ""
         self.end_reason: str | None = None
         self.send_error: str | None = None  # why the last send() returned None
-        self._stop = threading.Event()
         self._send_lock = threading.Lock()
         self._choice: queue.SimpleQueue[RunEntry | None] = queue.SimpleQueue()  # the picker's
 
@@ -90,17 +108,6 @@ class Source:
                 self.stop()
             return entry
         return None
-
-    def stop(self) -> None:
-        """Ask blocking calls to return soon; called from the UI thread on exit."""
-        self._stop.set()
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
-
-    def close(self) -> None:
-        self.stop()
 
 
 class ReplaySource(Source):

@@ -17,6 +17,7 @@ from typing import Any
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.runtime import RunEntry, discover
 from tdbg.protocol.framing import ProtocolError
+from tdbg.tui.sources.base import Stoppable
 
 POLL_INTERVAL = 0.5  # seconds between looks for ranks that started later
 MAX_BATCH = 4096  # messages handed to the UI at once
@@ -36,10 +37,11 @@ def job_entries(entries: list[RunEntry]) -> dict[str, dict[int, RunEntry]]:
     return jobs
 
 
-class JobSource:
+class JobSource(Stoppable):
     """The ranks of job ``job`` (None: the only job found, or the one with most ranks)."""
 
     def __init__(self, job: str | None = None, directory: Path | None = None) -> None:
+        super().__init__()
         self.job = job
         self.directory = directory
         self.label = f"job {job}" if job else "job"
@@ -47,7 +49,6 @@ class JobSource:
         self.ended: dict[int, str] = {}  # rank -> why its connection ended
         self._clients: dict[int, ProbeClient] = {}
         self._inbox: queue.SimpleQueue[tuple[int, dict[str, Any] | None]] = queue.SimpleQueue()
-        self._stop = threading.Event()
         self._send_lock = threading.Lock()
         self.send_error: str | None = None
 
@@ -149,13 +150,6 @@ class JobSource:
             except (OSError, ProtocolError, ValueError) as exc:
                 self.send_error = f"could not send {command} to rank {rank}: {exc}"
                 return None
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
 
     def close(self) -> None:
         self.stop()

@@ -81,22 +81,24 @@ class FileRef:
         return None if info is None else cls(info["path"], info["size"])
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class OpRow:
-    """One op of a profile's top-ops table: times in microseconds, memory in bytes."""
+    """One op of a profile's top-ops table: its row as sent (:class:`wire.ProfileRow`: times in
+    microseconds, memory in bytes) and what the table derives from it."""
 
-    name: str
-    calls: int | None
-    self_cpu: float | None
-    cpu_total: float | None
-    self_device: float | None
-    device_total: float | None
-    cpu_memory: int | None
-    device_memory: int | None
+    fields: wire.ProfileRow
+
+    @property
+    def name(self) -> str:
+        return self.fields["name"]
+
+    @property
+    def calls(self) -> int | None:
+        return self.fields["calls"]
 
     def value(self, column: str) -> float | None:
         """A numeric column by name (``calls`` included); None when missing."""
-        v = getattr(self, column, None) if column in (*OP_COLUMNS, "calls") else None
+        v = self.fields.get(column) if column in (*OP_COLUMNS, "calls") else None
         return float(v) if isinstance(v, int | float) else None
 
     def per_call(self, column: str) -> float | None:
@@ -126,7 +128,7 @@ class ProfileResult:
         steps = result["steps"]
         return cls(
             job=job,
-            rows=[OpRow(**row) for row in result["rows"]],
+            rows=[OpRow(row) for row in result["rows"]],
             sort=result["sort"],
             device=result["device"],
             steps=(steps[0], steps[-1]) if steps else (None, None),
@@ -296,6 +298,20 @@ class DeepState:
         self.requests[mid] = Request(mid, command, dict(args), self.seq)
         while len(self.requests) > MAX_REQUESTS:
             del self.requests[next(iter(self.requests))]
+
+    def apply(self, message: dict[str, Any]) -> None:
+        """Fold a deep-dive message (``job``, ``ack``, ``activations``, ``probe``) into the state;
+        other types change nothing. A malformed one may raise TypeError, ValueError or
+        AttributeError: the caller decides whether that is news (live) or noise (replay)."""
+        mtype = message.get("type")
+        if mtype == "job":
+            self.apply_job(message)
+        elif mtype == "ack":
+            self.apply_ack(message)
+        elif mtype == "activations":
+            self.apply_activations(message)
+        elif mtype == "probe":
+            self.apply_probe(message)
 
     def apply_ack(self, message: dict[str, Any]) -> None:
         ack = read_ack(message)

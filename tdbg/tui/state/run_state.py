@@ -9,7 +9,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from tdbg.protocol.steps import (
 )
 from tdbg.tui.state.deep import DeepState
 from tdbg.tui.state.metrics import MetricStore
+
+if TYPE_CHECKING:
+    from tdbg.connect.client import ProbeClient
 
 ANATOMY = ("data_time", "forward_time", "backward_time", "optimizer_time")
 
@@ -421,6 +424,19 @@ class RunState:
 
     # --- updates --------------------------------------------------------------------------
 
+    def read_history(self, client: ProbeClient, deadline: float) -> None:
+        """Fold what an attached ``client`` sends until its history replay is complete or
+        ``deadline`` (``time.monotonic()``) passes: a glance at a run, not a follow. The run is
+        ended when the probe hung up before its replay was done."""
+        self.run = dict(client.run) or self.run
+        self.mark("live")
+        for message in client.messages(timeout=max(0.05, deadline - _time.monotonic())):
+            self.apply(message)
+            if self.synced or _time.monotonic() > deadline:
+                break
+        if client.peer_closed and not self.synced:
+            self.mark("ended", self.end_reason or "closed")
+
     def apply_many(self, messages: Iterable[dict[str, Any]]) -> None:
         for message in messages:
             self.apply(message)
@@ -439,10 +455,10 @@ class RunState:
             self.system = message
         elif mtype == "probe":
             self.probe = message
-            self.deep.apply_probe(message)
+            self.deep.apply(message)
         elif mtype in ("job", "ack", "activations"):
             try:
-                getattr(self.deep, f"apply_{mtype}")(message)
+                self.deep.apply(message)
             except (TypeError, ValueError, AttributeError) as exc:  # a bad message, not a crash
                 self.errors.append(f"malformed {mtype} message: {exc}")
         elif mtype == "metrics":

@@ -136,14 +136,8 @@ class Timeline:
 
     @staticmethod
     def _apply_deep(state: DeepState, msg: dict[str, Any]) -> None:
-        mtype = msg.get("type")
         try:
-            if mtype == "job":
-                state.apply_job(msg)
-            elif mtype == "activations":
-                state.apply_activations(msg)
-            elif mtype == "probe":
-                state.apply_probe(msg)
+            state.apply(msg)
         except (TypeError, ValueError, AttributeError):
             pass  # a malformed message: the live view would report it; a replay skips it
         state.notices.clear()  # replay shows states, it does not announce what happened

@@ -13,6 +13,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tdbg.tui.state.names import matching, shorten
+from tdbg.tui.widgets.layer_filter import LayerFilter
 
 LEVELS = 24
 NONFINITE = -1
@@ -46,7 +47,7 @@ def sci(log10: float) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-class GradientHeatmap(ScrollView, can_focus=True):
+class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
     """Call ``show(names, steps, rows)``; rows is (sampled steps x layers), oldest first.
 
     The first line is the legend (the colour ramp between the scale's ends, the steps shown,
@@ -109,23 +110,9 @@ class GradientHeatmap(ScrollView, can_focus=True):
         }
         self._label = self.get_component_rich_style("gradient-heatmap--label")
 
-    @property
-    def total(self) -> int:
-        return len(self._names)
-
-    @property
-    def matched(self) -> int:
-        return len(self._rows)
-
     def show(self, names: list[str], steps: np.ndarray, rows: np.ndarray) -> None:
         self._data = (names, steps, rows)
         self._rebuild()
-
-    def filter(self, query: str) -> None:
-        """Show only the layers whose name matches ``query``; the scale refits to them."""
-        if query != self.name_filter:
-            self.name_filter = query
-            self._rebuild()
 
     def on_resize(self) -> None:
         # The heatmap may get its data while hidden (width 0); lay it out once it has a size.

@@ -12,6 +12,7 @@ from textual.widgets.data_table import ColumnKey
 
 from tdbg.tui.state.names import matching, shorten
 from tdbg.tui.widgets.glyphs import log_bar, spark
+from tdbg.tui.widgets.layer_filter import LayerFilter
 
 SORTS = ("name", "norm", "trend")
 VANISHING = 1e-7  # below this a layer's gradient has effectively vanished
@@ -32,7 +33,7 @@ class LayerName(Text):
         self.layer = layer
 
 
-class GradientTable(DataTable[Any]):
+class GradientTable(LayerFilter, DataTable[Any]):
     """Rows are keyed by layer index; rebuilt only when the layers or the filter change.
 
     Updates rewrite only the visible rows (and the app throttles them to ~2 Hz); sorting uses
@@ -75,14 +76,6 @@ class GradientTable(DataTable[Any]):
     def on_resize(self) -> None:
         self._fit_names()
         self._refresh_visible()  # taller: rows that came into view get their figures
-
-    @property
-    def total(self) -> int:
-        return len(self._names)
-
-    @property
-    def matched(self) -> int:
-        return len(self._rows)
 
     def _fit_names(self, rewrite: bool = True) -> None:
         """Size the layer column to the panel: the norm always stays on screen beside it, and
@@ -183,12 +176,6 @@ class GradientTable(DataTable[Any]):
         else:
             self._fit_trends()
             self.apply_sort()
-
-    def filter(self, query: str) -> None:
-        """Show only the layers whose name (with its model) matches ``query``."""
-        if query != self.name_filter:
-            self.name_filter = query
-            self._rebuild()
 
     def toggle_shared_trend(self) -> bool:
         self.shared_trend = not self.shared_trend

@@ -195,14 +195,14 @@ class ProfilerTable(DataTable[Any]):
 
         name = row.name if len(row.name) <= NAME_WIDTH else row.name[: NAME_WIDTH - 1] + "…"
         device = profile.device
-        cells = [Text(name), num(fmt(row.calls, "d")), num(fmt_us(row.self_cpu))]
-        cells.append(num(fmt_us(row.cpu_total)))
+        cells = [Text(name), num(fmt(row.calls, "d")), num(fmt_us(row.fields["self_cpu"]))]
+        cells.append(num(fmt_us(row.fields["cpu_total"])))
         if self.device:
-            cells.append(num(fmt_us(row.self_device) if device else "n/a"))
-            cells.append(num(fmt_us(row.device_total) if device else "n/a"))
-        cells.append(num(fmt_bytes(row.cpu_memory)))
+            cells.append(num(fmt_us(row.fields["self_device"]) if device else "n/a"))
+            cells.append(num(fmt_us(row.fields["device_total"]) if device else "n/a"))
+        cells.append(num(fmt_bytes(row.fields["cpu_memory"])))
         if self.device:
-            cells.append(num(fmt_bytes(row.device_memory) if device else "n/a"))
+            cells.append(num(fmt_bytes(row.fields["device_memory"]) if device else "n/a"))
         share = profile.share(row)
         cells.append(
             Text(
