@@ -1,4 +1,5 @@
-"""Ending a launched job whole: torchrun starts each worker in a session of its own."""
+"""Launching a torchrun job under `tdbg run`, and ending it whole: torchrun starts each worker
+in a session of its own."""
 
 from __future__ import annotations
 
@@ -6,8 +7,40 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import psutil
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
+
+
+@contextlib.contextmanager
+def torchrun_job(
+    ranks: int, *run_options: str, output: Any = subprocess.DEVNULL, **env: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`tdbg run RUN_OPTIONS -- python -m torch.distributed.run --nproc_per_node=RANKS
+    train_ddp.py` with ``env`` added to the environment, running until the test is done with it;
+    then the launcher and every rank are killed (:func:`kill_tree`). ``output``: where the
+    launcher's stderr goes (its stdout is dropped)."""
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "tdbg.cli", "run", *run_options, "--"),
+            *(sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}"),
+            "train_ddp.py",
+        ],
+        cwd=SCRIPTS,
+        env=dict(os.environ, **env),
+        stdout=subprocess.DEVNULL,
+        stderr=output,
+        start_new_session=True,
+    )
+    try:
+        yield proc
+    finally:
+        kill_tree(proc)
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -28,3 +61,13 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
             child.kill()
     psutil.wait_procs(below, timeout=30)
     proc.wait(30)
+
+
+def recorded_torchrun_job(tmp_path: Path, ranks: int, steps: int, **env: str) -> list[Path]:
+    """A ``steps``-step torchrun job under `tdbg run --record`, run to its end; the ranks'
+    recordings (``job.rank{r}.tdbg`` in ``tmp_path``)."""
+    options = ("--record", str(tmp_path / "job.tdbg"), "--grad-every", "1")
+    with torchrun_job(ranks, *options, output=subprocess.PIPE, DDP_STEPS=str(steps), **env) as job:
+        _, err = job.communicate(timeout=240)
+    assert job.returncode == 0, err.decode(errors="replace")[-3000:]
+    return [tmp_path / f"job.rank{r}.tdbg" for r in range(ranks)]

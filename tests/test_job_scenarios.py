@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_job_tui import torchrun_job
-from test_zero_code import _torchrun
+from processes import recorded_torchrun_job, torchrun_job
 from waiting import wait_for
 
 from tdbg.protocol.steps import pack_steps, unpack_steps
@@ -51,7 +50,7 @@ def test_a_straggler_and_a_diverged_rank_raise_their_alerts(
 ) -> None:
     """Three gloo ranks under DDP: rank 1 waits 40 ms for each batch, rank 2 changes one layer's
     gradient after the all-reduce."""
-    files = _torchrun(tmp_path, 3, 40, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
+    files = recorded_torchrun_job(tmp_path, 3, 40, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
     alerts, events = replay_as_live(files)
     raised = {(a.kind, tuple(a.ranks)): a for a in events if not a.cleared}
     assert set(raised) == {("straggler", (1,)), ("rank_divergence", (2,))}, events
@@ -70,7 +69,7 @@ async def test_a_hang_is_named_on_the_job_screen_with_its_collective_and_stacks(
 ) -> None:
     """Three gloo ranks; rank 1 waits forever for a batch at step 5 while ranks 0 and 2 wait in
     the all-reduce: the job screen names rank 1, the collective, and where rank 1 is."""
-    with torchrun_job(3, DDP_STEPS="1000", DDP_HANG_RANK="1"):
+    with torchrun_job(3, "--grad-every", "1", DDP_STEPS="1000", DDP_HANG_RANK="1"):
         app = JobApp(JobSource(directory=runtime_dir))
         async with app.run_test(size=(180, 40)) as pilot:
 

@@ -3,15 +3,10 @@ the rank table, a straggler named live, Enter on a rank and Esc back."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from processes import kill_tree
+from processes import torchrun_job
 from waiting import wait_for
 
 from tdbg.tui.app import screen_text
@@ -23,40 +18,9 @@ from tdbg.tui.widgets.rank_table import RankTable
 SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
 
 
-@contextmanager
-def torchrun_job(ranks: int, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`tdbg run -- python -m torch.distributed.run --nproc_per_node=N train_ddp.py`, running
-    until the test is done with it (then the launcher and every rank are killed)."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tdbg.cli",
-            "run",
-            "--grad-every",
-            "1",
-            "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={ranks}",
-            "train_ddp.py",
-        ],
-        cwd=SCRIPTS,
-        env=dict(os.environ, **env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        yield proc
-    finally:
-        kill_tree(proc)
-
-
 @pytest.mark.slow
 async def test_the_job_screen_shows_every_rank_and_names_a_straggler(runtime_dir: Path) -> None:
-    with torchrun_job(2, DDP_STEPS="100000", DDP_SLOW_RANK="1"):
+    with torchrun_job(2, "--grad-every", "1", DDP_STEPS="100000", DDP_SLOW_RANK="1"):
         app = JobApp(JobSource(directory=runtime_dir))
         async with app.run_test(size=(160, 40)) as pilot:
             await wait_for(pilot, lambda: len(app.job.ranks) == 2, "both ranks attached", 120)

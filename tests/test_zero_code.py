@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_until
-from processes import kill_tree
+from processes import recorded_torchrun_job, torchrun_job
 
 from tdbg.cli.dump import dump_events
 from tdbg.connect.client import ProbeClient
@@ -504,7 +504,7 @@ def test_tdbg_run_of_torchrun_watches_every_rank(tmp_path: Path, runtime_dir: Pa
     rank watches itself, records its own file, and says where it sits in the job."""
     from tdbg.recording.reader import Recording
 
-    _torchrun(tmp_path, 2, 6)
+    recorded_torchrun_job(tmp_path, 2, 6)
     runs = {}
     for rank in (0, 1):
         recording = Recording(tmp_path / f"job.rank{rank}.tdbg")
@@ -523,33 +523,6 @@ def test_tdbg_run_of_torchrun_watches_every_rank(tmp_path: Path, runtime_dir: Pa
     assert [s.loss for s in steps0] != [s.loss for s in steps1]
 
 
-def _torchrun(tmp_path: Path, ranks: int, steps: int, **env: str) -> list[Path]:
-    record = tmp_path / "job.tdbg"
-    proc = subprocess.run(
-        [
-            *TDBG,
-            "run",
-            "--record",
-            str(record),
-            "--grad-every",
-            "1",
-            "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={ranks}",
-            "train_ddp.py",
-        ],
-        cwd=SCRIPTS,
-        env=dict(os.environ, DDP_STEPS=str(steps), **env),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [tmp_path / f"job.rank{r}.tdbg" for r in range(ranks)]
-
-
 @pytest.mark.slow
 def test_a_straggler_and_a_diverged_rank_are_named(
     tmp_path: Path, runtime_dir: Path, capsys: pytest.CaptureFixture[str]
@@ -558,7 +531,7 @@ def test_a_straggler_and_a_diverged_rank_are_named(
     gradient after the all-reduce. `tdbg status` on the job's recordings names both."""
     from tdbg.cli.main import run
 
-    files = _torchrun(tmp_path, 3, 30, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
+    files = recorded_torchrun_job(tmp_path, 3, 30, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
     code = run(["status", *map(str, files)])
     out = capsys.readouterr().out
     assert code == 1, out
@@ -578,24 +551,7 @@ def test_a_hung_job_names_the_rank_that_never_entered_the_collective(
     collective and its stack; `tdbg status` compares them and names rank 1 and where it is."""
     from tdbg.cli.main import run
 
-    proc = subprocess.Popen(
-        [
-            *TDBG,
-            "run",
-            "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=3",
-            "train_ddp.py",
-        ],
-        cwd=SCRIPTS,
-        env=dict(os.environ, DDP_STEPS="1000", DDP_HANG_RANK="1"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
+    with torchrun_job(3, DDP_STEPS="1000", DDP_HANG_RANK="1"):
 
         def hang_named() -> str | None:
             if len(list(runtime_dir.glob("*.json"))) < 3:
@@ -609,5 +565,3 @@ def test_a_hung_job_names_the_rank_that_never_entered_the_collective(
         assert "rank 1 never entered collective" in line, out
         assert "ranks 0, 2 wait in" in line
         assert "wait_for_a_batch_that_never_comes" in line or "train_ddp.py" in line
-    finally:
-        kill_tree(proc)  # the ranks too: they run in sessions of their own
