@@ -18,10 +18,10 @@ from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
-from tdbg.probe.dives.base import DiveRunner
+from tdbg.probe.dives.base import DiveRunner, as_event
 from tdbg.probe.log import warn
 from tdbg.protocol.framing import ErrorCode
-from tdbg.protocol.messages import FINAL_STATES, MUTATING
+from tdbg.protocol.messages import FINAL_STATES, MUTATING, AckFields, job_message
 
 MAX_INTENTS = 16  # guarantees: commands
 KEPT_JOBS = 32  # finished jobs replayed to late clients
@@ -83,7 +83,7 @@ class CommandDesk:
     # --- server thread ----------------------------------------------------------------------
     def submit(
         self, command: str, args: dict[str, Any], peer: tuple[int, int] | None, trigger: str
-    ) -> dict[str, Any]:
+    ) -> AckFields:
         """Accept ``command`` (already schema-checked) and return the ack's fields, or raise
         Refused. Every mutating command is audit-logged with its outcome (guarantees: commands)."""
         try:
@@ -94,7 +94,7 @@ class CommandDesk:
         self._audit(peer, command, args, f"accepted as job {ack['job']}", trigger)
         return ack
 
-    def _accept(self, command: str, args: dict[str, Any], trigger: str) -> dict[str, Any]:
+    def _accept(self, command: str, args: dict[str, Any], trigger: str) -> AckFields:
         if self.readonly and command in MUTATING:
             raise Refused(ErrorCode.READ_ONLY, "this probe is read-only (TDBG_READONLY=1)")
         if command in self.unavailable:
@@ -125,21 +125,18 @@ class CommandDesk:
             message = ANOMALY_WARNING.format(steps=args["steps"])
         elif command == "activations":
             self.activations_every = int(args["every"]) if args["enabled"] else None
-        event = {
-            "type": "job",
-            "job": job,
-            "command": command,
-            "state": "armed",
-            "step": None,
-            "done": 0,
-            "total": args.get("steps"),
-            "message": message,
-            "args": args,
-            "trigger": trigger,
-            "time": time.time(),
-            "result": None,
-        }
-        self.runner.ctx.events.append(event)
+        armed = job_message(
+            job,
+            command,
+            "armed",
+            None,
+            time.time(),
+            total=args.get("steps"),
+            message=message,
+            args=args,
+            trigger=trigger,
+        )
+        self.runner.ctx.events.append(as_event(armed))
         self.runner.enqueue(command, job, args, trigger)
         return {"command": command, "job": job, "message": message}
 

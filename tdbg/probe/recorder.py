@@ -64,7 +64,7 @@ from typing import Any
 from tdbg import __version__
 from tdbg.probe.log import warn
 from tdbg.protocol.framing import PROTOCOL_VERSION, pack
-from tdbg.protocol.messages import RunInfo, layers_message
+from tdbg.protocol.messages import RunInfo, bye_message, layers_message
 from tdbg.protocol.steps import grad_row_bytes, grad_rows, last_step
 from tdbg.recording.compaction import THINNED_KINDS, Result, Tally, compact
 from tdbg.recording.reader import FILE_HEADER, FORMAT_VERSION, REC_MAGIC
@@ -258,7 +258,7 @@ class Recorder:
         if self.closed:
             return
         if self.active:
-            self.add(pack({"type": "bye", "reason": "shutdown"}))
+            self.add(pack(bye_message("shutdown")))
             self.flush()
         self._drop_job()
         self._close_fd()

@@ -31,14 +31,18 @@ from tdbg.probe.system import SystemSampler
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
 from tdbg.protocol.messages import (
     COMMANDS,
+    Ack,
     Alert,
     Layers,
+    Pong,
     ProbeHealth,
     ProbeStats,
     RunInfo,
     Synced,
     System,
     WatchedOptimizer,
+    bye_message,
+    error_message,
     layers_message,
     metrics_message,
     validate_client_message,
@@ -290,7 +294,7 @@ class ProbeServer:
             self._broadcast_stats(time.monotonic())
 
     def _shutdown_connections(self) -> None:
-        bye = pack({"type": "bye", "reason": "shutdown"})
+        bye = pack(bye_message("shutdown"))
         for conn in list(self._clients):
             # What is queued still goes first (the run's last steps), then the bye.
             conn.backlog.clear()
@@ -377,16 +381,8 @@ class ProbeServer:
             conn.bucket = self._buckets.of(pid)  # its rate limit survives reconnecting
             conn.append(preamble())
             if len(self._clients) >= MAX_CLIENTS:
-                conn.append(
-                    pack(
-                        {
-                            "type": "error",
-                            "code": ErrorCode.BUSY,
-                            "id": 0,
-                            "message": f"this probe already serves {MAX_CLIENTS} clients",
-                        }
-                    )
-                )
+                busy = f"this probe already serves {MAX_CLIENTS} clients"
+                conn.append(pack(error_message(ErrorCode.BUSY, 0, busy)))
                 conn.flush()
                 conn.close()
                 continue
@@ -400,7 +396,7 @@ class ProbeServer:
         with contextlib.suppress(ValueError):
             self._clients.remove(conn)
         if reason:
-            conn.goodbye(pack({"type": "bye", "reason": reason}))
+            conn.goodbye(pack(bye_message(reason)))
         # Best effort, non-blocking: an error reply queued just before (UNSUPPORTED_VERSION,
         # BAD_FRAME, ...) must reach the peer before the close (guarantees: wire).
         if conn.flush() and reason and conn.outbuf and len(self._closing) < MAX_CLIENTS:
@@ -464,16 +460,7 @@ class ProbeServer:
             self._flush(conn)
 
     def _reply_error(self, conn: Connection, code: str, mid: Any, message: str) -> None:
-        conn.append(
-            pack(
-                {
-                    "type": "error",
-                    "code": code,
-                    "id": mid if isinstance(mid, int) else 0,
-                    "message": message,
-                }
-            )
-        )
+        conn.append(pack(error_message(code, mid if isinstance(mid, int) else 0, message)))
 
     def _handle(self, conn: Connection, message: dict[str, Any]) -> None:
         mid = message.get("id", 0)
@@ -500,7 +487,8 @@ class ProbeServer:
                 self._drop(conn)
             return
         if mtype == "ping":
-            conn.queue(pack({"type": "pong", "id": mid}))
+            pong: Pong = {"type": "pong", "id": mid}
+            conn.queue(pack(pong))
         elif mtype in COMMANDS:
             self._command(conn, mtype, mid, message["args"])
         elif mtype == "bye":
@@ -523,7 +511,8 @@ class ProbeServer:
             self._on_error(exc)
             self._reply_error(conn, ErrorCode.INTERNAL, mid, f"internal error: {exc}"[:300])
             return
-        conn.queue(pack({"type": "ack", "id": mid, **ack}))
+        accepted: Ack = {"type": "ack", "id": mid, **ack}
+        conn.queue(pack(accepted))
         self.wake()
 
     def _welcome(self, conn: Connection, args: dict[str, Any], mid: int) -> None:

@@ -295,9 +295,17 @@ class Error(TypedDict):
     message: str
 
 
+def error_message(code: str, mid: int, message: str) -> Error:
+    return {"type": "error", "code": code, "id": mid, "message": message}
+
+
 class Bye(TypedDict):
     type: Literal["bye"]
     reason: str  # "shutdown" | "slow_consumer"
+
+
+def bye_message(reason: str) -> Bye:
+    return {"type": "bye", "reason": reason}
 
 
 class AckFields(TypedDict):

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
+from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
 from tdbg.probe.hook_refs import WeakHook
+from tdbg.protocol.messages import Activations
 
 MAX_DEPTH = 6  # how deep floating_tensors looks into nested tuples/lists/dicts
 MAX_TENSORS = 64  # and how many tensors it yields from one output: a module returning a
@@ -210,7 +211,7 @@ class ActivationsDive(Dive):
                 stats = flat[: 4 * len(meta)].view(-1, 4).tolist()
                 counts = flat[4 * len(meta) :].view(-1, 2).tolist()
                 if not self.finished:  # turned off or replaced meanwhile: nobody wants it
-                    self.ctx.events.append(self._message(step, meta, stats, counts))
+                    self.ctx.events.append(as_event(self._message(step, meta, stats, counts)))
             except Exception as exc:
                 # Not fail() from here: a finished dive is dropped by the runner without a
                 # boundary call, and the next sample's hooks may be armed; the training thread
@@ -227,7 +228,7 @@ class ActivationsDive(Dive):
         meta: list[tuple[int, int]],
         stats: list[list[float]],
         counts: list[list[float]],
-    ) -> dict[str, Any]:
+    ) -> Activations:
         """The ``activations`` message; calls of one module (weight sharing, a shared ReLU)
         are merged exactly: counts add, means and variances combine (Chan et al.)."""
         merged: dict[int, list[float]] = {}  # leaf -> [n, mean, m2, min, max, zeros, nonfinite]
@@ -248,7 +249,7 @@ class ActivationsDive(Dive):
             acc[0] = total
             acc[5] += zeros
             acc[6] += bad
-        message: dict[str, Any] = {
+        message: Activations = {
             "type": "activations",
             "step": step,
             "names": [],

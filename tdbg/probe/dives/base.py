@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from tdbg.probe.log import warn
-from tdbg.protocol.messages import Alert, Job, JobResult, RunInfo, job_message
+from tdbg.protocol.messages import Activations, Alert, Job, JobResult, RunInfo, job_message
 
 MAX_EVENTS = 2048  # job and activation messages waiting for the probe thread
 
@@ -107,7 +107,7 @@ class Dive:
         if state in ("done", "failed", "cancelled"):
             self.finished = True
         self.ctx.events.append(
-            _event(
+            as_event(
                 job_message(
                     self.job,
                     self.kind,
@@ -156,7 +156,7 @@ def remove_handles(handles: list[Any]) -> None:
             pass
 
 
-def _event(message: Job) -> dict[str, Any]:
+def as_event(message: Job | Activations) -> dict[str, Any]:
     """A typed message as the events queue holds them (plain maps the probe thread packs)."""
     return cast("dict[str, Any]", message)
 
@@ -216,7 +216,7 @@ class DiveRunner:
             command, job, args, trigger = self.intents.popleft()
             if job in cancelled:
                 self.ctx.events.append(
-                    _event(
+                    as_event(
                         job_message(
                             job,
                             command,
