@@ -560,3 +560,48 @@ def test_step_columns_agree_with_unpack() -> None:
     bad = dict(steps.pack_steps(records, 2), lr_n=b"\x01")
     with pytest.raises(framing.ProtocolError, match="column sizes disagree"):
         steps.step_columns(bad)
+
+
+# --- the builders the probe and the synthetic source share --------------------------------------
+
+
+def op(name: str, cpu_total: float, device_total: float = 0.0) -> messages.ProfileRow:
+    return {
+        "name": name,
+        "calls": 1,
+        "self_cpu": cpu_total / 2,
+        "cpu_total": cpu_total,
+        "self_device": device_total / 2,
+        "device_total": device_total,
+        "cpu_memory": 0,
+        "device_memory": 0,
+    }
+
+
+def test_profile_table_sorts_by_the_run_s_own_total_and_keeps_totals_over_every_op() -> None:
+    rows = [op("a", 10.0, 300.0), op("b", 30.0, 100.0), op("c", 20.0, 200.0), op("d", 30.0)]
+    cpu = messages.profile_table(rows, device=False)
+    assert [r["name"] for r in cpu["rows"]] == ["b", "d", "c", "a"]  # ties: by name
+    assert (cpu["sort"], cpu["device"], cpu["truncated"]) == ("cpu_total", False, False)
+    device = messages.profile_table(rows, device=True)
+    assert [r["name"] for r in device["rows"]] == ["a", "c", "b", "d"]
+    assert device["sort"] == "device_total"
+    many = [op(f"op{i:03d}", float(i)) for i in range(messages.MAX_PROFILE_ROWS + 5)]
+    cut = messages.profile_table(many, device=False)
+    assert len(cut["rows"]) == messages.MAX_PROFILE_ROWS and cut["truncated"]
+    # A row's share is its self time over every op's, the ops cut from the table included.
+    assert cut["total_self_cpu"] == round(sum(r["self_cpu"] or 0.0 for r in many), 3)
+    assert messages.read_profile({**cut, "steps": [1, 2], "wall_seconds": 1.0, "trace": None})
+
+
+def test_layers_message_sends_its_optional_fields_only_when_they_say_something() -> None:
+    plain = messages.layers_message(["a", "b"], [3, 4])
+    assert plain == {"type": "layers", "names": ["a", "b"], "numel": [3, 4]}
+    assert messages.layers_message(["a"], [3], gone=[]) == {
+        "type": "layers",
+        "names": ["a"],
+        "numel": [3],
+    }
+    several = messages.layers_message(["a", "b"], [3, 4], model=[0, 1], models=["G", "D"], gone=[1])
+    assert several["model"] == [0, 1] and several["models"] == ["G", "D"]
+    assert several["gone"] == [1]
