@@ -83,6 +83,7 @@ class ProbeServer:
         on_grad_device_time: Callable[[float], None] | None = None,
         recorder: Recorder | None = None,
         layer_models: list[int] | None = None,
+        layer_types: list[str] | None = None,
     ) -> None:
         self.inbox: deque[PendingStep] = deque(maxlen=INBOX_SIZE)
         self.appended = 0  # written by the training thread only
@@ -97,8 +98,8 @@ class ProbeServer:
         self._layout: tuple[Any, ...] | None = None  # from relayout(), for the probe thread
         self.training_thread: int | None = None  # the thread that calls probe.step()
         self.nan_origin = NanOrigin(layer_names)
+        self.nan_origin.layer_types = list(layer_types or [])  # names a NaN's module class
         self._extras: list[PendingStep] = []  # the resolved steps' pending objects, in order
-        self.skipped_steps: Callable[[], int] = lambda: 0  # set by the probe (the guard)
         self.gone: list[int] = []  # layers whose parameters left the model
         self.history = History(len(layer_names))
         self.rules = AlertRules(layer_names, frozen or [])
@@ -141,9 +142,12 @@ class ProbeServer:
         models: list[str],
         gone: list[int],
         optimizers: list[WatchedOptimizer],
+        layer_types: list[str],
     ) -> None:
         """From the training thread: the watched layers changed (names only grow). The probe
         thread applies it before the next steps it sends (one reference swap: no lock)."""
+        # Read with the names by index (names only grow): set before the new names go out.
+        self.nan_origin.layer_types = layer_types
         self._layout = (names, numel, layer_models, models, gone, optimizers)
         self.wake()
 
@@ -604,7 +608,10 @@ class ProbeServer:
             if pending.skipped_layers is not None:
                 alerts.append(
                     skipped_alert(
-                        record.step, self.layer_names, pending.skipped_layers, self.skipped_steps()
+                        record.step,
+                        self.layer_names,
+                        pending.skipped_layers,
+                        self._stats().get("skipped_steps", 0),  # the guard's count so far
                     )
                 )
             # Where it began, before this step's other non-finite alerts: the first alert of a

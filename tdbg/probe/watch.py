@@ -143,6 +143,7 @@ class Probe:
             on_grad_device_time=self._on_grad_device_time,
             recorder=recorder,
             layer_models=self._layer_models if several else None,
+            layer_types=[layer.module_type for layer in self._layers],
         )
 
     def _make_sampler(
@@ -159,8 +160,6 @@ class Probe:
             count_error=self._count_error,
             skip_nonfinite=bool(opts.skip_nonfinite),
         )
-        self._server.skipped_steps = lambda: sampler.skipped_steps
-        self._server.nan_origin.layer_types = [layer.module_type for layer in self._layers]
         return sampler
 
     def _make_dives(
@@ -541,8 +540,6 @@ class Probe:
         self._layers, self._layer_models, self._optimizers = layers, layer_models, optimizers
         sampler.rebuild(layers, optimizers)
         self._note_watched()
-        # Read with the names by index (names only grow); set before the new names go out.
-        self._server.nan_origin.layer_types = [layer.module_type for layer in layers]
         self._server.relayout(
             [layer.name for layer in layers],
             [layer.numel for layer in layers],
@@ -550,6 +547,7 @@ class Probe:
             [name for name, _ in self._models],
             gone,
             [watched_optimizer(name, opt) for _, name, opt in optimizers],
+            [layer.module_type for layer in layers],
         )
 
     def _after_fork_in_child(self) -> None:
