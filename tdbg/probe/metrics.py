@@ -52,10 +52,15 @@ class MetricsDesk:
     reported — once per kind of problem and name, folded with a count past a few names — and
     dropped, and the call's other values are kept; nothing raises into the loop."""
 
-    def __init__(self, report_once: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        report_once: Callable[[str, str], None],
+        inbox: deque[PendingMetrics] | None = None,
+    ) -> None:
+        """``inbox``: where batches go for the probe thread (the server's); a new one if None."""
         self._report_once = report_once
         self._names: set[str] = set()
-        self.inbox: deque[PendingMetrics] = deque(maxlen=MAX_PENDING)
+        self.inbox: deque[PendingMetrics] = deque(maxlen=MAX_PENDING) if inbox is None else inbox
 
     def log(self, step: int, metrics: Mapping[Any, Any]) -> None:
         names: list[str] = []

@@ -21,6 +21,7 @@ from tdbg.probe.connection import Buckets, Connection
 from tdbg.probe.endpoint import Endpoint, EndpointError, peer_credentials
 from tdbg.probe.history import History
 from tdbg.probe.log import warn
+from tdbg.probe.metrics import MAX_PENDING as MAX_PENDING_METRICS
 from tdbg.probe.metrics import MetricsHistory, PendingMetrics
 from tdbg.probe.nan_origin import KIND as ORIGIN_KIND
 from tdbg.probe.nan_origin import NanOrigin, skipped_alert
@@ -92,7 +93,8 @@ class ProbeServer:
         self.layer_numel = layer_numel
         self.layer_models = layer_models  # per layer, its model's index (several models)
         # From MetricsDesk (training thread): tdbg.log() batches, read off the training thread.
-        self.metrics_inbox: deque[PendingMetrics] = deque()
+        # From probe.log() on the training thread, as steps come through ``inbox``.
+        self.metrics_inbox: deque[PendingMetrics] = deque(maxlen=MAX_PENDING_METRICS)
         self.metrics = MetricsHistory()
         self._step_points: list[tuple[int, str, float]] = []
         self._layout: tuple[Any, ...] | None = None  # from relayout(), for the probe thread

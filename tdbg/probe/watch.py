@@ -70,8 +70,7 @@ class Probe:
         run_info, unavailable = describe_run(self.name, self._cuda_device, models, optimizers)
         self._server = self._make_server(run_info, opts, record)
         self._sampler = self._make_sampler(optimizers, opts)
-        self._metrics = MetricsDesk(self._sampler.report_once)
-        self._server.metrics_inbox = self._metrics.inbox
+        self._metrics = MetricsDesk(self._sampler.report_once, self._server.metrics_inbox)
         self._dives, desk = self._make_dives(run_info, unavailable, opts)
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = self._make_hooks(opts)
