@@ -43,6 +43,7 @@ from tdbg.cli.target_args import (
 )
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
+from tdbg.connect.sshurl import is_ssh_url
 from tdbg.connect.targets import Recording, resolve, resolve_nodes
 from tdbg.format import fmt_span, number
 from tdbg.protocol.framing import ProtocolError
@@ -145,9 +146,13 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
         return replay_main(extra)
     from tdbg.tui.app import launch  # textual is loaded only for the TUI (and its replay)
-    from tdbg.tui.job_app import launch_job
+    from tdbg.tui.job_app import launch_job, launch_nodes
 
-    local = args.target is None and not extra and not getattr(args, "hosts", None)
+    hosts = getattr(args, "hosts", None) or []
+    texts = [t for t in (args.target, *extra, *hosts) if t is not None]
+    if args.hostfile is not None or any(is_ssh_url(t) for t in texts):  # nodes: a job, or runs
+        return launch_nodes(texts, args.hostfile, args.job, args.ssh_options, args.remote_tdbg)
+    local = args.target is None and not extra and not hosts
     if args.job is not None or local:  # a distributed job: its ranks on one screen
         code = launch_job(args.job)
         if code is not None:
@@ -174,7 +179,15 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
         "--host", dest="hosts", action="append", metavar="URL", help="an ssh:// target"
     )
     parser.add_argument(
-        "--job", metavar="JOB", help="every local rank of distributed job JOB on one screen"
+        "--job",
+        metavar="JOB",
+        help="every rank of distributed job JOB on one screen (local, or on the ssh:// nodes)",
+    )
+    parser.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="the nodes, one a line ([user@]host[:port] or ssh:// URL; # comments; braces "
+        "like gpu{01..08} expand)",
     )
     add_remote_options(parser)
 

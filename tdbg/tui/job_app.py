@@ -52,6 +52,7 @@ class JobApp(App[int]):
         self.revision = 0
         self._painted = -1
         self.notices: list[str] = []
+        self.node_lines: list[str] = []  # an ssh job's nodes that are not read, version mismatch
 
     def get_default_screen(self) -> Screen[Any]:
         return JobScreen(id="job")
@@ -77,9 +78,17 @@ class JobApp(App[int]):
     def on_job_app_source_noticed(self, event: SourceNoticed) -> None:
         if event.kind == "waiting" and not isinstance(self.screen, WaitingScreen):
             self.push_screen(WaitingScreen(str(event.payload)))
+        elif event.kind == "nodes":
+            self._show_nodes(list(event.payload))
         elif event.kind != "waiting":
             self.notices.append(str(event.payload))
             self.notify(str(event.payload), severity="warning")
+
+    def _show_nodes(self, lines: list[str]) -> None:
+        self.node_lines = lines
+        for screen in self.screen_stack:
+            if isinstance(screen, JobScreen) and screen.is_mounted:
+                screen.show_nodes(lines)
 
     def on_job_app_ranks_received(self, event: RanksReceived) -> None:
         if not self.screen_stack:
@@ -153,6 +162,31 @@ class JobApp(App[int]):
 
     def on_unmount(self) -> None:
         self.source.close()
+
+
+def launch_nodes(
+    texts: list[str],
+    hostfile: str | None,
+    job: str | None,
+    ssh_options: list[str],
+    remote_tdbg: str,
+) -> int:
+    """``tdbg-tui ssh://node1 ssh://node2 ... | --hostfile F [--job JOB]``: the job across the
+    nodes (one ssh per node carries its ranks), or the single-run screen when the nodes' runs
+    are not one job's ranks. A bad node list, no answer or several jobs: one line, exit 2."""
+    from tdbg.tui.app import error, make_app  # the single-run app only when it is needed
+    from tdbg.tui.sources.remote_job import RemoteJobSource, remote_job_source
+
+    try:
+        source = remote_job_source(texts, hostfile, job, ssh_options, remote_tdbg)
+    except ConnectError as exc:
+        return error(str(exc))
+    app: App[int] = JobApp(source) if isinstance(source, RemoteJobSource) else make_app(source)
+    try:
+        result = app.run()
+    finally:
+        source.close()
+    return int(result or app.return_code or 0)
 
 
 def local_job(directory: Path | None = None) -> str | None:
