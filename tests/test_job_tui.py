@@ -3,15 +3,12 @@ the rank table, a straggler named live, Enter on a rank and Esc back."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
-from processes import kill_tree
+from jobs import tdbg_torchrun
 from waiting import wait_for
 
 from tdbg.tui.app import screen_text
@@ -20,38 +17,11 @@ from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.sources.job import JobSource
 from tdbg.tui.widgets.rank_table import RankTable
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
 
-
-@contextmanager
-def torchrun_job(ranks: int, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+def torchrun_job(ranks: int, **env: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """`tdbg run -- python -m torch.distributed.run --nproc_per_node=N train_ddp.py`, running
     until the test is done with it (then the launcher and every rank are killed)."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tdbg.cli",
-            "run",
-            "--grad-every",
-            "1",
-            "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={ranks}",
-            "train_ddp.py",
-        ],
-        cwd=SCRIPTS,
-        env=dict(os.environ, **env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        yield proc
-    finally:
-        kill_tree(proc)
+    return tdbg_torchrun(f"--nproc_per_node={ranks}", **env)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import sshd as sshd_helper
-from processes import kill_tree
+from jobs import pretend_rank, tdbg_torchrun
 from waiting import wait_for, wait_until
 
 from tdbg.connect.runtime import discover
@@ -29,8 +29,6 @@ from tdbg.tui.widgets.rank_table import RankTable
 
 pytestmark = pytest.mark.slow
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
-JOB_RANK = Path(__file__).resolve().parent / "job_rank.py"
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -55,76 +53,38 @@ def node_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@contextlib.contextmanager
 def node_launcher(
     node_rank: int, port: int, runtime: Path, per_node: int = 2
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     """`tdbg run -- torchrun --nnodes=2 --node_rank=N ...`: one node's half of the job, its
     ranks serving in ``runtime``; rank 0 is a slow data loader, which paces every rank."""
-    env = dict(
-        os.environ,
+    return tdbg_torchrun(
+        "--nnodes=2",
+        f"--node_rank={node_rank}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        f"--nproc_per_node={per_node}",
         TDBG_RUNTIME_DIR=str(runtime),
         DDP_STEPS="100000",
         DDP_SLOW_RANK="0",
     )
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tdbg.cli",
-            "run",
-            "--grad-every",
-            "1",
-            "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=2",
-            f"--node_rank={node_rank}",
-            "--master_addr=127.0.0.1",
-            f"--master_port={port}",
-            f"--nproc_per_node={per_node}",
-            "train_ddp.py",
-        ],
-        cwd=SCRIPTS,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        yield proc
-    finally:
-        kill_tree(proc)
 
 
 @contextlib.contextmanager
 def pretend_ranks(*ranks: tuple[Path, str, int]) -> Iterator[None]:
-    """Light ranks (tests/job_rank.py: a tiny loop, no process group): (runtime, job, rank)."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(JOB_RANK), job, str(rank), "2"],
-            env=dict(os.environ, TDBG_RUNTIME_DIR=str(runtime)),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        for runtime, job, rank in ranks
-    ]
-    try:
-        for (runtime, job, rank), proc in zip(ranks, procs, strict=True):
+    """Light ranks of 2-rank jobs (tests/job_rank.py), each (runtime, job, rank), serving."""
+    with contextlib.ExitStack() as stack:
+        for runtime, job, rank in ranks:
+            stack.enter_context(pretend_rank(runtime, job, rank, 2))
+        for runtime, job, rank in ranks:
             wait_until(
                 lambda r=runtime, j=job, k=rank: any(
                     e.meta.get("job") == j and e.meta.get("rank") == k for e in discover(r)
                 ),
                 120,
                 f"rank {rank} of {job} serving",
-                detail=lambda p=proc: f"exit status {p.poll()}",
             )
         yield
-    finally:
-        for proc in procs:
-            kill_tree(proc)
 
 
 def _processes(job: str) -> dict[str, int]:
