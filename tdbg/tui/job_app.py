@@ -85,6 +85,10 @@ class JobApp(App[int]):
             self.notify(str(event.payload), severity="warning")
 
     def _show_nodes(self, lines: list[str]) -> None:
+        for line in lines:
+            if line not in self.node_lines:  # new: also a toast, seen over the waiting screen
+                self.notices.append(line)
+                self.notify(line, severity="warning")
         self.node_lines = lines
         for screen in self.screen_stack:
             if isinstance(screen, JobScreen) and screen.is_mounted:

@@ -1,0 +1,158 @@
+"""The node stream without sshd: `tdbg bridge --job` started through a stand-in for ssh that runs
+the remote command here, two in-process probes as ranks of one job and a single run beside them;
+both ranks come over the one link, commands go back through it, and closing it ends the bridge.
+Malformed node messages read as None, never raise."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Loop
+from waiting import wait_until
+
+from tdbg.connect.client import ProbeClient
+from tdbg.connect.node_link import NodeLink
+from tdbg.connect.ssh import RemoteError, RemoteOptions
+from tdbg.connect.sshurl import parse_ssh_url
+from tdbg.protocol.messages import read_node_message
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Stands in for `ssh [options] -- host WORDS`: runs WORDS here with a shell, as sshd would there.
+LOCAL_SSH = '#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh -c "$*"\n'
+
+
+@pytest.fixture
+def local_ssh(tmp_path: Path) -> RemoteOptions:
+    ssh = tmp_path / "ssh"
+    ssh.write_text(LOCAL_SSH)
+    ssh.chmod(0o755)
+    tdbg = tmp_path / "tdbg"
+    tdbg.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m tdbg.cli "$@"\n')
+    tdbg.chmod(0o755)
+    return RemoteOptions(ssh=str(ssh), remote_tdbg=str(tdbg))
+
+
+@contextlib.contextmanager
+def ranks(monkeypatch: pytest.MonkeyPatch, job: str, count: int) -> Iterator[list[object]]:
+    """``count`` probes in this process, each rank of ``job`` as torchrun's variables say."""
+    import tdbg
+
+    probes = []
+    for rank in range(count):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", job)
+        monkeypatch.setenv("WORLD_SIZE", str(count))
+        monkeypatch.setenv("RANK", str(rank))
+        loop = Loop(seed=rank)
+        probe = tdbg.watch(loop.model, loop.opt, name=f"rank{rank}")
+        loop.run(3, probe)
+        probes.append(probe)
+    for name in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name)
+    try:
+        yield probes
+    finally:
+        for probe in probes:
+            probe.close()  # type: ignore[attr-defined]
+
+
+def _bridges(directory: Path) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"--job" in argv and str(directory).encode() in argv:
+                    pids.append(int(pid))
+    return pids
+
+
+def test_one_link_carries_every_rank_of_the_job(
+    runtime_dir: Path, local_ssh: RemoteOptions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tdbg
+
+    with ranks(monkeypatch, "jobx", 2):
+        single = tdbg.watch(Loop().model, name="alone")  # not a rank: never served
+        try:
+            link = NodeLink.open(parse_ssh_url(f"ssh://node1{runtime_dir}"), local_ssh, "jobx")
+            assert link.hello is not None and link.hello["job"] == "jobx"
+            assert link.version == tdbg.__version__
+            stop = threading.Event()
+            clients: dict[int, ProbeClient] = {}
+            for channel in link.channels(stop):
+                client = ProbeClient.handshake(channel.sock, "test", 30)
+                clients[int(client.run["rank"])] = client
+                assert channel.run["job"] == "jobx"
+                if len(clients) == 2:
+                    break
+            assert sorted(clients) == [0, 1]
+            for rank, client in clients.items():
+                # A command goes up the rank's channel and its answer comes back down it.
+                mid = client.send("ping")
+                pong = next(m for m in client.messages(timeout=30) if m.get("type") == "pong")
+                assert pong["id"] == mid
+                assert client.run["name"] == f"rank{rank}"
+            assert len(_bridges(runtime_dir)) == 1
+            link.close()
+            for client in clients.values():
+                list(client.messages(timeout=30))  # EOF: the link's end reaches every rank
+                assert client.peer_closed
+            wait_until(lambda: not _bridges(runtime_dir), 15, "the bridge gone")
+        finally:
+            single.close()
+
+
+def test_a_bridge_that_cannot_serve_a_job_is_one_line(
+    tmp_path: Path, local_ssh: RemoteOptions
+) -> None:
+    old = tmp_path / "old-tdbg"
+    old.write_text('#!/bin/sh\necho "tdbg: error: unrecognized arguments: --job x" >&2\nexit 2\n')
+    old.chmod(0o755)
+    opts = RemoteOptions(ssh=local_ssh.ssh, remote_tdbg=str(old))
+    with pytest.raises(RemoteError, match="too old to serve a job's ranks") as err:
+        NodeLink.open(parse_ssh_url("ssh://node1"), opts, "x", timeout=30)
+    assert "\n" not in str(err.value)
+    missing = parse_ssh_url(f"ssh://node1{tmp_path}/nope")
+    with pytest.raises(RemoteError, match="no such directory") as err:
+        NodeLink.open(missing, local_ssh, "x", timeout=30)
+    assert err.value.no_run
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        None,
+        [],
+        {"type": "open", "ch": "1", "run": {}},
+        {"type": "open", "ch": 1, "run": []},
+        {"type": "data", "ch": 1, "data": "text, not bytes"},
+        {"type": "data"},
+        {"type": "mystery", "ch": 1},
+    ],
+)
+def test_malformed_node_messages_read_as_none(message: object) -> None:
+    assert read_node_message(message) is None
+
+
+def test_node_messages_read_back() -> None:
+    assert read_node_message({"type": "close", "ch": 3}) == {
+        "type": "close",
+        "ch": 3,
+        "reason": "closed",
+    }
+    hello = read_node_message({"type": "node", "tdbg": 5, "protocol": "x"})
+    assert hello == {
+        "type": "node",
+        "tdbg": "?",
+        "protocol": [0, 0],
+        "host": "",
+        "runtime_dir": "",
+        "job": "",
+    }
