@@ -156,3 +156,44 @@ def test_node_messages_read_back() -> None:
         "runtime_dir": "",
         "job": "",
     }
+
+
+def test_a_job_source_reconnects_a_dropped_node_and_warns_about_a_missing_one(
+    runtime_dir: Path, local_ssh: RemoteOptions, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tdbg.tui.sources.remote_job import RemoteJobSource
+
+    node = parse_ssh_url(f"ssh://node1{runtime_dir}")
+    gone = parse_ssh_url(f"ssh://node2{tmp_path}/nope")
+    with ranks(monkeypatch, "jobx", 2):
+        source = RemoteJobSource("jobx", [node, gone], local_ssh)
+        source.backoff_start = source.backoff_cap = 0.2
+        notices: list[tuple[str, object]] = []
+        hellos: list[tuple[int, str]] = []
+
+        def read() -> None:
+            for batch in source.batches():
+                for rank, messages in batch.items():
+                    hellos.extend((rank, m["node"]) for m in messages if m["type"] == "hello")
+
+        try:
+            source.open(lambda kind, payload: notices.append((kind, payload)))
+            threading.Thread(target=read, daemon=True).start()
+            wait_until(lambda: sorted(hellos) == [(0, "node1"), (1, "node1")], 60, "both ranks")
+            wait_until(lambda: any("no such directory" in n for n in source.node_lines()), 30)
+            assert source.rank_node == {0: "node1", 1: "node1"}
+            # The node's connection drops (its bridge dies): the node says reconnecting, then
+            # its ranks come back over a new link, each with a new hello (history replayed).
+            (pid,) = _bridges(runtime_dir)
+            os.kill(pid, 9)
+            wait_until(
+                lambda: any(k == "nodes" and "reconnecting" in str(p) for k, p in notices),
+                30,
+                "reconnecting said",
+            )
+            wait_until(lambda: len(hellos) == 4, 60, "both ranks again")
+            wait_until(lambda: "node1" in source.links, 30, "the link back")
+            assert not any("node1" in line for line in source.node_lines())
+        finally:
+            source.close()
+        wait_until(lambda: not _bridges(runtime_dir), 15, "the bridge gone")
