@@ -117,6 +117,14 @@ def test_the_cli_refuses_bad_node_lists_on_one_line(tmp_path: Path) -> None:
         assert out.returncode == 2, out.stderr
         assert out.stderr.startswith("tdbg-tui: error: ") and out.stderr.count("\n") == 1
         assert needle in out.stderr, out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "tdbg.cli", "ls", "--hostfile", str(hostfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("tdbg: error: hostfile ") and "one host a line" in out.stderr
 
 
 def _rank(job: str, rank: int) -> RunEntry:

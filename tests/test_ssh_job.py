@@ -6,6 +6,7 @@ node, drills into a rank over the node's one connection, and warns about a node 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -197,14 +198,31 @@ async def test_two_jobs_are_never_mixed_and_versions_are_compared(
             f'exec {remote_tdbg} "$@"\n'
         )
         older.chmod(0o755)
-        node_a = f"ssh://{sshd.user}@127.0.0.1:{sshd.port}{runtime_dir}"
-        node_b = f"ssh://{sshd.user}@localhost:{sshd.port}{other}"
+        hosts = tmp_path / "hosts"  # the two nodes as a hostfile: user@host:port/runtime-dir
+        hosts.write_text(
+            f"# node A, then node B\n{sshd.user}@127.0.0.1:{sshd.port}{runtime_dir}\n"
+            f"{sshd.user}@localhost:{sshd.port}{other}  slots=2\n"
+        )
         options = sshd.client_options()[1::2]
+        listed = subprocess.run(
+            [sys.executable, "-m", "tdbg.cli", "ls", "--json", "--hostfile", str(hosts)]
+            + [*sshd.client_options(), "--remote-tdbg", str(older)],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        assert listed.returncode == 0, listed.stderr
+        runs = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert sorted((r["node"].split("@")[1].split(":")[0], r["job"]) for r in runs) == [
+            ("127.0.0.1", "alpha"),
+            ("127.0.0.1", "beta"),
+            ("localhost", "alpha"),
+        ]
         with pytest.raises(TargetError) as err:
-            remote_job_source([node_a, node_b], None, None, options, str(older))
+            remote_job_source([], str(hosts), None, options, str(older))
         assert "ranks of 2 different jobs here" in str(err.value)
         assert "pick one with --job JOB" in str(err.value) and "\n" not in str(err.value)
-        source = remote_job_source([node_a, node_b], None, "alpha", options, str(older))
+        source = remote_job_source([], str(hosts), "alpha", options, str(older))
         assert isinstance(source, RemoteJobSource)
         app = JobApp(source)
         async with app.run_test(size=(180, 45)) as pilot:

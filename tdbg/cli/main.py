@@ -42,9 +42,10 @@ from tdbg.cli.target_args import (
     target_arg,
 )
 from tdbg.connect.client import ConnectError
+from tdbg.connect.nodes import node_targets
 from tdbg.connect.runtime import discover, runtime_dir
 from tdbg.connect.sshurl import is_ssh_url
-from tdbg.connect.targets import Recording, resolve, resolve_nodes
+from tdbg.connect.targets import Recording, resolve
 from tdbg.format import fmt_span, number
 from tdbg.protocol.framing import ProtocolError
 
@@ -86,7 +87,7 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
-    if args.hosts:
+    if args.hosts or args.hostfile is not None:
         return _ls_remote(args, out)
     entries = discover()
     if args.json:
@@ -120,7 +121,7 @@ def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.connect.ssh import list_runs
 
     opts = remote_options(args)
-    targets = resolve_nodes(args.hosts, "tdbg ls lists this machine, or ssh:// nodes")
+    targets = node_targets(args.hosts, args.hostfile, "tdbg ls lists this machine, or ssh:// nodes")
     failed = 0
     for target in targets:
         try:
@@ -275,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list live runs on this machine (or on ssh:// nodes)")
     ls.add_argument("hosts", nargs="*", metavar="ssh://NODE", help="list the runs there instead")
     ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    ls.add_argument("--hostfile", metavar="FILE", help="list the runs of these nodes, one a line")
     add_remote_options(ls)
     ls.set_defaults(func=cmd_ls)
     tui = sub.add_parser("tui", help="the full-screen monitor (same as tdbg-tui)")
