@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import sshd as sshd_helper
 from jobs import pretend_rank, tdbg_torchrun
+from textual.widgets import Static
 from waiting import wait_for, wait_until
 
 from tdbg.connect.runtime import discover
@@ -143,11 +144,13 @@ async def test_a_job_across_two_nodes(
             text = screen_text(app)
             assert f"job 127.0.0.1:{port}" in text and "of 4 ranks" in text
             # The node that is down is a warning on the job screen, the others shown meanwhile.
+            nodes = app.screen.query_one("#job-nodes", Static)
             await wait_for(
                 pilot,
-                lambda: "connection refused by" in screen_text(app),
-                "the down node's warning on screen",
+                lambda: "connection refused by" in str(nodes.content) and nodes.display,
+                "the down node's warning on the job screen",
             )
+            assert f"127.0.0.1:{down.rsplit(':', 1)[1]}" in str(nodes.content)
             # One ssh per node carries that node's ranks: two links, two bridges, four ranks.
             assert sorted(source.links) == sorted([name_a, name_b])
             assert _processes(app.job.job) == {"ssh": 2, "bridge": 2}
@@ -231,9 +234,11 @@ async def test_two_jobs_are_never_mixed_and_versions_are_compared(
             await wait_for(pilot, lambda: table.row_count == 2, "2 rows")
             assert set(_rows(table)) == {"0", "1"}
             assert {s.run.get("job") for s in app.job.ranks.values()} == {"alpha"}
+            nodes = app.screen.query_one("#job-nodes", Static)
             await wait_for(
-                pilot, lambda: "tdbg versions differ" in screen_text(app), "the version line"
+                pilot, lambda: "tdbg versions differ" in str(nodes.content), "the version line"
             )
-            text = screen_text(app)
+            text = str(nodes.content)
+            assert text.count("\n") == 0  # one line, and both nodes reached: nothing else
             assert "0.0.1 on " in text and "install one version everywhere" in text
         source.close()
