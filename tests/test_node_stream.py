@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,14 +42,19 @@ def local_ssh(tmp_path: Path) -> RemoteOptions:
 
 
 @contextlib.contextmanager
-def ranks(monkeypatch: pytest.MonkeyPatch, job: str, count: int) -> Iterator[list[object]]:
-    """``count`` probes in this process, each rank of ``job`` as torchrun's variables say."""
+def ranks(
+    monkeypatch: pytest.MonkeyPatch, job: str, count: int, runtime: Path | None = None
+) -> Iterator[list[object]]:
+    """Ranks 0 to ``count - 1`` of a job of at least 2 ranks, probes in this process as
+    torchrun's variables say (serving in ``runtime``, default: the test's runtime directory)."""
     import tdbg
 
     probes = []
     for rank in range(count):
+        if runtime is not None:
+            monkeypatch.setenv("TDBG_RUNTIME_DIR", str(runtime))
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", job)
-        monkeypatch.setenv("WORLD_SIZE", str(count))
+        monkeypatch.setenv("WORLD_SIZE", str(max(count, 2)))
         monkeypatch.setenv("RANK", str(rank))
         loop = Loop(seed=rank)
         probe = tdbg.watch(loop.model, loop.opt, name=f"rank{rank}")
@@ -197,3 +204,43 @@ def test_a_job_source_reconnects_a_dropped_node_and_warns_about_a_missing_one(
         finally:
             source.close()
         wait_until(lambda: not _bridges(runtime_dir), 15, "the bridge gone")
+
+
+def test_a_rank_claimed_by_two_nodes_is_shown_once_with_a_warning(
+    runtime_dir: Path, local_ssh: RemoteOptions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes whose runs share a job id and both say rank 0 (two jobs launched with one id):
+    the first node's rank 0 is shown, the second's is refused with a warning, never mixed in."""
+    from tdbg.tui.sources.remote_job import RemoteJobSource
+
+    other = Path(tempfile.mkdtemp(prefix="tdbg-n-", dir="/tmp"))  # short: socket paths
+    os.chmod(other, 0o700)
+    first = parse_ssh_url(f"ssh://node1{runtime_dir}")
+    second = parse_ssh_url(f"ssh://node2{other}")
+    with ranks(monkeypatch, "jobx", 1, runtime_dir), ranks(monkeypatch, "jobx", 1, other):
+        source = RemoteJobSource("jobx", [first, second], local_ssh)
+        notices: list[tuple[str, object]] = []
+        hellos: list[tuple[int, str]] = []
+
+        def read() -> None:
+            for batch in source.batches():
+                for rank, messages in batch.items():
+                    hellos.extend((rank, m["node"]) for m in messages if m["type"] == "hello")
+
+        try:
+            source.open(lambda kind, payload: notices.append((kind, payload)))
+            threading.Thread(target=read, daemon=True).start()
+            warned = wait_until(
+                lambda: [str(p) for k, p in notices if k == "warning" and "both" in str(p)],
+                60,
+                "the warning",
+            )
+            (shown,) = hellos
+            assert warned == [
+                f"rank 0 is on both {shown[1]} and {({'node1', 'node2'} - {shown[1]}).pop()}: "
+                f"two jobs with one id? showing {shown[1]}'s"
+            ]
+            assert source.rank_node == {0: shown[1]}
+        finally:
+            source.close()
+            shutil.rmtree(other, ignore_errors=True)
