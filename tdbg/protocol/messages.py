@@ -71,6 +71,10 @@ functions, which never raise on a malformed message (a bad figure reads as None)
 ``activations`` ``{step, names, types, mean, std, min, max, zero_frac, nonfinite}`` — per-module
             output statistics of one sampled step; the value lists are in ``names`` order
             [Activations].
+
+The node stream (``tdbg bridge --job``: every rank of a job on one node over one ssh
+connection) has its own messages, ``node``, ``open``, ``data``, ``close`` and ``notice``, typed
+at the end of this module [NodeMessage].
 """
 
 from __future__ import annotations
