@@ -54,6 +54,18 @@ def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def sshd() -> Iterator[Any]:
+    """A real sshd on 127.0.0.1 (tests/sshd.py) for a module's ssh:// tests; skipped where
+    there is no sshd (tests that fake ssh still run)."""
+    import sshd as sshd_helper
+
+    if not sshd_helper.available():
+        pytest.skip("no /usr/sbin/sshd or ssh here")
+    with sshd_helper.running_sshd() as server:
+        yield server
+
+
 @pytest.fixture
 def private_dir() -> Iterator[Path]:
     """A fresh 0700 directory under /tmp, removed afterwards (artifact tests' base directory)."""

@@ -19,17 +19,22 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
 
 @contextlib.contextmanager
 def torchrun_job(
-    ranks: int, *run_options: str, output: Any = subprocess.DEVNULL, **env: str
+    ranks: int,
+    *run_options: str,
+    torchrun: tuple[str, ...] = (),
+    output: Any = subprocess.DEVNULL,
+    **env: str,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """`tdbg run RUN_OPTIONS -- python -m torch.distributed.run --nproc_per_node=RANKS
-    train_ddp.py` with ``env`` added to the environment, running until the test is done with it;
-    then the launcher and every rank are killed (:func:`kill_tree`). ``output``: where the
-    launcher's stderr goes (its stdout is dropped)."""
+    """`tdbg run RUN_OPTIONS -- python -m torch.distributed.run TORCHRUN
+    --nproc_per_node=RANKS train_ddp.py` (the DDP loop of tests/scripts/zero_code, steered by
+    ``env``), running until the test is done with it; then the launcher and every rank are
+    killed (:func:`kill_tree`). ``torchrun``: more launcher options (``--nnodes=2`` ...);
+    ``output``: where the launcher's stderr goes (its stdout is dropped)."""
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "tdbg.cli", "run", *run_options, "--"),
-            *(sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}"),
-            "train_ddp.py",
+            *(sys.executable, "-m", "torch.distributed.run", *torchrun),
+            *(f"--nproc_per_node={ranks}", "train_ddp.py"),
         ],
         cwd=SCRIPTS,
         env=dict(os.environ, **env),

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from jobs import pretend_rank
 from waiting import wait_for, wait_until
 
 from tdbg.connect.runtime import discover
@@ -20,32 +18,13 @@ from tdbg.tui.job_app import JobApp, local_job
 from tdbg.tui.sources.job import JobSource
 from tdbg.tui.state.job_table import rank_rows
 
-RANK_SCRIPT = Path(__file__).resolve().parent / "job_rank.py"
-
-
-@contextmanager
-def rank(runtime: Path, job: str, number: int, world: int) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(
-        [sys.executable, str(RANK_SCRIPT), job, str(number), str(world)],
-        env=dict(os.environ, TDBG_RUNTIME_DIR=str(runtime)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-
 
 @pytest.mark.slow
 async def test_two_jobs_are_never_mixed_and_a_dead_rank_shows_as_ended(runtime_dir: Path) -> None:
     with ExitStack() as stack:
-        stack.enter_context(rank(runtime_dir, "jobA", 0, 2))
-        victim = stack.enter_context(rank(runtime_dir, "jobA", 1, 2))
-        stack.enter_context(rank(runtime_dir, "jobB", 0, 2))
+        stack.enter_context(pretend_rank(runtime_dir, "jobA", 0, 2))
+        victim = stack.enter_context(pretend_rank(runtime_dir, "jobA", 1, 2))
+        stack.enter_context(pretend_rank(runtime_dir, "jobB", 0, 2))
         wait_until(lambda: len(discover(runtime_dir)) == 3, 120, "three probes serving")
         assert local_job(runtime_dir) is None  # two jobs here: tdbg-tui alone shows the picker
         app = JobApp(JobSource("jobA", directory=runtime_dir))

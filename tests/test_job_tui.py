@@ -15,8 +15,6 @@ from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.sources.job import JobSource
 from tdbg.tui.widgets.rank_table import RankTable
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts" / "zero_code"
-
 
 @pytest.mark.slow
 async def test_the_job_screen_shows_every_rank_and_names_a_straggler(runtime_dir: Path) -> None:

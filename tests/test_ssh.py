@@ -15,7 +15,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,14 +33,6 @@ TDBG = [sys.executable, "-m", "tdbg.cli"]
 REMOTE_TDBG = str(Path(sys.executable).parent / "tdbg")  # the venv is not on sshd's PATH
 DEMO = ("--delay", "0.01", "--width", "32", "--depth", "3")
 SSHD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@pytest.fixture(scope="module")
-def sshd() -> Iterator[sshd_helper.Sshd]:
-    if not sshd_helper.available():
-        pytest.skip("no /usr/sbin/sshd or ssh here")  # the fake-ssh tests still run
-    with sshd_helper.running_sshd() as server:
-        yield server
 
 
 def remote(server: sshd_helper.Sshd, key: Path | None = None) -> list[str]:

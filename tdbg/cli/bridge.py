@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tdbg import __version__
+from tdbg.cli.bridge_job import serve_job
 from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_ERROR, EXIT_NO_RUN, exit_code
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 from tdbg.connect.targets import (
@@ -61,6 +62,12 @@ def add_bridge_parser(sub: Any) -> argparse.ArgumentParser:
         help="where to look for runs (default: $TDBG_RUNTIME_DIR, else /tmp/tdbg-<uid>)",
     )
     p.add_argument("--list", action="store_true", help="print the live runs as one JSON object")
+    p.add_argument(
+        "--job",
+        metavar="JOB",
+        help="serve every rank of distributed job JOB here over the one stream (each rank a "
+        "channel; ranks that start later join), as `tdbg-tui ssh://node1 ssh://node2` starts it",
+    )
     p.set_defaults(func=cmd_bridge)
     return p
 
@@ -72,6 +79,9 @@ def cmd_bridge(args: argparse.Namespace, out: TextIO) -> int:
             out.write("\n")
             out.flush()
             return 0
+        if args.job is not None:
+            directory = job_directory(args.socket, args.runtime_dir)
+            return serve_job(args.job, directory, sys.stdin.fileno(), sys.stdout.fileno())
         path = choose_socket(args.socket, args.runtime_dir)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -99,6 +109,19 @@ def _entries(path: str | None, runtime: str | None) -> tuple[Path, list[RunEntry
     else:
         directory = _directory(runtime)
     return directory, discover(directory)
+
+
+def job_directory(path: str | None, runtime: str | None) -> Path:
+    """Where ``--job`` looks for ranks: ``--socket`` as a directory (or a run's socket or
+    .json there: its directory), else the runtime directory."""
+    if path is None:
+        return _directory(runtime)
+    where = Path(path).expanduser()
+    if where.is_dir():
+        return where
+    if where.exists():
+        return where.parent
+    raise BridgeError(f"no such directory, socket or metadata file: {path}", EXIT_NO_RUN)
 
 
 def _run_json(entry: RunEntry) -> dict[str, Any]:

@@ -42,8 +42,10 @@ from tdbg.cli.target_args import (
     target_arg,
 )
 from tdbg.connect.client import ConnectError
+from tdbg.connect.nodes import node_targets
 from tdbg.connect.runtime import discover, runtime_dir
-from tdbg.connect.targets import Recording, resolve, resolve_nodes
+from tdbg.connect.sshurl import is_ssh_url
+from tdbg.connect.targets import Recording, resolve
 from tdbg.format import fmt_span, number
 from tdbg.protocol.framing import ProtocolError
 
@@ -85,7 +87,7 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
-    if args.hosts:
+    if args.hosts or args.hostfile is not None:
         return _ls_remote(args, out)
     entries = discover()
     if args.json:
@@ -119,7 +121,7 @@ def _ls_remote(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.connect.ssh import list_runs
 
     opts = remote_options(args)
-    targets = resolve_nodes(args.hosts, "tdbg ls lists this machine, or ssh:// nodes")
+    targets = node_targets(args.hosts, args.hostfile, "tdbg ls lists this machine, or ssh:// nodes")
     failed = 0
     for target in targets:
         try:
@@ -145,9 +147,13 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
         return replay_main(extra)
     from tdbg.tui.app import launch  # textual is loaded only for the TUI (and its replay)
-    from tdbg.tui.job_app import launch_job
+    from tdbg.tui.job_app import launch_job, launch_nodes
 
-    local = args.target is None and not extra and not getattr(args, "hosts", None)
+    hosts = getattr(args, "hosts", None) or []
+    texts = [t for t in (args.target, *extra, *hosts) if t is not None]
+    if args.hostfile is not None or any(is_ssh_url(t) for t in texts):  # nodes: a job, or runs
+        return launch_nodes(texts, args.hostfile, args.job, args.ssh_options, args.remote_tdbg)
+    local = args.target is None and not extra and not hosts
     if args.job is not None or local:  # a distributed job: its ranks on one screen
         code = launch_job(args.job)
         if code is not None:
@@ -174,7 +180,15 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
         "--host", dest="hosts", action="append", metavar="URL", help="an ssh:// target"
     )
     parser.add_argument(
-        "--job", metavar="JOB", help="every local rank of distributed job JOB on one screen"
+        "--job",
+        metavar="JOB",
+        help="every rank of distributed job JOB on one screen (local, or on the ssh:// nodes)",
+    )
+    parser.add_argument(
+        "--hostfile",
+        metavar="FILE",
+        help="the nodes, one a line ([user@]host[:port] or ssh:// URL; # comments; braces "
+        "like gpu{01..08} expand)",
     )
     add_remote_options(parser)
 
@@ -262,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list live runs on this machine (or on ssh:// nodes)")
     ls.add_argument("hosts", nargs="*", metavar="ssh://NODE", help="list the runs there instead")
     ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    ls.add_argument("--hostfile", metavar="FILE", help="list the runs of these nodes, one a line")
     add_remote_options(ls)
     ls.set_defaults(func=cmd_ls)
     tui = sub.add_parser("tui", help="the full-screen monitor (same as tdbg-tui)")

@@ -322,6 +322,11 @@ def classify(target: SshTarget, opts: RemoteOptions, rc: int | None, lines: list
 # may name {node}, {said} (ssh's own words), {host} and {version} (this tdbg's).
 SSH_FAILURES: tuple[tuple[tuple[str, ...], str], ...] = (
     (
+        ("unrecognized arguments: --job",),
+        "the tdbg on {node} is too old to serve a job's ranks (tdbg bridge --job): "
+        "upgrade it to {version}",
+    ),
+    (
         ("invalid choice: 'bridge'",),
         "the tdbg on {node} is too old to have `tdbg bridge`: upgrade it to {version}",
     ),
@@ -358,7 +363,9 @@ class SshProbeClient(ProbeClient):
             ssh.stop()
 
 
-def _peek_preamble(sock: socket.socket, ssh: SshProcess, timeout: float) -> tuple[int, int]:
+def peek_preamble(
+    sock: socket.socket, ssh: SshProcess, timeout: float, magic: bytes = MAGIC
+) -> tuple[int, int]:
     """Wait until the probe's preamble has arrived (left in the socket for the handshake).
 
     Everything before it is the transport's business: EOF here means ssh or the bridge
@@ -368,12 +375,15 @@ def _peek_preamble(sock: socket.socket, ssh: SshProcess, timeout: float) -> tupl
     """
     before = sock.gettimeout()
     try:
-        return _peek_preamble_sliced(sock, ssh, timeout)
+        return _peek_preamble_sliced(sock, ssh, timeout, magic)
     finally:
         sock.settimeout(before)
 
 
-def _peek_preamble_sliced(sock: socket.socket, ssh: SshProcess, timeout: float) -> tuple[int, int]:
+def _peek_preamble_sliced(
+    sock: socket.socket, ssh: SshProcess, timeout: float, magic: bytes
+) -> tuple[int, int]:
+    what = "a tdbg probe" if magic == MAGIC else "a tdbg bridge"
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -381,7 +391,7 @@ def _peek_preamble_sliced(sock: socket.socket, ssh: SshProcess, timeout: float) 
             said = ssh.lines[-1] if ssh.lines else "no message from ssh"
             ssh.stop(wait=True)
             raise RemoteError(
-                f"no answer from a tdbg probe through ssh to {ssh.target.node} within "
+                f"no answer from {what} through ssh to {ssh.target.node} within "
                 f"{timeout:g} s ({said})"
             )
         sock.settimeout(min(left, 0.25))
@@ -394,17 +404,17 @@ def _peek_preamble_sliced(sock: socket.socket, ssh: SshProcess, timeout: float) 
         if not data:
             raise ssh.failure()
         if len(data) < PREAMBLE_SIZE:
-            if not MAGIC.startswith(data[:4]):
+            if not magic.startswith(data[:4]):
                 break
             time.sleep(0.005)  # the rest of 8 bytes is in flight
             continue
-        magic, lo, hi = PREAMBLE.unpack(data)
-        if magic != MAGIC:
+        got, lo, hi = PREAMBLE.unpack(data)
+        if got != magic:
             break
         return lo, hi
     ssh.stop(wait=True)
     raise RemoteError(
-        f"{ssh.target.node}: the remote end is not a tdbg probe (did {ssh.opts.remote_tdbg!r} "
+        f"{ssh.target.node}: the remote end is not {what} (did {ssh.opts.remote_tdbg!r} "
         "print something on stdout?)"
     )
 
@@ -428,7 +438,7 @@ def connect(
     finally:
         theirs.close()  # ssh has its copy; ours must go, so ssh's exit reads as EOF here
     try:
-        lo, hi = _peek_preamble(ours, ssh, timeout)
+        lo, hi = peek_preamble(ours, ssh, timeout)
         if min(hi, PROTO_MAX) < max(lo, PROTO_MIN):
             ssh.stop()
             raise RemoteError(

@@ -217,16 +217,11 @@ def _by_name(text: str) -> LocalSocket:
 
 def resolve_nodes(texts: Sequence[str], hint: str) -> list[SshTarget]:
     """Several TARGETs that must all be ``ssh://`` nodes (``tdbg-tui URL URL``, ``tdbg ls
-    URL``); TargetError naming the first one that is not, ``hint`` saying why they must be.
-    Every one is checked before any ssh starts."""
-    nodes: list[SshTarget] = []
-    for text in texts:
-        if not is_ssh_url(text):
-            raise not_ssh_error(text, hint)
-        target = resolve(text)
-        assert isinstance(target, Remote)
-        nodes.append(target.ssh)
-    return nodes
+    URL``), brace ranges expanded (``ssh://gpu{01..08}``); TargetError naming the first one that
+    is not, ``hint`` saying why they must be. Every one is checked before any ssh starts."""
+    from tdbg.connect.nodes import node_targets  # it words its errors with this module's
+
+    return node_targets(texts, hint=hint)
 
 
 # --- attaching ------------------------------------------------------------------------------

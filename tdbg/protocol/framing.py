@@ -23,6 +23,12 @@ PROTO_MIN = 1
 PROTO_MAX = 1
 
 MAGIC = b"TDBG"
+# ``tdbg bridge --job``'s stream: every rank of a job on one node over one ssh connection, each
+# rank's bytes wrapped in node messages (tdbg.protocol.messages, "node stream"); its own magic,
+# so neither end mistakes it for a probe, and its own version.
+NODE_MAGIC = b"TDBN"
+NODE_VERSION = 1
+NODE_MAX_FRAME = 1 << 20  # a node frame: a channel's chunk (at most 64 KiB) and its envelope
 PREAMBLE = struct.Struct(">4sHH")
 PREAMBLE_SIZE = PREAMBLE.size  # 8 bytes
 FRAME_HEADER = struct.Struct(">I")
@@ -54,9 +60,9 @@ class ProtocolError(Exception):
         self.code = code
 
 
-def preamble(proto_min: int = PROTO_MIN, proto_max: int = PROTO_MAX) -> bytes:
+def preamble(proto_min: int = PROTO_MIN, proto_max: int = PROTO_MAX, magic: bytes = MAGIC) -> bytes:
     """The 8 bytes each side sends first."""
-    return PREAMBLE.pack(MAGIC, proto_min, proto_max)
+    return PREAMBLE.pack(magic, proto_min, proto_max)
 
 
 def pack(message: Mapping[str, Any], max_frame: int = MAX_OUTBOUND_FRAME) -> bytes:
@@ -95,8 +101,9 @@ class Decoder:
     ``max_frame`` is the cap for frames *received*: 64 KiB on the probe side, 4 MiB on a client.
     """
 
-    def __init__(self, max_frame: int, expect_preamble: bool = True) -> None:
+    def __init__(self, max_frame: int, expect_preamble: bool = True, magic: bytes = MAGIC) -> None:
         self.max_frame = max_frame
+        self.magic = magic
         self.peer_versions: tuple[int, int] | None = None
         self._need_preamble = expect_preamble
         self._buf = bytearray()
@@ -112,11 +119,11 @@ class Decoder:
         out: list[Any] = []
         if self._need_preamble:
             if len(self._buf) < PREAMBLE_SIZE:
-                if not MAGIC.startswith(bytes(self._buf[:4])):
+                if not self.magic.startswith(bytes(self._buf[:4])):
                     raise ProtocolError("peer is not speaking tdbg (bad magic)")
                 return out
             magic, lo, hi = PREAMBLE.unpack_from(self._buf)
-            if magic != MAGIC:
+            if magic != self.magic:
                 raise ProtocolError("peer is not speaking tdbg (bad magic)")
             self.peer_versions = (lo, hi)
             del self._buf[:PREAMBLE_SIZE]

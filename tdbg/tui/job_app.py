@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from textual import work
+from textual.app import App
 from textual.message import Message
 from textual.screen import Screen
 
@@ -45,6 +46,7 @@ class JobApp(TdbgBaseApp):
         self.revision = 0
         self._painted = -1
         self.notices: list[str] = []
+        self.node_lines: list[str] = []  # an ssh job's nodes that are not read, version mismatch
 
     def get_default_screen(self) -> Screen[Any]:
         return JobScreen(id="job")
@@ -70,9 +72,21 @@ class JobApp(TdbgBaseApp):
     def on_job_app_source_noticed(self, event: SourceNoticed) -> None:
         if event.kind == "waiting" and not isinstance(self.screen, WaitingScreen):
             self.push_screen(WaitingScreen(str(event.payload)))
+        elif event.kind == "nodes":
+            self._show_nodes(list(event.payload))
         elif event.kind != "waiting":
             self.notices.append(str(event.payload))
             self.notify(str(event.payload), severity="warning")
+
+    def _show_nodes(self, lines: list[str]) -> None:
+        for line in lines:
+            if line not in self.node_lines:  # new: also a toast, seen over the waiting screen
+                self.notices.append(line)
+                self.notify(line, severity="warning")
+        self.node_lines = lines
+        for screen in self.screen_stack:
+            if isinstance(screen, JobScreen) and screen.is_mounted:
+                screen.show_nodes(lines)
 
     def on_job_app_ranks_received(self, event: RanksReceived) -> None:
         if not self.screen_stack:
@@ -131,6 +145,31 @@ class JobApp(TdbgBaseApp):
             return None
         self.job.ranks[screen.rank].sent(mid, command, args)
         return mid
+
+
+def launch_nodes(
+    texts: list[str],
+    hostfile: str | None,
+    job: str | None,
+    ssh_options: list[str],
+    remote_tdbg: str,
+) -> int:
+    """``tdbg-tui ssh://node1 ssh://node2 ... | --hostfile F [--job JOB]``: the job across the
+    nodes (one ssh per node carries its ranks), or the single-run screen when the nodes' runs
+    are not one job's ranks. A bad node list, no answer or several jobs: one line, exit 2."""
+    from tdbg.tui.app import error, make_app  # the single-run app only when it is needed
+    from tdbg.tui.sources.remote_job import RemoteJobSource, remote_job_source
+
+    try:
+        source = remote_job_source(texts, hostfile, job, ssh_options, remote_tdbg)
+    except ConnectError as exc:
+        return error(str(exc))
+    app: App[int] = JobApp(source) if isinstance(source, RemoteJobSource) else make_app(source)
+    try:
+        result = app.run()
+    finally:
+        source.close()
+    return int(result or app.return_code or 0)
 
 
 def local_job(directory: Path | None = None) -> str | None:

@@ -34,10 +34,12 @@ class JobScreen(Screen[None]):
     JobScreen #rank-table { height: auto; max-height: 100%; }
     JobScreen #job-alerts { height: 1fr; min-height: 5; border: round $primary; }
     JobScreen #job-line { text-style: bold; }
+    JobScreen #job-nodes { color: $warning; display: none; }
     """
 
     def compose(self) -> ComposeResult:
         yield Static(id="job-line")
+        yield Static(id="job-nodes")
         yield Static(id="job-rule")
         with Vertical(id="job-ranks", classes="panel"):
             yield RankTable(id="rank-table")
@@ -48,6 +50,14 @@ class JobScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#job-ranks").border_title = "Ranks (worst first; Enter opens one)"
         self.query_one("#job-alerts").border_title = "Job alerts"
+        self.show_nodes(getattr(self.app, "node_lines", []))
+
+    def show_nodes(self, lines: list[str]) -> None:
+        """The nodes that are not read (unreachable, reconnecting) and a tdbg version mismatch,
+        one line each; hidden when there is nothing to say."""
+        line = self.query_one("#job-nodes", Static)
+        line.update(Text("\n".join(f"! {text}" for text in lines)))
+        line.display = bool(lines)
 
     def show(self, job: Job, alerts: JobAlerts) -> bool:
         """Paint the job; False when the panels are not all there: before they are mounted, or

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.jobs import job_entries
+from tdbg.connect.runtime import discover
 from tdbg.protocol.framing import ProtocolError
 from tdbg.tui.sources.base import Stoppable
 
@@ -25,16 +26,7 @@ MAX_BATCH = 4096  # messages handed to the UI at once
 Notify = Callable[[str, Any], None]
 RankBatches = dict[int, list[dict[str, Any]]]
 
-
-def job_entries(entries: list[RunEntry]) -> dict[str, dict[int, RunEntry]]:
-    """Runs that belong to a distributed job (a job id and a world size), by job and rank; a
-    rank seen twice (a restart) is its newest run."""
-    jobs: dict[str, dict[int, RunEntry]] = {}
-    for entry in entries:  # oldest first: a newer run of a rank replaces the older one
-        job = str(entry.meta.get("job") or "")
-        if job and isinstance(entry.meta.get("world_size"), int):
-            jobs.setdefault(job, {})[int(entry.meta.get("rank") or 0)] = entry
-    return jobs
+__all__ = ["JobSource", "Notify", "RankBatches", "job_entries"]
 
 
 class JobSource(Stoppable):
@@ -50,6 +42,10 @@ class JobSource(Stoppable):
         self._clients: dict[int, ProbeClient] = {}
         self._inbox: queue.SimpleQueue[tuple[int, dict[str, Any] | None]] = queue.SimpleQueue()
         self._send_lock = threading.Lock()
+        # Registering a rank's client and retiring it (with its hello and its end in the inbox)
+        # happen under this lock, so a rank that comes back (a restart, a reconnected node)
+        # never has its new client retired by the old one's end.
+        self._rank_lock = threading.Lock()
         self.send_error: str | None = None
 
     # --- the worker's side ---------------------------------------------------------------
@@ -83,7 +79,6 @@ class JobSource(Stoppable):
             count = 0
             while True:
                 if message is None:
-                    self._clients.pop(rank, None)
                     out.setdefault(rank, []).append(
                         {"type": "bye", "reason": self.ended.get(rank, "connection closed")}
                     )
@@ -114,26 +109,37 @@ class JobSource(Stoppable):
             except ConnectError as exc:
                 notify("warning", f"rank {rank}: {exc}")
                 continue
-            self._clients[rank] = client
-            self.runs[rank] = dict(client.run)
-            self.ended.pop(rank, None)
-            self._inbox.put((rank, {"type": "hello", **client.run}))
+            self._register(rank, client)
             threading.Thread(
                 target=self._read, args=(rank, client), name=f"tdbg-rank{rank}", daemon=True
             ).start()
         return bool(self._clients)
 
+    def _register(self, rank: int, client: ProbeClient, **extra: Any) -> None:
+        """``client`` is rank ``rank``'s connection now; the UI gets its hello (``extra`` added
+        to the run's description: where it was reached)."""
+        run = dict(client.run, **extra)
+        with self._rank_lock:
+            self._clients[rank] = client
+            self.runs[rank] = run
+            self.ended.pop(rank, None)
+            self._inbox.put((rank, {"type": "hello", **run}))
+
     def _read(self, rank: int, client: ProbeClient) -> None:
+        why = "connection closed"
         try:
             for message in client.messages():
                 if message.get("type") == "bye":
-                    self.ended[rank] = str(message.get("reason") or "closed")
+                    why = str(message.get("reason") or "closed")
                 self._inbox.put((rank, message))
         except (OSError, ProtocolError, ConnectError) as exc:
-            self.ended[rank] = f"connection lost: {exc}"
+            why = f"connection lost: {exc}"
         finally:
-            self.ended.setdefault(rank, "connection closed")
-            self._inbox.put((rank, None))
+            with self._rank_lock:
+                if self._clients.get(rank) is client:  # not replaced meanwhile
+                    del self._clients[rank]
+                    self.ended[rank] = why
+                    self._inbox.put((rank, None))
 
     # --- the UI thread's side --------------------------------------------------------------
     def send(self, rank: int, command: str, **args: Any) -> int | None:

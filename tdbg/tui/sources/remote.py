@@ -60,18 +60,19 @@ def entries_of(listing: RemoteListing) -> list[RemoteRunEntry]:
     return out
 
 
-def list_nodes(
+def list_listings(
     targets: Sequence[SshTarget], opts: RemoteOptions, group: SshGroup | None = None
-) -> tuple[list[RemoteRunEntry], list[str]]:
-    """Every run on every node (nodes asked in parallel), and one line per node that failed.
+) -> tuple[list[RemoteListing], dict[str, str]]:
+    """Every node's ``tdbg bridge --list`` (nodes asked in parallel), and why each node that
+    failed did, by node.
 
     ``group.stop()`` (from another thread) ends the listing early. Interrupted here (Ctrl-C),
     it stops every ssh it started before letting the interrupt go: ssh runs in its own
     session, so the terminal's SIGINT never reaches it, and waiting for the pool's threads
     would wait for every ssh to answer or time out.
     """
-    entries: list[RemoteRunEntry] = []
-    errors: list[str] = []
+    listings: list[RemoteListing] = []
+    errors: dict[str, str] = {}
     ours = SshGroup() if group is None else group
 
     def one(target: SshTarget) -> RemoteListing | str:
@@ -82,17 +83,25 @@ def list_nodes(
 
     pool = ThreadPoolExecutor(max_workers=min(8, max(1, len(targets))))
     try:
-        for result in pool.map(one, targets):
+        for target, result in zip(targets, pool.map(one, targets), strict=True):
             if isinstance(result, str):
-                errors.append(result)
+                errors[target.node] = result
             else:
-                entries.extend(entries_of(result))
+                listings.append(result)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         ours.stop(wait=TERM_GRACE + 1.0)
         raise
     pool.shutdown(wait=False)
-    return entries, errors
+    return listings, errors
+
+
+def list_nodes(
+    targets: Sequence[SshTarget], opts: RemoteOptions, group: SshGroup | None = None
+) -> tuple[list[RemoteRunEntry], list[str]]:
+    """Every run on every node, and one line per node that failed (see ``list_listings``)."""
+    listings, errors = list_listings(targets, opts, group)
+    return [e for listing in listings for e in entries_of(listing)], list(errors.values())
 
 
 class RemoteSource(SocketSource):
@@ -263,6 +272,17 @@ def remote_source(
     )
     opts = RemoteOptions(options=tuple(ssh_options), remote_tdbg=remote_tdbg)
     entries, errors = list_nodes(targets, opts)
+    return source_for(targets, opts, entries, errors)
+
+
+def source_for(
+    targets: Sequence[SshTarget],
+    opts: RemoteOptions,
+    entries: Sequence[RemoteRunEntry],
+    errors: Sequence[str],
+) -> RemoteSource:
+    """The single-run source for runs already listed on ``targets`` (``errors``: the nodes
+    that failed): the only run attached, or the picker; RemoteError when there is no run."""
     if not entries:
         if errors:
             raise RemoteError("; ".join(errors))

@@ -58,7 +58,7 @@ def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
         status = "stalled"
     return RankRow(
         rank=rank,
-        node=str(state.run.get("host") or "?"),
+        node=str(state.run.get("node") or state.run.get("host") or "?"),  # ssh: as reached
         step=state.last_step,
         step_time=mean("step_time"),
         data_time=mean("data_time"),

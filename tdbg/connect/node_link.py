@@ -1,0 +1,262 @@
+"""One ssh connection to a node carrying every rank of a job there: ``tdbg bridge --job JOB``.
+
+``NodeLink.open`` starts ``ssh node tdbg bridge --job JOB [--socket DIR]`` and reads the node's
+hello; each rank the bridge reaches then arrives as a ``Channel``: a run's metadata and one end
+of a local socketpair whose other end this link pumps to and from the rank's channel of the
+node stream. A ``ProbeClient`` handshakes over that socket as over a rank's own Unix socket, so
+reading and sending commands work unchanged, and every rank of the node shares the one ssh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tdbg.connect.ssh import (
+    HANDSHAKE_TIMEOUT,
+    RemoteError,
+    RemoteOptions,
+    SshGroup,
+    SshProcess,
+    peek_preamble,
+)
+from tdbg.connect.sshurl import SshTarget
+from tdbg.protocol.framing import (
+    NODE_MAGIC,
+    NODE_MAX_FRAME,
+    NODE_VERSION,
+    Decoder,
+    ProtocolError,
+    pack,
+)
+from tdbg.protocol.messages import (
+    NodeHello,
+    NodeMessage,
+    channel_close,
+    channel_data,
+    read_node_message,
+)
+
+CHUNK = 1 << 16  # bytes a channel's data frame carries at most
+
+
+@dataclass
+class Channel:
+    """A rank reached through a node link: its run metadata and our end of its socket."""
+
+    ch: int
+    run: dict[str, Any]
+    sock: socket.socket
+    node: SshTarget
+
+
+def job_bridge_args(target: SshTarget, job: str) -> list[str]:
+    args = ["bridge", "--job", job]
+    if target.path:
+        args += ["--socket", target.path]
+    return args
+
+
+class NodeLink:
+    """A live ``tdbg bridge --job`` on one node. ``channels()`` yields its ranks as they come;
+    it ends when the link does (``reason`` then says why)."""
+
+    def __init__(self, target: SshTarget, ssh: SshProcess, sock: socket.socket) -> None:
+        self.target = target
+        self.ssh = ssh
+        self.sock = sock
+        self.hello: NodeHello | None = None
+        self.reason: str | None = None  # why the link ended
+        self.notices: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._opened: queue.SimpleQueue[Channel | None] = queue.SimpleQueue()
+        self._channels: dict[int, socket.socket] = {}  # ch -> the pump's end of its socketpair
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        target: SshTarget,
+        opts: RemoteOptions,
+        job: str,
+        timeout: float = HANDSHAKE_TIMEOUT,
+        group: SshGroup | None = None,
+    ) -> NodeLink:
+        """Start the node's bridge and read its hello; RemoteError with one line otherwise."""
+        ours, theirs = socket.socketpair()
+        try:
+            ssh = SshProcess(
+                target, opts, job_bridge_args(target, job), theirs.fileno(), theirs.fileno(), group
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        link = cls(target, ssh, ours)
+        try:
+            lo, hi = peek_preamble(ours, ssh, timeout, NODE_MAGIC)
+            if not lo <= NODE_VERSION <= hi:
+                raise RemoteError(
+                    f"{target.node}: its tdbg bridge speaks node stream {lo}-{hi}, this tdbg "
+                    f"{NODE_VERSION}; install the same tdbg version on every node"
+                )
+            decoder = Decoder(NODE_MAX_FRAME, magic=NODE_MAGIC)
+            pending = link._read_hello(decoder, time.monotonic() + timeout)
+        except BaseException:
+            ours.close()
+            ssh.stop()
+            raise
+        if group is not None:
+            group.discard(ssh)  # closing the link stops it
+        threading.Thread(
+            target=link._read, args=(decoder, pending), name="tdbg-node", daemon=True
+        ).start()
+        return link
+
+    def _read_hello(self, decoder: Decoder, deadline: float) -> list[Any]:
+        """Read until the node's hello; what came after it in the same chunk is returned."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteError(f"{self.target.node}: no hello from tdbg bridge --job in time")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(CHUNK)
+            except TimeoutError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise self.ssh.failure()
+            try:
+                messages = decoder.feed(chunk)
+            except ProtocolError as exc:
+                raise RemoteError(f"{self.target.node}: bad node stream ({exc})") from None
+            if messages:
+                first = read_node_message(messages[0])
+                if first is None or first["type"] != "node":
+                    raise RemoteError(f"{self.target.node}: the bridge did not say hello")
+                self.hello = first
+                self.sock.settimeout(None)
+                return messages[1:]
+
+    @property
+    def version(self) -> str:
+        return self.hello["tdbg"] if self.hello is not None else "?"
+
+    # --- the node stream -> channels --------------------------------------------------------
+    def _read(self, decoder: Decoder, pending: list[Any]) -> None:
+        try:
+            for raw in pending:
+                self._dispatch(read_node_message(raw))
+            while True:
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    break
+                for raw in decoder.feed(chunk):
+                    self._dispatch(read_node_message(raw))
+        except (OSError, ProtocolError) as exc:
+            self.reason = f"connection lost: {exc}"
+        finally:
+            if self.reason is None:
+                failure = self.ssh.failure(wait=1.0) if not self._closed else None
+                self.reason = f"connection lost: {failure}" if failure else "closed"
+            self._end_channels()
+            self._opened.put(None)
+
+    def _dispatch(self, message: NodeMessage | None) -> None:
+        if message is None:
+            return
+        if message["type"] == "open":
+            mine, theirs = socket.socketpair()
+            with self._lock:
+                self._channels[message["ch"]] = mine
+            threading.Thread(
+                target=self._upstream,
+                args=(message["ch"], mine),
+                name=f"tdbg-node-ch{message['ch']}",
+                daemon=True,
+            ).start()
+            self._opened.put(Channel(message["ch"], message["run"], theirs, self.target))
+        elif message["type"] == "data":
+            with self._lock:
+                known = self._channels.get(message["ch"])
+            if known is not None:
+                try:
+                    known.sendall(message["data"])
+                except OSError:  # the reader of that rank left: tell the bridge
+                    self._drop(message["ch"])
+        elif message["type"] == "close":
+            with self._lock:
+                known = self._channels.pop(message["ch"], None)
+            if known is not None:
+                with contextlib.suppress(OSError):
+                    known.shutdown(socket.SHUT_WR)  # the rank's reader sees EOF
+        elif message["type"] == "notice":
+            self.notices.put(message["message"])
+
+    def _upstream(self, ch: int, mine: socket.socket) -> None:
+        """What the rank's client writes (hello, commands, bye) goes to its channel."""
+        try:
+            while True:
+                data = mine.recv(CHUNK)
+                if not data:
+                    break
+                self._send(channel_data(ch, data))
+        except OSError:
+            pass
+        self._drop(ch)
+        with contextlib.suppress(OSError):
+            mine.close()
+
+    def _drop(self, ch: int) -> None:
+        with self._lock:
+            mine = self._channels.pop(ch, None)
+        if mine is None:
+            return
+        with contextlib.suppress(OSError):
+            self._send(channel_close(ch, "client left"))
+        with contextlib.suppress(OSError):
+            mine.close()
+
+    def _send(self, message: Any) -> None:
+        frame = pack(message, NODE_MAX_FRAME)
+        with self._write_lock:
+            self.sock.sendall(frame)
+
+    def _end_channels(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for mine in channels:
+            with contextlib.suppress(OSError):
+                mine.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                mine.close()
+
+    # --- the consumer's side ----------------------------------------------------------------
+    def channels(self, stop: threading.Event) -> Iterator[Channel]:
+        """Each rank as the bridge reaches it, until the link ends or ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                channel = self._opened.get(timeout=0.25)
+            except queue.Empty:
+                continue
+            if channel is None:
+                return
+            yield channel
+
+    def close(self) -> None:
+        """End the link: its channels see EOF, the bridge sees our EOF, ssh stops."""
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self._end_channels()
+        self.ssh.stop()
