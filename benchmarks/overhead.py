@@ -169,7 +169,12 @@ def in_situ(task: Task, pool: list[Batch], steps: int) -> dict[str, float]:
     def fused() -> None:
         torch._foreach_norm([p.grad for p in params if p.grad is not None])
 
-    passes = {"fused _foreach_norm": fused, "probe gradient pass": stats.compute}
+    def probe_pass() -> None:
+        # What a sampled step does on the training thread: the fused pass, then the no-sync
+        # check of its norms (which reads the weights only when one is NaN or Inf).
+        stats.compute().host_nonfinite()
+
+    passes = {"fused _foreach_norm": fused, "probe gradient pass": probe_pass}
 
     def hook() -> None:
         t0 = time.perf_counter()
