@@ -114,7 +114,7 @@ class GradSample:
             return False
         # One float read a norm, in C (map): a stack and a sum cost twice as much right after
         # a backward, when every small op is slow. It stops at the first NaN or Inf.
-        return not all(map(math.isfinite, values))
+        return not all(map(math.isfinite, map(torch.Tensor.item, values)))
 
     def _vector(self, host_values: torch.Tensor | None) -> torch.Tensor:
         values = self.values if host_values is None else host_values
@@ -205,6 +205,7 @@ class GradientStats:
 
         self._plan_key: tuple[type, ...] | None = None
         self._whole = False
+        self._plain = False  # _whole, on the host, dense, full precision: the fast pass
         self._plan: list[tuple[list[int], bool, bool]] = []  # (members, sparse, low precision)
         self._on_host = True
         self._layer_index = torch.zeros(0, dtype=torch.int64)
@@ -265,6 +266,7 @@ class GradientStats:
         self._missing = sorted({self._param_layer[i] for i, g in enumerate(grads) if g is None})
         # The usual case: one group holding every parameter in order needs no regrouping.
         self._whole = len(self._plan) == 1 and self._plan[0][0] == list(range(len(grads)))
+        self._plain = self._whole and self._on_host and not any(self._plan[0][1:])
         self._plan_key = key
 
     def compute(self, weights: bool = False) -> GradSample:
@@ -276,6 +278,12 @@ class GradientStats:
         self.replanned = key != self._plan_key
         if self.replanned:
             self._make_plan(grads, key)
+        if self._plain and not weights:
+            # The usual CPU pass: one dense full-precision group, gradients only — the fused
+            # call and nothing else. No grad-mode switch: a gradient does not require grad
+            # (short of create_graph=True, where the norms' small graph is dropped with them).
+            fused = torch._foreach_norm(grads)  # type: ignore[arg-type]
+            return GradSample(fused, self._layer_index, self.n_layers, self._missing, False)
         norms: list[tuple[torch.Tensor, ...]] = []
         weight_norms: list[tuple[torch.Tensor, ...]] = []
         with _no_grad():  # a pre-step hook may run with grad mode on: no graph of weights
