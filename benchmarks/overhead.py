@@ -92,7 +92,42 @@ class Result:
     probe_time: list[float] = field(default_factory=list)
     cost_fraction: list[float] = field(default_factory=list)
     client_messages: int = 0
+    # Per probed config: CPU seconds of the probe's threads and of the reading client, as a
+    # fraction of the training thread's (Linux /proc), one figure per block.
+    thread_cpu: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    client_cpu: list[tuple[float, float]] = field(default_factory=list)
     in_situ_us: dict[str, float] = field(default_factory=dict)
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of each live thread of this process, by thread name, from the scheduler's
+    nanosecond accounting (Linux ``/proc/self/task/TID/schedstat``); {} where it cannot tell.
+    Unlike step-time ratios this does not move with the machine's load."""
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue
+        out[thread.name] = out.get(thread.name, 0.0) + ns / 1e9
+    return out
+
+
+def cpu_used(
+    before: dict[str, float], after: dict[str, float], names: tuple[str, ...]
+) -> tuple[float, float]:
+    """(CPU seconds of the threads ``names``, of the training thread) over a block."""
+    main = after.get("MainThread", 0.0) - before.get("MainThread", 0.0)
+    return sum(after.get(n, 0.0) - before.get(n, 0.0) for n in names), main
+
+
+def share(pairs: list[tuple[float, float]]) -> float:
+    main = sum(m for _, m in pairs)
+    return sum(u for u, _ in pairs) / main if main > 0 else math.nan
+
+
+PROBE_THREADS = ("tdbg-server", "tdbg-sampler")
 
 
 def hook_for(config: str, params: list[torch.nn.Parameter]) -> Callable[[], object] | None:
@@ -125,6 +160,7 @@ def run_block(
     samples, tokens = task.batch_size, task.tokens
     times: list[float] = []
     clock = time.perf_counter
+    cpu_before: dict[str, float] = {}
     try:
         t0 = clock()
         for i in range(warmup + steps):
@@ -137,7 +173,15 @@ def run_block(
             t1 = clock()
             if i >= warmup:
                 times.append(t1 - t0)
+            elif i == warmup - 1 and probe is not None:
+                cpu_before = thread_cpu()
             t0 = t1
+        if probe is not None and cpu_before:
+            cpu_after = thread_cpu()
+            used = cpu_used(cpu_before, cpu_after, PROBE_THREADS)
+            result.thread_cpu.setdefault(config, []).append(used)
+            if reader is not None:
+                result.client_cpu.append(cpu_used(cpu_before, cpu_after, (reader.name,)))
     finally:
         if reader is not None:
             reader.stop()
@@ -169,7 +213,12 @@ def in_situ(task: Task, pool: list[Batch], steps: int) -> dict[str, float]:
     def fused() -> None:
         torch._foreach_norm([p.grad for p in params if p.grad is not None])
 
-    passes = {"fused _foreach_norm": fused, "probe gradient pass": stats.compute}
+    def probe_pass() -> None:
+        # What a sampled step does on the training thread: the fused pass, then the no-sync
+        # check of its norms (which reads the weights only when one is NaN or Inf).
+        stats.compute().host_nonfinite()
+
+    passes = {"fused _foreach_norm": fused, "probe gradient pass": probe_pass}
 
     def hook() -> None:
         t0 = time.perf_counter()
@@ -278,6 +327,16 @@ def report(result: Result) -> dict[str, Any]:
     if result.cost_fraction:
         own = statistics.median(result.cost_fraction) * 100
         print(f"probe's own cost_fraction in default mode (read by the client): {own:.2f} %")
+    for config, pairs in result.thread_cpu.items():
+        print(
+            f"probe threads' CPU / training thread's CPU, {config}: "
+            f"{share(pairs) * 100:.2f} % (all its timed blocks)"
+        )
+    if result.client_cpu:
+        print(
+            "the in-process reading client's own thread (a real client is another process): "
+            f"{share(result.client_cpu) * 100:.2f} % of the training thread's CPU"
+        )
     print(f"machine noise: baseline-again ratio within +-{noise_band * 100:.1f} % (worst round)")
     for label, over in (("default", default_over), ("default + client", client_over)):
         verdict = "PASS" if over <= DEFAULT_BUDGET else "over budget"
@@ -322,6 +381,8 @@ def report(result: Result) -> dict[str, Any]:
         "every_vs_fused_in_situ": every_vs_fused,
         "in_situ_us": iso,
         "client_messages": result.client_messages,
+        "thread_cpu": result.thread_cpu,
+        "client_cpu": result.client_cpu,
     }
 
 

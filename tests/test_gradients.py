@@ -218,16 +218,35 @@ def test_the_gradient_pass_also_flags_non_finite_weights() -> None:
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     model(torch.randn(5, 3)).sum().backward()
     layers = find_layers(model)
-    clean = GradientStats(layers).compute()
+    clean = GradientStats(layers).compute(weights=True)
     assert clean.weight_nonfinite() == []
     with torch.no_grad():
         model[2].bias[1] = float("nan")
-    sample = GradientStats(layers).compute()
+    sample = GradientStats(layers).compute(weights=True)
     assert sample.weight_nonfinite() == [1]
     norms, _ = sample.layer_norms()
     assert all(v == v for v in norms)  # the gradients themselves are finite
-    first = GradientStats(layers, {id(p) for p in model[0].parameters()}).compute()
-    second = GradientStats(layers, {id(p) for p in model[2].parameters()}).compute()
+    first = GradientStats(layers, {id(p) for p in model[0].parameters()}).compute(weights=True)
+    second = GradientStats(layers, {id(p) for p in model[2].parameters()}).compute(weights=True)
     joined = GradSample.join([first, second])
     assert joined.weight_nonfinite() == [1]
     assert list(joined.layer_norms()[0]) == pytest.approx(list(norms))
+
+
+def test_an_ordinary_pass_reads_no_weights_and_they_can_be_added_after() -> None:
+    """The common pass norms the gradients only (half the bytes); a step found non-finite gets
+    the weights' norms added, in the same order, the gradient norms unchanged."""
+    from tdbg.probe.gradients import GradientStats, find_layers
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    model(torch.randn(5, 3)).sum().backward()
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("inf")
+    stats = GradientStats(find_layers(model))
+    plain = stats.compute()
+    assert not plain.weights and len(plain.values) == len(plain.layer_index)
+    assert plain.weight_nonfinite() == []  # not measured: nothing claimed
+    full = stats.with_weights(plain)
+    assert full.weights and full.weight_nonfinite() == [0]
+    assert list(full.layer_norms()[0]) == list(plain.layer_norms()[0])
+    assert stats.with_weights(full) is full

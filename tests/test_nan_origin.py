@@ -191,6 +191,10 @@ def test_an_unmeasured_loss_never_claims_finite_weights() -> None:
     event = origin.observe(2, math.nan, None, None)  # not a sampled step: nothing measured
     assert event is not None and event["step"] == 2 and event["layers"] == []
     assert "finite weights" not in event["message"] and "not measured" in event["message"]
+    grads_only = NanOrigin(["a", "b"])  # a sampled step whose gradients came out finite
+    event = grads_only.observe(2, math.nan, [1.0, 1.0], None)
+    assert event is not None and "finite weights" not in event["message"]
+    assert "gradients were finite; the weights were not read" in event["message"]
     measured = NanOrigin(["a", "b"])
     event = measured.observe(2, math.nan, [math.nan, math.nan], [])  # weights measured finite
     assert event is not None and "with finite weights" in event["message"]

@@ -259,7 +259,7 @@ def test_directory_argument_as_str_and_path(tmp_path: Path) -> None:
 def test_probe_errors_are_counted_and_never_raised(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_log: io.StringIO
 ) -> None:
-    def broken(self: GradientStats) -> None:
+    def broken(self: GradientStats, weights: bool = False) -> None:
         raise RuntimeError("injected failure")
 
     monkeypatch.setattr(GradientStats, "compute", broken)

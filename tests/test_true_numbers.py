@@ -57,7 +57,7 @@ def test_a_watched_model_compiles(runtime_dir: Path) -> None:
 
 
 def test_a_copied_probe_hook_is_inert_and_holds_nothing() -> None:
-    from tdbg.probe.hook_refs import InertHook, WeakHook
+    from tdbg.probe.hook_refs import INERT_EVENT, WeakHook
 
     class Target:
         calls = 0
@@ -69,8 +69,10 @@ def test_a_copied_probe_hook_is_inert_and_holds_nothing() -> None:
     hook = WeakHook(target.hit)
     hook(1)
     assert target.calls == 1
-    assert isinstance(copy.deepcopy(hook), InertHook)
-    assert isinstance(pickle.loads(pickle.dumps(hook)), InertHook)  # noqa: S301
+    for inert in (copy.deepcopy(hook), copy.copy(hook), pickle.loads(pickle.dumps(hook))):  # noqa: S301
+        # functools.partial(sys.audit, INERT_EVENT): stdlib only, any arguments, returns None
+        assert inert(1, 2, {"k": 3}) is None and target.calls == 1  # hooks get positionals
+        assert inert.args == (INERT_EVENT,)  # type: ignore[attr-defined]
     del target
     assert hook(1) is None  # the probe's object is gone: nothing kept it alive
 

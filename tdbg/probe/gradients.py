@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import Counter
 from collections.abc import Sequence
@@ -64,7 +65,8 @@ class GradSample:
     them into per-layer norms (:func:`layer_norms`) — after the step's one device-to-host copy on
     a GPU — so the training thread pays only for the fused norm kernel (and a stack on a GPU).
     With ``weights``, ``values`` continues with the same parameters' weight norms, in the same
-    order, from the same fused call: where a NaN began, on no extra copy (:meth:`weight_nonfinite`).
+    order: where a NaN began, on no extra copy (:meth:`weight_nonfinite`). They are read only
+    where they can matter (a step found non-finite, a GPU run): see :class:`GradientStats`.
     """
 
     values: torch.Tensor | Sequence[torch.Tensor]  # 0-d tensors, one per parameter, on the CPU
@@ -102,6 +104,17 @@ class GradSample:
         index = torch.cat([s.layer_index for s in samples])
         missing = sorted({i for s in samples for i in s.missing})
         return GradSample(values, index, samples[0].n_layers, missing, weights)
+
+    def host_nonfinite(self) -> bool:
+        """The norms are on the host (a CPU run) and one is NaN or Inf: known with no sync, so
+        the training thread can act on it before the update (read the weights, re-run the
+        forward). False for a device pass: that would need a sync."""
+        values = self.values
+        if not values or isinstance(values, torch.Tensor):
+            return False
+        # One float read a norm, in C (map): a stack and a sum cost twice as much right after
+        # a backward, when every small op is slow. It stops at the first NaN or Inf.
+        return not all(map(math.isfinite, map(torch.Tensor.item, values)))
 
     def _vector(self, host_values: torch.Tensor | None) -> torch.Tensor:
         values = self.values if host_values is None else host_values
@@ -142,6 +155,22 @@ def layer_norms(
     return norms, total
 
 
+class _no_grad:
+    """``torch.no_grad()`` for the gradient pass: the same switch, a tenth of its cost (the
+    context manager costs tens of microseconds right after a backward; the pass is ~100)."""
+
+    __slots__ = ("enabled",)
+
+    def __enter__(self) -> None:
+        self.enabled = torch.is_grad_enabled()
+        if self.enabled:
+            torch._C._set_grad_enabled(False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            torch._C._set_grad_enabled(True)
+
+
 class GradientStats:
     """Computes per-parameter gradient norms for a fixed list of layers.
 
@@ -150,6 +179,10 @@ class GradientStats:
     step has a single tensor to copy; no ``.item()``, no host sync. The Python work is one pass
     over the parameters to collect their ``.grad`` (a foreach op needs the list anyway).
     Per-layer sums happen later, in the probe thread.
+
+    The weights' norms (where a NaN began) double the bytes read, so they are not read on an
+    ordinary step: ``compute(weights=True)`` reads them in the same fused call, and
+    :meth:`with_weights` adds them to a pass already made, for a step found non-finite.
     """
 
     def __init__(self, layers: list[Layer], only: set[int] | None = None) -> None:
@@ -172,6 +205,7 @@ class GradientStats:
 
         self._plan_key: tuple[type, ...] | None = None
         self._whole = False
+        self._plain = False  # _whole, on the host, dense, full precision: the fast pass
         self._plan: list[tuple[list[int], bool, bool]] = []  # (members, sparse, low precision)
         self._on_host = True
         self._layer_index = torch.zeros(0, dtype=torch.int64)
@@ -232,33 +266,76 @@ class GradientStats:
         self._missing = sorted({self._param_layer[i] for i, g in enumerate(grads) if g is None})
         # The usual case: one group holding every parameter in order needs no regrouping.
         self._whole = len(self._plan) == 1 and self._plan[0][0] == list(range(len(grads)))
+        self._plain = self._whole and self._on_host and not any(self._plan[0][1:])
         self._plan_key = key
 
-    def compute(self) -> GradSample:
+    def compute(self, weights: bool = False) -> GradSample:
+        """This step's gradient norms; with ``weights`` also the weights' norms, in the same
+        fused call (a step already known to be non-finite, or a GPU run: see the sampler)."""
         grads = [p.grad for p in self._params]
         # Which grads exist, as a C-level map: a Python-level generator costs ~1 µs a parameter.
         key = tuple(map(type, grads))
         self.replanned = key != self._plan_key
         if self.replanned:
             self._make_plan(grads, key)
+        if self._plain and not weights:
+            # The usual CPU pass: one dense full-precision group, gradients only — the fused
+            # call and nothing else. No grad-mode switch: a gradient does not require grad
+            # (short of create_graph=True, where the norms' small graph is dropped with them).
+            fused = torch._foreach_norm(grads)  # type: ignore[arg-type]
+            return GradSample(fused, self._layer_index, self.n_layers, self._missing, False)
         norms: list[tuple[torch.Tensor, ...]] = []
         weight_norms: list[tuple[torch.Tensor, ...]] = []
-        with torch.no_grad():  # a pre-step hook may run with grad mode on: no graph of weights
+        with _no_grad():  # a pre-step hook may run with grad mode on: no graph of weights
             for members, sparse, low_precision in self._plan:
                 group = grads if self._whole else [grads[i] for i in members]
-                weights = self._weights if self._whole else [self._weights[i] for i in members]
                 kwargs = {"dtype": torch.float32} if low_precision else {}
                 # Low precision accumulates in float32: an fp16 norm overflows at 65504.
                 if sparse:
                     dense = [g.coalesce().values() for g in group]  # type: ignore[union-attr]
                     norms.append(torch._foreach_norm(dense, 2, **kwargs))
-                    weight_norms.append(torch._foreach_norm(weights, 2, **kwargs))
-                else:
+                    if weights:
+                        weight_norms.append(torch._foreach_norm(self._group(members), 2, **kwargs))
+                elif weights:
                     # One fused call over the gradients and their weights: one kernel launch.
-                    both = torch._foreach_norm([*group, *weights], 2, **kwargs)  # type: ignore[list-item]
+                    both = torch._foreach_norm([*group, *self._group(members)], 2, **kwargs)  # type: ignore[list-item]
                     norms.append(both[: len(group)])
                     weight_norms.append(both[len(group) :])
+                else:
+                    norms.append(torch._foreach_norm(group, 2, **kwargs))  # type: ignore[arg-type]
+        return self._sample(norms, weight_norms)
+
+    def with_weights(self, sample: GradSample) -> GradSample:
+        """``sample`` (this step's gradient pass, weights not read) and the weights' norms now,
+        in the same order: read only on a step found non-finite, where a NaN may have begun.
+        One more fused call over the weights; the gradient norms are reused as they are."""
+        if sample.weights or not len(sample.layer_index):
+            return sample
+        weight_norms: list[tuple[torch.Tensor, ...]] = []
+        with _no_grad():
+            for members, _sparse, low_precision in self._plan:
+                kwargs = {"dtype": torch.float32} if low_precision else {}
+                weight_norms.append(torch._foreach_norm(self._group(members), 2, **kwargs))
+        ordered = [n for group in weight_norms for n in group]
         values: torch.Tensor | Sequence[torch.Tensor]
+        if isinstance(sample.values, torch.Tensor):
+            device = sample.values.device
+            extra = torch.stack([n.float().to(device, non_blocking=True) for n in ordered])
+            values = torch.cat([sample.values.float(), extra])
+        else:
+            values = [*sample.values, *ordered]
+        return GradSample(values, sample.layer_index, sample.n_layers, sample.missing, True)
+
+    def _group(self, members: list[int]) -> list[torch.Tensor]:
+        return self._weights if self._whole else [self._weights[i] for i in members]
+
+    def _sample(
+        self, norms: list[tuple[torch.Tensor, ...]], weight_norms: list[tuple[torch.Tensor, ...]]
+    ) -> GradSample:
+        values: torch.Tensor | Sequence[torch.Tensor]
+        if self._on_host and len(norms) == 1 and not weight_norms:
+            values = norms[0]  # the usual CPU pass: the kernel's own tuple, as it is
+            return GradSample(values, self._layer_index, self.n_layers, self._missing, False)
         ordered = [n for group in (*norms, *weight_norms) for n in group]
         if not norms:
             values = []  # no parameter has a gradient: nothing to copy
@@ -271,4 +348,5 @@ class GradientStats:
             values = torch.cat(
                 [torch.stack(n).to(self.device, non_blocking=True) for n in (*norms, *weight_norms)]
             )
-        return GradSample(values, self._layer_index, self.n_layers, self._missing, bool(norms))
+        weights = bool(norms) and bool(weight_norms)
+        return GradSample(values, self._layer_index, self.n_layers, self._missing, weights)

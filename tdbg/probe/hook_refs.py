@@ -1,25 +1,26 @@
-"""Hooks that leave a watched model picklable and copyable: weak, and inert in any copy."""
+"""Hooks that leave a watched model picklable, copyable and compilable: weak, inert in a copy."""
 
 from __future__ import annotations
 
+import functools
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+# What a tdbg hook becomes in a pickled or copied module or optimizer: ``sys.audit(INERT_EVENT,
+# *hook arguments)``, a stdlib call that takes any arguments and returns None (the value that
+# tells torch a hook changed nothing). It pickles by reference to ``functools.partial`` and
+# ``sys.audit`` alone, so a checkpoint saved while watched loads where tdbg is not installed.
+# It does nothing unless an audit hook (PEP 578) listens, which then sees this event's name.
+INERT_EVENT = "tdbg.inert_hook"
 
-class InertHook:
-    """What a tdbg hook becomes in a pickled or deep-copied module or optimizer: it does
-    nothing, holds nothing, and pickles to itself (a loaded checkpoint needs no tdbg state)."""
 
-    __slots__ = ()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    def __reduce__(self) -> tuple[type[InertHook], tuple[()]]:
-        return (InertHook, ())
+def inert_hook() -> Callable[..., None]:
+    """A stdlib-only no-op hook, as a copied or unpickled tdbg hook is."""
+    return functools.partial(sys.audit, INERT_EVENT)
 
 
 class WeakHook:
@@ -28,8 +29,12 @@ class WeakHook:
     torch keeps hooks in the module's (or optimizer's) own dicts, so ``torch.save(model)`` and
     ``copy.deepcopy(model)`` copy them. A bound method would drag the probe along — its socket,
     threads and locks cannot be pickled — and a copy (an EMA model, a best-model snapshot) would
-    report into the original probe. This one pickles and copies as an :class:`InertHook`, and
-    never keeps the probe alive by itself.
+    report into the original probe. This one pickles and copies as :func:`inert_hook` (no tdbg
+    needed to load it), and never keeps the probe alive by itself.
+
+    Under ``torch.compile`` it runs eagerly, outside the graph (a graph break): dynamo neither
+    traces the probe's clock reads nor recompiles on its state. That suits optimizer hooks;
+    forward hooks use :class:`ForwardHook`, which ``fullgraph=True`` accepts.
     """
 
     __slots__ = ("_method", "_args", "__weakref__")
@@ -38,22 +43,33 @@ class WeakHook:
         self._method = weakref.WeakMethod(method)
         self._args = args  # leading arguments (plain values: an index, a name)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         method = self._method()
         if method is None:
             return None
         return method(*self._args, *args, **kwargs)
 
-    def __reduce__(self) -> tuple[type[InertHook], tuple[()]]:
-        return (InertHook, ())
+    __call__ = torch.compiler.disable(_call)
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> InertHook:
-        return InertHook()
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (functools.partial, (sys.audit, INERT_EVENT))
 
-    def __copy__(self) -> InertHook:
-        return InertHook()
+    def __deepcopy__(self, memo: dict[int, Any]) -> Callable[..., None]:
+        return inert_hook()
+
+    def __copy__(self) -> Callable[..., None]:
+        return inert_hook()
 
 
-# Under torch.compile the hooks run eagerly, outside the graph: dynamo neither traces the
-# probe's clock reads (a graph break and a warning per hook) nor recompiles on its state.
-WeakHook.__call__ = torch.compiler.disable(WeakHook.__call__)  # type: ignore[method-assign]
+class ForwardHook(WeakHook):
+    """A module forward (pre-)hook: as :class:`WeakHook` in eager mode; inside a region that
+    ``torch.compile`` traces it is a no-op the graph absorbs (no graph break, so
+    ``fullgraph=True`` compiles), and the compiled forward is timed as part of the step
+    rather than split into its own phase."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return None
+        return self._call(*args, **kwargs)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe.hook_refs import WeakHook
+from tdbg.probe.hook_refs import ForwardHook, WeakHook
 
 perf = time.perf_counter
 
@@ -113,8 +113,8 @@ class PhaseHooks:
         # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
         self.handles: list[RemovableHandle] = []
         for model in models:
-            self.handles.append(model.register_forward_pre_hook(WeakHook(self._forward_pre)))
-            self.handles.append(model.register_forward_hook(WeakHook(self._forward_post)))
+            self.handles.append(model.register_forward_pre_hook(ForwardHook(self._forward_pre)))
+            self.handles.append(model.register_forward_hook(ForwardHook(self._forward_post)))
         self._by_optimizer: dict[int, list[RemovableHandle]] = {}
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)

@@ -20,9 +20,10 @@ non-finite event names where it began:
   overflowed. "With finite weights" is said only when the weights were measured at that step;
   otherwise the alert says they were not, and which setting would have measured them.
 
-A step's weights and gradients are measured on sampled steps, and on a CPU run also on any step
-whose loss is already non-finite before its update (read without a sync), so K is the step
-where it began, not the one after.
+A step's gradients are measured on sampled steps, and on a CPU run also on any step whose loss
+is already non-finite before its update (read without a sync), so K is the step where it
+began, not the one after. Its weights are read where they can matter: on a CPU run by a pass
+that finds a NaN or Inf (or on such a loss), before the update; on a GPU by every pass.
 
 No torch here: it works on plain floats and indices.
 """
@@ -177,7 +178,12 @@ class NanOrigin:
                 since,
             )
         else:
-            if weight_nonfinite is not None:
+            if weight_nonfinite is None and grad_norms is not None:
+                weights = (
+                    f"(its gradients were finite; the weights were not read){finite_at}; "
+                    "watch(skip_nonfinite=True) re-runs that forward and names the module"
+                )
+            elif weight_nonfinite is not None:
                 weights = (
                     "with finite weights: the forward or the loss overflowed"
                     f"{finite_at}; watch(skip_nonfinite=True) re-runs that forward and names "

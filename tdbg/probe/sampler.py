@@ -254,11 +254,15 @@ class StepSampler:
         slot = self._by_key.get(key)
         if slot is None:
             return
+        nonfinite = False
         if slot.sample is None and (self._sample_now or self._forced or self._loss_nonfinite(slot)):
             # A step not due for sampling whose loss is already non-finite: measured anyway,
-            # once, before this update spreads the NaN (where it began needs this step).
+            # once, weights too, before this update spreads the NaN (where it began needs it).
             self._forced = not self._sample_now
-            slot.sample = self._compute_grads(slot.grads)
+            sample = self._compute_grads(slot.grads, weights=self._forced)
+            if sample is not None:  # checked once, where it was read (a clip reads it first)
+                sample, nonfinite = self._check_host(slot.grads, sample)
+            slot.sample = sample
         if slot.guard is not None:
             # One sync per update, the price of keeping the model intact (README).
             if slot.guard.check_and_skip():
@@ -267,7 +271,7 @@ class StepSampler:
                     self.skipped_steps += 1
                 self._skipped_layers.extend(slot.guard.nonfinite_layers)
                 self._find_forward_origin()
-        elif slot.sample is not None and self._host_sample_nonfinite(slot.grads, slot.sample):
+        elif nonfinite:
             # On the CPU the norms are already computed: checking them costs no sync. A
             # non-finite one: re-run the forward now, before this update spreads NaN.
             self._find_forward_origin()
@@ -277,18 +281,17 @@ class StepSampler:
         Called only on steps not due for sampling: one float read (a CPU loss) per update."""
         return _host_nonfinite(slot.closure_loss) or _host_nonfinite(self._pending_loss)
 
-    def _host_sample_nonfinite(self, stats: GradientStats, sample: GradSample) -> bool:
-        """A gradient pass whose values are on the host (CPU) has a NaN or Inf: then also note
-        which layers' weights code other than the optimizer changed since the last pass."""
-        values = sample.values
-        if not sample.on_host or not values:
-            return False
-        if bool(torch.stack(list(values)).isfinite().all()):
-            return False
+    def _check_host(self, stats: GradientStats, sample: GradSample) -> tuple[GradSample, bool]:
+        """(the sample, whether it is non-finite) for a gradient pass whose values are on the
+        host (CPU): checking them costs no sync. A NaN or Inf: the weights are read now too,
+        before the update (where it began), and the layers whose weights code other than the
+        optimizer changed since the last pass are noted. A device pass: as it is, False."""
+        if not sample.host_nonfinite():
+            return sample, False
         changed = stats.changed_layers()
         if changed is not None:
             self._changed_layers = sorted({*(self._changed_layers or ()), *changed})
-        return True
+        return stats.with_weights(sample), True
 
     def _find_forward_origin(self) -> None:
         captured = self.captured()
@@ -348,8 +351,12 @@ class StepSampler:
             if self._rest_sample is None and (
                 self._sample_now or _host_nonfinite(self._pending_loss)
             ):
-                self._forced = self._forced or not self._sample_now
-                self._rest_sample = self._compute_grads(rest)  # unclipped, as above
+                forced = not self._sample_now
+                self._forced = self._forced or forced
+                sample = self._compute_grads(rest, weights=forced)  # unclipped, as above
+                if sample is not None:  # checked before the loop's own update of them
+                    sample, _ = self._check_host(rest, sample)
+                self._rest_sample = sample
         if mine:
             self._clip = (_number(max_norm), total_norm)
 
@@ -420,12 +427,16 @@ class StepSampler:
             self._pass_length = None
 
     # --- the gradient pass ---------------------------------------------------------------------
-    def _compute_grads(self, stats: GradientStats) -> GradSample | None:
+    def _compute_grads(self, stats: GradientStats, weights: bool = False) -> GradSample | None:
+        """One gradient pass. ``weights``: read the weights' norms too (a step already known
+        to be non-finite). On the CPU they are otherwise read only when the pass finds a NaN
+        or Inf (:meth:`_check_host`, no sync); on a device, where that check would need a sync,
+        every pass reads them in its one fused call."""
         if not stats.n_params:
             return None
         t0 = perf()
         before = mark(self._cuda_device) if self._cuda_device is not None else None
-        sample = stats.compute()
+        sample = stats.compute(weights or stats.device.type != "cpu")
         if self._cuda_device is None and self.grad_every != 1:
             # Steps in between go unmeasured: what tells, at the next pass, an update's NaN
             # from a weight set to NaN by other code (a memory read a parameter; CPU runs,
@@ -477,17 +488,19 @@ class StepSampler:
             return NAN
         return _number(value)
 
-    def _take_samples(self, force_rest: bool = False) -> GradSample | None:
+    def _take_samples(self, force_rest: bool = False, weights: bool = False) -> GradSample | None:
         """This step's gradient sample: each optimizer's, read now for one that did not read
         its own (an optimizer that did not step, manual updates), joined into one row.
-        ``force_rest``: read the parameters no optimizer updates even if not due."""
-        samples: list[GradSample] = []
+        ``force_rest``: read the parameters no optimizer updates even if not due; ``weights``:
+        read the weights too (a step known to be non-finite)."""
+        weights = weights or self._forced
+        samples: list[tuple[GradientStats, GradSample]] = []
         due = self._sample_now or self._forced
         for slot in self._slots:
             sample, slot.sample = slot.sample, None
             if sample is None and due:
                 try:
-                    sample = self._compute_grads(slot.grads)
+                    sample = self._compute_grads(slot.grads, weights)
                 except Exception as exc:  # a failed gradient pass must not cost the loss
                     self._count_error(exc)
                 if sample is not None and len(sample.missing) >= len(slot.grads.layer_indices):
@@ -495,21 +508,26 @@ class StepSampler:
                     # all is not "no gradient reached every layer".
                     sample = None
                 if sample is not None:
-                    self._host_sample_nonfinite(slot.grads, sample)
+                    sample, _ = self._check_host(slot.grads, sample)
             if sample is not None:
-                samples.append(sample)
+                samples.append((slot.grads, sample))
         rest_sample, self._rest_sample = self._rest_sample, None
         if rest_sample is None and self._rest is not None and (due or force_rest):
             try:
-                rest_sample = self._compute_grads(self._rest)
+                rest_sample = self._compute_grads(self._rest, weights or force_rest)
+                if rest_sample is not None:
+                    rest_sample, _ = self._check_host(self._rest, rest_sample)
             except Exception as exc:
                 self._count_error(exc)
         if rest_sample is not None and self._rest is not None:
-            self._host_sample_nonfinite(self._rest, rest_sample)
-            samples.append(rest_sample)
+            samples.append((self._rest, rest_sample))
         if not samples or not self._n_layers:
             return None
-        return GradSample.join(samples)
+        if any(s.weights for _, s in samples) and not all(s.weights for _, s in samples):
+            # One optimizer's pass found a NaN and read its weights: the others' too, so that
+            # the step's row says which layers' weights were non-finite (a rare step).
+            samples = [(stats, stats.with_weights(s)) for stats, s in samples]
+        return GradSample.join([s for _, s in samples])
 
     def _step_losses(self, loss: Any) -> tuple[Any, dict[str, Any], int]:
         """The step's loss (what the loop passed, else what was backpropagated for the first
@@ -596,7 +614,7 @@ class StepSampler:
                 slot.sample = None
             self._rest_sample = None
             self._forced = weights_only and not self._sample_now
-            sample = self._take_samples(force_rest=weights_only) if weights_only else None
+            sample = self._take_samples(weights_only, weights_only) if weights_only else None
         else:
             force_rest = (
                 not self._sample_now

@@ -1,0 +1,111 @@
+"""A model watched by tdbg saves, loads, copies and compiles as one that is not: a checkpoint
+loads where tdbg is not installed, and ``torch.compile(fullgraph=True)`` trains true."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from conftest import Loop, Reader
+
+import tdbg
+
+LOAD_WITHOUT_TDBG = """
+import sys
+sys.modules["tdbg"] = None  # `import tdbg` now raises: the loader has no tdbg at all
+import torch
+saved = torch.load(sys.argv[1], weights_only=False)
+model, opt, x = saved["model"], saved["opt"], saved["x"]
+assert torch.equal(model(x), saved["out"])
+opt.zero_grad()
+model(x).sum().backward()
+opt.step()  # its hooks (the probe's, copied) run and do nothing
+twin = __import__("copy").deepcopy(model)
+assert torch.equal(twin(x), model(x))
+print("loaded", sorted(m for m in sys.modules if m.startswith("tdbg")))
+"""
+
+
+def test_a_checkpoint_saved_while_watched_loads_without_tdbg(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    loop.run(2, probe)
+    path = tmp_path / "checkpoint.pt"
+    out = loop.model(loop.x)
+    torch.save({"model": loop.model, "opt": loop.opt, "x": loop.x, "out": out}, path)
+    # -I: no PYTHONPATH, no user site; the guard in the script stops an installed tdbg too.
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", LOAD_WITHOUT_TDBG, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "loaded ['tdbg']", done.stdout  # only the guard's None
+    probe.close()
+
+
+def test_a_deep_copy_carries_no_hook_into_the_probe(runtime_dir: Path) -> None:
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    loop.run(1, probe)
+    twin, opt_twin = copy.deepcopy(loop.model), copy.deepcopy(loop.opt)
+    hooks = [
+        *twin._forward_pre_hooks.values(),
+        *twin._forward_hooks.values(),
+        *opt_twin._optimizer_step_pre_hooks.values(),
+        *opt_twin._optimizer_step_post_hooks.values(),
+    ]
+    assert hooks and all(type(h).__module__ == "functools" for h in hooks), hooks
+    before = probe.steps
+    twin(loop.x).sum().backward()
+    opt_twin.step()
+    assert probe.steps == before
+    probe.close()
+
+
+def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Path) -> None:
+    """fullgraph=True refuses any graph break; the probe's forward hooks are a no-op the graph
+    absorbs. The run's losses and gradient norms are those of the same run unwatched."""
+    from norm_oracle import reference_norms
+
+    from tdbg.probe.gradients import find_layers
+
+    def train(watch: bool) -> tuple[list[float], list[float], Reader | None]:
+        loop = Loop()
+        probe = tdbg.watch(loop.model, loop.opt, grad_every=1) if watch else None
+        reader = Reader(probe.socket_path) if probe is not None else None  # type: ignore[arg-type]
+        compiled = torch.compile(loop.model, backend="eager", fullgraph=True)
+        losses, totals = [], []
+        for _ in range(4):
+            loop.opt.zero_grad()  # type: ignore[union-attr]
+            loss = ((compiled(loop.x) - loop.y) ** 2).mean()
+            loss.backward()
+            totals.append(reference_norms(find_layers(loop.model))[0])
+            loop.opt.step()  # type: ignore[union-attr]
+            losses.append(float(loss.detach()))
+            if probe is not None:
+                probe.step(loss)
+        if probe is not None:
+            assert probe.errors == 0
+            reader.wait(lambda r: len(r.records()) >= 4)  # type: ignore[union-attr]
+        return losses, totals, reader
+
+    torch._dynamo.reset()
+    plain_losses, plain_totals, _ = train(watch=False)
+    torch._dynamo.reset()
+    losses, totals, reader = train(watch=True)
+    assert reader is not None
+    assert losses == plain_losses and totals == plain_totals
+    records = reader.records()
+    assert [r.step for r in records] == [0, 1, 2, 3]
+    for record, loss, total in zip(records, losses, totals, strict=True):
+        assert abs(record.loss - loss) <= 1e-6 * abs(loss)
+        assert abs(record.grad_total - total) <= 1e-5 * total
+    reader.close()
