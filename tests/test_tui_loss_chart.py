@@ -4,6 +4,9 @@ pan, y-range) each making the change they promise on screen."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from test_tui_app import painted, shows
@@ -111,3 +114,49 @@ async def test_v_shows_the_step_time_of_each_step_and_back() -> None:
         assert "50" in labels, labels  # the y axis is in ms now
         await pilot.press("v")
         await wait_for(pilot, lambda: "step time ms" not in screen_text(app), "the loss again")
+
+
+CONVERGED_RUN = """
+import asyncio, dataclasses, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+sys.path.insert(0, sys.argv[1])
+from test_tui_app import painted
+from tdbg.protocol.steps import pack_steps, unpack_steps
+from tdbg.tui.app import make_app, screen_text
+from tdbg.tui.sources.base import ReplaySource
+from tdbg.tui.sources.synthetic import RUN, synthetic_run
+
+def converged(msg):
+    if msg["type"] != "steps":
+        return msg
+    rows = [
+        dataclasses.replace(r, loss=1e3 if r.step < 50 else 1e-8 * (1 + 1e-4 * (r.step % 7)))
+        for r in unpack_steps(msg)
+    ]
+    return pack_steps(rows, msg["layers"], msg["history"])
+
+async def main():
+    messages = [converged(m) for m in synthetic_run(steps=6000, n_layers=2, metrics=False)]
+    app = make_app(ReplaySource(messages, RUN))
+    async with app.run_test(size=(80, 24)) as pilot:
+        while app.state.n_steps < 6000:
+            await pilot.pause(0.05)
+        await painted(pilot, app)
+        print("step 5999" in screen_text(app))
+
+asyncio.run(main())
+"""
+
+
+def test_a_converged_run_s_chart_draws_in_bounded_memory(tmp_path: Path) -> None:
+    # A loss that settles to 1e-8 after starting at 1e3: the fitted range is ~1e-12 wide and the
+    # first steps lie 1e15 ranges above it. plotext rasterised the line joining them over its
+    # whole length (gigabytes: a 1 M-step replay was killed); the chart must stay small.
+    script = tmp_path / "converged.py"
+    script.write_text(CONVERGED_RUN)
+    tests = Path(__file__).resolve().parent
+    out = subprocess.run(
+        [sys.executable, str(script), str(tests)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stdout

@@ -59,6 +59,26 @@ def bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int) -> tuple[np.ndarray,
     return x[edges[:-1]], sums / counts
 
 
+def inside_limits(
+    x: np.ndarray, y: np.ndarray, limits: tuple[float, float] | None, line: bool
+) -> tuple[list[float], list[float]]:
+    """The points to hand plotext for y-limits ``limits``: a line is clamped to the frame (it
+    runs along the edge where the series is off the scale), loose points outside it are left out.
+
+    plotext rasterises a line over its whole length, inside the frame or not: a converged run
+    whose fitted range is 1e-9 wide, joined to its first steps' loss 1e6 ranges away, asked it
+    for gigabytes and killed the TUI (a 1 M-step replay).
+    """
+    if limits is not None:
+        lo, hi = limits
+        if line:
+            y = np.clip(y, lo, hi)
+        else:
+            keep = (y >= lo) & (y <= hi)
+            x, y = x[keep], y[keep]
+    return x.tolist(), y.tolist()
+
+
 # Colours of the metrics drawn over the loss (val_loss, loss/NAME, ...), in legend order.
 PALETTE: tuple[tuple[int, int, int], ...] = (
     (80, 200, 120),
@@ -266,18 +286,20 @@ class LossChart(Static, can_focus=True):
         fig.theme("colorless")
         xr, yr = bucket_mean(x, y, points)
         raw = plt.marker("braille", self._rgb("loss-chart--raw"))
-        fig.draw(fig.signal(xr.tolist(), yr.tolist(), marker=raw))
+        fig.draw(fig.signal(*inside_limits(xr, yr, limits, line=False), marker=raw))
         for ex, ey, rgb in extra:
             keep = (ex >= lo) & (ex <= hi)
             ey = ey[keep]
             ey = np.where(ey > 0, ey, np.nan) if data.log else ey
             xe, ye = bucket_mean(ex[keep].astype(np.float64), ey, points)
             if len(ye):
-                fig.draw(fig.signal(xe.tolist(), ye.tolist(), marker=plt.marker("braille", rgb)))
+                points_e = inside_limits(xe, ye, limits, line=False)
+                fig.draw(fig.signal(*points_e, marker=plt.marker("braille", rgb)))
         xs, yss = bucket_mean(x, ys, points)
         if len(yss):  # drawn last, joined into a line: on top of the raw points
             smooth = plt.marker("braille", self._rgb("loss-chart--smoothed"))
-            fig.draw(fig.signal(xs.tolist(), yss.tolist(), marker=smooth).lines())
+            line = inside_limits(xs, yss, limits, line=True)
+            fig.draw(fig.signal(*line, marker=smooth).lines())
         if self.nan_step is not None and lo <= self.nan_step <= hi and limits is not None:
             nan_line = plt.marker("│", NAN_RGB)
             fig.draw(fig.segment([self.nan_step] * 2, list(limits), marker=nan_line))
