@@ -274,7 +274,7 @@ class Error(TypedDict):
 
 class Bye(TypedDict):
     type: Literal["bye"]
-    reason: str  # "shutdown" | "slow_consumer"
+    reason: str  # "shutdown" | "slow_consumer" | "exit 1: <the uncaught exception>"
 
 
 class AckFields(TypedDict):

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tdbg.connect.client import ConnectError, ProbeClient
+from tdbg.connect.exit_status import exit_status
 from tdbg.connect.runtime import RunEntry, discover
 from tdbg.protocol.framing import ProtocolError
 
@@ -123,14 +125,23 @@ class JobSource:
         return bool(self._clients)
 
     def _read(self, rank: int, client: ProbeClient) -> None:
+        said_bye = False
         try:
             for message in client.messages():
                 if message.get("type") == "bye":
+                    said_bye = True
                     self.ended[rank] = str(message.get("reason") or "closed")
                 self._inbox.put((rank, message))
         except (OSError, ProtocolError, ConnectError) as exc:
             self.ended[rank] = f"connection lost: {exc}"
         finally:
+            # No goodbye: the process died. Its exit status, while its parent has not reaped
+            # it (a pid means something only on the rank's own host).
+            here = client.run.get("host") == socket.gethostname()
+            died = here and not said_bye and not self.stopped
+            status = exit_status(int(client.run.get("pid", -1))) if died else None
+            if status is not None:
+                self.ended[rank] = status
             self.ended.setdefault(rank, "connection closed")
             self._inbox.put((rank, None))
 

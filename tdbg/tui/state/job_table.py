@@ -31,7 +31,7 @@ class RankRow:
     gpu_util: float | None = None  # percent, NVML's, of the GPU the rank trains on
     on_gpu: bool = False  # the rank trains on a GPU (else its GPU util is "n/a")
     alerts: list[str] = field(default_factory=list)  # the active job alert kinds on this rank
-    state: str = "live"  # live | ended (with its reason) | stalled
+    state: str = "live"  # live | stalled | ended | dead: <exit status> | lost (``ended_words``)
 
 
 def rank_rows(job: Job, alerts: JobAlerts) -> list[RankRow]:
@@ -61,7 +61,7 @@ def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
     grad_total = float(grad[-1]) if grad.size else None
     status = "live"
     if state.ended:
-        status = f"ended ({state.end_reason})" if state.end_reason else "ended"
+        status = ended_words(state.end_reason)
     elif any(a.kind == "stalled" for a in list(state.alerts)[:1]):
         status = "stalled"
     return RankRow(
@@ -81,6 +81,18 @@ def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
         alerts=sorted(alerts, key=lambda k: SEVERITY_ORDER.get(k, 3)),
         state=status,
     )
+
+
+def ended_words(reason: str | None) -> str:
+    """How a rank ended, for its row: ``dead: killed by SIGKILL`` / ``dead: exit 1: ...`` when
+    its exit is known (the probe's goodbye, or its exit status), ``lost`` when its connection
+    ended without a word, ``ended`` for a probe that closed normally."""
+    reason = reason or ""
+    if reason.startswith(("exit ", "killed by ")):
+        return f"dead: {reason}"
+    if reason.startswith("connection"):
+        return "lost"
+    return f"ended ({reason})" if reason and reason != "shutdown" else "ended"
 
 
 def _memory(state: RunState) -> int | None:

@@ -89,7 +89,8 @@ class RankTable(DataTable[Text]):
         if row.alerts:
             alerts = Text(" ".join(row.alerts), style=ALERT_STYLE.get(row.alerts[0], "yellow"))
         elif row.state != "live":
-            alerts = Text(row.state, style="dim")
+            style = "bold red" if row.state.startswith("dead") else "yellow"
+            alerts = Text(row.state, style="dim" if row.state.startswith("ended") else style)
         else:
             alerts = Text("ok", style="green")
         grad = row.grad_total
