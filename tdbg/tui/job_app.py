@@ -19,8 +19,10 @@ from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.waiting import WaitingScreen
 from tdbg.tui.sources.job import JobSource, RankBatches, job_entries
+from tdbg.tui.sources.job_replay import RecordedJobSource
 from tdbg.tui.state.job import Job
 from tdbg.tui.state.job_alerts import JobAlerts
+from tdbg.tui.state.job_replay import replay_job
 from tdbg.tui.state.run_state import RunState
 
 REPAINT_INTERVAL = 1 / 4  # seconds: new data repaints at most this often (keys act at once)
@@ -50,16 +52,16 @@ class JobApp(App[int]):
             super().__init__()
             self.kind, self.payload = kind, payload
 
-    def __init__(self, source: JobSource) -> None:
+    def __init__(self, source: JobSource, replayed: tuple[Job, JobAlerts] | None = None) -> None:
+        """``replayed``: a job already folded from recordings (``state.job_replay``)."""
         super().__init__()
         self.source = source
-        self.job = Job(source.job or "", {})
-        self.alerts = JobAlerts()
-        self.revision = 0
+        self.job, self.alerts = replayed or (Job(source.job or "", {}), JobAlerts())
+        self.revision = 1 if replayed else 0
         self._painted = -1
         self._shown = (-1, -1)
         self._unfolded: dict[int, list[dict[str, Any]]] = {}  # rank -> messages not folded yet
-        self._judged = -1  # the revision last judged...
+        self._judged = self.revision if replayed else -1  # the revision last judged...
         self._judged_at = 0.0  # ...and when (monotonic seconds)
         self.notices: list[str] = []
 
@@ -243,3 +245,11 @@ def launch_job(job: str | None, directory: Path | None = None) -> int | None:
     finally:
         source.close()
     return int(result or app.return_code or 0)
+
+
+def launch_job_replay(paths: list[Path]) -> int:
+    """``tdbg-tui --job DIR`` or ``--job A.rank0.tdbg B.rank1.tdbg ...``: the ranks'
+    recordings replayed as one job (RecordingError for a file that is not one)."""
+    job, alerts = replay_job(paths)
+    app = JobApp(RecordedJobSource(job.job), (job, alerts))
+    return int(app.run() or app.return_code or 0)
