@@ -107,10 +107,17 @@ async def test_the_ranks_recordings_replay_as_one_job(tmp_path: Path, runtime_di
     assert _job_recordings(str(tmp_path), []) == files  # the directory: every rank's recording
     app = JobApp(RecordedJobSource("replay"), replay_job(files))
     async with app.run_test(size=(180, 40)) as pilot:
-        text = await wait_for(
-            pilot, lambda: "straggler: rank 1" in screen_text(app) and screen_text(app)
-        )
-        assert "rank_divergence: rank 2" in text and "3 of 3 ranks" in text
+        raised = {(a.kind, tuple(a.ranks)) for a in app.alerts.events if not a.cleared}
+        assert raised == {("straggler", (1,)), ("rank_divergence", (2,))}, app.alerts.events
+
+        def both_shown() -> str | None:  # the first frames can still be settling their layout
+            text = screen_text(app)
+            return (
+                text if "straggler: rank 1" in text and "rank_divergence: rank 2" in text else None
+            )
+
+        text = await wait_for(pilot, both_shown, "both alerts on the job screen")
+        assert "3 of 3 ranks" in text
         table = app.screen.query_one(RankTable)
         first, second = (str(table.get_row_at(i)[0]) for i in range(2))
         assert (first, second) == ("2", "1")  # diverged, then the straggler: worst first
