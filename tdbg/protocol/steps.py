@@ -348,23 +348,3 @@ def thin_rows(msg: dict[str, Any]) -> dict[str, Any]:
             thinned.byteswap()
         out[column] = thinned.tobytes()
     return out
-
-
-def merge_steps(msgs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One ``steps`` message with the rows of ``msgs`` in order, their columns' bytes joined
-    (nothing decoded): a reader that folds many small batches pays its per-batch cost once.
-    The batches must agree on layers, lr groups and ``history``; ValueError otherwise."""
-    first = msgs[0]
-    shape = (first.get("layers"), first.get("lr_groups"), bool(first.get("history")))
-    if any((m.get("layers"), m.get("lr_groups"), bool(m.get("history"))) != shape for m in msgs):
-        raise ValueError("steps batches with other layers, lr groups or history cannot merge")
-    out: dict[str, Any] = {
-        "type": "steps",
-        "n": sum(int(m["n"]) for m in msgs),
-        "layers": first["layers"],
-        "lr_groups": first["lr_groups"],
-        "history": shape[2],
-    }
-    for name, _ in COLUMNS:
-        out[name] = b"".join(_column(m, name, int(m["n"])) for m in msgs)
-    return out

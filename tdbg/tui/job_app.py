@@ -14,7 +14,7 @@ from textual.screen import Screen
 
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover
-from tdbg.protocol.steps import merge_steps
+from tdbg.protocol.steps import concat_steps, joinable
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.waiting import WaitingScreen
@@ -191,32 +191,34 @@ class JobApp(App[int]):
 
 
 def _coalesced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` in order, each run of consecutive step batches merged into one batch (a
-    run that cannot merge, or a malformed one, is passed on as it came)."""
+    """``messages`` in order, each run of consecutive step batches that can be joined byte-wise
+    (same layers, learning-rate groups and history flag) joined into one; a malformed batch is
+    passed on as it came (RunState.apply judges it)."""
     out: list[dict[str, Any]] = []
     run: list[dict[str, Any]] = []
 
     def flush() -> None:
-        if len(run) > 1:
-            try:
-                out.append(merge_steps(run))
-            except (KeyError, TypeError, ValueError):
-                out.extend(run)  # RunState.apply judges each on its own
-        else:
-            out.extend(run)
+        try:
+            joined = concat_steps(run) if len(run) > 1 else None
+        except (KeyError, TypeError, ValueError):
+            joined = None
+        out.extend([joined] if joined is not None else run)
         run.clear()
 
     for message in messages:
-        if message.get("type") == "steps":
-            if run and (message.get("layers"), message.get("lr_groups")) != (
-                run[0].get("layers"),
-                run[0].get("lr_groups"),
-            ):
-                flush()
-            run.append(message)
+        if message.get("type") != "steps":
+            flush()
+            out.append(message)
             continue
-        flush()
-        out.append(message)
+        try:
+            fits = not run or (
+                joinable(run[0], message) and run[0].get("history") == message.get("history")
+            )
+        except KeyError:
+            fits = False
+        if not fits:
+            flush()
+        run.append(message)
     flush()
     return out
 
