@@ -31,7 +31,6 @@ import os
 import selectors
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,20 @@ import psutil
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from tui import KEY_TIMEOUT, PYTHON, ROOT, SIZE, TUI, Key, Pane, cpu_share  # noqa: E402
+import tui  # noqa: E402
+from tui import (  # noqa: E402
+    KEY_TIMEOUT,
+    PYTHON,
+    ROOT,
+    SIZE,
+    TUI,
+    Key,
+    Pane,
+    _cpu,
+    _median,
+    cpu_share,
+    head_snapshot,
+)
 
 JOB = "bench-job"
 TICK = 0.1  # seconds between a rank's step batches (the probe's own rate)
@@ -227,13 +239,8 @@ class Result:
 
 
 def measure_key(pane: Pane, key: Key, settle: float) -> float | None:
-    before = key.indicator(pane.text())
-    if before is None:
-        return None
-    start = time.perf_counter()
-    pane.press(key.tmux)
-    shown = pane.wait_for(lambda t: key.indicator(t) != before, KEY_TIMEOUT)
-    elapsed = KEY_TIMEOUT if shown is None else time.perf_counter() - start
+    """``tui.measure_key``, then ``settle`` seconds so a repaint backlog cannot carry over."""
+    elapsed = tui.measure_key(pane, key)
     time.sleep(settle)
     return elapsed
 
@@ -299,11 +306,6 @@ def one_run(args: argparse.Namespace, workdir: Path, k: int) -> Result:
     return result
 
 
-def _cpu(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return float(times.user + times.system)
-
-
 def _print_profile(path: Path) -> None:
     import pstats
 
@@ -323,10 +325,6 @@ def _quantile(values: list[float | None], q: float) -> float | None:
     if not got:
         return None
     return got[min(len(got) - 1, max(0, round(q * (len(got) - 1))))]
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
@@ -387,12 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="tdbg-job-bench-") as tmp:
         if args.head:
-            args.source = Path(tmp) / "head"
-            args.source.mkdir()
-            archive = subprocess.run(
-                ["git", "-C", str(ROOT), "archive", "HEAD", "tdbg"], capture_output=True, check=True
-            )
-            subprocess.run(["tar", "-x", "-C", str(args.source)], input=archive.stdout, check=True)
+            args.source = head_snapshot(Path(tmp))
         print(f"tdbg from {args.source}", flush=True)
         for k in range(args.repeats):
             print(f"repeat {k + 1}/{args.repeats}: {args.ranks} ranks ...", flush=True)
