@@ -334,6 +334,17 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         print(f"{key:>12} " + " ".join(cells))
 
 
+def head_snapshot(tmp: Path) -> Path:
+    """The last commit's ``tdbg`` package, extracted under ``tmp`` (its PYTHONPATH entry)."""
+    source = tmp / "head"
+    source.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "HEAD", "tdbg"], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
+    return source
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--quick", action="store_true", help="one repeat, short windows (< 2 min)")
@@ -360,12 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="tdbg-tui-bench-") as tmp:
         if args.head:
-            args.source = Path(tmp) / "head"
-            args.source.mkdir()
-            archive = subprocess.run(
-                ["git", "-C", str(ROOT), "archive", "HEAD", "tdbg"], capture_output=True, check=True
-            )
-            subprocess.run(["tar", "-x", "-C", str(args.source)], input=archive.stdout, check=True)
+            args.source = head_snapshot(Path(tmp))
         print(f"tdbg from {args.source}", flush=True)
         for k in range(args.repeats):
             for layers in args.layers:

@@ -10,14 +10,19 @@ import pytest
 from processes import recorded_torchrun_job, torchrun_job
 from waiting import wait_for
 
+from tdbg.cli.main import _job_recordings
 from tdbg.protocol.steps import pack_steps, unpack_steps
 from tdbg.recording.reader import Recording
 from tdbg.tui.app import screen_text
 from tdbg.tui.job_app import JobApp
+from tdbg.tui.screens.job import RankScreen
 from tdbg.tui.sources.job import JobSource
+from tdbg.tui.sources.job_replay import RecordedJobSource
 from tdbg.tui.state.job import Job
 from tdbg.tui.state.job_alerts import JobAlert, JobAlerts
+from tdbg.tui.state.job_replay import replay_job
 from tdbg.tui.state.run_state import RunState
+from tdbg.tui.widgets.rank_table import RankTable
 
 
 def replay_as_live(files: list[Path]) -> tuple[JobAlerts, list[JobAlert]]:
@@ -91,3 +96,31 @@ async def test_a_hang_is_named_on_the_job_screen_with_its_collective_and_stacks(
             )
             assert "ranks 0, 2 wait in" in text
             assert "rank 1 at " in text  # its innermost frame, under the alert
+
+
+@pytest.mark.slow
+async def test_the_ranks_recordings_replay_as_one_job(tmp_path: Path, runtime_dir: Path) -> None:
+    """`tdbg-tui --job DIR`: a 3-rank torchrun job's recordings (rank 1 straggles, rank 2
+    diverges) replayed as one job on the job screen, its alerts judged from the streams."""
+    files = recorded_torchrun_job(tmp_path, 3, 40, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
+    assert _job_recordings(str(tmp_path), []) == files  # the directory: every rank's recording
+    app = JobApp(RecordedJobSource("replay"), replay_job(files))
+    async with app.run_test(size=(180, 40)) as pilot:
+        raised = {(a.kind, tuple(a.ranks)) for a in app.alerts.events if not a.cleared}
+        assert raised == {("straggler", (1,)), ("rank_divergence", (2,))}, app.alerts.events
+
+        def both_shown() -> str | None:  # the first frames can still be settling their layout
+            text = screen_text(app)
+            return (
+                text if "straggler: rank 1" in text and "rank_divergence: rank 2" in text else None
+            )
+
+        text = await wait_for(pilot, both_shown, "both alerts on the job screen")
+        assert "3 of 3 ranks" in text
+        table = app.screen.query_one(RankTable)
+        first, second = (str(table.get_row_at(i)[0]) for i in range(2))
+        assert (first, second) == ("2", "1")  # diverged, then the straggler: worst first
+        assert str(table.get_row("0")[-1]) == "ended"  # each recording ran to its end
+        await pilot.press("enter")  # a replayed rank opens as any rank does
+        await wait_for(pilot, lambda: isinstance(app.screen, RankScreen), "rank 2's screen")
+        assert app.send_command("profile") is None  # a recording takes no commands

@@ -14,6 +14,7 @@ from jobs import pretend_rank
 from waiting import wait_for, wait_until
 
 from tdbg.connect.runtime import discover
+from tdbg.tui.app import screen_text
 from tdbg.tui.job_app import JobApp, local_job
 from tdbg.tui.sources.job import JobSource
 from tdbg.tui.state.job_table import rank_rows
@@ -44,5 +45,9 @@ async def test_two_jobs_are_never_mixed_and_a_dead_rank_shows_as_ended(runtime_d
             )
             rows = rank_rows(app.job, app.alerts)
             assert [r.rank for r in rows] == [1, 0]  # the dead rank first
-            assert rows[0].state.startswith("ended") and rows[1].state == "live"
+            # Its exit status, read before its parent (this test) reaps it.
+            assert rows[0].state == "dead: killed by SIGKILL" and rows[1].state == "live"
+            await wait_for(
+                pilot, lambda: "dead: killed by SIGKILL" in screen_text(app), "the dead on screen"
+            )
             assert set(app.job.ranks) == {0, 1}  # jobB's rank 0 never joined

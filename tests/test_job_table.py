@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from test_job_alerts import feed, job_of, stall
+import sys
+import types
 
+import pytest
+from test_job_alerts import feed, job_of, stall
+from test_system import fake_pynvml
+
+from tdbg.probe.system import SystemSampler
 from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.state.job_alerts import JobAlerts
 from tdbg.tui.state.job_table import rank_rows, summarize
+from tdbg.tui.widgets.rank_table import COLUMNS, RankTable
 
 
 def test_worst_first_a_hang_then_a_straggler_then_the_slowest() -> None:
@@ -37,3 +44,24 @@ def test_the_job_line_is_the_slowest_rank_and_the_mean_loss() -> None:
     assert summary.loss == 1.5
     assert summary.steps_per_sec == 0.5  # rank 1: a step every 2 s holds the job to its pace
     assert summary.samples_per_sec == 160.0  # 80 samples/s on each rank
+
+
+def test_gpu_util_is_the_ranks_own_gpu_and_na_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's system message from a faked NVML (the library boundary) with two GPUs busy
+    at 30 % and 90 %: the rank on cuda:1 reads 90 %, a CPU rank reads n/a."""
+    nvml = fake_pynvml(gpus=2)
+    busy = {"handle0": 30, "handle1": 90}
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=busy[h], memory=0)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    system = SystemSampler().sample()
+    job = job_of(2)
+    job.ranks[0].run["device"] = "cuda:1"
+    job.ranks[1].run["device"] = "cpu"
+    for state in job.ranks.values():
+        state.apply(system)
+    rows = {r.rank: r for r in rank_rows(job, JobAlerts())}
+    assert (rows[0].on_gpu, rows[0].gpu_util) == (True, 90.0)
+    assert (rows[1].on_gpu, rows[1].gpu_util) == (False, None)
+    column = COLUMNS.index("GPU util")
+    assert RankTable._cells(rows[0])[column].plain == "90%"
+    assert RankTable._cells(rows[1])[column].plain == "n/a"

@@ -50,3 +50,28 @@ async def test_the_job_screen_shows_every_rank_and_names_a_straggler(runtime_dir
             )
             await pilot.press("escape")
             await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "back to the job")
+
+
+@pytest.mark.slow
+async def test_a_rank_that_raises_shows_as_dead_with_its_exit(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    """Rank 1 of a 2-rank torchrun job raises once both ranks are on screen: its probe's
+    goodbye says how it ended (Python exits 1 on an uncaught error), and its row says so."""
+    trigger = tmp_path / "fail-now"
+    with torchrun_job(2, DDP_STEPS="100000", DDP_RAISE_RANK="1", DDP_RAISE_WHEN=str(trigger)):
+        app = JobApp(JobSource(directory=runtime_dir))
+        async with app.run_test(size=(180, 40)) as pilot:
+            await wait_for(pilot, lambda: len(app.job.ranks) == 2, "both ranks attached", 120)
+            trigger.touch()
+
+            def rank_1_ended() -> str | None:
+                state = app.job.ranks.get(1)
+                return state.end_reason if state is not None and state.ended else None
+
+            reason = await wait_for(pilot, rank_1_ended, "rank 1 ended", 120)
+            assert reason == "exit 1: RuntimeError: rank 1 fails on purpose"
+            words = "dead: exit 1: RuntimeError: rank 1 fails on purpose"
+            await wait_for(pilot, lambda: words in screen_text(app), "rank 1 dead on screen")
+            table = app.screen.query_one(RankTable)
+            assert str(table.get_row("1")[-1]) == words  # in its own row's last column

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from tdbg import __version__
@@ -149,6 +150,15 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.tui.app import launch  # textual is loaded only for the TUI (and its replay)
     from tdbg.tui.job_app import launch_job, launch_nodes
 
+    recordings = _job_recordings(args.job, [str(args.target or ""), *map(str, extra)])
+    if recordings:  # `--job DIR` or `--job A.rank0.tdbg B.rank1.tdbg`: a job replayed
+        from tdbg.recording.reader import RecordingError
+        from tdbg.tui.job_app import launch_job_replay
+
+        try:
+            return launch_job_replay(recordings)
+        except RecordingError as exc:
+            raise CliError(str(exc)) from None
     hosts = getattr(args, "hosts", None) or []
     texts = [t for t in (args.target, *extra, *hosts) if t is not None]
     if args.hostfile is not None or any(is_ssh_url(t) for t in texts):  # nodes: a job, or runs
@@ -164,6 +174,27 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
         ssh_options=args.ssh_options,
         remote_tdbg=args.remote_tdbg,
     )
+
+
+def _job_recordings(job: str | None, targets: list[str]) -> list[Path]:
+    """The ranks' recordings ``--job`` names (a directory of them, or files, the targets after
+    it included); [] when ``--job`` names a job id."""
+    from tdbg.recording.reader import is_recording
+
+    if job is None or not Path(job).exists():
+        return []
+    if not (Path(job).is_dir() or is_recording(job)):
+        raise CliError(f"--job: {job} is not a tdbg recording (nor a directory of them)")
+    if Path(job).is_dir():
+        found = sorted(p for p in Path(job).iterdir() if p.is_file() and is_recording(p))
+        if not found:
+            raise CliError(f"--job {job}: no tdbg recordings in that directory")
+        return found
+    files = [Path(job), *(Path(t) for t in targets if t)]
+    for path in files:
+        if not is_recording(path):
+            raise CliError(f"--job: {path} is not a tdbg recording")
+    return files
 
 
 def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
@@ -182,7 +213,9 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--job",
         metavar="JOB",
-        help="every rank of distributed job JOB on one screen (local, or on the ssh:// nodes)",
+        help="every rank of distributed job JOB on one screen (local, or on the ssh:// nodes); "
+        "or a directory of the ranks' recordings (or the recordings, one per rank) replayed as "
+        "one job",
     )
     parser.add_argument(
         "--hostfile",
@@ -399,6 +432,9 @@ def tui_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return cmd_tui(args, sys.stdout)
+    except CliError as exc:  # bad input (e.g. --job DIR with no recordings): one line
+        print(f"tdbg-tui: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 

@@ -123,6 +123,7 @@ class ProbeServer:
         self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
         self.rejected_peers = 0
         self.serving = False
+        self.bye_reason = "shutdown"  # the goodbye's reason ("exit 1: ..." when an error ends it)
         self.side_alerts: deque[Alert] = deque(maxlen=64)  # from the training thread
         self.desk: CommandDesk | None = None  # deep-dive commands: see take_commands
         self.auto_nan_hunt = False
@@ -300,7 +301,7 @@ class ProbeServer:
             self._broadcast_stats(time.monotonic())
 
     def _shutdown_connections(self) -> None:
-        bye = pack(bye_message("shutdown"))
+        bye = pack(bye_message(self.bye_reason))
         for conn in list(self._clients):
             # What is queued still goes first (the run's last steps), then the bye.
             conn.backlog.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import sys
 import threading
 import time
 import traceback
@@ -612,8 +613,11 @@ def log(metrics: Mapping[str, Any] | None = None, /, *, step: Any = None, **scal
 
 
 def _close_all() -> None:
+    died = getattr(sys, "last_value", None)  # set when an uncaught exception ends the process
     for probe in list(_live):
         try:
+            if died is not None:  # the readers learn why: Python exits 1 on an uncaught error
+                probe._server.bye_reason = f"exit 1: {type(died).__name__}: {died}"[:200]
             probe.close()
         except Exception:
             pass

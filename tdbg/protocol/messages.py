@@ -305,7 +305,7 @@ def error_message(code: str, mid: int, message: str) -> Error:
 
 class Bye(TypedDict):
     type: Literal["bye"]
-    reason: str  # "shutdown" | "slow_consumer"
+    reason: str  # "shutdown" | "slow_consumer" | "exit 1: <the uncaught exception>"
 
 
 def bye_message(reason: str) -> Bye:

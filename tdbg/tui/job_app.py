@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +13,22 @@ from textual.screen import Screen
 
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover
+from tdbg.protocol.steps import concat_steps, joinable
 from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.waiting import WaitingScreen
 from tdbg.tui.sources.job import JobSource, RankBatches, job_entries
+from tdbg.tui.sources.job_replay import RecordedJobSource
 from tdbg.tui.state.job import Job
 from tdbg.tui.state.job_alerts import JobAlerts
+from tdbg.tui.state.job_replay import replay_job
 from tdbg.tui.state.run_state import RunState
 
-REPAINT_INTERVAL = 1 / 8  # seconds: the job screen repaints at most this often, on change
+REPAINT_INTERVAL = 1 / 4  # seconds: new data repaints at most this often (keys act at once)
+# Seconds between judgements of the job (stragglers, divergence, hangs), when ranks sent
+# anything: at 64 ranks batches arrive ~160 times a second and one judgement costs ~15 ms, so
+# judging after each batch took the TUI's whole core (benchmarks/job_tui.py).
+JUDGE_INTERVAL = 1 / 4
 
 
 class JobApp(TdbgBaseApp):
@@ -38,13 +46,17 @@ class JobApp(TdbgBaseApp):
             super().__init__()
             self.kind, self.payload = kind, payload
 
-    def __init__(self, source: JobSource) -> None:
+    def __init__(self, source: JobSource, replayed: tuple[Job, JobAlerts] | None = None) -> None:
+        """``replayed``: a job already folded from recordings (``state.job_replay``)."""
         super().__init__()
         self.source = source
-        self.job = Job(source.job or "", {})
-        self.alerts = JobAlerts()
-        self.revision = 0
+        self.job, self.alerts = replayed or (Job(source.job or "", {}), JobAlerts())
+        self.revision = 1 if replayed else 0
         self._painted = -1
+        self._shown = (-1, -1)
+        self._unfolded: dict[int, list[dict[str, Any]]] = {}  # rank -> messages not folded yet
+        self._judged = self.revision if replayed else -1  # the revision last judged...
+        self._judged_at = 0.0  # ...and when (monotonic seconds)
         self.notices: list[str] = []
         self.node_lines: list[str] = []  # an ssh job's nodes that are not read, version mismatch
 
@@ -95,35 +107,58 @@ class JobApp(TdbgBaseApp):
             self.pop_screen()
         self.job.job = self.source.job or self.job.job
         for rank, messages in event.batches.items():
-            for message in messages:
-                if message.get("type") == "hello":  # a rank attached (or restarted): start anew
-                    run = {k: v for k, v in message.items() if k != "type"}
-                    self.job.ranks[rank] = RunState(run)
-                    self.job.ranks[rank].mark("live")
-                    self.job.ranks = dict(sorted(self.job.ranks.items()))
-                    if isinstance(self.screen, RankScreen) and self.screen.rank == rank:
-                        self.screen.show(self.job.ranks[rank])
-                    continue
-                state = self.job.ranks.get(rank)
-                if state is None:
-                    continue
-                state.apply(message)
-                if message.get("type") == "bye":
-                    state.mark("ended", str(message.get("reason") or "closed"))
+            self._unfolded.setdefault(rank, []).extend(messages)
+
+    def fold(self) -> None:
+        """Fold what the ranks sent into their states, a rank's step batches merged into one
+        (at 64 ranks ~640 batches a second arrive; each costs its fixed decode once, not 640
+        times). Runs with the repaint tick, so the state is at most one tick behind."""
+        pending, self._unfolded = self._unfolded, {}
+        for rank, messages in pending.items():
+            for message in _coalesced(messages):
+                self._fold_one(rank, message)
+        if pending:
+            self.revision += 1
+
+    def _fold_one(self, rank: int, message: dict[str, Any]) -> None:
+        if message.get("type") == "hello":  # a rank attached (or restarted): start anew
+            run = {k: v for k, v in message.items() if k != "type"}
+            self.job.ranks[rank] = RunState(run)
+            self.job.ranks[rank].mark("live")
+            self.job.ranks = dict(sorted(self.job.ranks.items()))
+            if isinstance(self.screen, RankScreen) and self.screen.rank == rank:
+                self.screen.show(self.job.ranks[rank])
+            return
+        state = self.job.ranks.get(rank)
+        if state is None:
+            return
+        state.apply(message)
+        if message.get("type") == "bye":
+            state.mark("ended", str(message.get("reason") or "closed"))
+
+    def judge(self) -> None:
+        """Compare the ranks (job alerts) when anything arrived since the last judgement, at
+        most every JUDGE_INTERVAL."""
+        now = time.monotonic()
+        if self._judged == self.revision or now - self._judged_at < JUDGE_INTERVAL:
+            return
+        self._judged, self._judged_at = self.revision, now
         for raised in self.alerts.update(self.job):
             if not raised.cleared:
                 self.notices.append(raised.message)
-        self.revision += 1
 
     def _repaint(self) -> None:
         if not self.screen_stack:
             return
+        self.fold()
+        self.judge()
         screen = self.screen
         if isinstance(screen, RankScreen):
             screen.repaint()
-        elif isinstance(screen, JobScreen) and self.revision != self._painted:
+        elif isinstance(screen, JobScreen) and (self.revision, self._judged) != self._shown:
             if screen.show(self.job, self.alerts):
                 self._painted = self.revision
+                self._shown = (self.revision, self._judged)  # new data, or new alerts on it
 
     # --- drilling into one rank ---------------------------------------------------------------
     def open_rank(self, rank: int) -> None:
@@ -172,6 +207,39 @@ def launch_nodes(
     return int(result or app.return_code or 0)
 
 
+def _coalesced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` in order, each run of consecutive step batches that can be joined byte-wise
+    (same layers, learning-rate groups and history flag) joined into one; a malformed batch is
+    passed on as it came (RunState.apply judges it)."""
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        try:
+            joined = concat_steps(run) if len(run) > 1 else None
+        except (KeyError, TypeError, ValueError):
+            joined = None
+        out.extend([joined] if joined is not None else run)
+        run.clear()
+
+    for message in messages:
+        if message.get("type") != "steps":
+            flush()
+            out.append(message)
+            continue
+        try:
+            fits = not run or (
+                joinable(run[0], message) and run[0].get("history") == message.get("history")
+            )
+        except KeyError:
+            fits = False
+        if not fits:
+            flush()
+        run.append(message)
+    flush()
+    return out
+
+
 def local_job(directory: Path | None = None) -> str | None:
     """The job id when every local run is a rank of one job (two ranks or more), else None."""
     entries = discover(directory)
@@ -196,3 +264,11 @@ def launch_job(job: str | None, directory: Path | None = None) -> int | None:
     finally:
         source.close()
     return int(result or app.return_code or 0)
+
+
+def launch_job_replay(paths: list[Path]) -> int:
+    """``tdbg-tui --job DIR`` or ``--job A.rank0.tdbg B.rank1.tdbg ...``: the ranks'
+    recordings replayed as one job (RecordingError for a file that is not one)."""
+    job, alerts = replay_job(paths)
+    app = JobApp(RecordedJobSource(job.job), (job, alerts))
+    return int(app.run() or app.return_code or 0)

@@ -73,6 +73,13 @@ class JobScreen(Screen[None]):
             return False
         return True
 
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """The cursor's rank and row in the panel's bottom edge (which rank Enter opens)."""
+        table = self.query_one(RankTable)
+        rank = table.selected_rank
+        where = f"rank {rank} · row {event.cursor_row + 1} of {table.row_count}"
+        self.query_one("#job-ranks").border_subtitle = "" if rank is None else where
+
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.row_key.value is not None:
             self._open(int(event.row_key.value))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tdbg.connect.client import ConnectError, ProbeClient
+from tdbg.connect.exit_status import exit_status
 from tdbg.connect.jobs import job_entries
 from tdbg.connect.runtime import discover
 from tdbg.protocol.framing import ProtocolError
@@ -127,14 +129,23 @@ class JobSource(Stoppable):
 
     def _read(self, rank: int, client: ProbeClient) -> None:
         why = "connection closed"
+        said_bye = False
         try:
             for message in client.messages():
                 if message.get("type") == "bye":
+                    said_bye = True
                     why = str(message.get("reason") or "closed")
                 self._inbox.put((rank, message))
         except (OSError, ProtocolError, ConnectError) as exc:
             why = f"connection lost: {exc}"
         finally:
+            # No goodbye: the process died. Its exit status, while its parent has not reaped
+            # it (a pid means something only on the rank's own host).
+            here = client.run.get("host") == socket.gethostname()
+            died = here and not said_bye and not self.stopped
+            status = exit_status(int(client.run.get("pid", -1))) if died else None
+            if status is not None:
+                why = status
             with self._rank_lock:
                 if self._clients.get(rank) is client:  # not replaced meanwhile
                     del self._clients[rank]

@@ -110,7 +110,7 @@ class JobAlerts:
 
     # --- stragglers: raised after ONSET_STEPS, cleared after CLEAR_STEPS ---------------------
     def _judge_stragglers(self, job: Job, step: int, now: float) -> list[JobAlert]:
-        if min(s.n_steps for s in job.ranks.values()) < RECENT:
+        if min((s.n_steps for s in job.ranks.values()), default=0) < RECENT:
             return []  # a few first steps (warm-up, one slow batch) are no window to judge on
         measures = {m.rank: m for m in job.straggler_measures()}
         slow = [r for r, m in measures.items() if is_straggling(m, STRAGGLER_RATIO)]

@@ -12,6 +12,7 @@ from tdbg.tui.state.job_alerts import JobAlerts
 from tdbg.tui.state.run_state import RunState
 
 SEVERITY_ORDER = {"hang": 0, "rank_divergence": 1, "nonfinite_ranks": 1, "straggler": 2}
+SLOWER_THAN_TYPICAL = 1.05  # a rank this much over the job's median own work a step sorts first
 
 
 @dataclass(frozen=True)
@@ -27,21 +28,28 @@ class RankRow:
     loss: float | None
     grad_total: float | None
     memory: int | None  # bytes: the CUDA allocator's peak when on a GPU, else the RSS
+    gpu_util: float | None = None  # percent, NVML's, of the GPU the rank trains on
+    on_gpu: bool = False  # the rank trains on a GPU (else its GPU util is "n/a")
     alerts: list[str] = field(default_factory=list)  # the active job alert kinds on this rank
-    state: str = "live"  # live | ended (with its reason) | stalled
+    state: str = "live"  # live | stalled | ended | dead: <exit status> | lost (``ended_words``)
 
 
 def rank_rows(job: Job, alerts: JobAlerts) -> list[RankRow]:
     """Every rank seen, worst first: ranks with job alerts (a hang, then divergence, then a
-    straggler), then ranks that ended or stalled, then by their own work a step, slowest first."""
+    straggler), then ranks that ended or stalled, then ranks over 5 % slower than the job's
+    median (own work a step), slowest first, then the rest in rank order."""
     flagged = alerts.ranks_alerted()
     rows = [_row(rank, state, flagged.get(rank, [])) for rank, state in job.ranks.items()]
     busy = {m.rank: m.busy for m in job.straggler_measures()}
+    typical = float(np.percentile(list(busy.values()), 50, method="lower")) if busy else 0.0
 
     def badness(row: RankRow) -> tuple[float, float, float, int]:
         worst_alert = min((SEVERITY_ORDER.get(k, 3) for k in row.alerts), default=9)
         trouble = 0 if row.state != "live" else 1
-        slow = busy.get(row.rank, row.step_time or 0.0)
+        # Only ranks notably slower than the job's median are ordered by their slowness; the
+        # rest keep rank order, so rows do not swap places on noise every frame.
+        own = busy.get(row.rank, 0.0)
+        slow = own if own > typical * SLOWER_THAN_TYPICAL else 0.0
         return (worst_alert, trouble, -slow, row.rank)
 
     return sorted(rows, key=badness)
@@ -53,7 +61,7 @@ def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
     grad_total = float(grad[-1]) if grad.size else None
     status = "live"
     if state.ended:
-        status = f"ended ({state.end_reason})" if state.end_reason else "ended"
+        status = ended_words(state.end_reason)
     elif any(a.kind == "stalled" for a in list(state.alerts)[:1]):
         status = "stalled"
     return RankRow(
@@ -68,9 +76,23 @@ def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
         loss=state.last_loss,
         grad_total=grad_total,
         memory=_memory(state),
+        gpu_util=_gpu_util(state),
+        on_gpu=str(state.run.get("device") or "").startswith("cuda"),
         alerts=sorted(alerts, key=lambda k: SEVERITY_ORDER.get(k, 3)),
         state=status,
     )
+
+
+def ended_words(reason: str | None) -> str:
+    """How a rank ended, for its row: ``dead: killed by SIGKILL`` / ``dead: exit 1: ...`` when
+    its exit is known (the probe's goodbye, or its exit status), ``lost`` when its connection
+    ended without a word, ``ended`` for a probe that closed normally."""
+    reason = reason or ""
+    if reason.startswith(("exit ", "killed by ")):
+        return f"dead: {reason}"
+    if reason.startswith("connection"):
+        return "lost"
+    return f"ended ({reason})" if reason and reason != "shutdown" else "ended"
 
 
 def _memory(state: RunState) -> int | None:
@@ -84,6 +106,19 @@ def _memory(state: RunState) -> int | None:
         return max(peaks)
     rss = (system.get("host") or {}).get("rss")
     return rss if isinstance(rss, int) else None
+
+
+def _gpu_util(state: RunState) -> float | None:
+    """NVML's utilisation of the rank's GPU: NVML's device of the index in the rank's
+    ``cuda:K`` (the same index unless CUDA_VISIBLE_DEVICES renumbers them), or the only one."""
+    device = str(state.run.get("device") or "")
+    gpus = [g for g in (state.system or {}).get("gpus") or [] if isinstance(g, dict)]
+    if not device.startswith("cuda") or not gpus:
+        return None
+    index = int(device.partition(":")[2]) if device.partition(":")[2].isdigit() else 0
+    mine = next((g for g in gpus if g.get("index") == index), gpus[0] if len(gpus) == 1 else None)
+    util = None if mine is None else mine.get("util")
+    return float(util) if isinstance(util, int | float) and math.isfinite(util) else None
 
 
 @dataclass(frozen=True)

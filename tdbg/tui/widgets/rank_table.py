@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from tdbg.format import fmt_bytes, fmt_loss, fmt_us
 from tdbg.tui.state.job_table import RankRow
@@ -20,6 +22,7 @@ COLUMNS = (
     "loss",
     "grad norm",
     "memory",
+    "GPU util",
     "alerts",
 )
 ALERT_STYLE = {"hang": "bold red", "rank_divergence": "bold red", "nonfinite_ranks": "bold red"}
@@ -29,24 +32,47 @@ def _time(seconds: float | None) -> str:
     return "-" if seconds is None or not math.isfinite(seconds) else fmt_us(seconds * 1e6)
 
 
-class RankTable(DataTable[str | Text]):
-    """Dumb view: ``show(rows)`` replaces the rows, keeping the cursor on the same rank."""
+def _gpu_util(row: RankRow) -> Text:
+    if not row.on_gpu:
+        return Text("n/a", style="dim")  # a CPU rank: no GPU to be busy
+    return Text("-" if row.gpu_util is None else f"{row.gpu_util:.0f}%")
+
+
+class RankTable(DataTable[Text]):
+    """Dumb view: ``show(rows)`` puts the rows on screen, keeping the cursor on the same rank.
+
+    Rows in the same order as last time get only their changed cells rewritten: clearing and
+    re-adding 64 rows re-measured every cell each frame (benchmarks/job_tui.py)."""
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.zebra_stripes = True
+        self._shown: list[list[Text]] = []
+        self._order: list[int] = []
         for name in COLUMNS:
             self.add_column(name, key=name)
 
     def show(self, rows: list[RankRow]) -> None:
+        order = [r.rank for r in rows]
+        cells = [self._cells(r) for r in rows]
+        if order == self._order:
+            for rank, old, new in zip(order, self._shown, cells, strict=True):
+                for column, before, after in zip(COLUMNS, old, new, strict=True):
+                    if before != after:
+                        # Only a wider cell widens its column: a narrower one made Textual
+                        # re-measure the whole column (every row), each frame.
+                        width = self.columns[ColumnKey(column)].content_width
+                        wider = cell_len(after.plain) > width
+                        self.update_cell(str(rank), column, after, update_width=wider)
+            self._shown = cells
+            return
         keep = self.selected_rank
         self.clear()
-        for row in rows:
-            self.add_row(*self._cells(row), key=str(row.rank))
-        if keep is not None:
-            ranks = [r.rank for r in rows]
-            if keep in ranks:
-                self.move_cursor(row=ranks.index(keep))
+        for rank, row_cells in zip(order, cells, strict=True):
+            self.add_row(*row_cells, key=str(rank))
+        self._order, self._shown = order, cells
+        if keep is not None and keep in order:
+            self.move_cursor(row=order.index(keep))
 
     @property
     def selected_rank(self) -> int | None:
@@ -56,18 +82,21 @@ class RankTable(DataTable[str | Text]):
         return int(key) if key is not None else None
 
     @staticmethod
-    def _cells(row: RankRow) -> list[str | Text]:
+    def _cells(row: RankRow) -> list[Text]:
         phases = "/".join(
             _time(t) for t in (row.forward_time, row.backward_time, row.optimizer_time)
         )
         if row.alerts:
             alerts = Text(" ".join(row.alerts), style=ALERT_STYLE.get(row.alerts[0], "yellow"))
         elif row.state != "live":
-            alerts = Text(row.state, style="dim")
+            style = "bold red" if row.state.startswith("dead") else "yellow"
+            alerts = Text(row.state, style="dim" if row.state.startswith("ended") else style)
         else:
             alerts = Text("ok", style="green")
         grad = row.grad_total
-        return [
+        # Text, never str: a str cell is parsed as markup (a host named "[gpu]" would vanish)
+        # on every render and every width measurement.
+        plain = [
             str(row.rank),
             row.node,
             "-" if row.step is None else str(row.step),
@@ -77,5 +106,9 @@ class RankTable(DataTable[str | Text]):
             fmt_loss(row.loss),
             "-" if grad is None else f"{grad:.4g}",
             "-" if row.memory is None else fmt_bytes(row.memory),
+        ]
+        return [
+            *(Text(cell) for cell in plain),
+            _gpu_util(row),
             alerts,
         ]

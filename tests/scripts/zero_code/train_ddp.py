@@ -4,7 +4,9 @@ DDP_SLOW_RANK=r: that rank waits 40 ms for each batch (a slow data loader);
 DDP_DIVERGE_RANK=r: that rank changes one layer's gradient after the all-reduce (as a broken
 comm hook would), so its update differs from the others';
 DDP_HANG_RANK=r: at step 5 that rank waits (up to 10 minutes) for a batch that never comes,
-so the others wait for it in the all-reduce: a hung job."""
+so the others wait for it in the all-reduce: a hung job;
+DDP_RAISE_RANK=r: that rank raises (an uncaught error: it exits 1) once the file named by
+DDP_RAISE_WHEN exists (at step 5 when none is named)."""
 
 from __future__ import annotations
 
@@ -32,12 +34,16 @@ def main() -> None:
     slow = int(os.environ.get("DDP_SLOW_RANK", "-1")) == rank
     diverge = int(os.environ.get("DDP_DIVERGE_RANK", "-1")) == rank
     hang = int(os.environ.get("DDP_HANG_RANK", "-1")) == rank
+    fail = int(os.environ.get("DDP_RAISE_RANK", "-1")) == rank
+    trigger = os.environ.get("DDP_RAISE_WHEN", "")
     torch.manual_seed(100 + rank)  # each rank its own data
     for step in range(int(os.environ.get("DDP_STEPS", "6"))):
         if slow:
             time.sleep(0.04)
         if hang and step == 5:
             wait_for_a_batch_that_never_comes()
+        if fail and (os.path.exists(trigger) if trigger else step == 5):
+            raise RuntimeError(f"rank {rank} fails on purpose")
         x, y = torch.randn(16, 4), torch.randn(16, 1)
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
