@@ -216,7 +216,7 @@ def _job_parser(
         "--job",
         metavar="JOB",
         help="every rank of distributed job JOB at once, instead of one TARGET "
-        "(tdbg status names the jobs); each result carries its rank",
+        "(tdbg status --json names the jobs); each result carries its rank",
     )
     job.add_argument(
         "--ranks",
