@@ -204,48 +204,75 @@ def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
     return lambda line: print(f"tdbg: {line}", file=sys.stderr, flush=True)
 
 
-def _note(ack: dict[str, Any]) -> None:
+def _note(ack: dict[str, Any], prefix: str = "") -> None:
     if ack.get("message"):
-        print(f"tdbg: note: {ack['message']}", file=sys.stderr, flush=True)
+        print(f"tdbg: {prefix}note: {ack['message']}", file=sys.stderr, flush=True)
 
 
 def _write_json(out: TextIO, value: Any) -> None:
     out.write(json.dumps(finite_tree(value), separators=(",", ":")) + "\n")
 
 
-def _run_job(
-    args: argparse.Namespace, command: str, timeout: float, **cmd_args: Any
-) -> tuple[JobWatch, dict[str, Any]]:
-    """Attach, send ``command``, follow its job to the end; return the watch and result."""
+def follow_job(
+    watch: JobWatch,
+    stop: Callable[[], bool] | None = None,
+    note_prefix: str = "",
+    **cmd_args: Any,
+) -> dict[str, Any] | None:
+    """Send the watch's command, follow its job to the end and return its result (an anomaly's
+    with its ``alerts``); None when ``stop()`` came true first (the caller cancels)."""
+    _note(watch.start(**cmd_args), note_prefix)
+    if stop is not None and stop():
+        return None
+    final = watch.wait(until=stop)
+    if final is None:
+        return None
+    result = dict(final.get("result") or {})
+    if watch.command == "anomaly":
+        # Each backward error is also an alert; give late ones a moment to arrive.
+        errors = int(result.get("errors") or 0)
+        watch.deadline = min(watch.deadline, time.monotonic() + 2.0)
+        with contextlib.suppress(CliError):
+            watch.wait(until=lambda: len(watch.alerts) >= errors)
+        result["alerts"] = watch.alerts
+    return result
+
+
+def _run_job(args: argparse.Namespace) -> dict[str, Any]:
+    """Attach, send the subcommand's command, follow its job to the end; return its result."""
+    command, timeout, cmd_args = dive_request(args)
     client = connect_target(args.target, None, args)
     watch = JobWatch(client, command, timeout, _progress(args))
     try:
-        _note(watch.start(**cmd_args))
-        final = watch.wait()
-        assert final is not None
-        if command == "anomaly":
-            # Each backward error is also an alert; give late ones a moment to arrive.
-            errors = int((final.get("result") or {}).get("errors") or 0)
-            watch.deadline = min(watch.deadline, time.monotonic() + 2.0)
-            with contextlib.suppress(CliError):
-                watch.wait(until=lambda: len(watch.alerts) >= errors)
-        return watch, dict(final.get("result") or {})
+        result = follow_job(watch, **cmd_args)
+        assert result is not None
+        return result
     finally:
         client.close()
 
 
+def dive_request(args: argparse.Namespace) -> tuple[str, float, dict[str, Any]]:
+    """The protocol command, timeout and arguments a deep-dive subcommand sends (to one run,
+    or to each rank of a job). Not for activations, whose modes are its own."""
+    name = args.command.replace("-", "_")
+    if name == "profile":
+        cmd_args = dict(
+            steps=args.steps,
+            max_seconds=args.max_seconds,
+            record_shapes=args.record_shapes,
+            profile_memory=args.profile_memory,
+            with_stack=args.with_stack,
+        )
+        return name, args.timeout or args.max_seconds + 60.0, cmd_args
+    if name == "snapshot":
+        return name, args.timeout or 120.0, dict(steps=args.steps, max_entries=args.max_entries)
+    if name == "anomaly":
+        return name, args.timeout or 120.0, dict(steps=args.steps, check_nan=args.check_nan)
+    return name, args.timeout or 120.0, dict(steps=args.steps)
+
+
 def cmd_profile(args: argparse.Namespace, out: TextIO) -> int:
-    timeout = args.timeout or args.max_seconds + 60.0
-    _, result = _run_job(
-        args,
-        "profile",
-        timeout,
-        steps=args.steps,
-        max_seconds=args.max_seconds,
-        record_shapes=args.record_shapes,
-        profile_memory=args.profile_memory,
-        with_stack=args.with_stack,
-    )
+    result = _run_job(args)
     if args.json:
         _write_json(out, result)
     else:
@@ -254,9 +281,7 @@ def cmd_profile(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace, out: TextIO) -> int:
-    _, result = _run_job(
-        args, "snapshot", args.timeout or 120.0, steps=args.steps, max_entries=args.max_entries
-    )
+    result = _run_job(args)
     if args.json:
         _write_json(out, result)
     else:
@@ -265,7 +290,7 @@ def cmd_snapshot(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_nan_hunt(args: argparse.Namespace, out: TextIO) -> int:
-    _, result = _run_job(args, "nan_hunt", args.timeout or 120.0, steps=args.steps)
+    result = _run_job(args)
     if args.json:
         _write_json(out, result)
     else:
@@ -274,56 +299,68 @@ def cmd_nan_hunt(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_anomaly(args: argparse.Namespace, out: TextIO) -> int:
-    watch, result = _run_job(
-        args, "anomaly", args.timeout or 120.0, steps=args.steps, check_nan=args.check_nan
-    )
+    result = _run_job(args)
     if args.json:
-        _write_json(out, dict(result, alerts=watch.alerts))
+        _write_json(out, result)
     else:
-        out.write(format_anomaly(result, watch.alerts))
+        out.write(format_anomaly(result, result["alerts"]))
     return 0
+
+
+def follow_activations(
+    watch: JobWatch,
+    args: argparse.Namespace,
+    stop: Callable[[], bool] | None = None,
+    note_prefix: str = "",
+) -> dict[str, Any] | None:
+    """Turn activation statistics off or on; with ``--show``, the next sampled step (an
+    ``activations`` event). None when ``stop()`` came true first."""
+    # Statistics stay on after this command returns: giving up waiting must not turn them off.
+    watch.cancel_on_abort = False
+    if args.off:
+        ack = watch.start(enabled=False)
+        _note(ack, note_prefix)
+        return {"enabled": False, "job": ack.get("job")}
+    ack = watch.start(every=args.every, enabled=True)
+    _note(ack, note_prefix)
+    if not args.show:
+        return {"enabled": True, "every": args.every, "job": ack.get("job")}
+    try:
+        watch.wait(until=lambda: watch.activations is not None or (stop is not None and stop()))
+    except JobFailed as exc:
+        raise CliError(str(exc)) from None
+    except CliError:
+        if watch.activations is None and watch._left() <= 0:
+            raise CliError(f"no sampled step within {watch.timeout:g} s") from None
+        raise
+    if watch.activations is None:
+        return None
+    return activations_event(watch.activations)
+
+
+def print_activations_outcome(outcome: dict[str, Any], out: TextIO) -> None:
+    """What ``follow_activations`` returned, as text."""
+    if outcome.get("type") == "activations":
+        print_activations(outcome, out)
+    elif outcome.get("enabled"):
+        out.write(
+            f"activation statistics {fmt_every(outcome.get('every'))} (job {outcome.get('job')}); "
+            "see them with tdbg dump or tdbg-tui, stop with tdbg activations --off\n"
+        )
+    else:
+        out.write("activation statistics off\n")
 
 
 def cmd_activations(args: argparse.Namespace, out: TextIO) -> int:
     client = connect_target(args.target, None, args)
-    timeout = args.timeout or 60.0
-    watch = JobWatch(client, "activations", timeout, _progress(args))
-    # Statistics stay on after this command returns: giving up waiting must not turn them off.
-    watch.cancel_on_abort = False
+    watch = JobWatch(client, "activations", args.timeout or 60.0, _progress(args))
     try:
-        if args.off:
-            ack = watch.start(enabled=False)
-            _note(ack)
-            if args.json:
-                _write_json(out, {"enabled": False, "job": ack.get("job")})
-            else:
-                out.write("activation statistics off\n")
-            return 0
-        ack = watch.start(every=args.every, enabled=True)
-        _note(ack)
-        if not args.show:
-            if args.json:
-                _write_json(out, {"enabled": True, "every": args.every, "job": ack.get("job")})
-            else:
-                out.write(
-                    f"activation statistics {fmt_every(args.every)} (job {ack.get('job')}); "
-                    "see them with tdbg dump or tdbg-tui, stop with tdbg activations --off\n"
-                )
-            return 0
-        try:
-            watch.wait(until=lambda: watch.activations is not None)
-        except JobFailed as exc:
-            raise CliError(str(exc)) from None
-        except CliError:
-            if watch.activations is None and watch._left() <= 0:
-                raise CliError(f"no sampled step within {timeout:g} s") from None
-            raise
-        assert watch.activations is not None
-        event = activations_event(watch.activations)
+        outcome = follow_activations(watch, args)
+        assert outcome is not None
         if args.json:
-            _write_json(out, event)
+            _write_json(out, outcome)
         else:
-            print_activations(event, out)
+            print_activations_outcome(outcome, out)
         return 0
     finally:
         client.close()

@@ -31,6 +31,7 @@ from tdbg.cli.dives import (
 )
 from tdbg.cli.dump import Window, dump_events, job_event, windowed
 from tdbg.cli.errors import CliError
+from tdbg.cli.job_dives import cmd_job_dive, rank_list
 from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
@@ -243,6 +244,19 @@ def _job_parser(
     p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
     p.add_argument("target", nargs="?", type=target_arg, help=TARGET_HELP)
     add_remote_options(p)
+    job = p.add_argument_group("a distributed job (its ranks on this machine)")
+    job.add_argument(
+        "--job",
+        metavar="JOB",
+        help="every rank of distributed job JOB at once, instead of one TARGET "
+        "(tdbg status --json names the jobs); each result carries its rank",
+    )
+    job.add_argument(
+        "--ranks",
+        type=rank_list,
+        metavar="LIST",
+        help="with --job: only these ranks (0,2 or 0-3)",
+    )
     p.add_argument(
         "--timeout",
         type=positive_float,
@@ -256,13 +270,27 @@ def _job_parser(
         default=None,
         help="progress lines on stderr (default: when stderr is a terminal)",
     )
-    p.set_defaults(func=func)
+    p.set_defaults(func=_one_or_job(func))
     return p
+
+
+def _one_or_job(func: Callable[..., int]) -> Callable[..., int]:
+    """A deep dive on its TARGET, or with ``--job`` on every chosen rank of the job."""
+
+    def dive(args: argparse.Namespace, out: TextIO) -> int:
+        if args.job is not None or args.ranks is not None:
+            return cmd_job_dive(args, out)
+        return func(args, out)
+
+    return dive
 
 
 JOB_EPILOG = (
     "Exit status: 0 done; 1 the job failed or was cancelled; 2 bad arguments, no run, command "
-    "refused, timeout, or the run ended first; 130 interrupted (the job is cancelled)."
+    "refused, timeout, or the run ended first; 130 interrupted (the job is cancelled). "
+    "With --job: a rank that refuses, times out, fails or has ended is one line on stderr and "
+    "the others are reported; exit 0 when one rank answered or more, 2 when none did; 130 "
+    "interrupted (the job is cancelled on every rank)."
 )
 
 
@@ -386,7 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.epilog = JOB_EPILOG
     activations.epilog = (
         "Exit status: 0 done; 2 bad arguments, no run, command refused, timeout, or the run "
-        "ended first; 130 interrupted (statistics stay as set)."
+        "ended first; 130 interrupted (statistics stay as set). With --job: a rank that "
+        "refuses, times out or has ended is one line on stderr; exit 0 when one rank answered "
+        "or more, 2 when none did."
     )
     return parser
 

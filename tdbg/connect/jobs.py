@@ -63,3 +63,18 @@ def one_job(
     if len(by_job) == 1 and sum(map(len, by_job.values())) == len(entries):
         return next(iter(by_job))
     return None
+
+
+def job_ranks(job: str, entries: Sequence[RunEntry]) -> dict[int, RunEntry]:
+    """The live ranks of job ``job`` among ``entries`` (the runs discovery lists), by rank;
+    TargetError naming the jobs there are when it has none."""
+    jobs = job_entries(entries)
+    if job in jobs:
+        return dict(sorted(jobs[job].items()))
+    shown = list(jobs.items())[:SHOWN]
+    there = "; ".join(f"{name} ({_ranks(list(ranks))})" for name, ranks in shown)
+    raise TargetError(
+        f"no rank of job {job} is running here"
+        + (f"; jobs here: {there}" if there else ": no distributed job is running here"),
+        "missing",
+    )

@@ -1,0 +1,148 @@
+"""One job's per-rank profiles compared: the slowest and fastest rank, and their ops by name.
+
+Plain Python over the protocol's profile result (no textual, no rich), for ``tdbg profile --job``
+and the job screen alike.
+
+Which rank is slow is not read from wall time alone: under DDP the ranks run in lockstep (every
+step ends in an all-reduce), so every rank's profiled steps last as long as the slowest rank's,
+and the fast ranks spend the difference waiting in the collective. A rank's *own* time is its
+wall time less the time it spent in collectives (the ``gloo:``/``nccl:`` ops); the straggler is
+the rank with the most own time per step, the one the others wait for. With no collective in
+the profile, own time is wall time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from tdbg.protocol.messages import ProfileResult, ProfileRow, read_profile
+
+# The record_function names c10d gives its collectives' work, one per backend.
+COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
+
+
+@dataclass(frozen=True)
+class RankProfile:
+    """One rank's profile, per profiled step."""
+
+    rank: int
+    profile: ProfileResult
+    steps: int  # steps profiled
+    wall: float | None  # seconds per step, None when the probe did not say
+    waited: float  # seconds per step inside collectives (at most ``wall``)
+
+    @property
+    def own(self) -> float | None:
+        """Seconds per step this rank spent outside collectives."""
+        return None if self.wall is None else self.wall - self.waited
+
+    @property
+    def column(self) -> str:
+        """The time column compared: device total on device runs, else CPU total."""
+        return self.profile["sort"]
+
+    def per_step(self, row: ProfileRow | None) -> float | None:
+        """A row's compared time per step, in microseconds."""
+        if row is None:
+            return None
+        value = _time(row, self.column)
+        return None if value is None else value / self.steps
+
+
+def _time(row: ProfileRow, column: str) -> float | None:
+    """A row's time column (``cpu_total``, ``device_total``...) in microseconds."""
+    value = cast(Mapping[str, Any], row).get(column)
+    return None if value is None else float(value)
+
+
+def rank_profile(rank: int, result: Any) -> RankProfile:
+    """A rank's profile result read and reduced to per-step figures."""
+    profile = read_profile(result) or read_profile({})
+    assert profile is not None
+    span = profile["steps"]
+    steps = max(1, span[-1] - span[0] + 1) if span else 1
+    wall = profile["wall_seconds"]
+    column = profile["sort"]
+    waited_us = sum(
+        _time(row, column) or 0.0
+        for row in profile["rows"]
+        if row["name"].startswith(COLLECTIVE_PREFIXES)
+    )
+    waited = waited_us / 1e6 / steps
+    per_step_wall = None if wall is None else wall / steps
+    if per_step_wall is not None:
+        waited = min(waited, per_step_wall)
+    return RankProfile(rank, profile, steps, per_step_wall, waited)
+
+
+@dataclass(frozen=True)
+class OpPair:
+    """One op in the slowest and the fastest rank's profiles (None: not among its rows)."""
+
+    name: str
+    slow: ProfileRow | None
+    fast: ProfileRow | None
+    slow_us: float | None  # compared time per step
+    fast_us: float | None
+
+    @property
+    def difference(self) -> float:
+        """Slowest minus fastest, microseconds per step (an op missing on one side counts 0)."""
+        return (self.slow_us or 0.0) - (self.fast_us or 0.0)
+
+
+@dataclass(frozen=True)
+class ProfileComparison:
+    """The ranks slowest first; the slowest and fastest rank's top ops aligned by name."""
+
+    ranks: list[RankProfile]  # by own time per step, slowest first
+    ops: list[OpPair]  # by the larger of the two times, largest first
+
+    @property
+    def slowest(self) -> RankProfile:
+        return self.ranks[0]
+
+    @property
+    def fastest(self) -> RankProfile:
+        return self.ranks[-1]
+
+    @property
+    def others(self) -> list[RankProfile]:
+        return self.ranks[1:-1]
+
+    def biggest_difference(self) -> OpPair | None:
+        """The op whose time differs most between the two ranks (None: one rank only)."""
+        if len(self.ranks) < 2 or not self.ops:
+            return None
+        return max(self.ops, key=lambda op: (abs(op.difference), op.name))
+
+
+def compare_profiles(results: Mapping[int, Any], limit: int = 20) -> ProfileComparison | None:
+    """Compare profile results by rank; None when there is none. Ranks whose wall time is
+    unknown come last (they cannot be placed); ties go to the lower rank first."""
+    if not results:
+        return None
+    ranks = [rank_profile(rank, result) for rank, result in sorted(results.items())]
+    ranks.sort(key=lambda p: (p.own is None, -(p.own or 0.0), p.rank))
+    slow, fast = ranks[0], ranks[-1]
+    names: list[str] = []
+    for side in (slow, fast):
+        for row in side.profile["rows"][:limit]:
+            if row["name"] not in names:
+                names.append(row["name"])
+    slow_rows = {row["name"]: row for row in slow.profile["rows"]}
+    fast_rows = {row["name"]: row for row in fast.profile["rows"]}
+    ops = [
+        OpPair(
+            name,
+            slow_rows.get(name),
+            fast_rows.get(name),
+            slow.per_step(slow_rows.get(name)),
+            fast.per_step(fast_rows.get(name)),
+        )
+        for name in names
+    ]
+    ops.sort(key=lambda op: (-max(op.slow_us or 0.0, op.fast_us or 0.0), op.name))
+    return ProfileComparison(ranks, ops[:limit])
