@@ -182,7 +182,7 @@ async def test_a_job_across_two_nodes(
             await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "back to the job")
         source.close()
         gone = {"ssh": 0, "bridge": 0}
-        wait_until(lambda: _processes(app.job.job) == gone, 15, "the nodes' ssh and bridges gone")
+        wait_until(lambda: _processes(app.job.job) == gone, what="the nodes' ssh and bridges gone")
 
 
 async def test_two_jobs_are_never_mixed_and_versions_are_compared(
