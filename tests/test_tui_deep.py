@@ -200,7 +200,8 @@ async def test_profile_table_sorts_by_any_column() -> None:
             column = "self_cpu" if key == "share" else key
             values = [next(r for r in result["rows"] if r["name"] == n)[column] for n in names]
             assert values == sorted(values, reverse=True), key
-            assert f"sort {key}" in screen_text(app) or table.sort_caption() in screen_text(app)
+            caption = (f"sort {key}", table.sort_caption())  # shown once Sorted is handled
+            await wait_for(pilot, lambda c=caption: any(s in screen_text(app) for s in c), key)
         assert set(seen) == set(table.columns_shown)
         # "[" goes back; a header click sorts by that column, a second click reverses it.
         await pilot.press("left_square_bracket")
@@ -274,7 +275,7 @@ async def test_profile_form_submits_validates_and_cancels() -> None:
         await started(pilot, app, source)
         await pilot.press("p")
         await wait_for(pilot, lambda: isinstance(app.screen, ProfileFormScreen), "form")
-        assert "Profile the next steps" in screen_text(app)
+        await shows(pilot, app, "Profile the next steps")
         await pilot.press("enter")  # the defaults
         await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), "form closed")
         assert source.sent == [(1, "profile", PROFILE_ARGS)]
