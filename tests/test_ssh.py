@@ -256,19 +256,21 @@ async def test_tui_over_ssh_survives_a_dropped_connection(
             await until(lambda: f"pid {proc.pid}" in screen_text(app), what="the run on screen")
             # The network goes: no new connection is accepted, and the live one dies.
             sshd.stop_listener()
-            before = app.state.n_steps
-            ssh = source.client.ssh  # type: ignore[union-attr]
-            os.kill(ssh.pid, signal.SIGKILL)
-            await until(lambda: app.state.connection == "reconnecting", what="reconnecting")
-            await until(lambda: "reconnecting" in screen_text(app), what="reconnecting shown")
-            assert app.state.n_steps >= before  # what was seen stays on screen meanwhile
-            sshd.start()
-            await until(lambda: app.state.connection == "live", 30, what="live again")
+            try:
+                before = app.state.n_steps
+                ssh = source.client.ssh  # type: ignore[union-attr]
+                os.kill(ssh.pid, signal.SIGKILL)
+                await until(lambda: app.state.connection == "reconnecting", what="reconnecting")
+                await until(lambda: "reconnecting" in screen_text(app), what="reconnecting shown")
+                assert app.state.n_steps >= before  # what was seen stays on screen meanwhile
+            finally:
+                sshd.start()  # even after a failure: the module's other tests share this sshd
+            await until(lambda: app.state.connection == "live", what="live again")
             await until(lambda: app.state.n_steps > before + 20, what="steps after reconnecting")
             steps = [int(s) for s in app.state.steps.values]
             assert steps[0] == 0 and steps == list(range(steps[0], steps[0] + len(steps)))
             assert source.reconnects == 1 and app.state.run.get("pid") == proc.pid
-            await until(lambda: "reconnected" in _notifications(app), 5, what="notice")
+            await until(lambda: "reconnected" in _notifications(app), what="notice")
 
 
 async def test_tui_over_ssh_follows_a_restarted_run(
@@ -319,14 +321,17 @@ async def test_tui_lists_runs_of_several_nodes(sshd: sshd_helper.Sshd, runtime_d
             app = make_app(source)
             async with app.run_test(size=(160, 48)) as pilot:
                 await until(lambda: isinstance(app.screen, RunPickerScreen), what="the picker")
-                await until(lambda: "connection refused" in _notifications(app), 5, what="warn")
+                await until(lambda: "connection refused" in _notifications(app), what="warn")
                 picker = app.screen
                 assert isinstance(picker, RunPickerScreen)
                 entries = picker.entries
                 assert len(entries) == 2 and all(isinstance(e, RemoteRunEntry) for e in entries)
-                text = screen_text(app)
-                assert f"127.0.0.1:{sshd.port}" in text and f"localhost:{sshd.port}" in text
-                assert "elsewhere" in text and "mlp" in text
+                shown = (f"127.0.0.1:{sshd.port}", f"localhost:{sshd.port}", "elsewhere", "mlp")
+                await until(
+                    lambda: all(s in screen_text(app) for s in shown),
+                    what=f"{shown} on the picker",
+                    pilot=pilot,
+                )
                 mine = next(i for i, e in enumerate(entries) if e.pid == proc.pid)
                 for _ in range(mine):
                     await pilot.press("down")
