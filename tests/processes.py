@@ -54,7 +54,10 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     Killing the launcher's group is not enough for torchrun: its elastic agent starts each rank
     with ``start_new_session``, so the ranks sit in groups of their own and, their agent killed
     before it could stop them, train on as orphans (seen: ranks of a 100,000-step job still
-    running long after their test, loading every test after it)."""
+    running long after their test, loading every test after it). The launcher's group is
+    stopped first, so that no rank it is still starting (a test that ends early) is missed."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGSTOP)
     try:
         below = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:

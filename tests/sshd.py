@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from waiting import wait_until
+from waiting import TIMEOUT, wait_until
 
 SSHD = "/usr/sbin/sshd"
 
@@ -95,7 +95,7 @@ class Sshd:
     def url(self, path: str = "") -> str:
         return f"ssh://{self.user}@127.0.0.1:{self.port}{path}"
 
-    def start(self, timeout: float = 10.0) -> None:
+    def start(self, timeout: float = TIMEOUT) -> None:
         # Debian's sshd refuses to start without its privilege separation directory.
         with contextlib.suppress(OSError):
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
@@ -131,7 +131,7 @@ class Sshd:
         """Stop the listening sshd; sessions already open live on in their own processes."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(5)
+            self.proc.wait(TIMEOUT)
         self.proc = None
 
     def stop(self) -> None:

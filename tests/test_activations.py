@@ -288,7 +288,7 @@ def test_activations_from_watch_reach_a_client(runtime_dir: Path) -> None:
             loss.backward()
             opt.step()
             probe.step(loss)
-        wait_until(lambda: len(reader.of("activations")) >= 3, 5.0, "three samples")
+        wait_until(lambda: len(reader.of("activations")) >= 3, what="three samples")
         message = reader.of("activations")[-1]
         assert set(message) == FIELDS
         assert message["names"] == ["0", "1", "2"]

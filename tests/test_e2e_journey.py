@@ -18,6 +18,7 @@ from test_e2e_tmux import tmux, wait_gone, wait_screen
 from waiting import wait_until
 
 from tdbg.connect.runtime import discover
+from tdbg.recording.reader import Recording, RecordingError
 
 pytestmark = [
     pytest.mark.slow,
@@ -98,7 +99,9 @@ def test_run_record_ssh_attach_kill_and_replay(
         tmux("send-keys", "-t", pane, "q")
         wait_gone(pane, "Gradient norms", "tdbg-tui quitting on q")
 
-        # The job dies without a word; the recording holds it up to its last flush.
+        # The job dies without a word; the recording holds it up to its last flush, which
+        # comes up to a quarter second after the screen showed the NaN: wait until it is on disk.
+        wait_until(lambda: _recorded_nan(recording), what="the NaN's alert in the recording")
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: not _alive(pid), what="the killed script to go")
 
@@ -115,6 +118,16 @@ def test_run_record_ssh_attach_kill_and_replay(
         tmux("send-keys", "-t", pane, "q")
     finally:
         tmux("kill-server")
+
+
+def _recorded_nan(path: Path) -> bool:
+    try:
+        return any(
+            m.get("type") == "alert" and str(m.get("kind")).startswith("nonfinite_")
+            for m in Recording(path).messages()
+        )
+    except RecordingError:  # not written yet
+        return False
 
 
 def _alive(pid: int) -> bool:

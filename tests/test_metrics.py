@@ -89,7 +89,9 @@ def test_bad_values_in_a_live_run_are_no_probe_errors(runtime_dir: Path) -> None
     for _ in range(3):  # the same problems again: reported once
         tdbg.log(big=10**400, cplx=torch.tensor(1 + 2j), good=2.0)
     loop.run(1, probe)
-    reader.wait(lambda r: r.of("metrics"))
+    # The last step, not the first metrics: the probe thread may tick between two log calls.
+    # A step goes out with everything logged before it, so settle() then proves the rest.
+    reader.wait(lambda r: len(r.records()) >= 2)
     reader.settle()
     points = [tuple(p) for m in reader.of("metrics") for p in m["points"]]
     assert [p[1:] for p in points] == [("good", 2.0)] * 3

@@ -555,7 +555,7 @@ def test_nan_hunt_through_the_probe_and_its_socket(runtime_dir: Path) -> None:
             probe.step(0.0)
         before = hook_census(model)  # the probe's own phase hooks included
         mid = reader.client.send("nan_hunt", steps=5)
-        wait_until(lambda: any(m["id"] == mid for m in reader.of("ack")), 5.0, "the ack")
+        wait_until(lambda: any(m["id"] == mid for m in reader.of("ack")), what="the ack")
         # The hunt starts at the boundary after the next step (first = its index) and sees
         # the steps after it: poison the second of those.
         first = probe.steps

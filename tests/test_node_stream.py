@@ -111,7 +111,7 @@ def test_one_link_carries_every_rank_of_the_job(
             for client in clients.values():
                 list(client.messages(timeout=30))  # EOF: the link's end reaches every rank
                 assert client.peer_closed
-            wait_until(lambda: not _bridges(runtime_dir), 15, "the bridge gone")
+            wait_until(lambda: not _bridges(runtime_dir), what="the bridge gone")
         finally:
             single.close()
 
@@ -203,7 +203,7 @@ def test_a_job_source_reconnects_a_dropped_node_and_warns_about_a_missing_one(
             assert not any("node1" in line for line in source.node_lines())
         finally:
             source.close()
-        wait_until(lambda: not _bridges(runtime_dir), 15, "the bridge gone")
+        wait_until(lambda: not _bridges(runtime_dir), what="the bridge gone")
 
 
 def test_a_rank_claimed_by_two_nodes_is_shown_once_with_a_warning(

@@ -320,7 +320,7 @@ def _ack(reader: Reader, mid: int) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
         return next((m for m in reader.of("ack") if m["id"] == mid), None)
 
-    wait_until(found, 5.0, f"the ack of command {mid}")
+    wait_until(found, what=f"the ack of command {mid}")
     answer = found()
     assert answer is not None
     return answer

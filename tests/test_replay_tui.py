@@ -49,7 +49,7 @@ async def test_cursor_keys_show_the_state_at_the_cursor(tmp_path: Path) -> None:
     timeline = load(str(path))
     app = ReplayApp(timeline)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
+        await wait_for(pilot, lambda: "replay · step 199" in screen_text(app), "the cursor line")
         # Opens at the end: the NaN at 150, all three alerts, the NaN hunt's answer.
         assert "replay · step 199 / 199" in line_with(app, "replay ·")
         assert "step 199" in line_with(app, "tdbg synthetic")
@@ -114,17 +114,16 @@ async def test_deep_dive_keys_say_a_recording_cannot_run_commands(tmp_path: Path
     async with app.run_test(size=SIZE) as pilot:
         for key in ("n", "p", "m", "a", "s", "c"):
             await press(pilot, app, key)
-        await pilot.pause()
+        # The keys move no cursor (settled all along): wait for their notices themselves.
+        await wait_for(pilot, lambda: len(app.notices) >= 6, "a notice for each key")
         messages = app.notices
         assert len(messages) == 6 and all(READ_ONLY in m for m in messages), messages
         assert len(app.screen_stack) == 1  # no profile form opened
         await press(pilot, app, "question_mark")
         # The help is taller than the terminal: its end lists the replay keys.
         await pilot.press("end")
-        await wait_for(
-            pilot, lambda: "Replay (tdbg-tui replay FILE" in screen_text(app), "replay keys"
-        )
-        assert "one recorded step back / forward" in screen_text(app)
+        keys = ("Replay (tdbg-tui replay FILE", "one recorded step back / forward")
+        await wait_for(pilot, lambda: all(k in screen_text(app) for k in keys), "replay keys")
 
 
 @pytest.mark.slow
@@ -139,7 +138,7 @@ async def test_replay_of_a_killed_recording_of_a_real_run(
     assert not timeline.recording.damaged  # killed, not damaged: every block checked out
     app = ReplayApp(timeline)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
+        await wait_for(pilot, lambda: "killed" in screen_text(app), "the file's state shown")
         assert app.state.layer_names == ["0", "2"]
         assert app.state.last_step == timeline.step_at(len(timeline) - 1)
         assert app.state.last_step is not None and app.state.last_step >= 60

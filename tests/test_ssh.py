@@ -21,7 +21,7 @@ import pytest
 import sshd as sshd_helper
 from conftest import wait_until
 from demo_job import demo_job
-from waiting import until
+from waiting import TIMEOUT, until
 
 from tdbg.connect.runtime import write_private_json
 from tdbg.connect.ssh import LIST_TIMEOUT
@@ -116,7 +116,7 @@ def test_dump_and_profile_over_ssh(sshd: sshd_helper.Sshd, runtime_dir: Path) ->
         assert "addmm" in names or "linear" in names, names
         assert result["trace"]  # its path on the remote host
         # ssh and the bridge are gone once the command returns: nothing left behind.
-        wait_until(lambda: not _bridges(entry.socket), 5, "remote bridges to exit")
+        wait_until(lambda: not _bridges(entry.socket), what="remote bridges to exit")
 
 
 def _bridges(sock: Path) -> list[int]:
@@ -256,19 +256,21 @@ async def test_tui_over_ssh_survives_a_dropped_connection(
             await until(lambda: f"pid {proc.pid}" in screen_text(app), what="the run on screen")
             # The network goes: no new connection is accepted, and the live one dies.
             sshd.stop_listener()
-            before = app.state.n_steps
-            ssh = source.client.ssh  # type: ignore[union-attr]
-            os.kill(ssh.pid, signal.SIGKILL)
-            await until(lambda: app.state.connection == "reconnecting", what="reconnecting")
-            await until(lambda: "reconnecting" in screen_text(app), what="reconnecting shown")
-            assert app.state.n_steps >= before  # what was seen stays on screen meanwhile
-            sshd.start()
-            await until(lambda: app.state.connection == "live", 30, what="live again")
+            try:
+                before = app.state.n_steps
+                ssh = source.client.ssh  # type: ignore[union-attr]
+                os.kill(ssh.pid, signal.SIGKILL)
+                await until(lambda: app.state.connection == "reconnecting", what="reconnecting")
+                await until(lambda: "reconnecting" in screen_text(app), what="reconnecting shown")
+                assert app.state.n_steps >= before  # what was seen stays on screen meanwhile
+            finally:
+                sshd.start()  # even after a failure: the module's other tests share this sshd
+            await until(lambda: app.state.connection == "live", what="live again")
             await until(lambda: app.state.n_steps > before + 20, what="steps after reconnecting")
             steps = [int(s) for s in app.state.steps.values]
             assert steps[0] == 0 and steps == list(range(steps[0], steps[0] + len(steps)))
             assert source.reconnects == 1 and app.state.run.get("pid") == proc.pid
-            await until(lambda: "reconnected" in _notifications(app), 5, what="notice")
+            await until(lambda: "reconnected" in _notifications(app), what="notice")
 
 
 async def test_tui_over_ssh_follows_a_restarted_run(
@@ -319,14 +321,17 @@ async def test_tui_lists_runs_of_several_nodes(sshd: sshd_helper.Sshd, runtime_d
             app = make_app(source)
             async with app.run_test(size=(160, 48)) as pilot:
                 await until(lambda: isinstance(app.screen, RunPickerScreen), what="the picker")
-                await until(lambda: "connection refused" in _notifications(app), 5, what="warn")
+                await until(lambda: "connection refused" in _notifications(app), what="warn")
                 picker = app.screen
                 assert isinstance(picker, RunPickerScreen)
                 entries = picker.entries
                 assert len(entries) == 2 and all(isinstance(e, RemoteRunEntry) for e in entries)
-                text = screen_text(app)
-                assert f"127.0.0.1:{sshd.port}" in text and f"localhost:{sshd.port}" in text
-                assert "elsewhere" in text and "mlp" in text
+                shown = (f"127.0.0.1:{sshd.port}", f"localhost:{sshd.port}", "elsewhere", "mlp")
+                await until(
+                    lambda: all(s in screen_text(app) for s in shown),
+                    what=f"{shown} on the picker",
+                    pilot=pilot,
+                )
                 mine = next(i for i, e in enumerate(entries) if e.pid == proc.pid)
                 for _ in range(mine):
                     await pilot.press("down")
@@ -365,12 +370,17 @@ def test_misbehaving_remote_tdbg(sshd: sshd_helper.Sshd, tmp_path: Path) -> None
     for script in (hang, chatty):
         script.chmod(0o755)
     target = parse_ssh_url(sshd.url())
-    for script, needle in ((hang, "no answer from a tdbg probe"), (chatty, "not a tdbg probe")):
+    # The hang waits its whole timeout, so a short one; the chatter is refused on its first
+    # bytes, so a ceiling a loaded machine's ssh login always meets (3 s may not be).
+    for script, needle, timeout in (
+        (hang, "no answer from a tdbg probe", 3.0),
+        (chatty, "not a tdbg probe", TIMEOUT),
+    ):
         opts = RemoteOptions(tuple(sshd.client_options()[1::2]), remote_tdbg=str(script))
         with pytest.raises(RemoteError, match=needle) as err:
-            connect(target, opts, timeout=3.0)
+            connect(target, opts, timeout=timeout)
         assert "\n" not in str(err.value)
-        wait_until(lambda s=script: not _running(str(s)), 10, f"{script.name} stopped")
+        wait_until(lambda s=script: not _running(str(s)), what=f"{script.name} stopped")
 
 
 def _running(needle: str) -> bool:
@@ -436,7 +446,7 @@ def test_attach_over_a_slow_link(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
     code = SLOW_PROBE.format(pidfile=str(pidfile), delay=0.5)
     ssh = _fake(tmp_path, f"#!{sys.executable}\n{code}")
-    client = connect(parse_ssh_url("ssh://slow-host"), RemoteOptions(ssh=str(ssh)), timeout=10)
+    client = connect(parse_ssh_url("ssh://slow-host"), RemoteOptions(ssh=str(ssh)), timeout=TIMEOUT)
     try:
         assert client.welcome["server_version"] == "fake"
         assert client.run["name"] == "slow" and client.run["node"] == "slow-host"
@@ -444,7 +454,7 @@ def test_attach_over_a_slow_link(tmp_path: Path) -> None:
     finally:
         client.close()
     pid = _pids(pidfile)[0]
-    wait_until(lambda: not _alive(pid), 5, "the fake ssh stopped after close()")
+    wait_until(lambda: not _alive(pid), what="the fake ssh stopped after close()")
 
 
 def test_ctrl_c_while_listing_runs_exits_at_once(tmp_path: Path) -> None:
@@ -479,7 +489,7 @@ def test_ctrl_c_while_listing_runs_exits_at_once(tmp_path: Path) -> None:
     assert took < LIST_TIMEOUT / 3, f"tdbg-tui exited {took:.1f} s after Ctrl-C"
     assert tui.returncode == 130, err.decode()
     for pid in _pids(pidfile):
-        wait_until(lambda p=pid: not _alive(p), 2, f"fake ssh {pid} stopped")
+        wait_until(lambda p=pid: not _alive(p), what=f"fake ssh {pid} stopped")
 
 
 def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
@@ -516,7 +526,7 @@ def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
     )
     assert len(outcome) == 1 and isinstance(outcome[0], ConnectError), outcome
     for pid in _pids(pidfile):
-        wait_until(lambda p=pid: not _alive(p), 2, f"fake ssh {pid} stopped")
+        wait_until(lambda p=pid: not _alive(p), what=f"fake ssh {pid} stopped")
 
 
 def test_ls_checks_every_argument_before_any_ssh_and_goes_on_past_a_dead_node(

@@ -146,8 +146,8 @@ async def test_a_job_across_two_nodes(
                 f"{sshd.user}@localhost:{sshd.port}",
             )
             assert _rows(table) == {"0": name_a, "1": name_a, "2": name_b, "3": name_b}
-            text = screen_text(app)
-            assert f"job 127.0.0.1:{port}" in text and "of 4 ranks" in text
+            header = (f"job 127.0.0.1:{port}", "of 4 ranks")
+            await wait_for(pilot, lambda: all(h in screen_text(app) for h in header), "the job")
             # The node that is down is a warning on the job screen, the others shown meanwhile.
             nodes = app.screen.query_one("#job-nodes", Static)
             await wait_for(
@@ -182,7 +182,7 @@ async def test_a_job_across_two_nodes(
             await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "back to the job")
         source.close()
         gone = {"ssh": 0, "bridge": 0}
-        wait_until(lambda: _processes(app.job.job) == gone, 15, "the nodes' ssh and bridges gone")
+        wait_until(lambda: _processes(app.job.job) == gone, what="the nodes' ssh and bridges gone")
 
 
 async def test_two_jobs_are_never_mixed_and_versions_are_compared(

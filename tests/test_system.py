@@ -100,7 +100,7 @@ def test_gpu_figures_reach_a_client(runtime_dir: Path, monkeypatch: pytest.Monke
     assert probe.socket_path
     reader = Reader(probe.socket_path)
     loop.run(3, probe)
-    reader.wait(lambda r: any(m["gpus"] for m in r.of("system")), timeout=5)
+    reader.wait(lambda r: any(m["gpus"] for m in r.of("system")))
     system = next(m for m in reader.of("system") if m["gpus"])
     assert system["gpus"][0]["power"] == 412.5
     assert "CUDA: not available in this process" in system["missing"]

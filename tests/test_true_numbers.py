@@ -912,7 +912,7 @@ def test_total_steps_come_from_a_one_cycle_schedule(runtime_dir: Path) -> None:
     loop = Loop()
     schedule = torch.optim.lr_scheduler.OneCycleLR(loop.opt, max_lr=0.1, total_steps=500)  # type: ignore[arg-type]
     probe = tdbg.watch(loop.model, loop.opt)
-    wait_until(lambda: probe.total_steps == 500, 10.0, "the schedule's length")
+    wait_until(lambda: probe.total_steps == 500, what="the schedule's length")
     probe.close()
     assert tdbg.watch(loop.model, loop.opt, total_steps=7).total_steps == 7  # given wins
     del schedule

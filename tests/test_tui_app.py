@@ -60,7 +60,19 @@ async def test_panels_show_the_run() -> None:
     app = make_app(ReplaySource(synthetic_run(steps=400, n_layers=12), RUN))
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
-        text = await shows(pilot, app, "step 399", "0.attn.weight")
+        # Each panel's words among the needles: panels repaint apart, a frame may lag one.
+        text = await shows(
+            pilot,
+            app,
+            "step 399",
+            "pid 4242",
+            "smoothed",
+            "0.attn.weight",
+            "zero_grad",
+            "CPU run · no GPU",
+            "Press p to profile",
+            "grads every step",
+        )
         assert "synthetic" in text and "testhost" in text and "pid 4242" in text
         assert "Loss" in text and "smoothed" in text
         assert "0.attn.weight" in text  # gradient table (long names are cut in the middle)

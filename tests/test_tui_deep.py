@@ -20,7 +20,7 @@ import pytest
 from demo_job import demo_job
 from textual.pilot import Pilot
 from textual.widgets import Input
-from waiting import wait_for
+from waiting import TIMEOUT, wait_for
 
 from tdbg.connect.client import ProbeClient
 from tdbg.protocol import framing
@@ -86,7 +86,7 @@ class FeedSource(Source):
         return mid
 
 
-async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str, timeout: float = 10.0) -> str:
+async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str, timeout: float = TIMEOUT) -> str:
     """Wait until every needle is on screen; return the screen text."""
     await wait_for(
         pilot,
@@ -200,7 +200,8 @@ async def test_profile_table_sorts_by_any_column() -> None:
             column = "self_cpu" if key == "share" else key
             values = [next(r for r in result["rows"] if r["name"] == n)[column] for n in names]
             assert values == sorted(values, reverse=True), key
-            assert f"sort {key}" in screen_text(app) or table.sort_caption() in screen_text(app)
+            caption = (f"sort {key}", table.sort_caption())  # shown once Sorted is handled
+            await wait_for(pilot, lambda c=caption: any(s in screen_text(app) for s in c), key)
         assert set(seen) == set(table.columns_shown)
         # "[" goes back; a header click sorts by that column, a second click reverses it.
         await pilot.press("left_square_bracket")
@@ -274,7 +275,7 @@ async def test_profile_form_submits_validates_and_cancels() -> None:
         await started(pilot, app, source)
         await pilot.press("p")
         await wait_for(pilot, lambda: isinstance(app.screen, ProfileFormScreen), "form")
-        assert "Profile the next steps" in screen_text(app)
+        await shows(pilot, app, "Profile the next steps")
         await pilot.press("enter")  # the defaults
         await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), "form closed")
         assert source.sent == [(1, "profile", PROFILE_ARGS)]
@@ -284,9 +285,8 @@ async def test_profile_form_submits_validates_and_cancels() -> None:
         steps = app.screen.query_one("#profile-steps", Input)
         steps.value = "500"
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_for(pilot, lambda: "steps must be an integer 1-200" in screen_text(app), "why")
         assert isinstance(app.screen, ProfileFormScreen), "invalid input must not close the form"
-        assert "steps must be an integer 1-200" in screen_text(app)
         assert len(source.sent) == 1
         steps.value = "12"
         app.screen.query_one("#profile-seconds", Input).value = "7.5"
@@ -493,17 +493,31 @@ async def test_help_lists_the_deep_dive_keys() -> None:
         await started(pilot, app, source)
         await pilot.press("question_mark")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
-        # The help scrolls on a short terminal: read it page by page, as a user would.
-        text = screen_text(app)
+        # The help scrolls on a short terminal: read it page by page, as a user would, each
+        # page once it is on screen (a frame read too early would skip a page).
+        page = await wait_for(pilot, lambda: _screen_with(app, "tdbg — keys"), "the first page")
+        text = page
         for _ in range(20):
             if "escape or ? closes it" in text:
                 break
             await pilot.press("pagedown")
-            await pilot.pause()
-            text += screen_text(app)
+            page = await wait_for(pilot, lambda s=page: _screen_unlike(app, s), "the next page")
+            text += page
         for line in ("profile the next steps", "memory snapshot", "NaN hunt", "anomaly mode"):
             assert line in text
         assert "o            gradient table" in text
+
+
+def _screen_with(app: TdbgApp, needle: str) -> str:
+    """The screen's text if it shows ``needle``, else ''."""
+    text = screen_text(app)
+    return text if needle in text else ""
+
+
+def _screen_unlike(app: TdbgApp, before: str) -> str:
+    """The screen's text once it is no longer ``before``, else ''."""
+    text = screen_text(app)
+    return text if text != before else ""
 
 
 # --- RunState and DeepState, without textual ---------------------------------------------
@@ -609,8 +623,8 @@ def test_socket_source_sends_from_many_threads_without_tearing_frames(
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(10)
-    reader.join(10)
+        thread.join(TIMEOUT)
+    reader.join(TIMEOUT)
     assert sorted(i or 0 for i in ids) == list(range(1, 401))
     assert sorted(m["id"] for m in received) == list(range(1, 401))  # no frame torn or lost
     assert all(m["type"] == "nan_hunt" and m["args"] == {"steps": 1} for m in received)
@@ -651,7 +665,6 @@ async def test_live_profile_from_the_keyboard(runtime_dir: Path) -> None:
                 pilot,
                 lambda: any(r.job is not None for r in state.deep.requests.values()),
                 "the probe's ack",
-                timeout=20,
             )
             await wait_for(
                 pilot,

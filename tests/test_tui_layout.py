@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from test_tui_app import ended, shows
 from test_tui_deep import PROFILE_ARGS, FeedSource, started
 from textual.pilot import Pilot
 from textual.widget import Widget
@@ -17,12 +18,6 @@ from tdbg.tui.sources.base import ReplaySource
 from tdbg.tui.sources.synthetic import RUN, job_messages, profile_result, synthetic_run
 
 NORM = re.compile(r"\d\.\d\de[-+]\d\d")  # a norm as the gradient table prints it: 7.29e-03
-
-
-async def painted(pilot: Pilot[Any], app: TdbgApp) -> None:
-    await wait_for(pilot, lambda: app.state.connection == "ended", "the run's end")
-    await wait_for(pilot, lambda: app.painted_revision == app.state.revision, "painted")
-    await pilot.pause()
 
 
 def region_lines(app: TdbgApp, widget: Widget) -> list[str]:
@@ -54,26 +49,28 @@ def demo_app() -> TdbgApp:
 async def test_80x24_keeps_8_loss_rows_and_5_layers_with_their_norms() -> None:
     app = demo_app()
     async with app.run_test(size=(80, 24)) as pilot:
-        await painted(pilot, app)
+        await ended(pilot, app)
         monitor = app.monitor
         assert monitor.has_class("-metrics")  # the case that left the loss 3 rows
-        await wait_for(pilot, lambda: plot_rows(app) >= 8, "8 plot rows", 10)
-        assert layers_with_norms(app) >= 5
-        text = screen_text(app)
+        await wait_for(pilot, lambda: plot_rows(app) >= 8, "8 plot rows")
+        await wait_for(pilot, lambda: layers_with_norms(app) >= 5, "5 layers with norms")
         # The metrics table and the memory panel are one line each; alerts are still there.
-        assert "Metrics (5):" in text and "loss/netG 0.9131" in text
-        assert "Memory (CPU run, no GPU) RAM" in text
-        assert "zero_grad" in text
+        await shows(pilot, app, "Metrics (5):", "loss/netG 0.9131")
+        await shows(pilot, app, "Memory (CPU run, no GPU) RAM", "zero_grad")
 
 
 async def test_60x18_still_shows_the_loss_and_the_gradients() -> None:
     app = demo_app()
     async with app.run_test(size=(60, 18)) as pilot:
-        await painted(pilot, app)
-        await wait_for(pilot, lambda: plot_rows(app) >= 3, "loss plot rows", 10)
-        layers = region_lines(app, app.query_one("#grad-table"))
-        assert sum(1 for line in layers if "weight" in line) >= 5
-        text = screen_text(app)
+        await ended(pilot, app)
+        await wait_for(pilot, lambda: plot_rows(app) >= 3, "loss plot rows")
+        table = app.query_one("#grad-table")
+        await wait_for(
+            pilot,
+            lambda: sum(1 for line in region_lines(app, table) if "weight" in line) >= 5,
+            "5 layers",
+        )
+        text = await shows(pilot, app, "Alerts")
         assert "Memory" not in text and "Metrics" not in text  # made way
         assert "Alerts" in text
 
@@ -81,9 +78,9 @@ async def test_60x18_still_shows_the_loss_and_the_gradients() -> None:
 async def loss_rows_at(size: tuple[int, int]) -> int:
     app = demo_app()
     async with app.run_test(size=size) as pilot:
-        await painted(pilot, app)
-        await wait_for(pilot, lambda: plot_rows(app) >= 8, "8 plot rows", 10)
-        assert layers_with_norms(app) == 12
+        await ended(pilot, app)
+        await wait_for(pilot, lambda: plot_rows(app) >= 8, "8 plot rows")
+        await wait_for(pilot, lambda: layers_with_norms(app) == 12, "12 layers with norms")
         return plot_rows(app)
 
 
@@ -96,8 +93,10 @@ async def test_panels_with_nothing_to_say_are_one_dim_line() -> None:
     run = synthetic_run(steps=100, true_numbers=False, tokens=False)
     app = make_app(ReplaySource(run, RUN))
     async with app.run_test(size=(120, 40)) as pilot:
-        await painted(pilot, app)
-        text = screen_text(app)
+        await ended(pilot, app)
+        text = await shows(
+            pilot, app, "CPU run · no GPU", "samples/s", "grads every step", "Press p to profile"
+        )
         # A CPU run: no orange NVML / CUDA lines, one line saying why there is no GPU.
         assert "CPU run · no GPU" in text
         assert "NVML" not in text and "CUDA: not in use" not in text
@@ -133,12 +132,12 @@ async def zoom(pilot: Pilot[Any], app: TdbgApp, focus: str, panel: str) -> None:
 async def test_z_maximises_the_focused_panel_and_escape_gives_it_back() -> None:
     app = demo_app()
     async with app.run_test(size=(80, 24)) as pilot:
-        await painted(pilot, app)
+        await ended(pilot, app)
         await zoom(pilot, app, "#grad-table", "#grad-panel")
         await zoom(pilot, app, "#alerts", "#alerts-panel")
         await zoom(pilot, app, "#loss-panel", "#loss-panel")
         await zoom(pilot, app, "#memory-panel", "#memory-panel")
-        await wait_for(pilot, lambda: plot_rows(app) >= 8, "the layout back", 10)
+        await wait_for(pilot, lambda: plot_rows(app) >= 8, "the layout back")
 
 
 async def test_x_closes_the_deep_dive_panel_until_the_next_dive() -> None:

@@ -33,9 +33,9 @@ async def test_r_opens_the_picker_with_each_run_s_figures_and_switches(runtime_d
             for glance in picker.glances.values():
                 assert glance.error is None and glance.step is not None and glance.step > 0
                 assert glance.health is not None and glance.health.word == "live"
-            text = screen_text(app)
-            assert "← on screen" in text and "● live" in text and " ago" in text, text
-            assert "loss " in text and "step " in text
+            # The rows repaint once peeked: wait for the frame that shows them.
+            shown = ("← on screen", "● live", " ago", "loss ", "step ")
+            await wait_for(pilot, lambda: all(s in screen_text(app) for s in shown), f"{shown}")
 
             # Escape stays on the run shown.
             await pilot.press("escape")

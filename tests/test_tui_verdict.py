@@ -7,7 +7,7 @@ from __future__ import annotations
 from waiting import wait_for
 
 from tdbg.protocol.steps import StepRecord, pack_steps
-from tdbg.tui.app import make_app, screen_text
+from tdbg.tui.app import TdbgApp, make_app, screen_text
 from tdbg.tui.sources.base import ReplaySource
 from tdbg.tui.sources.synthetic import RUN, synthetic_run
 from tdbg.tui.state.health import (
@@ -74,8 +74,8 @@ async def test_the_header_says_stalled_once_the_steps_stop() -> None:
         await wait_for(pilot, lambda: app.state.n_steps == 50, "50 steps")
         header = app.query_one("RunHeader")
         await wait_for(pilot, lambda: header.has_class("-stalled"), "the header says stalled")
-        text = screen_text(app)
-        assert "stalled: no step for" in text and "0.0 steps/s" in text
+        said = ("stalled: no step for", "0.0 steps/s")  # the frame after the class came
+        text = await wait_for(pilot, lambda: _showing(app, said), "the stall on screen")
         assert "● live" not in text
 
 
@@ -108,3 +108,9 @@ async def test_a_stalled_run_shows_no_eta() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: "stalled: no step for 63 s" in screen_text(app), "stalled")
         assert "ETA" not in screen_text(app).split("\n", 1)[0]
+
+
+def _showing(app: TdbgApp, needles: tuple[str, ...]) -> str:
+    """The screen's text once it shows every needle, else ''."""
+    text = screen_text(app)
+    return text if all(n in text for n in needles) else ""
