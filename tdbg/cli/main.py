@@ -32,6 +32,7 @@ from tdbg.cli.dives import (
 from tdbg.cli.dump import Window, dump_events, job_event, windowed
 from tdbg.cli.errors import CliError
 from tdbg.cli.job_dives import cmd_job_dive, rank_list
+from tdbg.cli.job_targets import add_job_option, dump_job, job_entries_for
 from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
@@ -58,6 +59,8 @@ __all__ = ["CliError", "job_event", "main", "run", "tui_main"]
 
 
 def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
+    if args.job is not None:
+        return dump_job(args, out)
     target = resolve(args.target)
     if isinstance(target, Recording):
         from tdbg.cli.dump import dump_recording
@@ -89,9 +92,11 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_ls(args: argparse.Namespace, out: TextIO) -> int:
+    if args.job is not None and (args.hosts or args.hostfile is not None):
+        raise CliError("tdbg ls --job lists local ranks; for a job on ssh nodes: tdbg-tui --job")
     if args.hosts or args.hostfile is not None:
         return _ls_remote(args, out)
-    entries = discover()
+    entries = discover() if args.job is None else job_entries_for(args, [])
     if args.json:
         for e in entries:
             out.write(json.dumps(dict(e.meta, socket=str(e.socket))) + "\n")
@@ -333,12 +338,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="wait at most S seconds for a run and stop after S seconds",
     )
+    add_job_option(dump, "the events")
     dump.set_defaults(func=cmd_dump)
     ls = sub.add_parser("ls", help="list live runs on this machine (or on ssh:// nodes)")
     ls.add_argument("hosts", nargs="*", metavar="ssh://NODE", help="list the runs there instead")
     ls.add_argument("--json", action="store_true", help="one JSON object per run")
     ls.add_argument("--hostfile", metavar="FILE", help="list the runs of these nodes, one a line")
     add_remote_options(ls)
+    add_job_option(ls, "the runs")
     ls.set_defaults(func=cmd_ls)
     tui = sub.add_parser("tui", help="the full-screen monitor (same as tdbg-tui)")
     _add_tui_targets(tui)

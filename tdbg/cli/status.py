@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
+from tdbg.cli.job_targets import add_job_option, job_entries_for
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target, target_arg
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
@@ -40,6 +41,7 @@ def add_status_parser(sub: Any) -> None:
     p.add_argument("targets", nargs="*", type=target_arg, metavar="TARGET", help=TARGET_HELP)
     add_remote_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object per run")
+    add_job_option(p, "the lines")
     p.add_argument(
         "--timeout",
         type=positive_float,
@@ -54,6 +56,8 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.tui.state.health import assess  # numpy: loaded by this command only
 
     texts: list[str] = list(args.targets)
+    if args.job is not None:
+        texts = [str(e.socket) for e in job_entries_for(args, texts)]
     if not texts:
         entries = discover()
         if not entries:

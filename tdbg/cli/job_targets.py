@@ -1,0 +1,78 @@
+"""``--job JOB`` for ``tdbg dump``, ``tdbg status`` and ``tdbg ls``: a job's local ranks as the
+targets, each event and line carrying its rank."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import threading
+from typing import Any, TextIO
+
+from tdbg.cli.dump import Window, dump_events, windowed
+from tdbg.cli.errors import CliError
+from tdbg.cli.target_args import attach_target
+from tdbg.connect.jobs import job_ranks
+from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.targets import resolve
+
+# A rank's reader thread hands its events over in order; None says that rank is done.
+RankEvents = queue.Queue[dict[str, Any] | None]
+
+
+def add_job_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--job",
+        metavar="JOB",
+        help=f"{what} of every local rank of distributed job JOB (its id: `tdbg status` and "
+        "`tdbg ls --json` show it); give no TARGET with it",
+    )
+
+
+def job_entries_for(args: argparse.Namespace, targets: list[Any]) -> list[RunEntry]:
+    """The live ranks of ``args.job``, rank order; one line (exit 2) when it has none here or a
+    TARGET was given too."""
+    if targets:
+        raise CliError("--job names the runs: give no TARGET with it")
+    return list(job_ranks(args.job, discover()).values())
+
+
+def dump_job(args: argparse.Namespace, out: TextIO) -> int:
+    """Every rank's events (each with its ``rank``), interleaved as they arrive, the window
+    (``--last``, ``--count``, ``--follow``) applied per rank; done when every rank is."""
+    entries = job_entries_for(args, [args.target] if args.target is not None else [])
+    window = Window.of(args.follow, args.last, args.count)
+    events: RankEvents = queue.Queue()
+    clients = []
+    for entry in entries:  # attach to all first: a rank that cannot be reached is one line
+        text = str(entry.socket)
+        clients.append(attach_target(resolve(text), text, args.timeout, args))
+    threads = [
+        threading.Thread(target=_read_rank, args=(c, args.timeout, window, events), daemon=True)
+        for c in clients
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        done = 0
+        while done < len(threads):
+            event = events.get()
+            if event is None:
+                done += 1
+                continue
+            out.write(json.dumps(event, separators=(",", ":")) + "\n")
+            out.flush()
+    finally:
+        for client in clients:
+            client.close()
+    return 0
+
+
+def _read_rank(client: Any, timeout: float | None, window: Window, events: RankEvents) -> None:
+    try:
+        for event in windowed(dump_events(client, timeout), window):
+            events.put(event)
+    except Exception as exc:  # a rank's stream broke: say so in its stream, the others go on
+        events.put({"type": "end", "reason": f"error: {exc}", "rank": client.run.get("rank")})
+    finally:
+        events.put(None)
