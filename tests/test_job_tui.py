@@ -12,6 +12,7 @@ from waiting import wait_for
 from tdbg.tui.app import screen_text
 from tdbg.tui.job_app import JobApp, local_job
 from tdbg.tui.screens.job import JobScreen, RankScreen
+from tdbg.tui.screens.job_profile import JobProfileScreen
 from tdbg.tui.sources.job import JobSource
 from tdbg.tui.widgets.rank_table import RankTable
 
@@ -85,3 +86,38 @@ async def test_a_rank_that_raises_shows_as_dead_with_its_exit(
             await wait_for(pilot, lambda: words in screen_text(app), "rank 1 dead on screen")
             table = app.screen.query_one(RankTable)
             assert str(table.get_row("1")[-1]) == words  # in its own row's last column
+
+
+@pytest.mark.slow
+async def test_p_profiles_every_rank_and_puts_the_slowest_beside_the_fastest(
+    runtime_dir: Path,
+) -> None:
+    """`p` on the job screen of a 2-rank torchrun job whose rank 1 reads its batches slowly:
+    both ranks profile the same steps, and the screen (at 80x24) names rank 1 the slowest and
+    rank 0 the fastest, their ops side by side; Esc closes it."""
+    with torchrun_job(2, "--grad-every", "1", DDP_STEPS="100000", DDP_SLOW_RANK="1"):
+        app = JobApp(JobSource(directory=runtime_dir))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: len(app.job.ranks) == 2, "both ranks attached", 120)
+            await pilot.press("p")
+            await wait_for(pilot, lambda: isinstance(app.screen, JobProfileScreen), "the panel")
+            profile = app.job_profile
+            assert profile is not None and sorted(profile.sent) == [0, 1] and not profile.unsent
+
+            shown = ("profiling 2 ranks: 2 done", "slowest rank 1:", "fastest rank 0:", "aten::")
+
+            def compared() -> str | None:
+                text = screen_text(app)
+                return text if all(s in text for s in shown) else None
+
+            # One frame with all of it (the table lays out a frame after the lines above it).
+            text = await wait_for(pilot, compared, "the ranks compared on screen", 180)
+            assert "in collectives" in text and "difference" in text, text
+            answers = profile.answers(app.job)
+            comparison = profile.comparison(answers)
+            assert comparison is not None
+            assert (comparison.slowest.rank, comparison.fastest.rank) == (1, 0)
+            both = [op for op in comparison.ops if op.slow_us is not None and op.fast_us]
+            assert any(op.name.startswith("aten::") for op in both), comparison.ops
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "back to the job")

@@ -5,19 +5,9 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from tdbg.cli.report import _console, _span
-from tdbg.format import fmt, fmt_bytes, fmt_seconds, fmt_us
-from tdbg.tui.state.rank_profiles import RankProfile, compare_profiles
-
-
-def rank_line(p: RankProfile) -> str:
-    """``rank 1: steps 61-65, 0.215 s wall, 41.6ms/step own, 1.4ms/step in collectives``."""
-    wall = p.profile["wall_seconds"]
-    own = "?" if p.own is None else fmt_us(p.own * 1e6)
-    return (
-        f"rank {p.rank}: steps {_span(p.profile['steps'])}, {fmt_seconds(wall)} wall, "
-        f"{own}/step own, {fmt_us(p.waited * 1e6)}/step in collectives"
-    )
+from tdbg.cli.report import _console
+from tdbg.format import fmt, fmt_bytes, fmt_us
+from tdbg.tui.state.rank_profiles import compare_profiles, rank_line
 
 
 def print_job_profile(
@@ -56,17 +46,12 @@ def print_job_profile(
                 break
             cells += [fmt(row["calls"], "d") if row else "-", fmt_us(per_step)]
         if fast is not slow:
-            cells.append(("+" if op.difference > 0 else "") + fmt_us(op.difference))
+            cells.append(op.difference_text)
         table.add_row(*cells)
     console.print(table)
-    biggest = comparison.biggest_difference()
+    biggest = comparison.biggest_difference_line()
     if biggest is not None:
-        more, less = (slow, fast) if biggest.difference > 0 else (fast, slow)
-        console.print(
-            f"biggest difference: {biggest.name}, {fmt_us(abs(biggest.difference))}/step more "
-            f"on rank {more.rank} than on rank {less.rank}",
-            soft_wrap=True,
-        )
+        console.print(biggest, soft_wrap=True)
     for other in comparison.others:
         console.print(rank_line(other))
     for p in comparison.ranks:

@@ -13,14 +13,17 @@ from textual.screen import Screen
 
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover
+from tdbg.protocol.messages import command_args
 from tdbg.protocol.steps import concat_steps, joinable
 from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.screens.job import JobScreen, RankScreen
+from tdbg.tui.screens.job_profile import JobProfileScreen
 from tdbg.tui.screens.waiting import WaitingScreen
 from tdbg.tui.sources.job import JobSource, RankBatches, job_entries
 from tdbg.tui.sources.job_replay import RecordedJobSource
 from tdbg.tui.state.job import Job
 from tdbg.tui.state.job_alerts import JobAlerts
+from tdbg.tui.state.job_profile import JobProfile
 from tdbg.tui.state.job_replay import replay_job
 from tdbg.tui.state.run_state import RunState
 
@@ -59,6 +62,7 @@ class JobApp(TdbgBaseApp):
         self._judged_at = 0.0  # ...and when (monotonic seconds)
         self.notices: list[str] = []
         self.node_lines: list[str] = []  # an ssh job's nodes that are not read, version mismatch
+        self.job_profile: JobProfile | None = None  # the last `p` on the job screen
 
     def get_default_screen(self) -> Screen[Any]:
         return JobScreen(id="job")
@@ -155,6 +159,8 @@ class JobApp(TdbgBaseApp):
         screen = self.screen
         if isinstance(screen, RankScreen):
             screen.repaint()
+        elif isinstance(screen, JobProfileScreen) and self.job_profile is not None:
+            screen.show(self.job_profile, self.job)
         elif isinstance(screen, JobScreen) and (self.revision, self._judged) != self._shown:
             if screen.show(self.job, self.alerts):
                 self._painted = self.revision
@@ -168,6 +174,27 @@ class JobApp(TdbgBaseApp):
         screen = RankScreen(rank)
         self.push_screen(screen)
         screen.show(state)
+
+    def profile_job(self) -> None:
+        """``p`` on the job screen: the profile command, with the single-run form's defaults, to
+        every rank at once (a rank that has ended or cannot be reached is named, not waited
+        for); the comparison screen follows the answers as they fold in."""
+        args = command_args("profile", {})
+        profile = JobProfile(args)
+        for rank, state in self.job.ranks.items():
+            if state.ended:
+                profile.unsent[rank] = f"not running ({state.end_reason or 'ended'})"
+                continue
+            mid = self.source.send(rank, "profile", **args)
+            if mid is None:
+                profile.unsent[rank] = self.source.send_error or "not sent"
+                continue
+            state.sent(mid, "profile", args)
+            profile.sent[rank] = mid
+        self.job_profile = profile
+        screen = JobProfileScreen()
+        self.push_screen(screen)
+        screen.show(profile, self.job)
 
     def send_command(self, command: str, **args: Any) -> int | None:
         """A deep-dive command from the rank screen: to that rank's probe."""

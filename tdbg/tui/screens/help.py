@@ -48,6 +48,12 @@ z            maximise the focused panel (any: loss, gradients, alerts, memory, d
              to the full screen; escape or z again gives the layout back
 x            close the deep-dive panel (one line again) until the next dive; d reopens it
 
+Job screen (tdbg-tui --job JOB: every rank of a distributed job):
+enter        open the cursor's rank: its full screen (deep dives go to that rank); escape back
+p            profile the next 5 steps on every rank at once: the slowest and fastest rank
+             (own time per step, collectives left out) and their top ops side by side, a
+             line for each other rank and each rank with no profile; escape closes it
+
 Replay (tdbg-tui replay FILE; the keys work whichever panel has focus):
 ← →          one recorded step back / forward
 ⇧← ⇧→        jump 5 % of the recording (at least 10 steps)

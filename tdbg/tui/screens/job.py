@@ -1,5 +1,6 @@
 """JobScreen: a distributed job whole — its line, the rank table worst first, its live alerts;
-Enter opens one rank's full single-run screen (RankScreen), Esc comes back."""
+Enter opens one rank's full single-run screen (RankScreen), Esc comes back; p profiles every
+rank (JobProfileScreen)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 class JobScreen(Screen[None]):
     """Dumb view: ``show(job, alerts)`` repaints; Enter on a rank asks the app to open it."""
 
-    BINDINGS = [Binding("enter", "open_rank", "Open rank", show=True)]
+    BINDINGS = [
+        Binding("enter", "open_rank", "Open rank", show=True),
+        Binding("p", "profile_job", "Profile ranks"),
+    ]
     # The rank table takes what its rows need (up to most of the screen); alerts the rest.
     DEFAULT_CSS = """
     JobScreen #job-ranks { height: auto; max-height: 70%; border: round $primary; }
@@ -88,6 +92,12 @@ class JobScreen(Screen[None]):
         rank = self.query_one(RankTable).selected_rank
         if rank is not None:
             self._open(rank)
+
+    def action_profile_job(self) -> None:
+        """Profile the same steps on every live rank; the comparison opens over this screen."""
+        profiler = getattr(self.app, "profile_job", None)
+        if profiler is not None:
+            profiler()
 
     def _open(self, rank: int) -> None:
         opener = getattr(self.app, "open_rank", None)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+from tdbg.format import fmt_seconds, fmt_us
 from tdbg.protocol.messages import ProfileResult, ProfileRow, read_profile
 
 # The record_function names c10d gives its collectives' work, one per backend.
@@ -77,6 +78,19 @@ def rank_profile(rank: int, result: Any) -> RankProfile:
     return RankProfile(rank, profile, steps, per_step_wall, waited)
 
 
+def rank_line(p: RankProfile, wall: bool = True) -> str:
+    """``rank 1: steps 61-65, 0.215 s wall, 41.6ms/step own, 1.4ms/step in collectives``
+    (without the wall time where a line must fit 80 columns)."""
+    steps = p.profile["steps"]
+    span = f"{steps[0]}-{steps[-1]}" if steps else "?-?"
+    own = "?" if p.own is None else fmt_us(p.own * 1e6)
+    walled = f" {fmt_seconds(p.profile['wall_seconds'])} wall," if wall else ""
+    return (
+        f"rank {p.rank}: steps {span},{walled} {own}/step own, "
+        f"{fmt_us(p.waited * 1e6)}/step in collectives"
+    )
+
+
 @dataclass(frozen=True)
 class OpPair:
     """One op in the slowest and the fastest rank's profiles (None: not among its rows)."""
@@ -91,6 +105,11 @@ class OpPair:
     def difference(self) -> float:
         """Slowest minus fastest, microseconds per step (an op missing on one side counts 0)."""
         return (self.slow_us or 0.0) - (self.fast_us or 0.0)
+
+    @property
+    def difference_text(self) -> str:
+        """The difference signed: ``+40.1ms``, ``-120us``."""
+        return ("+" if self.difference > 0 else "") + fmt_us(self.difference)
 
 
 @dataclass(frozen=True)
@@ -117,6 +136,19 @@ class ProfileComparison:
         if len(self.ranks) < 2 or not self.ops:
             return None
         return max(self.ops, key=lambda op: (abs(op.difference), op.name))
+
+    def biggest_difference_line(self) -> str | None:
+        """``biggest difference: OP, 40ms/step more on rank 1 than on rank 0`` (None: no pair)."""
+        biggest = self.biggest_difference()
+        if biggest is None:
+            return None
+        more, less = (
+            (self.slowest, self.fastest) if biggest.difference > 0 else (self.fastest, self.slowest)
+        )
+        return (
+            f"biggest difference: {biggest.name}, {fmt_us(abs(biggest.difference))}/step more "
+            f"on rank {more.rank} than on rank {less.rank}"
+        )
 
 
 def compare_profiles(results: Mapping[int, Any], limit: int = 20) -> ProfileComparison | None:
