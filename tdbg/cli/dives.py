@@ -27,6 +27,10 @@ from tdbg.format import fmt_every
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import FINAL_STATES
 
+# Seconds a cancel waits for the probe's answer: milliseconds as a rule, seconds on a machine
+# whose cores are all busy (seen: 2 s was not enough for a rank mid-profile under load).
+CANCEL_TIMEOUT = 10.0
+
 
 class JobFailed(Exception):
     """The job ended failed or cancelled; exit code 1 with its reason."""
@@ -183,14 +187,15 @@ class JobWatch:
         )
 
     def cancel(self) -> bool:
-        """Ask the probe to cancel the job (best effort, waits up to 2 s for the answer);
-        True when the probe accepted."""
+        """Ask the probe to cancel the job (best effort, waits up to CANCEL_TIMEOUT for the
+        answer; it comes in milliseconds unless the machine is very busy); True when the probe
+        accepted."""
         if self.job is None or self.client.peer_closed:
             return False
         if self.last is not None and self.last.get("state") in FINAL_STATES:
             return False
         try:
-            self.client.command("cancel", timeout=2.0, job=self.job)
+            self.client.command("cancel", timeout=CANCEL_TIMEOUT, job=self.job)
         except (CommandRefused, CommandTimeout, OSError, ProtocolError):
             return False
         return True

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tdbg.cli.dives import (
+    CANCEL_TIMEOUT,
     JobFailed,
     JobWatch,
     _progress,
@@ -27,7 +29,7 @@ from tdbg.connect.runtime import RunEntry, discover
 from tdbg.protocol.framing import ProtocolError
 
 JOIN_POLL = 0.2  # seconds: the main thread wakes this often, so Ctrl-C is taken at once
-CANCEL_GRACE = 5.0  # seconds the ranks get to cancel their jobs after Ctrl-C
+CANCEL_GRACE = CANCEL_TIMEOUT + 5.0  # seconds the ranks get to cancel their jobs after Ctrl-C
 
 
 def rank_list(text: str) -> list[int]:
@@ -54,6 +56,7 @@ class RankOutcome:
     rank: int
     result: dict[str, Any] | None = None
     error: str | None = None
+    done: bool = False  # set last by the rank's thread: result or error is final
 
 
 def _dive(
@@ -83,6 +86,7 @@ def _dive(
     finally:
         if client is not None:
             client.close()
+        outcome.done = True
 
 
 def run_on_ranks(args: argparse.Namespace) -> list[RankOutcome]:
@@ -96,7 +100,7 @@ def run_on_ranks(args: argparse.Namespace) -> list[RankOutcome]:
     chosen = args.ranks if args.ranks is not None else sorted(set(range(world)) | set(running))
     outcomes = [RankOutcome(rank) for rank in chosen]
     stop = threading.Event()
-    threads = []
+    started = []
     for outcome in outcomes:
         entry = running.get(outcome.rank)
         if entry is None:
@@ -104,24 +108,32 @@ def run_on_ranks(args: argparse.Namespace) -> list[RankOutcome]:
                 f"not running: no such rank of job {args.job} serves here (it ended, or has not"
                 f" started; ranks serving: {', '.join(map(str, running))})"
             )
+            outcome.done = True
             continue
         thread = threading.Thread(
             target=_dive, args=(args, entry, outcome, stop), name=f"rank-{outcome.rank}"
         )
         thread.daemon = True  # a rank that never answers must not keep tdbg alive
         thread.start()
-        threads.append(thread)
+        started.append(outcome)
+    # The main thread sleeps and looks rather than joining: a Ctrl-C that interrupts
+    # Thread.join() can leave that thread looking finished to the next join (CPython 3.11),
+    # and the ranks' cancels were then cut short.
     try:
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(JOIN_POLL)
+        while not all(o.done for o in started):
+            time.sleep(JOIN_POLL)
     except KeyboardInterrupt:
         stop.set()
-        for thread in threads:
-            thread.join(CANCEL_GRACE)
-        cancelled = [o.rank for o in outcomes if "cancelled" in (o.error or "")]
+        deadline = time.monotonic() + CANCEL_GRACE
+        while not all(o.done for o in started) and time.monotonic() < deadline:
+            time.sleep(JOIN_POLL / 4)
+        cancelled = [o.rank for o in outcomes if o.done and "cancelled" in (o.error or "")]
         if cancelled:
             print(f"tdbg: interrupted: cancelled on ranks {cancelled}", file=sys.stderr)
+        for o in outcomes:  # the others: why not (finished, refused, no answer in time)
+            if o.rank not in cancelled:
+                why = (o.error or "finished") if o.done else "no answer in time"
+                print(f"tdbg: rank {o.rank}: not cancelled: {why}", file=sys.stderr)
         raise
     return outcomes
 
