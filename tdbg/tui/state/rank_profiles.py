@@ -22,6 +22,13 @@ from tdbg.protocol.messages import ProfileResult, ProfileRow, read_profile
 
 # The record_function names c10d gives its collectives' work, one per backend.
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
+# The ops that wrap a collective (c10d::allreduce_ ...): waiting on the other ranks too.
+COLLECTIVE_WRAPPERS = ("c10d::",)
+
+
+def waits_for_others(op: str) -> bool:
+    """Whether time in ``op`` is (mostly) waiting for the other ranks: a collective."""
+    return op.startswith(COLLECTIVE_PREFIXES + COLLECTIVE_WRAPPERS)
 
 
 @dataclass(frozen=True)
@@ -132,13 +139,17 @@ class ProfileComparison:
         return self.ranks[1:-1]
 
     def biggest_difference(self) -> OpPair | None:
-        """The op whose time differs most between the two ranks (None: one rank only)."""
-        if len(self.ranks) < 2 or not self.ops:
+        """The op of the ranks' own work whose time differs most between the two ranks (None:
+        one rank only). Collectives are left out: a fast rank's extra time in all_reduce is its
+        wait for the slow one, the effect rather than the cause."""
+        own = [op for op in self.ops if not waits_for_others(op.name)]
+        if len(self.ranks) < 2 or not own:
             return None
-        return max(self.ops, key=lambda op: (abs(op.difference), op.name))
+        return max(own, key=lambda op: (abs(op.difference), op.name))
 
     def biggest_difference_line(self) -> str | None:
-        """``biggest difference: OP, 40ms/step more on rank 1 than on rank 0`` (None: no pair)."""
+        """``biggest difference in own work: OP, 40µs/step more on rank 1 than on rank 0`` (None:
+        no pair)."""
         biggest = self.biggest_difference()
         if biggest is None:
             return None
@@ -146,8 +157,9 @@ class ProfileComparison:
             (self.slowest, self.fastest) if biggest.difference > 0 else (self.fastest, self.slowest)
         )
         return (
-            f"biggest difference: {biggest.name}, {fmt_us(abs(biggest.difference))}/step more "
-            f"on rank {more.rank} than on rank {less.rank}"
+            f"biggest difference in own work: {biggest.name}, "
+            f"{fmt_us(abs(biggest.difference))}/step more on rank {more.rank} than on rank "
+            f"{less.rank}"
         )
 
 
