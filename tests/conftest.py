@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -19,6 +20,13 @@ from waiting import TIMEOUT, wait_until
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes seconds (spawned interpreters); -m 'not slow'")
+    # Started in the background by a shell without job control (`make test &` in a script, some
+    # CI runners), this process inherits SIGINT ignored, and so would every tdbg it starts:
+    # Python keeps an inherited SIG_IGN, so the Ctrl-C tests' SIGINT would do nothing. With a
+    # handler here, the children start with the default (a handler is reset at exec, SIG_IGN
+    # is not).
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # Whole modules of end-to-end tests (sshd, tmux, real frameworks, demo jobs in subprocesses):

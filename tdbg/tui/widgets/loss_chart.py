@@ -62,21 +62,43 @@ def bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int) -> tuple[np.ndarray,
 def inside_limits(
     x: np.ndarray, y: np.ndarray, limits: tuple[float, float] | None, line: bool
 ) -> tuple[list[float], list[float]]:
-    """The points to hand plotext for y-limits ``limits``: a line is clamped to the frame (it
-    runs along the edge where the series is off the scale), loose points outside it are left out.
+    """The points to hand plotext for y-limits ``limits``, drawn as they would be but bounded.
 
     plotext rasterises a line over its whole length, inside the frame or not: a converged run
     whose fitted range is 1e-9 wide, joined to its first steps' loss 1e6 ranges away, asked it
-    for gigabytes and killed the TUI (a 1 M-step replay).
+    for gigabytes and killed the TUI (a 1 M-step replay). Everything inside a band one
+    frame-height beyond the frame is handed over as it is (plotext leaves out what is off
+    screen, rounding to its cells); loose points past the band are left out, and a line that
+    leaves the band is cut at its edge (the crossing point added, so the part on screen keeps
+    its slope) and runs along that edge, off screen.
     """
-    if limits is not None:
-        lo, hi = limits
-        if line:
-            y = np.clip(y, lo, hi)
-        else:
-            keep = (y >= lo) & (y <= hi)
-            x, y = x[keep], y[keep]
-    return x.tolist(), y.tolist()
+    if limits is None:
+        return x.tolist(), y.tolist()
+    lo, hi = limits
+    margin = (hi - lo) or abs(hi) or 1.0
+    low, high = lo - margin, hi + margin
+    if not line:  # plotext itself leaves out what is off screen, rounding to its cells
+        keep = (y >= low) & (y <= high)
+        return x[keep].tolist(), y[keep].tolist()
+    if len(y) == 0 or (y.min() >= low and y.max() <= high):
+        return x.tolist(), y.tolist()
+    xs: list[float] = []
+    ys: list[float] = []
+    px = py = 0.0
+    for i, (cx, cy) in enumerate(zip(x.tolist(), y.tolist(), strict=True)):
+        if i:
+            crossings = sorted(
+                ((edge - py) / (cy - py), edge)
+                for edge in (low, high)
+                if (py - edge) * (cy - edge) < 0
+            )
+            for t, edge in crossings:
+                xs.append(px + t * (cx - px))
+                ys.append(edge)
+        xs.append(cx)
+        ys.append(min(max(cy, low), high))
+        px, py = cx, cy
+    return xs, ys
 
 
 # Colours of the metrics drawn over the loss (val_loss, loss/NAME, ...), in legend order.
