@@ -91,11 +91,14 @@ async def test_a_hang_is_named_on_the_job_screen_with_its_collective_and_stacks(
             assert isinstance(collective["seq"], int) and "all" in str(collective["op"]).lower()
             assert set(message["stacks"]) == {"0", "1", "2"}
             assert "wait_for_a_batch_that_never_comes" in message["stacks"]["1"]
-            text = await wait_for(
-                pilot, lambda: "hang: rank 1 never entered" in screen_text(app) and screen_text(app)
+            # All of it in one frame: the alert's line and the frame under it are painted as
+            # the panel catches up, so wait for every part rather than read after the first.
+            parts = ("hang: rank 1 never entered", "ranks 0, 2 wait in", "rank 1 at ")
+            await wait_for(
+                pilot,
+                lambda: all(part in screen_text(app) for part in parts),
+                "the hang, who waits, and rank 1's innermost frame on screen",
             )
-            assert "ranks 0, 2 wait in" in text
-            assert "rank 1 at " in text  # its innermost frame, under the alert
 
 
 @pytest.mark.slow
