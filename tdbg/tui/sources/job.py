@@ -140,8 +140,10 @@ class JobSource(Stoppable):
             why = f"connection lost: {exc}"
         finally:
             # No goodbye: the process died. Its exit status, while its parent has not reaped
-            # it (a pid means something only on the rank's own host).
-            here = client.run.get("host") == socket.gethostname()
+            # it (a pid means something only on the rank's own host: never for a rank reached
+            # through a node's ssh stream, whatever that node calls itself).
+            remote = bool(self.runs.get(rank, {}).get("node"))
+            here = not remote and client.run.get("host") == socket.gethostname()
             died = here and not said_bye and not self.stopped
             status = exit_status(int(client.run.get("pid", -1))) if died else None
             if status is not None:
