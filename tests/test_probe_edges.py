@@ -159,3 +159,34 @@ def test_dump_timeout_survives_a_slow_loop(runtime_dir: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert elapsed >= 3.5
     assert '"type":"end","reason":"disconnected"' not in out.stdout
+
+
+BUSY_AT_EXIT = """
+import threading, time, torch, tdbg
+from torch import nn
+probe = tdbg.watch(nn.Linear(4, 4))
+started = threading.Event()
+def analysis():  # as a dive's analysis or a tick reading tensors: torch work on a probe thread
+    started.set()
+    a = torch.randn(200, 200)
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end:
+        torch.mm(a, a)
+probe._server.submit_work(analysis)
+assert started.wait(120)
+print("exiting", flush=True)
+"""
+
+
+def test_a_probe_thread_inside_torch_at_exit_does_not_abort_the_process(
+    runtime_dir: Path,
+) -> None:
+    """The script ends while a probe thread is inside torch calls: the exit waits for it. Left
+    running, it would re-take the GIL during finalization, be unwound through torch's noexcept
+    frames and abort the process ("terminate called without an active exception", exit 134),
+    as a gloo rank did at its end on a loaded machine."""
+    done = subprocess.run(
+        [sys.executable, "-c", BUSY_AT_EXIT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "exiting" in done.stdout and "terminate called" not in done.stderr

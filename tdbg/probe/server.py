@@ -62,6 +62,11 @@ LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the
 MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
 NAN = float("nan")
 GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read again
+# How long stopping waits for the probe's threads to finish what they are doing (the last tick,
+# the recording's end, a dive's analysis). Normally milliseconds; the bound is for a stuck
+# thread. It is generous because a thread still inside a torch call when the interpreter exits
+# aborts the whole process ("terminate called without an active exception", exit 134).
+STOP_SECONDS = 10.0
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
 NONFINITE_METRIC_ALERTS = 8  # metric names alerted one by one; then a count at powers of 2
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
@@ -227,17 +232,23 @@ class ProbeServer:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x", socket.MSG_DONTWAIT)
 
-    def stop(self, timeout: float = 0.5) -> None:
-        """Send bye, close everything, unlink our files; never waits longer than ``timeout``."""
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Send bye, close everything, unlink our files; never waits longer than ``timeout``.
+
+        The threads are waited for, not just told: a probe thread left inside a torch call when
+        the interpreter finalizes (a daemon thread re-taking the GIL there is unwound through
+        torch's noexcept frames) aborts the training process at its very end, on a busy
+        machine where a short wait runs out."""
         if self._stop.is_set():
             return
         self._stop.set()
         self.serving = False  # socket_path reads None from now on
         self.wake()
         self.work.put(lambda: None)  # the sampler thread waits on this queue: wake it too
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
             if thread is not threading.current_thread():
-                thread.join(timeout)
+                thread.join(max(0.0, deadline - time.monotonic()))
         if any(t.is_alive() for t in self._threads):
             self._shutdown_connections()  # the thread is stuck; close from here
         with contextlib.suppress(OSError):
