@@ -74,6 +74,30 @@ def sshd() -> Iterator[Any]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def straggler_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Path]]:
+    """The recordings of one 3-rank gloo job under `tdbg run --record --grad-every 1`, 40 steps,
+    rank 1 waiting 40 ms for each batch, rank 2 changing a layer's gradient after the
+    all-reduce: run once for the session and read by every test that needs such a job (a
+    torchrun job takes 15-25 s on a busy 2-core machine)."""
+    from processes import recorded_torchrun_job
+
+    directory = tmp_path_factory.mktemp("straggler-job")
+    sockets = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
+    os.chmod(sockets, 0o700)
+    try:
+        yield recorded_torchrun_job(
+            directory,
+            3,
+            40,
+            DDP_SLOW_RANK="1",
+            DDP_DIVERGE_RANK="2",
+            TDBG_RUNTIME_DIR=str(sockets),
+        )
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
 @pytest.fixture
 def private_dir() -> Iterator[Path]:
     """A fresh 0700 directory under /tmp, removed afterwards (artifact tests' base directory)."""

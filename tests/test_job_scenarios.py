@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from processes import recorded_torchrun_job, torchrun_job
+from processes import torchrun_job
 from waiting import wait_for
 
 from tdbg.cli.main import _job_recordings
@@ -50,13 +50,10 @@ def replay_as_live(files: list[Path]) -> tuple[JobAlerts, list[JobAlert]]:
 
 
 @pytest.mark.slow
-def test_a_straggler_and_a_diverged_rank_raise_their_alerts(
-    tmp_path: Path, runtime_dir: Path
-) -> None:
+def test_a_straggler_and_a_diverged_rank_raise_their_alerts(straggler_job: list[Path]) -> None:
     """Three gloo ranks under DDP: rank 1 waits 40 ms for each batch, rank 2 changes one layer's
     gradient after the all-reduce."""
-    files = recorded_torchrun_job(tmp_path, 3, 40, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
-    alerts, events = replay_as_live(files)
+    alerts, events = replay_as_live(straggler_job)
     raised = {(a.kind, tuple(a.ranks)): a for a in events if not a.cleared}
     assert set(raised) == {("straggler", (1,)), ("rank_divergence", (2,))}, events
     straggler = raised["straggler", (1,)].as_message()
@@ -102,11 +99,12 @@ async def test_a_hang_is_named_on_the_job_screen_with_its_collective_and_stacks(
 
 
 @pytest.mark.slow
-async def test_the_ranks_recordings_replay_as_one_job(tmp_path: Path, runtime_dir: Path) -> None:
+async def test_the_ranks_recordings_replay_as_one_job(straggler_job: list[Path]) -> None:
     """`tdbg-tui --job DIR`: a 3-rank torchrun job's recordings (rank 1 straggles, rank 2
     diverges) replayed as one job on the job screen, its alerts judged from the streams."""
-    files = recorded_torchrun_job(tmp_path, 3, 40, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
-    assert _job_recordings(str(tmp_path), []) == files  # the directory: every rank's recording
+    files = straggler_job
+    directory = str(files[0].parent)
+    assert _job_recordings(directory, []) == files  # the directory: every rank's recording
     app = JobApp(RecordedJobSource("replay"), replay_job(files))
     async with app.run_test(size=(180, 40)) as pilot:
         raised = {(a.kind, tuple(a.ranks)) for a in app.alerts.events if not a.cleared}

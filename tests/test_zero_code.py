@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_until
-from processes import recorded_torchrun_job, torchrun_job
+from processes import torchrun_job
 
 from tdbg.cli.dump import dump_events
 from tdbg.connect.client import ProbeClient
@@ -499,24 +499,24 @@ def test_a_gan_watches_both_models_and_both_optimizers(tmp_path: Path, runtime_d
 
 
 @pytest.mark.slow
-def test_tdbg_run_of_torchrun_watches_every_rank(tmp_path: Path, runtime_dir: Path) -> None:
-    """`tdbg run -- python -m torch.distributed.run --nproc_per_node=2 ...` (gloo, CPU): each
-    rank watches itself, records its own file, and says where it sits in the job."""
+def test_tdbg_run_of_torchrun_watches_every_rank(straggler_job: list[Path]) -> None:
+    """`tdbg run -- python -m torch.distributed.run --nproc_per_node=3 ...` (gloo, CPU): each
+    rank watches itself, records its own file, and says where it sits in the job. (Ranks 0 and
+    1 of the session's straggler job: rank 1 is only slow, so their updates are the same.)"""
     from tdbg.recording.reader import Recording
 
-    recorded_torchrun_job(tmp_path, 2, 6)
     runs = {}
     for rank in (0, 1):
-        recording = Recording(tmp_path / f"job.rank{rank}.tdbg")
+        recording = Recording(straggler_job[rank])
         steps = [
             r for m in recording.messages() if m.get("type") == "steps" for r in unpack_steps(m)
         ]
         runs[rank] = (recording.run, steps)
     (run0, steps0), (run1, steps1) = runs[0], runs[1]
     assert (run0["rank"], run1["rank"]) == (0, 1)
-    assert run0["world_size"] == run1["world_size"] == 2
+    assert run0["world_size"] == run1["world_size"] == 3
     assert run0["job"] and run0["job"] == run1["job"]
-    assert [s.step for s in steps0] == [s.step for s in steps1] == list(range(6))
+    assert [s.step for s in steps0] == [s.step for s in steps1] == list(range(40))
     # DDP: the gradients after the all-reduce are the same on every rank; the losses are not.
     for a, b in zip(steps0, steps1, strict=True):
         assert a.grad_total == pytest.approx(b.grad_total, rel=1e-5)
@@ -525,14 +525,13 @@ def test_tdbg_run_of_torchrun_watches_every_rank(tmp_path: Path, runtime_dir: Pa
 
 @pytest.mark.slow
 def test_a_straggler_and_a_diverged_rank_are_named(
-    tmp_path: Path, runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+    straggler_job: list[Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Three gloo ranks under DDP: rank 1 waits 40 ms for each batch, rank 2 changes one layer's
     gradient after the all-reduce. `tdbg status` on the job's recordings names both."""
     from tdbg.cli.main import run
 
-    files = recorded_torchrun_job(tmp_path, 3, 30, DDP_SLOW_RANK="1", DDP_DIVERGE_RANK="2")
-    code = run(["status", *map(str, files)])
+    code = run(["status", *map(str, straggler_job)])
     out = capsys.readouterr().out
     assert code == 1, out
     assert "3 of 3 ranks" in out
