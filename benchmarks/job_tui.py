@@ -26,14 +26,12 @@ core. A key's latency is ``tmux send-keys`` to the first ``capture-pane`` showin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import selectors
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,7 +45,6 @@ import tui  # noqa: E402
 from tui import (  # noqa: E402
     KEY_TIMEOUT,
     PYTHON,
-    ROOT,
     SIZE,
     TUI,
     Key,
@@ -55,8 +52,8 @@ from tui import (  # noqa: E402
     _cpu,
     _median,
     cpu_share,
-    head_snapshot,
 )
+from tui_bench import add_bench_options, save_results, shorten_for_quick, workdir  # noqa: E402
 
 JOB = "bench-job"
 TICK = 0.1  # seconds between a rank's step batches (the probe's own rate)
@@ -359,40 +356,26 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one repeat, short windows (< 2 min)")
+    add_bench_options(p, presses=10, profile_help="cProfile the TUI (a repeat each)")
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--procs", type=int, default=4, help="processes serving the ranks")
     p.add_argument("--rate", type=float, default=10.0, help="training steps per second")
     p.add_argument("--layers", type=int, default=16, help="layers per rank")
     p.add_argument("--slow", type=int, default=5, help="the straggling rank")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--window", type=float, default=20.0, help="seconds per CPU window")
-    p.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
-    p.add_argument("--presses", type=int, default=10, help="presses of each key per repeat")
-    p.add_argument("--gap", type=float, default=0.15, help="seconds between presses")
-    p.add_argument("--profile", action="store_true", help="cProfile the TUI (a repeat each)")
-    p.add_argument("--json", type=Path, help="also write the raw results here")
-    p.add_argument("--source", type=Path, default=ROOT, help="the tree whose tdbg runs")
-    p.add_argument("--head", action="store_true", help="run a snapshot of the last commit")
     p.add_argument("--serve", type=int, nargs="+", help=argparse.SUPPRESS)  # a rank server
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
     p.add_argument("--runtime", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve is not None:
         return serve(args.serve, args.world, args.runtime, args.rate, args.layers, args.slow)
-    if args.quick:
-        args.repeats, args.window, args.warmup, args.presses = 1, 8.0, 3.0, 5
+    shorten_for_quick(args, presses=5)
     results: list[Result] = []
-    with tempfile.TemporaryDirectory(prefix="tdbg-job-bench-") as tmp:
-        if args.head:
-            args.source = head_snapshot(Path(tmp))
-        print(f"tdbg from {args.source}", flush=True)
+    with workdir(args, "tdbg-job-bench-") as tmp:
         for k in range(args.repeats):
             print(f"repeat {k + 1}/{args.repeats}: {args.ranks} ranks ...", flush=True)
-            results.append(one_run(args, Path(tmp), k))
+            results.append(one_run(args, tmp, k))
     report(results, args)
-    if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    save_results(args, results)
     return 0
 
 

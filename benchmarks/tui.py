@@ -21,7 +21,6 @@ times, spaced so a repaint backlog cannot carry over. Medians over repeats are p
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -29,15 +28,14 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from tui_bench import add_bench_options, save_results, shorten_for_quick, workdir
 
-ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 TUI = str(Path(PYTHON).with_name("tdbg-tui"))
 SIZE = (120, 40)
@@ -334,31 +332,11 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         print(f"{key:>12} " + " ".join(cells))
 
 
-def head_snapshot(tmp: Path) -> Path:
-    """The last commit's ``tdbg`` package, extracted under ``tmp`` (its PYTHONPATH entry)."""
-    source = tmp / "head"
-    source.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "HEAD", "tdbg"], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True)
-    return source
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one repeat, short windows (< 2 min)")
+    add_bench_options(p, presses=20, profile_help="py-spy the TUI in the data window")
     p.add_argument("--layers", type=int, nargs="+", default=[100, 1000])
     p.add_argument("--rate", type=float, default=20.0, help="training steps per second")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--window", type=float, default=20.0, help="seconds per CPU window")
-    p.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
-    p.add_argument("--presses", type=int, default=20, help="presses of each key per repeat")
-    p.add_argument("--gap", type=float, default=0.15, help="seconds between presses")
-    p.add_argument("--profile", action="store_true", help="py-spy the TUI in the data window")
-    p.add_argument("--json", type=Path, help="also write the raw results here")
-    p.add_argument("--source", type=Path, default=ROOT, help="the tree whose tdbg runs")
-    p.add_argument("--head", action="store_true", help="run a snapshot of the last commit")
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # internal: the probe process
     args = p.parse_args(argv)
     if args.serve is not None:
@@ -366,20 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("tmux") is None:
         print("benchmarks/tui.py needs tmux", file=sys.stderr)
         return 2
-    if args.quick:
-        args.repeats, args.window, args.warmup = 1, 8.0, 3.0
+    shorten_for_quick(args)
     results: list[Result] = []
-    with tempfile.TemporaryDirectory(prefix="tdbg-tui-bench-") as tmp:
-        if args.head:
-            args.source = head_snapshot(Path(tmp))
-        print(f"tdbg from {args.source}", flush=True)
+    with workdir(args, "tdbg-tui-bench-") as tmp:
         for k in range(args.repeats):
             for layers in args.layers:
                 print(f"repeat {k + 1}/{args.repeats}: {layers} layers ...", flush=True)
-                results.append(one_run(layers, args, Path(tmp)))
+                results.append(one_run(layers, args, tmp))
     report(results, args)
-    if args.json:
-        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    save_results(args, results)
     return 0
 
 

@@ -4,6 +4,8 @@ each event and line saying its rank; another job's ranks never mixed in; bad use
 from __future__ import annotations
 
 import json
+import os
+import socket
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -34,6 +36,7 @@ def test_dump_status_and_ls_take_a_job(runtime_dir: Path) -> None:
         assert all("rank" in e for e in evs)  # whose each event is, in the merged stream
 
         status = run_cli("status", "--job", "jobA", "--json", runtime=runtime_dir)
+        assert status.returncode == 1, status.stderr  # a rank of the job cannot be read
         assert status.returncode in (0, 1), status.stderr
         lines = [json.loads(line) for line in status.stdout.splitlines()]
         assert [line["job"] for line in lines if "findings" in line] == ["jobA"]
@@ -54,3 +57,72 @@ def test_dump_status_and_ls_take_a_job(runtime_dir: Path) -> None:
             assert bad.returncode == 2, (argv, bad.stderr)
             assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr, bad.stderr
             assert "job" in bad.stderr, bad.stderr
+
+
+def _unreachable_rank(runtime: Path, like: dict, job: str, rank: int, kind: str) -> Path:
+    """A rank discovery lists (its metadata names a live pid: this test's) that cannot be
+    reached: ``stale``, a socket file nobody listens on (a rank killed before it could remove
+    it), or ``file``, a plain file where its socket should be."""
+    path = runtime / f"{rank}-{job}-{kind}.sock"
+    if kind == "stale":
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind(str(path))  # bound, never listening, closed: connect is refused
+    else:
+        path.write_text("not a socket\n")
+    meta = dict(like, job=job, rank=rank, local_rank=rank, pid=os.getpid(), socket=str(path))
+    meta["name"] = f"rank{rank}"
+    (runtime / f"{path.name}.json").write_text(json.dumps(meta))
+    return path
+
+
+@pytest.mark.slow
+def test_an_unreachable_rank_is_one_line_and_the_others_are_still_dumped(
+    runtime_dir: Path,
+) -> None:
+    with ExitStack() as stack:
+        for rank in (0, 1):
+            stack.enter_context(pretend_rank(runtime_dir, "jobA", rank, 4))
+        wait_until(lambda: len(discover(runtime_dir)) == 2, 120, "two probes serving")
+        like = discover(runtime_dir)[0].meta
+        _unreachable_rank(runtime_dir, like, "jobA", 2, "stale")
+        _unreachable_rank(runtime_dir, like, "jobA", 3, "file")
+        _unreachable_rank(runtime_dir, like, "jobC", 0, "stale")
+        assert len(discover(runtime_dir)) == 5  # listed: the pid is alive, the file is there
+
+        dump = run_cli("dump", "--job", "jobA", "--count", "3", runtime=runtime_dir)
+        assert dump.returncode == 0, dump.stderr
+        evs = events(dump.stdout)
+        for rank in (0, 1):
+            steps = [e for e in evs if e.get("rank") == rank and e["type"] == "step"]
+            assert len(steps) == 3, evs[-3:]
+        assert not [e for e in evs if e.get("rank") in (2, 3)]
+        lines = dump.stderr.splitlines()
+        assert len(lines) == 2 and "Traceback" not in dump.stderr, dump.stderr
+        assert lines[0].startswith("tdbg: error: rank 2: ") and "refused" in lines[0], lines
+        assert lines[1].startswith("tdbg: error: rank 3: "), lines
+
+        status = run_cli("status", "--job", "jobA", "--json", runtime=runtime_dir)
+        assert status.returncode == 1, status.stderr  # a rank of the job cannot be read
+        shown = [json.loads(line) for line in status.stdout.splitlines()]
+        assert sorted(line["rank"] for line in shown if "rank" in line) == [0, 1]
+        assert [
+            line["missing_ranks"] for line in shown if "job" in line and "findings" in line
+        ] == [[2, 3]]
+        lines = status.stderr.splitlines()
+        assert [line.split(": ")[:3] for line in lines] == [
+            ["tdbg", "error", "rank 2"],
+            ["tdbg", "error", "rank 3"],
+        ], status.stderr
+
+        ls = run_cli("ls", "--job", "jobA", "--json", runtime=runtime_dir)
+        assert ls.returncode == 0, ls.stderr  # it lists what discovery sees, reaching none
+        assert sorted(json.loads(line)["rank"] for line in ls.stdout.splitlines()) == [0, 1, 2, 3]
+
+        none = run_cli("dump", "--job", "jobC", runtime=runtime_dir)
+        assert none.returncode == 2 and none.stdout == "", none.stderr
+        lines = none.stderr.splitlines()
+        assert lines[0].startswith("tdbg: error: rank 0: ") and "refused" in lines[0], lines
+        assert lines[1:] == ["tdbg: error: no rank of job jobC could be reached"], lines
+        none = run_cli("status", "--job", "jobC", runtime=runtime_dir)
+        assert none.returncode == 2 and none.stdout == "", none.stderr
+        assert none.stderr.splitlines()[1:] == ["tdbg: error: no rank of job jobC could be reached"]

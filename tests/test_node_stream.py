@@ -12,7 +12,9 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from conftest import Loop
@@ -23,6 +25,10 @@ from tdbg.connect.node_link import NodeLink
 from tdbg.connect.ssh import RemoteError, RemoteOptions
 from tdbg.connect.sshurl import parse_ssh_url
 from tdbg.protocol.messages import read_node_message
+
+if TYPE_CHECKING:
+    from tdbg.connect.sshurl import SshTarget
+    from tdbg.tui.sources.remote_job import RemoteJobSource
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,6 +73,41 @@ def ranks(
     finally:
         for probe in probes:
             probe.close()  # type: ignore[attr-defined]
+
+
+@dataclass
+class WatchedSource:
+    """A job source that is open, what it has said (notices) and the (rank, node) of each
+    rank's hello, in the order they came."""
+
+    source: RemoteJobSource
+    notices: list[tuple[str, object]] = field(default_factory=list)
+    hellos: list[tuple[int, str]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def watched_source(
+    nodes: list[SshTarget], opts: RemoteOptions, backoff: float | None = None
+) -> Iterator[WatchedSource]:
+    """``RemoteJobSource`` for job jobx over ``nodes``, opened, its batches read on a thread
+    (reconnecting after ``backoff`` seconds when given); closed afterwards."""
+    from tdbg.tui.sources.remote_job import RemoteJobSource
+
+    watched = WatchedSource(RemoteJobSource("jobx", nodes, opts))
+    if backoff is not None:
+        watched.source.backoff_start = watched.source.backoff_cap = backoff
+
+    def read() -> None:
+        for batch in watched.source.batches():
+            for rank, messages in batch.items():
+                watched.hellos.extend((rank, m["node"]) for m in messages if m["type"] == "hello")
+
+    try:
+        watched.source.open(lambda kind, payload: watched.notices.append((kind, payload)))
+        threading.Thread(target=read, daemon=True).start()
+        yield watched
+    finally:
+        watched.source.close()
 
 
 def _bridges(directory: Path) -> list[int]:
@@ -168,24 +209,11 @@ def test_node_messages_read_back() -> None:
 def test_a_job_source_reconnects_a_dropped_node_and_warns_about_a_missing_one(
     runtime_dir: Path, local_ssh: RemoteOptions, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tdbg.tui.sources.remote_job import RemoteJobSource
-
     node = parse_ssh_url(f"ssh://node1{runtime_dir}")
     gone = parse_ssh_url(f"ssh://node2{tmp_path}/nope")
     with ranks(monkeypatch, "jobx", 2):
-        source = RemoteJobSource("jobx", [node, gone], local_ssh)
-        source.backoff_start = source.backoff_cap = 0.2
-        notices: list[tuple[str, object]] = []
-        hellos: list[tuple[int, str]] = []
-
-        def read() -> None:
-            for batch in source.batches():
-                for rank, messages in batch.items():
-                    hellos.extend((rank, m["node"]) for m in messages if m["type"] == "hello")
-
-        try:
-            source.open(lambda kind, payload: notices.append((kind, payload)))
-            threading.Thread(target=read, daemon=True).start()
+        with watched_source([node, gone], local_ssh, backoff=0.2) as watched:
+            source, notices, hellos = watched.source, watched.notices, watched.hellos
             wait_until(lambda: sorted(hellos) == [(0, "node1"), (1, "node1")], 60, "both ranks")
             wait_until(lambda: any("no such directory" in n for n in source.node_lines()), 30)
             assert source.rank_node == {0: "node1", 1: "node1"}
@@ -201,8 +229,6 @@ def test_a_job_source_reconnects_a_dropped_node_and_warns_about_a_missing_one(
             wait_until(lambda: len(hellos) == 4, 60, "both ranks again")
             wait_until(lambda: "node1" in source.links, 30, "the link back")
             assert not any("node1" in line for line in source.node_lines())
-        finally:
-            source.close()
         wait_until(lambda: not _bridges(runtime_dir), what="the bridge gone")
 
 
@@ -211,36 +237,26 @@ def test_a_rank_claimed_by_two_nodes_is_shown_once_with_a_warning(
 ) -> None:
     """Two nodes whose runs share a job id and both say rank 0 (two jobs launched with one id):
     the first node's rank 0 is shown, the second's is refused with a warning, never mixed in."""
-    from tdbg.tui.sources.remote_job import RemoteJobSource
-
     other = Path(tempfile.mkdtemp(prefix="tdbg-n-", dir="/tmp"))  # short: socket paths
     os.chmod(other, 0o700)
     first = parse_ssh_url(f"ssh://node1{runtime_dir}")
     second = parse_ssh_url(f"ssh://node2{other}")
-    with ranks(monkeypatch, "jobx", 1, runtime_dir), ranks(monkeypatch, "jobx", 1, other):
-        source = RemoteJobSource("jobx", [first, second], local_ssh)
-        notices: list[tuple[str, object]] = []
-        hellos: list[tuple[int, str]] = []
-
-        def read() -> None:
-            for batch in source.batches():
-                for rank, messages in batch.items():
-                    hellos.extend((rank, m["node"]) for m in messages if m["type"] == "hello")
-
-        try:
-            source.open(lambda kind, payload: notices.append((kind, payload)))
-            threading.Thread(target=read, daemon=True).start()
+    try:
+        with (
+            ranks(monkeypatch, "jobx", 1, runtime_dir),
+            ranks(monkeypatch, "jobx", 1, other),
+            watched_source([first, second], local_ssh) as watched,
+        ):
             warned = wait_until(
-                lambda: [str(p) for k, p in notices if k == "warning" and "both" in str(p)],
+                lambda: [str(p) for k, p in watched.notices if k == "warning" and "both" in str(p)],
                 60,
                 "the warning",
             )
-            (shown,) = hellos
+            (shown,) = watched.hellos
             assert warned == [
                 f"rank 0 is on both {shown[1]} and {({'node1', 'node2'} - {shown[1]}).pop()}: "
                 f"two jobs with one id? showing {shown[1]}'s"
             ]
-            assert source.rank_node == {0: shown[1]}
-        finally:
-            source.close()
-            shutil.rmtree(other, ignore_errors=True)
+            assert watched.source.rank_node == {0: shown[1]}
+    finally:
+        shutil.rmtree(other, ignore_errors=True)

@@ -22,6 +22,7 @@ from tdbg.cli.dives import (
     print_activations_outcome,
 )
 from tdbg.cli.errors import CliError
+from tdbg.cli.job_targets import say_rank_failed
 from tdbg.cli.report import format_anomaly, format_nan_hunt, print_profile, print_snapshot
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.jobs import job_ranks
@@ -146,7 +147,7 @@ def cmd_job_dive(args: argparse.Namespace, out: TextIO) -> int:
     answered = [o for o in outcomes if o.result is not None]
     failed = [o for o in outcomes if o.result is None]
     for outcome in failed:
-        print(f"tdbg: error: rank {outcome.rank}: {outcome.error}", file=sys.stderr, flush=True)
+        say_rank_failed(outcome.rank, outcome.error or "no result")
     if args.json:
         _write_json(out, job_json(args, outcomes))
     elif args.command == "profile":

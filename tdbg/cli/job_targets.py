@@ -6,15 +6,18 @@ from __future__ import annotations
 import argparse
 import json
 import queue
+import sys
 import threading
 from typing import Any, TextIO
 
 from tdbg.cli.dump import Window, dump_events, windowed
 from tdbg.cli.errors import CliError
 from tdbg.cli.target_args import attach_target
+from tdbg.connect.client import ConnectError
 from tdbg.connect.jobs import job_ranks
 from tdbg.connect.runtime import RunEntry, discover
 from tdbg.connect.targets import resolve
+from tdbg.protocol.framing import ProtocolError
 
 # A rank's reader thread hands its events over in order; None says that rank is done.
 RankEvents = queue.Queue[dict[str, Any] | None]
@@ -37,23 +40,40 @@ def job_entries_for(args: argparse.Namespace, targets: list[Any]) -> list[RunEnt
     return list(job_ranks(args.job, discover()).values())
 
 
+def say_rank_failed(rank: object, reason: str) -> None:
+    """The one stderr line for a rank of a job that gave nothing (``--job`` on any command)."""
+    print(f"tdbg: error: rank {rank}: {reason}", file=sys.stderr, flush=True)
+
+
+def rank_of(entry: RunEntry) -> int:
+    """A job's rank's number, as its metadata says."""
+    return int(entry.meta.get("rank") or 0)
+
+
 def dump_job(args: argparse.Namespace, out: TextIO) -> int:
-    """Every rank's events (each with its ``rank``), interleaved as they arrive, the window
-    (``--last``, ``--count``, ``--follow``) applied per rank; done when every rank is."""
+    """Every reachable rank's events (each with its ``rank``), interleaved as they arrive, the
+    window (``--last``, ``--count``, ``--follow``) applied per rank; done when every rank is.
+    A rank that cannot be reached is one line on stderr and the others are still dumped (as
+    ``profile --job`` does); exit 2 only when no rank could be reached."""
     entries = job_entries_for(args, [args.target] if args.target is not None else [])
     window = Window.of(args.follow, args.last, args.count)
     events: RankEvents = queue.Queue()
     clients = []
-    for entry in entries:  # attach to all first: a rank that cannot be reached is one line
-        text = str(entry.socket)
-        clients.append(attach_target(resolve(text), text, args.timeout, args))
-    threads = [
-        threading.Thread(target=_read_rank, args=(c, args.timeout, window, events), daemon=True)
-        for c in clients
-    ]
-    for thread in threads:
-        thread.start()
     try:
+        for entry in entries:  # a rank gone, refusing or not a socket: named, the others go on
+            text = str(entry.socket)
+            try:
+                clients.append(attach_target(resolve(text), text, args.timeout, args))
+            except (ConnectError, ProtocolError, OSError) as exc:
+                say_rank_failed(rank_of(entry), str(exc) or type(exc).__name__)
+        if not clients:
+            raise CliError(f"no rank of job {args.job} could be reached")
+        threads = [
+            threading.Thread(target=_read_rank, args=(c, args.timeout, window, events), daemon=True)
+            for c in clients
+        ]
+        for thread in threads:
+            thread.start()
         done = 0
         while done < len(threads):
             event = events.get()

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
-from tdbg.cli.job_targets import add_job_option, job_entries_for
+from tdbg.cli.job_targets import add_job_option, job_entries_for, rank_of, say_rank_failed
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target, target_arg
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
 from tdbg.connect.targets import Recording, resolve
 from tdbg.format import fmt, fmt_count, fmt_loss, fmt_rate
+from tdbg.protocol.framing import ProtocolError
 
 if TYPE_CHECKING:
     from tdbg.tui.state.health import Health
@@ -35,7 +36,8 @@ def add_status_parser(sub: Any) -> None:
             "One line per run: its name, step, loss, steps/s, a health verdict (live, stalled, "
             "non-finite, input-bound, ended, probe off) and its alert count. Without TARGET, "
             "every run on this machine. Exit status: 0 all healthy (a run that ended cleanly "
-            "counts as healthy), 1 one or more unhealthy, 2 no run or bad arguments."
+            "counts as healthy), 1 one or more unhealthy (with --job: or a rank that cannot be "
+            "reached, named on stderr), 2 no run (no rank reached) or bad arguments."
         ),
     )
     p.add_argument("targets", nargs="*", type=target_arg, metavar="TARGET", help=TARGET_HELP)
@@ -56,8 +58,10 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.tui.state.health import assess  # numpy: loaded by this command only
 
     texts: list[str] = list(args.targets)
+    ranks: dict[str, int] = {}  # under --job: each socket's rank, to name one that gives nothing
     if args.job is not None:
-        texts = [str(e.socket) for e in job_entries_for(args, texts)]
+        ranks = {str(e.socket): rank_of(e) for e in job_entries_for(args, texts)}
+        texts = list(ranks)
     if not texts:
         entries = discover()
         if not entries:
@@ -70,9 +74,16 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     for text in texts:
         try:
             states.append(_read(text, args))
-        except (CliError, ConnectError) as exc:
-            print(f"tdbg: error: {exc}", file=sys.stderr, flush=True)
-            worst = max(worst, EXIT_USAGE)
+        except (CliError, ConnectError, ProtocolError, OSError) as exc:
+            why = str(exc) or type(exc).__name__
+            if text in ranks:  # a rank of the job: named, the job's line counts it missing
+                say_rank_failed(ranks[text], why)
+                worst = max(worst, EXIT_UNHEALTHY)
+            else:
+                print(f"tdbg: error: {why}", file=sys.stderr, flush=True)
+                worst = max(worst, EXIT_USAGE)
+    if ranks and not states:
+        raise CliError(f"no rank of job {args.job} could be reached")
     jobs, single = Job.group(states)
     for state in single:
         health = assess(state)
