@@ -303,3 +303,28 @@ def test_activations_from_watch_reach_a_client(runtime_dir: Path) -> None:
         reader.close()
         probe.close()
     assert hook_count(model) == 0
+
+
+def test_a_sampled_step_with_no_module_output_fails_the_job_not_with_empty_numbers() -> None:
+    """Hooks armed and never called (a compiled forward, or none at all): the job fails with
+    why, the hooks go, and no ``activations`` message claims a sample."""
+
+    class Net(nn.Module):  # a forward of the user's own: dynamo traces it, hooks and all
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.relu = nn.Linear(4, 4), nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.relu(self.lin(x))
+
+    torch._dynamo.reset()
+    model = Net()
+    model.compile(backend="eager", fullgraph=True)  # in place; traced with the hooks armed
+    ctx, dive = run(model, {"every": 2, "enabled": True}, 1, lambda _: model(torch.randn(3, 4)))
+    assert samples(ctx) == []
+    assert not dive.stepping and dive.finished and hook_count(model) == 0
+    [event] = [e for e in ctx.events if e["type"] == "job"]
+    assert event["state"] == "failed" and event["step"] == 1
+    assert event["message"].startswith(
+        "no module output seen at step 1: the model runs compiled (torch.compile)"
+    )

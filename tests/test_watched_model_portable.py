@@ -7,7 +7,9 @@ import copy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from conftest import Loop, Reader
 
@@ -108,4 +110,58 @@ def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Pa
     for record, loss, total in zip(records, losses, totals, strict=True):
         assert abs(record.loss - loss) <= 1e-6 * abs(loss)
         assert abs(record.grad_total - total) <= 1e-5 * total
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    ("fullgraph", "retrace"),
+    [(True, False), (True, True), (False, True)],
+    ids=["fullgraph", "fullgraph-retraced-while-sampling", "default-retraced-while-sampling"],
+)
+def test_the_activations_dive_on_a_compiled_model_says_it_saw_nothing(
+    runtime_dir: Path, fullgraph: bool, retrace: bool
+) -> None:
+    """A client asks for activation statistics while a compiled model trains. Its hooks run
+    no code in the compiled graph (no graph break: fullgraph=True still compiles, also when
+    dynamo traces again while they are armed: a smaller batch), the losses are the unwatched
+    run's, and the job fails saying the model ran compiled, with no sample of empty numbers."""
+
+    def train(watch: bool) -> tuple[list[float], Reader | None, Any, torch.nn.Module]:
+        torch._dynamo.reset()
+        loop = Loop()
+        probe = tdbg.watch(loop.model, loop.opt) if watch else None
+        reader = Reader(probe.socket_path) if probe is not None else None  # type: ignore[arg-type]
+        if reader is not None:
+            reader.wait(lambda r: r.of("synced"))
+            mid = reader.client.send("activations", every=1, enabled=True)
+            reader.wait(lambda r: any(m.get("id") == mid for m in r.messages), what="the ack")
+        compiled = torch.compile(loop.model, backend="eager", fullgraph=fullgraph)
+        losses = []
+        for step in range(4):
+            # The dive arms its hooks at step 0's boundary; a smaller batch from step 1 on
+            # makes dynamo trace the forward again with them in place.
+            rows = 16 if retrace and step > 0 else 32
+            loop.opt.zero_grad()  # type: ignore[union-attr]
+            loss = ((compiled(loop.x[:rows]) - loop.y[:rows]) ** 2).mean()
+            loss.backward()
+            loop.opt.step()  # type: ignore[union-attr]
+            losses.append(float(loss.detach()))
+            if probe is not None:
+                probe.step(loss)
+        return losses, reader, probe, loop.model
+
+    plain, _, _, _ = train(watch=False)
+    losses, reader, probe, model = train(watch=True)
+    assert reader is not None and probe is not None
+    assert losses == plain
+    reader.wait(lambda r: any(j["state"] == "failed" for j in r.of("job")), what="the job's end")
+    reader.settle()
+    [job] = [j for j in reader.of("job") if j["state"] == "failed"]
+    assert job["command"] == "activations" and job["step"] == 1
+    assert job["message"].startswith(
+        "no module output seen at step 1: the model runs compiled (torch.compile)"
+    ), job["message"]
+    assert reader.of("activations") == []  # no sample of numbers that were never seen
+    assert probe.errors == 0
+    assert all(not leaf._forward_hooks for leaf in model)  # the dive's hooks: released
     reader.close()

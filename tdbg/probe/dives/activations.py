@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,8 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
-from tdbg.probe.hook_refs import WeakHook
+from tdbg.probe.hook_refs import ForwardHook
+from tdbg.probe.log import warn
 from tdbg.protocol.messages import Activations
 
 MAX_DEPTH = 6  # how deep floating_tensors looks into nested tuples/lists/dicts
@@ -104,6 +106,36 @@ def is_leaf(module: nn.Module) -> bool:
     return next(iter(module.children()), None) is None
 
 
+def ran_compiled(model: nn.Module) -> bool:
+    """Whether this process shows torch.compile at work on ``model``: a module compiled in
+    place (``module.compile()``), a compiled wrapper inside it, or any graph dynamo compiled
+    (``torch.compile(model)`` returns a wrapper the probe never sees)."""
+    for module in model.modules():
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            return True
+        if type(module).__name__ == "OptimizedModule":
+            return True
+    utils = sys.modules.get("torch._dynamo.utils")  # not imported: nothing was compiled
+    try:
+        return bool(utils is not None and utils.counters["stats"]["unique_graphs"])
+    except Exception:  # a private counter: gone in another torch, then no evidence
+        return False
+
+
+def unseen_reason(model: nn.Module, step: int) -> str:
+    """Why a sampled step brought no module output: what the failed job says."""
+    if ran_compiled(model):
+        return (
+            f"no module output seen at step {step}: the model runs compiled (torch.compile), "
+            "and a compiled forward calls no forward hooks; activation statistics need the "
+            "model run uncompiled"
+        )
+    return (
+        f"no module output seen at step {step}: no module of the model ran through its "
+        "forward hooks (a compiled, scripted or traced forward, or no forward in the step)"
+    )
+
+
 class ActivationsDive(Dive):
     """``activations``: while enabled, hooks on the leaf modules for one step in every ``every``.
 
@@ -115,6 +147,11 @@ class ActivationsDive(Dive):
     samples), and the worker builds the ``activations`` message. The job stays ``running``
     (total None) until a new ``activations`` command replaces it; ``enabled: false`` is such a
     command, ending at once as ``cancelled``.
+
+    Under ``torch.compile`` the hooks are no-ops the graph absorbs (:class:`ForwardHook`): a
+    compiled forward, ``fullgraph=True`` included, neither breaks nor fails, and runs no hook.
+    A sampled step whose armed hooks were never called saw nothing: the job fails then, saying
+    so, rather than reporting an empty sample as statistics.
 
     Also what ``watch(activations_every=K)`` starts: the runner's factory with
     ``{"every": K, "enabled": True}`` and trigger ``"watch"``.
@@ -131,6 +168,7 @@ class ActivationsDive(Dive):
         self._handles: list[RemovableHandle] = []
         # (leaf, numel, [mean, var, min, max], [nonzero, nonfinite]) per call
         self._rows: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
+        self._calls = 0  # hook calls since the last boundary: 0 on a sampled step = unseen
         self._lock = threading.Lock()  # DataParallel replicas run forward hooks in threads
         self._since = 0  # boundaries since start
         self._failure: str | None = None
@@ -157,6 +195,10 @@ class ActivationsDive(Dive):
         if self._handles:
             with self._lock:
                 rows, self._rows = self._rows, []
+                calls, self._calls = self._calls, 0
+            if calls == 0:
+                self._fail_unseen(step)
+                return
             if not sample_next:
                 self.release()  # zero hooks until the next sampled step
             if rows:
@@ -168,13 +210,26 @@ class ActivationsDive(Dive):
         handles, self._handles = self._handles, []
         remove_handles(handles)
 
+    def _fail_unseen(self, step: int) -> None:
+        # Compiled (or scripted, traced) forwards run no hook: every later sample would be as
+        # empty, so the job ends here with the reason, and the user's loop goes on untouched.
+        self.stepping = False
+        self.release()
+        reason = unseen_reason(self.ctx.model, step)
+        warn(f"tdbg: activations failed (training continues): {reason}")
+        self.fail(step, reason)
+
     def _arm(self) -> None:
+        self._calls = 0
         for index, (_, _, module) in enumerate(self._leaves):
-            # Weak and inert when copied: a checkpoint taken while sampling stays picklable.
-            hook = WeakHook(self._on_output, index)
+            # Weak and inert when copied: a checkpoint taken while sampling stays picklable;
+            # a no-op inside a graph torch.compile traces: fullgraph=True still compiles.
+            hook = ForwardHook(self._on_output, index)
             self._handles.append(module.register_forward_hook(hook))
 
     def _on_output(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
+        # No lock: DataParallel threads may lose an increment, never turn a call into none.
+        self._calls += 1
         self._record(index, output)
 
     def _record(self, index: int, output: Any) -> None:
