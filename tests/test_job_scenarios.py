@@ -4,11 +4,15 @@ and a hang named on the job screen with the collective and every rank's stack.""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from processes import torchrun_job
-from waiting import wait_for
+from waiting import wait_for, wait_until
 
 from tdbg.cli.main import _job_recordings
 from tdbg.protocol.steps import pack_steps, unpack_steps
@@ -65,37 +69,81 @@ def test_a_straggler_and_a_diverged_rank_raise_their_alerts(straggler_job: list[
     assert not [a for a in events if a.cleared]  # neither recovered: nothing flapped
 
 
+@pytest.fixture(scope="module")
+def hung_job() -> Iterator[Path]:
+    """A 3-rank gloo job whose rank 1 waits (10 minutes) for a batch at step 5 while ranks 0 and
+    2 wait for it in the all-reduce; its runtime directory. The job screen's test and `tdbg
+    status`'s both only watch the hang, so they share one job (a torchrun job takes 10-25 s)."""
+    sockets = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
+    os.chmod(sockets, 0o700)
+    try:
+        with torchrun_job(
+            3,
+            "--grad-every",
+            "1",
+            DDP_STEPS="1000",
+            DDP_HANG_RANK="1",
+            TDBG_RUNTIME_DIR=str(sockets),
+        ):
+            yield sockets
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
 @pytest.mark.slow
 async def test_a_hang_is_named_on_the_job_screen_with_its_collective_and_stacks(
-    runtime_dir: Path,
+    hung_job: Path,
 ) -> None:
     """Three gloo ranks; rank 1 waits forever for a batch at step 5 while ranks 0 and 2 wait in
     the all-reduce: the job screen names rank 1, the collective, and where rank 1 is."""
-    with torchrun_job(3, "--grad-every", "1", DDP_STEPS="1000", DDP_HANG_RANK="1"):
-        app = JobApp(JobSource(directory=runtime_dir))
-        async with app.run_test(size=(180, 40)) as pilot:
+    app = JobApp(JobSource(directory=hung_job))
+    async with app.run_test(size=(180, 40)) as pilot:
 
-            def hang() -> JobAlert | None:
-                """The hang alert once every rank's stall is in (it is raised as soon as two
-                ranks' stalls disagree, and follows the others as they stall)."""
-                alert = next((a for a in app.alerts.active.values() if a.kind == "hang"), None)
-                return alert if alert is not None and len(alert.finding.stacks) == 3 else None
+        def hang() -> JobAlert | None:
+            """The hang alert once every rank's stall is in (it is raised as soon as two
+            ranks' stalls disagree, and follows the others as they stall)."""
+            alert = next((a for a in app.alerts.active.values() if a.kind == "hang"), None)
+            return alert if alert is not None and len(alert.finding.stacks) == 3 else None
 
-            alert = await wait_for(pilot, hang, "a hang alert with every rank's stack", 150)
-            message = alert.as_message()
-            assert message["ranks"] == [1]
-            collective = message["collective"]
-            assert isinstance(collective["seq"], int) and "all" in str(collective["op"]).lower()
-            assert set(message["stacks"]) == {"0", "1", "2"}
-            assert "wait_for_a_batch_that_never_comes" in message["stacks"]["1"]
-            # All of it in one frame: the alert's line and the frame under it are painted as
-            # the panel catches up, so wait for every part rather than read after the first.
-            parts = ("hang: rank 1 never entered", "ranks 0, 2 wait in", "rank 1 at ")
-            await wait_for(
-                pilot,
-                lambda: all(part in screen_text(app) for part in parts),
-                "the hang, who waits, and rank 1's innermost frame on screen",
-            )
+        alert = await wait_for(pilot, hang, "a hang alert with every rank's stack", 150)
+        message = alert.as_message()
+        assert message["ranks"] == [1]
+        collective = message["collective"]
+        assert isinstance(collective["seq"], int) and "all" in str(collective["op"]).lower()
+        assert set(message["stacks"]) == {"0", "1", "2"}
+        assert "wait_for_a_batch_that_never_comes" in message["stacks"]["1"]
+        # All of it in one frame: the alert's line and the frame under it are painted as
+        # the panel catches up, so wait for every part rather than read after the first.
+        parts = ("hang: rank 1 never entered", "ranks 0, 2 wait in", "rank 1 at ")
+        await wait_for(
+            pilot,
+            lambda: all(part in screen_text(app) for part in parts),
+            "the hang, who waits, and rank 1's innermost frame on screen",
+        )
+
+
+@pytest.mark.slow
+def test_a_hung_job_names_the_rank_that_never_entered_the_collective(
+    hung_job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same hang from the shell: each probe's stall alert carries its flight recorder's last
+    collective and its stack; `tdbg status` compares them and names rank 1 and where it is."""
+    from tdbg.cli.main import run
+
+    monkeypatch.setenv("TDBG_RUNTIME_DIR", str(hung_job))
+
+    def hang_named() -> str | None:
+        if len(list(hung_job.glob("*.json"))) < 3:
+            return None
+        run(["status"])
+        out = capsys.readouterr().out
+        return out if "ranks 0, 2 wait in" in out else None  # once every rank stalled
+
+    out = wait_until(hang_named, 120.0, "tdbg status naming the hang")
+    line = next(x for x in out.splitlines() if "hang:" in x)
+    assert "rank 1 never entered collective" in line, out
+    assert "ranks 0, 2 wait in" in line
+    assert "wait_for_a_batch_that_never_comes" in line or "train_ddp.py" in line
 
 
 @pytest.mark.slow

@@ -778,7 +778,8 @@ class Squares(torch.utils.data.Dataset):
 def test_dataloader_workers_neither_serve_nor_disturb_the_probe(
     runtime_dir: Path, context: str
 ) -> None:
-    """Spawn is slow (each worker imports torch): about 2-4 s."""
+    """Two epochs: forked workers are made anew each epoch; spawned ones (each imports torch,
+    seconds apiece on a busy machine) are started once and kept."""
     loop = Loop()
     probe, path = serving(loop)
     reader = Reader(path)
@@ -787,6 +788,7 @@ def test_dataloader_workers_neither_serve_nor_disturb_the_probe(
         batch_size=4,
         num_workers=2,
         multiprocessing_context=multiprocessing.get_context(context),
+        persistent_workers=context == "spawn",
         timeout=60,
     )
     n = 0
