@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "demos"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from models import MAKERS, Batch, Task  # noqa: E402
-from overhead import PROBE_THREADS, POOL, thread_cpu  # noqa: E402
+from overhead import POOL, PROBE_THREADS, thread_cpu  # noqa: E402
 
 import tdbg  # noqa: E402
 from tdbg.probe import taps  # noqa: E402
