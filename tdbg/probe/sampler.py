@@ -31,6 +31,9 @@ FOLDED = {  # report_once: what the count of one kind says
     "metric-name": "tdbg.log names that are not strings",
 }
 EMA = 0.1  # weight of the newest value in the running averages of step time and costs
+# Weight of the newest step in the probe's spent fraction (its time over the step's): ~100
+# steps' memory, like the 200-step window of the cost_fraction it reports.
+SPENT_EMA = 0.01
 
 
 def _number(value: Any) -> float:
@@ -130,6 +133,7 @@ class StepSampler:
         self._previous_end: Mark | None = None
         self._grad_marks: tuple[Mark, Mark] | None = None
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
+        self._spent_probe = self._spent_step = 0.0  # slow EMAs of probe and step seconds
         self._last_host: float | None = None
         # report_once: per kind of problem, the keys reported so far (at most
         # REPORTS_PER_KIND) and how many more were folded into a count.
@@ -671,7 +675,7 @@ class StepSampler:
         self._fixed_cost = (
             fixed if self._fixed_cost == 0.0 else ((1 - EMA) * self._fixed_cost + EMA * fixed)
         )
-        self._update_interval(step_time, sample is not None)
+        self._update_interval(step_time, probe_time, sample is not None)
         self._server.push_step(pending)
         self._previous_end = mark(self._cuda_device)
 
@@ -703,12 +707,15 @@ class StepSampler:
                 out.append(_number(lr))
         return out
 
-    def measured_costs(self) -> tuple[float, float, float]:
-        """What the adaptive interval goes by (running averages, seconds): a step, one gradient
-        pass (the larger of host and device time) and the probe's other per-step cost."""
-        return self._step_ema, max(self._grad_cost, self._grad_device_cost), self._fixed_cost
+    def measured_costs(self) -> tuple[float, float, float, float]:
+        """What the adaptive interval goes by (running averages): a step, one gradient pass
+        (the larger of host and device time), the probe's other per-step cost (seconds) and the
+        fraction of step time the probe spent over its recent steps (NaN until known)."""
+        spent = self._spent_probe / self._spent_step if self._spent_step > 0 else NAN
+        grad = max(self._grad_cost, self._grad_device_cost)
+        return self._step_ema, grad, self._fixed_cost, spent
 
-    def _update_interval(self, step_time: float, sampled: bool) -> None:
+    def _update_interval(self, step_time: float, probe_time: float, sampled: bool) -> None:
         if sampled:
             self._last_sampled = self.step_count - 1
         if step_time == step_time and step_time > 0:
@@ -717,10 +724,15 @@ class StepSampler:
                 if self._step_ema == 0.0
                 else ((1 - EMA) * self._step_ema + EMA * step_time)
             )
+            # Every step's whole probe time, the gradient passes and what each step pays,
+            # against the step's: the cost the budget is about, as the probe reports it.
+            self._spent_probe = (1 - SPENT_EMA) * self._spent_probe + SPENT_EMA * probe_time
+            self._spent_step = (1 - SPENT_EMA) * self._spent_step + SPENT_EMA * step_time
         if self.grad_every is not None:
             interval = self.grad_every
         else:
-            interval = gradient_interval(*self.measured_costs(), self.overhead_budget)
+            step, grad, fixed, spent = self.measured_costs()
+            interval = gradient_interval(step, grad, fixed, self.overhead_budget, spent)
         self.grad_interval = interval
         self._sample_now = self.step_count - self._last_sampled >= interval
 

@@ -1,0 +1,162 @@
+"""The probe's cost in CPU time: the training thread's, watched against unwatched, and the probe's.
+
+Step-time ratios cannot resolve a 1 % budget on a shared machine (the baseline against itself
+moves by 10-50 %); CPU time charged to the training thread does not count the time it waits for
+a core, so it can. Torch runs on one thread (``torch.set_num_threads(1)``), so all of a step's
+work — forward, backward, optimizer, the probe's hooks and ``probe.step()`` — is charged to
+the thread that calls it, measured with ``time.thread_time_ns()``.
+
+Per demo model, three identical copies (same seed) train side by side in this process:
+``unwatched``, ``unwatched again`` (the measurement's own noise) and ``watched`` (one long-lived
+``tdbg.watch()`` with default settings: the 1 % budget, automatic gradient interval). Blocks of
+steps run interleaved, the order shuffled per round; per round the ratio is a copy's CPU per
+step over ``unwatched``'s. The probe's taps on ``backward``, clipping and optimizer steps are
+process-wide, so they are detached during the unwatched copies' blocks (as in a process with no
+probe) and attached again for the watched one's, outside the timed steps. Also: the probe's
+threads' CPU (Linux ``/proc/self/task/*/schedstat``) during the watched blocks per watched step
+(work left at a block's end spills into the next block: the idle blocks' share is shown too),
+and the probe's own ``cost_fraction`` (its time over step time, last 200 steps: what it reports
+to clients).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "demos"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from models import MAKERS, Batch, Task  # noqa: E402
+from overhead import POOL, PROBE_THREADS, thread_cpu  # noqa: E402
+
+import tdbg  # noqa: E402
+from tdbg.probe import taps  # noqa: E402
+
+UNWATCHED, AGAIN, WATCHED = "unwatched", "unwatched again", "watched"
+ARMS = (UNWATCHED, AGAIN, WATCHED)
+
+
+def block_cpu(task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | None) -> float:
+    """CPU seconds per step of this thread over ``steps`` steps of ``task``."""
+    t0 = time.thread_time_ns()
+    for i in range(steps):
+        inputs, targets = pool[i % len(pool)]
+        loss = task.train_step(inputs, targets)
+        if probe is not None:
+            probe.step(loss, samples=task.batch_size, tokens=task.tokens)
+    return (time.thread_time_ns() - t0) / 1e9 / steps
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
+
+
+def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
+    tasks = {arm: MAKERS[name](seed=args.seed) for arm in ARMS}
+    pool = [tasks[UNWATCHED].batch() for _ in range(POOL)]
+    for task in tasks.values():
+        for i in range(20):  # optimizer state, allocator
+            task.train_step(*pool[i % POOL])
+    t0 = time.thread_time_ns()
+    for i in range(5):
+        tasks[UNWATCHED].train_step(*pool[i % POOL])
+    step = (time.thread_time_ns() - t0) / 5e9
+    steps = max(10, round(args.block_seconds / step))
+    probe = tdbg.watch(tasks[WATCHED].model, tasks[WATCHED].optimizer, name=name)
+    block_cpu(tasks[WATCHED], pool, 50, probe)  # the interval settles, plans are built
+    per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    probe_cpu = {WATCHED: 0.0, UNWATCHED: 0.0}  # the probe threads' CPU during those blocks
+    intervals: list[int] = []
+    for _ in range(args.rounds):
+        order = list(ARMS)
+        rng.shuffle(order)
+        for arm in order:
+            watched = probe if arm == WATCHED else None
+            (taps.attach if watched else taps.detach)(probe._sampler)
+            before = thread_cpu()
+            per_step[arm].append(block_cpu(tasks[arm], pool, steps, watched))
+            after = thread_cpu()
+            used = sum(after.get(n, 0.0) - before.get(n, 0.0) for n in PROBE_THREADS)
+            probe_cpu[WATCHED if watched else UNWATCHED] += used
+        intervals.append(probe.grad_interval)
+    taps.attach(probe._sampler)
+    costs = [(p, s) for p, s in probe._server.recent_costs if p == p and s == s]
+    fraction = sum(p for p, _ in costs) / sum(s for _, s in costs)
+    probe.close()
+    watched_steps = steps * args.rounds
+    base = per_step[UNWATCHED]
+    ratios = {arm: [a / b for a, b in zip(per_step[arm], base, strict=True)] for arm in ARMS}
+    watched_cpu = statistics.fmean(per_step[WATCHED])
+    print(
+        f"\n=== {name}: {args.rounds} rounds x {steps} steps per block,"
+        f" unwatched {statistics.median(base) * 1e3:.2f} ms CPU/step"
+    )
+    for arm in (AGAIN, WATCHED):
+        r = ratios[arm]
+        print(f"  training thread CPU, {arm:<16} / unwatched: {spread(r)}")
+    over = statistics.median(ratios[WATCHED]) - 1
+    noise = max(abs(r - 1) for r in ratios[AGAIN])
+    print(
+        f"  watched: {over * 100:+.2f} % training-thread CPU (median), noise"
+        f" (unwatched again, worst round) +-{noise * 100:.2f} %"
+    )
+    during, idle = probe_cpu[WATCHED] / watched_steps, probe_cpu[UNWATCHED] / watched_steps / 2
+    print(
+        f"  probe threads' CPU during the watched blocks: {during * 1e6:.0f} us per step ="
+        f" {during / watched_cpu * 100:.2f} % of the watched training thread's CPU; during an"
+        f" unwatched block of the same length (idle ticks, spill-over): {idle * 1e6:.0f} us"
+        f" per step = {idle / watched_cpu * 100:.2f} %"
+    )
+    print(
+        f"  probe's own cost_fraction (last {len(costs)} steps): {fraction * 100:.2f} %;"
+        f" grad_interval per round: {intervals}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="8 rounds, 0.3 s blocks")
+    p.add_argument("--models", default="mlp,transformer,cnn", help="comma-separated")
+    p.add_argument("--rounds", type=int, default=None, help="default 20 (8 with --quick)")
+    p.add_argument("--block-seconds", type=float, default=None, help="CPU seconds per block")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.rounds = args.rounds or (8 if args.quick else 20)
+    args.block_seconds = args.block_seconds or (0.3 if args.quick else 1.0)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MAKERS]
+    if unknown:
+        print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
+        return 2
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(1)  # every op on the calling thread: its CPU time is the step's
+    os.environ["TDBG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tdbg-bench-")
+    print(
+        f"tdbg {tdbg.__version__}, torch {torch.__version__}, python"
+        f" {platform.python_version()}, {os.cpu_count()} CPUs, torch threads 1,"
+        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    rng = random.Random(args.seed)
+    started = time.perf_counter()
+    for name in models:
+        bench(name, args, rng)
+    print(
+        f"\ntotal {time.perf_counter() - started:.0f} s, load average"
+        f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
