@@ -8,10 +8,12 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -656,37 +658,51 @@ def cli_env(runtime: Path) -> dict[str, str]:
     return dict(os.environ, TDBG_RUNTIME_DIR=str(runtime))
 
 
-@pytest.mark.slow
-def test_profile_prints_top_ops_and_a_json_trace(runtime_dir: Path) -> None:
-    with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
-        out = run_cli("profile", str(entry.socket), "--steps", "3", runtime=runtime_dir)
-        assert out.returncode == 0, out.stderr
-        assert out.stderr == ""  # no progress when stderr is not a terminal
-        text = out.stdout
-        assert re.search(r"aten::(addmm|linear|mm)\b", text), text
-        assert "op" in text and "self CPU" in text and "share %" in text
-        match = re.search(r"^trace: (\S+) \(", text, re.M)
-        assert match, text
-        trace = Path(match.group(1))
-        assert trace.is_file()
-        assert json.loads(trace.read_text())  # Chrome/Perfetto trace: JSON
-
-        # --json: the result as one object; a second profile is allowed once the first is done.
-        out = run_cli("profile", str(entry.socket), "--steps", "2", "--json", runtime=runtime_dir)
-        assert out.returncode == 0, out.stderr
-        result = json.loads(out.stdout)
-        names = [r["name"] for r in result["rows"]]
-        assert any(n in names for n in ("aten::addmm", "aten::linear", "aten::mm")), names
-        assert result["device"] is False and result["sort"] == "cpu_total"
-        totals = [r["cpu_total"] for r in result["rows"]]
-        assert totals == sorted(totals, reverse=True)
-        assert result["steps"][1] - result["steps"][0] == 1
+@pytest.fixture(scope="module")
+def mlp_job() -> Iterator[tuple[Path, Path]]:
+    """One MLP demo trained until the module is done: (its runtime directory, its socket).
+    The deep-dive tests below each run their dives to the end on it (a demo job takes seconds
+    to start: torch's import)."""
+    runtime = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
+    os.chmod(runtime, 0o700)
+    try:
+        with demo_job(*MLP, runtime=runtime) as (_, entry):
+            yield runtime, entry.socket
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 @pytest.mark.slow
-def test_snapshot_on_a_cpu_run_is_refused_naming_cuda(runtime_dir: Path) -> None:
-    with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
-        out = run_cli("snapshot", str(entry.socket), runtime=runtime_dir)
+def test_profile_prints_top_ops_and_a_json_trace(mlp_job: tuple[Path, Path]) -> None:
+    runtime, sock = mlp_job
+    out = run_cli("profile", str(sock), "--steps", "3", runtime=runtime)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no progress when stderr is not a terminal
+    text = out.stdout
+    assert re.search(r"aten::(addmm|linear|mm)\b", text), text
+    assert "op" in text and "self CPU" in text and "share %" in text
+    match = re.search(r"^trace: (\S+) \(", text, re.M)
+    assert match, text
+    trace = Path(match.group(1))
+    assert trace.is_file()
+    assert json.loads(trace.read_text())  # Chrome/Perfetto trace: JSON
+
+    # --json: the result as one object; a second profile is allowed once the first is done.
+    out = run_cli("profile", str(sock), "--steps", "2", "--json", runtime=runtime)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    names = [r["name"] for r in result["rows"]]
+    assert any(n in names for n in ("aten::addmm", "aten::linear", "aten::mm")), names
+    assert result["device"] is False and result["sort"] == "cpu_total"
+    totals = [r["cpu_total"] for r in result["rows"]]
+    assert totals == sorted(totals, reverse=True)
+    assert result["steps"][1] - result["steps"][0] == 1
+
+
+@pytest.mark.slow
+def test_snapshot_on_a_cpu_run_is_refused_naming_cuda(mlp_job: tuple[Path, Path]) -> None:
+    runtime, sock = mlp_job
+    out = run_cli("snapshot", str(sock), runtime=runtime)
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "CUDA" in out.stderr, out.stderr
     assert out.stderr.startswith("tdbg: error: snapshot refused: ")
@@ -779,68 +795,72 @@ def test_nan_hunt_names_the_module(runtime_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_anomaly_finishes(runtime_dir: Path) -> None:
-    with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
-        out = run_cli("anomaly", str(entry.socket), "--steps", "3", runtime=runtime_dir)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout == "anomaly mode done: 3 steps, check_nan off, 0 backward errors\n"
-        assert "anomaly mode is global and slow" in out.stderr  # the ack's warning
-        refused = run_cli("anomaly", str(entry.socket), "--check-nan", runtime=runtime_dir)
+def test_anomaly_finishes(mlp_job: tuple[Path, Path]) -> None:
+    runtime, sock = mlp_job
+    out = run_cli("anomaly", str(sock), "--steps", "3", runtime=runtime)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "anomaly mode done: 3 steps, check_nan off, 0 backward errors\n"
+    assert "anomaly mode is global and slow" in out.stderr  # the ack's warning
+    refused = run_cli("anomaly", str(sock), "--check-nan", runtime=runtime)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert refused.stderr.startswith("tdbg: error: anomaly refused: ")
 
 
 @pytest.mark.slow
-def test_activations_on_show_and_off(runtime_dir: Path) -> None:
-    with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
-        sock = str(entry.socket)
-        out = run_cli("activations", sock, "--every", "2", "--show", runtime=runtime_dir)
-        assert out.returncode == 0, out.stderr
-        assert "activations at step" in out.stdout and "body.0" in out.stdout, out.stdout
-        out = run_cli("activations", sock, "--every", "3", "--show", "--json", runtime=runtime_dir)
-        assert out.returncode == 0, out.stderr
-        event = json.loads(out.stdout)
-        assert event["type"] == "activations" and event["layers"]
-        assert all(0.0 <= v["zero_frac"] <= 1.0 for v in event["layers"].values())
-        off = run_cli("activations", sock, "--off", runtime=runtime_dir)
-        assert off.returncode == 0 and off.stdout == "activation statistics off\n", off.stderr
+def test_activations_on_show_and_off(mlp_job: tuple[Path, Path]) -> None:
+    runtime, sock = mlp_job
+    sock = str(sock)
+    out = run_cli("activations", sock, "--every", "2", "--show", runtime=runtime)
+    assert out.returncode == 0, out.stderr
+    assert "activations at step" in out.stdout and "body.0" in out.stdout, out.stdout
+    out = run_cli("activations", sock, "--every", "3", "--show", "--json", runtime=runtime)
+    assert out.returncode == 0, out.stderr
+    event = json.loads(out.stdout)
+    assert event["type"] == "activations" and event["layers"]
+    assert all(0.0 <= v["zero_frac"] <= 1.0 for v in event["layers"].values())
+    off = run_cli("activations", sock, "--off", runtime=runtime)
+    assert off.returncode == 0 and off.stdout == "activation statistics off\n", off.stderr
 
 
 @pytest.mark.slow
-def test_dump_shows_another_clients_profile(runtime_dir: Path) -> None:
-    with demo_job(*MLP, runtime=runtime_dir) as (_, entry):
-        dump = subprocess.Popen(
-            [*TDBG, "dump", str(entry.socket), "--timeout", "100"],
-            env=cli_env(runtime_dir),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert dump.stdout is not None
-        try:
-            seen: list[dict[str, Any]] = []
+def test_dump_shows_another_clients_profile(mlp_job: tuple[Path, Path]) -> None:
+    runtime, sock = mlp_job
+    dump = subprocess.Popen(
+        [*TDBG, "dump", str(sock), "--timeout", "100"],
+        env=cli_env(runtime),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert dump.stdout is not None
+    try:
+        seen: list[dict[str, Any]] = []
 
-            def read_until(etype: str) -> None:
-                deadline = time.monotonic() + TIMEOUT
-                while not any(e["type"] == etype for e in seen):
-                    line = dump.stdout.readline() if dump.stdout else ""
-                    assert line and time.monotonic() < deadline, f"no {etype} event: {seen[-3:]}"
-                    seen.extend(events(line))
+        def read_until(etype: str, since: int = 0) -> None:
+            deadline = time.monotonic() + TIMEOUT
+            while not any(e["type"] == etype for e in seen[since:]):
+                line = dump.stdout.readline() if dump.stdout else ""
+                assert line and time.monotonic() < deadline, f"no {etype} event: {seen[-3:]}"
+                seen.extend(events(line))
 
-            read_until("synced")  # dump is attached; now another client profiles
-            out = run_cli("profile", str(entry.socket), "--steps", "2", runtime=runtime_dir)
-            assert out.returncode == 0, out.stderr
-            read_until("profile")
-        finally:
-            dump.terminate()
-            dump.wait(TIMEOUT)
-            dump.stdout.close()
-    jobs = [e for e in seen if e["type"] == "job" and e["command"] == "profile"]
+        read_until("synced")  # dump is attached; now another client profiles
+        # The shared job's history (before "synced") holds other tests' dives: only what
+        # comes after is this profile's.
+        since = next(i for i, e in enumerate(seen) if e["type"] == "synced") + 1
+        out = run_cli("profile", str(sock), "--steps", "2", runtime=runtime)
+        assert out.returncode == 0, out.stderr
+        read_until("profile", since)
+    finally:
+        dump.terminate()
+        dump.wait(TIMEOUT)
+        dump.stdout.close()
+    live = seen[since:]
+    jobs = [e for e in live if e["type"] == "job" and e["command"] == "profile"]
     assert [j["state"] for j in jobs][0] == "armed" and jobs[-1]["state"] == "done"
     assert {"running", "analysing"} <= {j["state"] for j in jobs}
-    profile = next(e for e in seen if e["type"] == "profile")
+    profile = next(e for e in live if e["type"] == "profile")
     assert profile["job"] == jobs[-1]["job"]
     assert profile["rows"] and profile["trace"]["path"] in out.stdout
-    assert not any(e["type"] in ("ack", "error") for e in seen)
+    assert not any(e["type"] in ("ack", "error") for e in live)
 
 
 @pytest.mark.slow

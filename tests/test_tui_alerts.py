@@ -8,6 +8,7 @@ from typing import Any
 
 from test_tui_app import painted, shows
 from test_tui_loss_chart import focus_by_tab
+from textual.containers import VerticalScroll
 from waiting import wait_for
 
 from tdbg.protocol.messages import alert_message
@@ -164,11 +165,13 @@ async def test_help_scrolls_from_the_keyboard_at_80x24() -> None:
         await shows(pilot, app, last)
         await pilot.press("home")
         await shows(pilot, app, "tdbg — keys")
-        for _ in range(100):  # line by line to the end
-            if last in screen_text(app):
-                break
-            await pilot.press("down")
-        await shows(pilot, app, last)
+        box = app.screen.query_one("#help-box", VerticalScroll)
+        await wait_for(pilot, lambda: box.scroll_y == 0, "the top (home's scroll is animated)")
+        assert box.max_scroll_y > 3
+        await pilot.press("down", "down", "down")  # line by line (each an animated scroll)
+        await wait_for(pilot, lambda: box.scroll_y == 3, "three lines down")
+        await pilot.press("up")
+        await wait_for(pilot, lambda: box.scroll_y == 2, "one line up")
         await pilot.press("pageup", "pageup", "pageup")
         await shows(pilot, app, "tdbg — keys")
         await pilot.press("pagedown", "pagedown", "pagedown")
