@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,49 +29,63 @@ def steps_of(events: list[dict]) -> list[dict]:
     return [e for e in events if e["type"] == "step"]
 
 
+@pytest.fixture(scope="module")
+def demo_socket() -> Iterator[Path]:
+    """One single-process MLP demo (no rank in its environment) training until the module is
+    done; its socket. The tests below only read it (a demo takes seconds to start)."""
+    runtime = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
+    os.chmod(runtime, 0o700)
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+                env.delenv(var, raising=False)
+            with demo_job("mlp", *DEMO, runtime=runtime) as (_, entry):
+                yield entry.socket
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
 def test_count_is_live_steps_and_follow_has_no_history(
-    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+    demo_socket: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with demo_job("mlp", *DEMO, runtime=runtime_dir) as (_, entry):
-        reader = Reader(entry.socket)
-        reader.wait(lambda r: len(r.records()) >= 30, what="30 steps")
-        seen = max(rec.step for rec in reader.records())
-        reader.close()
+    reader = Reader(demo_socket)
+    reader.wait(lambda r: len(r.records()) >= 30, what="30 steps")
+    seen = max(rec.step for rec in reader.records())
+    reader.close()
 
-        # --count 1 is the step the run takes now, not step 0 of its history.
-        events = dump(capsys, "--count", "1", str(entry.socket))
-        assert events[0]["type"] == "hello" and "head" in events[0]["layers"]
-        (step,) = steps_of(events)
-        assert step["step"] > seen and "history" not in step
-        assert not [e for e in events if e.get("history")]
+    # --count 1 is the step the run takes now, not step 0 of its history.
+    events = dump(capsys, "--count", "1", str(demo_socket))
+    assert events[0]["type"] == "hello" and "head" in events[0]["layers"]
+    (step,) = steps_of(events)
+    assert step["step"] > seen and "history" not in step
+    assert not [e for e in events if e.get("history")]
 
-        events = dump(capsys, "--follow", "--timeout", "2", str(entry.socket))
-        types = [e["type"] for e in events]
-        assert types[0] == "hello" and "synced" in types and types[-1] == "end"
-        assert not [e for e in events if e.get("history")], "--follow printed history"
-        assert all(s["step"] > seen for s in steps_of(events))
+    events = dump(capsys, "--follow", "--timeout", "2", str(demo_socket))
+    types = [e["type"] for e in events]
+    assert types[0] == "hello" and "synced" in types and types[-1] == "end"
+    assert not [e for e in events if e.get("history")], "--follow printed history"
+    assert all(s["step"] > seen for s in steps_of(events))
 
 
 def test_last_is_the_end_of_the_history_then_live_with_count(
-    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+    demo_socket: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with demo_job("mlp", *DEMO, runtime=runtime_dir) as (_, entry):
-        reader = Reader(entry.socket)
-        reader.wait(lambda r: len(r.records()) >= 30, what="30 steps")
-        seen = max(rec.step for rec in reader.records())
-        reader.close()
+    reader = Reader(demo_socket)
+    reader.wait(lambda r: len(r.records()) >= 30, what="30 steps")
+    seen = max(rec.step for rec in reader.records())
+    reader.close()
 
-        # --last alone: a snapshot that ends at `synced`, no --timeout needed.
-        events = dump(capsys, "--last", "5", str(entry.socket))
-        assert events[-1]["type"] == "synced"
-        numbers = [s["step"] for s in steps_of(events)]
-        assert len(numbers) == 5 and numbers == list(range(numbers[0], numbers[0] + 5))
-        assert numbers[-1] >= seen and all(s.get("history") for s in steps_of(events))
+    # --last alone: a snapshot that ends at `synced`, no --timeout needed.
+    events = dump(capsys, "--last", "5", str(demo_socket))
+    assert events[-1]["type"] == "synced"
+    numbers = [s["step"] for s in steps_of(events)]
+    assert len(numbers) == 5 and numbers == list(range(numbers[0], numbers[0] + 5))
+    assert numbers[-1] >= seen and all(s.get("history") for s in steps_of(events))
 
-        events = dump(capsys, "--last", "3", "--count", "2", str(entry.socket))
-        steps = steps_of(events)
-        assert [bool(s.get("history")) for s in steps] == [True] * 3 + [False] * 2
-        assert [s["step"] for s in steps] == list(range(steps[0]["step"], steps[0]["step"] + 5))
+    events = dump(capsys, "--last", "3", "--count", "2", str(demo_socket))
+    steps = steps_of(events)
+    assert [bool(s.get("history")) for s in steps] == [True] * 3 + [False] * 2
+    assert [s["step"] for s in steps] == list(range(steps[0]["step"], steps[0]["step"] + 5))
 
 
 def test_last_cuts_alerts_and_metrics_to_its_steps_and_recordings_obey(
@@ -117,10 +135,7 @@ def test_every_event_of_a_rank_carries_its_rank(
 
 
 def test_a_single_process_run_has_no_rank_on_its_events(
-    runtime_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    demo_socket: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(var, raising=False)
-    with demo_job("mlp", *DEMO, runtime=runtime_dir) as (_, entry):
-        events = dump(capsys, "--count", "2", str(entry.socket))
+    events = dump(capsys, "--count", "2", str(demo_socket))
     assert steps_of(events) and not [e for e in events if "rank" in e]
