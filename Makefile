@@ -18,12 +18,14 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) demos/launch.py $(DEMO)
 
+# The suite starts a few hundred interpreters (training jobs, the CLI, the TUI): they share
+# compiled bytecode even where the environment turns writing it off (PYTHONDONTWRITEBYTECODE).
 test: setup
-	$(PY) -m pytest
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 
 # The quick subset while working: everything but the end-to-end tests marked slow (CI runs all).
 test-fast: setup
-	$(PY) -m pytest -m "not slow"
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not slow"
 
 # The CUDA paths on a real GPU (no added sync, NVML, allocator, snapshot, profile, cost);
 # says so and exits 0 on a machine without CUDA.
