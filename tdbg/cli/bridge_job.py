@@ -16,6 +16,7 @@ from typing import Any
 
 from tdbg import __version__
 from tdbg.connect.jobs import job_entries
+from tdbg.connect.node_link import hang_up
 from tdbg.connect.runtime import RunEntry, discover
 from tdbg.protocol.framing import (
     NODE_MAGIC,
@@ -169,11 +170,7 @@ class JobBridge:
         self.done.set()
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
-        for sock in channels:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                sock.close()
+        hang_up(channels)
 
 
 def serve_job(job: str, directory: Path, infd: int, outfd: int) -> int:

@@ -14,7 +14,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,17 @@ from tdbg.protocol.messages import (
 )
 
 CHUNK = 1 << 16  # bytes a channel's data frame carries at most
+
+
+def hang_up(sockets: Iterable[socket.socket]) -> None:
+    """End each of a node stream's channel sockets: shut both ways first, so a thread blocked
+    reading one wakes with EOF, then close it. Both ends of the stream (this link and the
+    remote `tdbg bridge --job`) end their channels so."""
+    for sock in sockets:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            sock.close()
 
 
 @dataclass
@@ -235,11 +246,7 @@ class NodeLink:
     def _end_channels(self) -> None:
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
-        for mine in channels:
-            with contextlib.suppress(OSError):
-                mine.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                mine.close()
+        hang_up(channels)
 
     # --- the consumer's side ----------------------------------------------------------------
     def channels(self, stop: threading.Event) -> Iterator[Channel]:
