@@ -51,15 +51,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture
-def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh 0700 directory under /tmp (short, so socket paths stay under 100 bytes),
-    also exported as TDBG_RUNTIME_DIR."""
+@contextlib.contextmanager
+def fresh_runtime_dir() -> Iterator[Path]:
+    """A fresh 0700 directory under /tmp (short, so socket paths stay under 100 bytes), removed
+    afterwards: where a test's runs put their sockets (TDBG_RUNTIME_DIR)."""
     path = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
     os.chmod(path, 0o700)
-    monkeypatch.setenv("TDBG_RUNTIME_DIR", str(path))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A :func:`fresh_runtime_dir`, also exported as TDBG_RUNTIME_DIR."""
+    with fresh_runtime_dir() as path:
+        monkeypatch.setenv("TDBG_RUNTIME_DIR", str(path))
+        yield path
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +92,7 @@ def straggler_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Pat
     from processes import recorded_torchrun_job
 
     directory = tmp_path_factory.mktemp("straggler-job")
-    sockets = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
-    os.chmod(sockets, 0o700)
-    try:
+    with fresh_runtime_dir() as sockets:
         yield recorded_torchrun_job(
             directory,
             3,
@@ -94,8 +101,6 @@ def straggler_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Pat
             DDP_DIVERGE_RANK="2",
             TDBG_RUNTIME_DIR=str(sockets),
         )
-    finally:
-        shutil.rmtree(sockets, ignore_errors=True)
 
 
 @pytest.fixture

@@ -8,12 +8,10 @@ import io
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_until
+from conftest import fresh_runtime_dir, wait_until
 from demo_job import demo_job
 from test_cli import TDBG, events, run_cli
 from waiting import TIMEOUT
@@ -663,13 +661,8 @@ def mlp_job() -> Iterator[tuple[Path, Path]]:
     """One MLP demo trained until the module is done: (its runtime directory, its socket).
     The deep-dive tests below each run their dives to the end on it (a demo job takes seconds
     to start: torch's import)."""
-    runtime = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
-    os.chmod(runtime, 0o700)
-    try:
-        with demo_job(*MLP, runtime=runtime) as (_, entry):
-            yield runtime, entry.socket
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
+    with fresh_runtime_dir() as runtime, demo_job(*MLP, runtime=runtime) as (_, entry):
+        yield runtime, entry.socket
 
 
 @pytest.mark.slow

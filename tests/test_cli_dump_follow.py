@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Loop, Reader
+from conftest import Loop, Reader, fresh_runtime_dir
 from demo_job import demo_job
 
 import tdbg
@@ -33,16 +30,11 @@ def steps_of(events: list[dict]) -> list[dict]:
 def demo_socket() -> Iterator[Path]:
     """One single-process MLP demo (no rank in its environment) training until the module is
     done; its socket. The tests below only read it (a demo takes seconds to start)."""
-    runtime = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
-    os.chmod(runtime, 0o700)
-    try:
-        with pytest.MonkeyPatch.context() as env:
-            for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
-                env.delenv(var, raising=False)
-            with demo_job("mlp", *DEMO, runtime=runtime) as (_, entry):
-                yield entry.socket
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
+    with fresh_runtime_dir() as runtime, pytest.MonkeyPatch.context() as env:
+        for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            env.delenv(var, raising=False)
+        with demo_job("mlp", *DEMO, runtime=runtime) as (_, entry):
+            yield entry.socket
 
 
 def test_count_is_live_steps_and_follow_has_no_history(

@@ -4,13 +4,11 @@ and a hang named on the job screen with the collective and every rank's stack.""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import fresh_runtime_dir
 from processes import torchrun_job
 from waiting import wait_for, wait_until
 
@@ -74,20 +72,18 @@ def hung_job() -> Iterator[Path]:
     """A 3-rank gloo job whose rank 1 waits (10 minutes) for a batch at step 5 while ranks 0 and
     2 wait for it in the all-reduce; its runtime directory. The job screen's test and `tdbg
     status`'s both only watch the hang, so they share one job (a torchrun job takes 10-25 s)."""
-    sockets = Path(tempfile.mkdtemp(prefix="tdbg-t-", dir="/tmp"))
-    os.chmod(sockets, 0o700)
-    try:
-        with torchrun_job(
+    with (
+        fresh_runtime_dir() as sockets,
+        torchrun_job(
             3,
             "--grad-every",
             "1",
             DDP_STEPS="1000",
             DDP_HANG_RANK="1",
             TDBG_RUNTIME_DIR=str(sockets),
-        ):
-            yield sockets
-    finally:
-        shutil.rmtree(sockets, ignore_errors=True)
+        ),
+    ):
+        yield sockets
 
 
 @pytest.mark.slow
