@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -31,6 +31,7 @@ from tdbg.connect.sshurl import SshTarget
 from tdbg.connect.targets import resolve_nodes
 from tdbg.tui.sources.base import Notify, SocketSource, Source
 
+WAKE_SECONDS = 0.2  # how often a waiting main thread looks for a Ctrl-C
 BACKOFF_START = 0.5  # seconds before the first retry; doubles on each failure
 BACKOFF_CAP = 10.0
 
@@ -83,7 +84,14 @@ def list_listings(
 
     pool = ThreadPoolExecutor(max_workers=min(8, max(1, len(targets))))
     try:
-        for target, result in zip(targets, pool.map(one, targets), strict=True):
+        futures = [pool.submit(one, target) for target in targets]
+        # Waited for in short slices: the kernel may hand the terminal's SIGINT to any thread,
+        # and Python then only flags it for the main thread, which a wait without a timeout
+        # never wakes to see (seen: Ctrl-C ignored until ssh gave up, 1 try in 13 under load).
+        while wait(futures, timeout=WAKE_SECONDS).not_done:
+            pass
+        for target, future in zip(targets, futures, strict=True):
+            result = future.result()
             if isinstance(result, str):
                 errors[target.node] = result
             else:
