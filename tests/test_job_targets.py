@@ -3,15 +3,20 @@ each event and line saying its rank; another job's ranks never mixed in; bad use
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import platform
+import signal
 import socket
+import subprocess
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from jobs import pretend_rank
-from test_cli import events, run_cli
+from test_cli import TDBG, events, run_cli
 from waiting import wait_until
 
 from tdbg.connect.runtime import discover
@@ -126,3 +131,58 @@ def test_an_unreachable_rank_is_one_line_and_the_others_are_still_dumped(
         none = run_cli("status", "--job", "jobC", runtime=runtime_dir)
         assert none.returncode == 2 and none.stdout == "", none.stderr
         assert none.stderr.splitlines()[1:] == ["tdbg: error: no rank of job jobC could be reached"]
+
+
+# x86_64 and aarch64 syscall numbers: tgkill (a signal to one thread of another process), and
+# futex (what a thread blocked in a Python lock wait is inside).
+SYSCALLS = {"x86_64": (234, 202), "aarch64": (131, 98)}
+
+
+def _signal_thread(pid: int, tid: int, sig: int) -> None:
+    tgkill, _ = SYSCALLS[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(tgkill, pid, tid, sig) == 0, os.strerror(ctypes.get_errno())
+
+
+def _in_futex(pid: int, tid: int) -> bool:
+    _, futex = SYSCALLS[platform.machine()]
+    with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+        return f.read().split()[0] == str(futex)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in SYSCALLS, reason="Linux tgkill"
+)
+def test_ctrl_c_on_any_thread_stops_the_dump_of_a_stalled_job(runtime_dir: Path) -> None:
+    """The kernel may hand a terminal's Ctrl-C to any thread of `tdbg dump --job J --follow`;
+    Python only flags it for the main thread. With the job stalled (no event comes) the main
+    thread waited for the next event with no timeout and never saw the flag: the dump ignored
+    Ctrl-C until the job moved again. Here the SIGINT goes to a reader thread on purpose."""
+    with pretend_rank(runtime_dir, "jobS", 0, 2) as rank:
+        wait_until(lambda: len(discover(runtime_dir)) == 1, 120, "the rank serving")
+        dump = subprocess.Popen(
+            [*TDBG, "dump", "--job", "jobS", "--follow"],
+            env=dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out = dump.stdout
+            assert out is not None
+            wait_until(lambda: '"step"' in out.readline(), 60, "the dump following the job")
+            os.kill(rank.pid, signal.SIGSTOP)  # the job stalls
+            # Its last steps drained, the main thread waits for the next event in a lock wait.
+            wait_until(lambda: _in_futex(dump.pid, dump.pid), 60, "the dump waiting for events")
+            readers = sorted(int(t) for t in os.listdir(f"/proc/{dump.pid}/task"))[1:]
+            assert readers, "the dump reads each rank on a thread of its own"
+            _signal_thread(dump.pid, readers[0], signal.SIGINT)
+            _, err = dump.communicate(timeout=60)
+            assert dump.returncode == 130, err
+            assert "Traceback" not in err, err
+        finally:
+            os.kill(rank.pid, signal.SIGCONT)
+            if dump.poll() is None:
+                dump.kill()
+                dump.communicate()

@@ -25,6 +25,7 @@ from tdbg.connect.targets import (
     recording_error,
     resolve,
 )
+from tdbg.connect.waiting import wait_set
 from tdbg.protocol.framing import PROTO_MAX, PROTO_MIN
 
 CHUNK = 1 << 16
@@ -215,7 +216,7 @@ def pump(sock: socket.socket, infd: int, outfd: int) -> int:
     ]
     for thread in threads:
         thread.start()
-    done.wait()
+    wait_set(done)
     deadline = time.monotonic() + LINGER
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))

@@ -18,6 +18,7 @@ from tdbg import __version__
 from tdbg.connect.jobs import job_entries
 from tdbg.connect.node_link import hang_up
 from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.waiting import wait_set
 from tdbg.protocol.framing import (
     NODE_MAGIC,
     NODE_MAX_FRAME,
@@ -179,6 +180,6 @@ def serve_job(job: str, directory: Path, infd: int, outfd: int) -> int:
     bridge.start()
     reader = threading.Thread(target=bridge.upstream, args=(infd,), name="bridge-up", daemon=True)
     reader.start()
-    bridge.done.wait()
+    wait_set(bridge.done)
     bridge.close()
     return 0

@@ -17,6 +17,7 @@ from tdbg.connect.client import ConnectError
 from tdbg.connect.jobs import job_ranks
 from tdbg.connect.runtime import RunEntry, discover
 from tdbg.connect.targets import resolve
+from tdbg.connect.waiting import next_item
 from tdbg.protocol.framing import ProtocolError
 
 # A rank's reader thread hands its events over in order; None says that rank is done.
@@ -76,7 +77,7 @@ def dump_job(args: argparse.Namespace, out: TextIO) -> int:
             thread.start()
         done = 0
         while done < len(threads):
-            event = events.get()
+            event = next_item(events)  # a Ctrl-C on any thread stops a stalled job's dump
             if event is None:
                 done += 1
                 continue

@@ -29,9 +29,9 @@ from tdbg.connect.ssh import (
 )
 from tdbg.connect.sshurl import SshTarget
 from tdbg.connect.targets import resolve_nodes
+from tdbg.connect.waiting import WAKE_SECONDS
 from tdbg.tui.sources.base import Notify, SocketSource, Source
 
-WAKE_SECONDS = 0.2  # how often a waiting main thread looks for a Ctrl-C
 BACKOFF_START = 0.5  # seconds before the first retry; doubles on each failure
 BACKOFF_CAP = 10.0
 
