@@ -190,3 +190,53 @@ def test_a_probe_thread_inside_torch_at_exit_does_not_abort_the_process(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "exiting" in done.stdout and "terminate called" not in done.stderr
+
+
+def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after a backward the loop's caches are cold (on a CPU run the gradients just went
+    through them) and each torch call there costs several times its usual: the backward tap
+    keeps the scalar as given, and the one detach is made at the update (under gradient
+    accumulation the later micro-batches are summed as they come). The loss and the
+    micro-batch count still come out right (two micro-batches: their sum)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tdbg.probe import taps
+
+    calls: list[str] = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    def counted(function):  # type: ignore[no-untyped-def]
+        def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            with Count():
+                return function(*args, **kwargs)
+
+        return run
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, name="cold", grad_every=10**9)
+    try:
+        monkeypatch.setattr(taps, "_scalar", counted(taps._scalar))
+        monkeypatch.setattr(probe._sampler, "on_backward", counted(probe._sampler.on_backward))
+        losses = []
+        for _ in range(2):
+            loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+            loss.backward()
+            if not losses:
+                assert calls == []  # the usual step: one backward, nothing dispatched
+            losses.append(loss.item())
+        opt.step()
+        probe.step()
+        sent = probe._server.inbox[-1]
+        assert sent.micro_batches == 2
+        assert sent.host_scalars is not None
+        assert float(sent.host_scalars["loss"]) == pytest.approx(sum(losses))
+    finally:
+        probe.close()

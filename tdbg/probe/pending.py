@@ -12,7 +12,8 @@ from tdbg.probe.hooks import Mark, StepTimeline, span
 from tdbg.protocol.steps import NAN, StepRecord
 
 
-@dataclass
+# Slots: one is made per training step, on the training thread, where its caches are cold.
+@dataclass(slots=True)
 class PendingStep:
     """What ``probe.step()`` knew, with device values still in flight.
 

@@ -49,10 +49,16 @@ def _host_nonfinite(value: Any) -> bool:
     """A loss known to be NaN or Inf without a host-device sync: a Python float or a CPU
     tensor (reading one is a memory load). A device tensor is never read here: False."""
     if isinstance(value, torch.Tensor):
-        if value.device.type != "cpu" or value.numel() != 1:
+        if not value.is_cpu or value.numel() != 1:
             return False
         value = value.item()
     return isinstance(value, float) and not math.isfinite(value)
+
+
+def _as_loss(value: torch.Tensor) -> torch.Tensor:
+    """A backpropagated scalar as a loss to add up or keep: detached, float32 or wider."""
+    value = value.detach()
+    return value if value.dtype == torch.float32 or value.dtype == torch.float64 else value.float()
 
 
 @dataclass
@@ -67,7 +73,7 @@ class OptimizerSlot:
     loss: Any = None  # the scalars backpropagated for this update (a tensor, detached)
     sample: GradSample | None = None
     in_step: bool = False
-    closure_loss: Any = None  # the first scalar backpropagated inside step(closure)
+    closure_loss: Any = None  # the first scalar backpropagated inside step(closure), as given
     guard: NonfiniteGuard | None = None  # watch(skip_nonfinite=True)
     micro: int = 0  # the scalars backpropagated for this update (micro-batches)
 
@@ -116,7 +122,9 @@ class StepSampler:
         self.new_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self.watched_modules: set[int] = set()  # ids of every module of the watched models
         self.watched_params: set[int] = set()
-        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers looked at
+        # Optimizers looked at, by id (checked against the weakref: ids are reused): a dict
+        # lookup per step of any optimizer, where a WeakSet's made a weakref each time.
+        self._checked: dict[int, weakref.ref[Any]] = {}
         self._cuda_device = cuda_device
         self._server = server
         self._count_error = count_error
@@ -160,7 +168,7 @@ class StepSampler:
         # from one an update made so (GradientStats.changed_layers).
         self._forced = False
         self._changed_layers: list[int] | None = None
-        self._last_backward: torch.Tensor | None = None  # the last scalar backpropagated
+        self._last_backward: weakref.ref[torch.Tensor] | None = None  # last scalar backpropagated
         # GradScaler skipped this iteration's update (inf/NaN gradients at its scale): what
         # was backpropagated for it, and whether its forward origin was looked for.
         self._amp_skip = False
@@ -209,9 +217,11 @@ class StepSampler:
             self.layout_dirty = True  # handled at the next probe.step(), a step boundary
 
     def on_any_optimizer_step(self, optimizer: Any) -> None:
-        if optimizer in self._checked:
-            return  # one set lookup per step of an optimizer seen before
-        self._checked.add(optimizer)
+        seen = self._checked.get(id(optimizer))
+        if seen is not None and seen() is optimizer:
+            return  # one dict lookup per step of an optimizer seen before
+        self._checked = {k: r for k, r in self._checked.items() if r() is not None}
+        self._checked[id(optimizer)] = weakref.ref(optimizer)
         if any(slot.optimizer is optimizer for slot in self._slots):
             return
         held = (id(p) for g in optimizer.param_groups for p in g["params"])
@@ -319,25 +329,32 @@ class StepSampler:
         slot.micro, self._micro = self._micro, 0  # this optimizer's micro-batches, not a GAN's
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
         # (Lightning runs the last micro-batch's forward/backward inside step(closure)).
+        # Detached here, where the loop still holds its own loss (dropping the probe's last
+        # reference later, in probe.step(), would free the loop's autograd graph there).
         if closure is None:
-            slot.loss = pending
+            slot.loss = None if pending is None else _as_loss(pending)
         else:
-            slot.loss = closure if pending is None else pending + closure
+            closure = _as_loss(closure)
+            slot.loss = closure if pending is None else _as_loss(pending) + closure
 
     # --- taps (taps.Listener) ------------------------------------------------------------------
     def on_backward(self, loss: torch.Tensor) -> None:
+        """Right after a backward, where the loop's caches are cold and every torch call costs
+        several times its usual: the scalar is kept as given (it is detached where it is used,
+        once); a sum is made only under gradient accumulation."""
         for slot in self._slots:
             if slot.in_step:  # inside step(closure): LBFGS evaluates it again and again
                 if slot.closure_loss is None:
-                    slot.closure_loss = loss.float()
+                    slot.closure_loss = loss
                     self._micro += 1
                 return
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
-        self._last_backward = loss
+        self._last_backward = weakref.ref(loss)  # not the graph: only to recognise the tensor
         self._micro += 1
-        value = loss.float()  # an async kernel on the loss's device: no sync
-        self._pending_loss = value if self._pending_loss is None else self._pending_loss + value
+        pending = self._pending_loss
+        # Async kernels on the loss's device: no sync.
+        self._pending_loss = loss if pending is None else _as_loss(pending) + _as_loss(loss)
 
     def on_clip(self, parameters: list[Any], max_norm: float, total_norm: Any) -> None:
         if not parameters or self._clip is not None:
@@ -483,6 +500,10 @@ class StepSampler:
 
     def _count(self, value: Any, what: str) -> float:
         """samples= / tokens= as a float, without reading a device tensor (that would sync)."""
+        if value is None:
+            return NAN
+        if type(value) is int or type(value) is float:
+            return float(value)
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             self.report_once(
                 f"{what}-device",
@@ -549,14 +570,15 @@ class StepSampler:
             if first is None:
                 first, micro = value, count
             if several:
-                per_optimizer[f"loss/{slot.name}"] = value
+                per_optimizer[f"loss/{slot.name}"] = _as_loss(value)
         leftover, self._pending_loss = self._pending_loss, None
         rest_micro, self._micro = self._micro, 0
         if first is None:
             first, micro = leftover, rest_micro
         if self._amp_skip and first is None:
             first, micro = self._amp_loss, self._amp_micro
-        last, self._last_backward = self._last_backward, None
+        last_ref, self._last_backward = self._last_backward, None
+        last = None if last_ref is None else last_ref()
         if loss is None:
             loss = first
         elif micro > 1 and first is not None and _same_tensor(loss, last):
@@ -664,7 +686,15 @@ class StepSampler:
             scalars["loss"] = loss_tensor
         if clip is not None:
             scalars["clip_norm"] = clip[1]
-        if scalars or sample is not None:
+        if (
+            sample is None
+            and not per_optimizer
+            and clip is None
+            and loss_tensor is not None
+            and (loss_tensor.is_cpu)
+        ):
+            pending.host_scalars = {"loss": loss_tensor}  # the usual CPU step: nothing to copy
+        elif scalars or sample is not None:
             _stage_values(pending, sample, scalars)
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the hook that ran it.
@@ -700,7 +730,9 @@ class StepSampler:
         out = []
         for group in optimizer.param_groups:
             lr = group.get("lr")
-            if isinstance(lr, torch.Tensor):
+            if type(lr) is float:  # nearly always: read at the step pre-hook, in a cold moment
+                out.append(lr)
+            elif isinstance(lr, torch.Tensor):
                 # A tensor lr on the GPU (capturable optimizers) would need a sync to read.
                 out.append(float(lr) if lr.device.type == "cpu" else NAN)
             else:
@@ -728,13 +760,14 @@ class StepSampler:
             # against the step's: the cost the budget is about, as the probe reports it.
             self._spent_probe = (1 - SPENT_EMA) * self._spent_probe + SPENT_EMA * probe_time
             self._spent_step = (1 - SPENT_EMA) * self._spent_step + SPENT_EMA * step_time
+        since = self.step_count - self._last_sampled
         if self.grad_every is not None:
-            interval = self.grad_every
-        else:
+            self.grad_interval = self.grad_every
+        elif since >= self.grad_interval or sampled:
+            # Worked out when a pass may be due (and after one): it only decides then.
             step, grad, fixed, spent = self.measured_costs()
-            interval = gradient_interval(step, grad, fixed, self.overhead_budget, spent)
-        self.grad_interval = interval
-        self._sample_now = self.step_count - self._last_sampled >= interval
+            self.grad_interval = gradient_interval(step, grad, fixed, self.overhead_budget, spent)
+        self._sample_now = since >= self.grad_interval
 
 
 def _same_tensor(a: Any, b: Any) -> bool:
@@ -757,7 +790,7 @@ def _stage_values(pending: PendingStep, sample: GradSample | None, scalars: dict
     if sample is not None and isinstance(sample.values, torch.Tensor):
         device = sample.values.device
     for name, value in scalars.items():
-        if not isinstance(value, torch.Tensor) or value.device.type == "cpu":
+        if not isinstance(value, torch.Tensor) or value.is_cpu:
             if pending.host_scalars is None:
                 pending.host_scalars = {}
             pending.host_scalars[name] = value

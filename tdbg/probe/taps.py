@@ -34,28 +34,45 @@ class Listener(Protocol):
 
 
 _listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+# What the taps call, rebuilt at attach/detach: iterating a WeakSet on every backward and
+# optimizer step costs microseconds where the loop's caches are cold (right after backward).
+_snapshot: tuple[weakref.ref[Any], ...] = ()
 _lock = threading.Lock()
 _restore: list[Callable[[], None]] = []
 _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale's last (out, in)
 
 
 def attach(listener: Listener) -> None:
+    global _snapshot
     with _lock:
         _listeners.add(listener)
+        _snapshot = tuple(weakref.ref(each, _forget_dead) for each in _listeners)
         if not _restore:
             _install()
 
 
 def detach(listener: Listener) -> None:
+    global _snapshot
     with _lock:
         _listeners.discard(listener)
+        _snapshot = tuple(weakref.ref(each, _forget_dead) for each in _listeners)
         if not _listeners:
             while _restore:
                 _restore.pop()()
 
 
+def _forget_dead(_: Any) -> None:
+    """A listener dropped without detach(): the taps stop calling it. (From the garbage
+    collector, on any thread: no lock; one tuple assignment is atomic.)"""
+    global _snapshot
+    _snapshot = tuple(ref for ref in _snapshot if ref() is not None)
+
+
 def _each(call: Callable[[Any], None]) -> None:
-    for listener in list(_listeners):
+    for ref in _snapshot:
+        listener = ref()
+        if listener is None:
+            continue  # a probe dropped without close(): its WeakSet entry is gone too
         try:
             call(listener)
         except Exception:  # a listener counts its own errors; a tap never raises into the loop
@@ -105,12 +122,12 @@ def _install() -> None:
 
 
 def _on_module_registered(module: Any, name: str, value: Any) -> None:
-    if _listeners:
+    if _snapshot:
         _each(lambda listener: listener.on_module_change(module))
 
 
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if _listeners:
+    if _snapshot:
         _each(lambda listener: listener.on_any_optimizer_step(optimizer))
 
 
@@ -119,7 +136,7 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
         out = original(tensors, grad_tensors, *args, **kwargs)
-        if grad_tensors is None and _listeners:
+        if grad_tensors is None and _snapshot:
             loss = _scalar(tensors)
             if loss is not None:
                 _each(lambda listener: listener.on_backward(loss))
@@ -129,20 +146,23 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _scalar(tensors: Any) -> torch.Tensor | None:
-    """The loss a backward call was given (before GradScaler scaled it), detached; or None."""
+    """The loss a backward call was given (before GradScaler scaled it), as given (the
+    listener detaches what it keeps, when it keeps it); or None. Called right after a backward
+    that succeeded without a ``grad_tensors``: torch allows that only for one-element tensors,
+    so no size is checked here (nothing touches torch in this cold moment)."""
     global _scaled
     tensor = tensors
-    if isinstance(tensor, list | tuple):
+    if type(tensor) is list or type(tensor) is tuple:
         if len(tensor) != 1:
             return None
         tensor = tensor[0]
-    if not isinstance(tensor, torch.Tensor) or tensor.numel() != 1:
-        return None  # backward(gradient) of a non-scalar: not a loss
+    if not isinstance(tensor, torch.Tensor):
+        return None
     scaled = _scaled
     if scaled is not None and scaled[0]() is tensor:
         _scaled = None
         return scaled[1]
-    return tensor.detach()  # a view: no copy, no sync
+    return tensor
 
 
 def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -153,7 +173,7 @@ def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:
     def scale(scaler: Any, outputs: Any, *args: Any, **kwargs: Any) -> Any:
         global _scaled
         out = original(scaler, outputs, *args, **kwargs)
-        if out is not outputs and isinstance(outputs, torch.Tensor) and _listeners:
+        if out is not outputs and isinstance(outputs, torch.Tensor) and _snapshot:
             try:
                 _scaled = (weakref.ref(out), outputs.detach())
             except TypeError:
@@ -169,7 +189,7 @@ def _wrap_update(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def update(scaler: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(scaler, *args, **kwargs)
-        if _listeners:
+        if _snapshot:
             _each(lambda listener: listener.on_scaler_update())
         return out
 
@@ -179,7 +199,7 @@ def _wrap_update(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_clip(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def clip(parameters: Any, max_norm: float, total_norm: Any, *args: Any, **kwargs: Any) -> Any:
-        if _listeners:
+        if _snapshot:
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
             parameters = params  # a generator is read once: pass the list on
             # Before the original scales the gradients: the listener reads them unclipped.
@@ -192,7 +212,7 @@ def _wrap_clip(original: Callable[..., Any]) -> Callable[..., Any]:
 def _wrap_loader_iter(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def loader_iter(loader: Any) -> Any:
-        if _listeners:
+        if _snapshot:
             _each(lambda listener: listener.on_loader_iter(loader))
         return original(loader)
 
