@@ -22,12 +22,14 @@ to clients).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import platform
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,15 +49,53 @@ UNWATCHED, AGAIN, WATCHED = "unwatched", "unwatched again", "watched"
 ARMS = (UNWATCHED, AGAIN, WATCHED)
 
 
-def block_cpu(task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | None) -> float:
-    """CPU seconds per step of this thread over ``steps`` steps of ``task``."""
-    t0 = time.thread_time_ns()
+def minor_faults() -> int:
+    """Minor page faults of this thread so far (Linux); 0 where it cannot tell."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class Block:
+    """One block's figures, per step: CPU and wall seconds, minor page faults."""
+
+    def __init__(self, cpu: float, wall: float, faults: float) -> None:
+        self.cpu, self.wall, self.faults = cpu, wall, faults
+
+
+def block_cpu(task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | None) -> Block:
+    """This thread's CPU (and wall, faults) per step over ``steps`` steps of ``task``."""
+    if probe is not None:
+        # The other arms' blocks since this probe's last step are not one long step: its step
+        # time (and so its cost_fraction and interval) starts again with this block.
+        probe._sampler._last_host = None
+    f0, w0, t0 = minor_faults(), time.perf_counter_ns(), time.thread_time_ns()
     for i in range(steps):
         inputs, targets = pool[i % len(pool)]
         loss = task.train_step(inputs, targets)
         if probe is not None:
             probe.step(loss, samples=task.batch_size, tokens=task.tokens)
-    return (time.thread_time_ns() - t0) / 1e9 / steps
+    cpu = (time.thread_time_ns() - t0) / 1e9 / steps
+    wall = (time.perf_counter_ns() - w0) / 1e9 / steps
+    return Block(cpu, wall, (minor_faults() - f0) / steps)
+
+
+def fix_malloc() -> bool:
+    """Stop glibc trimming and mmapping this process's heap (mallopt: M_TRIM_THRESHOLD,
+    M_MMAP_THRESHOLD, M_TOP_PAD). Otherwise whether a block's freed activations go back to the
+    kernel, to be faulted in again next step (hundreds of page faults a step), turns on the
+    heap's layout at that moment: a lottery that moves one arm by 5-20 % and has nothing to do
+    with the probe. Both arms run with the same settings."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return all(
+        libc.mallopt(option, value) == 1
+        for option, value in ((-1, 1 << 30), (-3, 1 << 30), (-2, 64 << 20))
+    )
 
 
 def spread(values: list[float]) -> str:
@@ -76,6 +116,8 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     probe = tdbg.watch(tasks[WATCHED].model, tasks[WATCHED].optimizer, name=name)
     block_cpu(tasks[WATCHED], pool, 50, probe)  # the interval settles, plans are built
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    off_cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}  # wall - CPU: waits (GIL)
+    faults: dict[str, list[float]] = {arm: [] for arm in ARMS}
     probe_cpu = {WATCHED: 0.0, UNWATCHED: 0.0}  # the probe threads' CPU during those blocks
     intervals: list[int] = []
     for _ in range(args.rounds):
@@ -85,7 +127,10 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
             watched = probe if arm == WATCHED else None
             (taps.attach if watched else taps.detach)(probe._sampler)
             before = thread_cpu()
-            per_step[arm].append(block_cpu(tasks[arm], pool, steps, watched))
+            block = block_cpu(tasks[arm], pool, steps, watched)
+            per_step[arm].append(block.cpu)
+            off_cpu[arm].append(block.wall - block.cpu)
+            faults[arm].append(block.faults)
             after = thread_cpu()
             used = sum(after.get(n, 0.0) - before.get(n, 0.0) for n in PROBE_THREADS)
             probe_cpu[WATCHED if watched else UNWATCHED] += used
@@ -105,6 +150,22 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     for arm in (AGAIN, WATCHED):
         r = ratios[arm]
         print(f"  training thread CPU, {arm:<16} / unwatched: {spread(r)}")
+    for arm in (AGAIN, WATCHED):
+        # Rounds are paired: the mean of their differences over the unwatched mean, with two
+        # standard errors. Many short rounds make this resolve what a median of few cannot.
+        diffs = [a - b for a, b in zip(per_step[arm], base, strict=True)]
+        mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+        scale = statistics.fmean(base)
+        print(
+            f"  {arm:<16} - unwatched, mean of paired rounds: {mean * 1e6:+.1f} us/step ="
+            f" {mean / scale * 100:+.2f} % +- {2 * se / scale * 100:.2f} % (2 SE)"
+        )
+    print(
+        "  off the CPU (wall - CPU: waiting for the GIL or a core), us/step: "
+        + ", ".join(f"{arm} {statistics.fmean(off_cpu[arm]) * 1e6:.1f}" for arm in ARMS)
+        + "; minor page faults/step: "
+        + ", ".join(f"{arm} {statistics.fmean(faults[arm]):.0f}" for arm in ARMS)
+    )
     over = statistics.median(ratios[WATCHED]) - 1
     noise = max(abs(r - 1) for r in ratios[AGAIN])
     print(
@@ -131,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="default 20 (8 with --quick)")
     p.add_argument("--block-seconds", type=float, default=None, help="CPU seconds per block")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--glibc-heap",
+        action="store_true",
+        help="leave glibc's heap trimming on (default: off, see fix_malloc)",
+    )
     args = p.parse_args(argv)
     args.rounds = args.rounds or (8 if args.quick else 20)
     args.block_seconds = args.block_seconds or (0.3 if args.quick else 1.0)
@@ -139,13 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
         return 2
+    fixed = False if args.glibc_heap else fix_malloc()
     torch.set_flush_denormal(True)
     torch.set_num_threads(1)  # every op on the calling thread: its CPU time is the step's
     os.environ["TDBG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tdbg-bench-")
     print(
         f"tdbg {tdbg.__version__}, torch {torch.__version__}, python"
         f" {platform.python_version()}, {os.cpu_count()} CPUs, torch threads 1,"
-        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, glibc heap"
+        f" {'trimming off' if fixed else 'as is'}"
     )
     rng = random.Random(args.seed)
     started = time.perf_counter()
