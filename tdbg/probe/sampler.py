@@ -168,7 +168,7 @@ class StepSampler:
         # from one an update made so (GradientStats.changed_layers).
         self._forced = False
         self._changed_layers: list[int] | None = None
-        self._last_backward: weakref.ref[torch.Tensor] | None = None  # last scalar backpropagated
+        self._last_backward: torch.Tensor | None = None  # the last scalar backpropagated
         # GradScaler skipped this iteration's update (inf/NaN gradients at its scale): what
         # was backpropagated for it, and whether its forward origin was looked for.
         self._amp_skip = False
@@ -327,6 +327,12 @@ class StepSampler:
         closure, slot.closure_loss = slot.closure_loss, None
         pending, self._pending_loss = self._pending_loss, None
         slot.micro, self._micro = self._micro, 0  # this optimizer's micro-batches, not a GAN's
+        last = self._last_backward
+        if last is not None:
+            # Compared with the loss passed to probe.step() only after several micro-batches:
+            # then kept as a detached view, else dropped here, with the loop's graph still
+            # alive (freeing it later would be timed as the probe's).
+            self._last_backward = last.detach() if slot.micro > 1 else None
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
         # (Lightning runs the last micro-batch's forward/backward inside step(closure)).
         # Detached here, where the loop still holds its own loss (dropping the probe's last
@@ -350,7 +356,7 @@ class StepSampler:
                 return
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
-        self._last_backward = weakref.ref(loss)  # not the graph: only to recognise the tensor
+        self._last_backward = loss
         self._micro += 1
         pending = self._pending_loss
         # Async kernels on the loss's device: no sync.
@@ -577,8 +583,7 @@ class StepSampler:
             first, micro = leftover, rest_micro
         if self._amp_skip and first is None:
             first, micro = self._amp_loss, self._amp_micro
-        last_ref, self._last_backward = self._last_backward, None
-        last = None if last_ref is None else last_ref()
+        last, self._last_backward = self._last_backward, None
         if loss is None:
             loss = first
         elif micro > 1 and first is not None and _same_tensor(loss, last):
@@ -681,21 +686,22 @@ class StepSampler:
             pending.weights_only = weights_only
             if not weights_only:
                 pending.missing_layers = sample.missing
-        scalars = per_optimizer
-        if loss_tensor is not None:
-            scalars["loss"] = loss_tensor
-        if clip is not None:
-            scalars["clip_norm"] = clip[1]
         if (
             sample is None
             and not per_optimizer
             and clip is None
             and loss_tensor is not None
-            and (loss_tensor.is_cpu)
+            and loss_tensor.is_cpu
         ):
             pending.host_scalars = {"loss": loss_tensor}  # the usual CPU step: nothing to copy
-        elif scalars or sample is not None:
-            _stage_values(pending, sample, scalars)
+        else:
+            scalars = per_optimizer
+            if loss_tensor is not None:
+                scalars["loss"] = loss_tensor
+            if clip is not None:
+                scalars["clip_norm"] = clip[1]
+            if scalars or sample is not None:
+                _stage_values(pending, sample, scalars)
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the hook that ran it.
         probe_time = (perf() - t0) + hooks.take_seconds()
@@ -763,8 +769,9 @@ class StepSampler:
         since = self.step_count - self._last_sampled
         if self.grad_every is not None:
             self.grad_interval = self.grad_every
-        elif since >= self.grad_interval or sampled:
-            # Worked out when a pass may be due (and after one): it only decides then.
+        elif since >= self.grad_interval or sampled or self.step_count % 8 == 0:
+            # Worked out when a pass may be due, after one, and every 8 steps (an interval that
+            # the costs have since shortened takes effect within 8 steps): it decides only then.
             step, grad, fixed, spent = self.measured_costs()
             self.grad_interval = gradient_interval(step, grad, fixed, self.overhead_budget, spent)
         self._sample_now = since >= self.grad_interval

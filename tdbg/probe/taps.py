@@ -152,7 +152,7 @@ def _scalar(tensors: Any) -> torch.Tensor | None:
     so no size is checked here (nothing touches torch in this cold moment)."""
     global _scaled
     tensor = tensors
-    if type(tensor) is list or type(tensor) is tuple:
+    if isinstance(tensor, list | tuple):
         if len(tensor) != 1:
             return None
         tensor = tensor[0]
