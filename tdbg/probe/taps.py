@@ -65,7 +65,10 @@ def _forget_dead(_: Any) -> None:
     """A listener dropped without detach(): the taps stop calling it. (From the garbage
     collector, on any thread: no lock; one tuple assignment is atomic.)"""
     global _snapshot
-    _snapshot = tuple(ref for ref in _snapshot if ref() is not None)
+    try:
+        _snapshot = tuple(ref for ref in _snapshot if ref() is not None)
+    except Exception:  # at interpreter exit the module's globals may be gone: nothing to do
+        pass
 
 
 def _each(call: Callable[[Any], None]) -> None:
