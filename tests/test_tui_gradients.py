@@ -216,3 +216,35 @@ async def test_slash_and_t_work_while_another_panel_has_the_focus() -> None:
         await wait_for(pilot, lambda: field.has_focus and field.display, "the filter field")
         await pilot.press("a", "t", "t", "n")
         await wait_for(pilot, lambda: table.row_count == 2, "two attn rows")
+
+
+class TableApp(App[None]):
+    CSS = "GradientTable { height: 8; width: 60; }"
+
+    def compose(self) -> ComposeResult:
+        yield GradientTable()
+
+
+async def test_names_are_refit_when_the_vertical_scrollbar_comes_or_goes() -> None:
+    """Rows enough to scroll bring a vertical scrollbar, which narrows the table's content
+    without resizing the table: the layer column is fitted again to what is left (seen: a
+    snapshot of the 80x24 screen under load kept the names one cell too wide)."""
+    app = TableApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.query_one(GradientTable)
+
+        def names(n: int) -> list[str]:
+            return [f"model.blocks.{i}.attention.projection.weight" for i in range(n)]
+
+        for n in (3, 40, 3):
+            table.show(names(n), np.ones(n), np.empty((0, n)), np.ones(n))
+            await wait_for(
+                pilot,
+                lambda n=n: table.show_vertical_scrollbar == (n > 6),  # type: ignore[misc]
+                "the scrollbar following the rows",
+            )
+            await wait_for(
+                pilot,
+                lambda: table._name_width == (table._fitted_name_width() or (0, 0))[0],
+                "the names fitted to the region the table has now",
+            )

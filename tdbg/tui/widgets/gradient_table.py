@@ -77,24 +77,21 @@ class GradientTable(LayerFilter, DataTable[Any]):
         self._fit_names()
         self._refresh_visible()  # taller: rows that came into view get their figures
 
+    def watch_show_vertical_scrollbar(self, shown: bool) -> None:
+        # A scrollbar that comes (rows enough to scroll) or goes narrows or widens the content
+        # without a Resize: fit the names again once the layout has it.
+        self.call_after_refresh(self._fit_names)
+
     def _fit_names(self, rewrite: bool = True) -> None:
         """Size the layer column to the panel: the norm always stays on screen beside it, and
         the bar and trend too while the names get at least WANT_NAME cells; names longer than
         the column are shortened from the middle (the tail says which layer it is)."""
         column = self.columns.get(self._name_key)
-        avail = self.scrollable_content_region.width
-        if column is None or not avail:
+        fitted = self._fitted_name_width()
+        if column is None or fitted is None:
             return
-        pad = 2 * self.cell_padding
-        avail -= pad
-        needed = max((len(name) for name in self._shown), default=5)
-        others = [NORM + pad, BAR + pad, TREND + pad]
-        for keep in (3, 2, 1):
-            room = avail - sum(others[:keep])
-            if room >= min(needed, WANT_NAME):
-                break
-        width = max(MIN_NAME, min(needed, room))
-        self._fit_trend(avail - width - sum(others[:2]) - pad)
+        width, trend_room = fitted
+        self._fit_trend(trend_room)
         if column.auto_width or column.width != width:
             column.auto_width = False
             column.width = width
@@ -104,6 +101,23 @@ class GradientTable(LayerFilter, DataTable[Any]):
             self._name_width = width
             for row in self._rows if rewrite else ():
                 self.update_cell(str(row), "name", self._name_cell(row))
+
+    def _fitted_name_width(self) -> tuple[int, int] | None:
+        """(the layer column's width, the room left for the trend) in the content region the
+        table has now; None before it has one."""
+        avail = self.scrollable_content_region.width
+        if not avail:
+            return None
+        pad = 2 * self.cell_padding
+        avail -= pad
+        needed = max((len(name) for name in self._shown), default=5)
+        others = [NORM + pad, BAR + pad, TREND + pad]
+        for keep in (3, 2, 1):
+            room = avail - sum(others[:keep])
+            if room >= min(needed, WANT_NAME):
+                break
+        width = max(MIN_NAME, min(needed, room))
+        return width, avail - width - sum(others[:2]) - pad
 
     def _fit_trend(self, room: int) -> None:
         """What the names leave on a wide panel goes to the trend: more history per row."""
