@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -222,6 +223,11 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     probe = tdbg.watch(model, opt, name="cold", grad_every=10**9)
+    sent: list[Any] = []  # what each step handed the probe thread (which drains its inbox)
+    push = probe._server.push_step
+    monkeypatch.setattr(
+        probe._server, "push_step", lambda pending: (sent.append(pending), push(pending))
+    )
     try:
         monkeypatch.setattr(taps, "_scalar", counted(taps._scalar))
         monkeypatch.setattr(probe._sampler, "on_backward", counted(probe._sampler.on_backward))
@@ -234,9 +240,9 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
             losses.append(loss.item())
         opt.step()
         probe.step()
-        sent = probe._server.inbox[-1]
-        assert sent.micro_batches == 2
-        assert sent.host_scalars is not None
-        assert float(sent.host_scalars["loss"]) == pytest.approx(sum(losses))
+        (step,) = sent
+        assert step.micro_batches == 2
+        assert step.host_scalars is not None
+        assert float(step.host_scalars["loss"]) == pytest.approx(sum(losses))
     finally:
         probe.close()

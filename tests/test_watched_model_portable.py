@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,42 @@ def test_the_activations_dive_on_a_compiled_model_says_it_saw_nothing(
     assert probe.errors == 0
     assert all(not leaf._forward_hooks for leaf in model)  # the dive's hooks: released
     reader.close()
+
+
+def test_a_compiled_optimizer_step_still_runs_the_probe_hooks(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``torch.compile(optimizer.step)`` (the compiled-optimizer recipe): the step hooks run
+    eagerly around the compiled update, so each step has its LR, its gradient pass before the
+    update and its optimizer phase; no probe error. (The hooks skip dynamo's wrapper in eager
+    mode and go through it only while dynamo traces them.)"""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, name="compiled-step", grad_every=1)
+    sent: list[Any] = []  # what each step handed the probe thread (which drains its inbox)
+    push = probe._server.push_step
+    monkeypatch.setattr(
+        probe._server, "push_step", lambda pending: (sent.append(pending), push(pending))
+    )
+    try:
+        step = torch.compile(opt.step, backend="eager")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(4):
+                opt.zero_grad()
+                loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+                loss.backward()
+                step()
+                probe.step(loss)
+        # dynamo never traced the probe's hooks or taps (it warned about their clock reads)
+        assert not [w for w in caught if "Dynamo" in str(w.message)], caught
+        assert len(sent) == 4
+        for pending in sent:
+            assert pending.lr == [0.01]
+            assert pending.grads is not None
+            assert pending.timeline.optimizer_start is not None
+            assert pending.timeline.optimizer_end is not None
+        assert probe.errors == 0, probe.last_error
+    finally:
+        probe.close()

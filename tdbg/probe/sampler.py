@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tdbg.probe import taps
 from tdbg.probe.alerts import alert
 from tdbg.probe.budget import gradient_interval
 from tdbg.probe.gradients import GradientStats, GradSample, Layer
@@ -624,6 +625,7 @@ class StepSampler:
             self._sample_now = False
             self._forget_step()
             hooks.take()
+            taps.take_seconds()
             return
         step_mark = mark(self._cuda_device)
         # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
@@ -703,8 +705,9 @@ class StepSampler:
             if scalars or sample is not None:
                 _stage_values(pending, sample, scalars)
         self.step_count += 1
-        # The gradient pass is counted once: in this call or in the hook that ran it.
-        probe_time = (perf() - t0) + hooks.take_seconds()
+        # The gradient pass is counted once: in this call or in the hook that ran it. The taps'
+        # time (backward, optimizer steps) is the probe's cost too.
+        probe_time = (perf() - t0) + hooks.take_seconds() + taps.take_seconds()
         pending.probe_time = probe_time
         fixed = max(0.0, probe_time - self._grad_seconds)
         self._grad_seconds = 0.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -38,6 +39,10 @@ _listeners: weakref.WeakSet[Any] = weakref.WeakSet()
 # optimizer step costs microseconds where the loop's caches are cold (right after backward).
 _snapshot: tuple[weakref.ref[Any], ...] = ()
 _lock = threading.Lock()
+# Seconds the per-step taps (backward, every optimizer step) spent since a probe last took them:
+# part of what the probe costs the loop, which its own timer does not see (take_seconds()).
+_seconds = [0.0]
+_perf = time.perf_counter
 _restore: list[Callable[[], None]] = []
 _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale's last (out, in)
 
@@ -59,6 +64,13 @@ def detach(listener: Listener) -> None:
         if not _listeners:
             while _restore:
                 _restore.pop()()
+
+
+def take_seconds() -> float:
+    """The per-step taps' time since the last call (from the training thread, at a step; with
+    several probes in one process the first to step takes it)."""
+    seconds, _seconds[0] = _seconds[0], 0.0
+    return seconds
 
 
 def _forget_dead(_: Any) -> None:
@@ -129,9 +141,23 @@ def _on_module_registered(module: Any, name: str, value: Any) -> None:
         _each(lambda listener: listener.on_module_change(module))
 
 
+def _note_optimizer_step(optimizer: Any) -> None:
+    t0 = _perf()
+    _each(lambda listener: listener.on_any_optimizer_step(optimizer))
+    _seconds[0] += _perf() - t0
+
+
+# Under torch.compile(optimizer.step) dynamo would trace the listeners (and warn about the
+# clock): there it runs eagerly, outside the graph, as the probe's own step hooks do.
+_note_optimizer_step_eagerly = torch.compiler.disable(_note_optimizer_step)
+
+
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if _snapshot:
-        _each(lambda listener: listener.on_any_optimizer_step(optimizer))
+        if torch.compiler.is_compiling():
+            _note_optimizer_step_eagerly(optimizer)
+        else:
+            _note_optimizer_step(optimizer)
 
 
 def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -140,9 +166,11 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
         out = original(tensors, grad_tensors, *args, **kwargs)
         if grad_tensors is None and _snapshot:
+            t0 = _perf()
             loss = _scalar(tensors)
             if loss is not None:
                 _each(lambda listener: listener.on_backward(loss))
+            _seconds[0] += _perf() - t0
         return out
 
     return backward
