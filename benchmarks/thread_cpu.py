@@ -6,13 +6,15 @@ a core, so it can. Torch runs on one thread (``torch.set_num_threads(1)``), so a
 work — forward, backward, optimizer, the probe's hooks and ``probe.step()`` — is charged to
 the thread that calls it, measured with ``time.thread_time_ns()``.
 
-Per demo model, three identical copies (same seed) train side by side in this process:
-``unwatched``, ``unwatched again`` (the measurement's own noise) and ``watched`` (one long-lived
-``tdbg.watch()`` with default settings: the 1 % budget, automatic gradient interval). Blocks of
-steps run interleaved, the order shuffled per round; per round the ratio is a copy's CPU per
-step over ``unwatched``'s. The probe's taps on ``backward``, clipping and optimizer steps are
-process-wide, so they are detached during the unwatched copies' blocks (as in a process with no
-probe) and attached again for the watched one's, outside the timed steps. Also: the probe's
+Per demo model, three arms: ``unwatched``, ``unwatched again`` (the measurement's own noise)
+and ``watched`` (one long-lived ``tdbg.watch()`` with default settings: the 1 % budget, automatic
+gradient interval). Blocks of steps run interleaved, the order shuffled per round; per round the
+ratio is an arm's CPU per step over ``unwatched``'s. By default all three train **one** model:
+for the unwatched blocks the probe's hooks come off the model and optimizer and its process-wide
+taps off torch (as in a process with no probe), and go back on for the watched blocks, outside
+the timed steps. (``--copies 3``: three identical copies, one per arm, as this benchmark did
+first: two copies of one model differ by up to 2 % on their own — where their memory landed —
+a bias the noise arm shows and the comparison cannot remove.) Also: the probe's
 threads' CPU (Linux ``/proc/self/task/*/schedstat``) during the watched blocks per watched step
 (work left at a block's end spills into the next block: the idle blocks' share is shown too),
 and the probe's own ``cost_fraction`` (its time over step time, last 200 steps: what it reports
@@ -98,14 +100,30 @@ def fix_malloc() -> bool:
     )
 
 
+def unhook(probe: tdbg.Probe) -> None:
+    """As if the process had no probe: its hooks off the model and optimizer, its taps off."""
+    probe._hooks.remove()
+    taps.detach(probe._sampler)
+
+
+def rehook(probe: tdbg.Probe) -> None:
+    """The probe's hooks and taps back on, as ``watch()`` put them."""
+    probe._hooks = probe._make_hooks(probe.options)
+    taps.attach(probe._sampler)
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
 
 
 def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
-    tasks = {arm: MAKERS[name](seed=args.seed) for arm in ARMS}
+    if args.copies == 1:
+        one = MAKERS[name](seed=args.seed)
+        tasks = dict.fromkeys(ARMS, one)
+    else:
+        tasks = {arm: MAKERS[name](seed=args.seed) for arm in ARMS}
     pool = [tasks[UNWATCHED].batch() for _ in range(POOL)]
-    for task in tasks.values():
+    for task in {id(t): t for t in tasks.values()}.values():
         for i in range(20):  # optimizer state, allocator
             task.train_step(*pool[i % POOL])
     t0 = time.thread_time_ns()
@@ -125,7 +143,11 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         rng.shuffle(order)
         for arm in order:
             watched = probe if arm == WATCHED else None
-            (taps.attach if watched else taps.detach)(probe._sampler)
+            hooked = bool(probe._hooks.handles)
+            if watched and not hooked:
+                rehook(probe)
+            elif not watched and hooked:
+                unhook(probe)
             before = thread_cpu()
             block = block_cpu(tasks[arm], pool, steps, watched)
             per_step[arm].append(block.cpu)
@@ -135,7 +157,8 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
             used = sum(after.get(n, 0.0) - before.get(n, 0.0) for n in PROBE_THREADS)
             probe_cpu[WATCHED if watched else UNWATCHED] += used
         intervals.append(probe.grad_interval)
-    taps.attach(probe._sampler)
+    if not probe._hooks.handles:
+        rehook(probe)
     costs = [(p, s) for p, s in probe._server.recent_costs if p == p and s == s]
     fraction = sum(p for p, _ in costs) / sum(s for _, s in costs)
     probe.close()
@@ -192,6 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None, help="default 20 (8 with --quick)")
     p.add_argument("--block-seconds", type=float, default=None, help="CPU seconds per block")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--copies",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="1: every arm trains one model, the probe's hooks on and off (default); 3: a copy"
+        " per arm",
+    )
     p.add_argument(
         "--glibc-heap",
         action="store_true",
