@@ -22,7 +22,7 @@ MS = 1e-3
         (10 * MS, 0.08 * MS, 0.0, 0.01, 1),  # it fits: every step
         (10 * MS, 0.09 * MS, 0.0, 0.01, 2),  # just over: every other step
         (10 * MS, 0.8 * MS, 0.04 * MS, 0.01, 20),  # the fixed cost leaves half the aim
-        (10 * MS, 1 * MS, 1 * MS, 0.01, 40),  # fixed cost over budget: norms get a quarter
+        (10 * MS, 1 * MS, 1 * MS, 0.01, 100),  # fixed cost over budget: norms get a tenth
         (100 * MS, 0.8 * MS, 0.0, 0.01, 1),  # a longer step has room for it
         (10 * MS, 1 * MS, 0.0, 0.10, 2),  # a larger budget has room for more
         (1 * MS, 1000 * MS, 0.0, 0.01, MAX_AUTO_INTERVAL),  # bounded: some gradients always show
