@@ -28,11 +28,11 @@ def gradient_interval(
     ``spent``, the fraction of step time the probe actually took over its recent steps (what it
     reports as ``cost_fraction``; NaN: not known yet). Where that ran over the budget the aim
     is lowered in proportion, so the cost the model missed is paid back. Where the fixed cost
-    alone eats the budget (short CPU steps: 9 ms on the cnn demo, where the fixed cost is ~0.85 %)
+    alone eats the budget (short CPU steps: the cnn demo's 9 ms, with a fixed cost of ~0.85 %)
     the gradients still get a tenth of the budget (FLOOR) rather than nothing, and k never
     exceeds MAX_AUTO_INTERVAL, so a run always shows some gradients. (A quarter, before, put the
-    cnn demo's measured cost at 1.1 %.) Unmeasured (zero) costs give 1: sample every step until there is something to
-    go by.
+    cnn demo's measured cost at 1.1 %.) Unmeasured (zero) costs give 1: sample every step
+    until there is something to go by.
     """
     if not (step_seconds > 0 and grad_seconds > 0 and budget > 0):
         return 1
