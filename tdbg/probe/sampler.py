@@ -688,22 +688,13 @@ class StepSampler:
             pending.weights_only = weights_only
             if not weights_only:
                 pending.missing_layers = sample.missing
-        if (
-            sample is None
-            and not per_optimizer
-            and clip is None
-            and loss_tensor is not None
-            and loss_tensor.is_cpu
-        ):
-            pending.host_scalars = {"loss": loss_tensor}  # the usual CPU step: nothing to copy
-        else:
-            scalars = per_optimizer
-            if loss_tensor is not None:
-                scalars["loss"] = loss_tensor
-            if clip is not None:
-                scalars["clip_norm"] = clip[1]
-            if scalars or sample is not None:
-                _stage_values(pending, sample, scalars)
+        scalars = per_optimizer
+        if loss_tensor is not None:
+            scalars["loss"] = loss_tensor
+        if clip is not None:
+            scalars["clip_norm"] = clip[1]
+        if scalars or sample is not None:
+            _stage_values(pending, sample, scalars)
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the hook that ran it. The taps'
         # time (backward, optimizer steps) is the probe's cost too.

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
+from tdbg.probe.hook_refs import outside_graph
+
 
 class Listener(Protocol):
     def on_backward(self, loss: torch.Tensor) -> None: ...
@@ -141,23 +143,14 @@ def _on_module_registered(module: Any, name: str, value: Any) -> None:
         _each(lambda listener: listener.on_module_change(module))
 
 
-def _note_optimizer_step(optimizer: Any) -> None:
-    t0 = _perf()
-    _each(lambda listener: listener.on_any_optimizer_step(optimizer))
-    _seconds[0] += _perf() - t0
-
-
 # Under torch.compile(optimizer.step) dynamo would trace the listeners (and warn about the
-# clock): there it runs eagerly, outside the graph, as the probe's own step hooks do.
-_note_optimizer_step_eagerly = torch.compiler.disable(_note_optimizer_step)
-
-
+# clock): it runs eagerly, outside the graph, as the probe's own step hooks do.
+@outside_graph
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if _snapshot:
-        if torch.compiler.is_compiling():
-            _note_optimizer_step_eagerly(optimizer)
-        else:
-            _note_optimizer_step(optimizer)
+        t0 = _perf()
+        _each(lambda listener: listener.on_any_optimizer_step(optimizer))
+        _seconds[0] += _perf() - t0
 
 
 def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
