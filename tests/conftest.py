@@ -112,6 +112,17 @@ def private_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every step ``probe`` hands its thread from now on (its PendingStep), kept in the list
+    returned: the thread drains its inbox at each tick, so a test cannot read it there."""
+    sent: list[Any] = []
+    push = probe._server.push_step
+    monkeypatch.setattr(
+        probe._server, "push_step", lambda pending: (sent.append(pending), push(pending))
+    )
+    return sent
+
+
 def dive_context(model: Any, errors: list[BaseException] | None = None) -> Any:
     """A DiveContext on a CPU model whose worker runs each analysis at once, in the calling
     thread, with no artifacts directory."""

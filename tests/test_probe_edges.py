@@ -9,11 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from conftest import Loop, Reader
+from conftest import Loop, Reader, handed_over
 from demo_job import demo_job
 from norm_oracle import reference_norms
 from torch import nn
@@ -223,11 +222,7 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     probe = tdbg.watch(model, opt, name="cold", grad_every=10**9)
-    sent: list[Any] = []  # what each step handed the probe thread (which drains its inbox)
-    push = probe._server.push_step
-    monkeypatch.setattr(
-        probe._server, "push_step", lambda pending: (sent.append(pending), push(pending))
-    )
+    sent = handed_over(probe, monkeypatch)
     try:
         monkeypatch.setattr(taps, "_scalar", counted(taps._scalar))
         monkeypatch.setattr(probe._sampler, "on_backward", counted(probe._sampler.on_backward))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Loop, Reader
+from conftest import Loop, Reader, handed_over
 
 import tdbg
 
@@ -179,11 +179,7 @@ def test_a_compiled_optimizer_step_still_runs_the_probe_hooks(
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     probe = tdbg.watch(model, opt, name="compiled-step", grad_every=1)
-    sent: list[Any] = []  # what each step handed the probe thread (which drains its inbox)
-    push = probe._server.push_step
-    monkeypatch.setattr(
-        probe._server, "push_step", lambda pending: (sent.append(pending), push(pending))
-    )
+    sent = handed_over(probe, monkeypatch)
     try:
         step = torch.compile(opt.step, backend="eager")
         with warnings.catch_warnings(record=True) as caught:
