@@ -16,6 +16,9 @@ import torch
 # ``sys.audit`` alone, so a checkpoint saved while watched loads where tdbg is not installed.
 # It does nothing unless an audit hook (PEP 578) listens, which then sees this event's name.
 INERT_EVENT = "tdbg.inert_hook"
+# Looked up once: dynamo knows the function itself (under tracing it reads True), so an alias
+# keeps that, and the hooks skip two attribute lookups on every call.
+is_compiling = torch.compiler.is_compiling
 
 
 def outside_graph(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -27,7 +30,7 @@ def outside_graph(function: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if is_compiling():
             return disabled(*args, **kwargs)
         return function(*args, **kwargs)
 
@@ -53,17 +56,21 @@ class WeakHook:
     forward hooks use :class:`ForwardHook`, which ``fullgraph=True`` accepts.
     """
 
-    __slots__ = ("_method", "_args", "__weakref__")
+    __slots__ = ("_owner", "_function", "_args", "__weakref__")
 
     def __init__(self, method: Callable[..., Any], *args: Any) -> None:
-        self._method = weakref.WeakMethod(method)
+        # The bound method's object, weakly, and its plain function: what WeakMethod keeps,
+        # without its Python-level __call__ (three more calls on every hook, where the loop's
+        # caches are cold).
+        self._owner = weakref.ref(method.__self__)  # type: ignore[attr-defined]
+        self._function = method.__func__  # type: ignore[attr-defined]
         self._args = args  # leading arguments (plain values: an index, a name)
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
-        method = self._method()
-        if method is None:
+        owner = self._owner()
+        if owner is None:
             return None
-        return method(*self._args, *args, **kwargs)
+        return self._function(owner, *self._args, *args, **kwargs)
 
     __call__ = outside_graph(_call)
 
@@ -86,6 +93,6 @@ class ForwardHook(WeakHook):
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if is_compiling():
             return None
         return self._call(*args, **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -35,6 +36,12 @@ Mark = float | CudaMark
 
 def mark(cuda_device: torch.device | None) -> Mark:
     return perf() if cuda_device is None else CudaMark(cuda_device)
+
+
+def marker(cuda_device: torch.device | None) -> Callable[[], Mark]:
+    """``mark`` for ``cuda_device`` in one call: on the CPU the clock itself (a C function, no
+    Python frame: the probe marks in the cold moments around an update)."""
+    return perf if cuda_device is None else functools.partial(CudaMark, cuda_device)
 
 
 def host_time(point: Mark) -> float:
@@ -96,6 +103,7 @@ class PhaseHooks:
         on_error: Callable[[BaseException], None],
     ) -> None:
         self.cuda_device = cuda_device
+        self._mark = marker(cuda_device)
         self.active = True  # False once the probe switched itself off; removal comes later
         self.timeline = StepTimeline()
         self.seconds = 0.0  # time spent inside these hooks since the last take_seconds()
@@ -148,8 +156,9 @@ class PhaseHooks:
             return
         try:
             if self.timeline.forward_start is None and torch.is_grad_enabled():
-                point = self.timeline.forward_start = mark(self.cuda_device)
-                self.seconds += perf() - host_time(point)
+                t0 = perf()
+                self.timeline.forward_start = self._mark()
+                self.seconds += perf() - t0
             if self.capture_inputs and not self._updating and torch.is_grad_enabled():
                 self.last_inputs = (module, args)
         except Exception as exc:
@@ -160,8 +169,9 @@ class PhaseHooks:
             return
         try:
             if torch.is_grad_enabled() and not self._updating:
-                point = self.timeline.forward_end = mark(self.cuda_device)
-                self.seconds += perf() - host_time(point)
+                t0 = perf()
+                self.timeline.forward_end = self._mark()
+                self.seconds += perf() - t0
         except Exception as exc:
             self._on_error(exc)
 
@@ -169,7 +179,8 @@ class PhaseHooks:
         if not self.active:
             return None
         try:
-            point = mark(self.cuda_device)
+            t0 = perf()
+            point = self._mark()
             if self.timeline.optimizer_start is None:
                 self.timeline.optimizer_start = point
             self._events.on_optimizer_pre(index)
@@ -178,13 +189,13 @@ class PhaseHooks:
             if callable(closure):
                 # The closure computes this step's gradients inside step(): read them after it.
                 wrapped = self._closure(index, closure)
-                self.seconds += perf() - host_time(point)
+                self.seconds += perf() - t0
                 if len(args) > 1:
                     return (args[0], wrapped, *args[2:]), kwargs
                 return args, {**kwargs, "closure": wrapped}
             self._updating = True
             self._on_optimizer_step(index)
-            self.seconds += perf() - host_time(point)
+            self.seconds += perf() - t0
         except Exception as exc:
             self._on_error(exc)
         return None
@@ -198,9 +209,10 @@ class PhaseHooks:
                 first[0] = False
                 self._updating = True
                 try:
-                    point = self.timeline.optimizer_start = mark(self.cuda_device)
+                    t0 = perf()
+                    self.timeline.optimizer_start = self._mark()
                     self._on_optimizer_step(index)
-                    self.seconds += perf() - host_time(point)
+                    self.seconds += perf() - t0
                 except Exception as exc:
                     self._on_error(exc)
             return out
@@ -211,10 +223,11 @@ class PhaseHooks:
         if not self.active:
             return
         try:
-            point = self.timeline.optimizer_end = mark(self.cuda_device)
+            t0 = perf()
+            self.timeline.optimizer_end = self._mark()
             self._updating = False
             self._events.on_optimizer_post(index)
-            self.seconds += perf() - host_time(point)
+            self.seconds += perf() - t0
         except Exception as exc:
             self._on_error(exc)
 

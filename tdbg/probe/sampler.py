@@ -16,7 +16,7 @@ from tdbg.probe.alerts import alert
 from tdbg.probe.budget import gradient_interval
 from tdbg.probe.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
-from tdbg.probe.hooks import Mark, PhaseHooks, mark, perf
+from tdbg.probe.hooks import Mark, PhaseHooks, mark, marker, perf
 from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.server import ProbeServer
@@ -127,6 +127,7 @@ class StepSampler:
         # lookup per step of any optimizer, where a WeakSet's made a weakref each time.
         self._checked: dict[int, weakref.ref[Any]] = {}
         self._cuda_device = cuda_device
+        self._mark = marker(cuda_device)
         self._server = server
         self._count_error = count_error
         self.grad_every = grad_every
@@ -627,7 +628,7 @@ class StepSampler:
             hooks.take()
             taps.take_seconds()
             return
-        step_mark = mark(self._cuda_device)
+        step_mark = self._mark()
         # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
         step_time = NAN if self._last_host is None else t0 - self._last_host
         self._last_host = t0
@@ -656,7 +657,9 @@ class StepSampler:
                 and _host_nonfinite(loss)
             )
             self._forced = self._forced or force_rest
-            sample = self._take_samples(force_rest)
+            # A pass ran (or runs now) only on a step due or forced: others skip the call.
+            due = self._sample_now or self._forced
+            sample = self._take_samples(force_rest) if due else None
         loss_value, loss_tensor = self._loss_parts(loss)
         clip, self._clip = self._clip, None
         if amp_skip:
@@ -707,7 +710,7 @@ class StepSampler:
         )
         self._update_interval(step_time, probe_time, sample is not None)
         self._server.push_step(pending)
-        self._previous_end = mark(self._cuda_device)
+        self._previous_end = self._mark()
 
     def _forget_step(self) -> None:
         for slot in self._slots:

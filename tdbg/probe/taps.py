@@ -85,13 +85,15 @@ def _forget_dead(_: Any) -> None:
         pass
 
 
-def _each(call: Callable[[Any], None]) -> None:
+def _notify(event: str, *args: Any) -> None:
+    """Call ``listener.<event>(*args)`` on every live listener (a method name, not a lambda:
+    one Python call fewer per tap, in the cold moments around an update)."""
     for ref in _snapshot:
         listener = ref()
         if listener is None:
             continue  # a probe dropped without close(): its WeakSet entry is gone too
         try:
-            call(listener)
+            getattr(listener, event)(*args)
         except Exception:  # a listener counts its own errors; a tap never raises into the loop
             pass
 
@@ -140,7 +142,7 @@ def _install() -> None:
 
 def _on_module_registered(module: Any, name: str, value: Any) -> None:
     if _snapshot:
-        _each(lambda listener: listener.on_module_change(module))
+        _notify("on_module_change", module)
 
 
 # Under torch.compile(optimizer.step) dynamo would trace the listeners (and warn about the
@@ -149,7 +151,7 @@ def _on_module_registered(module: Any, name: str, value: Any) -> None:
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if _snapshot:
         t0 = _perf()
-        _each(lambda listener: listener.on_any_optimizer_step(optimizer))
+        _notify("on_any_optimizer_step", optimizer)
         _seconds[0] += _perf() - t0
 
 
@@ -162,7 +164,7 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             t0 = _perf()
             loss = _scalar(tensors)
             if loss is not None:
-                _each(lambda listener: listener.on_backward(loss))
+                _notify("on_backward", loss)
             _seconds[0] += _perf() - t0
         return out
 
@@ -214,7 +216,7 @@ def _wrap_update(original: Callable[..., Any]) -> Callable[..., Any]:
     def update(scaler: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(scaler, *args, **kwargs)
         if _snapshot:
-            _each(lambda listener: listener.on_scaler_update())
+            _notify("on_scaler_update")
         return out
 
     return update
@@ -227,7 +229,7 @@ def _wrap_clip(original: Callable[..., Any]) -> Callable[..., Any]:
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
             parameters = params  # a generator is read once: pass the list on
             # Before the original scales the gradients: the listener reads them unclipped.
-            _each(lambda listener: listener.on_clip(params, max_norm, total_norm))
+            _notify("on_clip", params, max_norm, total_norm)
         return original(parameters, max_norm, total_norm, *args, **kwargs)
 
     return clip
@@ -237,7 +239,7 @@ def _wrap_loader_iter(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def loader_iter(loader: Any) -> Any:
         if _snapshot:
-            _each(lambda listener: listener.on_loader_iter(loader))
+            _notify("on_loader_iter", loader)
         return original(loader)
 
     return loader_iter
