@@ -17,8 +17,9 @@ import torch
 # It does nothing unless an audit hook (PEP 578) listens, which then sees this event's name.
 INERT_EVENT = "tdbg.inert_hook"
 # Looked up once: dynamo knows the function itself (under tracing it reads True), so an alias
-# keeps that, and the hooks skip two attribute lookups on every call.
-is_compiling = torch.compiler.is_compiling
+# keeps that, and the hooks skip two attribute lookups on every call. The dynamo-only check:
+# one Python frame in eager mode, where ``is_compiling`` takes two (it asks TorchScript too).
+is_compiling = torch.compiler.is_dynamo_compiling
 
 
 def outside_graph(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -72,7 +73,16 @@ class WeakHook:
             return None
         return self._function(owner, *self._args, *args, **kwargs)
 
-    __call__ = outside_graph(_call)
+    # outside_graph(_call), written out: one frame per call in eager mode, not two.
+    _outside_graph = torch.compiler.disable(_call)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if is_compiling():
+            return self._outside_graph(*args, **kwargs)
+        owner = self._owner()
+        if owner is None:
+            return None
+        return self._function(owner, *self._args, *args, **kwargs)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (functools.partial, (sys.audit, INERT_EVENT))
@@ -95,4 +105,7 @@ class ForwardHook(WeakHook):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if is_compiling():
             return None
-        return self._call(*args, **kwargs)
+        owner = self._owner()
+        if owner is None:
+            return None
+        return self._function(owner, *self._args, *args, **kwargs)
