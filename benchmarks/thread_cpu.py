@@ -60,11 +60,23 @@ def minor_faults() -> int:
         return 0
 
 
-class Block:
-    """One block's figures, per step: CPU and wall seconds, minor page faults."""
+def context_switches() -> int:
+    """Context switches of this thread so far, voluntary (a wait: the GIL, a lock, I/O) and
+    not (preempted) (Linux); 0 where it cannot tell. A thread that hands the GIL to another
+    and waits for it back switches once per hand-off."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+            return sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+    except (OSError, IndexError, ValueError):
+        return 0
 
-    def __init__(self, cpu: float, wall: float, faults: float) -> None:
-        self.cpu, self.wall, self.faults = cpu, wall, faults
+
+class Block:
+    """One block's figures, per step: CPU and wall seconds, minor page faults, context
+    switches."""
+
+    def __init__(self, cpu: float, wall: float, faults: float, switches: float) -> None:
+        self.cpu, self.wall, self.faults, self.switches = cpu, wall, faults, switches
 
 
 def block_cpu(task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | None) -> Block:
@@ -73,7 +85,8 @@ def block_cpu(task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | Non
         # The other arms' blocks since this probe's last step are not one long step: its step
         # time (and so its cost_fraction and interval) starts again with this block.
         probe._sampler._last_host = None
-    f0, w0, t0 = minor_faults(), time.perf_counter_ns(), time.thread_time_ns()
+    s0, f0 = context_switches(), minor_faults()
+    w0, t0 = time.perf_counter_ns(), time.thread_time_ns()
     for i in range(steps):
         inputs, targets = pool[i % len(pool)]
         loss = task.train_step(inputs, targets)
@@ -81,7 +94,8 @@ def block_cpu(task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | Non
             probe.step(loss, samples=task.batch_size, tokens=task.tokens)
     cpu = (time.thread_time_ns() - t0) / 1e9 / steps
     wall = (time.perf_counter_ns() - w0) / 1e9 / steps
-    return Block(cpu, wall, (minor_faults() - f0) / steps)
+    faults, switches = (minor_faults() - f0) / steps, (context_switches() - s0) / steps
+    return Block(cpu, wall, faults, switches)
 
 
 def fix_malloc() -> bool:
@@ -136,6 +150,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
     off_cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}  # wall - CPU: waits (GIL)
     faults: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    switches: dict[str, list[float]] = {arm: [] for arm in ARMS}
     probe_cpu = {WATCHED: 0.0, UNWATCHED: 0.0}  # the probe threads' CPU during those blocks
     intervals: list[int] = []
     for _ in range(args.rounds):
@@ -153,6 +168,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
             per_step[arm].append(block.cpu)
             off_cpu[arm].append(block.wall - block.cpu)
             faults[arm].append(block.faults)
+            switches[arm].append(block.switches)
             after = thread_cpu()
             used = sum(after.get(n, 0.0) - before.get(n, 0.0) for n in PROBE_THREADS)
             probe_cpu[WATCHED if watched else UNWATCHED] += used
@@ -188,6 +204,8 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         + ", ".join(f"{arm} {statistics.fmean(off_cpu[arm]) * 1e6:.1f}" for arm in ARMS)
         + "; minor page faults/step: "
         + ", ".join(f"{arm} {statistics.fmean(faults[arm]):.0f}" for arm in ARMS)
+        + "; context switches/step: "
+        + ", ".join(f"{arm} {statistics.fmean(switches[arm]):.1f}" for arm in ARMS)
     )
     over = statistics.median(ratios[WATCHED]) - 1
     noise = max(abs(r - 1) for r in ratios[AGAIN])
