@@ -197,9 +197,10 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
 ) -> None:
     """Right after a backward the loop's caches are cold (on a CPU run the gradients just went
     through them) and each torch call there costs several times its usual: the backward tap
-    keeps the scalar as given, and the one detach is made at the update (under gradient
-    accumulation the later micro-batches are summed as they come). The loss and the
-    micro-batch count still come out right (two micro-batches: their sum)."""
+    detaches and reads the scalar before the backward, and what the probe's listener does
+    with it after dispatches nothing (under gradient accumulation the later micro-batches are
+    summed as they come). The loss and the micro-batch count still come out right (two
+    micro-batches: their sum)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from tdbg.probe import taps
@@ -239,5 +240,63 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
         assert step.micro_batches == 2
         assert step.host_scalars is not None
         assert float(step.host_scalars["loss"]) == pytest.approx(sum(losses))
+    finally:
+        probe.close()
+
+
+def test_a_cpu_loss_is_read_before_its_backward_not_at_the_update(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a NaN began needs, on a step whose gradients go unsampled, whether the loss was
+    finite. A CPU loss is read before its backward, still in the caches its forward left it in;
+    at the optimizer's pre-hook, right after the backward streamed the gradients through them,
+    the same read cost ~15 us: on such a step nothing is dispatched there, nor at the
+    post-hook (the tap's detached view is kept as it is). A NaN loss is still caught at its
+    own step (its pass forced)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[str] = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, name="warm-read", grad_every=10**9)
+    sent = handed_over(probe, monkeypatch)
+    grads_ready = probe._hooks._on_optimizer_step  # what the step pre-hook runs
+
+    def counted(index: int) -> None:
+        with Count():
+            grads_ready(index)
+
+    monkeypatch.setattr(probe._hooks, "_on_optimizer_step", counted)
+    post = probe._sampler.on_optimizer_post
+
+    def counted_post(index: int) -> None:
+        with Count():
+            post(index)
+
+    monkeypatch.setattr(probe._sampler, "on_optimizer_post", counted_post)
+    per_step: list[list[str]] = []
+    try:
+        for step in range(3):
+            opt.zero_grad()
+            loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+            if step == 2:
+                loss = loss * float("nan")
+            loss.backward()
+            calls.clear()
+            opt.step()
+            per_step.append(list(calls))
+            probe.step()
+        assert per_step[1] == []  # not due: nothing read at the update
+        assert [s.step for s in sent] == [0, 1, 2]
+        assert sent[0].grads is not None  # the first step is sampled
+        assert sent[1].grads is None
+        assert sent[2].grads is not None  # forced: its loss was NaN
     finally:
         probe.close()

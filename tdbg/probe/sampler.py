@@ -50,15 +50,16 @@ def _host_nonfinite(value: Any) -> bool:
     """A loss known to be NaN or Inf without a host-device sync: a Python float or a CPU
     tensor (reading one is a memory load). A device tensor is never read here: False."""
     if isinstance(value, torch.Tensor):
-        if not value.is_cpu or value.numel() != 1:
-            return False
-        value = value.item()
+        return taps.nonfinite_on_host(value)
     return isinstance(value, float) and not math.isfinite(value)
 
 
 def _as_loss(value: torch.Tensor) -> torch.Tensor:
-    """A backpropagated scalar as a loss to add up or keep: detached, float32 or wider."""
-    value = value.detach()
+    """A backpropagated scalar as a loss to add up or keep: detached, float32 or wider. The
+    backward tap hands over a detached view already: then nothing is dispatched here (this
+    runs at the update, where the loop's caches are cold)."""
+    if value.requires_grad:
+        value = value.detach()
     return value if value.dtype == torch.float32 or value.dtype == torch.float64 else value.float()
 
 
@@ -75,6 +76,7 @@ class OptimizerSlot:
     sample: GradSample | None = None
     in_step: bool = False
     closure_loss: Any = None  # the first scalar backpropagated inside step(closure), as given
+    closure_nonfinite: bool = False  # that scalar was read NaN or Inf (a CPU one, no sync)
     guard: NonfiniteGuard | None = None  # watch(skip_nonfinite=True)
     micro: int = 0  # the scalars backpropagated for this update (micro-batches)
 
@@ -151,6 +153,8 @@ class StepSampler:
         self._folded: dict[str, int] = {}
         # From the taps, since the last probe.step():
         self._pending_loss: Any = None  # backpropagated, not yet given to an optimizer
+        # One of those scalars was read NaN or Inf before its backward (a CPU one: no sync).
+        self._pending_nonfinite = False
         self._micro = 0  # backward calls of a scalar
         self._clip: tuple[float, Any] | None = None  # (max_norm, the norm clip measured)
         self._rest_sample: GradSample | None = None  # read inside a clip (no optimizer)
@@ -262,6 +266,7 @@ class StepSampler:
             return
         slot.in_step = True
         slot.closure_loss = None
+        slot.closure_nonfinite = False
         slot.lr = self._learning_rates(slot.optimizer)
         if self._amp_skip:
             self._forget_amp_skip()  # an update runs: the skipped one got no probe.step()
@@ -293,9 +298,9 @@ class StepSampler:
             self._find_forward_origin()
 
     def _loss_nonfinite(self, slot: OptimizerSlot) -> bool:
-        """The scalars this update's gradients come from are non-finite, known without a sync.
-        Called only on steps not due for sampling: one float read (a CPU loss) per update."""
-        return _host_nonfinite(slot.closure_loss) or _host_nonfinite(self._pending_loss)
+        """The scalars this update's gradients come from are non-finite, known without a sync:
+        read by the backward tap before each backward (a CPU loss), so nothing is read here."""
+        return slot.closure_nonfinite or self._pending_nonfinite
 
     def _check_host(self, stats: GradientStats, sample: GradSample) -> tuple[GradSample, bool]:
         """(the sample, whether it is non-finite) for a gradient pass whose values are on the
@@ -328,17 +333,14 @@ class StepSampler:
         self._updated = True
         closure, slot.closure_loss = slot.closure_loss, None
         pending, self._pending_loss = self._pending_loss, None
+        slot.closure_nonfinite = self._pending_nonfinite = False
         slot.micro, self._micro = self._micro, 0  # this optimizer's micro-batches, not a GAN's
-        last = self._last_backward
-        if last is not None:
-            # Compared with the loss passed to probe.step() only after several micro-batches:
-            # then kept as a detached view, else dropped here, with the loop's graph still
-            # alive (freeing it later would be timed as the probe's).
-            self._last_backward = last.detach() if slot.micro > 1 else None
+        if slot.micro <= 1:
+            # Compared with the loss passed to probe.step() only after several micro-batches.
+            self._last_backward = None
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
-        # (Lightning runs the last micro-batch's forward/backward inside step(closure)).
-        # Detached here, where the loop still holds its own loss (dropping the probe's last
-        # reference later, in probe.step(), would free the loop's autograd graph there).
+        # (Lightning runs the last micro-batch's forward/backward inside step(closure)). The
+        # taps hand over detached views: the probe never holds the loop's autograd graph.
         if closure is None:
             slot.loss = None if pending is None else _as_loss(pending)
         else:
@@ -346,20 +348,24 @@ class StepSampler:
             slot.loss = closure if pending is None else _as_loss(pending) + closure
 
     # --- taps (taps.Listener) ------------------------------------------------------------------
-    def on_backward(self, loss: torch.Tensor) -> None:
+    def on_backward(self, loss: torch.Tensor, nonfinite: bool = False) -> None:
         """Right after a backward, where the loop's caches are cold and every torch call costs
-        several times its usual: the scalar is kept as given (it is detached where it is used,
-        once); a sum is made only under gradient accumulation."""
+        several times its usual: the scalar (a detached view the tap made before the
+        backward) is kept as it is; a sum is made only under gradient accumulation.
+        ``nonfinite``: the tap read it NaN or Inf before the backward (a CPU scalar)."""
         for slot in self._slots:
             if slot.in_step:  # inside step(closure): LBFGS evaluates it again and again
                 if slot.closure_loss is None:
                     slot.closure_loss = loss
+                    slot.closure_nonfinite = nonfinite
                     self._micro += 1
                 return
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
         self._last_backward = loss
         self._micro += 1
+        if nonfinite:
+            self._pending_nonfinite = True
         pending = self._pending_loss
         # Async kernels on the loss's device: no sync.
         self._pending_loss = loss if pending is None else _as_loss(pending) + _as_loss(loss)
@@ -377,9 +383,7 @@ class StepSampler:
         rest = self._rest
         if rest is not None and ids & rest.param_ids:
             mine = True
-            if self._rest_sample is None and (
-                self._sample_now or _host_nonfinite(self._pending_loss)
-            ):
+            if self._rest_sample is None and (self._sample_now or self._pending_nonfinite):
                 forced = not self._sample_now
                 self._forced = self._forced or forced
                 sample = self._compute_grads(rest, weights=forced)  # unclipped, as above
@@ -399,6 +403,7 @@ class StepSampler:
             self.amp_skipped_steps += 1  # also under tdbg run, where it gets no step
             self._amp_skip = True
             self._amp_loss, self._pending_loss = self._pending_loss, None
+            self._pending_nonfinite = False
             self._amp_micro, self._micro = self._micro, 0
             self._amp_forward, self._forward_origin = self._forward_origin, None
             for slot in self._slots:
@@ -580,6 +585,7 @@ class StepSampler:
             if several:
                 per_optimizer[f"loss/{slot.name}"] = _as_loss(value)
         leftover, self._pending_loss = self._pending_loss, None
+        self._pending_nonfinite = False
         rest_micro, self._micro = self._micro, 0
         if first is None:
             first, micro = leftover, rest_micro
@@ -717,6 +723,7 @@ class StepSampler:
             slot.sample = slot.loss = slot.lr = None
             slot.micro = 0
         self._pending_loss = self._clip = self._rest_sample = None
+        self._pending_nonfinite = False
         self._micro = 0
         self._grad_marks = None
         self._forced = False

@@ -5,12 +5,14 @@ the last update (gradient accumulation, closures, one loss per optimizer), the n
 ``clip_grad_norm_`` scaled the gradients, when a DataLoader starts a new pass. These wrappers
 see it for every live probe. Each is installed while at least one probe listens and removed
 (where still ours) when the last one leaves. Cost: one Python call per backward, per clip and
-per DataLoader iteration; nothing here reads a device value.
+per DataLoader iteration; nothing here reads a device value (a CPU loss is read once, before
+its backward).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 import weakref
@@ -23,7 +25,7 @@ from tdbg.probe.hook_refs import outside_graph
 
 
 class Listener(Protocol):
-    def on_backward(self, loss: torch.Tensor) -> None: ...
+    def on_backward(self, loss: torch.Tensor, nonfinite: bool = False) -> None: ...
 
     def on_clip(self, parameters: list[Any], max_norm: float, total_norm: Any) -> None: ...
 
@@ -159,23 +161,47 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     # Tensor.backward() calls torch.autograd.backward(): one wrapper sees both spellings.
     @functools.wraps(original)
     def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
-        out = original(tensors, grad_tensors, *args, **kwargs)
+        loss, nonfinite = None, False
         if grad_tensors is None and _snapshot:
             t0 = _perf()
             loss = _scalar(tensors)
+            # Before the backward: right after it (on a CPU run the gradients have just
+            # streamed through the caches) each torch call costs several times its usual. The
+            # listeners keep a detached view (never the loop's autograd graph), and whether a
+            # CPU loss is NaN or Inf (what a NaN's origin needs on steps whose gradients go
+            # unsampled) is read here, not at the update.
             if loss is not None:
-                _notify("on_backward", loss)
+                if loss.requires_grad:
+                    loss = loss.detach()
+                nonfinite = nonfinite_on_host(loss)
+            _seconds[0] += _perf() - t0
+        out = original(tensors, grad_tensors, *args, **kwargs)
+        if loss is not None:
+            t0 = _perf()
+            _notify("on_backward", loss, nonfinite)
             _seconds[0] += _perf() - t0
         return out
 
     return backward
 
 
+def nonfinite_on_host(tensor: torch.Tensor) -> bool:
+    """``tensor`` is a CPU scalar that is NaN or Inf (a memory read). A device tensor is never
+    read (that would wait for the device): False, as for anything that is not one real number
+    (the backward itself then says what is wrong with it)."""
+    if not tensor.is_cpu:
+        return False
+    try:
+        return not math.isfinite(tensor.item())
+    except (RuntimeError, TypeError, ValueError, OverflowError):
+        return False
+
+
 def _scalar(tensors: Any) -> torch.Tensor | None:
-    """The loss a backward call was given (before GradScaler scaled it), as given (the
-    listener detaches what it keeps, when it keeps it); or None. Called right after a backward
-    that succeeded without a ``grad_tensors``: torch allows that only for one-element tensors,
-    so no size is checked here (nothing touches torch in this cold moment)."""
+    """The loss a backward call was given (before GradScaler scaled it), as given; or None.
+    Called before a backward without a ``grad_tensors``, which torch allows only for
+    one-element tensors: no size is checked here (one that is not fails in the backward, and
+    no listener hears of it)."""
     global _scaled
     tensor = tensors
     if isinstance(tensor, list | tuple):

@@ -377,7 +377,8 @@ class Probe:
             if isinstance(loss, torch.Tensor) and loss.numel() == 1:
                 if inside_step:
                     self._sampler.on_optimizer_pre(0)
-                self._sampler.on_backward(loss.detach())
+                # Read after its backward (once: the taps read the later ones before theirs).
+                self._sampler.on_backward(loss.detach(), taps.nonfinite_on_host(loss))
         except Exception as exc:
             self._count_error(exc)
 
