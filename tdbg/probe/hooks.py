@@ -106,7 +106,7 @@ class PhaseHooks:
         self._mark = marker(cuda_device)
         self.active = True  # False once the probe switched itself off; removal comes later
         self.timeline = StepTimeline()
-        self.seconds = 0.0  # time spent inside these hooks since the last take_seconds()
+        self.seconds = 0.0  # time spent inside these hooks since probe.step() last took it
         # From the gradients' being ready to the step's end: forwards in there (LBFGS evaluating
         # its closure again) are the optimizer's work, not the step's forward.
         self._updating = False
@@ -146,10 +146,6 @@ class PhaseHooks:
         timeline, self.timeline = self.timeline, StepTimeline()
         self._updating = False  # also after a step() that raised between the hooks
         return timeline
-
-    def take_seconds(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
 
     def _forward_pre(self, module: nn.Module, args: Any) -> None:
         if not self.active:

@@ -23,6 +23,7 @@ from tdbg.probe.server import ProbeServer
 from tdbg.protocol.steps import MAX_LR_COLUMNS
 
 NAN = float("nan")
+_PLAIN = (int, float)  # samples= / tokens= types read as they are (bool is not one of them)
 REPORTS_PER_KIND = 3  # report_once: distinct reports of one kind of problem before a count
 FOLDED = {  # report_once: what the count of one kind says
     "metric-type": "tdbg.log values that are not numbers",
@@ -276,7 +277,9 @@ class StepSampler:
         if slot is None:
             return
         nonfinite = False
-        if slot.sample is None and (self._sample_now or self._forced or self._loss_nonfinite(slot)):
+        # A loss the backward tap read non-finite (a CPU one: no sync) forces the pass.
+        loss_nonfinite = slot.closure_nonfinite or self._pending_nonfinite
+        if slot.sample is None and (self._sample_now or self._forced or loss_nonfinite):
             # A step not due for sampling whose loss is already non-finite: measured anyway,
             # once, weights too, before this update spreads the NaN (where it began needs it).
             self._forced = not self._sample_now
@@ -296,11 +299,6 @@ class StepSampler:
             # On the CPU the norms are already computed: checking them costs no sync. A
             # non-finite one: re-run the forward now, before this update spreads NaN.
             self._find_forward_origin()
-
-    def _loss_nonfinite(self, slot: OptimizerSlot) -> bool:
-        """The scalars this update's gradients come from are non-finite, known without a sync:
-        read by the backward tap before each backward (a CPU loss), so nothing is read here."""
-        return slot.closure_nonfinite or self._pending_nonfinite
 
     def _check_host(self, stats: GradientStats, sample: GradSample) -> tuple[GradSample, bool]:
         """(the sample, whether it is non-finite) for a gradient pass whose values are on the
@@ -502,7 +500,7 @@ class StepSampler:
                     "(e.g. loss.mean()) — loss not recorded",
                 )
                 return None, None
-            return None, loss.detach()
+            return None, loss.detach() if loss.requires_grad else loss
         value = _number(loss)
         if math.isnan(value) and not isinstance(loss, float):
             self.report_once(
@@ -632,6 +630,7 @@ class StepSampler:
             self._sample_now = False
             self._forget_step()
             hooks.take()
+            hooks.seconds = 0.0
             taps.take_seconds()
             return
         step_mark = self._mark()
@@ -666,17 +665,43 @@ class StepSampler:
             # A pass ran (or runs now) only on a step due or forced: others skip the call.
             due = self._sample_now or self._forced
             sample = self._take_samples(force_rest) if due else None
-        loss_value, loss_tensor = self._loss_parts(loss)
+        # The usual step's values inline (a loss tensor, one optimizer's LRs, counts that are
+        # plain numbers): each Python function entered here, after the update, costs
+        # microseconds to fetch again. Anything else goes through the helpers that check it.
+        loss_value: float | None
+        loss_tensor: torch.Tensor | None
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            loss_value, loss_tensor = None, loss.detach() if loss.requires_grad else loss
+        else:
+            loss_value, loss_tensor = self._loss_parts(loss)
         clip, self._clip = self._clip, None
         if amp_skip:
             clip = None  # the clip of an update that did not happen
+        slots = self._slots
+        lrs = slots[0].lr if len(slots) == 1 else None
+        if lrs is not None and len(lrs) <= MAX_LR_COLUMNS:
+            slots[0].lr = None
+        else:
+            lrs = self._step_lrs()
         pending = PendingStep(
             step=self.step_count,
             time=time.time(),
-            lr=self._step_lrs(),
+            lr=lrs,
             step_time=step_time,
-            samples=self._count(samples, "samples"),
-            tokens=self._count(tokens, "tokens"),
+            samples=(
+                NAN
+                if samples is None
+                else float(samples)
+                if type(samples) in _PLAIN
+                else self._count(samples, "samples")
+            ),
+            tokens=(
+                NAN
+                if tokens is None
+                else float(tokens)
+                if type(tokens) in _PLAIN
+                else self._count(tokens, "tokens")
+            ),
             probe_time=NAN,
             timeline=hooks.take(),
             previous_end=self._previous_end,
@@ -702,12 +727,15 @@ class StepSampler:
             scalars["loss"] = loss_tensor
         if clip is not None:
             scalars["clip_norm"] = clip[1]
-        if scalars or sample is not None:
+        if sample is None and len(scalars) == 1 and loss_tensor is not None and loss_tensor.is_cpu:
+            pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
+        elif scalars or sample is not None:
             _stage_values(pending, sample, scalars)
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the hook that ran it. The taps'
         # time (backward, optimizer steps) is the probe's cost too.
-        probe_time = (perf() - t0) + hooks.take_seconds() + taps.take_seconds()
+        hook_seconds, hooks.seconds = hooks.seconds, 0.0
+        probe_time = (perf() - t0) + hook_seconds + taps.take_seconds()
         pending.probe_time = probe_time
         fixed = max(0.0, probe_time - self._grad_seconds)
         self._grad_seconds = 0.0
