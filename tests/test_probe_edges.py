@@ -300,3 +300,40 @@ def test_a_cpu_loss_is_read_before_its_backward_not_at_the_update(
         assert sent[2].grads is not None  # forced: its loss was NaN
     finally:
         probe.close()
+
+
+def test_a_backward_that_raises_is_not_counted(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backward tap counts a scalar before its backward runs (where the probe's work is
+    cheaper); a backward that raises is taken back: a loop that catches it (a batch skipped
+    after running out of memory) still gets its update's loss and micro-batch count right,
+    under gradient accumulation too."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, name="failed-backward", grad_every=10**9)
+    sent = handed_over(probe, monkeypatch)
+
+    def failing_backward() -> None:
+        with pytest.raises(RuntimeError):
+            torch.tensor(3.0).backward()  # nothing requires grad: the backward refuses it
+
+    try:
+        for micro_batches in (1, 2):
+            opt.zero_grad()
+            losses = []
+            failing_backward()
+            for _ in range(micro_batches):
+                loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+                loss.backward()
+                losses.append(loss.item())
+                failing_backward()
+            opt.step()
+            probe.step()
+            step = sent[-1]
+            assert step.micro_batches == micro_batches
+            assert step.host_scalars is not None
+            assert float(step.host_scalars["loss"]) == pytest.approx(sum(losses), rel=1e-6)
+    finally:
+        probe.close()

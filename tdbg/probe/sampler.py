@@ -347,10 +347,9 @@ class StepSampler:
 
     # --- taps (taps.Listener) ------------------------------------------------------------------
     def on_backward(self, loss: torch.Tensor, nonfinite: bool = False) -> None:
-        """Right after a backward, where the loop's caches are cold and every torch call costs
-        several times its usual: the scalar (a detached view the tap made before the
-        backward) is kept as it is; a sum is made only under gradient accumulation.
-        ``nonfinite``: the tap read it NaN or Inf before the backward (a CPU scalar)."""
+        """A scalar about to be backpropagated (the tap calls this before the backward): a
+        detached view, kept as it is; a sum is made only under gradient accumulation.
+        ``nonfinite``: the tap read it NaN or Inf (a CPU scalar)."""
         for slot in self._slots:
             if slot.in_step:  # inside step(closure): LBFGS evaluates it again and again
                 if slot.closure_loss is None:
@@ -367,6 +366,27 @@ class StepSampler:
         pending = self._pending_loss
         # Async kernels on the loss's device: no sync.
         self._pending_loss = loss if pending is None else _as_loss(pending) + _as_loss(loss)
+
+    def on_backward_failed(self, loss: torch.Tensor) -> None:
+        """The backward of ``loss``, counted by :meth:`on_backward` just before it, raised:
+        it fed no gradient, so it is taken back out of the update's loss and micro-batches (a
+        loop that skips a batch whose backward ran out of memory goes on). A NaN flag it set
+        stays: at worst one extra gradient pass."""
+        for slot in self._slots:
+            if slot.in_step:
+                if slot.closure_loss is loss:
+                    slot.closure_loss = None
+                    self._micro = max(0, self._micro - 1)
+                return
+        self._micro = max(0, self._micro - 1)
+        if self._last_backward is loss:
+            self._last_backward = None
+        pending = self._pending_loss
+        if pending is loss:
+            self._pending_loss = None
+            self._pending_nonfinite = False
+        elif pending is not None:
+            self._pending_loss = pending - _as_loss(loss)
 
     def on_clip(self, parameters: list[Any], max_norm: float, total_norm: Any) -> None:
         if not parameters or self._clip is not None:
