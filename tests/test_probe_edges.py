@@ -238,8 +238,9 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
         probe.step()
         (step,) = sent
         assert step.micro_batches == 2
-        assert step.host_scalars is not None
-        assert float(step.host_scalars["loss"]) == pytest.approx(sum(losses))
+        resolved = step.resolve()
+        assert resolved is not None
+        assert resolved[0].loss == pytest.approx(sum(losses))
     finally:
         probe.close()
 
@@ -333,7 +334,44 @@ def test_a_backward_that_raises_is_not_counted(
             probe.step()
             step = sent[-1]
             assert step.micro_batches == micro_batches
-            assert step.host_scalars is not None
-            assert float(step.host_scalars["loss"]) == pytest.approx(sum(losses), rel=1e-6)
+            resolved = step.resolve()
+            assert resolved is not None
+            assert resolved[0].loss == pytest.approx(sum(losses), rel=1e-6)
+    finally:
+        probe.close()
+
+
+def test_the_usual_step_reads_its_cpu_loss_once(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU loss is read once, before its backward; ``probe.step(loss)`` given that very
+    tensor back uses the value (no detach, nothing dispatched), and the step's loss is it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[str] = []
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, name="read-once", grad_every=10**9)
+    sent = handed_over(probe, monkeypatch)
+    try:
+        for step in range(3):
+            opt.zero_grad()
+            loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+            loss.backward()
+            opt.step()
+            calls.clear()
+            with Count():
+                probe.step(loss)
+            if step > 0:  # not sampled
+                assert calls == []
+            resolved = sent[-1].resolve()
+            assert resolved is not None and resolved[0].loss == pytest.approx(loss.item())
     finally:
         probe.close()

@@ -55,10 +55,11 @@ def _host_nonfinite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-def _as_loss(value: torch.Tensor) -> torch.Tensor:
-    """A backpropagated scalar as a loss to add up or keep: detached, float32 or wider. The
-    backward tap hands over a detached view already: then nothing is dispatched here (this
-    runs at the update, where the loop's caches are cold)."""
+def _as_loss(value: Any) -> Any:
+    """A backpropagated scalar as a loss to add up or keep: a CPU loss's value as it is (a
+    float, read by the backward tap), a device one detached, float32 or wider."""
+    if not isinstance(value, torch.Tensor):
+        return value
     if value.requires_grad:
         value = value.detach()
     return value if value.dtype == torch.float32 or value.dtype == torch.float64 else value.float()
@@ -76,7 +77,8 @@ class OptimizerSlot:
     loss: Any = None  # the scalars backpropagated for this update (a tensor, detached)
     sample: GradSample | None = None
     in_step: bool = False
-    closure_loss: Any = None  # the first scalar backpropagated inside step(closure), as given
+    # The first scalar backpropagated inside step(closure): its value (CPU) or a detached view.
+    closure_loss: Any = None
     closure_nonfinite: bool = False  # that scalar was read NaN or Inf (a CPU one, no sync)
     guard: NonfiniteGuard | None = None  # watch(skip_nonfinite=True)
     micro: int = 0  # the scalars backpropagated for this update (micro-batches)
@@ -176,6 +178,9 @@ class StepSampler:
         self._forced = False
         self._changed_layers: list[int] | None = None
         self._last_backward: torch.Tensor | None = None  # the last scalar backpropagated
+        self._last_value: float | None = None  # its value, when the tap read it (CPU)
+        self._last_ref: weakref.ref[torch.Tensor] | None = None  # it, weakly (see step())
+        self._last_kept: Any = None  # what on_backward kept of it (taken back if it fails)
         # GradScaler skipped this iteration's update (inf/NaN gradients at its scale): what
         # was backpropagated for it, and whether its forward origin was looked for.
         self._amp_skip = False
@@ -333,60 +338,72 @@ class StepSampler:
         pending, self._pending_loss = self._pending_loss, None
         slot.closure_nonfinite = self._pending_nonfinite = False
         slot.micro, self._micro = self._micro, 0  # this optimizer's micro-batches, not a GAN's
-        if slot.micro <= 1:
-            # Compared with the loss passed to probe.step() only after several micro-batches.
-            self._last_backward = None
+        last = self._last_backward
+        if last is not None:
+            # Compared with the loss passed to probe.step() by storage only after several
+            # micro-batches: then kept as a detached view, else dropped here, with the loop's
+            # graph still alive (dropping the last reference later would free it inside
+            # probe.step()); the weak reference still tells that very tensor passed back.
+            self._last_backward = last.detach() if slot.micro > 1 else None
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
-        # (Lightning runs the last micro-batch's forward/backward inside step(closure)). The
-        # taps hand over detached views: the probe never holds the loop's autograd graph.
-        if closure is None:
-            slot.loss = None if pending is None else _as_loss(pending)
-        else:
-            closure = _as_loss(closure)
-            slot.loss = closure if pending is None else _as_loss(pending) + closure
+        # (Lightning runs the last micro-batch's forward/backward inside step(closure)), each
+        # kept as on_backward keeps it (a value, or a detached view).
+        slot.loss = (
+            closure if pending is None else pending if closure is None else pending + closure
+        )
 
     # --- taps (taps.Listener) ------------------------------------------------------------------
-    def on_backward(self, loss: torch.Tensor, nonfinite: bool = False) -> None:
-        """A scalar about to be backpropagated (the tap calls this before the backward): a
-        detached view, kept as it is; a sum is made only under gradient accumulation.
-        ``nonfinite``: the tap read it NaN or Inf (a CPU scalar)."""
+    def on_backward(self, loss: torch.Tensor, value: float | None = None) -> None:
+        """A scalar about to be backpropagated (the tap calls this before the backward).
+        ``value``: a CPU scalar's value, read by the tap: kept instead of the tensor (nothing
+        to detach, and whether it is NaN or Inf is known without a sync); a device scalar is
+        kept as a detached view. A sum is made only under gradient accumulation."""
+        kept = value if value is not None else _as_loss(loss)
+        nonfinite = value is not None and not math.isfinite(value)
+        self._last_kept = kept
         for slot in self._slots:
             if slot.in_step:  # inside step(closure): LBFGS evaluates it again and again
                 if slot.closure_loss is None:
-                    slot.closure_loss = loss
+                    slot.closure_loss = kept
                     slot.closure_nonfinite = nonfinite
                     self._micro += 1
                 return
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
-        self._last_backward = loss
+        # The loop's own tensor, strongly until the update, weakly until probe.step(loss)
+        # passes it back: its value is known then.
+        self._last_backward, self._last_value = loss, value
+        self._last_ref = weakref.ref(loss)
         self._micro += 1
         if nonfinite:
             self._pending_nonfinite = True
         pending = self._pending_loss
-        # Async kernels on the loss's device: no sync.
-        self._pending_loss = loss if pending is None else _as_loss(pending) + _as_loss(loss)
+        # Async kernels on a device loss's device: no sync.
+        self._pending_loss = kept if pending is None else pending + kept
 
     def on_backward_failed(self, loss: torch.Tensor) -> None:
         """The backward of ``loss``, counted by :meth:`on_backward` just before it, raised:
         it fed no gradient, so it is taken back out of the update's loss and micro-batches (a
         loop that skips a batch whose backward ran out of memory goes on). A NaN flag it set
         stays: at worst one extra gradient pass."""
+        kept, self._last_kept = self._last_kept, None
+        if kept is None:
+            return
         for slot in self._slots:
             if slot.in_step:
-                if slot.closure_loss is loss:
+                if slot.closure_loss is kept:
                     slot.closure_loss = None
                     self._micro = max(0, self._micro - 1)
                 return
         self._micro = max(0, self._micro - 1)
         if self._last_backward is loss:
-            self._last_backward = None
+            self._last_backward = self._last_value = self._last_ref = None
         pending = self._pending_loss
-        if pending is loss:
+        if pending is kept:
             self._pending_loss = None
             self._pending_nonfinite = False
         elif pending is not None:
-            self._pending_loss = pending - _as_loss(loss)
+            self._pending_loss = pending - kept
 
     def on_clip(self, parameters: list[Any], max_norm: float, total_norm: Any) -> None:
         if not parameters or self._clip is not None:
@@ -610,6 +627,9 @@ class StepSampler:
         if self._amp_skip and first is None:
             first, micro = self._amp_loss, self._amp_micro
         last, self._last_backward = self._last_backward, None
+        last_value, self._last_value = self._last_value, None
+        last_ref, self._last_ref = self._last_ref, None
+        self._last_kept = None
         if loss is None:
             loss = first
         elif micro > 1 and first is not None and _same_tensor(loss, last):
@@ -623,6 +643,8 @@ class StepSampler:
                 "(the mean micro-batch loss when each is divided by their number)",
             )
             loss = first
+        elif last_value is not None and last_ref is not None and last_ref() is loss:
+            loss = last_value  # the scalar just backpropagated, read before its backward
         return loss, per_optimizer, micro
 
     def _step_lrs(self) -> list[float]:
@@ -690,7 +712,9 @@ class StepSampler:
         # microseconds to fetch again. Anything else goes through the helpers that check it.
         loss_value: float | None
         loss_tensor: torch.Tensor | None
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        if type(loss) is float:
+            loss_value, loss_tensor = loss, None
+        elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
             loss_value, loss_tensor = None, loss.detach() if loss.requires_grad else loss
         else:
             loss_value, loss_tensor = self._loss_parts(loss)
@@ -776,6 +800,7 @@ class StepSampler:
         self._grad_marks = None
         self._forced = False
         self._changed_layers = self._last_backward = self._forward_origin = None
+        self._last_value = self._last_kept = self._last_ref = None
         self._forget_amp_skip()
 
     def on_grad_device_time(self, seconds: float) -> None:

@@ -25,7 +25,7 @@ from tdbg.probe.hook_refs import outside_graph
 
 
 class Listener(Protocol):
-    def on_backward(self, loss: torch.Tensor, nonfinite: bool = False) -> None: ...
+    def on_backward(self, loss: torch.Tensor, value: float | None = None) -> None: ...
 
     def on_backward_failed(self, loss: torch.Tensor) -> None: ...
 
@@ -168,15 +168,13 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             # All of the tap's work comes before the backward: right after it (on a CPU run
             # the gradients have just streamed through the caches) each Python call costs
             # several times as much (an empty one: ~4.4 us there, ~1 us here, on the cnn
-            # demo). The listeners keep a detached view (never the loop's autograd graph) and
-            # whether a CPU loss is NaN or Inf (what a NaN's origin needs on steps whose
-            # gradients go unsampled). A backward that then raises is taken back.
+            # demo). A CPU loss is read once, here: the listeners keep its value (nothing to
+            # detach or keep alive, and whether it is NaN or Inf is what a NaN's origin needs
+            # on steps whose gradients go unsampled). A backward that raises is taken back.
             t0 = _perf()
             loss = _scalar(tensors)
             if loss is not None:
-                if loss.requires_grad:
-                    loss = loss.detach()
-                _notify("on_backward", loss, nonfinite_on_host(loss))
+                _notify("on_backward", loss, host_value(loss))
             _seconds[0] += _perf() - t0
         if loss is None:
             return original(tensors, grad_tensors, *args, **kwargs)
@@ -191,16 +189,21 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     return backward
 
 
-def nonfinite_on_host(tensor: torch.Tensor) -> bool:
-    """``tensor`` is a CPU scalar that is NaN or Inf (a memory read). A device tensor is never
-    read (that would wait for the device): False, as for anything that is not one real number
-    (the backward itself then says what is wrong with it)."""
+def host_value(tensor: torch.Tensor) -> float | None:
+    """The value of a CPU scalar (one memory read); None for a device tensor (reading it would
+    wait for the device) and for anything that is not one real number."""
     if not tensor.is_cpu:
-        return False
+        return None
     try:
-        return not math.isfinite(tensor.item())
+        return float(tensor.item())
     except (RuntimeError, TypeError, ValueError, OverflowError):
-        return False
+        return None
+
+
+def nonfinite_on_host(tensor: torch.Tensor) -> bool:
+    """``tensor`` is a CPU scalar that is NaN or Inf; a device tensor is never read: False."""
+    value = host_value(tensor)
+    return value is not None and not math.isfinite(value)
 
 
 def _scalar(tensors: Any) -> torch.Tensor | None:

@@ -378,7 +378,7 @@ class Probe:
                 if inside_step:
                     self._sampler.on_optimizer_pre(0)
                 # Read after its backward (once: the taps read the later ones before theirs).
-                self._sampler.on_backward(loss.detach(), taps.nonfinite_on_host(loss))
+                self._sampler.on_backward(loss, taps.host_value(loss))
         except Exception as exc:
             self._count_error(exc)
 
