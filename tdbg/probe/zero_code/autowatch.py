@@ -185,6 +185,10 @@ class AutoWatch:
         self._stepped: set[int] = set()  # ids of those that stepped in the current round
         self._discovering = False  # after the start: a second model or optimizer may show up
         self._in_step = False
+        # The probe watches the model and its optimizer: its own taps see every backward from
+        # then on, and this wrapper has nothing left to do (it ran after each one, where the
+        # loop's caches are cold: a detach there cost microseconds a step).
+        self._settled = False
         self._loss: Any = None  # the last scalar backpropagated outside optimizer.step()
         self._closure_loss: Any = None  # the first one inside it (what step(closure) returns)
         self._misses = 0
@@ -228,7 +232,7 @@ class AutoWatch:
         def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
             out = original_backward(tensors, grad_tensors, *args, **kwargs)
             if not self.off:
-                if grad_tensors is None:
+                if grad_tensors is None and not self._settled:
                     self._after_backward(tensors)
             elif self._dead:
                 self._dead = False
@@ -446,6 +450,7 @@ class AutoWatch:
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
 
             self._hook_optimizer(optimizer)
+            self._settled = self.probe is not None
 
     def _hook_optimizer(self, optimizer: Any) -> None:
         from tdbg.probe.hook_refs import WeakHook
