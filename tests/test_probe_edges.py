@@ -375,3 +375,38 @@ def test_the_usual_step_reads_its_cpu_loss_once(
             assert resolved is not None and resolved[0].loss == pytest.approx(loss.item())
     finally:
         probe.close()
+
+
+def test_the_optimizer_tap_tells_the_probe_of_each_optimizer_once(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process-wide optimizer tap (a new optimizer may update the watched model) runs
+    right after the backward on every step: for an optimizer the probe has heard of it returns
+    after one dict lookup. A new one is still heard of at its first step, and followed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, name="told-once", grad_every=10**9)
+    heard: list[object] = []
+    hear = probe._sampler.on_any_optimizer_step
+    monkeypatch.setattr(
+        probe._sampler, "on_any_optimizer_step", lambda o: (heard.append(o), hear(o))
+    )
+
+    def train(optimizer: torch.optim.Optimizer) -> None:
+        optimizer.zero_grad()
+        ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean().backward()
+        optimizer.step()
+        probe.step()
+
+    try:
+        for _ in range(3):
+            train(opt)
+        assert heard == [opt]  # at its first step only
+        replacement = torch.optim.Adam(model.parameters(), lr=0.003)
+        for _ in range(3):
+            train(replacement)
+        assert heard == [opt, replacement]
+        assert any(slot.optimizer is replacement for slot in probe._sampler._slots)
+    finally:
+        probe.close()

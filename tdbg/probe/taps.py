@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from tdbg.probe.hook_refs import outside_graph
+from tdbg.probe.hook_refs import is_compiling, outside_graph
 
 
 class Listener(Protocol):
@@ -51,11 +51,15 @@ _seconds = [0.0]
 _perf = time.perf_counter
 _restore: list[Callable[[], None]] = []
 _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale's last (out, in)
+# Optimizers every listener has heard of, by id (checked against the weakref: ids are reused).
+# Emptied when a listener attaches, so that it hears of each one too.
+_told: dict[int, weakref.ref[Any]] = {}
 
 
 def attach(listener: Listener) -> None:
     global _snapshot
     with _lock:
+        _told.clear()
         _listeners.add(listener)
         _snapshot = tuple(weakref.ref(each, _forget_dead) for each in _listeners)
         if not _restore:
@@ -149,14 +153,38 @@ def _on_module_registered(module: Any, name: str, value: Any) -> None:
         _notify("on_module_change", module)
 
 
-# Under torch.compile(optimizer.step) dynamo would trace the listeners (and warn about the
-# clock): it runs eagerly, outside the graph, as the probe's own step hooks do.
-@outside_graph
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if _snapshot:
-        t0 = _perf()
-        _notify("on_any_optimizer_step", optimizer)
-        _seconds[0] += _perf() - t0
+    """Every optimizer's step: the listeners hear of each optimizer once (a new one may update
+    a watched model); for one they have heard of, the usual case on every step, the tap
+    returns after one dict lookup (it runs right after the backward, where each Python call
+    costs microseconds)."""
+    if is_compiling():
+        return _tell_outside_graph(optimizer)
+    told = _told.get(id(optimizer))
+    if told is not None and told() is optimizer:
+        return None
+    return _tell(optimizer)
+
+
+def _tell(optimizer: Any) -> None:
+    told = _told.get(id(optimizer))  # checked again for the compiled path, which comes here
+    if not _snapshot or (told is not None and told() is optimizer):
+        return
+    t0 = _perf()
+    try:
+        _told[id(optimizer)] = weakref.ref(optimizer)
+    except TypeError:
+        pass  # not weak-referenceable: told at each step, as before
+    if len(_told) > 64:  # optimizers come and go (a fresh one per fold): forget the dead
+        for key in [k for k, ref in _told.items() if ref() is None]:
+            del _told[key]
+    _notify("on_any_optimizer_step", optimizer)
+    _seconds[0] += _perf() - t0
+
+
+# Under torch.compile(optimizer.step) dynamo would trace the listeners (and warn about the
+# clock): they run eagerly, outside the graph, as the probe's own step hooks do.
+_tell_outside_graph = outside_graph(_tell)
 
 
 def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
