@@ -44,15 +44,19 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def counted(name: str, watched: bool, steps: int) -> Counts:
-    """(Python frames, C calls, ops) entered over ``steps`` steps of the demo ``name``."""
+def counted(name: str, watched: bool, steps: int, clip: bool) -> Counts:
+    """(Python frames, C calls, ops) entered over ``steps`` steps of the demo ``name``;
+    ``clip``: the loop clips the gradients (``clip_grad_norm_(model.parameters(), 1.0)``)."""
     task = MAKERS[name](seed=0)
     pool = [task.batch() for _ in range(4)]
     probe = tdbg.watch(task.model, task.optimizer, name=name, grad_every=10**9) if watched else None
 
+    def clip_grads() -> None:
+        torch.nn.utils.clip_grad_norm_(task.model.parameters(), 1.0)
+
     def run(n: int) -> None:
         for i in range(n):
-            loss = task.train_step(*pool[i % len(pool)])
+            loss = task.train_step(*pool[i % len(pool)], clip_grads if clip else None)
             if probe is not None:
                 probe.step(loss, samples=task.batch_size, tokens=task.tokens)
 
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--models", default="mlp,transformer,cnn", help="comma-separated")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--clip", action="store_true", help="the loop clips the gradients")
     p.add_argument("--verbose", action="store_true", help="list the probe's frames and ops")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -106,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"{'model':<12} {'Python frames':>14} {'C calls':>8} {'torch ops':>10}")
     for name in models:
-        plain = counted(name, False, args.steps)
-        watched = counted(name, True, args.steps)
+        plain = counted(name, False, args.steps, args.clip)
+        watched = counted(name, True, args.steps, args.clip)
         frames, calls, ops = (added(w, u, args.steps) for w, u in zip(watched, plain, strict=True))
         print(
             f"{name:<12} {sum(frames.values()):>14.1f} {sum(calls.values()):>8.1f}"

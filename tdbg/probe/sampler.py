@@ -121,6 +121,8 @@ class StepSampler:
         self._slots: list[OptimizerSlot] = []
         self._by_key: dict[int, OptimizerSlot] = {}
         self._rest: GradientStats | None = None
+        # (parameters' key, slot keys, covers the rest): what the last clip's list covered.
+        self._clip_covers: tuple[tuple[int, int, int], list[int], bool] | None = None
         self._n_layers = 0
         self._n_trainable = 0
         self.rebuild(layers, [(i, name, opt) for i, (name, opt) in enumerate(optimizers)])
@@ -199,6 +201,7 @@ class StepSampler:
         """(Re)build the gradient passes: one per optimizer over the watched parameters it
         updates, one for the rest. At watch() and at a step boundary after the watched layers
         changed; a slot kept (same key) keeps what this step already learnt from its hooks."""
+        self._clip_covers = None  # the parameter sets changed: what a clip covers too
         current = [layer for layer in layers if layer.params]
         watched = {id(p) for layer in current for p in layer.params}
         slots: list[OptimizerSlot] = []
@@ -408,15 +411,26 @@ class StepSampler:
     def on_clip(self, parameters: list[Any], max_norm: float, total_norm: Any) -> None:
         if not parameters or self._clip is not None:
             return
-        ids = {id(p) for p in parameters}
-        mine = False
-        for slot in self._slots:
-            if ids & slot.grads.param_ids:
-                mine = True
-                # Before clip_grad_norm_ scales them: the norms users need to see explode.
-                self.on_grads_ready(slot.key)
+        # Which watched parameter sets this clip covers, worked out once per list of
+        # parameters: loops clip model.parameters() on every step, and a set of every
+        # parameter's id there, right after the backward, cost a Python loop per step.
+        key = (len(parameters), id(parameters[0]), id(parameters[-1]))
+        covered = self._clip_covers
+        if covered is None or covered[0] != key:
+            ids = {id(p) for p in parameters}
+            slots = [slot.key for slot in self._slots if ids & slot.grads.param_ids]
+            covered = self._clip_covers = (
+                key,
+                slots,
+                bool(self._rest and ids & self._rest.param_ids),
+            )
+        _, slots, covers_rest = covered
+        mine = bool(slots)
+        for slot_key in slots:
+            # Before clip_grad_norm_ scales them: the norms users need to see explode.
+            self.on_grads_ready(slot_key)
         rest = self._rest
-        if rest is not None and ids & rest.param_ids:
+        if rest is not None and covers_rest:
             mine = True
             if self._rest_sample is None and (self._sample_now or self._pending_nonfinite):
                 forced = not self._sample_now
