@@ -410,3 +410,31 @@ def test_the_optimizer_tap_tells_the_probe_of_each_optimizer_once(
         assert any(slot.optimizer is replacement for slot in probe._sampler._slots)
     finally:
         probe.close()
+
+
+def test_the_forward_ends_where_its_backward_starts(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No hook runs after the model's forward (a Python call right after the forward's kernels
+    costs microseconds): the step's forward is timed up to its backward, loss included, and
+    the backward from there to the update."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, name="phases", grad_every=10**9)
+    sent = handed_over(probe, monkeypatch)
+    try:
+        for _ in range(2):
+            opt.zero_grad()
+            out = model(torch.randn(16, 4))
+            time.sleep(0.2)  # the loss's own work, say
+            ((out - torch.randn(16, 1)) ** 2).mean().backward()
+            opt.step()
+            probe.step()
+        resolved = sent[-1].resolve()
+        assert resolved is not None
+        record = resolved[0]
+        assert record.forward_time >= 0.2
+        assert 0 <= record.backward_time < record.forward_time
+    finally:
+        probe.close()

@@ -85,13 +85,16 @@ class OptimizerEvents(Protocol):
 
 
 class PhaseHooks:
-    """Root-module forward hooks and optimizer step hooks feeding a StepTimeline.
+    """Root-module forward pre-hooks and optimizer step hooks feeding a StepTimeline.
 
-    One forward pre-hook and one forward hook per watched root module (not per layer), so the
-    cost is two Python calls per forward. ``on_grads_ready`` runs once the gradients the update
-    will use exist and before the optimizer consumes them, whatever the user's ``zero_grad``
-    placement: at the step pre-hook, or — for ``optimizer.step(closure)``, whose closure runs
-    forward and backward inside the step — right after the closure's first call returns.
+    One forward pre-hook per watched root module (not per layer): one Python call per forward.
+    The forward's end is marked where its backward starts, by the probe's backward tap
+    (:meth:`StepSampler.on_backward`): the loss is part of the forward, and a hook called right
+    after the forward's kernels (each Python call there costs microseconds) is saved.
+    ``on_grads_ready`` runs once the gradients the update will use exist and before the
+    optimizer consumes them, whatever the user's ``zero_grad`` placement: at the step
+    pre-hook, or — for ``optimizer.step(closure)``, whose closure runs forward and backward
+    inside the step — right after the closure's first call returns.
     """
 
     def __init__(
@@ -107,9 +110,9 @@ class PhaseHooks:
         self.active = True  # False once the probe switched itself off; removal comes later
         self.timeline = StepTimeline()
         self.seconds = 0.0  # time spent inside these hooks since probe.step() last took it
-        # From the gradients' being ready to the step's end: forwards in there (LBFGS evaluating
-        # its closure again) are the optimizer's work, not the step's forward.
-        self._updating = False
+        # From the gradients' being ready to the step's end: forwards and backwards in there
+        # (LBFGS evaluating its closure again) are the optimizer's work, not the step's.
+        self.updating = False
         # The root module and arguments of the latest forward with grad, when asked for: a
         # non-finite step's forward is re-run on them (the weights still intact) to name the
         # module that overflowed. One reference to a batch, nothing copied.
@@ -122,7 +125,6 @@ class PhaseHooks:
         self.handles: list[RemovableHandle] = []
         for model in models:
             self.handles.append(model.register_forward_pre_hook(ForwardHook(self._forward_pre)))
-            self.handles.append(model.register_forward_hook(ForwardHook(self._forward_post)))
         self._by_optimizer: dict[int, list[RemovableHandle]] = {}
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
@@ -144,7 +146,7 @@ class PhaseHooks:
     def take(self) -> StepTimeline:
         """Hand over this step's marks and start a fresh timeline."""
         timeline, self.timeline = self.timeline, StepTimeline()
-        self._updating = False  # also after a step() that raised between the hooks
+        self.updating = False  # also after a step() that raised between the hooks
         return timeline
 
     def _forward_pre(self, module: nn.Module, args: Any) -> None:
@@ -155,19 +157,8 @@ class PhaseHooks:
                 t0 = perf()
                 self.timeline.forward_start = self._mark()
                 self.seconds += perf() - t0
-            if self.capture_inputs and not self._updating and torch.is_grad_enabled():
+            if self.capture_inputs and not self.updating and torch.is_grad_enabled():
                 self.last_inputs = (module, args)
-        except Exception as exc:
-            self._on_error(exc)
-
-    def _forward_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.active:
-            return
-        try:
-            if torch.is_grad_enabled() and not self._updating:
-                t0 = perf()
-                self.timeline.forward_end = self._mark()
-                self.seconds += perf() - t0
         except Exception as exc:
             self._on_error(exc)
 
@@ -189,7 +180,7 @@ class PhaseHooks:
                 if len(args) > 1:
                     return (args[0], wrapped, *args[2:]), kwargs
                 return args, {**kwargs, "closure": wrapped}
-            self._updating = True
+            self.updating = True
             self._on_optimizer_step(index)
             self.seconds += perf() - t0
         except Exception as exc:
@@ -203,7 +194,7 @@ class PhaseHooks:
             out = closure()
             if first[0] and self.active:  # LBFGS calls it again: the first call's gradients
                 first[0] = False
-                self._updating = True
+                self.updating = True
                 try:
                     t0 = perf()
                     self.timeline.optimizer_start = self._mark()
@@ -221,7 +212,7 @@ class PhaseHooks:
         try:
             t0 = perf()
             self.timeline.optimizer_end = self._mark()
-            self._updating = False
+            self.updating = False
             self._events.on_optimizer_post(index)
             self.seconds += perf() - t0
         except Exception as exc:

@@ -116,6 +116,9 @@ class StepSampler:
         # The root module and arguments of the latest forward (PhaseHooks.last_inputs), for
         # re-running a non-finite step's forward while its weights are intact.
         self.captured: Callable[[], tuple[Any, Any] | None] = lambda: None
+        # The hooks whose timeline the backward tap marks the forward's end on (set by the
+        # probe with its hooks).
+        self.phases: PhaseHooks | None = None
         self._forward_origin: tuple[str, str, int] | None = None
         self._skipped_layers: list[int] | None = None
         self._slots: list[OptimizerSlot] = []
@@ -361,6 +364,11 @@ class StepSampler:
         ``value``: a CPU scalar's value, read by the tap: kept instead of the tensor (nothing
         to detach, and whether it is NaN or Inf is known without a sync); a device scalar is
         kept as a detached view. A sum is made only under gradient accumulation."""
+        phases = self.phases
+        if phases is not None and phases.active and not phases.updating:
+            # The step's forward ends where its backward starts (the loss is part of it);
+            # under accumulation, the last micro-batch's.
+            phases.timeline.forward_end = self._mark()
         kept = value if value is not None else _as_loss(loss)
         nonfinite = value is not None and not math.isfinite(value)
         self._last_kept = kept

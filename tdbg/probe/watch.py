@@ -201,6 +201,7 @@ class Probe:
         # the norms are read without a sync.
         hooks.capture_inputs = bool(opts.skip_nonfinite) or self._cuda_device is None
         self._sampler.captured = lambda: hooks.last_inputs
+        self._sampler.phases = hooks
         return hooks
 
     def _begin(
