@@ -319,6 +319,8 @@ def test_a_backward_that_raises_is_not_counted(
     def failing_backward() -> None:
         with pytest.raises(RuntimeError):
             torch.tensor(3.0).backward()  # nothing requires grad: the backward refuses it
+        with pytest.raises(RuntimeError):  # an Inf loss, not a scalar: taken back exactly
+            torch.full((2,), float("inf")).backward()
 
     try:
         for micro_batches in (1, 2):
@@ -436,5 +438,31 @@ def test_the_forward_ends_where_its_backward_starts(
         record = resolved[0]
         assert record.forward_time >= 0.2
         assert 0 <= record.backward_time < record.forward_time
+    finally:
+        probe.close()
+
+
+def test_a_backward_after_the_update_does_not_move_the_forward_end(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forward's end is marked where its backward starts, but only before the update: a
+    backward after it (another model's, trained after the watched one's step) is not this
+    step's forward ending, and the backward phase never comes out negative."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    other = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, name="after-update", grad_every=10**9)
+    sent = handed_over(probe, monkeypatch)
+    try:
+        for _ in range(2):
+            opt.zero_grad()
+            ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean().backward()
+            opt.step()
+            other(torch.randn(16, 4)).pow(2).mean().backward()  # not watched, after the update
+            probe.step()
+        resolved = sent[-1].resolve()
+        assert resolved is not None
+        assert resolved[0].backward_time >= 0 and resolved[0].forward_time >= 0
     finally:
         probe.close()

@@ -16,10 +16,12 @@ import torch
 # ``sys.audit`` alone, so a checkpoint saved while watched loads where tdbg is not installed.
 # It does nothing unless an audit hook (PEP 578) listens, which then sees this event's name.
 INERT_EVENT = "tdbg.inert_hook"
-# Looked up once: dynamo knows the function itself (under tracing it reads True), so an alias
-# keeps that, and the hooks skip two attribute lookups on every call. The dynamo-only check:
-# one Python frame in eager mode, where ``is_compiling`` takes two (it asks TorchScript too).
+# Looked up once: dynamo knows these functions themselves (under tracing they read True), so
+# an alias keeps that, and the hooks skip two attribute lookups on every call. The step hooks
+# and taps ask the dynamo-only one (one Python frame in eager mode); forward hooks ask whether
+# anything traces the model, torch.export included (which calls the module, with fake tensors).
 is_compiling = torch.compiler.is_dynamo_compiling
+is_tracing = torch.compiler.is_compiling
 
 
 def outside_graph(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -103,7 +105,7 @@ class ForwardHook(WeakHook):
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if is_compiling():
+        if is_tracing():
             return None
         owner = self._owner()
         if owner is None:

@@ -74,10 +74,10 @@ class OptimizerSlot:
     name: str
     grads: GradientStats  # over the watched parameters it updates
     lr: list[float] | None = None  # read at its step pre-hook: the LR this update uses
-    loss: Any = None  # the scalars backpropagated for this update (a tensor, detached)
+    loss: Any = None  # the scalars backpropagated for this update: a float, or a device tensor
     sample: GradSample | None = None
     in_step: bool = False
-    # The first scalar backpropagated inside step(closure): its value (CPU) or a detached view.
+    # The first scalar backpropagated inside step(closure), kept as on_backward keeps one.
     closure_loss: Any = None
     closure_nonfinite: bool = False  # that scalar was read NaN or Inf (a CPU one, no sync)
     guard: NonfiniteGuard | None = None  # watch(skip_nonfinite=True)
@@ -125,7 +125,7 @@ class StepSampler:
         self._by_key: dict[int, OptimizerSlot] = {}
         self._rest: GradientStats | None = None
         # (parameters' key, slot keys, covers the rest): what the last clip's list covered.
-        self._clip_covers: tuple[tuple[int, int, int], list[int], bool] | None = None
+        self._clip_covers: tuple[tuple[int, ...], list[int], bool] | None = None
         self._n_layers = 0
         self._n_trainable = 0
         self.rebuild(layers, [(i, name, opt) for i, (name, opt) in enumerate(optimizers)])
@@ -186,6 +186,7 @@ class StepSampler:
         self._last_value: float | None = None  # its value, when the tap read it (CPU)
         self._last_ref: weakref.ref[torch.Tensor] | None = None  # it, weakly (see step())
         self._last_kept: Any = None  # what on_backward kept of it (taken back if it fails)
+        self._pending_before: Any = None  # the sum before it was added (restored if it fails)
         # GradScaler skipped this iteration's update (inf/NaN gradients at its scale): what
         # was backpropagated for it, and whether its forward origin was looked for.
         self._amp_skip = False
@@ -353,7 +354,7 @@ class StepSampler:
             self._last_backward = last.detach() if slot.micro > 1 else None
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
         # (Lightning runs the last micro-batch's forward/backward inside step(closure)), each
-        # kept as on_backward keeps it (a value, or a detached view).
+        # kept as on_backward keeps them (a CPU loss's value, a device loss detached).
         slot.loss = (
             closure if pending is None else pending if closure is None else pending + closure
         )
@@ -363,22 +364,27 @@ class StepSampler:
         """A scalar about to be backpropagated (the tap calls this before the backward).
         ``value``: a CPU scalar's value, read by the tap: kept instead of the tensor (nothing
         to detach, and whether it is NaN or Inf is known without a sync); a device scalar is
-        kept as a detached view. A sum is made only under gradient accumulation."""
+        kept detached (float32 or wider). A sum is made only under gradient accumulation."""
+        # The step's forward ends where its backward starts (the loss is part of it): the
+        # last micro-batch's under accumulation, the closure's first evaluation's; not a
+        # backward after the update began (another model's, trained after the step).
         phases = self.phases
-        if phases is not None and phases.active and not phases.updating:
-            # The step's forward ends where its backward starts (the loss is part of it);
-            # under accumulation, the last micro-batch's.
-            phases.timeline.forward_end = self._mark()
+        if phases is not None and (not phases.active or phases.updating):
+            phases = None
         kept = value if value is not None else _as_loss(loss)
         nonfinite = value is not None and not math.isfinite(value)
         self._last_kept = kept
         for slot in self._slots:
             if slot.in_step:  # inside step(closure): LBFGS evaluates it again and again
                 if slot.closure_loss is None:
+                    if phases is not None:
+                        phases.timeline.forward_end = self._mark()
                     slot.closure_loss = kept
                     slot.closure_nonfinite = nonfinite
                     self._micro += 1
                 return
+        if phases is not None and phases.timeline.optimizer_start is None:
+            phases.timeline.forward_end = self._mark()
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
         # The loop's own tensor, strongly until the update, weakly until probe.step(loss)
@@ -388,15 +394,16 @@ class StepSampler:
         self._micro += 1
         if nonfinite:
             self._pending_nonfinite = True
-        pending = self._pending_loss
+        pending = self._pending_before = self._pending_loss
         # Async kernels on a device loss's device: no sync.
         self._pending_loss = kept if pending is None else pending + kept
 
     def on_backward_failed(self, loss: torch.Tensor) -> None:
-        """The backward of ``loss``, counted by :meth:`on_backward` just before it, raised:
-        it fed no gradient, so it is taken back out of the update's loss and micro-batches (a
-        loop that skips a batch whose backward ran out of memory goes on). A NaN flag it set
-        stays: at worst one extra gradient pass."""
+        """The backward of ``loss``, counted by :meth:`on_backward` just before it, raised: it
+        is taken back out of the update's loss and micro-batches (a loop that skips a batch
+        whose backward ran out of memory goes on), exactly (the sum before it is restored, no
+        arithmetic). Gradients it may have accumulated before failing stay, as torch leaves
+        them. A NaN flag it set stays: at worst one extra gradient pass."""
         kept, self._last_kept = self._last_kept, None
         if kept is None:
             return
@@ -409,12 +416,9 @@ class StepSampler:
         self._micro = max(0, self._micro - 1)
         if self._last_backward is loss:
             self._last_backward = self._last_value = self._last_ref = None
-        pending = self._pending_loss
-        if pending is kept:
-            self._pending_loss = None
+        self._pending_loss, self._pending_before = self._pending_before, None
+        if self._pending_loss is None:
             self._pending_nonfinite = False
-        elif pending is not None:
-            self._pending_loss = pending - kept
 
     def on_clip(self, parameters: list[Any], max_norm: float, total_norm: Any) -> None:
         if not parameters or self._clip is not None:
@@ -422,7 +426,7 @@ class StepSampler:
         # Which watched parameter sets this clip covers, worked out once per list of
         # parameters: loops clip model.parameters() on every step, and a set of every
         # parameter's id there, right after the backward, cost a Python loop per step.
-        key = (len(parameters), id(parameters[0]), id(parameters[-1]))
+        key = tuple(map(id, parameters))  # built and compared in C: no Python loop
         covered = self._clip_covers
         if covered is None or covered[0] != key:
             ids = {id(p) for p in parameters}
@@ -635,6 +639,9 @@ class StepSampler:
         for slot in self._slots:
             value, count = slot.loss, slot.micro
             slot.loss, slot.micro = None, 0
+            # Also after a step(closure) that raised (its post-hook never ran): the next
+            # backwards are outside any step.
+            slot.in_step = False
             if value is None:
                 continue
             if first is None:

@@ -173,11 +173,13 @@ def _tell(optimizer: Any) -> None:
     t0 = _perf()
     try:
         _told[id(optimizer)] = weakref.ref(optimizer)
-    except TypeError:
-        pass  # not weak-referenceable: told at each step, as before
-    if len(_told) > 64:  # optimizers come and go (a fresh one per fold): forget the dead
-        for key in [k for k, ref in _told.items() if ref() is None]:
-            del _told[key]
+        if len(_told) > 64:  # optimizers come and go (a fresh one per fold): forget the dead
+            # A copy made in one C call: another thread may attach (and clear) meanwhile.
+            for key, ref in list(_told.items()):
+                if ref() is None:
+                    _told.pop(key, None)
+    except Exception:  # not weak-referenceable (told at each step then); a tap never raises
+        pass
     _notify("on_any_optimizer_step", optimizer)
     _seconds[0] += _perf() - t0
 
