@@ -16,6 +16,7 @@ from conftest import Loop, Reader, handed_over
 from demo_job import demo_job
 from norm_oracle import reference_norms
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tdbg
 from tdbg.probe import watch as watch_module
@@ -23,6 +24,18 @@ from tdbg.probe.alerts import AlertRules
 from tdbg.probe.gradients import GradientStats, find_layers
 from tdbg.protocol import framing, messages
 from tdbg.protocol.steps import StepRecord
+
+
+class CountOps(TorchDispatchMode):
+    """Records the name of every torch op dispatched while it is active."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def test_breaker_tripping_inside_the_optimizer_hook_never_raises_into_step(
@@ -201,20 +214,13 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
     with it after dispatches nothing (under gradient accumulation the later micro-batches are
     summed as they come). The loss and the micro-batch count still come out right (two
     micro-batches: their sum)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from tdbg.probe import taps
 
     calls: list[str] = []
 
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            calls.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     def counted(function):  # type: ignore[no-untyped-def]
         def run(*args, **kwargs):  # type: ignore[no-untyped-def]
-            with Count():
+            with CountOps(calls):
                 return function(*args, **kwargs)
 
         return run
@@ -254,14 +260,7 @@ def test_a_cpu_loss_is_read_before_its_backward_not_at_the_update(
     the same read cost ~15 us: on such a step nothing is dispatched there, nor at the
     post-hook (the tap's detached view is kept as it is). A NaN loss is still caught at its
     own step (its pass forced)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     calls: list[str] = []
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            calls.append(str(func))
-            return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -271,14 +270,14 @@ def test_a_cpu_loss_is_read_before_its_backward_not_at_the_update(
     grads_ready = probe._hooks._on_optimizer_step  # what the step pre-hook runs
 
     def counted(index: int) -> None:
-        with Count():
+        with CountOps(calls):
             grads_ready(index)
 
     monkeypatch.setattr(probe._hooks, "_on_optimizer_step", counted)
     post = probe._sampler.on_optimizer_post
 
     def counted_post(index: int) -> None:
-        with Count():
+        with CountOps(calls):
             post(index)
 
     monkeypatch.setattr(probe._sampler, "on_optimizer_post", counted_post)
@@ -348,14 +347,7 @@ def test_the_usual_step_reads_its_cpu_loss_once(
 ) -> None:
     """A CPU loss is read once, before its backward; ``probe.step(loss)`` given that very
     tensor back uses the value (no detach, nothing dispatched), and the step's loss is it."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     calls: list[str] = []
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            calls.append(str(func))
-            return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -369,7 +361,7 @@ def test_the_usual_step_reads_its_cpu_loss_once(
             loss.backward()
             opt.step()
             calls.clear()
-            with Count():
+            with CountOps(calls):
                 probe.step(loss)
             if step > 0:  # not sampled
                 assert calls == []
