@@ -34,13 +34,9 @@ class CudaMark:
 Mark = float | CudaMark
 
 
-def mark(cuda_device: torch.device | None) -> Mark:
-    return perf() if cuda_device is None else CudaMark(cuda_device)
-
-
 def marker(cuda_device: torch.device | None) -> Callable[[], Mark]:
-    """``mark`` for ``cuda_device`` in one call: on the CPU the clock itself (a C function, no
-    Python frame: the probe marks in the cold moments around an update)."""
+    """What makes a mark for ``cuda_device``: on the CPU the clock itself (a C function, no
+    Python frame: the probe marks in the cold moments around an update), on a GPU a CudaMark."""
     return perf if cuda_device is None else functools.partial(CudaMark, cuda_device)
 
 

@@ -16,7 +16,7 @@ from tdbg.probe.alerts import alert
 from tdbg.probe.budget import gradient_interval
 from tdbg.probe.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
-from tdbg.probe.hooks import Mark, PhaseHooks, mark, marker, perf
+from tdbg.probe.hooks import Mark, PhaseHooks, marker, perf
 from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.server import ProbeServer
@@ -530,7 +530,7 @@ class StepSampler:
         if not stats.n_params:
             return None
         t0 = perf()
-        before = mark(self._cuda_device) if self._cuda_device is not None else None
+        before = self._mark() if self._cuda_device is not None else None
         sample = stats.compute(weights or stats.device.type != "cpu")
         if self._cuda_device is None and self.grad_every != 1:
             # Steps in between go unmeasured: what tells, at the next pass, an update's NaN
@@ -540,7 +540,7 @@ class StepSampler:
         if before is not None:
             # Host time is only the launch cost on a GPU: the probe thread times the kernels
             # with these events and reports back (on_grad_device_time).
-            after = mark(self._cuda_device)
+            after = self._mark()
             start = before if self._grad_marks is None else self._grad_marks[0]
             self._grad_marks = (start, after)
         cost = perf() - t0
