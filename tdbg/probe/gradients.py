@@ -110,7 +110,8 @@ class GradSample:
         the training thread can act on it before the update (read the weights, re-run the
         forward). False for a device pass: that would need a sync."""
         values = self.values
-        if not values or isinstance(values, torch.Tensor):
+        # A device pass's one stacked tensor first: its truth value would be ambiguous.
+        if isinstance(values, torch.Tensor) or not values:
             return False
         # One float read a norm, in C (map): a stack and a sum cost twice as much right after
         # a backward, when every small op is slow. It stops at the first NaN or Inf.

@@ -1,0 +1,164 @@
+"""The probe's cost on a GPU: the demo models' wall-clock step time, watched against unwatched.
+
+On a GPU the step time a user sees is wall-clock time with the device's queue drained, so that
+is what this measures (``thread_cpu.py`` measures CPU time, the right figure on a CPU-only
+machine). Per demo model three arms train **one** model, as in ``thread_cpu.py``: ``unwatched``,
+``unwatched again`` (the measurement's own noise) and ``watched`` (one long-lived
+``tdbg.watch()`` with default settings: the 1 % budget, automatic gradient interval; for the
+unwatched blocks its hooks and taps come off). Blocks run interleaved, order shuffled per round,
+each block between two ``torch.cuda.synchronize()`` calls; per round the ratio is an arm's wall
+time per step over ``unwatched``'s. Also the host thread's CPU per step (near the wall time: the
+loop is bound by the host's kernel launches, where the probe's host work shows most) and the
+probe's own ``cost_fraction`` and gradient interval.
+
+    python benchmarks/gpu_cost.py                       (CUDA; without it: says so, exit 0)
+    python benchmarks/gpu_cost.py --batch-size 1024     (the same models kept busier)
+    python benchmarks/gpu_cost.py --device cpu --quick  (the script itself, on a CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "demos"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from models import MAKERS, Batch, Task  # noqa: E402
+from overhead import POOL  # noqa: E402
+from thread_cpu import AGAIN, ARMS, UNWATCHED, WATCHED, rehook, spread, unhook  # noqa: E402
+
+import tdbg  # noqa: E402
+
+
+def drain(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def block(
+    task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | None, device: torch.device
+) -> tuple[float, float]:
+    """Wall and host-thread CPU seconds per step over ``steps`` steps, the queue drained at
+    both ends."""
+    if probe is not None:
+        probe._sampler._last_host = None  # the other arms' blocks are not one long step
+    drain(device)
+    w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+    for i in range(steps):
+        inputs, targets = pool[i % len(pool)]
+        loss = task.train_step(inputs, targets)
+        if probe is not None:
+            probe.step(loss, samples=task.batch_size, tokens=task.tokens)
+    drain(device)
+    return (time.perf_counter_ns() - w0) / 1e9 / steps, (time.thread_time_ns() - c0) / 1e9 / steps
+
+
+def bench(name: str, args: argparse.Namespace, device: torch.device, rng: random.Random) -> None:
+    sizes = {"batch_size": args.batch_size} if args.batch_size else {}
+    task = MAKERS[name](seed=args.seed, **sizes)
+    task.model.to(device)  # the optimizer holds the same parameters, now on the device
+    pool = [tuple(t.to(device) for t in task.batch()) for _ in range(POOL)]
+    block(task, pool, 20, None, device)  # optimizer state, allocator, cuBLAS/cuDNN handles
+    wall, _ = block(task, pool, 10, None, device)
+    steps = max(10, round(args.block_seconds / wall))
+    probe = tdbg.watch(task.model, task.optimizer, name=name)
+    block(task, pool, 100, probe, device)  # the interval settles, plans are built
+    walls: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    cpus: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    intervals: list[int] = []
+    for _ in range(args.rounds):
+        order = list(ARMS)
+        rng.shuffle(order)
+        for arm in order:
+            watched = probe if arm == WATCHED else None
+            hooked = bool(probe._hooks.handles)
+            if watched and not hooked:
+                rehook(probe)
+            elif not watched and hooked:
+                unhook(probe)
+            w, c = block(task, pool, steps, watched, device)
+            walls[arm].append(w)
+            cpus[arm].append(c)
+        intervals.append(probe.grad_interval)
+    if not probe._hooks.handles:
+        rehook(probe)
+    costs = [(p, s) for p, s in probe._server.recent_costs if p == p and s == s]
+    spent = sum(s for _, s in costs)
+    fraction = sum(p for p, _ in costs) / spent if spent else float("nan")
+    errors = probe.errors
+    probe.close()
+    base = walls[UNWATCHED]
+    print(
+        f"\n=== {name} (batch {task.batch_size}): {args.rounds} rounds x {steps} steps per"
+        f" block, unwatched {statistics.median(base) * 1e3:.3f} ms/step wall,"
+        f" host thread CPU {statistics.median(cpus[UNWATCHED]) * 1e3:.3f} ms/step"
+    )
+    for arm in (AGAIN, WATCHED):
+        ratios = [a / b for a, b in zip(walls[arm], base, strict=True)]
+        diffs = [a - b for a, b in zip(walls[arm], base, strict=True)]
+        mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+        scale = statistics.fmean(base)
+        print(
+            f"  {arm:<16} / unwatched, wall per step: {spread(ratios)}; mean of paired rounds"
+            f" {mean * 1e6:+.1f} us/step = {mean / scale * 100:+.2f} %"
+            f" +- {2 * se / scale * 100:.2f} % (2 SE)"
+        )
+    print(
+        "  host thread CPU per step, ms: "
+        + ", ".join(f"{arm} {statistics.median(cpus[arm]) * 1e3:.3f}" for arm in ARMS)
+    )
+    print(
+        f"  probe's own cost_fraction (last {len(costs)} steps): {fraction * 100:.2f} %;"
+        f" internal errors {errors}; grad_interval per round: {intervals}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--device", default="cuda", help="default cuda")
+    p.add_argument("--quick", action="store_true", help="6 rounds, 0.1 s blocks")
+    p.add_argument("--models", default="mlp,transformer,cnn", help="comma-separated")
+    p.add_argument("--rounds", type=int, default=None, help="default 40 (6 with --quick)")
+    p.add_argument("--block-seconds", type=float, default=None, help="wall seconds per block")
+    p.add_argument("--batch-size", type=int, default=None, help="default: each demo's own")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.rounds = args.rounds or (6 if args.quick else 40)
+    args.block_seconds = args.block_seconds or (0.1 if args.quick else 0.25)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MAKERS]
+    if unknown:
+        print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
+        return 2
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu-cost: no CUDA device on this machine: nothing to measure (exit 0)")
+        return 0
+    os.environ["TDBG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tdbg-bench-")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(
+        f"tdbg {tdbg.__version__}, torch {torch.__version__}, python"
+        f" {platform.python_version()}, {where}, {os.cpu_count()} CPUs"
+    )
+    rng = random.Random(args.seed)
+    started = time.perf_counter()
+    for name in models:
+        bench(name, args, device, rng)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
