@@ -141,9 +141,12 @@ def figures_and_dives(device: torch.device) -> None:
     system: dict[str, Any] | None = None
     deadline = time.monotonic() + 10
     while system is None and time.monotonic() < deadline:
+        # A live run streams steps without a pause: the idle timeout never ends this loop.
         for m in client.messages(timeout=0.5):
             if m.get("type") == "system" and m.get("cuda"):
                 system = m
+            if system is not None or time.monotonic() >= deadline:
+                break
     client.close()
     if system is None:
         check("system figures arrive", False, "no system message with CUDA figures in 10 s")

@@ -19,18 +19,24 @@ class NVMLError(Exception):
     pass
 
 
-def fake_pynvml(gpus: int = 2, broken: set[str] | None = None, init_error: str = "") -> Any:
-    """A stand-in for nvidia-ml-py with the calls the probe makes and NVML's units."""
+def fake_pynvml(
+    gpus: int = 2,
+    broken: set[str] | None = None,
+    init_error: str = "",
+    memory_v2: bool | str = False,
+) -> Any:
+    """A stand-in for nvidia-ml-py with the calls the probe makes and NVML's units;
+    ``memory_v2``: it has version 2 of the memory info ("missing": the driver does not)."""
     broken = broken or set()
     mod = types.ModuleType("pynvml")
     mod.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
     mod.NVML_CLOCK_SM = 1  # type: ignore[attr-defined]
 
     def call(name: str, value: Any) -> Any:
-        def fn(*args: Any) -> Any:
+        def fn(*args: Any, **kwargs: Any) -> Any:
             if name in broken:
                 raise NVMLError(f"{name}: Not Supported")
-            return value(*args) if callable(value) else value
+            return value(*args, **kwargs) if callable(value) else value
 
         setattr(mod, name, fn)
 
@@ -44,6 +50,18 @@ def fake_pynvml(gpus: int = 2, broken: set[str] | None = None, init_error: str =
     call("nvmlDeviceGetName", lambda h: b"NVIDIA H100 80GB HBM3")
     call("nvmlDeviceGetUtilizationRates", lambda h: types.SimpleNamespace(gpu=87, memory=40))
     call("nvmlDeviceGetMemoryInfo", lambda h: types.SimpleNamespace(used=30 << 30, total=80 << 30))
+    if memory_v2:
+        # Version 2 as a recent driver answers it: version 1's used counts reserved memory too.
+        mod.nvmlMemory_v2 = 0x02000028  # type: ignore[attr-defined]
+
+        def memory(h: Any, version: int | None = None) -> Any:
+            if version is None:
+                return types.SimpleNamespace(used=30 << 30, total=80 << 30)
+            if memory_v2 == "missing":
+                raise NVMLError("Function Not Found")
+            return types.SimpleNamespace(used=(30 << 30) - (600 << 20), total=80 << 30)
+
+        call("nvmlDeviceGetMemoryInfo", memory)
     call("nvmlDeviceGetTemperature", lambda h, sensor: 71)
     call("nvmlDeviceGetPowerUsage", lambda h: 412_500)  # milliwatts
     call("nvmlDeviceGetEnforcedPowerLimit", lambda h: 700_000)
@@ -77,6 +95,21 @@ def test_one_unsupported_nvml_call_costs_only_that_figure(monkeypatch: pytest.Mo
     gpu = SystemSampler().sample()["gpus"][0]
     assert gpu["power"] is None and gpu["temp"] is None
     assert gpu["util"] == 87.0 and gpu["mem_used"] == 30 << 30
+
+
+def test_memory_used_is_nvidia_smi_s_without_the_driver_s_reserve(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Version 2 of the memory info where the driver has it (what nvidia-smi shows: version 1
+    counted ~600 MiB of reserved memory as used on an H200); version 1 where it does not."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1, memory_v2=True))
+    sampler = SystemSampler()
+    for _ in range(2):
+        assert sampler.sample()["gpus"][0]["mem_used"] == (30 << 30) - (600 << 20)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1, memory_v2="missing"))
+    sampler = SystemSampler()
+    for _ in range(2):
+        assert sampler.sample()["gpus"][0]["mem_used"] == 30 << 30
 
 
 def test_no_driver_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ class NvmlReader:
         self.problem: str | None = None
         self._nvml: Any = None
         self._handles: list[Any] = []
+        self._memory_v2: bool | None = None  # whether nvmlDeviceGetMemoryInfo_v2 works here
         try:
             import pynvml  # from the nvidia-ml-py distribution
 
@@ -41,7 +42,7 @@ class NvmlReader:
         for index, handle in enumerate(self._handles):
             name = _try(lambda h=handle: _text(nv.nvmlDeviceGetName(h)))
             util = _try(lambda h=handle: nv.nvmlDeviceGetUtilizationRates(h))
-            mem = _try(lambda h=handle: nv.nvmlDeviceGetMemoryInfo(h))
+            mem = self._memory(handle)
             temp = _try(lambda h=handle: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
             power = _try(lambda h=handle: nv.nvmlDeviceGetPowerUsage(h))
             limit = _try(lambda h=handle: nv.nvmlDeviceGetEnforcedPowerLimit(h))
@@ -60,6 +61,21 @@ class NvmlReader:
                 }
             )
         return gpus
+
+    def _memory(self, handle: Any) -> Any:
+        """Memory info as nvidia-smi shows it. Since driver R510 the first version's ``used``
+        also counts memory the driver reserves (~600 MiB more on an H200, seen against
+        nvidia-smi): version 2 leaves it out. Drivers without it get the first version."""
+        nv = self._nvml
+        version = getattr(nv, "nvmlMemory_v2", None)
+        if version is not None and self._memory_v2 is not False:
+            mem = _try(lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version))
+            if mem is not None:
+                self._memory_v2 = True
+                return mem
+            if self._memory_v2 is None:
+                self._memory_v2 = False  # never worked here: not asked again
+        return _try(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
 
 
 def _try(fn: Any) -> Any:
