@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -11,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tdbg.probe.cuda_stream import current_stream
 from tdbg.probe.hook_refs import ForwardHook, WeakHook
 
 perf = time.perf_counter
@@ -21,12 +21,9 @@ class CudaMark:
 
     __slots__ = ("host", "event")
 
-    def __init__(self, cuda_device: torch.device) -> None:
-        self.host = perf()
-        # Recording an event is an asynchronous enqueue: no host-device sync. It goes on the
-        # model's device's stream, not the current device's (a rank may never set_device).
-        self.event: Any = torch.cuda.Event(enable_timing=True)
-        self.event.record(torch.cuda.current_stream(cuda_device))
+    def __init__(self, host: float, event: Any) -> None:
+        self.host = host
+        self.event = event
 
 
 # On the CPU a mark is just the host time: a float is not tracked by the garbage collector, so
@@ -37,7 +34,18 @@ Mark = float | CudaMark
 def marker(cuda_device: torch.device | None) -> Callable[[], Mark]:
     """What makes a mark for ``cuda_device``: on the CPU the clock itself (a C function, no
     Python frame: the probe marks in the cold moments around an update), on a GPU a CudaMark."""
-    return perf if cuda_device is None else functools.partial(CudaMark, cuda_device)
+    if cuda_device is None:
+        return perf
+
+    def cuda_mark() -> CudaMark:
+        host = perf()
+        # Recording an event is an asynchronous enqueue: no host-device sync. It goes on the
+        # model's device's stream, not the current device's (a rank may never set_device).
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(current_stream(cuda_device))
+        return CudaMark(host, event)
+
+    return cuda_mark
 
 
 def host_time(point: Mark) -> float:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tdbg.probe.cuda_stream import current_stream
 from tdbg.protocol.messages import MAX_METRIC_NAME
 
 MAX_METRIC_NAMES = 256  # distinct names a run may log; more are dropped, with a note
@@ -96,7 +97,7 @@ class MetricsDesk:
             if vector.device.type == "cuda":
                 pending.values = vector.to("cpu", non_blocking=True)
                 pending.ready = torch.cuda.Event()
-                pending.ready.record(torch.cuda.current_stream(vector.device))
+                pending.ready.record(current_stream(vector.device))
             else:
                 pending.values = vector.to("cpu")
         self.inbox.append(pending)

@@ -33,7 +33,7 @@ class PendingStep:
     probe_time: float
     timeline: StepTimeline
     previous_end: Mark | None
-    step_mark: Mark
+    step_mark: Mark | None  # made only where no optimizer hook marked the backward's end
     loss: float | None = None
     micro_batches: float = NAN
     clip_max: float = NAN
@@ -86,7 +86,8 @@ class PendingStep:
         data = max(0.0, data) if data == data else NAN
         grad_total: float | None = None
         grad_norms: array | None = None
-        host = self.values
+        # The loss alone is copied as it is, 0-d in its own dtype (see _stage_values).
+        host = None if self.values is None else self.values.reshape(-1).float()
         scalars = {name: float(value) for name, value in (self.host_scalars or {}).items()}
         if host is not None and self.device_scalars:
             k = len(self.device_scalars)

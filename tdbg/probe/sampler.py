@@ -14,9 +14,10 @@ import torch
 from tdbg.probe import taps
 from tdbg.probe.alerts import alert
 from tdbg.probe.budget import gradient_interval
+from tdbg.probe.cuda_stream import current_stream
 from tdbg.probe.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
-from tdbg.probe.hooks import Mark, PhaseHooks, marker, perf
+from tdbg.probe.hooks import CudaMark, Mark, PhaseHooks, marker, perf
 from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep
 from tdbg.probe.server import ProbeServer
@@ -704,7 +705,9 @@ class StepSampler:
             hooks.seconds = 0.0
             taps.take_seconds()
             return
-        step_mark = self._mark()
+        # Where the backward ends when no optimizer hook marked it (optimizer=None, manual
+        # updates); otherwise not made: on a GPU each mark is an event, microseconds a step.
+        step_mark = self._mark() if hooks.timeline.optimizer_start is None else None
         # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
         step_time = NAN if self._last_host is None else t0 - self._last_host
         self._last_host = t0
@@ -802,8 +805,11 @@ class StepSampler:
             scalars["clip_norm"] = clip[1]
         if sample is None and len(scalars) == 1 and loss_tensor is not None and loss_tensor.is_cpu:
             pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
+            end = None
         elif scalars or sample is not None:
-            _stage_values(pending, sample, scalars)
+            end = _stage_values(pending, sample, scalars, self._cuda_device)
+        else:
+            end = None
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the hook that ran it. The taps'
         # time (backward, optimizer steps) is the probe's cost too.
@@ -817,7 +823,7 @@ class StepSampler:
         )
         self._update_interval(step_time, probe_time, sample is not None)
         self._server.push_step(pending)
-        self._previous_end = self._mark()
+        self._previous_end = end if end is not None else self._mark()
 
     def _forget_step(self) -> None:
         for slot in self._slots:
@@ -894,38 +900,62 @@ def _same_tensor(a: Any, b: Any) -> bool:
     )
 
 
-def _stage_values(pending: PendingStep, sample: GradSample | None, scalars: dict[str, Any]) -> None:
+def _stage_values(
+    pending: PendingStep,
+    sample: GradSample | None,
+    scalars: dict[str, Any],
+    cuda_device: torch.device | None,
+) -> CudaMark | None:
     """Put the step's device values (loss, clip norm, per-optimizer losses, per-parameter
     norms) on their way to the host: CPU values are kept as they are (reading them later never
-    syncs); device ones join the step's one copy."""
+    syncs); device ones join the step's one copy. Returns the mark whose event tells the copy
+    is done when it was recorded on ``cuda_device``: it also ends the step (the next step's
+    data gap starts there), one event fewer a step."""
     values: list[torch.Tensor] = []
     device: torch.device | None = None
-    if sample is not None and isinstance(sample.values, torch.Tensor):
-        device = sample.values.device
+    grads = sample.values if sample is not None else None
+    if not isinstance(grads, torch.Tensor):
+        grads = None
+    else:
+        device = grads.device
     for name, value in scalars.items():
         if not isinstance(value, torch.Tensor) or value.is_cpu:
             if pending.host_scalars is None:
                 pending.host_scalars = {}
             pending.host_scalars[name] = value
             continue
-        target = device or value.device
-        device = target
-        values.append(value.detach().reshape(1).to(target, torch.float32, non_blocking=True))
         if pending.device_scalars is None:
             pending.device_scalars = []
         pending.device_scalars.append(name)
-    if sample is not None and isinstance(sample.values, torch.Tensor):
-        values.append(sample.values.float() if device is not None else sample.values)
-    if values:
-        vector = values[0] if len(values) == 1 else torch.cat(values)
-        if vector.device.type == "cpu":
-            pending.values = vector
-        elif vector.device.type == "cuda":
-            # The step's one device-to-host copy: asynchronous into pinned memory; the probe
-            # thread reads it once the event recorded after it (same stream) has completed.
-            pending.values = vector.to("cpu", non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(vector.device))
-            pending.ready = ready
-        else:  # mps, xpu, ...: no CUDA events to wait on; a plain copy is correct there
-            pending.values = vector.to("cpu")
+        values.append(value)
+    if grads is None and len(values) == 1 and not values[0].requires_grad:
+        # The usual GPU step, the loss alone: copied as it is (0-d, any float dtype); the
+        # probe thread flattens and converts it. Each op here is microseconds of launch cost.
+        vector = values[0]
+    elif values or grads is not None:
+        parts: list[torch.Tensor] = []
+        for value in values:
+            target = device or value.device
+            device = target
+            parts.append(value.detach().reshape(1).to(target, torch.float32, non_blocking=True))
+        if grads is not None:
+            parts.append(grads.float())
+        vector = parts[0] if len(parts) == 1 else torch.cat(parts)
+    else:
+        return None
+    if vector.device.type == "cpu":
+        pending.values = vector
+    elif vector.device.type == "cuda":
+        # The step's one device-to-host copy: asynchronous into pinned memory; the probe
+        # thread reads it once the event recorded after it (same stream) has completed.
+        pending.values = vector.to("cpu", non_blocking=True)
+        host = perf()
+        on = vector.device
+        ready = torch.cuda.Event(enable_timing=True)
+        ready.record(current_stream(on))
+        pending.ready = ready
+        if cuda_device is not None and on == cuda_device:
+            return CudaMark(host, ready)
+    else:  # mps, xpu, ...: no CUDA events to wait on; a plain copy is correct there
+        pending.values = vector.to("cpu")
+    return None

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tdbg.probe.cuda_stream import current_stream
 from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
 from tdbg.probe.hook_refs import ForwardHook
 from tdbg.probe.log import warn
@@ -92,7 +93,7 @@ class HostCopy:
         if device.type == "cuda":
             self.values = vector.to("cpu", non_blocking=True)
             self.ready = torch.cuda.Event()
-            self.ready.record(torch.cuda.current_stream(device))
+            self.ready.record(current_stream(device))
         else:  # cpu: already there; mps, xpu, ...: no CUDA event to wait on, a plain copy
             self.values = vector.to("cpu")
 

@@ -1,0 +1,67 @@
+"""The probe's current-stream lookup (NVML-style fake at torch's CUDA boundary: no GPU here;
+benchmarks/gpu_check.py runs the real one) and a step whose loss was copied as it is."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from tdbg.probe import cuda_stream
+from tdbg.probe.hooks import StepTimeline
+from tdbg.probe.pending import PendingStep
+
+
+class FakeStream:
+    made = 0
+
+    def __init__(self, stream_id: int, device_index: int, device_type: int) -> None:
+        FakeStream.made += 1
+        self.key = (stream_id, device_index, device_type)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
+    """torch's C call answering (stream id, device, type) per device, as set in the dict."""
+    current = {0: 7, 1: 9}
+    monkeypatch.setattr(
+        torch._C, "_cuda_getCurrentStream", lambda index: (current[index], index, 1), raising=False
+    )
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(cuda_stream, "_streams", {})
+    FakeStream.made = 0
+    return current
+
+
+def test_the_current_stream_is_torch_s_and_made_once(fake_cuda: dict[int, int]) -> None:
+    first = cuda_stream.current_stream(torch.device("cuda", 1))
+    assert first.key == (9, 1, 1)
+    assert cuda_stream.current_stream(torch.device("cuda", 1)) is first
+    assert FakeStream.made == 1
+    fake_cuda[1] = 11  # the loop entered `with torch.cuda.stream(s):`: events go on s
+    assert cuda_stream.current_stream(torch.device("cuda", 1)).key == (11, 1, 1)
+    assert cuda_stream.current_stream(torch.device("cuda", 0)).key == (7, 0, 1)
+
+
+def test_a_new_stream_every_step_does_not_grow_the_cache(fake_cuda: dict[int, int]) -> None:
+    for i in range(cuda_stream.MAX_STREAMS * 3):
+        fake_cuda[0] = 100 + i
+        assert cuda_stream.current_stream(torch.device("cuda", 0)).key == (100 + i, 0, 1)
+        assert len(cuda_stream._streams) <= cuda_stream.MAX_STREAMS
+
+
+def test_a_loss_copied_as_it_is_resolves_to_its_value() -> None:
+    """On a GPU the loss alone is copied 0-d in its own dtype (no reshape or cast launched on
+    the training thread): the probe thread reads it as the loss."""
+    nan = math.nan
+    for value in (
+        torch.tensor(2.5, dtype=torch.bfloat16),
+        torch.tensor([1.25], dtype=torch.float64),
+    ):
+        pending = PendingStep(0, 0.0, [], nan, nan, nan, nan, StepTimeline(), None, None)
+        pending.values, pending.device_scalars = value, ["loss"]
+        resolved: Any = pending.resolve()
+        assert resolved is not None
+        assert resolved[0].loss == float(value)
