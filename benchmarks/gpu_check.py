@@ -124,6 +124,70 @@ def norms_right(device: torch.device) -> None:
     probe.close()
 
 
+def lone_loss(device: torch.device) -> None:
+    """The usual step: no clipping, the automatic interval, so most steps copy the loss alone
+    (as it is, in its own dtype) and its copy's event also ends the step. Per dtype: every
+    step's loss as the loop computed it, phase times and the data gap finite and >= 0, no
+    sync, no internal error."""
+    for dtype in (torch.float32, torch.bfloat16):
+        lone_loss_of(device, dtype)
+
+
+def lone_loss_of(device: torch.device, dtype: torch.dtype) -> None:
+    from tdbg.protocol.steps import unpack_steps
+
+    model, opt, x, y = model_and_data(device)
+    probe = tdbg.watch(model, opt, name=f"gpu-lone-{dtype}")
+    assert probe.socket_path
+    client = ProbeClient.connect(probe.socket_path)
+    losses: list[torch.Tensor] = []
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x).to(dtype), y)
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+        losses.append(loss.detach())
+
+    for _ in range(5):
+        step()
+    with sync_is_an_error() as caught:
+        for _ in range(STEPS):
+            step()
+    truth = [float(v) for v in losses]  # read after the loop: these syncs are ours
+    got: dict[int, Any] = {}
+    deadline = time.monotonic() + 20
+    while len(got) < len(truth) and time.monotonic() < deadline:
+        for m in client.messages(timeout=0.5):
+            if m.get("type") == "steps":
+                got.update((r.step, r) for r in unpack_steps(m))
+    records = [got[i] for i in sorted(got)]
+    wrong = [
+        f"step {r.step}: {r.loss} vs {truth[r.step]}"
+        for r in records
+        if not math.isclose(r.loss, truth[r.step], rel_tol=1e-6)
+    ]
+    times = ("data_time", "forward_time", "backward_time", "optimizer_time")
+    bad = [
+        f"step {r.step} {name} {getattr(r, name)}"
+        for r in records[1:]
+        for name in times
+        if not getattr(r, name) >= 0
+    ]
+    check(
+        f"{dtype}: the loss alone copied as it is: every step's loss and phase times right",
+        len(records) == len(truth) and not wrong and not bad and not caught,
+        f"{len(records)} of {len(truth)} steps",
+        *caught,
+        *wrong[:2],
+        *bad[:2],
+    )
+    check(f"{dtype}: no internal errors", probe.errors == 0, str(probe.last_error or ""))
+    client.close()
+    probe.close()
+
+
 def figures_and_dives(device: torch.device) -> None:
     """NVML and allocator figures against nvidia-smi and torch; a snapshot and a profile."""
     model, opt, x, y = model_and_data(device)
@@ -450,6 +514,7 @@ PARTS = (
     lightning_on_the_gpu,
     huggingface_on_the_gpu,
     norms_right,
+    lone_loss,
     figures_and_dives,
     cost,
 )

@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     args.rounds = args.rounds or (6 if args.quick else 40)
+    if args.rounds < 2:
+        p.error("--rounds: at least 2 (the paired rounds' spread needs two)")
     args.block_seconds = args.block_seconds or (0.1 if args.quick else 0.25)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MAKERS]

@@ -16,7 +16,11 @@ from tdbg.probe.system import NvmlReader, SystemSampler
 
 
 class NVMLError(Exception):
-    pass
+    """As nvidia-ml-py raises them: the NVML return code in ``value``."""
+
+    def __init__(self, message: str, value: int = 999) -> None:
+        super().__init__(message)
+        self.value = value
 
 
 def fake_pynvml(
@@ -26,7 +30,8 @@ def fake_pynvml(
     memory_v2: bool | str = False,
 ) -> Any:
     """A stand-in for nvidia-ml-py with the calls the probe makes and NVML's units;
-    ``memory_v2``: it has version 2 of the memory info ("missing": the driver does not)."""
+    ``memory_v2``: it has version 2 of the memory info ("missing": the driver does not;
+    "flaky": it fails once, for a passing reason)."""
     broken = broken or set()
     mod = types.ModuleType("pynvml")
     mod.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
@@ -54,11 +59,16 @@ def fake_pynvml(
         # Version 2 as a recent driver answers it: version 1's used counts reserved memory too.
         mod.nvmlMemory_v2 = 0x02000028  # type: ignore[attr-defined]
 
+        failed: list[bool] = []
+
         def memory(h: Any, version: int | None = None) -> Any:
             if version is None:
                 return types.SimpleNamespace(used=30 << 30, total=80 << 30)
             if memory_v2 == "missing":
-                raise NVMLError("Function Not Found")
+                raise NVMLError("Function Not Found", 13)
+            if memory_v2 == "flaky" and not failed:
+                failed.append(True)
+                raise NVMLError("Unknown Error", 999)
             return types.SimpleNamespace(used=(30 << 30) - (600 << 20), total=80 << 30)
 
         call("nvmlDeviceGetMemoryInfo", memory)
@@ -110,6 +120,11 @@ def test_memory_used_is_nvidia_smi_s_without_the_driver_s_reserve(
     sampler = SystemSampler()
     for _ in range(2):
         assert sampler.sample()["gpus"][0]["mem_used"] == 30 << 30
+    # A passing failure costs that one reading (version 1's figure), not version 2 for good.
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1, memory_v2="flaky"))
+    sampler = SystemSampler()
+    used = [sampler.sample()["gpus"][0]["mem_used"] for _ in range(3)]
+    assert used == [30 << 30, (30 << 30) - (600 << 20), (30 << 30) - (600 << 20)]
 
 
 def test_no_driver_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

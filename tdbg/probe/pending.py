@@ -18,7 +18,8 @@ class PendingStep:
     """What ``probe.step()`` knew, with device values still in flight.
 
     ``values`` is a host tensor laid out as ``[scalars named by device_scalars] + [per-parameter
-    norms]``; on CUDA it is the target of one non-blocking copy and ``ready`` is the event
+    norms]`` (float32), or the loss alone as it was (one element, any shape and float dtype:
+    flattened here); on CUDA it is the target of one non-blocking copy and ``ready`` is the event
     recorded after it. The probe thread reads it only once ``ready.query()``. ``host_scalars``
     are CPU tensors (already computed: reading them never syncs) or numbers. A scalar is
     ``loss``, ``clip_norm`` or ``loss/NAME`` (one optimizer's loss, sent as a metric).

@@ -929,8 +929,9 @@ def _stage_values(
         pending.device_scalars.append(name)
         values.append(value)
     if grads is None and len(values) == 1 and not values[0].requires_grad:
-        # The usual GPU step, the loss alone: copied as it is (0-d, any float dtype); the
-        # probe thread flattens and converts it. Each op here is microseconds of launch cost.
+        # The usual GPU step, the loss alone: copied as it is (one element, any shape and
+        # float dtype); the probe thread flattens and converts it. Each op here is
+        # microseconds of launch cost.
         vector = values[0]
     elif values or grads is not None:
         parts: list[torch.Tensor] = []

@@ -65,17 +65,34 @@ class NvmlReader:
     def _memory(self, handle: Any) -> Any:
         """Memory info as nvidia-smi shows it. Since driver R510 the first version's ``used``
         also counts memory the driver reserves (~600 MiB more on an H200, seen against
-        nvidia-smi): version 2 leaves it out. Drivers without it get the first version."""
+        nvidia-smi): version 2 leaves it out. Where the driver or the binding has no version 2
+        the first is used, and version 2 is not asked again; any other failure costs only that
+        reading."""
         nv = self._nvml
         version = getattr(nv, "nvmlMemory_v2", None)
         if version is not None and self._memory_v2 is not False:
-            mem = _try(lambda: nv.nvmlDeviceGetMemoryInfo(handle, version=version))
-            if mem is not None:
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(handle, version=version)
+            except Exception as exc:
+                if self._memory_v2 is None and _no_such_call(nv, exc):
+                    self._memory_v2 = False
+            else:
                 self._memory_v2 = True
                 return mem
-            if self._memory_v2 is None:
-                self._memory_v2 = False  # never worked here: not asked again
         return _try(lambda: nv.nvmlDeviceGetMemoryInfo(handle))
+
+
+def _no_such_call(nv: Any, exc: Exception) -> bool:
+    """``exc`` says the call itself is missing here (not supported, not in this driver, a
+    struct version it does not know, a binding without the argument), not a passing failure."""
+    if isinstance(exc, TypeError):
+        return True
+    missing = {
+        getattr(nv, "NVML_ERROR_NOT_SUPPORTED", 3),
+        getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", 13),
+        getattr(nv, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25),
+    }
+    return getattr(exc, "value", None) in missing
 
 
 def _try(fn: Any) -> Any:
