@@ -28,6 +28,7 @@ def test_without_cuda_it_says_so_and_exits_0() -> None:
         "lightning_on_the_gpu",
         "huggingface_on_the_gpu",
         "norms_right",
+        "lone_loss",
         "figures_and_dives",
         "cost",
     ]
