@@ -14,6 +14,14 @@ probe's own ``cost_fraction`` and gradient interval.
     python benchmarks/gpu_cost.py                       (CUDA; without it: says so, exit 0)
     python benchmarks/gpu_cost.py --batch-size 1024     (the same models kept busier)
     python benchmarks/gpu_cost.py --device cpu --quick  (the script itself, on a CPU)
+    python benchmarks/gpu_cost.py --breakdown           (where the watched arm's cost goes)
+
+``--breakdown`` adds two watched arms that each take one part of the probe away, so one run
+says how the cost splits: ``watched, thread paused`` (the probe thread does no step work
+during the block: what its GIL-holding work costs the loop) and ``watched, no marks`` (the
+hooks' and the sampler's timing marks are NaN: what the CUDA events cost; the loss copy's own
+event stays). Between blocks every arm waits for the probe thread to finish the steps already
+handed over, so no arm's probe work spills into the next block.
 """
 
 from __future__ import annotations
@@ -40,6 +48,45 @@ from overhead import POOL  # noqa: E402
 from thread_cpu import AGAIN, ARMS, UNWATCHED, WATCHED, rehook, spread, unhook  # noqa: E402
 
 import tdbg  # noqa: E402
+from tdbg.probe.hooks import marker  # noqa: E402
+
+PAUSED, NO_MARKS = "watched, thread paused", "watched, no marks"
+NAN = float("nan")
+
+
+def nan_mark() -> float:
+    return NAN
+
+
+def settle(probe: tdbg.Probe, seconds: float = 5.0) -> None:
+    """Wait (outside any timed block) until the probe thread has taken every step handed to
+    it: a block's steps are then resolved before the next block starts, in every arm."""
+    server = probe._server
+    deadline = time.monotonic() + seconds
+    while server.consumed < server.appended and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+def arrange(probe: tdbg.Probe, arm: str) -> tdbg.Probe | None:
+    """The probe's hooks, taps, thread and marks as ``arm`` has them; the probe to step, or
+    None for an unwatched arm."""
+    watched = arm not in (UNWATCHED, AGAIN)
+    hooked = bool(probe._hooks.handles)
+    if watched and not hooked:
+        rehook(probe)
+    elif not watched and hooked:
+        unhook(probe)
+    server = probe._server
+    if arm == PAUSED:
+        server._tick = lambda now: None  # type: ignore[method-assign]  # the loop calls self._tick
+    elif "_tick" in vars(server):
+        del server._tick
+    sampler = probe._sampler
+    if arm == NO_MARKS:
+        sampler._mark = probe._hooks._mark = nan_mark
+    else:
+        sampler._mark = probe._hooks._mark = marker(sampler._cuda_device)
+    return probe if watched else None
 
 
 def drain(device: torch.device) -> None:
@@ -75,25 +122,21 @@ def bench(name: str, args: argparse.Namespace, device: torch.device, rng: random
     steps = max(10, round(args.block_seconds / wall))
     probe = tdbg.watch(task.model, task.optimizer, name=name)
     block(task, pool, 100, probe, device)  # the interval settles, plans are built
-    walls: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    cpus: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    arms = [*ARMS, PAUSED, NO_MARKS] if args.breakdown else list(ARMS)
+    walls: dict[str, list[float]] = {arm: [] for arm in arms}
+    cpus: dict[str, list[float]] = {arm: [] for arm in arms}
     intervals: list[int] = []
     for _ in range(args.rounds):
-        order = list(ARMS)
+        order = list(arms)
         rng.shuffle(order)
         for arm in order:
-            watched = probe if arm == WATCHED else None
-            hooked = bool(probe._hooks.handles)
-            if watched and not hooked:
-                rehook(probe)
-            elif not watched and hooked:
-                unhook(probe)
+            watched = arrange(probe, arm)
             w, c = block(task, pool, steps, watched, device)
+            arrange(probe, WATCHED)  # the paused thread takes the block's steps now, untimed
+            settle(probe)
             walls[arm].append(w)
             cpus[arm].append(c)
         intervals.append(probe.grad_interval)
-    if not probe._hooks.handles:
-        rehook(probe)
     costs = [(p, s) for p, s in probe._server.recent_costs if p == p and s == s]
     spent = sum(s for _, s in costs)
     fraction = sum(p for p, _ in costs) / spent if spent else float("nan")
@@ -105,19 +148,19 @@ def bench(name: str, args: argparse.Namespace, device: torch.device, rng: random
         f" block, unwatched {statistics.median(base) * 1e3:.3f} ms/step wall,"
         f" host thread CPU {statistics.median(cpus[UNWATCHED]) * 1e3:.3f} ms/step"
     )
-    for arm in (AGAIN, WATCHED):
+    for arm in arms[1:]:
         ratios = [a / b for a, b in zip(walls[arm], base, strict=True)]
         diffs = [a - b for a, b in zip(walls[arm], base, strict=True)]
         mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
         scale = statistics.fmean(base)
         print(
-            f"  {arm:<16} / unwatched, wall per step: {spread(ratios)}; mean of paired rounds"
+            f"  {arm:<22} / unwatched, wall per step: {spread(ratios)}; mean of paired rounds"
             f" {mean * 1e6:+.1f} us/step = {mean / scale * 100:+.2f} %"
             f" +- {2 * se / scale * 100:.2f} % (2 SE)"
         )
     print(
         "  host thread CPU per step, ms: "
-        + ", ".join(f"{arm} {statistics.median(cpus[arm]) * 1e3:.3f}" for arm in ARMS)
+        + ", ".join(f"{arm} {statistics.median(cpus[arm]) * 1e3:.3f}" for arm in arms)
     )
     print(
         f"  probe's own cost_fraction (last {len(costs)} steps): {fraction * 100:.2f} %;"
@@ -134,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-seconds", type=float, default=None, help="wall seconds per block")
     p.add_argument("--batch-size", type=int, default=None, help="default: each demo's own")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also the watched arm with the probe thread paused and with no timing marks",
+    )
     args = p.parse_args(argv)
     args.rounds = args.rounds or (6 if args.quick else 40)
     if args.rounds < 2:
