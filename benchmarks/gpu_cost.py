@@ -45,7 +45,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from models import MAKERS, Batch, Task  # noqa: E402
 from overhead import POOL  # noqa: E402
-from thread_cpu import AGAIN, ARMS, UNWATCHED, WATCHED, rehook, spread, unhook  # noqa: E402
+from thread_cpu import (  # noqa: E402
+    AGAIN,
+    ARMS,
+    UNWATCHED,
+    WATCHED,
+    own_cost,
+    paired,
+    rehook,
+    spread,
+    unhook,
+)
 
 import tdbg  # noqa: E402
 from tdbg.probe.hooks import marker  # noqa: E402
@@ -137,9 +147,7 @@ def bench(name: str, args: argparse.Namespace, device: torch.device, rng: random
             walls[arm].append(w)
             cpus[arm].append(c)
         intervals.append(probe.grad_interval)
-    costs = [(p, s) for p, s in probe._server.recent_costs if p == p and s == s]
-    spent = sum(s for _, s in costs)
-    fraction = sum(p for p, _ in costs) / spent if spent else float("nan")
+    fraction, recent = own_cost(probe)
     errors = probe.errors
     probe.close()
     base = walls[UNWATCHED]
@@ -150,20 +158,16 @@ def bench(name: str, args: argparse.Namespace, device: torch.device, rng: random
     )
     for arm in arms[1:]:
         ratios = [a / b for a, b in zip(walls[arm], base, strict=True)]
-        diffs = [a - b for a, b in zip(walls[arm], base, strict=True)]
-        mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
-        scale = statistics.fmean(base)
         print(
             f"  {arm:<22} / unwatched, wall per step: {spread(ratios)}; mean of paired rounds"
-            f" {mean * 1e6:+.1f} us/step = {mean / scale * 100:+.2f} %"
-            f" +- {2 * se / scale * 100:.2f} % (2 SE)"
+            f" {paired(walls[arm], base)}"
         )
     print(
         "  host thread CPU per step, ms: "
         + ", ".join(f"{arm} {statistics.median(cpus[arm]) * 1e3:.3f}" for arm in arms)
     )
     print(
-        f"  probe's own cost_fraction (last {len(costs)} steps): {fraction * 100:.2f} %;"
+        f"  probe's own cost_fraction (last {recent} steps): {fraction * 100:.2f} %;"
         f" internal errors {errors}; grad_interval per round: {intervals}"
     )
 

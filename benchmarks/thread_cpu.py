@@ -130,6 +130,25 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
 
 
+def paired(values: list[float], base: list[float]) -> str:
+    """Rounds are paired: the mean of their differences over the base's mean, with two
+    standard errors. Many short rounds make this resolve what a median of few cannot."""
+    diffs = [a - b for a, b in zip(values, base, strict=True)]
+    mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+    scale = statistics.fmean(base)
+    return (
+        f"{mean * 1e6:+.1f} us/step = {mean / scale * 100:+.2f} %"
+        f" +- {2 * se / scale * 100:.2f} % (2 SE)"
+    )
+
+
+def own_cost(probe: tdbg.Probe) -> tuple[float, int]:
+    """The probe's own cost_fraction over its recent steps (NaN: none), and how many."""
+    costs = [(p, s) for p, s in probe._server.recent_costs if p == p and s == s]
+    spent = sum(s for _, s in costs)
+    return (sum(p for p, _ in costs) / spent if spent else float("nan")), len(costs)
+
+
 def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     if args.copies == 1:
         one = MAKERS[name](seed=args.seed)
@@ -175,8 +194,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         intervals.append(probe.grad_interval)
     if not probe._hooks.handles:
         rehook(probe)
-    costs = [(p, s) for p, s in probe._server.recent_costs if p == p and s == s]
-    fraction = sum(p for p, _ in costs) / sum(s for _, s in costs)
+    fraction, recent = own_cost(probe)
     probe.close()
     watched_steps = steps * args.rounds
     base = per_step[UNWATCHED]
@@ -190,15 +208,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         r = ratios[arm]
         print(f"  training thread CPU, {arm:<16} / unwatched: {spread(r)}")
     for arm in (AGAIN, WATCHED):
-        # Rounds are paired: the mean of their differences over the unwatched mean, with two
-        # standard errors. Many short rounds make this resolve what a median of few cannot.
-        diffs = [a - b for a, b in zip(per_step[arm], base, strict=True)]
-        mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
-        scale = statistics.fmean(base)
-        print(
-            f"  {arm:<16} - unwatched, mean of paired rounds: {mean * 1e6:+.1f} us/step ="
-            f" {mean / scale * 100:+.2f} % +- {2 * se / scale * 100:.2f} % (2 SE)"
-        )
+        print(f"  {arm:<16} - unwatched, mean of paired rounds: {paired(per_step[arm], base)}")
     print(
         "  off the CPU (wall - CPU: waiting for the GIL or a core), us/step: "
         + ", ".join(f"{arm} {statistics.fmean(off_cpu[arm]) * 1e6:.1f}" for arm in ARMS)
@@ -221,7 +231,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         f" per step = {idle / watched_cpu * 100:.2f} %"
     )
     print(
-        f"  probe's own cost_fraction (last {len(costs)} steps): {fraction * 100:.2f} %;"
+        f"  probe's own cost_fraction (last {recent} steps): {fraction * 100:.2f} %;"
         f" grad_interval per round: {intervals}"
     )
 

@@ -87,11 +87,16 @@ def test_a_run_with_stacked_passes_reports_true_norms_and_metrics(
         opt.step()
         probe.step(loss)
         tdbg.log(half_loss=loss.detach() / 2, step_number=step)
-    reader.wait(lambda r: len(r.records()) >= 6 and len(r.of("metrics")) > 0)
+
+    def halves(r: Reader) -> list[float]:
+        return [p[2] for m in r.of("metrics") for p in m["points"] if p[1] == "half_loss"]
+
+    reader.wait(lambda r: len(r.records()) >= 6 and len(halves(r)) >= 6)
     reader.settle()
     for record, (loss, total) in zip(reader.records(), truth, strict=True):
         assert record.loss == pytest.approx(loss, rel=1e-6)
         assert record.grad_total == pytest.approx(total, rel=1e-5)
+    assert halves(reader) == pytest.approx([loss / 2 for loss, _ in truth], rel=1e-6)
     assert probe.errors == 0, probe.last_error
     reader.close()
     probe.close()
