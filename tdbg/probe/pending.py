@@ -87,7 +87,7 @@ class PendingStep:
         data = max(0.0, data) if data == data else NAN
         grad_total: float | None = None
         grad_norms: array | None = None
-        # The loss alone is copied as it is, 0-d in its own dtype (see _stage_values).
+        # The loss alone is copied as it is, in its own shape and dtype (see _stage_values).
         host = None if self.values is None else self.values.reshape(-1).float()
         scalars = {name: float(value) for name, value in (self.host_scalars or {}).items()}
         if host is not None and self.device_scalars:
