@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe.cuda_stream import current_stream
+from tdbg.probe.device_copy import recorded_event
 from tdbg.probe.hook_refs import ForwardHook, WeakHook
 
 perf = time.perf_counter
@@ -38,12 +38,9 @@ def marker(cuda_device: torch.device | None) -> Callable[[], Mark]:
         return perf
 
     def cuda_mark() -> CudaMark:
-        host = perf()
-        # Recording an event is an asynchronous enqueue: no host-device sync. It goes on the
-        # model's device's stream, not the current device's (a rank may never set_device).
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(current_stream(cuda_device))
-        return CudaMark(host, event)
+        # On the model's device's stream, not the current device's (a rank may never
+        # set_device).
+        return CudaMark(perf(), recorded_event(cuda_device, timing=True))
 
     return cuda_mark
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tdbg.probe.cuda_stream import current_stream
+from tdbg.probe.device_copy import host_copy
 from tdbg.protocol.messages import MAX_METRIC_NAME
 
 MAX_METRIC_NAMES = 256  # distinct names a run may log; more are dropped, with a note
@@ -94,12 +94,7 @@ class MetricsDesk:
         pending = PendingMetrics(step, names, host, device_names)
         if device:
             vector = torch.cat(device) if len(device) > 1 else device[0]
-            if vector.device.type == "cuda":
-                pending.values = vector.to("cpu", non_blocking=True)
-                pending.ready = torch.cuda.Event()
-                pending.ready.record(current_stream(vector.device))
-            else:
-                pending.values = vector.to("cpu")
+            pending.values, pending.ready = host_copy(vector)
         self.inbox.append(pending)
 
     def _read(self, name: str, value: Any) -> float | torch.Tensor | None:

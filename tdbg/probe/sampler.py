@@ -14,7 +14,7 @@ import torch
 from tdbg.probe import taps
 from tdbg.probe.alerts import alert
 from tdbg.probe.budget import gradient_interval
-from tdbg.probe.cuda_stream import current_stream
+from tdbg.probe.device_copy import host_copy
 from tdbg.probe.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
 from tdbg.probe.hooks import CudaMark, Mark, PhaseHooks, marker, perf
@@ -944,19 +944,8 @@ def _stage_values(
         vector = parts[0] if len(parts) == 1 else torch.cat(parts)
     else:
         return None
-    if vector.device.type == "cpu":
-        pending.values = vector
-    elif vector.device.type == "cuda":
-        # The step's one device-to-host copy: asynchronous into pinned memory; the probe
-        # thread reads it once the event recorded after it (same stream) has completed.
-        pending.values = vector.to("cpu", non_blocking=True)
-        host = perf()
-        on = vector.device
-        ready = torch.cuda.Event(enable_timing=True)
-        ready.record(current_stream(on))
-        pending.ready = ready
-        if cuda_device is not None and on == cuda_device:
-            return CudaMark(host, ready)
-    else:  # mps, xpu, ...: no CUDA events to wait on; a plain copy is correct there
-        pending.values = vector.to("cpu")
+    # The step's one device-to-host copy; the probe thread reads it once its event is done.
+    pending.values, pending.ready = host_copy(vector, timing=True)
+    if pending.ready is not None and vector.device == cuda_device:
+        return CudaMark(perf(), pending.ready)
     return None

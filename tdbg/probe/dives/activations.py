@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe.cuda_stream import current_stream
+from tdbg.probe.device_copy import host_copy
 from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
 from tdbg.probe.hook_refs import ForwardHook
 from tdbg.probe.log import warn
@@ -89,13 +89,8 @@ class HostCopy:
         acc = acc_dtype(device)
         flat = [_stack_on(group, device).to(acc).flatten() for group in groups if group]
         vector = flat[0] if len(flat) == 1 else torch.cat(flat)
-        self.ready: Any = None
-        if device.type == "cuda":
-            self.values = vector.to("cpu", non_blocking=True)
-            self.ready = torch.cuda.Event()
-            self.ready.record(current_stream(device))
-        else:  # cpu: already there; mps, xpu, ...: no CUDA event to wait on, a plain copy
-            self.values = vector.to("cpu")
+        self.ready: Any
+        self.values, self.ready = host_copy(vector)
 
     def wait(self) -> torch.Tensor:
         if self.ready is not None:

@@ -1,0 +1,46 @@
+"""Device-to-host copies and CUDA events on a device's current stream, without torch's
+Python cost of finding that stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# A loop that makes a new stream every step must not grow the cache without end.
+MAX_STREAMS = 64
+
+_streams: dict[tuple[int, int, int], Any] = {}
+
+
+def current_stream(device: torch.device) -> Any:
+    """``torch.cuda.current_stream(device)``: the same stream, looked up by the ids torch's C
+    side returns instead of built anew. torch's own call costs ~9 us of Python (measured on an
+    H200), and the probe records about five events a step."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = torch._C._cuda_getCurrentStream(index)
+    stream = _streams.get(key)
+    if stream is None:
+        if len(_streams) >= MAX_STREAMS:
+            _streams.clear()
+        stream = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+        _streams[key] = stream
+    return stream
+
+
+def recorded_event(device: torch.device, timing: bool = False) -> Any:
+    """A CUDA event recorded now on ``device``'s current stream: an asynchronous enqueue, no
+    host-device sync. ``timing``: one that can start or end a timed span."""
+    event = torch.cuda.Event(enable_timing=timing)
+    event.record(current_stream(device))
+    return event
+
+
+def host_copy(vector: torch.Tensor, timing: bool = False) -> tuple[torch.Tensor, Any]:
+    """``vector`` on its way to the host, and the event that says the copy is done (None where
+    there is nothing to wait for). On CUDA an asynchronous copy into pinned memory, the event
+    recorded after it on the same stream; a CPU tensor as it is; elsewhere (mps, xpu, ...: no
+    CUDA event to wait on) a plain copy."""
+    if vector.device.type == "cuda":
+        return vector.to("cpu", non_blocking=True), recorded_event(vector.device, timing)
+    return vector.to("cpu"), None
