@@ -167,13 +167,17 @@ class Loop:
         self.losses: list[float] = []
         self.norms: list[tuple[float, list[float]]] = []
 
+    def loss(self) -> Any:
+        """The model's loss on the loop's batch (a tensor with its graph)."""
+        return ((self.model(self.x) - self.y) ** 2).mean()
+
     def step(self, probe: object = None, reference: bool = False) -> float:
         from norm_oracle import reference_norms
 
         from tdbg.probe.gradients import find_layers
 
         self.model.zero_grad(set_to_none=True)
-        loss = ((self.model(self.x) - self.y) ** 2).mean()
+        loss = self.loss()
         loss.backward()
         if reference:
             self.norms.append(reference_norms(find_layers(self.model)))

@@ -225,9 +225,8 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
 
         return run
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loop = Loop(width=8)
+    model, opt = loop.model, loop.opt
     probe = tdbg.watch(model, opt, name="cold", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     try:
@@ -235,7 +234,7 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
         monkeypatch.setattr(probe._sampler, "on_backward", counted(probe._sampler.on_backward))
         losses = []
         for _ in range(2):
-            loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+            loss = loop.loss()
             loss.backward()
             if not losses:
                 assert calls == []  # the usual step: one backward, nothing dispatched
@@ -262,9 +261,8 @@ def test_a_cpu_loss_is_read_before_its_backward_not_at_the_update(
     own step (its pass forced)."""
     calls: list[str] = []
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loop = Loop(width=8)
+    model, opt = loop.model, loop.opt
     probe = tdbg.watch(model, opt, name="warm-read", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     grads_ready = probe._hooks._on_optimizer_step  # what the step pre-hook runs
@@ -285,7 +283,7 @@ def test_a_cpu_loss_is_read_before_its_backward_not_at_the_update(
     try:
         for step in range(3):
             opt.zero_grad()
-            loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+            loss = loop.loss()
             if step == 2:
                 loss = loss * float("nan")
             loss.backward()
@@ -309,9 +307,8 @@ def test_a_backward_that_raises_is_not_counted(
     cheaper); a backward that raises is taken back: a loop that catches it (a batch skipped
     after running out of memory) still gets its update's loss and micro-batch count right,
     under gradient accumulation too."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loop = Loop(width=8)
+    model, opt = loop.model, loop.opt
     probe = tdbg.watch(model, opt, name="failed-backward", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
 
@@ -327,7 +324,7 @@ def test_a_backward_that_raises_is_not_counted(
             losses = []
             failing_backward()
             for _ in range(micro_batches):
-                loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+                loss = loop.loss()
                 loss.backward()
                 losses.append(loss.item())
                 failing_backward()
@@ -349,15 +346,14 @@ def test_the_usual_step_reads_its_cpu_loss_once(
     tensor back uses the value (no detach, nothing dispatched), and the step's loss is it."""
     calls: list[str] = []
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loop = Loop(width=8)
+    model, opt = loop.model, loop.opt
     probe = tdbg.watch(model, opt, name="read-once", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     try:
         for step in range(3):
             opt.zero_grad()
-            loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
+            loss = loop.loss()
             loss.backward()
             opt.step()
             calls.clear()
@@ -377,9 +373,8 @@ def test_the_optimizer_tap_tells_the_probe_of_each_optimizer_once(
     """The process-wide optimizer tap (a new optimizer may update the watched model) runs
     right after the backward on every step: for an optimizer the probe has heard of it returns
     after one dict lookup. A new one is still heard of at its first step, and followed."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loop = Loop(width=8)
+    model, opt = loop.model, loop.opt
     probe = tdbg.watch(model, opt, name="told-once", grad_every=10**9)
     heard: list[object] = []
     hear = probe._sampler.on_any_optimizer_step
@@ -389,7 +384,7 @@ def test_the_optimizer_tap_tells_the_probe_of_each_optimizer_once(
 
     def train(optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad()
-        ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean().backward()
+        loop.loss().backward()
         optimizer.step()
         probe.step()
 
@@ -412,17 +407,16 @@ def test_the_forward_ends_where_its_backward_starts(
     """No hook runs after the model's forward (a Python call right after the forward's kernels
     costs microseconds): the step's forward is timed up to its backward, loss included, and
     the backward from there to the update."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loop = Loop(width=8)
+    model, opt = loop.model, loop.opt
     probe = tdbg.watch(model, opt, name="phases", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     try:
         for _ in range(2):
             opt.zero_grad()
-            out = model(torch.randn(16, 4))
+            out = model(loop.x)
             time.sleep(0.2)  # the loss's own work, say
-            ((out - torch.randn(16, 1)) ** 2).mean().backward()
+            ((out - loop.y) ** 2).mean().backward()
             opt.step()
             probe.step()
         resolved = sent[-1].resolve()
@@ -440,16 +434,15 @@ def test_a_backward_after_the_update_does_not_move_the_forward_end(
     """The forward's end is marked where its backward starts, but only before the update: a
     backward after it (another model's, trained after the watched one's step) is not this
     step's forward ending, and the backward phase never comes out negative."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    loop = Loop(width=8)
+    model, opt = loop.model, loop.opt
     other = nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     probe = tdbg.watch(model, opt, name="after-update", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     try:
         for _ in range(2):
             opt.zero_grad()
-            ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean().backward()
+            loop.loss().backward()
             opt.step()
             other(torch.randn(16, 4)).pow(2).mean().backward()  # not watched, after the update
             probe.step()
