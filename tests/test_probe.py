@@ -287,10 +287,10 @@ def test_circuit_breaker_switches_the_probe_off(
     sock = probe.socket_path
     assert sock is not None
 
-    def broken() -> list[float]:
-        raise RuntimeError("lr exploded")
+    def broken(loss: object) -> None:
+        raise RuntimeError("loss bookkeeping exploded")
 
-    monkeypatch.setattr(probe._sampler, "_learning_rates", broken)
+    monkeypatch.setattr(probe._sampler, "_step_losses", broken)
     loop.run(150, probe)
     assert probe.errors == watch_module.MAX_ERRORS
     assert probe._disabled

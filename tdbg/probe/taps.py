@@ -48,7 +48,11 @@ _lock = threading.Lock()
 # Seconds the per-step taps (backward, every optimizer step) spent since a probe last took them:
 # part of what the probe costs the loop, which its own timer does not see (take_seconds()).
 _seconds = [0.0]
+# The same list, public: probe.step() reads and zeroes it in place (take_seconds(), written out
+# where a function call costs microseconds).
+tap_seconds = _seconds
 _perf = time.perf_counter
+_Tensor = torch.Tensor
 _restore: list[Callable[[], None]] = []
 _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale's last (out, in)
 # Optimizers every listener has heard of, by id (checked against the weakref: ids are reused).
@@ -201,10 +205,28 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             # demo). A CPU loss is read once, here: the listeners keep its value (nothing to
             # detach or keep alive, and whether it is NaN or Inf is what a NaN's origin needs
             # on steps whose gradients go unsampled). A backward that raises is taken back.
+            # The usual call (``loss.backward()`` on a CPU float loss) is written out: each
+            # function entered here costs microseconds (cold caches), not nanoseconds.
             t0 = _perf()
-            loss = _scalar(tensors)
-            if loss is not None:
-                _notify("on_backward", loss, host_value(loss))
+            if type(tensors) is _Tensor and _scaled is None:
+                loss = tensors
+                value = None
+                if loss.is_cpu:
+                    try:
+                        value = float(loss.item())
+                    except (RuntimeError, TypeError, ValueError, OverflowError):
+                        pass
+                for ref in _snapshot:
+                    listener = ref()
+                    if listener is not None:
+                        try:
+                            listener.on_backward(loss, value)
+                        except Exception:  # a listener counts its own errors
+                            pass
+            else:
+                loss = _scalar(tensors)
+                if loss is not None:
+                    _notify("on_backward", loss, host_value(loss))
             _seconds[0] += _perf() - t0
         if loss is None:
             return original(tensors, grad_tensors, *args, **kwargs)
@@ -243,7 +265,7 @@ def _scalar(tensors: Any) -> torch.Tensor | None:
     the listeners take it back)."""
     global _scaled
     tensor = tensors
-    if isinstance(tensor, list | tuple):
+    if isinstance(tensor, (list, tuple)):
         if len(tensor) != 1:
             return None
         tensor = tensor[0]
