@@ -164,7 +164,9 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         tasks[UNWATCHED].train_step(*pool[i % POOL])
     step = (time.thread_time_ns() - t0) / 5e9
     steps = max(10, round(args.block_seconds / step))
-    probe = tdbg.watch(tasks[WATCHED].model, tasks[WATCHED].optimizer, name=name)
+    probe = tdbg.watch(
+        tasks[WATCHED].model, tasks[WATCHED].optimizer, name=name, grad_every=args.grad_every
+    )
     block_cpu(tasks[WATCHED], pool, 50, probe)  # the interval settles, plans are built
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
     off_cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}  # wall - CPU: waits (GIL)
@@ -255,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         "--glibc-heap",
         action="store_true",
         help="leave glibc's heap trimming on (default: off, see fix_malloc)",
+    )
+    p.add_argument(
+        "--grad-every",
+        type=int,
+        default=None,
+        help="the watched probe samples gradients every N steps (default: the automatic"
+        " interval; 1000000000: never, the fixed per-step cost alone)",
     )
     args = p.parse_args(argv)
     args.rounds = args.rounds or (8 if args.quick else 20)

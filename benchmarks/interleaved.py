@@ -1,0 +1,166 @@
+"""The probe's cost in training-thread CPU time, resolved to a few tenths of a percent.
+
+``thread_cpu.py`` runs each arm in blocks of ~0.2 s; on this shared VM a block's CPU time per
+step drifts by several percent from one block to the next (other tenants, the caches), so 200
+rounds resolve only +-1-1.5 % (2 SE). Here the arms take turns every few steps instead: one
+model, three arms (``unwatched``, ``unwatched again``: the noise, ``watched``: one long-lived
+``tdbg.watch()``), a *turn* of ``--turn`` steps per arm, the arms' order shuffled per cycle.
+The first step of each turn is run but not timed: it absorbs what the previous arm left behind
+(its caches, a probe's spill-over into the next step), so each timed step follows a step of
+its own arm. Drift slower than a few steps cancels in the per-cycle pairs; 1,000 cycles take a
+few minutes per model and resolve +-0.3-0.6 %.
+
+For the unwatched turns the probe's hooks come off the model and optimizer and its taps off
+torch (as in a process with no probe), outside the timed steps (``thread_cpu.unhook``). Its
+step clock restarts at each watched turn, so its step time, cost and gradient interval are
+those of its own steps. ``--grad-every 1000000000`` measures the fixed per-step work alone.
+CPU time is ``time.thread_time_ns()`` of the training thread with ``torch.set_num_threads(1)``
+(every op of the step runs on it); the probe thread's work is not in it (``thread_cpu.py``
+reports that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "demos"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from models import MAKERS, Batch, Task  # noqa: E402
+from overhead import POOL  # noqa: E402
+from thread_cpu import AGAIN, ARMS, UNWATCHED, WATCHED, fix_malloc, own_cost, rehook, unhook  # noqa: E402
+
+import tdbg  # noqa: E402
+
+
+def turn(task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | None, at: int) -> float:
+    """CPU seconds per step of ``steps`` steps of ``task`` after one untimed step; ``at``:
+    which batch of the pool to start from."""
+    batches = [pool[(at + i) % len(pool)] for i in range(steps + 1)]
+    if probe is not None:
+        probe._sampler._last_host = None  # the other arms' steps are not this probe's
+    loss = task.train_step(*batches[0])  # absorbs what the previous arm left behind
+    if probe is not None:
+        probe.step(loss, samples=task.batch_size, tokens=task.tokens)
+    clock = time.thread_time_ns
+    t0 = clock()
+    for inputs, targets in batches[1:]:
+        loss = task.train_step(inputs, targets)
+        if probe is not None:
+            probe.step(loss, samples=task.batch_size, tokens=task.tokens)
+    return (clock() - t0) / 1e9 / steps
+
+
+def paired(values: list[float], base: list[float]) -> str:
+    """Mean over cycles of (arm - unwatched), with two standard errors; and the mean with
+    the 5 % most extreme differences each side left out (a burst of another process)."""
+    diffs = [a - b for a, b in zip(values, base, strict=True)]
+    mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+    cut = len(diffs) // 20
+    trimmed = statistics.fmean(sorted(diffs)[cut : len(diffs) - cut])
+    scale = statistics.fmean(base)
+    return (
+        f"{mean * 1e6:+7.1f} us/step = {mean / scale * 100:+.2f} % +- {2 * se / scale * 100:.2f} %"
+        f" (2 SE); trimmed {trimmed / scale * 100:+.2f} %"
+    )
+
+
+def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
+    task = MAKERS[name](seed=args.seed)
+    pool = [task.batch() for _ in range(POOL)]
+    for i in range(20):  # optimizer state, allocator
+        task.train_step(*pool[i % POOL])
+    probe = tdbg.watch(task.model, task.optimizer, name=name, grad_every=args.grad_every)
+    for i in range(50):  # the interval settles, plans are built
+        probe.step(task.train_step(*pool[i % POOL]), samples=task.batch_size, tokens=task.tokens)
+    per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    intervals: list[int] = []
+    started = time.perf_counter()
+    for cycle in range(args.cycles):
+        order = list(ARMS)
+        rng.shuffle(order)
+        for arm in order:
+            watched = arm == WATCHED
+            hooked = bool(probe._hooks.handles)
+            if watched and not hooked:
+                rehook(probe)
+            elif not watched and hooked:
+                unhook(probe)
+            at = rng.randrange(POOL)
+            per_step[arm].append(turn(task, pool, args.turn, probe if watched else None, at))
+        if cycle % 50 == 0:
+            intervals.append(probe.grad_interval)
+    if not probe._hooks.handles:
+        rehook(probe)
+    fraction, recent = own_cost(probe)
+    probe.close()
+    base = per_step[UNWATCHED]
+    print(
+        f"\n=== {name}: {args.cycles} cycles x {args.turn} timed steps per arm"
+        f" ({time.perf_counter() - started:.0f} s), unwatched"
+        f" {statistics.median(base) * 1e3:.2f} ms CPU/step"
+    )
+    for arm in (AGAIN, WATCHED):
+        print(f"  {arm:<16} - unwatched: {paired(per_step[arm], base)}")
+    print(
+        f"  probe's own cost_fraction (last {recent} steps): {fraction * 100:.2f} %;"
+        f" grad_interval every 50 cycles: {intervals}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--models", default="mlp,transformer,cnn", help="comma-separated")
+    p.add_argument("--cycles", type=int, default=1000, help="default 1000")
+    p.add_argument("--turn", type=int, default=2, help="timed steps per turn (default 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--grad-every",
+        type=int,
+        default=None,
+        help="the watched probe samples gradients every N steps (default: the automatic"
+        " interval; 1000000000: never, the fixed per-step cost alone)",
+    )
+    args = p.parse_args(argv)
+    if args.cycles < 2 or args.turn < 1:
+        p.error("--cycles: at least 2; --turn: at least 1")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MAKERS]
+    if unknown:
+        print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
+        return 2
+    fixed = fix_malloc()
+    torch.set_flush_denormal(True)
+    torch.set_num_threads(1)  # every op on the calling thread: its CPU time is the step's
+    os.environ["TDBG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tdbg-bench-")
+    print(
+        f"tdbg {tdbg.__version__}, torch {torch.__version__}, python"
+        f" {platform.python_version()}, {os.cpu_count()} CPUs, torch threads 1, load average"
+        f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}, glibc heap"
+        f" {'trimming off' if fixed else 'as is'}"
+    )
+    rng = random.Random(args.seed)
+    started = time.perf_counter()
+    for name in models:
+        bench(name, args, rng)
+    print(
+        f"\ntotal {time.perf_counter() - started:.0f} s, load average"
+        f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
