@@ -115,11 +115,18 @@ def private_dir() -> Iterator[Path]:
 def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every step ``probe`` hands its thread from now on (its PendingStep), kept in the list
     returned: the thread drains its inbox at each tick, so a test cannot read it there."""
+    from collections import deque
+
     sent: list[Any] = []
-    push = probe._server.push_step
-    monkeypatch.setattr(
-        probe._server, "push_step", lambda pending: (sent.append(pending), push(pending))
-    )
+    server = probe._server
+
+    class Recording(deque):  # type: ignore[type-arg]
+        def append(self, pending: Any) -> None:
+            sent.append(pending)
+            super().append(pending)
+
+    inbox = Recording(server.inbox, maxlen=server.inbox.maxlen)
+    monkeypatch.setattr(server, "inbox", inbox)
     return sent
 
 

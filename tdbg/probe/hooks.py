@@ -158,12 +158,13 @@ class PhaseHooks:
         if not self.active:
             return
         try:
-            if self.timeline.forward_start is None and torch.is_grad_enabled():
-                t0 = perf()
+            t0 = perf()  # the whole hook is the probe's cost, not just its mark
+            training = torch.is_grad_enabled()
+            if training and self.timeline.forward_start is None:
                 self.timeline.forward_start = self._mark()
-                self.seconds += perf() - t0
-            if self.capture_inputs and not self.updating and torch.is_grad_enabled():
+            if training and self.capture_inputs and not self.updating:
                 self.last_inputs = (module, args)
+            self.seconds += perf() - t0
         except Exception as exc:
             self._on_error(exc)
 

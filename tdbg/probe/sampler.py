@@ -788,9 +788,14 @@ class StepSampler:
             del lrs[MAX_LR_COLUMNS:]
         return lrs
 
-    def step(self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks) -> None:
-        """One ``probe.step()``: hand the step to the probe thread, sample gradients if due."""
-        t0 = perf()
+    def step(
+        self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float | None = None
+    ) -> None:
+        """One ``probe.step()``: hand the step to the probe thread, sample gradients if due.
+        ``t0``: when the caller's ``probe.step()`` began (its clock: ``perf``), the start of
+        the probe's cost and of the step's time; now if not given."""
+        if t0 is None:
+            t0 = perf()
         if self._iterating is not None:
             self._note_loader()
         if not self._server.serving:
@@ -924,8 +929,32 @@ class StepSampler:
         self._fixed_cost = (
             fixed if self._fixed_cost == 0.0 else ((1 - EMA) * self._fixed_cost + EMA * fixed)
         )
-        self._update_interval(step_time, probe_time, sample is not None)
-        self._server.push_step(pending)
+        # The running averages the interval goes by, written out (this runs after the update,
+        # where each function entered costs microseconds); the interval itself is worked out
+        # when a pass may be due, after one, and every 8 steps (an interval that the costs
+        # have since shortened takes effect within 8 steps).
+        if sample is not None:
+            self._last_sampled = self.step_count - 1
+        if step_time == step_time and step_time > 0:
+            ema = self._step_ema
+            self._step_ema = step_time if ema == 0.0 else (1 - EMA) * ema + EMA * step_time
+            # Every step's whole probe time, the gradient passes and what each step pays,
+            # against the step's: the cost the budget is about, as the probe reports it.
+            self._spent_probe = (1 - SPENT_EMA) * self._spent_probe + SPENT_EMA * probe_time
+            self._spent_step = (1 - SPENT_EMA) * self._spent_step + SPENT_EMA * step_time
+        since = self.step_count - self._last_sampled
+        if self.grad_every is not None:
+            self.grad_interval = self.grad_every
+        elif since >= self.grad_interval or sample is not None or self.step_count % 8 == 0:
+            step, grad, fixed_cost, spent = self.measured_costs()
+            self.grad_interval = gradient_interval(
+                step, grad, fixed_cost, self.overhead_budget, spent
+            )
+        self._sample_now = since >= self.grad_interval
+        # To the probe thread: a bounded deque, never blocks (the oldest dropped when full).
+        server = self._server
+        server.inbox.append(pending)
+        server.appended += 1
         self._previous_end = end if end is not None else self._mark()
 
     def _forget_step(self) -> None:
@@ -967,29 +996,6 @@ class StepSampler:
         spent = self._spent_probe / self._spent_step if self._spent_step > 0 else NAN
         grad = max(self._grad_cost, self._grad_device_cost)
         return self._step_ema, grad, self._fixed_cost, spent
-
-    def _update_interval(self, step_time: float, probe_time: float, sampled: bool) -> None:
-        if sampled:
-            self._last_sampled = self.step_count - 1
-        if step_time == step_time and step_time > 0:
-            self._step_ema = (
-                step_time
-                if self._step_ema == 0.0
-                else ((1 - EMA) * self._step_ema + EMA * step_time)
-            )
-            # Every step's whole probe time, the gradient passes and what each step pays,
-            # against the step's: the cost the budget is about, as the probe reports it.
-            self._spent_probe = (1 - SPENT_EMA) * self._spent_probe + SPENT_EMA * probe_time
-            self._spent_step = (1 - SPENT_EMA) * self._spent_step + SPENT_EMA * step_time
-        since = self.step_count - self._last_sampled
-        if self.grad_every is not None:
-            self.grad_interval = self.grad_every
-        elif since >= self.grad_interval or sampled or self.step_count % 8 == 0:
-            # Worked out when a pass may be due, after one, and every 8 steps (an interval that
-            # the costs have since shortened takes effect within 8 steps): it decides only then.
-            step, grad, fixed, spent = self.measured_costs()
-            self.grad_interval = gradient_interval(step, grad, fixed, self.overhead_budget, spent)
-        self._sample_now = since >= self.grad_interval
 
 
 def _same_tensor(a: Any, b: Any) -> bool:

@@ -137,11 +137,6 @@ class ProbeServer:
         # the training thread nor the socket loop waits on it.
         self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 
-    def push_step(self, pending: PendingStep) -> None:
-        """From the training thread: one step for the probe thread (never blocks)."""
-        self.inbox.append(pending)
-        self.appended += 1
-
     def relayout(
         self,
         names: list[str],

@@ -23,7 +23,7 @@ from tdbg.probe.commands import CommandDesk
 from tdbg.probe.dives.base import DiveContext, DiveRunner
 from tdbg.probe.dives.registry import DIVES
 from tdbg.probe.gradients import Layer, find_layers
-from tdbg.probe.hooks import PhaseHooks
+from tdbg.probe.hooks import PhaseHooks, perf
 from tdbg.probe.log import warn
 from tdbg.probe.metrics import MetricsDesk
 from tdbg.probe.run_info import describe_run, rank, schedule_length, watched_optimizer
@@ -280,6 +280,7 @@ class Probe:
 
         ``samples`` / ``tokens``: how many this step processed, for samples/s and tokens/s.
         """
+        t0 = perf()  # from here: this call is the probe's cost (its step time starts here too)
         if self._disabled:
             if self._hooks.handles and not self.closed:
                 # Switched off by the circuit breaker: remove the hooks here, at a step
@@ -297,7 +298,7 @@ class Probe:
             except Exception as exc:
                 self._count_error(exc)
         try:
-            self._sampler.step(loss, samples, tokens, self._hooks)
+            self._sampler.step(loss, samples, tokens, self._hooks, t0)
         except Exception as exc:
             self._count_error(exc)
         if self._dives.busy:  # the one flag read per step while no command is armed
