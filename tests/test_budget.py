@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import Loop, Reader
+from conftest import Loop, Reader, handed_over
 
 import tdbg
 from tdbg.probe.budget import MAX_AUTO_INTERVAL, gradient_interval
@@ -102,3 +102,40 @@ def test_a_tiny_budget_samples_rarely_and_a_generous_one_every_step(runtime_dir:
     assert 1 <= len(sampled) <= 10  # the first steps, before any cost was measured
     interval, sampled = sampled_steps(1e9, 100, runtime_dir)
     assert interval == 1 and sampled == list(range(100))
+
+
+def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch's calls into the hooks and their cold entry are outside every timer the probe
+    # has (interleaved.py: the fixed work costs the training thread 2.4 times what the probe
+    # times of it): the step's probe_time, which the interval and cost_fraction go by, counts
+    # the fixed work at that. A fake clock (1 us a read) makes the timed part exact.
+    import threading
+
+    from tdbg.probe import budget, hooks, sampler, taps, watch
+
+    ticks = [0.0]
+    training = threading.get_ident()
+
+    def clock() -> float:  # reads on the probe's own thread do not move it
+        if threading.get_ident() == training:
+            ticks[0] += 1e-6
+        return ticks[0]
+
+    for module in (hooks, sampler, watch):
+        monkeypatch.setattr(module, "perf", clock)
+    monkeypatch.setattr(taps, "_perf", clock)
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
+    probe._hooks._mark = probe._sampler._mark = clock  # the CPU marks are the clock itself
+    sent = handed_over(probe, monkeypatch)
+    loop.run(6, probe)
+    counted = [p.probe_time for p in sent[2:]]
+    monkeypatch.setattr(sampler, "FIXED_UNTIMED", 0.0)
+    loop.run(6, probe)
+    timed = [p.probe_time for p in sent[8:]]
+    probe.close()
+    # The same path each step, the same reads of the clock: the same time.
+    assert timed[0] > 0 and timed == pytest.approx([timed[0]] * len(timed))
+    assert counted == pytest.approx([timed[0] * (1 + budget.FIXED_UNTIMED)] * len(counted))

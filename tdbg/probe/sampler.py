@@ -13,7 +13,7 @@ import torch
 
 from tdbg.probe import taps
 from tdbg.probe.alerts import alert
-from tdbg.probe.budget import gradient_interval
+from tdbg.probe.budget import FIXED_UNTIMED, gradient_interval
 from tdbg.probe.device_copy import host_copy
 from tdbg.probe.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
@@ -921,10 +921,13 @@ class StepSampler:
         # time (backward, optimizer steps) is the probe's cost too.
         hook_seconds, hooks.seconds = hooks.seconds, 0.0
         tap_seconds = self._tap_seconds  # taps.take_seconds(), written out
-        probe_time = (perf() - t0) + hook_seconds + tap_seconds[0]
+        timed = (perf() - t0) + hook_seconds + tap_seconds[0]
         tap_seconds[0] = 0.0
+        # What the fixed work costs the loop, not only what the probe timed of it: torch's
+        # calls into the hooks and their cold entry, outside any timer (budget.FIXED_UNTIMED).
+        fixed = max(0.0, timed - self._grad_seconds) * (1.0 + FIXED_UNTIMED)
+        probe_time = self._grad_seconds + fixed
         pending.probe_time = probe_time
-        fixed = max(0.0, probe_time - self._grad_seconds)
         self._grad_seconds = 0.0
         self._fixed_cost = (
             fixed if self._fixed_cost == 0.0 else ((1 - EMA) * self._fixed_cost + EMA * fixed)
