@@ -28,6 +28,7 @@ from models import MAKERS, Batch, Task, parameter_count  # noqa: E402
 
 import tdbg  # noqa: E402
 from tdbg.connect.client import ProbeClient  # noqa: E402
+from tdbg.probe.budget import FIXED_UNTIMED  # noqa: E402
 from tdbg.probe.gradients import GradientStats, find_layers  # noqa: E402
 
 BASELINE = "baseline"
@@ -356,7 +357,8 @@ def report(result: Result) -> dict[str, Any]:
         f" {fused:+.3f} ms -> {resolved}"
     )
     print(
-        f"every-step mode, probe's own probe_time per step (gradient pass + step()):"
+        f"every-step mode, probe's own probe_time per step (gradient pass + step(), its"
+        f" fixed part counted at {1 + FIXED_UNTIMED:.1f}x its timing):"
         f" {probe_us:.0f} us = {probe_us / iso_fused:.2f}x one fused pass"
     )
     verdict = "PASS" if iso_probe / iso_fused <= EVERY_STEP_TARGET else "over budget"

@@ -125,8 +125,10 @@ def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
             sent.append(pending)
             super().append(pending)
 
-    inbox = Recording(server.inbox, maxlen=server.inbox.maxlen)
-    monkeypatch.setattr(server, "inbox", inbox)
+    # Swapped while nothing waits in it (right after watch()): a step the probe thread is
+    # taking from the old deque meanwhile would be taken twice.
+    assert not server.inbox, "handed_over: call it before the first step"
+    monkeypatch.setattr(server, "inbox", Recording(maxlen=server.inbox.maxlen))
     return sent
 
 

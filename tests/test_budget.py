@@ -128,14 +128,59 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
     monkeypatch.setattr(taps, "_perf", clock)
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
-    probe._hooks._mark = probe._sampler._mark = clock  # the CPU marks are the clock itself
-    sent = handed_over(probe, monkeypatch)
-    loop.run(6, probe)
-    counted = [p.probe_time for p in sent[2:]]
-    monkeypatch.setattr(sampler, "FIXED_UNTIMED", 0.0)
-    loop.run(6, probe)
-    timed = [p.probe_time for p in sent[8:]]
-    probe.close()
+    try:
+        probe._hooks._mark = probe._sampler._mark = clock  # the CPU marks are the clock itself
+        sent = handed_over(probe, monkeypatch)
+        loop.run(6, probe)
+        counted = [p.probe_time for p in sent[2:]]
+        monkeypatch.setattr(sampler, "FIXED_UNTIMED", 0.0)
+        loop.run(6, probe)
+        timed = [p.probe_time for p in sent[8:]]
+    finally:
+        probe.close()
     # The same path each step, the same reads of the clock: the same time.
     assert timed[0] > 0 and timed == pytest.approx([timed[0]] * len(timed))
     assert counted == pytest.approx([timed[0] * (1 + budget.FIXED_UNTIMED)] * len(counted))
+
+
+def test_work_the_probe_times_whole_is_not_scaled(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The 2.4x is for the hooks' few cold lines, not for work whose timers see all of it: the
+    # skip_nonfinite guard's read of every gradient (here a fake clock makes it take 1 ms) is
+    # counted once, with or without the factor.
+    import threading
+
+    from tdbg.probe import guard, hooks, sampler, taps, watch
+
+    ticks = [0.0]
+    training = threading.get_ident()
+
+    def clock() -> float:
+        if threading.get_ident() == training:
+            ticks[0] += 1e-6
+        return ticks[0]
+
+    for module in (hooks, sampler, watch):
+        monkeypatch.setattr(module, "perf", clock)
+    monkeypatch.setattr(taps, "_perf", clock)
+    check = guard.NonfiniteGuard.check_and_skip
+
+    def slow_check(self: guard.NonfiniteGuard) -> bool:
+        ticks[0] += 1e-3
+        return check(self)
+
+    monkeypatch.setattr(guard.NonfiniteGuard, "check_and_skip", slow_check)
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9, skip_nonfinite=True)
+    try:
+        probe._hooks._mark = probe._sampler._mark = clock
+        sent = handed_over(probe, monkeypatch)
+        loop.run(4, probe)
+        monkeypatch.setattr(sampler, "FIXED_UNTIMED", 0.0)
+        loop.run(4, probe)
+    finally:
+        probe.close()
+    counted, timed = sent[3].probe_time, sent[7].probe_time
+    assert timed > 1e-3  # the guard's millisecond is in it
+    assert 0 < counted - timed < 0.2e-3  # the factor scaled the hooks' microseconds only

@@ -224,7 +224,9 @@ class StepSampler:
         self.grad_interval = grad_every or 1
         self._grad_cost = 0.0  # EMA of seconds per gradient pass
         self._step_ema = 0.0  # EMA of seconds per step
-        self._grad_seconds = 0.0  # this step's gradient passes
+        # This step's work timed whole (not scaled by FIXED_UNTIMED: its timers see it all):
+        # gradient passes, the guard's check, a forward re-run, staging device values.
+        self._grad_seconds = 0.0
         self._fixed_cost = 0.0  # EMA of the probe's per-step cost besides gradient passes
         self._previous_end: Mark | None = None
         self._grad_marks: tuple[Mark, Mark] | None = None
@@ -398,8 +400,12 @@ class StepSampler:
                 sample, nonfinite = self._check_host(slot.grads, sample)
             slot.sample = sample
         if slot.guard is not None:
-            # One sync per update, the price of keeping the model intact (README).
-            if slot.guard.check_and_skip():
+            # One sync per update, the price of keeping the model intact (README). Timed whole,
+            # as a pass is: a read of every gradient, not the hooks' few cold lines.
+            t0 = perf()
+            skip = slot.guard.check_and_skip()
+            self._grad_seconds += perf() - t0
+            if skip:
                 if self._skipped_layers is None:
                     self._skipped_layers = []
                     self.skipped_steps += 1
@@ -426,7 +432,9 @@ class StepSampler:
         captured = self.captured()
         if captured is not None and self._forward_origin is None:
             module, args = captured
+            t0 = perf()  # a whole forward, timed whole (as a gradient pass is)
             self._forward_origin = find_forward_origin(module, args)
+            self._grad_seconds += perf() - t0
 
     # Kept as a name: the gradient pass of the first optimizer (tests patch it to fail).
     def on_optimizer_step(self) -> None:
@@ -913,7 +921,9 @@ class StepSampler:
             pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
             end = None
         elif scalars or sample is not None:
+            staged = perf()  # device values and a sampled step's norms: timed whole
             end = _stage_values(pending, sample, scalars, self._cuda_device)
+            self._grad_seconds += perf() - staged
         else:
             end = None
         self.step_count += 1
@@ -923,8 +933,9 @@ class StepSampler:
         tap_seconds = self._tap_seconds  # taps.take_seconds(), written out
         timed = (perf() - t0) + hook_seconds + tap_seconds[0]
         tap_seconds[0] = 0.0
-        # What the fixed work costs the loop, not only what the probe timed of it: torch's
-        # calls into the hooks and their cold entry, outside any timer (budget.FIXED_UNTIMED).
+        # What the fixed work (the hooks' and this call's few lines) costs the loop, not only
+        # what the probe timed of it: torch's calls into the hooks and their cold entry,
+        # outside any timer (budget.FIXED_UNTIMED). Work timed whole is counted as timed.
         fixed = max(0.0, timed - self._grad_seconds) * (1.0 + FIXED_UNTIMED)
         probe_time = self._grad_seconds + fixed
         pending.probe_time = probe_time

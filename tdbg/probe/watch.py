@@ -280,7 +280,6 @@ class Probe:
 
         ``samples`` / ``tokens``: how many this step processed, for samples/s and tokens/s.
         """
-        t0 = perf()  # from here: this call is the probe's cost (its step time starts here too)
         if self._disabled:
             if self._hooks.handles and not self.closed:
                 # Switched off by the circuit breaker: remove the hooks here, at a step
@@ -294,9 +293,10 @@ class Probe:
             self._server.training_thread = ident  # where a stall's stack is read
         if self._sampler.layout_dirty:
             try:
-                self._relayout()
+                self._relayout()  # rare: kept out of the per-step cost the interval goes by
             except Exception as exc:
                 self._count_error(exc)
+        t0 = perf()  # from here: this call is the probe's cost (its step time starts here too)
         try:
             self._sampler.step(loss, samples, tokens, self._hooks, t0)
         except Exception as exc:
