@@ -22,16 +22,11 @@ reports that).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,7 +35,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from models import MAKERS, Batch, Task  # noqa: E402
 from overhead import POOL  # noqa: E402
-from thread_cpu import AGAIN, ARMS, UNWATCHED, WATCHED, fix_malloc, own_cost, rehook, unhook  # noqa: E402
+from thread_cpu import (  # noqa: E402
+    AGAIN,
+    ARMS,
+    UNWATCHED,
+    WATCHED,
+    own_cost,
+    rehook,
+    run_models,
+    unhook,
+)
 
 import tdbg  # noqa: E402
 
@@ -141,24 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
         return 2
-    fixed = fix_malloc()
-    torch.set_flush_denormal(True)
-    torch.set_num_threads(1)  # every op on the calling thread: its CPU time is the step's
-    os.environ["TDBG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tdbg-bench-")
-    print(
-        f"tdbg {tdbg.__version__}, torch {torch.__version__}, python"
-        f" {platform.python_version()}, {os.cpu_count()} CPUs, torch threads 1, load average"
-        f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}, glibc heap"
-        f" {'trimming off' if fixed else 'as is'}"
-    )
-    rng = random.Random(args.seed)
-    started = time.perf_counter()
-    for name in models:
-        bench(name, args, rng)
-    print(
-        f"\ntotal {time.perf_counter() - started:.0f} s, load average"
-        f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
-    )
+    run_models(models, bench, args)
     return 0
 
 

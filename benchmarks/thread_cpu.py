@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -273,7 +274,20 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
         return 2
-    fixed = False if args.glibc_heap else fix_malloc()
+    run_models(models, bench, args, trim_heap=not args.glibc_heap)
+    return 0
+
+
+def run_models(
+    models: list[str],
+    bench: Callable[[str, argparse.Namespace, random.Random], None],
+    args: argparse.Namespace,
+    trim_heap: bool = True,
+) -> None:
+    """Set this process up for measuring CPU time (every torch op on the calling thread,
+    glibc's heap trimming off unless ``trim_heap`` is False, a runtime dir of its own), say
+    so, and run ``bench`` on each model in turn with one seeded random source."""
+    fixed = fix_malloc() if trim_heap else False
     torch.set_flush_denormal(True)
     torch.set_num_threads(1)  # every op on the calling thread: its CPU time is the step's
     os.environ["TDBG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tdbg-bench-")
@@ -291,7 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         f"\ntotal {time.perf_counter() - started:.0f} s, load average"
         f" {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -104,21 +105,19 @@ def test_a_tiny_budget_samples_rarely_and_a_generous_one_every_step(runtime_dir:
     assert interval == 1 and sampled == list(range(100))
 
 
-def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # torch's calls into the hooks and their cold entry are outside every timer the probe
-    # has (interleaved.py: the fixed work costs the training thread 2.4 times what the probe
-    # times of it): the step's probe_time, which the interval and cost_fraction go by, counts
-    # the fixed work at that. A fake clock (1 us a read) makes the timed part exact.
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
+    """The probe's clock, made exact: each read on this (the training) thread moves it 1 us,
+    reads on the probe's own thread do not. Installed in the hooks, the sampler, probe.step()
+    and the taps; returned for a probe's marks."""
     import threading
 
-    from tdbg.probe import budget, hooks, sampler, taps, watch
+    from tdbg.probe import hooks, sampler, taps, watch
 
     ticks = [0.0]
     training = threading.get_ident()
 
-    def clock() -> float:  # reads on the probe's own thread do not move it
+    def clock() -> float:
         if threading.get_ident() == training:
             ticks[0] += 1e-6
         return ticks[0]
@@ -126,10 +125,23 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
     for module in (hooks, sampler, watch):
         monkeypatch.setattr(module, "perf", clock)
     monkeypatch.setattr(taps, "_perf", clock)
+    clock.ticks = ticks  # type: ignore[attr-defined]
+    return clock
+
+
+def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
+) -> None:
+    # torch's calls into the hooks and their cold entry are outside every timer the probe
+    # has (interleaved.py: the fixed work costs the training thread 2.4 times what the probe
+    # times of it): the step's probe_time, which the interval and cost_fraction go by, counts
+    # the fixed work at that. The fake clock makes the timed part exact.
+    from tdbg.probe import budget, sampler
+
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
     try:
-        probe._hooks._mark = probe._sampler._mark = clock  # the CPU marks are the clock itself
+        probe._hooks._mark = probe._sampler._mark = fake_clock  # CPU marks: the clock itself
         sent = handed_over(probe, monkeypatch)
         loop.run(6, probe)
         counted = [p.probe_time for p in sent[2:]]
@@ -144,37 +156,24 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
 
 
 def test_work_the_probe_times_whole_is_not_scaled(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
 ) -> None:
     # The 2.4x is for the hooks' few cold lines, not for work whose timers see all of it: the
-    # skip_nonfinite guard's read of every gradient (here a fake clock makes it take 1 ms) is
-    # counted once, with or without the factor.
-    import threading
+    # skip_nonfinite guard's read of every gradient (here made to take 1 ms of the fake clock)
+    # is counted once, with or without the factor.
+    from tdbg.probe import guard, sampler
 
-    from tdbg.probe import guard, hooks, sampler, taps, watch
-
-    ticks = [0.0]
-    training = threading.get_ident()
-
-    def clock() -> float:
-        if threading.get_ident() == training:
-            ticks[0] += 1e-6
-        return ticks[0]
-
-    for module in (hooks, sampler, watch):
-        monkeypatch.setattr(module, "perf", clock)
-    monkeypatch.setattr(taps, "_perf", clock)
     check = guard.NonfiniteGuard.check_and_skip
 
     def slow_check(self: guard.NonfiniteGuard) -> bool:
-        ticks[0] += 1e-3
+        fake_clock.ticks[0] += 1e-3  # type: ignore[attr-defined]
         return check(self)
 
     monkeypatch.setattr(guard.NonfiniteGuard, "check_and_skip", slow_check)
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9, skip_nonfinite=True)
     try:
-        probe._hooks._mark = probe._sampler._mark = clock
+        probe._hooks._mark = probe._sampler._mark = fake_clock
         sent = handed_over(probe, monkeypatch)
         loop.run(4, probe)
         monkeypatch.setattr(sampler, "FIXED_UNTIMED", 0.0)
