@@ -40,6 +40,7 @@ from thread_cpu import (  # noqa: E402
     ARMS,
     UNWATCHED,
     WATCHED,
+    add_grad_every,
     own_cost,
     rehook,
     run_models,
@@ -130,13 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=1000, help="default 1000")
     p.add_argument("--turn", type=int, default=2, help="timed steps per turn (default 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--grad-every",
-        type=int,
-        default=None,
-        help="the watched probe samples gradients every N steps (default: the automatic"
-        " interval; 1000000000: never, the fixed per-step cost alone)",
-    )
+    add_grad_every(p)
     args = p.parse_args(argv)
     if args.cycles < 2 or args.turn < 1:
         p.error("--cycles: at least 2; --turn: at least 1")

@@ -259,13 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave glibc's heap trimming on (default: off, see fix_malloc)",
     )
-    p.add_argument(
-        "--grad-every",
-        type=int,
-        default=None,
-        help="the watched probe samples gradients every N steps (default: the automatic"
-        " interval; 1000000000: never, the fixed per-step cost alone)",
-    )
+    add_grad_every(p)
     args = p.parse_args(argv)
     args.rounds = args.rounds or (8 if args.quick else 20)
     args.block_seconds = args.block_seconds or (0.3 if args.quick else 1.0)
@@ -276,6 +270,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_models(models, bench, args, trim_heap=not args.glibc_heap)
     return 0
+
+
+def add_grad_every(p: argparse.ArgumentParser) -> None:
+    """``--grad-every N``: the watched probe's fixed gradient interval (the fixed per-step
+    cost alone with 1000000000)."""
+    p.add_argument(
+        "--grad-every",
+        type=int,
+        default=None,
+        help="the watched probe samples gradients every N steps (default: the automatic"
+        " interval; 1000000000: never, the fixed per-step cost alone)",
+    )
 
 
 def run_models(

@@ -796,14 +796,10 @@ class StepSampler:
             del lrs[MAX_LR_COLUMNS:]
         return lrs
 
-    def step(
-        self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float | None = None
-    ) -> None:
+    def step(self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float) -> None:
         """One ``probe.step()``: hand the step to the probe thread, sample gradients if due.
         ``t0``: when the caller's ``probe.step()`` began (its clock: ``perf``), the start of
-        the probe's cost and of the step's time; now if not given."""
-        if t0 is None:
-            t0 = perf()
+        the probe's cost and of the step's time."""
         if self._iterating is not None:
             self._note_loader()
         if not self._server.serving:

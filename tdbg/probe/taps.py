@@ -46,11 +46,9 @@ _listeners: weakref.WeakSet[Any] = weakref.WeakSet()
 _snapshot: tuple[weakref.ref[Any], ...] = ()
 _lock = threading.Lock()
 # Seconds the per-step taps (backward, every optimizer step) spent since a probe last took them:
-# part of what the probe costs the loop, which its own timer does not see (take_seconds()).
-_seconds = [0.0]
-# The same list, public: probe.step() reads and zeroes it in place (take_seconds(), written out
-# where a function call costs microseconds).
-tap_seconds = _seconds
+# part of what the probe costs the loop, which its own timer does not see. probe.step() reads
+# and zeroes it in place (take_seconds(), written out where a call costs microseconds).
+tap_seconds = [0.0]
 _perf = time.perf_counter
 _Tensor = torch.Tensor
 _restore: list[Callable[[], None]] = []
@@ -83,7 +81,7 @@ def detach(listener: Listener) -> None:
 def take_seconds() -> float:
     """The per-step taps' time since the last call (from the training thread, at a step; with
     several probes in one process the first to step takes it)."""
-    seconds, _seconds[0] = _seconds[0], 0.0
+    seconds, tap_seconds[0] = tap_seconds[0], 0.0
     return seconds
 
 
@@ -185,7 +183,7 @@ def _tell(optimizer: Any) -> None:
     except Exception:  # not weak-referenceable (told at each step then); a tap never raises
         pass
     _notify("on_any_optimizer_step", optimizer)
-    _seconds[0] += _perf() - t0
+    tap_seconds[0] += _perf() - t0
 
 
 # Under torch.compile(optimizer.step) dynamo would trace the listeners (and warn about the
@@ -227,7 +225,7 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                 loss = _scalar(tensors)
                 if loss is not None:
                     _notify("on_backward", loss, host_value(loss))
-            _seconds[0] += _perf() - t0
+            tap_seconds[0] += _perf() - t0
         if loss is None:
             return original(tensors, grad_tensors, *args, **kwargs)
         try:
