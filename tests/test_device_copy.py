@@ -4,14 +4,12 @@ copied as it is."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pytest
 import torch
 
 from tdbg.probe import device_copy
-from tdbg.probe.hooks import StepTimeline
 from tdbg.probe.pending import PendingStep
 
 
@@ -78,12 +76,11 @@ def test_a_cpu_tensor_goes_to_the_host_as_it_is() -> None:
 def test_a_loss_copied_as_it_is_resolves_to_its_value() -> None:
     """On a GPU the loss alone is copied 0-d in its own dtype (no reshape or cast launched on
     the training thread): the probe thread reads it as the loss."""
-    nan = math.nan
     for value in (
         torch.tensor(2.5, dtype=torch.bfloat16),
         torch.tensor([1.25], dtype=torch.float64),
     ):
-        pending = PendingStep(0, 0.0, [], nan, nan, nan, nan, StepTimeline(), None, None)
+        pending = PendingStep()
         pending.values, pending.device_scalars = value, ["loss"]
         resolved: Any = pending.resolve()
         assert resolved is not None

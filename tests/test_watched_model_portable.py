@@ -85,6 +85,7 @@ def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Pa
         probe = tdbg.watch(loop.model, loop.opt, grad_every=1) if watch else None
         reader = Reader(probe.socket_path) if probe is not None else None  # type: ignore[arg-type]
         compiled = torch.compile(loop.model, backend="eager", fullgraph=True)
+        torch._dynamo.utils.counters.clear()
         losses, totals = [], []
         for _ in range(4):
             loop.opt.zero_grad()  # type: ignore[union-attr]
@@ -95,6 +96,8 @@ def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Pa
             losses.append(float(loss.detach()))
             if probe is not None:
                 probe.step(loss)
+        # Compiled once: the hooks' checks add no guard that fails at every call.
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
         if probe is not None:
             assert probe.errors == 0
             reader.wait(lambda r: len(r.records()) >= 4)  # type: ignore[union-attr]
@@ -112,6 +115,29 @@ def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Pa
         assert abs(record.loss - loss) <= 1e-6 * abs(loss)
         assert abs(record.grad_total - total) <= 1e-5 * total
     reader.close()
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+def test_a_watched_model_exports_and_the_probe_sees_no_traced_call(
+    runtime_dir: Path, strict: bool
+) -> None:
+    """``torch.export`` calls the module (with fake tensors when non-strict, outside dynamo):
+    the probe's forward hook does nothing there (no mark, no captured batch), the program
+    exports and computes what the model does, and training goes on watched."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    loop.run(1, probe)
+    hooks = probe._hooks
+    hooks.capture_inputs = True
+    hooks.last_inputs = None
+    with torch.enable_grad():
+        program = torch.export.export(loop.model, (loop.x,), strict=strict)
+    assert hooks.last_inputs is None and hooks.timeline.forward_start is None
+    assert torch.allclose(program.module()(loop.x), loop.model(loop.x))
+    hooks.timeline.forward_start = None  # the eager call just above marked one
+    loop.run(2, probe)
+    assert probe.errors == 0 and probe.steps == 3
+    probe.close()
 
 
 @pytest.mark.parametrize(

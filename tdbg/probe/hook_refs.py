@@ -16,28 +16,33 @@ import torch
 # ``sys.audit`` alone, so a checkpoint saved while watched loads where tdbg is not installed.
 # It does nothing unless an audit hook (PEP 578) listens, which then sees this event's name.
 INERT_EVENT = "tdbg.inert_hook"
-# Looked up once: dynamo knows these functions themselves (under tracing they read True), so
-# an alias keeps that, and the hooks skip two attribute lookups on every call. The step hooks
-# and taps ask the dynamo-only one (one Python frame in eager mode); forward hooks ask whether
-# anything traces the model, torch.export included (which calls the module, with fake tensors).
+# Looked up once: dynamo knows this function itself (under tracing it reads True), so an alias
+# keeps that, and the hooks skip two attribute lookups on every call (one Python frame in
+# eager mode).
 is_compiling = torch.compiler.is_dynamo_compiling
-is_tracing = torch.compiler.is_compiling
 
 
-def outside_graph(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function``, run eagerly even where ``torch.compile`` traces its caller: called straight
-    through in eager mode, and through ``torch.compiler.disable`` (a graph break) only while
-    dynamo traces. (Through that wrapper on every call it cost ~1 us warm, 17x a plain call, and
-    several times that in the cold moments around an update where the probe's hooks run.)"""
-    disabled = torch.compiler.disable(function)
+class _CompilingFlag:
+    """A torch without ``torch.compiler._is_compiling_flag``: the flag asks is_compiling()."""
 
-    @functools.wraps(function)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if is_compiling():
-            return disabled(*args, **kwargs)
-        return function(*args, **kwargs)
+    @property
+    def _is_compiling_flag(self) -> bool:
+        return bool(torch.compiler.is_compiling())
 
-    return call
+
+# Whether anything traces the model, torch.export included (a non-strict export calls the
+# module with fake tensors, outside dynamo): forward hooks ask ``is_compiling() or
+# COMPILE_STATE._is_compiling_flag``. That is torch.compiler.is_compiling() (three Python
+# frames in eager mode) in one frame and one attribute read. The dynamo check comes first:
+# dynamo reads it as a constant and never reaches the flag, which it would guard on (and
+# recompile the model at every call).
+COMPILE_STATE: Any = (
+    torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else _CompilingFlag()
+)
+
+
+def _written_into_call(*args: Any, **kwargs: Any) -> None:
+    raise TypeError("this hook's work is written into its __call__")
 
 
 def inert_hook() -> Callable[..., None]:
@@ -66,8 +71,18 @@ class WeakHook:
         # without its Python-level __call__ (three more calls on every hook, where the loop's
         # caches are cold).
         self._owner = weakref.ref(method.__self__)  # type: ignore[attr-defined]
-        self._function = method.__func__  # type: ignore[attr-defined]
+        self._function: Callable[..., Any] = method.__func__  # type: ignore[attr-defined]
         self._args = args  # leading arguments (plain values: an index, a name)
+
+    @classmethod
+    def owned_by(cls, owner: Any, *args: Any) -> WeakHook:
+        """A hook whose subclass writes its work into ``__call__`` (one frame fewer a call):
+        the owner, weakly, and the leading arguments; no method."""
+        hook = cls.__new__(cls)
+        hook._owner = weakref.ref(owner)
+        hook._function = _written_into_call
+        hook._args = args
+        return hook
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
         owner = self._owner()
@@ -75,7 +90,7 @@ class WeakHook:
             return None
         return self._function(owner, *self._args, *args, **kwargs)
 
-    # outside_graph(_call), written out: one frame per call in eager mode, not two.
+    # Eager where dynamo traces (a graph break), the check inline: one frame per call in eager mode.
     _outside_graph = torch.compiler.disable(_call)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -105,7 +120,7 @@ class ForwardHook(WeakHook):
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if is_tracing():
+        if is_compiling() or COMPILE_STATE._is_compiling_flag:
             return None
         owner = self._owner()
         if owner is None:

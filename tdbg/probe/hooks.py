@@ -9,10 +9,10 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from tdbg.probe import taps
 from tdbg.probe.device_copy import recorded_event
-from tdbg.probe.hook_refs import ForwardHook, WeakHook
+from tdbg.probe.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
 
 perf = time.perf_counter
 
@@ -65,15 +65,15 @@ def span(start: Mark | None, end: Mark | None) -> float | None:
 
 
 class StepTimeline:
-    """Marks of one step: forward start/end, optimizer start/end."""
+    """Marks of one step: forward start/end, optimizer start/end.
 
-    __slots__ = ("forward_start", "forward_end", "optimizer_start", "optimizer_end")
+    Defaults on the class and no ``__init__``: one is made per step, after the update, where a
+    Python ``__init__`` frame costs microseconds; a mark set goes into the instance's dict."""
 
-    def __init__(self) -> None:
-        self.forward_start: Mark | None = None
-        self.forward_end: Mark | None = None
-        self.optimizer_start: Mark | None = None
-        self.optimizer_end: Mark | None = None
+    forward_start: Mark | None = None
+    forward_end: Mark | None = None
+    optimizer_start: Mark | None = None
+    optimizer_end: Mark | None = None
 
 
 class OptimizerEvents(Protocol):
@@ -90,6 +90,10 @@ class PhaseHooks:
     """Root-module forward pre-hooks and optimizer step hooks feeding a StepTimeline.
 
     One forward pre-hook per watched root module (not per layer): one Python call per forward.
+    An optimizer's step start comes through the process-wide optimizer tap
+    (:func:`taps.route_step`), its end through a post-hook of its own; each hook's work is
+    written into its ``__call__`` (on the CPU each Python frame around an update costs
+    microseconds, counted by ``benchmarks/probe_calls.py``).
     The forward's end is marked where its backward starts, by the probe's backward tap
     (:meth:`StepSampler.on_backward`): the loss is part of the forward, and a hook called right
     after the forward's kernels (each Python call there costs microseconds) is saved.
@@ -127,17 +131,20 @@ class PhaseHooks:
         self._on_optimizer_step = functools.partial(events.on_optimizer_pre, grads_ready=True)
         self._on_error = on_error
         # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
-        self.handles: list[RemovableHandle] = []
+        self.handles: list[Removable] = []
         for model in models:
-            self.handles.append(model.register_forward_pre_hook(ForwardHook(self._forward_pre)))
-        self._by_optimizer: dict[int, list[RemovableHandle]] = {}
+            self.handles.append(model.register_forward_pre_hook(_ForwardStart.owned_by(self)))
+        self._by_optimizer: dict[int, list[Removable]] = {}
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
 
     def add_optimizer(self, key: int, optimizer: torch.optim.Optimizer) -> None:
-        """Hook ``optimizer``; its events name it ``key`` (the sampler's slot key)."""
-        pre = optimizer.register_step_pre_hook(WeakHook(self._optimizer_pre, key))
-        post = optimizer.register_step_post_hook(WeakHook(self._optimizer_post, key))
+        """Hook ``optimizer``; its events name it ``key`` (the sampler's slot key). Its step's
+        start is heard through the process-wide optimizer tap (one hook entry fewer); its end
+        by a post-hook of its own, which runs before any a script (or ``tdbg run``) registers
+        later: the probe has timed the update before one of those calls ``probe.step()``."""
+        pre = taps.route_step(optimizer, self, PhaseHooks._optimizer_pre, key)
+        post = optimizer.register_step_post_hook(_StepEnd.owned_by(self, key))
         self._by_optimizer[key] = [pre, post]
         self.handles.extend((pre, post))
 
@@ -154,25 +161,11 @@ class PhaseHooks:
         self.updating = False  # also after a step() that raised between the hooks
         return timeline
 
-    def _forward_pre(self, module: nn.Module, args: Any) -> None:
-        if not self.active:
-            return
-        try:
-            t0 = perf()  # the whole hook is the probe's cost, not just its mark
-            training = torch.is_grad_enabled()
-            if training and self.timeline.forward_start is None:
-                self.timeline.forward_start = self._mark()
-            if training and self.capture_inputs and not self.updating:
-                self.last_inputs = (module, args)
-            self.seconds += perf() - t0
-        except Exception as exc:
-            self._on_error(exc)
-
     def _optimizer_pre(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> Any:
         if not self.active:
             return None
         try:
-            t0 = perf()
+            t0 = perf()  # the whole hook is the probe's cost, not just its mark
             point = self._mark()
             if self.timeline.optimizer_start is None:
                 self.timeline.optimizer_start = point
@@ -212,20 +205,65 @@ class PhaseHooks:
 
         return run_closure
 
-    def _optimizer_post(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.active:
-            return
-        try:
-            t0 = perf()
-            self.timeline.optimizer_end = self._mark()
-            self.updating = False
-            self._events.on_optimizer_post(index)
-            self.seconds += perf() - t0
-        except Exception as exc:
-            self._on_error(exc)
-
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
         self._by_optimizer.clear()
+
+
+class Removable(Protocol):
+    def remove(self) -> None: ...
+
+
+class _ForwardStart(ForwardHook):
+    """PhaseHooks' forward pre-hook, its work written into ``__call__``: one forward, one hook
+    frame (and one compile check of one frame, not three)."""
+
+    __slots__ = ()
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        if is_compiling() or COMPILE_STATE._is_compiling_flag:  # ForwardHook's check
+            return None
+        hooks = self._owner()
+        if hooks is None or not hooks.active:
+            return None
+        try:
+            t0 = perf()  # the whole hook is the probe's cost, not just its mark
+            training = torch.is_grad_enabled()
+            if training and hooks.timeline.forward_start is None:
+                hooks.timeline.forward_start = hooks._mark()
+            if training and hooks.capture_inputs and not hooks.updating:
+                hooks.last_inputs = (module, args)
+            hooks.seconds += perf() - t0
+        except Exception as exc:
+            hooks._on_error(exc)
+        return None
+
+
+class _StepEnd(WeakHook):
+    """PhaseHooks' optimizer step post-hook, its work written into ``__call__`` (it runs right
+    after the update, where each Python frame costs microseconds)."""
+
+    __slots__ = ()
+
+    def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling():
+            return _step_end_outside_graph(self, optimizer, args, kwargs)
+        hooks = self._owner()
+        if hooks is None or not hooks.active:
+            return None
+        try:
+            t0 = perf()
+            hooks.timeline.optimizer_end = hooks._mark()
+            hooks.updating = False
+            hooks._events.on_optimizer_post(self._args[0])
+            hooks.seconds += perf() - t0
+        except Exception as exc:
+            hooks._on_error(exc)
+        return None
+
+
+# Under torch.compile(optimizer.step): eager, outside the graph (is_compiling() reads False
+# inside, so the call does the work).
+_step_end_outside_graph = torch.compiler.disable(_StepEnd.__call__)

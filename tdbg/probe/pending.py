@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tdbg.probe.gradients import GradSample
@@ -12,10 +11,13 @@ from tdbg.probe.hooks import Mark, StepTimeline, span
 from tdbg.protocol.steps import NAN, StepRecord
 
 
-# Slots: one is made per training step, on the training thread, where its caches are cold.
-@dataclass(slots=True)
 class PendingStep:
     """What ``probe.step()`` knew, with device values still in flight.
+
+    One is made per training step, on the training thread, right after the update, where its
+    caches are cold: every field has its default on the class and there is no ``__init__``
+    (a Python frame there, and a store into each of the 34 fields, cost microseconds); the
+    sampler sets the fields the step has.
 
     ``values`` is a host tensor laid out as ``[scalars named by device_scalars] + [per-parameter
     norms]`` (float32), or the loss alone as it was (one element, any shape and float dtype:
@@ -25,16 +27,16 @@ class PendingStep:
     ``loss``, ``clip_norm`` or ``loss/NAME`` (one optimizer's loss, sent as a metric).
     """
 
-    step: int
-    time: float
-    lr: list[float]
-    step_time: float
-    samples: float
-    tokens: float
-    probe_time: float
-    timeline: StepTimeline
-    previous_end: Mark | None
-    step_mark: Mark | None  # made only where no optimizer hook marked the backward's end
+    step: int = 0
+    time: float = NAN  # the wall clock (time.time()) at probe.step()
+    lr: Sequence[float] = ()
+    step_time: float = NAN
+    samples: float = NAN
+    tokens: float = NAN
+    probe_time: float = NAN
+    timeline: StepTimeline = StepTimeline()  # read-only here: a step sets its own
+    previous_end: Mark | None = None
+    step_mark: Mark | None = None  # made only where no optimizer hook marked the backward's end
     loss: float | None = None
     micro_batches: float = NAN
     clip_max: float = NAN
@@ -108,7 +110,7 @@ class PendingStep:
             step=self.step,
             time=self.time,
             loss=loss,
-            lr=self.lr,
+            lr=list(self.lr),
             step_time=self.step_time,
             samples=self.samples,
             tokens=self.tokens,

@@ -869,34 +869,29 @@ class StepSampler:
         timeline = hooks.timeline
         hooks.timeline = StepTimeline()
         hooks.updating = False  # also after a step() that raised between the hooks
-        pending = PendingStep(
-            step=self.step_count,
-            time=time.time(),
-            lr=lrs,
-            step_time=step_time,
-            samples=(
-                NAN
-                if samples is None
-                else float(samples)
-                if type(samples) in _PLAIN
-                else self._count(samples, "samples")
-            ),
-            tokens=(
-                NAN
-                if tokens is None
-                else float(tokens)
-                if type(tokens) in _PLAIN
-                else self._count(tokens, "tokens")
-            ),
-            probe_time=NAN,
-            timeline=timeline,
-            previous_end=self._previous_end,
-            step_mark=step_mark,
-            loss=loss_value,
-            micro_batches=float(micro) if micro else NAN,
-            clip_max=NAN if clip is None else clip[0],
-            epoch=self.epoch,
-        )
+        # Set field by field (PendingStep has its defaults on the class, no __init__).
+        pending = PendingStep()
+        pending.step = self.step_count
+        pending.time = time.time()
+        pending.lr = lrs
+        pending.step_time = step_time
+        if samples is not None:
+            pending.samples = (
+                float(samples) if type(samples) in _PLAIN else self._count(samples, "samples")
+            )
+        if tokens is not None:
+            pending.tokens = (
+                float(tokens) if type(tokens) in _PLAIN else self._count(tokens, "tokens")
+            )
+        pending.timeline = timeline
+        pending.previous_end = self._previous_end
+        pending.step_mark = step_mark
+        pending.loss = loss_value
+        if micro:
+            pending.micro_batches = float(micro)
+        if clip is not None:
+            pending.clip_max = clip[0]
+        pending.epoch = self.epoch
         pending.grad_marks, self._grad_marks = self._grad_marks, None
         pending.forward_origin, self._forward_origin = self._forward_origin, None
         pending.skipped_layers, self._skipped_layers = self._skipped_layers, None
