@@ -13,7 +13,6 @@ from conftest import Loop, Reader, wait_until
 from torch import nn
 
 import tdbg
-from tdbg.probe import taps
 from tdbg.probe import watch as watch_module
 from tdbg.probe.gradients import GradientStats
 
@@ -191,13 +190,9 @@ def test_watch_and_probe_show_every_option_as_a_keyword() -> None:
 
 
 def hook_counts(model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple[int, ...]:
-    """Forward hooks, forward pre-hooks, optimizer step pre-hooks (the probe's is a route of
-    the process-wide optimizer tap, counted here) and step post-hooks."""
     counts = [len(model._forward_hooks), len(model._forward_pre_hooks)]
     if opt is not None:
-        routed = taps._routes.get(id(opt))
-        routes = len(routed[1]) if routed is not None and routed[0]() is opt else 0
-        counts += [len(opt._optimizer_step_pre_hooks) + routes, len(opt._optimizer_step_post_hooks)]
+        counts += [len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks)]
     return tuple(counts)
 
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -452,63 +451,3 @@ def test_a_backward_after_the_update_does_not_move_the_forward_end(
         assert resolved[0].backward_time >= 0 and resolved[0].forward_time >= 0
     finally:
         probe.close()
-
-
-def test_step_routes_run_in_order_pass_a_wrapped_closure_on_and_leave_with_the_optimizer(
-    runtime_dir: Path,
-) -> None:
-    """A probe hears an optimizer's step start through the process-wide optimizer tap (a
-    route, not a hook of the optimizer's own): routes run in the order added, before the
-    optimizer's own pre-hooks, each may hand step() a wrapped closure, a removed one stops,
-    and a dropped optimizer takes its routes along."""
-    import gc
-
-    from tdbg.probe import taps
-
-    loop = Loop()
-    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)  # installs the taps
-    order: list[str] = []
-
-    class Owner:
-        def __init__(self, name: str, wrap: bool) -> None:
-            self.name, self.wrap = name, wrap
-
-        def on_step(self, slot: int, optimizer: Any, args: Any, kwargs: Any) -> Any:
-            order.append(f"{self.name}:{slot}")
-            closure = kwargs.get("closure")
-            if self.wrap and closure is not None:
-
-                def wrapped() -> Any:
-                    order.append(f"{self.name} closure")
-                    return closure()
-
-                return args, {**kwargs, "closure": wrapped}
-            return None
-
-    extra = nn.Linear(2, 1)
-    opt = torch.optim.SGD(extra.parameters(), lr=0.1)
-    opt.register_step_pre_hook(lambda *a: order.append("own pre-hook"))
-    first, second = Owner("first", wrap=True), Owner("second", wrap=False)
-    route_a = taps.route_step(opt, first, Owner.on_step, 7)
-    taps.route_step(opt, second, Owner.on_step, 8)
-
-    def closure() -> torch.Tensor:
-        order.append("closure")
-        extra.zero_grad()
-        loss = extra(torch.ones(1, 2)).sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure=closure)
-    assert order == ["first:7", "second:8", "own pre-hook", "first closure", "closure"]
-    order.clear()
-    route_a.remove()
-    opt.step(closure)
-    assert order == ["second:8", "own pre-hook", "closure"]
-    key = id(opt)
-    del opt, closure
-    gc.collect()
-    assert key not in taps._routes
-    loop.run(2, probe)
-    assert probe.errors == 0
-    probe.close()

@@ -169,6 +169,57 @@ def test_the_lr_of_step_k_is_the_one_its_update_used(runtime_dir: Path) -> None:
     reader.close()
 
 
+def test_a_step_pre_hook_registered_before_watch_runs_before_the_probe_reads(
+    runtime_dir: Path,
+) -> None:
+    """A script's own step pre-hooks, registered before the probe existed (as under ``tdbg
+    run``, which starts it at the first backward), run before the probe reads the step: the LR
+    a warmup hook sets, the gradients a hook rescales, are what the update used and what the
+    probe shows; and ``skip_nonfinite`` judges the gradients the hook repaired, not the raw
+    ones (a review found the probe reading first, so every one of these wrong)."""
+    from norm_oracle import reference_norms
+
+    from tdbg.probe.gradients import find_layers
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    calls = [0]
+
+    def warmup_and_repair(optimizer: Any, args: Any, kwargs: Any) -> None:
+        calls[0] += 1
+        for group in optimizer.param_groups:
+            group["lr"] = 0.01 * calls[0]
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(0.5).nan_to_num_(1.0, 1.0, -1.0)
+
+    opt.register_step_pre_hook(warmup_and_repair)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1, skip_nonfinite=True)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    used, totals = [], []
+    for step in range(4):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        (loss * float("nan") if step == 2 else loss).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.step()  # the hook halves (and repairs) the gradients, then the update uses them
+        totals.append(reference_norms(find_layers(model))[0])
+        used.append(opt.param_groups[0]["lr"])
+        after = list(model.parameters())
+        updated = any(not torch.equal(b, a) for b, a in zip(before, after, strict=True))
+        assert updated, f"step {step}: the repaired update was skipped"
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 4)
+    records = reader.records()
+    assert [r.lr[0] for r in records] == used == [0.01, 0.02, 0.03, 0.04]
+    for record, total in zip(records, totals, strict=True):
+        assert abs(record.grad_total - total) <= 1e-5 * total
+    assert probe._sampler.skipped_steps == 0
+    reader.close()
+    probe.close()
+
+
 def test_gradient_accumulation_reports_the_whole_update(runtime_dir: Path) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

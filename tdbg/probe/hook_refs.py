@@ -32,10 +32,10 @@ class _CompilingFlag:
 
 # Whether anything traces the model, torch.export included (a non-strict export calls the
 # module with fake tensors, outside dynamo): forward hooks ask ``is_compiling() or
-# COMPILE_STATE._is_compiling_flag``. That is torch.compiler.is_compiling() (three Python
-# frames in eager mode) in one frame and one attribute read. The dynamo check comes first:
-# dynamo reads it as a constant and never reaches the flag, which it would guard on (and
-# recompile the model at every call).
+# COMPILE_STATE._is_compiling_flag``. That is torch.compiler.is_compiling() (two Python frames
+# in eager mode: it asks torch.jit.is_scripting()) in one frame and one attribute read. The
+# dynamo check comes first: dynamo reads it as a constant and never reaches the flag, which it
+# would guard on (and recompile the model at every call).
 COMPILE_STATE: Any = (
     torch.compiler if hasattr(torch.compiler, "_is_compiling_flag") else _CompilingFlag()
 )

@@ -9,8 +9,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe import taps
 from tdbg.probe.device_copy import recorded_event
 from tdbg.probe.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
 
@@ -90,10 +90,8 @@ class PhaseHooks:
     """Root-module forward pre-hooks and optimizer step hooks feeding a StepTimeline.
 
     One forward pre-hook per watched root module (not per layer): one Python call per forward.
-    An optimizer's step start comes through the process-wide optimizer tap
-    (:func:`taps.route_step`), its end through a post-hook of its own; each hook's work is
-    written into its ``__call__`` (on the CPU each Python frame around an update costs
-    microseconds, counted by ``benchmarks/probe_calls.py``).
+    Each hook's work is written into its ``__call__`` (on the CPU each Python frame around an
+    update costs microseconds, counted by ``benchmarks/probe_calls.py``).
     The forward's end is marked where its backward starts, by the probe's backward tap
     (:meth:`StepSampler.on_backward`): the loss is part of the forward, and a hook called right
     after the forward's kernels (each Python call there costs microseconds) is saved.
@@ -131,19 +129,20 @@ class PhaseHooks:
         self._on_optimizer_step = functools.partial(events.on_optimizer_pre, grads_ready=True)
         self._on_error = on_error
         # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
-        self.handles: list[Removable] = []
+        self.handles: list[RemovableHandle] = []
         for model in models:
             self.handles.append(model.register_forward_pre_hook(_ForwardStart.owned_by(self)))
-        self._by_optimizer: dict[int, list[Removable]] = {}
+        self._by_optimizer: dict[int, list[RemovableHandle]] = {}
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
 
     def add_optimizer(self, key: int, optimizer: torch.optim.Optimizer) -> None:
-        """Hook ``optimizer``; its events name it ``key`` (the sampler's slot key). Its step's
-        start is heard through the process-wide optimizer tap (one hook entry fewer); its end
-        by a post-hook of its own, which runs before any a script (or ``tdbg run``) registers
-        later: the probe has timed the update before one of those calls ``probe.step()``."""
-        pre = taps.route_step(optimizer, self, PhaseHooks._optimizer_pre, key)
+        """Hook ``optimizer``; its events name it ``key`` (the sampler's slot key). Its own
+        step hooks, not a process-wide one: they run after the pre-hooks registered before
+        them (a script's hook that sets the LR or rescales the gradients before ``tdbg run``
+        starts the probe: the probe reads what the update uses) and before those registered
+        later (``tdbg run``'s post-hook that calls ``probe.step()``)."""
+        pre = optimizer.register_step_pre_hook(_StepStart.owned_by(self, key))
         post = optimizer.register_step_post_hook(_StepEnd.owned_by(self, key))
         self._by_optimizer[key] = [pre, post]
         self.handles.extend((pre, post))
@@ -160,31 +159,6 @@ class PhaseHooks:
         timeline, self.timeline = self.timeline, StepTimeline()
         self.updating = False  # also after a step() that raised between the hooks
         return timeline
-
-    def _optimizer_pre(self, index: int, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if not self.active:
-            return None
-        try:
-            t0 = perf()  # the whole hook is the probe's cost, not just its mark
-            point = self._mark()
-            if self.timeline.optimizer_start is None:
-                self.timeline.optimizer_start = point
-            # torch passes step()'s own arguments: (optimizer, closure?, ...), {closure?}.
-            closure = args[1] if len(args) > 1 else kwargs.get("closure")
-            if callable(closure):
-                # The closure computes this step's gradients inside step(): read them after it.
-                self._events.on_optimizer_pre(index)
-                wrapped = self._closure(index, closure)
-                self.seconds += perf() - t0
-                if len(args) > 1:
-                    return (args[0], wrapped, *args[2:]), kwargs
-                return args, {**kwargs, "closure": wrapped}
-            self.updating = True
-            self._on_optimizer_step(index)
-            self.seconds += perf() - t0
-        except Exception as exc:
-            self._on_error(exc)
-        return None
 
     def _closure(self, index: int, closure: Callable[[], Any]) -> Callable[[], Any]:
         first = [True]
@@ -212,13 +186,9 @@ class PhaseHooks:
         self._by_optimizer.clear()
 
 
-class Removable(Protocol):
-    def remove(self) -> None: ...
-
-
 class _ForwardStart(ForwardHook):
     """PhaseHooks' forward pre-hook, its work written into ``__call__``: one forward, one hook
-    frame (and one compile check of one frame, not three)."""
+    frame (and one compile check of one frame, not two)."""
 
     __slots__ = ()
 
@@ -235,6 +205,42 @@ class _ForwardStart(ForwardHook):
                 hooks.timeline.forward_start = hooks._mark()
             if training and hooks.capture_inputs and not hooks.updating:
                 hooks.last_inputs = (module, args)
+            hooks.seconds += perf() - t0
+        except Exception as exc:
+            hooks._on_error(exc)
+        return None
+
+
+class _StepStart(WeakHook):
+    """PhaseHooks' optimizer step pre-hook, its work written into ``__call__`` (it runs right
+    after the backward, where each Python frame costs microseconds)."""
+
+    __slots__ = ()
+
+    def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        if is_compiling():
+            return _step_start_outside_graph(self, optimizer, args, kwargs)
+        hooks = self._owner()
+        if hooks is None or not hooks.active:
+            return None
+        index = self._args[0]
+        try:
+            t0 = perf()  # the whole hook is the probe's cost, not just its mark
+            point = hooks._mark()
+            if hooks.timeline.optimizer_start is None:
+                hooks.timeline.optimizer_start = point
+            # torch passes step()'s own arguments: (optimizer, closure?, ...), {closure?}.
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")
+            if callable(closure):
+                # The closure computes this step's gradients inside step(): read them after it.
+                hooks._events.on_optimizer_pre(index)
+                wrapped = hooks._closure(index, closure)
+                hooks.seconds += perf() - t0
+                if len(args) > 1:
+                    return (args[0], wrapped, *args[2:]), kwargs
+                return args, {**kwargs, "closure": wrapped}
+            hooks.updating = True
+            hooks._on_optimizer_step(index)
             hooks.seconds += perf() - t0
         except Exception as exc:
             hooks._on_error(exc)
@@ -266,4 +272,5 @@ class _StepEnd(WeakHook):
 
 # Under torch.compile(optimizer.step): eager, outside the graph (is_compiling() reads False
 # inside, so the call does the work).
+_step_start_outside_graph = torch.compiler.disable(_StepStart.__call__)
 _step_end_outside_graph = torch.compiler.disable(_StepEnd.__call__)

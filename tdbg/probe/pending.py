@@ -16,7 +16,7 @@ class PendingStep:
 
     One is made per training step, on the training thread, right after the update, where its
     caches are cold: every field has its default on the class and there is no ``__init__``
-    (a Python frame there, and a store into each of the 34 fields, cost microseconds); the
+    (a Python frame there, and a store into each of the 29 fields, cost microseconds); the
     sampler sets the fields the step has.
 
     ``values`` is a host tensor laid out as ``[scalars named by device_scalars] + [per-parameter

@@ -4,10 +4,9 @@ A probe cannot ask the loop for what it does not pass: which scalars were backpr
 the last update (gradient accumulation, closures, one loss per optimizer), the norm before
 ``clip_grad_norm_`` scaled the gradients, when a DataLoader starts a new pass. These wrappers
 see it for every live probe. Each is installed while at least one probe listens and removed
-(where still ours) when the last one leaves. The optimizer tap also runs the probes' own step
-pre-hooks (:func:`route_step`). Cost: one Python call per backward, per optimizer step, per
-clip and per DataLoader iteration; nothing here reads a device value (a CPU loss is read once,
-before its backward).
+(where still ours) when the last one leaves. Cost: one Python call per backward, per clip and
+per DataLoader iteration; nothing here reads a device value (a CPU loss is read once, before
+its backward).
 """
 
 from __future__ import annotations
@@ -57,9 +56,6 @@ _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale
 # Optimizers every listener has heard of, by id (checked against the weakref: ids are reused).
 # Emptied when a listener attaches, so that it hears of each one too.
 _told: dict[int, weakref.ref[Any]] = {}
-# Watched optimizers' step routes, by id: (the optimizer, weakly; its routes, each (owner,
-# weakly; the owner's method; a slot key)). See route_step().
-_routes: dict[int, tuple[weakref.ref[Any], tuple[tuple[Any, ...], ...]]] = {}
 
 
 def attach(listener: Listener) -> None:
@@ -159,90 +155,22 @@ def _on_module_registered(module: Any, name: str, value: Any) -> None:
         _notify("on_module_change", module)
 
 
-def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> Any:
-    """Every optimizer's step, before its own hooks: the listeners hear of each optimizer once
-    (a new one may update a watched model), and a watched one's routes run (see
-    :func:`route_step`). For an optimizer heard of and not watched, the usual case of a loop
-    that is not watched, the tap returns after two dict lookups (it runs right after the
-    backward, where each Python call costs microseconds)."""
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Every optimizer's step: the listeners hear of each optimizer once (a new one may update
+    a watched model); for one they have heard of, the usual case on every step, the tap
+    returns after one dict lookup (it runs right after the backward, where each Python call
+    costs microseconds)."""
     if is_compiling():
-        # Under torch.compile(optimizer.step) dynamo would trace the listeners and routes (and
-        # warn about the clock): they run eagerly, outside the graph.
-        return _on_optimizer_step_outside_graph(optimizer, args, kwargs)
-    key = id(optimizer)
-    told = _told.get(key)
-    if told is None or told() is not optimizer:
-        _tell(optimizer)
-    routed = _routes.get(key)
-    if routed is None or routed[0]() is not optimizer:
+        return _tell_outside_graph(optimizer)
+    told = _told.get(id(optimizer))
+    if told is not None and told() is optimizer:
         return None
-    result = None
-    for owner_ref, method, slot in routed[1]:
-        owner = owner_ref()
-        if owner is not None:
-            out = method(owner, slot, optimizer, args, kwargs)
-            if out is not None:  # (args, kwargs) changed: a closure wrapped
-                result = args, kwargs = out
-    return result
-
-
-# Eager, where dynamo traces: is_compiling() reads False inside, so the call runs the body.
-_on_optimizer_step_outside_graph = torch.compiler.disable(_on_optimizer_step)
-
-
-class StepRoute:
-    """A watched optimizer's step pre-hook, called by the process-wide optimizer tap rather
-    than registered on the optimizer: one hook entry and one compile check fewer per step,
-    and nothing of tdbg's in the optimizer's own hook dict (a copy or pickle of it carries
-    none). Removable, as torch's handles are."""
-
-    __slots__ = ("_key", "_entry")
-
-    def __init__(self, key: int, entry: tuple[Any, ...]) -> None:
-        self._key = key
-        self._entry = entry
-
-    def remove(self) -> None:
-        with _lock:
-            routed = _routes.get(self._key)
-            if routed is None:
-                return
-            kept = tuple(entry for entry in routed[1] if entry is not self._entry)
-            if kept:
-                _routes[self._key] = (routed[0], kept)
-            else:
-                _routes.pop(self._key, None)
-
-
-def route_step(optimizer: Any, owner: Any, method: Callable[..., Any], slot: Any) -> StepRoute:
-    """Run ``method(owner, slot, optimizer, args, kwargs)`` at the start of every
-    ``optimizer.step()`` (before the optimizer's own pre-hooks), as a step pre-hook: it may
-    return new ``(args, kwargs)``. ``owner`` is held weakly; the route lives while a probe
-    listens to the taps (until its handle is removed)."""
-    entry = (weakref.ref(owner), method, slot)
-    key = id(optimizer)
-    with _lock:
-        routed = _routes.get(key)
-        if routed is None or routed[0]() is not optimizer:  # none, or a dead one's id reused
-            _routes[key] = (weakref.ref(optimizer, functools.partial(_forget_route, key)), (entry,))
-        else:
-            _routes[key] = (routed[0], (*routed[1], entry))
-    return StepRoute(key, entry)
-
-
-def _forget_route(key: int, ref: weakref.ref[Any]) -> None:
-    """An optimizer with routes was dropped: its entry goes (from the garbage collector, on
-    any thread: one dict operation, no lock)."""
-    try:
-        routed = _routes.get(key)
-        if routed is not None and routed[0] is ref:
-            _routes.pop(key, None)
-    except Exception:  # at interpreter exit the module's globals may be gone
-        pass
+    return _tell(optimizer)
 
 
 def _tell(optimizer: Any) -> None:
-    if not _snapshot:
+    told = _told.get(id(optimizer))  # checked again for the compiled path, which comes here
+    if not _snapshot or (told is not None and told() is optimizer):
         return
     t0 = _perf()
     try:
@@ -256,6 +184,11 @@ def _tell(optimizer: Any) -> None:
         pass
     _notify("on_any_optimizer_step", optimizer)
     tap_seconds[0] += _perf() - t0
+
+
+# Under torch.compile(optimizer.step) dynamo would trace the listeners (and warn about the
+# clock): they run eagerly, outside the graph (a graph break), as the probe's own step hooks do.
+_tell_outside_graph = torch.compiler.disable(_tell)
 
 
 def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
