@@ -677,6 +677,39 @@ def test_a_socket_replaced_by_someone_else_is_not_unlinked(
     assert Path(path).read_text() == "someone else's file"  # not ours, not removed
 
 
+def test_a_file_that_got_the_freed_socket_s_inode_number_is_not_ours(runtime_dir: Path) -> None:
+    """File systems hand a freed inode's number to the next file at once (ext4 here): a file
+    put where the probe's socket was, after it was removed and the probe closed it to bind
+    anew, may carry the socket's old number. It is not the probe's, and closing the probe
+    leaves it (the race of the test above, made certain: the probe's check compared the inode
+    number alone, and unlinked the file)."""
+    from tdbg.probe.endpoint import Endpoint
+
+    endpoint = Endpoint(0, {"name": "inode-reuse"}, runtime_dir)  # type: ignore[typeddict-item]
+    endpoint.open()
+    assert endpoint.still_ours()
+    path = endpoint.path
+    assert path is not None
+    old_number = os.stat(path).st_ino
+    os.unlink(path)  # removed: the probe closes its socket (freeing the inode) to bind anew
+    endpoint.close()
+    # Someone's file there before the new bind (which then refuses), with the socket's old
+    # inode number: made in the same directory until the file system hands that number out.
+    for attempt in range(50):
+        candidate = runtime_dir / f"someone-{attempt}"
+        candidate.write_text("someone else's file")
+        if os.stat(candidate).st_ino == old_number:
+            candidate.rename(path)
+            break
+    else:
+        pytest.skip("this file system does not hand out a freed inode number at once")
+    assert not endpoint.still_ours()
+    endpoint.close()  # probe.close()
+    assert path.read_text() == "someone else's file"
+    for leftover in runtime_dir.iterdir():
+        leftover.unlink()
+
+
 # --- lifecycle --------------------------------------------------------------------------------
 
 

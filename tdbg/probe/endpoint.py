@@ -52,7 +52,7 @@ class Endpoint:
         self.listener: socket.socket | None = None
         self.path: Path | None = None
         self.meta_path: Path | None = None
-        self.inode: int | None = None
+        self.inode: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
 
     def _choose_dir(self) -> Path:
         base = self.directory or runtime_dir()
@@ -80,7 +80,8 @@ class Endpoint:
         else:
             raise EndpointError(f"no free socket name for {stem} in {directory}")
         self.listener, self.path = sock, path
-        self.inode = os.stat(path).st_ino
+        st = os.stat(path)
+        self.inode = (st.st_dev, st.st_ino)
         self.meta_path = path.with_suffix(".json")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.meta_path)  # ours by name: pid + rank, the socket was just bound
@@ -130,13 +131,16 @@ class Endpoint:
             os.close(lock_fd)
 
     def still_ours(self) -> bool:
-        """Does the socket path still hold the inode we bound (guarantees: socket files)?"""
+        """Does the socket path still hold the socket we bound (guarantees: socket files)?
+        A file put there since is not ours even where it got our freed inode's number (file
+        systems reuse them at once): only a socket with our device and inode is."""
         if self.path is None:
             return False
         try:
-            return os.stat(self.path).st_ino == self.inode
+            st = os.stat(self.path)
         except OSError:
             return False
+        return stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self.inode
 
     def close(self, unlink: bool = True) -> None:
         if self.listener is not None:
