@@ -678,7 +678,7 @@ def test_a_socket_replaced_by_someone_else_is_not_unlinked(
 
 
 def test_a_file_that_got_the_freed_socket_s_inode_number_is_not_ours(runtime_dir: Path) -> None:
-    """File systems hand a freed inode's number to the next file at once (ext4 here): a file
+    """Some file systems hand a freed inode's number to the next file at once (ext4 here): a file
     put where the probe's socket was, after it was removed and the probe closed it to bind
     anew, may carry the socket's old number. It is not the probe's, and closing the probe
     leaves it (the race of the test above, made certain: the probe's check compared the inode

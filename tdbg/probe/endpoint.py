@@ -132,8 +132,8 @@ class Endpoint:
 
     def still_ours(self) -> bool:
         """Does the socket path still hold the socket we bound (guarantees: socket files)?
-        A file put there since is not ours even where it got our freed inode's number (file
-        systems reuse them at once): only a socket with our device and inode is."""
+        A file put there since is not ours even where it got our freed inode's number (ext4
+        hands a freed number out again at once): only a socket with our device and inode is."""
         if self.path is None:
             return False
         try:

@@ -4,9 +4,9 @@ A probe cannot ask the loop for what it does not pass: which scalars were backpr
 the last update (gradient accumulation, closures, one loss per optimizer), the norm before
 ``clip_grad_norm_`` scaled the gradients, when a DataLoader starts a new pass. These wrappers
 see it for every live probe. Each is installed while at least one probe listens and removed
-(where still ours) when the last one leaves. Cost: one Python call per backward, per clip and
-per DataLoader iteration; nothing here reads a device value (a CPU loss is read once, before
-its backward).
+(where still ours) when the last one leaves. Cost: one Python call per backward, per optimizer
+step, per clip and per DataLoader iteration; nothing here reads a device value (a CPU loss is
+read once, before its backward).
 """
 
 from __future__ import annotations

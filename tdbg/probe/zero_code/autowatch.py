@@ -448,7 +448,6 @@ class AutoWatch:
         if optimizer is not None:
             # Registered after the probe's own hooks: at each step the probe has read the
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
-
             self._hook_optimizer(optimizer)
             self._settled = self.probe is not None
 
