@@ -90,6 +90,24 @@ async def test_the_error_breaker_is_not_an_ended_run() -> None:
         assert "run ended" not in text
 
 
+async def test_a_probe_over_its_budget_says_so_and_one_within_does_not() -> None:
+    """Where the probe's fixed per-step work alone passes its budget (a very short step, a
+    busy host) its reported cost is over it: the status line says so, in the warning colour,
+    rather than showing a bare figure a user must compare with a setting they may not know."""
+    messages = synthetic_run(steps=50)
+    probe = next(m for m in messages if m["type"] == "probe")
+    probe.update(cost_fraction=0.0166, overhead_budget=0.01)
+    app = make_app(ReplaySource(messages, dict(RUN), end=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await shows(pilot, app, "probe 1.7% > 1% budget")
+        assert app.screen.query_one("ProbeStatus").has_class("-over-budget")
+    within = live(steps=50)  # 0.6 % of a 2 % budget
+    async with within.run_test(size=SIZE) as pilot:
+        text = await shows(pilot, within, "probe 0.6%")
+        assert "budget" not in text.split("probe 0.6%")[1].split("·")[0]
+        assert not within.screen.query_one("ProbeStatus").has_class("-over-budget")
+
+
 async def test_a_nan_metric_is_visible_and_flagged() -> None:
     app = live(steps=300, nan_at=250)
     async with app.run_test(size=SIZE) as pilot:

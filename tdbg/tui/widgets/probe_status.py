@@ -24,8 +24,20 @@ class ProbeStatus(SteadyStatic):
         if state.skipped_steps:
             n = state.skipped_steps
             parts.append(f"skipped {n} non-finite update{'s' if n != 1 else ''}")
+        budget = probe.get("overhead_budget")
+        cost_text = f"probe {fmt(None if cost is None else cost * 100, '.1f', '%')}"
+        # Over its budget when its fixed per-step work alone costs more (a very short step, a
+        # busy host): said here, as it is measured, rather than hidden.
+        over = False
+        if (
+            isinstance(cost, (int, float))
+            and isinstance(budget, (int, float))
+            and 0 < budget < cost
+        ):
+            over = True
+            cost_text += f" > {fmt(budget * 100, 'g', '%')} budget"
         parts += [
-            f"probe {fmt(None if cost is None else cost * 100, '.1f', '%')}",
+            cost_text,
             f"grads {fmt_every(probe.get('grad_interval'))}",
             f"dropped {fmt(probe.get('dropped'), 'd')}",
             f"errors {fmt(probe.get('errors'), 'd')}",
@@ -42,4 +54,5 @@ class ProbeStatus(SteadyStatic):
             parts.append(f"protocol: {state.errors[-1]}")
         self.set_class(state.probe_disabled, "-disabled")
         self.set_class(bool(state.skipped_steps), "-skipped")
+        self.set_class(over, "-over-budget")
         self.update(Text(" · ".join(parts), no_wrap=True, overflow="ellipsis"))
