@@ -31,8 +31,9 @@ def gradient_interval(
     """Sample gradients every k steps, k the smallest that keeps the gradient pass and the
     probe's fixed per-step cost together within ``AIM * budget`` (a fraction) of a step.
 
-    Inputs are running averages: the step's time, one gradient pass's cost (the larger of host
-    and device time), the probe's other per-step cost (paid on every step, sampled or not) and
+    Inputs are running averages: the step's time, what a step with a gradient pass costs on
+    top of one without (the pass, its staging and its share of the hooks' work; or the pass's
+    device time where larger), the probe's cost on a step without a pass (paid on every step) and
     ``spent``, the fraction of step time the probe actually took over its recent steps (what it
     reports as ``cost_fraction``; NaN: not known yet). Where that ran over the budget the aim
     is lowered in proportion, so the cost the model missed is paid back. Where the fixed cost
