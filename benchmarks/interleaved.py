@@ -50,19 +50,31 @@ from thread_cpu import (  # noqa: E402
 import tdbg  # noqa: E402
 
 
-def turn(task: Task, pool: list[Batch], steps: int, probe: tdbg.Probe | None, at: int) -> float:
+def turn(
+    task: Task,
+    pool: list[Batch],
+    steps: int,
+    probe: tdbg.Probe | None,
+    at: int,
+    pace: float = 0.0,
+) -> float:
     """CPU seconds per step of ``steps`` steps of ``task`` after one untimed step; ``at``:
-    which batch of the pool to start from."""
+    which batch of the pool to start from; ``pace``: seconds slept between each update and
+    ``probe.step()`` (a paced loop: the probe's step then runs with cold caches)."""
     batches = [pool[(at + i) % len(pool)] for i in range(steps + 1)]
     if probe is not None:
         probe._sampler._last_host = None  # the other arms' steps are not this probe's
     loss = task.train_step(*batches[0])  # absorbs what the previous arm left behind
+    if pace:
+        time.sleep(pace)
     if probe is not None:
         probe.step(loss, samples=task.batch_size, tokens=task.tokens)
     clock = time.thread_time_ns
     t0 = clock()
     for inputs, targets in batches[1:]:
         loss = task.train_step(inputs, targets)
+        if pace:
+            time.sleep(pace)  # not thread CPU time: only what it leaves cold counts
         if probe is not None:
             probe.step(loss, samples=task.batch_size, tokens=task.tokens)
     return (clock() - t0) / 1e9 / steps
@@ -104,12 +116,15 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
             elif not watched and hooked:
                 unhook(probe)
             at = rng.randrange(POOL)
-            per_step[arm].append(turn(task, pool, args.turn, probe if watched else None, at))
+            per_step[arm].append(
+                turn(task, pool, args.turn, probe if watched else None, at, args.pace_ms / 1e3)
+            )
         if cycle % 50 == 0:
             intervals.append(probe.grad_interval)
     if not probe._hooks.handles:
         rehook(probe)
     fraction, recent = own_cost(probe)
+    reported = [p for p, s in probe._server.recent_costs if p == p and s == s]
     probe.close()
     base = per_step[UNWATCHED]
     print(
@@ -120,7 +135,8 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     for arm in (AGAIN, WATCHED):
         print(f"  {arm:<16} - unwatched: {paired(per_step[arm], base)}")
     print(
-        f"  probe's own cost_fraction (last {recent} steps): {fraction * 100:.2f} %;"
+        f"  probe's own cost_fraction (last {recent} steps): {fraction * 100:.2f} %"
+        f" ({statistics.fmean(reported) * 1e6:.1f} us/step reported);"
         f" grad_interval every 50 cycles: {intervals}"
     )
 
@@ -131,10 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=1000, help="default 1000")
     p.add_argument("--turn", type=int, default=2, help="timed steps per turn (default 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--pace-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long between each update and probe.step() (a paced loop)",
+    )
     add_grad_every(p)
     args = p.parse_args(argv)
-    if args.cycles < 2 or args.turn < 1:
-        p.error("--cycles: at least 2; --turn: at least 1")
+    if args.cycles < 2 or args.turn < 1 or not args.pace_ms >= 0:
+        p.error("--cycles: at least 2; --turn: at least 1; --pace-ms: at least 0")
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MAKERS]
     if unknown:
