@@ -13,8 +13,9 @@ few minutes per model and resolve +-0.3-0.6 %.
 For the unwatched turns the probe's hooks come off the model and optimizer and its taps off
 torch (as in a process with no probe), outside the timed steps (``thread_cpu.unhook``). Its
 step clock restarts at each watched turn, so its step time, cost and gradient interval are
-those of its own steps. ``--grad-every 1000000000`` measures the fixed per-step work alone.
-CPU time is ``time.thread_time_ns()`` of the training thread with ``torch.set_num_threads(1)``
+those of its own steps. ``--grad-every 1000000000`` measures the fixed per-step work alone;
+``--pace-ms 20`` sleeps between each update and ``probe.step()`` in every arm (a loop blocked
+on its data: the sleep is not CPU time, the cold caches it leaves are). CPU time is ``time.thread_time_ns()`` of the training thread with ``torch.set_num_threads(1)``
 (every op of the step runs on it); the probe thread's work is not in it (``thread_cpu.py``
 reports that).
 """
@@ -125,6 +126,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         rehook(probe)
     fraction, recent = own_cost(probe)
     reported = [p for p, s in probe._server.recent_costs if p == p and s == s]
+    reported_us = statistics.fmean(reported) * 1e6 if reported else float("nan")
     probe.close()
     base = per_step[UNWATCHED]
     print(
@@ -136,7 +138,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         print(f"  {arm:<16} - unwatched: {paired(per_step[arm], base)}")
     print(
         f"  probe's own cost_fraction (last {recent} steps): {fraction * 100:.2f} %"
-        f" ({statistics.fmean(reported) * 1e6:.1f} us/step reported);"
+        f" ({reported_us:.1f} us/step reported);"
         f" grad_interval every 50 cycles: {intervals}"
     )
 
