@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import Loop, Reader, wait_until
+from waiting import TIMEOUT
 
 import tdbg
 
@@ -957,6 +959,42 @@ def test_skip_nonfinite_keeps_the_model_intact_and_names_the_origin(runtime_dir:
     origin = next(a for a in reader.of("alert") if a["kind"] == "nonfinite_origin")
     assert origin["step"] == 4 and origin["layers"] == ["boom"]
     reader.close()
+
+
+def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(runtime_dir: Path) -> None:
+    """Skipped updates resolved by the probe thread in one go (a fast loop: many steps a tick)
+    each say how many were skipped up to and including their own step, not the count when the
+    probe thread got to them (every alert said "5 update(s) skipped so far" before)."""
+    net = _origin_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = _data()
+    probe = tdbg.watch(net, opt, grad_every=1, skip_nonfinite=True)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    server = probe._server
+    hold = threading.Event()
+    tick = server._tick
+
+    def held_tick(now: float) -> None:  # the probe thread resolves nothing until released
+        hold.wait(TIMEOUT)
+        tick(now)
+
+    server._tick = held_tick  # type: ignore[method-assign]
+    skipped_at = [3, 4, 6, 7, 8]
+    for step in range(10):
+        net.boom.armed = step in skipped_at
+        opt.zero_grad()
+        loss = ((net(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    hold.set()
+    reader.wait(lambda r: sum(a["kind"] == "skipped_nonfinite" for a in r.of("alert")) == 5)
+    skips = [a for a in reader.of("alert") if a["kind"] == "skipped_nonfinite"]
+    assert [a["step"] for a in skips] == skipped_at
+    for count, alert in enumerate(skips, start=1):
+        assert f"({count} update(s) skipped so far;" in alert["message"], alert["message"]
+    reader.close()
+    probe.close()
 
 
 def test_total_steps_come_from_a_one_cycle_schedule(runtime_dir: Path) -> None:

@@ -11,6 +11,19 @@ from tdbg.probe.hooks import Mark, StepTimeline, span
 from tdbg.protocol.steps import NAN, StepRecord
 
 
+class SkippedUpdate(list[int]):
+    """The layers whose non-finite gradients made ``watch(skip_nonfinite=True)`` skip an
+    update, and ``so_far``: the updates skipped up to and including this one, counted when it
+    was skipped (the probe thread may resolve many steps at once: read later, the count would
+    be theirs)."""
+
+    __slots__ = ("so_far",)
+
+    def __init__(self, so_far: int) -> None:
+        super().__init__()
+        self.so_far = so_far
+
+
 class PendingStep:
     """What ``probe.step()`` knew, with device values still in flight.
 
@@ -53,7 +66,7 @@ class PendingStep:
     grad_device_time: float | None = None  # what the pass took on the device, once resolved
     weight_nonfinite: list[int] | None = None  # layers with NaN/Inf weights (sampled steps)
     forward_origin: tuple[str, str, int] | None = None  # a non-finite forward, re-run in place
-    skipped_layers: list[int] | None = None  # skip_nonfinite: the update was skipped (these)
+    skipped_layers: SkippedUpdate | None = None  # skip_nonfinite: the update was skipped
     # Layers whose weights code other than the optimizer changed since the last pass (noted
     # on a pass that found a NaN or Inf; None: not known). See GradientStats.changed_layers.
     changed_layers: list[int] | None = None

@@ -19,7 +19,7 @@ from tdbg.probe.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
 from tdbg.probe.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, marker, perf
 from tdbg.probe.log import warn
-from tdbg.probe.pending import PendingStep
+from tdbg.probe.pending import PendingStep, SkippedUpdate
 from tdbg.probe.server import ProbeServer
 from tdbg.protocol.steps import MAX_LR_COLUMNS
 
@@ -197,7 +197,7 @@ class StepSampler:
         # probe with its hooks).
         self.phases: PhaseHooks | None = None
         self._forward_origin: tuple[str, str, int] | None = None
-        self._skipped_layers: list[int] | None = None
+        self._skipped_layers: SkippedUpdate | None = None
         self._slots: list[OptimizerSlot] = []
         self._by_key: dict[int, OptimizerSlot] = {}
         self._rest: GradientStats | None = None
@@ -409,8 +409,8 @@ class StepSampler:
             self._grad_seconds += perf() - t0
             if skip:
                 if self._skipped_layers is None:
-                    self._skipped_layers = []
                     self.skipped_steps += 1
+                    self._skipped_layers = SkippedUpdate(self.skipped_steps)
                 self._skipped_layers.extend(slot.guard.nonfinite_layers)
                 self._find_forward_origin()
         elif nonfinite:

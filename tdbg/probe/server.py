@@ -620,7 +620,7 @@ class ProbeServer:
                         record.step,
                         self.layer_names,
                         pending.skipped_layers,
-                        self._stats().get("skipped_steps", 0),  # the guard's count so far
+                        pending.skipped_layers.so_far,  # counted at its step, not now
                     )
                 )
             # Where it began, before this step's other non-finite alerts: the first alert of a
