@@ -101,6 +101,7 @@ def assert_same(auto: dict[str, Any], ref: dict[str, Any], first: int = 0) -> No
         for name, value in r["grad_norms"].items():
             assert a["grad_norms"][name] == pytest.approx(value, rel=1e-5, abs=1e-12), (step, name)
         assert a["grad_norm"] == pytest.approx(r["grad_norm"], rel=1e-5)
+        assert a["epoch"] == r["epoch"], step
         compared += 1
     assert compared >= len(ref["steps"]) - first
     # Same script, same seed: the runs trained identically (the probe changes nothing).
@@ -152,6 +153,9 @@ def test_dataloader_workers_and_spawned_child_start_no_probe(
     env = {"ZC_SPAWN_PRELOAD": str(PRELOAD)}
     auto, ref = run_both(runtime_dir, "train_loader.py", 12, env)
     assert_same(auto, ref)
+    # The probe starts at the first backward, after the first pass over the loader began: that
+    # pass is epoch 0 all the same (it was "unknown", and the second pass epoch 0).
+    assert [auto["steps"][s]["epoch"] for s in range(12)] == [0] * 6 + [1] * 6
     assert len(auto["sockets"]) == 1, auto["sockets"]
     assert "'preloaded': True, 'claimed': False, 'probe_imported': False" in auto["out"]
     assert "tdbg" not in auto["err"], auto["err"]
@@ -294,6 +298,10 @@ def test_script_that_watches_itself_keeps_its_own_probe(runtime_dir: Path) -> No
     assert got["sockets"] == [f"0-{got['run']['pid']}.sock"]
     # Every step sampled: the script's probe (grad_every=1), not a second one at the default.
     assert all(s["grad_norms"] for s in got["steps"].values())
+    # Its taps stay when tdbg run stands down (it put back torch.autograd.backward over them
+    # before): each update's backward is seen, counted and timed.
+    assert all(s["micro_batches"] == 1 for s in got["steps"].values())
+    assert all(s["backward_time"] is not None for s in got["steps"].values())
 
 
 def test_terminal_ctrl_c_goes_to_the_script_and_the_launcher_waits(runtime_dir: Path) -> None:

@@ -6,7 +6,7 @@ import functools
 import os
 import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -194,10 +194,12 @@ class AutoWatch:
         self._misses = 0
         # AMP: (weakref to what GradScaler.scale() last returned, the loss it was given).
         self._scaled: tuple[weakref.ref[Any], Any] | None = None
-        self._original_backward: Callable[..., Any] | None = None
-        self._original_init: Callable[..., Any] | None = None
-        self._original_scale: Callable[..., Any] | None = None
-        self._scaler_class: Any = None
+        # What this replaced in torch, by name: (owner, attribute, its wrapper, the original).
+        self._patches: dict[str, tuple[Any, str, Any, Any]] = {}
+        # The DataLoader started last before the probe exists: the probe starts at the first
+        # backward, after the first pass over the data began, which its own tap cannot see
+        # (that pass is epoch 0, not epoch "unknown" with the next pass called 0).
+        self._last_loader: Any = None
 
     # --- installation and removal -------------------------------------------------------------
     def install(self) -> None:
@@ -222,8 +224,7 @@ class AutoWatch:
             except Exception:
                 pass
 
-        self._original_init = original_init
-        torch.optim.Optimizer.__init__ = optimizer_init
+        self._patch("init", torch.optim.Optimizer, "__init__", optimizer_init, original_init)
 
         # Tensor.backward() calls torch.autograd.backward(): one wrapper sees both spellings.
         original_backward = torch.autograd.backward
@@ -242,9 +243,9 @@ class AutoWatch:
                     pass
             return out
 
-        self._original_backward = original_backward
-        torch.autograd.backward = backward
+        self._patch("backward", torch.autograd, "backward", backward, original_backward)
         self._wrap_scale()
+        self._wrap_loader_iter()
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _wrap_scale(self) -> None:
@@ -269,8 +270,44 @@ class AutoWatch:
                     self._scaled = None
             return out
 
-        self._original_scale, self._scaler_class = original_scale, scaler_class
-        scaler_class.scale = scale
+        self._patch("scale", scaler_class, "scale", scale, original_scale)
+
+    def _wrap_loader_iter(self) -> None:
+        """Note the DataLoader started last, until the probe starts (one call per pass)."""
+        from torch.utils.data import DataLoader
+
+        original_iter = DataLoader.__iter__
+
+        @functools.wraps(original_iter)
+        def loader_iter(loader: Any) -> Any:
+            if not self.off and self.probe is None:
+                self._last_loader = loader
+            return original_iter(loader)
+
+        self._patch("loader_iter", DataLoader, "__iter__", loader_iter, original_iter)
+
+    def _restore_loader_iter(self) -> Any:
+        """Put DataLoader.__iter__ back (before the probe's own tap wraps it); returns the loader
+        started last meanwhile, no longer held."""
+        self._unpatch("loader_iter")
+        last, self._last_loader = self._last_loader, None
+        return last
+
+    def _patch(self, key: str, owner: Any, name: str, wrapper: Any, original: Any) -> None:
+        setattr(owner, name, wrapper)
+        self._patches[key] = (owner, name, wrapper, original)
+
+    def _unpatch(self, key: str) -> None:
+        """Put back what ``key`` replaced, unless something wrapped it since (a script's own
+        ``watch()``: its taps wrap torch.autograd.backward, GradScaler.scale and
+        DataLoader.__iter__ over these). Then this wrapper stays in their chain, passing
+        calls through (``self.off``), and theirs stays too."""
+        patch = self._patches.pop(key, None)
+        if patch is None:
+            return
+        owner, name, wrapper, original = patch
+        if getattr(owner, name, None) is wrapper:
+            setattr(owner, name, original)
 
     def _remove_global(self) -> None:
         """The discovery hooks go once the probe exists: none is left early-returning."""
@@ -280,9 +317,7 @@ class AutoWatch:
         self._seen.clear()
 
     def _restore_init(self) -> None:
-        if self._original_init is not None:
-            self.torch.optim.Optimizer.__init__ = self._original_init
-            self._original_init = None
+        self._unpatch("init")
 
     def shutdown(self) -> None:
         """Remove everything this installed; the probe (if any) closes at exit as usual."""
@@ -292,12 +327,9 @@ class AutoWatch:
             handle.remove()
         self._own.clear()
         self._restore_init()
-        if self._original_backward is not None:
-            self.torch.autograd.backward = self._original_backward
-            self._original_backward = None
-        if self._original_scale is not None:
-            self._scaler_class.scale = self._original_scale
-            self._original_scale = self._scaler_class = None
+        self._restore_loader_iter()
+        self._unpatch("backward")
+        self._unpatch("scale")
         self._scaled = None
 
     def _after_fork(self) -> None:
@@ -437,6 +469,7 @@ class AutoWatch:
             self._restore_init()  # an optimizer mode probe needs no later optimizers
         self.model, self.optimizer = model, optimizer
         self.models = [model]
+        loader = self._restore_loader_iter()
         try:
             self.probe = tdbg.watch(
                 model, optimizer, name=self.config["name"], grad_every=self.config["grad_every"]
@@ -445,6 +478,9 @@ class AutoWatch:
             # The recording is this process's: a script's child that calls watch() itself must
             # not write a second one (watch() reads TDBG_RECORD, which children inherit).
             os.environ.pop(ENV_RECORD, None)
+        if loader is not None:
+            # As if the probe's tap had seen that pass start: its first step adopts it.
+            self.probe._sampler.on_loader_iter(loader)
         if optimizer is not None:
             # Registered after the probe's own hooks: at each step the probe has read the
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
