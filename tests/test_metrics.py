@@ -102,6 +102,40 @@ def test_bad_values_in_a_live_run_are_no_probe_errors(runtime_dir: Path) -> None
     probe.close()
 
 
+def test_samples_and_tokens_that_are_not_counts_are_reported_once_not_recorded(
+    runtime_dir: Path,
+) -> None:
+    """samples= and tokens= are counts: a string, a negative number, NaN or a tensor of several
+    values is reported once (one line, one alert) and the step records none, never a negative
+    throughput; a good count beside it is recorded."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    bad = [
+        {"samples": "x", "tokens": 64},
+        {"samples": 32, "tokens": -5},
+        {"samples": float("nan"), "tokens": torch.ones(3)},
+        {"samples": "x", "tokens": -5},  # the same problems again: no new report
+    ]
+    for counts in bad:
+        loop.step()
+        probe.step(samples=counts["samples"], tokens=counts["tokens"])
+    reader.wait(lambda r: len(r.records()) >= len(bad))
+    reader.settle()
+    records = reader.records()[-len(bad) :]
+    assert [r.samples for r in records][1] == 32.0
+    assert all(math.isnan(r.samples) for i, r in enumerate(records) if i != 1)
+    assert records[0].tokens == 64.0
+    assert all(math.isnan(r.tokens) for r in records[1:])
+    reports = [a["message"] for a in reader.of("alert") if a["kind"] == "probe_error"]
+    assert len(reports) == 2, reports  # one per kind of count: bounded, not one per step
+    assert "probe.step(samples='x'): not a count" in reports[0]
+    assert "probe.step(tokens=-5): not a count" in reports[1]
+    assert probe.errors == 0
+    reader.close()
+    probe.close()
+
+
 def test_thousands_of_bad_names_are_folded_into_a_count(runtime_dir: Path) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)

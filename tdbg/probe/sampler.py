@@ -24,6 +24,7 @@ from tdbg.probe.server import ProbeServer
 from tdbg.protocol.steps import MAX_LR_COLUMNS
 
 NAN = float("nan")
+INF = float("inf")
 _PLAIN = (int, float)  # samples= / tokens= types read as they are (bool is not one of them)
 REPORTS_PER_KIND = 3  # report_once: distinct reports of one kind of problem before a count
 FOLDED = {  # report_once: what the count of one kind says
@@ -678,11 +679,10 @@ class StepSampler:
         return value, None
 
     def _count(self, value: Any, what: str) -> float:
-        """samples= / tokens= as a float, without reading a device tensor (that would sync)."""
+        """samples= / tokens= as a float, without reading a device tensor (that would sync);
+        anything that is not a count (a number >= 0) is reported once and not recorded."""
         if value is None:
             return NAN
-        if type(value) is int or type(value) is float:
-            return float(value)
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
             self.report_once(
                 f"{what}-device",
@@ -690,7 +690,15 @@ class StepSampler:
                 "to read; pass a Python int — not recorded",
             )
             return NAN
-        return _number(value)
+        count = _number(value)
+        if 0 <= count < INF:
+            return count
+        shown = repr(value) if type(value) in (int, float, str) else type(value).__name__
+        self.report_once(
+            f"{what}-value",
+            f"probe.step({what}={shown[:40]}): not a count (a number, 0 or more) — not recorded",
+        )
+        return NAN
 
     def _take_samples(self, force_rest: bool = False, weights: bool = False) -> GradSample | None:
         """This step's gradient sample: each optimizer's, read now for one that did not read
@@ -876,11 +884,15 @@ class StepSampler:
         pending.step_time = step_time
         if samples is not None:
             pending.samples = (
-                float(samples) if type(samples) in _PLAIN else self._count(samples, "samples")
+                float(samples)
+                if type(samples) in _PLAIN and 0 <= samples < INF
+                else self._count(samples, "samples")
             )
         if tokens is not None:
             pending.tokens = (
-                float(tokens) if type(tokens) in _PLAIN else self._count(tokens, "tokens")
+                float(tokens)
+                if type(tokens) in _PLAIN and 0 <= tokens < INF
+                else self._count(tokens, "tokens")
             )
         pending.timeline = timeline
         pending.previous_end = self._previous_end
