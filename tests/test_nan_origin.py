@@ -258,3 +258,18 @@ def test_changed_layers_tell_other_code_from_the_optimizer() -> None:
     assert [names[i] for i in stats.changed_layers() or []] == ["fc2"]
     stats.note_versions()  # nothing but the optimizer since: no layer
     assert stats.changed_layers() == []
+
+
+def test_the_advice_to_re_run_the_forward_is_given_only_where_the_probe_does_not() -> None:
+    """A non-finite loss with finite weights and no module named: on a GPU without the guard
+    the alert advises watch(skip_nonfinite=True), which re-runs the forward; where the probe
+    re-runs it already (the CPU, or the guard on) it says the re-run found no module, and
+    points at the loss computation, never at an option that is already on."""
+    gpu = NanOrigin(["a", "b"])
+    event = gpu.observe(2, math.nan, [math.nan, math.nan], [])
+    assert event is not None and "watch(skip_nonfinite=True) re-runs" in event["message"]
+    cpu = NanOrigin(["a", "b"])
+    cpu.reruns_forward = True
+    event = cpu.observe(2, math.nan, [math.nan, math.nan], [])
+    assert event is not None and "skip_nonfinite" not in event["message"]
+    assert "found no module's output non-finite: look at the loss computation" in event["message"]

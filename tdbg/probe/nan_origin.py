@@ -70,6 +70,9 @@ class NanOrigin:
         self.layer_names = list(layer_names)
         self.layer_types: list[str] = []  # each layer's module class, where known
         self.origin: Origin | None = None
+        # The probe re-runs a non-finite step's forward (on the CPU, or with the guard): its
+        # alert then never advises watch(skip_nonfinite=True) to do it.
+        self.reruns_forward = False
         self.last_finite: int | None = None  # last step with loss, grads and weights finite
         # The step before: (step, its gradients measured, its loss known finite, last_finite
         # before it) — where an unmeasured update turned finite weights non-finite.
@@ -178,16 +181,19 @@ class NanOrigin:
                 since,
             )
         else:
+            rerun = (
+                "; a re-run of that forward (where its inputs were kept) found no module's "
+                "output non-finite: look at the loss computation outside the model's modules"
+                if self.reruns_forward
+                else "; watch(skip_nonfinite=True) re-runs that forward and names the module"
+            )
             if weight_nonfinite is None and grad_norms is not None:
                 weights = (
-                    f"(its gradients were finite; the weights were not read){finite_at}; "
-                    "watch(skip_nonfinite=True) re-runs that forward and names the module"
+                    f"(its gradients were finite; the weights were not read){finite_at}{rerun}"
                 )
             elif weight_nonfinite is not None:
                 weights = (
-                    "with finite weights: the forward or the loss overflowed"
-                    f"{finite_at}; watch(skip_nonfinite=True) re-runs that forward and names "
-                    "the module"
+                    f"with finite weights: the forward or the loss overflowed{finite_at}{rerun}"
                 )
             else:
                 weights = (

@@ -200,6 +200,7 @@ class Probe:
         # forward can name the module that overflowed: with the guard, or on the CPU, where
         # the norms are read without a sync.
         hooks.capture_inputs = bool(opts.skip_nonfinite) or self._cuda_device is None
+        self._server.nan_origin.reruns_forward = hooks.capture_inputs
         self._sampler.captured = lambda: hooks.last_inputs
         self._sampler.phases = hooks
         return hooks
