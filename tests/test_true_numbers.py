@@ -997,6 +997,71 @@ def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(runtime_dir: Path
     probe.close()
 
 
+@pytest.mark.parametrize("aside", ["copy", "unrelated"])
+def test_a_backward_aside_from_the_watched_model_is_not_the_step_s_loss(
+    runtime_dir: Path, aside: str
+) -> None:
+    """A scalar backpropagated between steps that no watched forward made (a deep copy of the
+    model trained aside, as an EMA or snapshot check does; an unrelated tensor) is not summed
+    into the next step's loss or micro-batches (it was: 0.15991 for 0.07996, micro-batches 2).
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    losses = []
+    for step in range(4):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        probe.step()
+        losses.append(loss.item())
+        if step == 1:
+            if aside == "copy":
+                copy.deepcopy(model)(x).pow(2).mean().backward()
+            else:
+                w = torch.ones(3, requires_grad=True)
+                (w * 2).sum().backward()
+    reader.wait(lambda r: len(r.records()) >= 4)
+    records = reader.records()[-4:]
+    assert [r.loss for r in records] == pytest.approx(losses, rel=1e-6)
+    assert [r.micro_batches for r in records] == [1.0] * 4
+    reader.close()
+    probe.close()
+
+
+def test_a_loop_that_runs_the_next_forward_before_probe_step_keeps_its_losses(
+    runtime_dir: Path,
+) -> None:
+    """The next step's forward before ``probe.step()``: no watched forward falls between two
+    steps, so each backward looks aside; with no other backward in the step it is the step's
+    loss all the same (one micro-batch)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    losses = []
+    loss = model(x).pow(2).mean()
+    for _ in range(5):
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        loss = model(x).pow(2).mean()  # the next step's, before this step is told
+        probe.step()
+    reader.wait(lambda r: len(r.records()) >= 5)
+    records = reader.records()[-5:]
+    assert [r.loss for r in records] == pytest.approx(losses, rel=1e-6)
+    assert [r.micro_batches for r in records] == [1.0] * 5
+    reader.close()
+    probe.close()
+
+
 def test_total_steps_come_from_a_one_cycle_schedule(runtime_dir: Path) -> None:
     loop = Loop()
     schedule = torch.optim.lr_scheduler.OneCycleLR(loop.opt, max_lr=0.1, total_steps=500)  # type: ignore[arg-type]

@@ -121,6 +121,7 @@ class StepSampler:
         "_fixed_cost",
         "_folded",
         "_forced",
+        "_forwards_seen",
         "_forward_origin",
         "_grad_cost",
         "_grad_device_cost",
@@ -156,6 +157,8 @@ class StepSampler:
         "_spent_step",
         "_tap_seconds",
         "_step_ema",
+        "_stray",
+        "_stray_micro",
         "_steps_at_iter",
         "_updated",
         "amp_skipped_steps",
@@ -246,6 +249,13 @@ class StepSampler:
         # One of those scalars was read NaN or Inf before its backward (a CPU one: no sync).
         self._pending_nonfinite = False
         self._micro = 0  # backward calls of a scalar
+        # Backward calls with no watched model's forward since the last step (a copy of the
+        # model trained aside, an unrelated tensor): not the step's loss unless there is no
+        # other (a loop that runs the next forward before probe.step()). Told apart only once
+        # a watched forward was seen marking a step (not where forwards are compiled).
+        self._stray: Any = None
+        self._stray_micro = 0
+        self._forwards_seen = False
         self._clip: tuple[float, Any] | None = None  # (max_norm, the norm clip measured)
         self._rest_sample: GradSample | None = None  # read inside a clip (no optimizer)
         self.epoch: float = NAN
@@ -454,6 +464,11 @@ class StepSampler:
         pending, self._pending_loss = self._pending_loss, None
         slot.closure_nonfinite = self._pending_nonfinite = False
         slot.micro, self._micro = self._micro, 0  # this optimizer's micro-batches, not a GAN's
+        stray, self._stray = self._stray, None
+        if stray is not None:
+            if pending is None and closure is None:  # nothing else: the loop's own after all
+                pending, slot.micro = stray, self._stray_micro
+            self._stray_micro = 0
         last = self._last_backward
         if last is not None:
             # Compared with the loss passed to probe.step() by storage only after several
@@ -492,8 +507,18 @@ class StepSampler:
                     slot.closure_nonfinite = nonfinite
                     self._micro += 1
                 return
-        if phases is not None and phases.timeline.optimizer_start is None:
-            phases.timeline.forward_end = self._mark()
+        if phases is not None:
+            timeline = phases.timeline
+            if timeline.forward_start is not None:
+                self._forwards_seen = True
+            elif self._forwards_seen:
+                # No watched forward since the last step: kept aside, not summed into it.
+                self._stray = kept if self._stray is None else self._stray + kept
+                self._stray_micro += 1
+                self._last_kept = None  # a failure of its backward takes nothing back
+                return
+            if timeline.optimizer_start is None:
+                timeline.forward_end = self._mark()
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
         # The loop's own tensor, strongly until the update, weakly until probe.step(loss)
@@ -764,8 +789,12 @@ class StepSampler:
         leftover, self._pending_loss = self._pending_loss, None
         self._pending_nonfinite = False
         rest_micro, self._micro = self._micro, 0
+        stray, self._stray = self._stray, None
+        stray_micro, self._stray_micro = self._stray_micro, 0
         if first is None:
             first, micro = leftover, rest_micro
+        if first is None and stray is not None:
+            first, micro = stray, stray_micro
         if self._amp_skip and first is None:
             first, micro = self._amp_loss, self._amp_micro
         last, self._last_backward = self._last_backward, None
@@ -991,9 +1020,9 @@ class StepSampler:
         for slot in self._slots:
             slot.sample = slot.loss = slot.lr = None
             slot.micro = 0
-        self._pending_loss = self._clip = self._rest_sample = None
+        self._pending_loss = self._clip = self._rest_sample = self._stray = None
         self._pending_nonfinite = False
-        self._micro = 0
+        self._micro = self._stray_micro = 0
         self._grad_marks = None
         self._forced = False
         self._changed_layers = self._last_backward = self._forward_origin = None

@@ -273,7 +273,8 @@ class Probe:
     def step(self, loss: Any = None, *, samples: Any = None, tokens: Any = None) -> None:
         """Record one optimizer update. ``loss``: a scalar tensor or number (NaN is an alert);
         None: what the probe saw backpropagated for it — the sum of the scalars since the last
-        step (the mean micro-batch loss when the script divides by the accumulation steps), the
+        step through a watched model's forward (the mean micro-batch loss when the script
+        divides by the accumulation steps; see docs/usage.md for backwards aside), the
         closure's loss for ``optimizer.step(closure)``, the first optimizer's with several. A
         loss passed is shown as passed, except the very tensor backpropagated last when the
         update had several micro-batches (one of them, not the update's): then the update's,
