@@ -15,9 +15,10 @@ torch (as in a process with no probe), outside the timed steps (``thread_cpu.unh
 step clock restarts at each watched turn, so its step time, cost and gradient interval are
 those of its own steps. ``--grad-every 1000000000`` measures the fixed per-step work alone;
 ``--pace-ms 20`` sleeps between each update and ``probe.step()`` in every arm (a loop blocked
-on its data: the sleep is not CPU time, the cold caches it leaves are). CPU time is ``time.thread_time_ns()`` of the training thread with ``torch.set_num_threads(1)``
-(every op of the step runs on it); the probe thread's work is not in it (``thread_cpu.py``
-reports that).
+on its data: the sleep is not CPU time, the cold caches it leaves are). CPU time is
+``time.thread_time_ns()`` of the training thread with ``torch.set_num_threads(1)`` (every op
+of the step runs on it); the probe thread's work is not in it (``thread_cpu.py`` reports
+that).
 """
 
 from __future__ import annotations
