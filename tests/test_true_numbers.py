@@ -844,6 +844,32 @@ def test_an_overflow_the_loss_absorbs_is_named_by_its_step(runtime_dir: Path) ->
     probe.close()
 
 
+def test_a_nan_loss_in_a_loop_that_runs_the_next_forward_early_names_its_step(
+    runtime_dir: Path,
+) -> None:
+    """The next step's forward before ``probe.step()`` (each backward looks aside from the
+    step, and is its loss all the same): a forward that overflows at step K to a NaN loss is
+    still checked before its update: the first alert names step K and the module (its forward
+    re-run before the update), not a bare NaN loss."""
+    net = _origin_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = _data()
+    probe = tdbg.watch(net, opt, grad_every=5)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    loss = ((net(x) - y) ** 2).mean()
+    for step in range(K + 3):
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        net.boom.armed = "nan" if step + 1 == K else False  # the forward of step K, run now
+        loss = ((net(x) - y) ** 2).mean()
+        probe.step()
+    first = _first_error(reader)
+    assert (first["step"], first["layers"]) == (K, ["boom"]), first["message"]
+    reader.close()
+    probe.close()
+
+
 def test_a_weight_set_by_other_code_is_told_from_an_update(runtime_dir: Path) -> None:
     """Weights found non-finite after an unmeasured step: made by the update of that step
     (backward) unless code other than the optimizer wrote them (their version counters moved

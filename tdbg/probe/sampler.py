@@ -516,6 +516,10 @@ class StepSampler:
                 self._stray = kept if self._stray is None else self._stray + kept
                 self._stray_micro += 1
                 self._last_kept = None  # a failure of its backward takes nothing back
+                if nonfinite:
+                    # It may be the step's loss after all (no other): where a NaN began is
+                    # still read before the update (at worst one pass more).
+                    self._pending_nonfinite = True
                 return
             if timeline.optimizer_start is None:
                 timeline.forward_end = self._mark()
