@@ -273,3 +273,10 @@ def test_the_advice_to_re_run_the_forward_is_given_only_where_the_probe_does_not
     event = cpu.observe(2, math.nan, [math.nan, math.nan], [])
     assert event is not None and "skip_nonfinite" not in event["message"]
     assert "found no module's output non-finite: look at the loss computation" in event["message"]
+    for probe_reruns in (False, True):  # finite gradients: nothing re-run, nor to advise
+        grads_only = NanOrigin(["a", "b"])
+        grads_only.reruns_forward = probe_reruns
+        event = grads_only.observe(2, math.nan, [1.0, 1.0], None)
+        assert event is not None and "skip_nonfinite" not in event["message"]
+        assert "re-run" not in event["message"]
+        assert "the NaN reached the loss, not the gradients" in event["message"]

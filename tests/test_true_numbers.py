@@ -844,6 +844,87 @@ def test_an_overflow_the_loss_absorbs_is_named_by_its_step(runtime_dir: Path) ->
     probe.close()
 
 
+def test_next_forwards_run_early_under_accumulation_keep_every_micro_batch(
+    runtime_dir: Path,
+) -> None:
+    """Each micro-batch's forward runs before the previous backward's step is told (the first
+    one before ``probe.step()``): every backward follows a watched forward, so each is the
+    update's, whatever side of ``probe.step()`` that forward ran on."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 4)
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    expected = []
+    loss = model(x).pow(2).mean()
+    for _ in range(3):
+        opt.zero_grad()
+        total = 0.0
+        for m in range(2):
+            loss.backward()
+            total += loss.item()
+            loss = model(x * (m + 2)).pow(2).mean()  # the next micro-batch's, run early
+        opt.step()
+        probe.step()
+        expected.append(total)
+    reader.wait(lambda r: len(r.records()) >= 3)
+    records = reader.records()[-3:]
+    assert [r.loss for r in records] == pytest.approx(expected, rel=1e-6)
+    assert [r.micro_batches for r in records] == [2.0] * 3
+    reader.close()
+    probe.close()
+
+
+def test_an_amp_skipped_update_shows_its_own_loss_not_one_aside(runtime_dir: Path) -> None:
+    """GradScaler skips an update (inf gradients) after a backward aside from the model (an
+    unrelated tensor, before the watched forward): the skipped step shows its own loss."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    expected = []
+    for step in range(3):
+        if step >= 1:
+            w = torch.ones(3, requires_grad=True)
+            (w * 100).sum().backward()
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        if step == 2:
+            model.weight.grad[0, 0] = float("inf")  # the scaler skips this update
+        scaler.step(opt)
+        scaler.update()
+        probe.step()
+        expected.append(loss.item())
+    reader.wait(lambda r: len(r.records()) >= 3)
+    assert [r.loss for r in reader.records()[-3:]] == pytest.approx(expected, rel=1e-6)
+    assert probe._sampler.amp_skipped_steps == 1
+    reader.close()
+    probe.close()
+
+
+def test_a_backward_aside_that_raises_is_taken_back(runtime_dir: Path) -> None:
+    """A backward aside from the model that raises (nothing in it requires grad) is taken
+    back: a step with no other backward shows no loss, not the failed one's."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    loop.step(probe)
+    with pytest.raises(RuntimeError):
+        torch.tensor(3.0).backward()
+    loop.opt.step()  # type: ignore[union-attr]
+    probe.step()
+    reader.wait(lambda r: len(r.records()) >= 2)
+    last = reader.records()[-1]
+    assert last.loss is None and last.micro_batches != 1.0, (last.loss, last.micro_batches)
+    reader.close()
+    probe.close()
+
+
 def test_a_nan_loss_in_a_loop_that_runs_the_next_forward_early_names_its_step(
     runtime_dir: Path,
 ) -> None:

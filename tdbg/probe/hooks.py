@@ -121,6 +121,9 @@ class PhaseHooks:
         # non-finite step's forward is re-run on them (the weights still intact) to name the
         # module that overflowed. One reference to a batch, nothing copied.
         self.capture_inputs = False
+        # A watched forward with grad ran since the last backward the sampler heard of: that
+        # backward's scalar is the watched model's (one that ran before probe.step() too).
+        self.forward_pending = False
         self.last_inputs: tuple[nn.Module, Any] | None = None
         self._events = events
         # What a step without a closure runs at its pre-hook: on_optimizer_pre, then
@@ -200,11 +203,12 @@ class _ForwardStart(ForwardHook):
             return None
         try:
             t0 = perf()  # the whole hook is the probe's cost, not just its mark
-            training = torch.is_grad_enabled()
-            if training and hooks.timeline.forward_start is None:
-                hooks.timeline.forward_start = hooks._mark()
-            if training and hooks.capture_inputs and not hooks.updating:
-                hooks.last_inputs = (module, args)
+            if torch.is_grad_enabled():
+                hooks.forward_pending = True
+                if hooks.timeline.forward_start is None:
+                    hooks.timeline.forward_start = hooks._mark()
+                if hooks.capture_inputs and not hooks.updating:
+                    hooks.last_inputs = (module, args)
             hooks.seconds += perf() - t0
         except Exception as exc:
             hooks._on_error(exc)

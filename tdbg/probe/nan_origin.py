@@ -188,8 +188,12 @@ class NanOrigin:
                 else "; watch(skip_nonfinite=True) re-runs that forward and names the module"
             )
             if weight_nonfinite is None and grad_norms is not None:
+                # Finite gradients of a NaN loss: nothing was re-run (nor would the guard re-run
+                # it: it checks gradients), and the NaN never reached the gradients.
                 weights = (
-                    f"(its gradients were finite; the weights were not read){finite_at}{rerun}"
+                    f"(its gradients were finite; the weights were not read){finite_at}: the "
+                    "NaN reached the loss, not the gradients (a detached term of the loss, or "
+                    "a model output the loss weights by zero)"
                 )
             elif weight_nonfinite is not None:
                 weights = (

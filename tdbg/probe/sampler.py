@@ -25,6 +25,7 @@ from tdbg.protocol.steps import MAX_LR_COLUMNS
 
 NAN = float("nan")
 INF = float("inf")
+_STRAY = object()  # on_backward's note that the latest backward was kept aside
 _PLAIN = (int, float)  # samples= / tokens= types read as they are (bool is not one of them)
 REPORTS_PER_KIND = 3  # report_once: distinct reports of one kind of problem before a count
 FOLDED = {  # report_once: what the count of one kind says
@@ -158,6 +159,7 @@ class StepSampler:
         "_tap_seconds",
         "_step_ema",
         "_stray",
+        "_stray_before",
         "_stray_micro",
         "_steps_at_iter",
         "_updated",
@@ -254,6 +256,7 @@ class StepSampler:
         # other (a loop that runs the next forward before probe.step()). Told apart only once
         # a watched forward was seen marking a step (not where forwards are compiled).
         self._stray: Any = None
+        self._stray_before: Any = None  # the sum before the latest (restored if it fails)
         self._stray_micro = 0
         self._forwards_seen = False
         self._clip: tuple[float, Any] | None = None  # (max_norm, the norm clip measured)
@@ -500,6 +503,8 @@ class StepSampler:
         self._last_kept = kept
         for slot in self._slots:
             if slot.in_step:  # inside step(closure): LBFGS evaluates it again and again
+                if phases is not None:
+                    phases.forward_pending = False
                 if slot.closure_loss is None:
                     if phases is not None:
                         phases.timeline.forward_end = self._mark()
@@ -509,13 +514,17 @@ class StepSampler:
                 return
         if phases is not None:
             timeline = phases.timeline
-            if timeline.forward_start is not None:
+            if phases.forward_pending or timeline.forward_start is not None:
+                # A watched forward since the last backward (a loop may run it before
+                # probe.step()) or in this step (several losses of one forward).
+                phases.forward_pending = False
                 self._forwards_seen = True
             elif self._forwards_seen:
-                # No watched forward since the last step: kept aside, not summed into it.
-                self._stray = kept if self._stray is None else self._stray + kept
+                # No watched forward for it: kept aside, not summed into the step's loss.
+                stray = self._stray_before = self._stray
+                self._stray = kept if stray is None else stray + kept
                 self._stray_micro += 1
-                self._last_kept = None  # a failure of its backward takes nothing back
+                self._last_kept = _STRAY  # a failure of its backward takes it back
                 if nonfinite:
                     # It may be the step's loss after all (no other): where a NaN began is
                     # still read before the update (at worst one pass more).
@@ -544,6 +553,10 @@ class StepSampler:
         them. A NaN flag it set stays: at worst one extra gradient pass."""
         kept, self._last_kept = self._last_kept, None
         if kept is None:
+            return
+        if kept is _STRAY:
+            self._stray, self._stray_before = self._stray_before, None
+            self._stray_micro = max(0, self._stray_micro - 1)
             return
         for slot in self._slots:
             if slot.in_step:
@@ -628,6 +641,15 @@ class StepSampler:
         # The dataset by id: a loader made inline (``for x in DataLoader(ds)``) is gone by the
         # first step; its dataset is the script's and stays.
         self._iterating = (weakref.ref(loader), id(getattr(loader, "dataset", None)))
+        self._steps_at_iter = self.step_count
+
+    def loader_started(self, ref: Any, dataset: int) -> None:
+        """A DataLoader pass (its loader's weak reference, its dataset's id) that began before
+        this probe existed (``tdbg run`` starts it at the first backward): as if the tap had
+        seen it start; the next step adopts it."""
+        if self.epoch_given or self._loader is not None:
+            return
+        self._iterating = (ref, dataset)
         self._steps_at_iter = self.step_count
 
     def _note_loader(self) -> None:
@@ -797,10 +819,10 @@ class StepSampler:
         stray_micro, self._stray_micro = self._stray_micro, 0
         if first is None:
             first, micro = leftover, rest_micro
-        if first is None and stray is not None:
-            first, micro = stray, stray_micro
         if self._amp_skip and first is None:
             first, micro = self._amp_loss, self._amp_micro
+        if first is None and stray is not None:
+            first, micro = stray, stray_micro
         last, self._last_backward = self._last_backward, None
         last_value, self._last_value = self._last_value, None
         last_ref, self._last_ref = self._last_ref, None

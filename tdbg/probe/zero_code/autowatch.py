@@ -196,10 +196,11 @@ class AutoWatch:
         self._scaled: tuple[weakref.ref[Any], Any] | None = None
         # What this replaced in torch, by name: (owner, attribute, its wrapper, the original).
         self._patches: dict[str, tuple[Any, str, Any, Any]] = {}
-        # The DataLoader started last before the probe exists: the probe starts at the first
-        # backward, after the first pass over the data began, which its own tap cannot see
-        # (that pass is epoch 0, not epoch "unknown" with the next pass called 0).
-        self._last_loader: Any = None
+        # The DataLoader started last before the probe exists (a weak reference, its dataset's
+        # id): the probe starts at the first backward, after the first pass over the data
+        # began, which its own tap cannot see (that pass is epoch 0, not epoch "unknown" with
+        # the next pass called 0).
+        self._last_loader: tuple[weakref.ref[Any], int] | None = None
 
     # --- installation and removal -------------------------------------------------------------
     def install(self) -> None:
@@ -281,7 +282,11 @@ class AutoWatch:
         @functools.wraps(original_iter)
         def loader_iter(loader: Any) -> Any:
             if not self.off and self.probe is None:
-                self._last_loader = loader
+                try:  # weakly: a script that never backpropagates keeps nothing alive
+                    dataset = id(getattr(loader, "dataset", None))
+                    self._last_loader = (weakref.ref(loader), dataset)
+                except TypeError:
+                    pass
             return original_iter(loader)
 
         self._patch("loader_iter", DataLoader, "__iter__", loader_iter, original_iter)
@@ -480,7 +485,7 @@ class AutoWatch:
             os.environ.pop(ENV_RECORD, None)
         if loader is not None:
             # As if the probe's tap had seen that pass start: its first step adopts it.
-            self.probe._sampler.on_loader_iter(loader)
+            self.probe._sampler.loader_started(*loader)
         if optimizer is not None:
             # Registered after the probe's own hooks: at each step the probe has read the
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
