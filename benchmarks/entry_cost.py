@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import torch.autograd  # noqa: E402
 from models import MAKERS  # noqa: E402
 from overhead import POOL  # noqa: E402
-from thread_cpu import run_models  # noqa: E402
+from thread_cpu import add_pace, run_models  # noqa: E402
 from torch.optim import optimizer as optimizer_mod  # noqa: E402
 
 import tdbg  # noqa: E402
@@ -221,12 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="mlp,transformer,cnn", help="comma-separated")
     p.add_argument("--pairs", type=int, default=3000, help="watched/unwatched step pairs")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--pace-ms",
-        type=float,
-        default=0.0,
-        help="sleep this long between each update and probe.step() (a paced loop)",
-    )
+    add_pace(p)
     args = p.parse_args(argv)
     if args.pairs < 2 or not args.pace_ms >= 0:
         p.error("--pairs: at least 2; --pace-ms: at least 0")

@@ -43,6 +43,7 @@ from thread_cpu import (  # noqa: E402
     UNWATCHED,
     WATCHED,
     add_grad_every,
+    add_pace,
     own_cost,
     rehook,
     run_models,
@@ -150,12 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=1000, help="default 1000")
     p.add_argument("--turn", type=int, default=2, help="timed steps per turn (default 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--pace-ms",
-        type=float,
-        default=0.0,
-        help="sleep this long between each update and probe.step() (a paced loop)",
-    )
+    add_pace(p)
     add_grad_every(p)
     args = p.parse_args(argv)
     if args.cycles < 2 or args.turn < 1 or not args.pace_ms >= 0:

@@ -284,6 +284,16 @@ def add_grad_every(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_pace(p: argparse.ArgumentParser) -> None:
+    """``--pace-ms MS``: a paced loop (one that blocks on its data), for the timed arms."""
+    p.add_argument(
+        "--pace-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long between each update and probe.step() (a paced loop)",
+    )
+
+
 def run_models(
     models: list[str],
     bench: Callable[[str, argparse.Namespace, random.Random], None],

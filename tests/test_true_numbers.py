@@ -850,12 +850,7 @@ def test_next_forwards_run_early_under_accumulation_keep_every_micro_batch(
     """Each micro-batch's forward runs before the previous backward's step is told (the first
     one before ``probe.step()``): every backward follows a watched forward, so each is the
     update's, whatever side of ``probe.step()`` that forward ran on."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(8, 4)
-    probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    model, opt, x, probe, reader = _linear_run(0.01)
     expected = []
     loss = model(x).pow(2).mean()
     for _ in range(3):
@@ -879,13 +874,8 @@ def test_next_forwards_run_early_under_accumulation_keep_every_micro_batch(
 def test_an_amp_skipped_update_shows_its_own_loss_not_one_aside(runtime_dir: Path) -> None:
     """GradScaler skips an update (inf gradients) after a backward aside from the model (an
     unrelated tensor, before the watched forward): the skipped step shows its own loss."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(8, 4)
+    model, opt, x, probe, reader = _linear_run(0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
     expected = []
     for step in range(3):
         if step >= 1:
@@ -1104,6 +1094,16 @@ def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(runtime_dir: Path
     probe.close()
 
 
+def _linear_run(lr: float) -> tuple[torch.nn.Module, Any, torch.Tensor, Any, Reader]:
+    """A one-layer model, its SGD, a batch, a probe sampling every step and a client."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    x = torch.randn(8, 4)
+    probe = tdbg.watch(model, opt, grad_every=1)
+    return model, opt, x, probe, Reader(probe.socket_path)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("aside", ["copy", "unrelated"])
 def test_a_backward_aside_from_the_watched_model_is_not_the_step_s_loss(
     runtime_dir: Path, aside: str
@@ -1112,12 +1112,7 @@ def test_a_backward_aside_from_the_watched_model_is_not_the_step_s_loss(
     model trained aside, as an EMA or snapshot check does; an unrelated tensor) is not summed
     into the next step's loss or micro-batches (it was: 0.15991 for 0.07996, micro-batches 2).
     """
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(8, 4)
-    probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    model, opt, x, probe, reader = _linear_run(0.1)
     losses = []
     for step in range(4):
         loss = model(x).pow(2).mean()
@@ -1146,12 +1141,7 @@ def test_a_loop_that_runs_the_next_forward_before_probe_step_keeps_its_losses(
     """The next step's forward before ``probe.step()``: no watched forward falls between two
     steps, so each backward looks aside; with no other backward in the step it is the step's
     loss all the same (one micro-batch)."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(8, 4)
-    probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    model, opt, x, probe, reader = _linear_run(0.1)
     losses = []
     loss = model(x).pow(2).mean()
     for _ in range(5):
