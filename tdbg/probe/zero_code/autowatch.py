@@ -291,9 +291,9 @@ class AutoWatch:
 
         self._patch("loader_iter", DataLoader, "__iter__", loader_iter, original_iter)
 
-    def _restore_loader_iter(self) -> Any:
-        """Put DataLoader.__iter__ back (before the probe's own tap wraps it); returns the loader
-        started last meanwhile, no longer held."""
+    def _restore_loader_iter(self) -> tuple[weakref.ref[Any], int] | None:
+        """Put DataLoader.__iter__ back (before the probe's own tap wraps it); returns what it
+        noted of the loader started last meanwhile (a weak reference, its dataset's id)."""
         self._unpatch("loader_iter")
         last, self._last_loader = self._last_loader, None
         return last
