@@ -30,7 +30,7 @@ def _run(script: str, *args: str, runtime_dir: Path) -> str:
 
 
 def test_entry_cost_reaches_every_timing_point_and_shows_each_span(runtime_dir: Path) -> None:
-    out = _run("entry_cost.py", "--models", "mlp", "--pairs", "20", runtime_dir=runtime_dir)
+    out = _run("entry_cost.py", "--models", "cnn", "--pairs", "20", runtime_dir=runtime_dir)
     spans = [line.split("  ")[1].strip() for line in out.splitlines() if " us +- " in line]
     assert spans == ["forward", "backward", "optimizer pre", "optimizer post", "probe.step()"]
     # The probe's hooks went back in: its timed cost was read from the watched steps.
