@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import torch.autograd  # noqa: E402
 from models import MAKERS  # noqa: E402
 from overhead import POOL  # noqa: E402
-from thread_cpu import add_pace, run_models  # noqa: E402
+from thread_cpu import add_pace, chosen_models, run_models  # noqa: E402
 from torch.optim import optimizer as optimizer_mod  # noqa: E402
 
 import tdbg  # noqa: E402
@@ -225,10 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.pairs < 2 or not args.pace_ms >= 0:
         p.error("--pairs: at least 2; --pace-ms: at least 0")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in MAKERS]
-    if unknown:
-        print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
+    models = chosen_models(args.models)
+    if models is None:
         return 2
     run_models(models, bench, args)
     return 0

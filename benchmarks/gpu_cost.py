@@ -50,6 +50,7 @@ from thread_cpu import (  # noqa: E402
     ARMS,
     UNWATCHED,
     WATCHED,
+    chosen_models,
     own_cost,
     paired,
     rehook,
@@ -191,10 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 2:
         p.error("--rounds: at least 2 (the paired rounds' spread needs two)")
     args.block_seconds = args.block_seconds or (0.1 if args.quick else 0.25)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in MAKERS]
-    if unknown:
-        print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
+    models = chosen_models(args.models)
+    if models is None:
         return 2
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

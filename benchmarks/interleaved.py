@@ -44,6 +44,7 @@ from thread_cpu import (  # noqa: E402
     WATCHED,
     add_grad_every,
     add_pace,
+    chosen_models,
     own_cost,
     rehook,
     run_models,
@@ -156,10 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cycles < 2 or args.turn < 1 or not args.pace_ms >= 0:
         p.error("--cycles: at least 2; --turn: at least 1; --pace-ms: at least 0")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in MAKERS]
-    if unknown:
-        print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
+    models = chosen_models(args.models)
+    if models is None:
         return 2
     run_models(models, bench, args)
     return 0

@@ -263,13 +263,22 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.rounds = args.rounds or (8 if args.quick else 20)
     args.block_seconds = args.block_seconds or (0.3 if args.quick else 1.0)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = [m for m in models if m not in MAKERS]
-    if unknown:
-        print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
+    models = chosen_models(args.models)
+    if models is None:
         return 2
     run_models(models, bench, args, trim_heap=not args.glibc_heap)
     return 0
+
+
+def chosen_models(spec: str) -> list[str] | None:
+    """The demo models a comma-separated ``--models`` names; None, once it has said which
+    are unknown."""
+    models = [m.strip() for m in spec.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MAKERS]
+    if unknown:
+        print(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MAKERS)}")
+        return None
+    return models
 
 
 def add_grad_every(p: argparse.ArgumentParser) -> None:
