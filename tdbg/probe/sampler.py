@@ -640,14 +640,13 @@ class StepSampler:
             return
         # The dataset by id: a loader made inline (``for x in DataLoader(ds)``) is gone by the
         # first step; its dataset is the script's and stays.
-        self._iterating = (weakref.ref(loader), id(getattr(loader, "dataset", None)))
-        self._steps_at_iter = self.step_count
+        self.loader_started(weakref.ref(loader), id(getattr(loader, "dataset", None)))
 
     def loader_started(self, ref: Any, dataset: int) -> None:
-        """A DataLoader pass (its loader's weak reference, its dataset's id) that began before
-        this probe existed (``tdbg run`` starts it at the first backward): as if the tap had
-        seen it start; the next step adopts it."""
-        if self.epoch_given or self._loader is not None:
+        """A DataLoader pass started (its loader's weak reference, its dataset's id): seen by
+        the tap, or begun before this probe existed (``tdbg run`` starts it at the first
+        backward); the next step decides whether it is the training loader's."""
+        if self.epoch_given:
             return
         self._iterating = (ref, dataset)
         self._steps_at_iter = self.step_count
