@@ -24,7 +24,12 @@ MS = 1e-3
         (10 * MS, 0.08 * MS, 0.0, 0.01, 1),  # it fits: every step
         (10 * MS, 0.09 * MS, 0.0, 0.01, 2),  # just over: every other step
         (10 * MS, 0.8 * MS, 0.04 * MS, 0.01, 20),  # the fixed cost leaves half the aim
-        (10 * MS, 1 * MS, 1 * MS, 0.01, 100),  # fixed cost over budget: norms get a tenth
+        # Fixed cost over budget: norms get a tenth (every 100th step), but one pass every
+        # REFRESH_SECONDS (2 s) is enough for the screen: every 200th 10 ms step.
+        (10 * MS, 1 * MS, 1 * MS, 0.01, 200),
+        (10 * MS, 1 * MS, 0.0799 * MS, 0.01, 200),  # a sliver of room left: the same bound
+        (100 * MS, 20 * MS, 2 * MS, 0.01, 200),  # a tenth is the rarer bound: every 200th
+        (1000 * MS, 20 * MS, 20 * MS, 0.01, 20),  # a 1 s step: 2 s is every other step, a tenth 20
         (100 * MS, 0.8 * MS, 0.0, 0.01, 1),  # a longer step has room for it
         (10 * MS, 1 * MS, 0.0, 0.10, 2),  # a larger budget has room for more
         (1 * MS, 1000 * MS, 0.0, 0.01, MAX_AUTO_INTERVAL),  # bounded: some gradients always show
@@ -74,6 +79,19 @@ def test_a_spent_fraction_over_the_budget_lengthens_the_interval() -> None:
     # Under the budget, or not known yet: the plain aim.
     assert gradient_interval(10 * MS, 0.8 * MS, 0.0, 0.01, 0.009) == 10
     assert gradient_interval(10 * MS, 0.8 * MS, 0.0, 0.01, float("nan")) == 10
+
+
+def test_the_interval_grows_steadily_as_the_fixed_cost_takes_the_room() -> None:
+    # No jump where the fixed work passes the aim: the interval rises to the floor's bound
+    # and stays there, so a fixed cost that hovers about the aim does not flip the rate.
+    fixed = [f * 0.001 * MS for f in range(0, 200)]
+    ks = [gradient_interval(10 * MS, 0.3 * MS, f, 0.01) for f in fixed]
+    assert ks == sorted(ks) and ks[0] == 4 and ks[-1] == 200
+    aim = 0.8 * 0.01 * 10 * MS  # AIM of the budget, in seconds of a 10 ms step
+    just_under, just_over = (
+        gradient_interval(10 * MS, 0.3 * MS, aim + d, 0.01) for d in (-1e-12, 1e-12)
+    )
+    assert just_under == just_over == 200
 
 
 def test_gradient_interval_grows_with_cost_and_shrinks_with_budget() -> None:

@@ -11,6 +11,11 @@ MAX_AUTO_INTERVAL = 1000  # at least one gradient sample every this many steps
 # aiming at the budget itself lands over it (1.03 % measured for a 1 % budget on the mlp demo).
 AIM = 0.8
 FLOOR = 0.1  # the share of the budget the gradients keep when the fixed cost takes it all
+# ... but no more often than once every this many seconds: where the fixed work alone passes
+# the budget (the cnn demo's 7-10 ms CPU steps) a fresh set of norms every two seconds is what
+# the screen needs, and the tenth of the budget a faster refresh took put the cnn's measured
+# cost over 1 % (+1.09 % +- 0.28 on a busy host; its fixed work alone: +0.81 %).
+REFRESH_SECONDS = 2.0
 # The probe's fixed per-step work costs the training thread this much more than it times of
 # itself: torch calling into its hooks and taps, and the first instructions of each (the
 # loop's kernels have just evicted them), are outside any timer inside them. Measured with
@@ -37,18 +42,19 @@ def gradient_interval(
     ``spent``, the fraction of step time the probe actually took over its recent steps (what it
     reports as ``cost_fraction``; NaN: not known yet). Where that ran over the budget the aim
     is lowered in proportion, so the cost the model missed is paid back. Where the fixed cost
-    alone eats the budget (short CPU steps: the cnn demo's 9 ms, with a fixed cost of ~0.85 %)
-    the gradients still get a tenth of the budget (FLOOR) rather than nothing, and k never
-    exceeds MAX_AUTO_INTERVAL, so a run always shows some gradients. (A quarter, before, put the
-    cnn demo's measured cost at 1.1 %.) Unmeasured (zero) costs give 1: sample every step
-    until there is something to go by.
+    alone (nearly) eats the budget (short CPU steps: the cnn demo's 7-10 ms, with a fixed cost
+    of ~0.8 %) the gradients still get a tenth of the budget (FLOOR) rather than nothing, but
+    no pass more often than every REFRESH_SECONDS, and k never exceeds MAX_AUTO_INTERVAL, so a
+    run always shows some gradients. (A quarter, before, put the cnn demo's measured cost at
+    1.1 %.) The interval grows continuously as the room left shrinks. Unmeasured (zero) costs
+    give 1: sample every step until there is something to go by.
     """
     if not (step_seconds > 0 and grad_seconds > 0 and budget > 0):
         return 1
     aim = AIM * budget
     if spent > budget:
         aim *= budget / spent
-    fixed = max(fixed_seconds, 0.0)
-    available = max(aim * step_seconds - fixed, budget * step_seconds * FLOOR)
-    k = math.ceil(grad_seconds / available)
-    return max(1, min(MAX_AUTO_INTERVAL, k))
+    room = aim * step_seconds - max(fixed_seconds, 0.0)
+    floor = max(grad_seconds / (budget * step_seconds * FLOOR), REFRESH_SECONDS / step_seconds)
+    k = min(grad_seconds / room, floor) if room > 0 else floor
+    return max(1, min(MAX_AUTO_INTERVAL, math.ceil(k)))
