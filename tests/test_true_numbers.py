@@ -557,6 +557,53 @@ def test_a_replaced_layer_and_optimizer_are_followed(runtime_dir: Path) -> None:
     reader.close()
 
 
+def replaced_head_run(runtime_dir: Path, before: int = 3, after: int = 3) -> list[dict]:
+    """A real run whose head is replaced (and its optimizer) after ``before`` steps: what a
+    client that attaches once it ran ``after`` more is sent (its history, as a TUI gets it).
+    Layers ["0", "2" (the old head: gone), "2.0", "2.1" (the new one, from step ``before``)]."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    for step in range(before + after):
+        if step == before:
+            model[2] = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.2)
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    late = Reader(probe.socket_path)  # type: ignore[arg-type]
+    late.wait(lambda r: len(r.records()) >= before + after and bool(r.of("layers")))
+    late.close()
+    return list(late.messages)
+
+
+def test_a_layer_that_left_or_came_has_no_norm_not_a_nan(runtime_dir: Path) -> None:
+    # The old head's column is NaN once it left, the new head's before it came: no norm at
+    # all there, which the layers message says (gone, since), and tdbg dump leaves out rather
+    # than writing "nan" (a non-finite gradient) for it.
+    from tdbg.cli.dump import message_events
+
+    messages = replaced_head_run(runtime_dir)
+    layers = [m for m in messages if m["type"] == "layers"][-1]
+    assert layers["names"] == ["0", "2", "2.0", "2.1"] and layers["gone"] == [1]
+    assert layers["since"] == [0, 0, 4, 4]  # read with the old layers at step 3 at the latest
+    after_welcome = [m for m in messages if m["type"] != "welcome"]  # as tdbg dump reads them
+    events = list(message_events(after_welcome, {"type": "hello", "run": {}}))
+    said = [e for e in events if e["type"] in ("hello", "layers") and "gone" in e][-1]
+    assert said["gone"] == [1] and said["since"] == [0, 0, 4, 4]
+    norms = {e["step"]: e["grad_norms"] for e in events if e["type"] == "step"}
+    assert sorted(norms) == list(range(6))
+    for step in range(3):
+        assert set(norms[step]) == {"0", "2"}
+    for step in range(3, 6):
+        assert set(norms[step]) == {"0", "2.0", "2.1"}
+    assert not [v for row in norms.values() for v in row.values() if isinstance(v, str)]
+
+
 def test_clipping_without_an_optimizer_shows_the_same_pre_clip_norm(runtime_dir: Path) -> None:
     model = _model()
     x, y = _data()

@@ -229,3 +229,36 @@ async def test_a_replay_shows_metrics_as_they_stood_at_the_cursor(tmp_path: Path
         await wait_for(pilot, lambda: app.cursor == 0, "the cursor at the first step")
         await shows(pilot, app, "val_loss")
         assert "val_loss !" not in screen_text(app)  # the NaN came later
+
+
+async def test_a_layer_that_left_or_came_reads_no_norm_not_nan(runtime_dir: Path) -> None:
+    # A real run's messages: the head replaced after 3 steps. The old head has no norm from
+    # then on, the new one none before: blank, "gone" and last, not a NaN that would head the
+    # table as the most urgent row, nor a heatmap full of NaN marks.
+    from test_true_numbers import replaced_head_run
+
+    from tdbg.tui.widgets.gradient_heatmap import ABSENT, NONFINITE, GradientHeatmap
+    from tdbg.tui.widgets.gradient_table import GradientTable
+
+    messages = [m for m in replaced_head_run(runtime_dir) if m["type"] != "welcome"]
+    app = make_app(ReplaySource(messages, dict(RUN), end=False))
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one(GradientTable)
+        await wait_for(pilot, lambda: table.row_count == 4, "the four layers")
+        await wait_for(pilot, lambda: str(table.get_cell("1", "norm")).strip() == "gone", "gone")
+        assert "nan" not in str(table.get_cell("1", "norm"))
+        assert "!" not in str(table.get_cell("1", "trend"))  # blank once it left, not NaN marks
+        for new in ("2", "3"):
+            trend = str(table.get_cell(new, "trend"))
+            assert "!" not in trend and trend.startswith(" ")  # blank before it came
+        table.sort_mode = "norm"  # the largest first, a NaN before them; no norm last
+        table.apply_sort()
+        order = [int(str(row.key.value)) for row in table.ordered_rows]
+        assert order[-1] == 1
+        await pilot.press("h")
+        heatmap = app.query_one(GradientHeatmap)
+        await wait_for(pilot, lambda: heatmap._levels.shape[1] == 6, "six sampled steps")
+        levels = heatmap._levels  # layers x steps 0..5
+        assert not (levels == NONFINITE).any()
+        assert (levels[1, 3:] == ABSENT).all() and (levels[1, :3] >= 0).all()
+        assert (levels[2:, :3] == ABSENT).all() and (levels[2:, 3:] >= 0).all()

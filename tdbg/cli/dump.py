@@ -6,7 +6,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -68,13 +68,24 @@ def metric_events(msg: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield event
 
 
-def step_events(msg: dict[str, Any], layers: list[str]) -> Iterator[dict[str, Any]]:
-    """One ``step`` JSON object per record of a ``steps`` message."""
+def step_events(
+    msg: dict[str, Any],
+    layers: list[str],
+    gone: Collection[int] = (),
+    since: Sequence[int] = (),
+) -> Iterator[dict[str, Any]]:
+    """One ``step`` JSON object per record of a ``steps`` message. A layer with no norm in a
+    row (NaN there and ``gone``, or before its first step in ``since``: the ``layers``
+    message's) is left out of that step's ``grad_norms``, not written as ``"nan"``."""
     history = bool(msg.get("history"))
     for rec in unpack_steps(msg):
         norms = None
         if rec.grad_norms is not None:
-            norms = {name: finite(v) for name, v in zip(layers, rec.grad_norms, strict=False)}
+            norms = {
+                name: finite(v)
+                for i, (name, v) in enumerate(zip(layers, rec.grad_norms, strict=False))
+                if not (v != v and (i in gone or (i < len(since) and rec.step < since[i])))
+            }
         event: dict[str, Any] = {
             "type": "step",
             "step": rec.step,
@@ -100,6 +111,19 @@ def step_events(msg: dict[str, Any], layers: list[str]) -> Iterator[dict[str, An
         if history:
             event["history"] = True
         yield event
+
+
+def _presence(msg: dict[str, Any], n: int) -> tuple[frozenset[int], list[int]]:
+    """A ``layers`` message's ``gone`` and ``since``, what is well-formed of them."""
+    gone, since = msg.get("gone"), msg.get("since")
+    return (
+        frozenset(i for i in gone if type(i) is int and 0 <= i < n)
+        if isinstance(gone, list)
+        else frozenset(),
+        [s if type(s) is int else 0 for s in since]
+        if isinstance(since, list) and len(since) == n
+        else [],
+    )
 
 
 JOB_FIELDS = ("job", "command", "state", "step", "done", "total", "message", "args", "time")
@@ -215,13 +239,18 @@ def message_events(
     layers) is completed from the first ``layers`` message. Returns True when a ``bye`` ended
     it (its ``end`` event is yielded), False when the messages just ran out."""
     layers: list[str] = []
+    gone: frozenset[int] = frozenset()
+    since: list[int] = []
     hello = dict(hello, layers=layers, numel=[])
     for msg in messages:
         mtype = msg.get("type")
         if mtype == "layers":
             # The probe sends its layers right after welcome: hello carries them.
             layers[:] = [str(n) for n in msg.get("names", [])]
-            watched: dict[str, Any] = {k: msg[k] for k in ("model", "models", "gone") if k in msg}
+            gone, since = _presence(msg, len(layers))
+            watched: dict[str, Any] = {
+                k: msg[k] for k in ("model", "models", "gone", "since") if k in msg
+            }
             if hello:
                 hello["numel"] = msg.get("numel", [])
                 hello.update(watched)
@@ -239,7 +268,7 @@ def message_events(
             yield hello
             hello = {}
         if mtype == "steps":
-            yield from step_events(msg, layers)
+            yield from step_events(msg, layers, gone, since)
         elif mtype == "alert":
             yield {k: finite_tree(v) for k, v in msg.items()}
         elif mtype == "system":

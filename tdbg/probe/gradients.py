@@ -74,6 +74,9 @@ class GradSample:
     n_layers: int
     missing: list[int]  # layers with a parameter that requires grad but has no .grad
     weights: bool = False  # values = [gradient norms] + [weight norms]
+    # Layers with no parameters at all: they left the model (the probe keeps their index). No
+    # norm, so NaN rather than a 0 that looks real; a row read before they left has theirs.
+    gone: tuple[int, ...] = ()
 
     @property
     def on_host(self) -> bool:
@@ -103,7 +106,8 @@ class GradSample:
             values = torch.zeros(0)
         index = torch.cat([s.layer_index for s in samples])
         missing = sorted({i for s in samples for i in s.missing})
-        return GradSample(values, index, samples[0].n_layers, missing, weights)
+        gone = tuple(sorted({i for s in samples for i in s.gone}))
+        return GradSample(values, index, samples[0].n_layers, missing, weights, gone)
 
     def host_nonfinite(self) -> bool:
         """The norms are on the host (a CPU run) and one is NaN or Inf: known with no sync, so
@@ -137,13 +141,14 @@ class GradSample:
 
     def layer_norms(self, host_values: torch.Tensor | None = None) -> tuple[array, float]:
         values = self._vector(host_values)[: len(self.layer_index)]
-        return layer_norms(values, self.layer_index, self.n_layers)
+        return layer_norms(values, self.layer_index, self.n_layers, self.gone)
 
 
 def layer_norms(
-    values: torch.Tensor, layer_index: torch.Tensor, n_layers: int
+    values: torch.Tensor, layer_index: torch.Tensor, n_layers: int, gone: Sequence[int] = ()
 ) -> tuple[array, float]:
-    """(per-layer L2 norms as float32, the total norm) from per-parameter norms (host tensors).
+    """(per-layer L2 norms as float32, the total norm) from per-parameter norms (host tensors);
+    NaN for the ``gone`` layers (no parameters: no norm).
 
     The norms go from the tensor to one float32 array — the wire's own layout — with no Python
     float per layer on the way: a 1,000-layer model costs the probe thread one buffer copy.
@@ -151,6 +156,8 @@ def layer_norms(
     squares = values.detach().to("cpu", torch.float64).square()
     per_layer = torch.zeros(n_layers, dtype=torch.float64).index_add_(0, layer_index, squares)
     total = float(per_layer.sum().sqrt())  # float64, as the squares were summed
+    if gone:
+        per_layer[list(gone)] = math.nan
     norms = array("f")
     norms.frombytes(per_layer.sqrt_().to(torch.float32).numpy().tobytes())
     return norms, total
@@ -200,6 +207,7 @@ class GradientStats:
                     self._param_layer.append(index)
         self._weights: list[torch.Tensor] = list(self._params)
         self.layer_indices = sorted(set(self._param_layer))
+        self._gone = tuple(i for i, layer in enumerate(layers) if not layer.params)
         self.param_ids = frozenset(id(p) for p in self._params)
         self.params: list[nn.Parameter] = self._params  # what it covers, and each one's layer
         self.param_layer: list[int] = self._param_layer
@@ -284,7 +292,9 @@ class GradientStats:
             # call and nothing else. No grad-mode switch: a gradient does not require grad
             # (short of create_graph=True, where the norms' small graph is dropped with them).
             fused = torch._foreach_norm(grads)  # type: ignore[arg-type]
-            return GradSample(fused, self._layer_index, self.n_layers, self._missing, False)
+            return GradSample(
+                fused, self._layer_index, self.n_layers, self._missing, False, self._gone
+            )
         norms: list[tuple[torch.Tensor, ...]] = []
         weight_norms: list[tuple[torch.Tensor, ...]] = []
         with _no_grad():  # a pre-step hook may run with grad mode on: no graph of weights
@@ -325,7 +335,9 @@ class GradientStats:
             values = torch.cat([sample.values.float(), extra])
         else:
             values = [*sample.values, *ordered]
-        return GradSample(values, sample.layer_index, sample.n_layers, sample.missing, True)
+        return GradSample(
+            values, sample.layer_index, sample.n_layers, sample.missing, True, sample.gone
+        )
 
     def _group(self, members: list[int]) -> list[torch.Tensor]:
         return self._weights if self._whole else [self._weights[i] for i in members]
@@ -336,7 +348,9 @@ class GradientStats:
         values: torch.Tensor | Sequence[torch.Tensor]
         if self._on_host and len(norms) == 1 and not weight_norms:
             values = norms[0]  # the usual CPU pass: the kernel's own tuple, as it is
-            return GradSample(values, self._layer_index, self.n_layers, self._missing, False)
+            return GradSample(
+                values, self._layer_index, self.n_layers, self._missing, False, self._gone
+            )
         ordered = [n for group in (*norms, *weight_norms) for n in group]
         if not norms:
             values = []  # no parameter has a gradient: nothing to copy
@@ -350,4 +364,6 @@ class GradientStats:
                 [torch.stack(n).to(self.device, non_blocking=True) for n in (*norms, *weight_norms)]
             )
         weights = bool(norms) and bool(weight_norms)
-        return GradSample(values, self._layer_index, self.n_layers, self._missing, weights)
+        return GradSample(
+            values, self._layer_index, self.n_layers, self._missing, weights, self._gone
+        )

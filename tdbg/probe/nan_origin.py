@@ -69,6 +69,7 @@ class NanOrigin:
     def __init__(self, layer_names: Sequence[str]) -> None:
         self.layer_names = list(layer_names)
         self.layer_types: list[str] = []  # each layer's module class, where known
+        self.gone: set[int] = set()  # layers that left the model: their NaN norm is no norm
         self.origin: Origin | None = None
         # The probe re-runs a non-finite step's forward (on the CPU, or with the guard): its
         # alert then never advises watch(skip_nonfinite=True) to do it.
@@ -111,7 +112,10 @@ class NanOrigin:
             self.last_finite,
         )
         bad_weights = sorted(set(weight_nonfinite or ()))
-        bad_grads = [i for i, v in enumerate(grad_norms or ()) if not math.isfinite(v)]
+        gone = self.gone
+        bad_grads = [
+            i for i, v in enumerate(grad_norms or ()) if not math.isfinite(v) and i not in gone
+        ]
         if grad_nonfinite:
             bad_grads = sorted({*bad_grads, *grad_nonfinite})
         loss_ok = _finite(loss)

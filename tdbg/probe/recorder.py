@@ -64,7 +64,7 @@ from typing import Any
 from tdbg import __version__
 from tdbg.probe.log import warn
 from tdbg.protocol.framing import PROTOCOL_VERSION, pack
-from tdbg.protocol.messages import RunInfo, bye_message, layers_message
+from tdbg.protocol.messages import Layers, RunInfo, bye_message, layers_message
 from tdbg.protocol.steps import grad_row_bytes, grad_rows, last_step
 from tdbg.recording.compaction import THINNED_KINDS, Result, Tally, compact
 from tdbg.recording.reader import FILE_HEADER, FORMAT_VERSION, REC_MAGIC
@@ -177,8 +177,9 @@ class Recorder:
     ) -> None:
         self.requested = path
         self.run_info = run_info
-        self.layer_names = layer_names
-        self.layer_numel = layer_numel
+        # The layers message a recording starts with: the server keeps it current (a layer
+        # replaced mid-run, a model added) for a recording created after the change.
+        self.layers: Layers = layers_message(layer_names, layer_numel)
         self.bounds = DEFAULT_BOUNDS if bounds is None else bounds
         self.submit = submit
         self.path: Path | None = None
@@ -228,7 +229,7 @@ class Recorder:
         self._head = head + pack(header)
         self._write_raw(head)
         self.add(self._head[len(head) :])
-        self.add(pack(layers_message(self.layer_names, self.layer_numel)))
+        self.add(pack(self.layers))
         self.flush()
         return self.active
 

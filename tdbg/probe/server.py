@@ -60,7 +60,6 @@ MAX_RESOLVE_PER_TICK = 2000
 MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dropped
 LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
 MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
-NAN = float("nan")
 GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read again
 # How long stopping waits for the probe's threads to finish what they are doing (the last tick,
 # the recording's end, a dive's analysis). Normally milliseconds; the bound is for a stuck
@@ -108,6 +107,7 @@ class ProbeServer:
         self.nan_origin.layer_types = list(layer_types or [])  # names a NaN's module class
         self._extras: list[PendingStep] = []  # the resolved steps' pending objects, in order
         self.gone: list[int] = []  # layers whose parameters left the model
+        self.layer_since: list[int] = []  # per layer, its first step (see Layers.since)
         self.history = History(len(layer_names))
         self.rules = AlertRules(layer_names, frozen or [])
         self._on_grad_device_time = on_grad_device_time
@@ -146,32 +146,35 @@ class ProbeServer:
         gone: list[int],
         optimizers: list[WatchedOptimizer],
         layer_types: list[str],
+        since: list[int],
     ) -> None:
         """From the training thread: the watched layers changed (names only grow). The probe
         thread applies it before the next steps it sends (one reference swap: no lock)."""
         # Read with the names by index (names only grow): set before the new names go out.
         self.nan_origin.layer_types = layer_types
-        self._layout = (names, numel, layer_models, models, gone, optimizers)
+        self._layout = (names, numel, layer_models, models, gone, optimizers, since)
         self.wake()
 
     def _apply_layout(self) -> list[bytes]:
         layout, self._layout = self._layout, None
         if layout is None:
             return []
-        names, numel, layer_models, models, gone, optimizers = layout
+        names, numel, layer_models, models, gone, optimizers, since = layout
         self.layer_names, self.layer_numel, self.layer_models = names, numel, layer_models
-        self.gone = gone
+        self.gone, self.layer_since = gone, since
         self.history.n_layers = len(names)
         self.rules.layer_names = list(names)
         self.rules.gone = set(gone)  # a layer that left the model: no norm is expected
+        self.nan_origin.gone = set(gone)  # (its norm reads NaN: GradSample.gone)
         self.nan_origin.layer_names = list(names)
         run = self.endpoint.run_info
         run["models"] = models
         run["optimizers"] = optimizers
         run["param_groups"] = sum(o["groups"] for o in optimizers)
-        frame = pack(self._layers_message())
+        message = self._layers_message()
+        frame = pack(message)
         if self.recorder is not None:
-            self.recorder.layer_names, self.recorder.layer_numel = names, numel
+            self.recorder.layers = message  # what a recording created from now on starts with
             self.recorder.add(frame)
         return [frame]
 
@@ -182,6 +185,7 @@ class ProbeServer:
             model=self.layer_models,
             models=self.endpoint.run_info.get("models"),
             gone=self.gone,
+            since=self.layer_since,
         )
 
     def take_commands(self, desk: CommandDesk, auto_nan_hunt: bool) -> None:
@@ -638,11 +642,6 @@ class ProbeServer:
                 alerts.append(found)
                 if self.desk is not None:
                     self.desk.runner.ctx.nan_origin = self.nan_origin.origin
-            norms = record.grad_norms
-            if self.gone and norms is not None:
-                for i in self.gone:  # left the model: no norm, rather than a 0 that looks real
-                    if i < len(norms):
-                        norms[i] = NAN  # type: ignore[index]
             alerts.extend(self.rules.check_step(record, missing))
             self.recent_costs.append((record.probe_time, record.step_time))
             self.last_step = record.step

@@ -109,6 +109,7 @@ class Probe:
         self._prefixes = [f"{name}." if len(models) > 1 else "" for name, _ in models]
         self._optimizers = [(i, opt_name, opt) for i, (opt_name, opt) in enumerate(optimizers)]
         self._layer_models = layer_models
+        self._layer_since = [0] * len(self._layers)  # per layer, its first step (Layers.since)
         self._optimizer_names: dict[int, str] = {}  # names add() was given, until hooked
         cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
         self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
@@ -496,6 +497,10 @@ class Probe:
         index_of = {layer.name: i for i, layer in enumerate(self._layers)}
         layers = list(self._layers)
         layer_models = list(self._layer_models)
+        since = list(self._layer_since)
+        # This step's gradients were read (at its optimizer pre-hook) for the layers as they
+        # were: a layer that comes now has norms from the next step on.
+        first_step = sampler.step_count + 1
         seen: set[int] = set()
         present: set[int] = set()
         for m, (model_name, model) in enumerate(self._models):
@@ -506,7 +511,10 @@ class Probe:
                 if i == len(layers):
                     layers.append(layer)
                     layer_models.append(m)
+                    since.append(first_step)
                 else:
+                    if not layers[i].params:
+                        since[i] = first_step  # gone, and back: no norms in between
                     layers[i] = layer  # the same name, maybe new parameters: follow them
         gone = [i for i in range(len(layers)) if i not in present]
         for i in gone:
@@ -543,6 +551,7 @@ class Probe:
             next_key += 1
         sampler.new_optimizers = []
         self._layers, self._layer_models, self._optimizers = layers, layer_models, optimizers
+        self._layer_since = since
         sampler.rebuild(layers, optimizers)
         self._note_watched()
         self._server.relayout(
@@ -553,6 +562,7 @@ class Probe:
             gone,
             [watched_optimizer(name, opt) for _, name, opt in optimizers],
             [layer.module_type for layer in layers],
+            since,
         )
 
     def _after_fork_in_child(self) -> None:

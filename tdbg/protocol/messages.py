@@ -156,6 +156,10 @@ class Layers(TypedDict):
     model: NotRequired[list[int]]  # per layer: its model's index in ``models``
     models: NotRequired[list[str]]  # the watched models' names (as RunInfo.models, kept current)
     gone: NotRequired[list[int]]  # layers whose parameters left the model: no norms from then on
+    # Per layer, the first step that can have its norm (a layer added mid-run: 0 for the
+    # others). A NaN norm of a gone layer, or before a layer's first step, is no norm at all
+    # (the row was written before the layer came, or after it went), not a non-finite one.
+    since: NotRequired[list[int]]
 
 
 def layers_message(
@@ -165,13 +169,17 @@ def layers_message(
     model: list[int] | None = None,
     models: list[str] | None = None,
     gone: list[int] | None = None,
+    since: list[int] | None = None,
 ) -> Layers:
-    """The ``layers`` message; ``model`` only with several models, ``gone`` only when not empty."""
+    """The ``layers`` message; ``model`` only with several models, ``gone`` only when not empty,
+    ``since`` only when a layer came mid-run."""
     layers: Layers = {"type": "layers", "names": names, "numel": numel}
     if model is not None:
         layers["model"] = model
     if gone:
         layers["gone"] = gone
+    if since and any(since):
+        layers["since"] = since
     if models is not None:
         layers["models"] = models
     return layers

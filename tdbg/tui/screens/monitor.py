@@ -480,12 +480,20 @@ class MonitorScreen(Screen[None]):
         if self.heatmap:
             steps, rows = state.grads.matrix()
             heatmap = self.query_one(GradientHeatmap)
-            heatmap.show(names, steps, rows)
+            heatmap.show(names, steps, rows, state.absent(steps, rows))
         else:
             table = self.query_one(GradientTable)
             owners = [state.layer_owner(i) for i in range(len(names))]
+            recent = state.grads.recent(32)
             table.show(
-                names, state.grads.latest(), state.grads.recent(32), state.layer_trends(), owners
+                names,
+                state.grads.latest(),
+                recent,
+                state.layer_trends(),
+                owners,
+                absent=state.latest_absent(),
+                recent_absent=state.absent(state.grads.recent_steps(32), recent),
+                gone=state.layer_gone,
             )
         self._update_grad_title()
 

@@ -405,6 +405,11 @@ class RunState:
         self.grad_steps = GrowArray(np.int64)  # steps that carried per-layer norms
         self.grad_total = GrowArray(np.float64)
         self.grads = GradHistory(0)
+        # Which norms are no norm at all (the ``layers`` message's ``gone`` and ``since``): a
+        # layer that left the model, and one added mid-run before its first step, read NaN in
+        # the rows; shown as absent, not as a non-finite gradient.
+        self.layer_gone: frozenset[int] = frozenset()
+        self.layer_since: list[int] = []
         self.alerts: deque[Alert] = deque(maxlen=MAX_ALERTS)
         self.alert_count = 0
         self.thinned_steps = 0  # times the older half of the scalar history was thinned
@@ -478,6 +483,13 @@ class RunState:
     def _apply_layers(self, message: dict[str, Any]) -> None:
         names = [str(n) for n in message.get("names") or []]
         numel = [int(n) for n in message.get("numel") or []]
+        self.layer_gone = frozenset(_indices(message.get("gone"), len(names)))
+        since = message.get("since")
+        self.layer_since = (
+            [s if _is_int(s) else 0 for s in since]
+            if isinstance(since, list) and len(since) == len(names)
+            else []
+        )
         models = message.get("models")
         if isinstance(models, list) and models:
             self.layer_models = [str(m) for m in models]
@@ -733,6 +745,29 @@ class RunState:
         row = self.lr.values[-1, : int(self.lr_n.values[-1])]
         return [float(v) if math.isfinite(v) else None for v in row]
 
+    def absent(self, steps: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Which of ``rows`` (per-layer norms of ``steps``, rows x layers) are no norm at all:
+        NaN in a gone layer's column, or in a layer's column before its first step. A NaN
+        anywhere else is a non-finite gradient."""
+        n_layers = rows.shape[1] if rows.ndim == 2 else 0
+        absent = np.zeros(rows.shape, dtype=bool)
+        if not n_layers or not (self.layer_gone or self.layer_since):
+            return absent
+        before = np.zeros(rows.shape, dtype=bool)
+        if len(self.layer_since) == n_layers:
+            first = np.asarray(self.layer_since, dtype=np.int64)
+            before = np.asarray(steps, dtype=np.int64)[:, None] < first[None, :]
+        gone = np.zeros(n_layers, dtype=bool)
+        gone[[i for i in self.layer_gone if i < n_layers]] = True
+        return np.isnan(rows) & (before | gone[None, :])
+
+    def latest_absent(self) -> np.ndarray | None:
+        """:meth:`absent` for the latest sampled row (None before one)."""
+        latest, step = self.grads.latest(), self.grads.latest_step()
+        if latest is None or step is None:
+            return None
+        return self.absent(np.array([step]), latest[None, :])[0]
+
     def layer_trends(self, n: int = 16) -> np.ndarray:
         """Per-layer trend of the last ``n`` sampled rows: log10(newest / mean of the older half).
 
@@ -948,3 +983,14 @@ class Clipping:
     @property
     def active_share(self) -> float:
         return self.active / self.steps if self.steps else 0.0
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _indices(value: Any, n: int) -> list[int]:
+    """The valid layer indices of a message's list (anything else in it is ignored)."""
+    if not isinstance(value, list):
+        return []
+    return [i for i in value if _is_int(i) and 0 <= i < n]

@@ -16,26 +16,33 @@ def spark(
     width: int,
     log: bool = False,
     bounds: tuple[float, float] | None = None,
+    gaps: Sequence[bool] | np.ndarray | None = None,
 ) -> str:
     """A one-line sparkline of the last ``width`` values; non-finite values show as ``!``.
 
     The heights span the values' own min..max, or ``bounds`` (in log10 units with ``log``)
-    when several sparklines must be compared on one scale."""
+    when several sparklines must be compared on one scale. ``gaps`` (one flag per value):
+    values that are no value at all, shown as blanks."""
     arr = np.asarray(values, dtype=np.float64)[-width:]
     if arr.size == 0:
         return ""
+    blank = np.zeros(arr.size, dtype=bool)
+    if gaps is not None and len(gaps) == len(values):
+        blank = np.asarray(gaps, dtype=bool)[-width:]
     finite = np.isfinite(arr)
     if log:
         with np.errstate(all="ignore"):
             arr = np.where(arr > 0, np.log10(np.where(arr > 0, arr, 1.0)), np.nan)
         finite = np.isfinite(arr)
     if not finite.any():
-        return "!" * arr.size
+        return "".join(" " if b else "!" for b in blank.tolist())
     lo, hi = bounds if bounds is not None else (float(arr[finite].min()), float(arr[finite].max()))
     span = hi - lo
     out = []
-    for v, ok in zip(arr.tolist(), finite.tolist(), strict=True):
-        if not ok:
+    for v, ok, gap in zip(arr.tolist(), finite.tolist(), blank.tolist(), strict=True):
+        if gap:
+            out.append(" ")
+        elif not ok:
             out.append("!")
         elif span <= 0:
             out.append(BLOCKS[3])

@@ -18,7 +18,8 @@ from tdbg.tui.widgets.layer_filter import LayerFilter
 LEVELS = 24
 NONFINITE = -1
 ZERO = -2
-GLYPHS = {NONFINITE: "×", ZERO: "░"}  # not colours alone: both must read on any theme
+ABSENT = -3  # no norm: the layer had not come yet, or had left the model (a blank cell)
+GLYPHS = {NONFINITE: "×", ZERO: "░", ABSENT: " "}  # not colours alone: they must read on any theme
 MIN_LABEL = 12
 MIN_DECADES = 1.0  # the scale spans at least this, so noise on a flat layer is not a rainbow
 LEGEND_ROWS = 1
@@ -87,7 +88,7 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
         self._scale: tuple[float, float, bool, bool] | None = None  # lo, hi, clipped lo/hi
         self._caption = ""
         self._built_width = -1  # the width the columns were sampled for
-        self._data: tuple[list[str], np.ndarray, np.ndarray] | None = None
+        self._data: tuple[list[str], np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _palette(self) -> None:
         def color(name: str) -> Color:
@@ -108,10 +109,21 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
             level: self.get_component_rich_style(f"gradient-heatmap--{name}")
             for level, name in ((NONFINITE, "nonfinite"), (ZERO, "zero"))
         }
+        self._special[ABSENT] = self._label
         self._label = self.get_component_rich_style("gradient-heatmap--label")
 
-    def show(self, names: list[str], steps: np.ndarray, rows: np.ndarray) -> None:
-        self._data = (names, steps, rows)
+    def show(
+        self,
+        names: list[str],
+        steps: np.ndarray,
+        rows: np.ndarray,
+        absent: np.ndarray | None = None,
+    ) -> None:
+        """``rows``: per-layer norms (rows x layers) of ``steps``; ``absent``: the same shape,
+        true where a row has no norm for a layer (blank, not a NaN/Inf mark)."""
+        if absent is None or absent.shape != rows.shape:
+            absent = np.zeros(rows.shape, dtype=bool)
+        self._data = (names, steps, rows, absent)
         self._rebuild()
 
     def on_resize(self) -> None:
@@ -121,7 +133,7 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
     def _rebuild(self) -> None:
         if self._data is None:
             return
-        names, steps, rows = self._data
+        names, steps, rows, absent = self._data
         self._palette()
         self._names = names
         self._rows = matching(names, self.name_filter)
@@ -138,9 +150,8 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
             cols = np.unique(
                 np.linspace(0, rows.shape[0] - 1, min(width, rows.shape[0])).astype(int)
             )
-            data = rows[np.ix_(cols, np.asarray(self._rows, dtype=np.intp))].T.astype(
-                np.float64
-            )  # layers x columns
+            picked = np.ix_(cols, np.asarray(self._rows, dtype=np.intp))
+            data = rows[picked].T.astype(np.float64)  # layers x columns
             with np.errstate(all="ignore"):
                 logs = np.log10(np.where(data > 0, data, np.nan))
             lo, hi = fit_scale(logs)
@@ -154,6 +165,7 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
             levels = np.nan_to_num(t * (LEVELS - 1), nan=0.0).astype(np.int16)
             levels[~np.isfinite(data)] = NONFINITE
             levels[data == 0] = ZERO
+            levels[absent[picked].T] = ABSENT
             self._levels = levels
             self._caption = f"steps {int(steps[cols[0]])}…{int(steps[cols[-1]])}"
         self.virtual_size = Size(

@@ -46,6 +46,7 @@ class GradientTable(LayerFilter, DataTable[Any]):
         "gradient-table--vanishing",
         "gradient-table--exploding",
         "gradient-table--bar",
+        "gradient-table--absent",
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -63,6 +64,10 @@ class GradientTable(LayerFilter, DataTable[Any]):
         self._norms = np.empty(0)
         self._trends = np.empty(0)
         self._recent = np.empty((0, 0))
+        # No norm at all (see RunState.absent): the latest row's, and the recent rows'.
+        self._absent = np.zeros(0, dtype=bool)
+        self._recent_absent = np.zeros((0, 0), dtype=bool)
+        self._gone: frozenset[int] = frozenset()
         self._has_norms = False
         self._lo, self._span = 0.0, 1.0
         self._trend_bounds: tuple[float, float] | None = None
@@ -162,9 +167,14 @@ class GradientTable(LayerFilter, DataTable[Any]):
         recent: np.ndarray,
         trends: np.ndarray,
         owners: list[str | None] | None = None,
+        absent: np.ndarray | None = None,
+        recent_absent: np.ndarray | None = None,
+        gone: frozenset[int] = frozenset(),
     ) -> None:
         """Show the latest norms; ``recent`` is (rows x layers) for the trend sparklines;
-        ``owners`` (per layer, its model when several are watched) leads each name."""
+        ``owners`` (per layer, its model when several are watched) leads each name.
+        ``absent`` / ``recent_absent``: where the latest / recent rows have no norm for a
+        layer (it had not come yet, or left the model: ``gone``), shown as such, not as NaN."""
         n = len(names)
         self._norms = (
             latest.astype(np.float64)
@@ -173,6 +183,13 @@ class GradientTable(LayerFilter, DataTable[Any]):
         )
         self._trends = trends if len(trends) == n else np.full(n, np.nan)
         self._recent = recent if recent.ndim == 2 and recent.shape[1] == n else np.empty((0, n))
+        self._absent = absent if absent is not None and absent.shape == (n,) else np.zeros(n, bool)
+        self._recent_absent = (
+            recent_absent
+            if recent_absent is not None and recent_absent.shape == self._recent.shape
+            else np.zeros(self._recent.shape, dtype=bool)
+        )
+        self._gone = gone
         self._has_norms = latest is not None
         finite = self._norms[np.isfinite(self._norms) & (self._norms > 0)]
         with np.errstate(all="ignore"):
@@ -223,9 +240,18 @@ class GradientTable(LayerFilter, DataTable[Any]):
 
     def _cells(self, i: int) -> tuple[Text, Text, Text]:
         value = float(self._norms[i])
-        style = self._style(value)
-        norm = Text(f"{value:{NORM}.2e}" if self._has_norms else "n/a".rjust(NORM), style=style)
-        if not self._has_norms:
+        absent = bool(self._absent[i]) if i < len(self._absent) else False
+        style = (
+            self.get_component_rich_style("gradient-table--absent")
+            if absent
+            else self._style(value)
+        )
+        if absent:
+            norm = Text(("gone" if i in self._gone else "none").rjust(NORM), style=style)
+        else:
+            text = f"{value:{NORM}.2e}" if self._has_norms else "n/a".rjust(NORM)
+            norm = Text(text, style=style)
+        if not self._has_norms or absent:
             bar = Text(" " * BAR)
         elif math.isfinite(value):
             bar_style = self.get_component_rich_style("gradient-table--bar")
@@ -233,8 +259,10 @@ class GradientTable(LayerFilter, DataTable[Any]):
         else:
             bar = Text(log_bar(value, self._lo, self._span, BAR), style=style)
         column = self._recent[:, i] if len(self._recent) else ()
+        gaps = self._recent_absent[:, i] if len(self._recent) else None
         trend = Text(
-            spark(column, self._trend_width, log=True, bounds=self._trend_bounds), style=style
+            spark(column, self._trend_width, log=True, bounds=self._trend_bounds, gaps=gaps),
+            style=style,
         )
         return norm, bar, trend
 
@@ -271,9 +299,12 @@ class GradientTable(LayerFilter, DataTable[Any]):
             self._refresh_visible()
             return
         values = self._norms if self.sort_mode == "norm" else self._trends
+        absent = self._absent
 
         def key(cell: LayerName) -> tuple[int, float]:
             i = cell.layer
+            if i < len(absent) and absent[i]:
+                return (2, 0.0)  # no norm (a layer gone or not yet come): last
             v = float(values[i]) if i < len(values) else math.nan
             # Non-finite first: a NaN gradient is the most urgent row on the screen.
             return (0, 0.0) if not math.isfinite(v) else (1, -v)
