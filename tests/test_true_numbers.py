@@ -604,6 +604,15 @@ def test_a_layer_that_left_or_came_has_no_norm_not_a_nan(runtime_dir: Path) -> N
     assert not [v for row in norms.values() for v in row.values() if isinstance(v, str)]
 
 
+def test_an_exploding_new_head_names_its_own_layers_not_the_gone_one(runtime_dir: Path) -> None:
+    # lr 0.2 on the new head diverges: the gradient alert still fires across the change, and
+    # names the largest norms there are (the gone layer's NaN is none of them).
+    messages = replaced_head_run(runtime_dir, before=30, after=6)
+    exploding = [m for m in messages if m["type"] == "alert" and m["kind"] == "exploding_grad"]
+    assert exploding and all(m["step"] >= 30 for m in exploding)
+    assert all("2" not in m["layers"] for m in exploding)
+
+
 def test_clipping_without_an_optimizer_shows_the_same_pre_clip_norm(runtime_dir: Path) -> None:
     model = _model()
     x, y = _data()

@@ -96,6 +96,14 @@ class AlertRules:
         self._lr_zero_run = 0
         self.stalled_since: float | None = None
 
+    def relayout(self, layer_names: Sequence[str], gone: Sequence[int]) -> None:
+        """The watched layers changed mid-run. The total norm's spike baseline is kept: a new
+        head whose gradients explode must still alert (it does, measured: a head replaced with
+        too high a learning rate), at the price of a warning when a fresh head's norm is just
+        larger than the old model's."""
+        self.layer_names = list(layer_names)
+        self.gone = set(gone)  # a layer that left the model: no norm is expected
+
     def _onset(self, key: str, value: Any) -> bool:
         """True when condition ``key`` starts or changes value; False while it persists."""
         changed = self._active.get(key) != value
@@ -196,7 +204,9 @@ class AlertRules:
                 z = self._grad_logs.z(log_total)
                 med = 10**self._grad_logs.median
                 if z > SPIKE_Z and total > SPIKE_RATIO * med:
-                    top = sorted(range(len(norms)), key=lambda i: -norms[i])[:3]
+                    # The largest finite norms (a gone layer's NaN is no norm at all).
+                    finite = [i for i in range(len(norms)) if math.isfinite(norms[i])]
+                    top = sorted(finite, key=lambda i: -norms[i])[:3]
                     worst = [names[i] for i in top]
                     out.append(
                         alert(

@@ -163,8 +163,7 @@ class ProbeServer:
         self.layer_names, self.layer_numel, self.layer_models = names, numel, layer_models
         self.gone, self.layer_since = gone, since
         self.history.n_layers = len(names)
-        self.rules.layer_names = list(names)
-        self.rules.gone = set(gone)  # a layer that left the model: no norm is expected
+        self.rules.relayout(names, gone)
         self.nan_origin.gone = set(gone)  # (its norm reads NaN: GradSample.gone)
         self.nan_origin.layer_names = list(names)
         run = self.endpoint.run_info
