@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from conftest import Loop, Reader, wait_until
@@ -557,10 +558,13 @@ def test_a_replaced_layer_and_optimizer_are_followed(runtime_dir: Path) -> None:
     reader.close()
 
 
-def replaced_head_run(runtime_dir: Path, before: int = 3, after: int = 3) -> list[dict]:
+def replaced_head_run(
+    runtime_dir: Path, before: int = 3, after: int = 3, nan_grad_at: int | None = None
+) -> list[dict]:
     """A real run whose head is replaced (and its optimizer) after ``before`` steps: what a
     client that attaches once it ran ``after`` more is sent (its history, as a TUI gets it).
-    Layers ["0", "2" (the old head: gone), "2.0", "2.1" (the new one, from step ``before``)]."""
+    Layers ["0", "2" (the old head: gone), "2.0", "2.1" (the new one, from step ``before``)].
+    ``nan_grad_at``: the old head's weight gets a NaN gradient at that step (only it)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -570,6 +574,8 @@ def replaced_head_run(runtime_dir: Path, before: int = 3, after: int = 3) -> lis
         if step == before:
             model[2] = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 1))
             opt = torch.optim.SGD(model.parameters(), lr=0.2)
+        if step == nan_grad_at:
+            model[2].weight.register_hook(lambda g: g * float("nan"))
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
@@ -590,11 +596,13 @@ def test_a_layer_that_left_or_came_has_no_norm_not_a_nan(runtime_dir: Path) -> N
     messages = replaced_head_run(runtime_dir)
     layers = [m for m in messages if m["type"] == "layers"][-1]
     assert layers["names"] == ["0", "2", "2.0", "2.1"] and layers["gone"] == [1]
-    assert layers["since"] == [0, 0, 4, 4]  # read with the old layers at step 3 at the latest
+    # Step 3's gradients are read after the change is seen (the new optimizer is not hooked
+    # until then): the new head has norms from step 3, the old one none from step 3.
+    assert layers["since"] == [0, 0, 3, 3] and layers["gone_at"] == [3]
     after_welcome = [m for m in messages if m["type"] != "welcome"]  # as tdbg dump reads them
     events = list(message_events(after_welcome, {"type": "hello", "run": {}}))
     said = [e for e in events if e["type"] in ("hello", "layers") and "gone" in e][-1]
-    assert said["gone"] == [1] and said["since"] == [0, 0, 4, 4]
+    assert said["gone"] == [1] and said["gone_at"] == [3] and said["since"] == [0, 0, 3, 3]
     norms = {e["step"]: e["grad_norms"] for e in events if e["type"] == "step"}
     assert sorted(norms) == list(range(6))
     for step in range(3):
@@ -602,6 +610,85 @@ def test_a_layer_that_left_or_came_has_no_norm_not_a_nan(runtime_dir: Path) -> N
     for step in range(3, 6):
         assert set(norms[step]) == {"0", "2.0", "2.1"}
     assert not [v for row in norms.values() for v in row.values() if isinstance(v, str)]
+
+
+def test_a_nan_of_a_layer_before_it_left_is_still_a_nan(runtime_dir: Path) -> None:
+    # The layer that went NaN is the one a user replaces: its NaN before it left is its own.
+    from tdbg.cli.dump import message_events
+    from tdbg.protocol.messages import read_layer_presence
+    from tdbg.tui.state.run_state import RunState
+
+    messages = replaced_head_run(runtime_dir, nan_grad_at=2)
+    after_welcome = [m for m in messages if m["type"] != "welcome"]
+    events = list(message_events(after_welcome, {"type": "hello", "run": {}}))
+    norms = {e["step"]: e["grad_norms"] for e in events if e["type"] == "step"}
+    assert norms[2]["2"] == "nan" and "2" not in norms[3]
+    alerts = [m for m in messages if m["type"] == "alert" and m["kind"] == "nonfinite_grad"]
+    assert alerts and alerts[0]["step"] == 2 and alerts[0]["layers"] == ["2"]
+    state = RunState()
+    layers = [m for m in messages if m["type"] == "layers"][-1]
+    state.presence = read_layer_presence(layers, 4)
+    rows = np.full((3, 4), np.nan, dtype=np.float32)
+    absent = state.absent(np.array([2, 3, 4]), rows)
+    assert absent[:, 1].tolist() == [False, True, True]  # its own NaN at 2; gone from 3
+    assert absent[:, 2].tolist() == [True, False, False]  # the new head: none before 3
+
+
+def test_a_model_added_before_the_first_step_has_norms_from_step_0(runtime_dir: Path) -> None:
+    from tdbg.cli.dump import message_events
+
+    torch.manual_seed(0)
+    g, d = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    og, od = torch.optim.SGD(g.parameters(), lr=0.01), torch.optim.SGD(d.parameters(), lr=0.01)
+    probe = tdbg.watch(g, og, grad_every=1)
+    probe.add(d, od)
+    x = torch.randn(8, 4)
+    d.weight.register_hook(lambda grad: grad * float("nan"))  # d's gradient is NaN at step 0
+    for opt in (og, od):
+        opt.zero_grad()
+    d(g(x)).mean().backward()
+    og.step()
+    od.step()
+    probe.step()
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader.wait(lambda r: len(r.records()) >= 1 and len(r.of("layers")) >= 1)
+    reader.close()
+    layers = reader.of("layers")[-1]
+    assert not any(layers.get("since", ()))  # nothing came mid-run: d is there from step 0
+    messages = [m for m in reader.messages if m["type"] != "welcome"]
+    events = list(message_events(messages, {"type": "hello", "run": {}}))
+    step0 = [e for e in events if e["type"] == "step"][0]
+    assert step0["grad_norms"]["d"] == "nan"
+
+
+def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(runtime_dir: Path) -> None:
+    # Step 3: the first optimizer's gradients are read (two layers) before the change is
+    # seen, the new one's after it (three): one row of both, not a lost step.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    opts = [opt]
+    for step in range(6):
+        if step == 3:
+            model.add_module("extra", torch.nn.Linear(1, 1))
+            opts.append(torch.optim.SGD(model.extra.parameters(), lr=0.05))
+        for o in opts:
+            o.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        for o in opts:
+            o.step()
+        probe.step(loss)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader.wait(lambda r: len(r.records()) >= 6)
+    reader.close()
+    records = reader.records()
+    assert [r.step for r in records] == list(range(6))
+    assert all(r.grad_norms is not None for r in records)
+    assert records[3].grad_norms[2] > 0  # type: ignore[index]  # the new layer, in the joined row
+    assert not [m for m in reader.of("probe") if m.get("errors")]
 
 
 def test_an_exploding_new_head_names_its_own_layers_not_the_gone_one(runtime_dir: Path) -> None:

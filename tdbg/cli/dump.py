@@ -6,12 +6,12 @@ import json
 import math
 import sys
 import time
-from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tdbg.connect.client import ProbeClient
-from tdbg.protocol.messages import read_metrics, read_result
+from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics, read_result
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording, open_recording
 
@@ -69,22 +69,21 @@ def metric_events(msg: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def step_events(
-    msg: dict[str, Any],
-    layers: list[str],
-    gone: Collection[int] = (),
-    since: Sequence[int] = (),
+    msg: dict[str, Any], layers: list[str], presence: LayerPresence | None = None
 ) -> Iterator[dict[str, Any]]:
     """One ``step`` JSON object per record of a ``steps`` message. A layer with no norm in a
-    row (NaN there and ``gone``, or before its first step in ``since``: the ``layers``
-    message's) is left out of that step's ``grad_norms``, not written as ``"nan"``."""
+    row (a NaN where the ``layers`` message's ``presence`` says it had not come or had gone)
+    is left out of that step's ``grad_norms``, not written as ``"nan"``."""
     history = bool(msg.get("history"))
+    presence = presence or LayerPresence()
     for rec in unpack_steps(msg):
         norms = None
         if rec.grad_norms is not None:
+            step = rec.step
             norms = {
                 name: finite(v)
                 for i, (name, v) in enumerate(zip(layers, rec.grad_norms, strict=False))
-                if not (v != v and (i in gone or (i < len(since) and rec.step < since[i])))
+                if not (v != v and presence.absent(step, i))
             }
         event: dict[str, Any] = {
             "type": "step",
@@ -111,19 +110,6 @@ def step_events(
         if history:
             event["history"] = True
         yield event
-
-
-def _presence(msg: dict[str, Any], n: int) -> tuple[frozenset[int], list[int]]:
-    """A ``layers`` message's ``gone`` and ``since``, what is well-formed of them."""
-    gone, since = msg.get("gone"), msg.get("since")
-    return (
-        frozenset(i for i in gone if type(i) is int and 0 <= i < n)
-        if isinstance(gone, list)
-        else frozenset(),
-        [s if type(s) is int else 0 for s in since]
-        if isinstance(since, list) and len(since) == n
-        else [],
-    )
 
 
 JOB_FIELDS = ("job", "command", "state", "step", "done", "total", "message", "args", "time")
@@ -239,18 +225,22 @@ def message_events(
     layers) is completed from the first ``layers`` message. Returns True when a ``bye`` ended
     it (its ``end`` event is yielded), False when the messages just ran out."""
     layers: list[str] = []
-    gone: frozenset[int] = frozenset()
-    since: list[int] = []
+    presence = LayerPresence()
     hello = dict(hello, layers=layers, numel=[])
     for msg in messages:
         mtype = msg.get("type")
         if mtype == "layers":
             # The probe sends its layers right after welcome: hello carries them.
             layers[:] = [str(n) for n in msg.get("names", [])]
-            gone, since = _presence(msg, len(layers))
+            presence = read_layer_presence(msg, len(layers))
             watched: dict[str, Any] = {
-                k: msg[k] for k in ("model", "models", "gone", "since") if k in msg
+                k: finite_tree(msg[k]) for k in ("model", "models") if k in msg
             }
+            if presence.gone_at:  # as read: what is malformed of them is not echoed
+                watched["gone"] = sorted(presence.gone_at)
+                watched["gone_at"] = [presence.gone_at[i] for i in watched["gone"]]
+            if presence.since:
+                watched["since"] = list(presence.since)
             if hello:
                 hello["numel"] = msg.get("numel", [])
                 hello.update(watched)
@@ -268,7 +258,7 @@ def message_events(
             yield hello
             hello = {}
         if mtype == "steps":
-            yield from step_events(msg, layers, gone, since)
+            yield from step_events(msg, layers, presence)
         elif mtype == "alert":
             yield {k: finite_tree(v) for k, v in msg.items()}
         elif mtype == "system":

@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tdbg.protocol.messages import Alert as AlertMessage
@@ -88,7 +88,8 @@ class AlertRules:
     def __init__(self, layer_names: Sequence[str], frozen: Sequence[int] = ()) -> None:
         self.layer_names = list(layer_names)
         self.frozen = set(frozen)  # layers with no trainable parameter: a zero norm is expected
-        self.gone: set[int] = set()  # layers whose parameters left the model: no norm (NaN)
+        # Layers whose parameters left the model -> the first step without them: no norm (NaN).
+        self.gone: dict[int, int] = {}
         self._losses = RobustWindow()
         self._grad_logs = RobustWindow()  # log10 of the total gradient norm
         self._step_times: deque[float] = deque(maxlen=WINDOW)
@@ -96,13 +97,13 @@ class AlertRules:
         self._lr_zero_run = 0
         self.stalled_since: float | None = None
 
-    def relayout(self, layer_names: Sequence[str], gone: Sequence[int]) -> None:
+    def relayout(self, layer_names: Sequence[str], gone: Mapping[int, int]) -> None:
         """The watched layers changed mid-run. The total norm's spike baseline is kept: a new
         head whose gradients explode must still alert (it does, measured: a head replaced with
         too high a learning rate), at the price of a warning when a fresh head's norm is just
         larger than the old model's."""
         self.layer_names = list(layer_names)
-        self.gone = set(gone)  # a layer that left the model: no norm is expected
+        self.gone = dict(gone)  # a layer that left the model: no norm from its step on
 
     def _onset(self, key: str, value: Any) -> bool:
         """True when condition ``key`` starts or changes value; False while it persists."""
@@ -159,7 +160,12 @@ class AlertRules:
     def _check_grads(self, rec: StepRecord, missing_layers: Sequence[int]) -> list[AlertMessage]:
         out: list[AlertMessage] = []
         step, norms, names = rec.step, rec.grad_norms or (), self.layer_names
-        bad = [names[i] for i, v in enumerate(norms) if not math.isfinite(v) and i not in self.gone]
+        gone = self.gone
+        bad = [
+            names[i]
+            for i, v in enumerate(norms)
+            if not math.isfinite(v) and not (i in gone and step >= gone[i])
+        ]
         if bad:
             if self._onset("grad_nonfinite", tuple(bad)):
                 out.append(

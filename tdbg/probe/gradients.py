@@ -106,8 +106,12 @@ class GradSample:
             values = torch.zeros(0)
         index = torch.cat([s.layer_index for s in samples])
         missing = sorted({i for s in samples for i in s.missing})
-        gone = tuple(sorted({i for s in samples for i in s.gone}))
-        return GradSample(values, index, samples[0].n_layers, missing, weights, gone)
+        # Gone in every pass's layers: one read before the change still had its norm.
+        gone = tuple(sorted(set.intersection(*(set(s.gone) for s in samples))))
+        # On the step the layers changed, one optimizer's pass may have been read with the
+        # layers as they were (fewer): the row is as wide as the widest.
+        n_layers = max(s.n_layers for s in samples)
+        return GradSample(values, index, n_layers, missing, weights, gone)
 
     def host_nonfinite(self) -> bool:
         """The norms are on the host (a CPU run) and one is NaN or Inf: known with no sync, so

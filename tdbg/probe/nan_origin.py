@@ -69,7 +69,9 @@ class NanOrigin:
     def __init__(self, layer_names: Sequence[str]) -> None:
         self.layer_names = list(layer_names)
         self.layer_types: list[str] = []  # each layer's module class, where known
-        self.gone: set[int] = set()  # layers that left the model: their NaN norm is no norm
+        # Layers that left the model -> the first step without them: a NaN from then on is no
+        # norm at all (before it, their own).
+        self.gone: dict[int, int] = {}
         self.origin: Origin | None = None
         # The probe re-runs a non-finite step's forward (on the CPU, or with the guard): its
         # alert then never advises watch(skip_nonfinite=True) to do it.
@@ -114,7 +116,9 @@ class NanOrigin:
         bad_weights = sorted(set(weight_nonfinite or ()))
         gone = self.gone
         bad_grads = [
-            i for i, v in enumerate(grad_norms or ()) if not math.isfinite(v) and i not in gone
+            i
+            for i, v in enumerate(grad_norms or ())
+            if not math.isfinite(v) and not (i in gone and step >= gone[i])
         ]
         if grad_nonfinite:
             bad_grads = sorted({*bad_grads, *grad_nonfinite})

@@ -843,6 +843,10 @@ class StepSampler:
             loss = last_value  # the scalar just backpropagated, read before its backward
         return loss, per_optimizer, micro
 
+    def sampled_this_step(self) -> bool:
+        """Some of this step's gradients were read already (before its ``probe.step()``)."""
+        return self._rest_sample is not None or any(s.sample is not None for s in self._slots)
+
     def _step_lrs(self) -> list[float]:
         lrs: list[float] = []
         for slot in self._slots:

@@ -108,6 +108,7 @@ class ProbeServer:
         self._extras: list[PendingStep] = []  # the resolved steps' pending objects, in order
         self.gone: list[int] = []  # layers whose parameters left the model
         self.layer_since: list[int] = []  # per layer, its first step (see Layers.since)
+        self.gone_at: list[int] = []  # per gone layer, its first step without (Layers.gone_at)
         self.history = History(len(layer_names))
         self.rules = AlertRules(layer_names, frozen or [])
         self._on_grad_device_time = on_grad_device_time
@@ -147,24 +148,28 @@ class ProbeServer:
         optimizers: list[WatchedOptimizer],
         layer_types: list[str],
         since: list[int],
+        gone_at: list[int],
     ) -> None:
         """From the training thread: the watched layers changed (names only grow). The probe
         thread applies it before the next steps it sends (one reference swap: no lock)."""
         # Read with the names by index (names only grow): set before the new names go out.
         self.nan_origin.layer_types = layer_types
-        self._layout = (names, numel, layer_models, models, gone, optimizers, since)
+        self._layout = (names, numel, layer_models, models, gone, optimizers, since, gone_at)
         self.wake()
 
     def _apply_layout(self) -> list[bytes]:
         layout, self._layout = self._layout, None
         if layout is None:
             return []
-        names, numel, layer_models, models, gone, optimizers, since = layout
+        names, numel, layer_models, models, gone, optimizers, since, gone_at = layout
         self.layer_names, self.layer_numel, self.layer_models = names, numel, layer_models
-        self.gone, self.layer_since = gone, since
+        self.gone, self.layer_since, self.gone_at = gone, since, gone_at
         self.history.n_layers = len(names)
-        self.rules.relayout(names, gone)
-        self.nan_origin.gone = set(gone)  # (its norm reads NaN: GradSample.gone)
+        # A gone layer's NaN from its first step without it on is no norm (GradSample.gone);
+        # a row read before it left is still its own.
+        left = dict(zip(gone, gone_at, strict=True))
+        self.rules.relayout(names, left)
+        self.nan_origin.gone = left
         self.nan_origin.layer_names = list(names)
         run = self.endpoint.run_info
         run["models"] = models
@@ -185,6 +190,7 @@ class ProbeServer:
             models=self.endpoint.run_info.get("models"),
             gone=self.gone,
             since=self.layer_since,
+            gone_at=self.gone_at,
         )
 
     def take_commands(self, desk: CommandDesk, auto_nan_hunt: bool) -> None:

@@ -110,6 +110,7 @@ class Probe:
         self._optimizers = [(i, opt_name, opt) for i, (opt_name, opt) in enumerate(optimizers)]
         self._layer_models = layer_models
         self._layer_since = [0] * len(self._layers)  # per layer, its first step (Layers.since)
+        self._gone_at: dict[int, int] = {}  # a gone layer's first step without it (gone_at)
         self._optimizer_names: dict[int, str] = {}  # names add() was given, until hooked
         cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
         self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
@@ -498,9 +499,11 @@ class Probe:
         layers = list(self._layers)
         layer_models = list(self._layer_models)
         since = list(self._layer_since)
-        # This step's gradients were read (at its optimizer pre-hook) for the layers as they
-        # were: a layer that comes now has norms from the next step on.
-        first_step = sampler.step_count + 1
+        gone_at = dict(self._gone_at)
+        # The step whose row is read with the layers as they are now: this one, unless some of
+        # its gradients were read already (an optimizer pre-hook ran before the change was
+        # seen, at this step's probe.step()): then the next.
+        first_step = sampler.step_count + (1 if sampler.sampled_this_step() else 0)
         seen: set[int] = set()
         present: set[int] = set()
         for m, (model_name, model) in enumerate(self._models):
@@ -515,8 +518,11 @@ class Probe:
                 else:
                     if not layers[i].params:
                         since[i] = first_step  # gone, and back: no norms in between
+                        gone_at.pop(i, None)
                     layers[i] = layer  # the same name, maybe new parameters: follow them
         gone = [i for i in range(len(layers)) if i not in present]
+        for i in gone:
+            gone_at.setdefault(i, first_step)
         for i in gone:
             layers[i] = Layer(layers[i].name, (), layers[i].module_type)
         current = {id(p) for layer in layers for p in layer.params}
@@ -551,7 +557,7 @@ class Probe:
             next_key += 1
         sampler.new_optimizers = []
         self._layers, self._layer_models, self._optimizers = layers, layer_models, optimizers
-        self._layer_since = since
+        self._layer_since, self._gone_at = since, gone_at
         sampler.rebuild(layers, optimizers)
         self._note_watched()
         self._server.relayout(
@@ -563,6 +569,7 @@ class Probe:
             [watched_optimizer(name, opt) for _, name, opt in optimizers],
             [layer.module_type for layer in layers],
             since,
+            [gone_at[i] for i in gone],
         )
 
     def _after_fork_in_child(self) -> None:

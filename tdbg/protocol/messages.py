@@ -36,12 +36,15 @@ functions, which never raise on a malformed message (a bad figure reads as None)
 ``welcome`` ``{proto, server_version, run: RunInfo}`` — the answer to hello [Welcome]. RunInfo
             is ``{name, pid, rank, host, argv, start_time, cwd, torch, device, commands, socket,
             proto_min, proto_max}``; ``commands`` maps a command this run cannot serve to why.
-``layers``  ``{names: [str], numel: [int], model?: [int], models?: [str], gone?: [int]}`` — the
-            layers whose gradients are watched, in the order used by every ``grad_norms``
-            array. Sent before any step [Layers]; sent again mid-run when the watched layers
-            change (a layer replaced, a model or optimizer added): the list only grows, earlier
-            names keep their index, a batch with fewer layers than the latest list has NaN for
-            the rest, and ``gone`` lists layers whose parameters left the model.
+``layers``  ``{names: [str], numel: [int], model?: [int], models?: [str], gone?: [int],
+            gone_at?: [int], since?: [int]}`` — the layers whose gradients are watched, in the
+            order used by every ``grad_norms`` array. Sent before any step [Layers]; sent again
+            mid-run when the watched layers change (a layer replaced, a model or optimizer
+            added): the list only grows, earlier names keep their index, a batch with fewer
+            layers than the latest list has NaN for the rest, ``gone`` lists layers whose
+            parameters left the model (``gone_at``: the first step without each) and ``since``
+            gives each layer's first step. A NaN norm at a step before a layer's ``since``, or
+            from a gone layer's ``gone_at`` on, is no norm at all, not a non-finite gradient.
 ``steps``   ``{n, layers, lr_groups, history}`` [StepsHeader] and the columns of a batch of step
             records, owned by :mod:`tdbg.protocol.steps` (``pack_steps``/``unpack_steps``);
             ``history: true`` marks batches replayed to a late client. Per-layer norms may be
@@ -80,8 +83,8 @@ at the end of this module [NodeMessage].
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from tdbg.protocol.framing import (
@@ -157,9 +160,10 @@ class Layers(TypedDict):
     models: NotRequired[list[str]]  # the watched models' names (as RunInfo.models, kept current)
     gone: NotRequired[list[int]]  # layers whose parameters left the model: no norms from then on
     # Per layer, the first step that can have its norm (a layer added mid-run: 0 for the
-    # others). A NaN norm of a gone layer, or before a layer's first step, is no norm at all
-    # (the row was written before the layer came, or after it went), not a non-finite one.
+    # others). A NaN norm before it, or from a gone layer's ``gone_at`` on, is no norm at all
+    # (the row was read before the layer came, or after it went), not a non-finite one.
     since: NotRequired[list[int]]
+    gone_at: NotRequired[list[int]]  # per ``gone`` layer, the first step without its norm
 
 
 def layers_message(
@@ -170,6 +174,7 @@ def layers_message(
     models: list[str] | None = None,
     gone: list[int] | None = None,
     since: list[int] | None = None,
+    gone_at: list[int] | None = None,
 ) -> Layers:
     """The ``layers`` message; ``model`` only with several models, ``gone`` only when not empty,
     ``since`` only when a layer came mid-run."""
@@ -178,11 +183,60 @@ def layers_message(
         layers["model"] = model
     if gone:
         layers["gone"] = gone
+        if gone_at is not None and len(gone_at) == len(gone):
+            layers["gone_at"] = gone_at
     if since and any(since):
         layers["since"] = since
     if models is not None:
         layers["models"] = models
     return layers
+
+
+MAX_STEP = 1 << 62  # a step number a reader keeps (larger, negative or not an int: ignored)
+
+
+@dataclass(frozen=True)
+class LayerPresence:
+    """Which norms of a run's rows are no norm at all, from its latest ``layers`` message:
+    layer ``i``'s before ``since[i]`` and, for a gone layer, from ``gone_at[i]`` on."""
+
+    since: tuple[int, ...] = ()  # per layer (empty: none came mid-run)
+    gone_at: Mapping[int, int] = field(default_factory=dict)  # gone layer -> first step without
+
+    def __bool__(self) -> bool:
+        return bool(self.since) or bool(self.gone_at)
+
+    def absent(self, step: int, layer: int) -> bool:
+        """Layer ``layer`` has no norm at ``step`` (what a NaN there means)."""
+        since = self.since
+        if layer < len(since) and step < since[layer]:
+            return True
+        left = self.gone_at.get(layer)
+        return left is not None and step >= left
+
+
+def read_layer_presence(message: Any, n_layers: int) -> LayerPresence:
+    """A ``layers`` message's ``since``, ``gone`` and ``gone_at``, what is well-formed of them
+    (never raises). A gone layer without a ``gone_at`` (an older probe) has no norm at any
+    step where it reads NaN."""
+    if not isinstance(message, dict):
+        return LayerPresence()
+
+    def step(value: Any) -> int | None:
+        return value if type(value) is int and 0 <= value < MAX_STEP else None
+
+    raw_since = message.get("since")
+    since: tuple[int, ...] = ()
+    if isinstance(raw_since, list) and len(raw_since) == n_layers:
+        since = tuple(step(v) or 0 for v in raw_since)
+    gone, at = message.get("gone"), message.get("gone_at")
+    gone_at: dict[int, int] = {}
+    if isinstance(gone, list):
+        ats = at if isinstance(at, list) and len(at) == len(gone) else [0] * len(gone)
+        for i, first in zip(gone, ats, strict=True):
+            if type(i) is int and 0 <= i < n_layers:
+                gone_at[i] = step(first) or 0
+    return LayerPresence(since, gone_at)
 
 
 class StepsHeader(TypedDict):

@@ -493,7 +493,7 @@ class MonitorScreen(Screen[None]):
                 owners,
                 absent=state.latest_absent(),
                 recent_absent=state.absent(state.grads.recent_steps(32), recent),
-                gone=state.layer_gone,
+                gone=frozenset(state.presence.gone_at),
             )
         self._update_grad_title()
 

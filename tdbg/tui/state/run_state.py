@@ -21,7 +21,7 @@ from tdbg.format import fmt_loss as fmt_loss
 from tdbg.format import fmt_stat as fmt_stat
 from tdbg.format import fmt_us as fmt_us
 from tdbg.protocol.framing import ProtocolError
-from tdbg.protocol.messages import read_metrics
+from tdbg.protocol.messages import MAX_STEP, LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.steps import (
     F64_COLUMNS,
     FLAG_HAS_GRADS,
@@ -405,11 +405,10 @@ class RunState:
         self.grad_steps = GrowArray(np.int64)  # steps that carried per-layer norms
         self.grad_total = GrowArray(np.float64)
         self.grads = GradHistory(0)
-        # Which norms are no norm at all (the ``layers`` message's ``gone`` and ``since``): a
-        # layer that left the model, and one added mid-run before its first step, read NaN in
-        # the rows; shown as absent, not as a non-finite gradient.
-        self.layer_gone: frozenset[int] = frozenset()
-        self.layer_since: list[int] = []
+        # Which norms are no norm at all (the ``layers`` message's ``since``, ``gone`` and
+        # ``gone_at``): a layer added mid-run before its first step, and one that left the
+        # model from then on, read NaN in the rows; shown as absent, not as non-finite.
+        self.presence = LayerPresence()
         self.alerts: deque[Alert] = deque(maxlen=MAX_ALERTS)
         self.alert_count = 0
         self.thinned_steps = 0  # times the older half of the scalar history was thinned
@@ -483,13 +482,7 @@ class RunState:
     def _apply_layers(self, message: dict[str, Any]) -> None:
         names = [str(n) for n in message.get("names") or []]
         numel = [int(n) for n in message.get("numel") or []]
-        self.layer_gone = frozenset(_indices(message.get("gone"), len(names)))
-        since = message.get("since")
-        self.layer_since = (
-            [s if _is_int(s) else 0 for s in since]
-            if isinstance(since, list) and len(since) == len(names)
-            else []
-        )
+        self.presence = read_layer_presence(message, len(names))
         models = message.get("models")
         if isinstance(models, list) and models:
             self.layer_models = [str(m) for m in models]
@@ -750,16 +743,19 @@ class RunState:
         NaN in a gone layer's column, or in a layer's column before its first step. A NaN
         anywhere else is a non-finite gradient."""
         n_layers = rows.shape[1] if rows.ndim == 2 else 0
-        absent = np.zeros(rows.shape, dtype=bool)
-        if not n_layers or not (self.layer_gone or self.layer_since):
-            return absent
-        before = np.zeros(rows.shape, dtype=bool)
-        if len(self.layer_since) == n_layers:
-            first = np.asarray(self.layer_since, dtype=np.int64)
-            before = np.asarray(steps, dtype=np.int64)[:, None] < first[None, :]
-        gone = np.zeros(n_layers, dtype=bool)
-        gone[[i for i in self.layer_gone if i < n_layers]] = True
-        return np.isnan(rows) & (before | gone[None, :])
+        presence = self.presence
+        if not n_layers or not presence:
+            return np.zeros(rows.shape, dtype=bool)
+        at = np.asarray(steps, dtype=np.int64)[:, None]
+        # Per layer, the steps with no norm: [0, since) and [gone_at, end) (empty where none).
+        first = np.zeros(n_layers, dtype=np.int64)
+        if len(presence.since) == n_layers:
+            first[:] = presence.since
+        left = np.full(n_layers, MAX_STEP, dtype=np.int64)
+        for i, step in presence.gone_at.items():
+            if i < n_layers:
+                left[i] = step
+        return np.isnan(rows) & ((at < first[None, :]) | (at >= left[None, :]))
 
     def latest_absent(self) -> np.ndarray | None:
         """:meth:`absent` for the latest sampled row (None before one)."""
@@ -983,14 +979,3 @@ class Clipping:
     @property
     def active_share(self) -> float:
         return self.active / self.steps if self.steps else 0.0
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _indices(value: Any, n: int) -> list[int]:
-    """The valid layer indices of a message's list (anything else in it is ignored)."""
-    if not isinstance(value, list):
-        return []
-    return [i for i in value if _is_int(i) and 0 <= i < n]

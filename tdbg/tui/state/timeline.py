@@ -169,7 +169,7 @@ class Timeline:
         state.layer_numel = list(full.layer_numel)
         state.layer_model = list(full.layer_model)
         state.layer_models = full.layer_models
-        state.layer_gone, state.layer_since = full.layer_gone, list(full.layer_since)
+        state.presence = full.presence
         state.synced = True
         state.total_steps = len(self)
         state.end_reason = "replay"

@@ -109,8 +109,8 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
             level: self.get_component_rich_style(f"gradient-heatmap--{name}")
             for level, name in ((NONFINITE, "nonfinite"), (ZERO, "zero"))
         }
-        self._special[ABSENT] = self._label
         self._label = self.get_component_rich_style("gradient-heatmap--label")
+        self._special[ABSENT] = self._label
 
     def show(
         self,
