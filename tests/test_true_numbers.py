@@ -691,6 +691,35 @@ def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(runtime_d
     assert not [m for m in reader.of("probe") if m.get("errors")]
 
 
+def test_a_new_head_s_own_optimizer_is_followed_with_the_backbone_frozen(
+    runtime_dir: Path,
+) -> None:
+    # The new optimizer holds only the new head, which the probe had not read yet when that
+    # optimizer first stepped: it was never asked again, and its learning rate never shown.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    for step in range(8):
+        if step == 4:
+            model[2] = torch.nn.Linear(16, 1)
+            model[0].requires_grad_(False)
+            opt = torch.optim.Adam(model[2].parameters(), lr=1e-3)
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader.wait(lambda r: len(r.records()) >= 8)
+    reader.close()
+    records = reader.records()
+    assert [r.lr[-1] for r in records] == [0.05] * 4 + [1e-3] * 4
+    kinds = {a["kind"] for a in reader.of("alert")}
+    assert not kinds & {"zero_grad", "no_grad", "nonfinite_grad"}  # "0" is frozen now
+
+
 def test_an_exploding_new_head_names_its_own_layers_not_the_gone_one(runtime_dir: Path) -> None:
     # lr 0.2 on the new head diverges: the gradient alert still fires across the change, and
     # names the largest norms there are (the gone layer's NaN is none of them).

@@ -699,3 +699,16 @@ def test_a_hunt_that_lands_in_poisoned_weights_says_where_to_look() -> None:
     poisoned = "\n".join(hunt_lines(hunt(16640)))
     assert "weights are already non-finite (16640 elements)" in poisoned
     assert "first nonfinite_grad alert" in poisoned
+
+
+def test_a_hunt_without_figures_claims_none() -> None:
+    # Anomaly mode names the module and phase only: no "n/a of n/a elements" beside an
+    # "inputs finite" nobody measured.
+    from tdbg.tui.state.deep import NanHuntResult
+    from tdbg.tui.widgets.nan_hunt_view import hunt_lines
+
+    result = synthetic_nan_hunt()
+    result.update(nonfinite=None, numel=None, input_min=None, input_max=None, params_nonfinite=None)
+    text = "\n".join(hunt_lines(NanHuntResult.of(4, result)))
+    assert "first non-finite" in text and "step(s) checked" in text
+    assert "n/a of" not in text and "inputs finite" not in text and "parameters" not in text

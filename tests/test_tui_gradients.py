@@ -248,3 +248,22 @@ async def test_names_are_refit_when_the_vertical_scrollbar_comes_or_goes() -> No
                 lambda: table._name_width == (table._fitted_name_width() or (0, 0))[0],
                 "the names fitted to the region the table has now",
             )
+
+
+async def test_a_one_step_nan_shows_however_many_steps_share_a_column() -> None:
+    # 400 sampled steps on a 60-cell row: each column holds several. The NaN at step 123 (in
+    # no column's first step) and the one exploding step are its columns' value, not skipped.
+    names = ["enc.weight", "head.weight"]
+    rows = np.full((400, 2), 0.1, dtype=np.float32)
+    rows[123, 0] = np.nan
+    rows[250, 1] = 1e3
+    app = HeatmapApp()
+    async with app.run_test(size=(60, 8)) as pilot:
+        heatmap = app.query_one(GradientHeatmap)
+        heatmap.show(names, np.arange(400), rows)
+        text = await until_screen(pilot, app, "head.weight")
+        lines = {line.split(" ", 1)[0]: line for line in text.split("\n")}
+        assert lines["enc.weight"].count("×") == 1
+        levels = heatmap._levels
+        assert levels.shape[1] < 100 and (levels[1] == levels[1].max()).sum() == 1
+        assert "steps 0…399" in text

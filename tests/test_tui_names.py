@@ -102,3 +102,13 @@ def test_sci_is_short() -> None:
     assert sci(-3.0) == "1e-3"
     assert sci(2.0) == "1e2"
     assert sci(math.log10(4e-3)) == "4e-3"
+
+
+def test_spark_marks_nan_apart_from_zero_and_from_no_value() -> None:
+    # A zero norm on a log scale is the floor, not the NaN mark; a value that is not there (a
+    # layer not come yet, an optimizer added later) is a blank.
+    nan = math.nan
+    assert spark([0.0, 1e-3, 1.0, nan], 4, log=True) == "▁▁█!"
+    assert spark([0.0, 0.0], 2, log=True) == "▁▁"
+    assert spark([nan, nan, 1.0, 2.0], 4, gaps=[True, False, False, False]) == " !▁█"
+    assert spark([nan, nan], 2, gaps=[True, True]) == "  "

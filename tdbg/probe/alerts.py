@@ -97,13 +97,16 @@ class AlertRules:
         self._lr_zero_run = 0
         self.stalled_since: float | None = None
 
-    def relayout(self, layer_names: Sequence[str], gone: Mapping[int, int]) -> None:
+    def relayout(
+        self, layer_names: Sequence[str], gone: Mapping[int, int], frozen: Sequence[int] = ()
+    ) -> None:
         """The watched layers changed mid-run. The total norm's spike baseline is kept: a new
         head whose gradients explode must still alert (it does, measured: a head replaced with
         too high a learning rate), at the price of a warning when a fresh head's norm is just
         larger than the old model's."""
         self.layer_names = list(layer_names)
         self.gone = dict(gone)  # a layer that left the model: no norm from its step on
+        self.frozen = set(frozen)
 
     def _onset(self, key: str, value: Any) -> bool:
         """True when condition ``key`` starts or changes value; False while it persists."""

@@ -171,6 +171,8 @@ class StepSampler:
         "grad_interval",
         "layout_dirty",
         "new_optimizers",
+        "unplaced_optimizers",
+        "optimizer_seen",
         "overhead_budget",
         "phases",
         "skip_nonfinite",
@@ -214,6 +216,10 @@ class StepSampler:
         self.rebuild(layers, [(i, name, opt) for i, (name, opt) in enumerate(optimizers)])
         self.layout_dirty = False  # a watched module changed, or a new optimizer updates it
         self.new_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
+        # Optimizers first seen while the layers were about to change (on_any_optimizer_step).
+        self.unplaced_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
+        # Told of each optimizer at its first step (tdbg run: a replacement still counts steps).
+        self.optimizer_seen: Callable[[Any], None] | None = None
         self.watched_modules: set[int] = set()  # ids of every module of the watched models
         self.watched_params: set[int] = set()
         # Optimizers looked at, by id (checked against the weakref: ids are reused): a dict
@@ -336,6 +342,8 @@ class StepSampler:
             return  # one dict lookup per step of an optimizer seen before
         self._checked = {k: r for k, r in self._checked.items() if r() is not None}
         self._checked[id(optimizer)] = weakref.ref(optimizer)
+        if self.optimizer_seen is not None:
+            self.optimizer_seen(optimizer)  # (tdbg run's: it counts its steps by them)
         if any(slot.optimizer is optimizer for slot in self._slots):
             return
         held = (id(p) for g in optimizer.param_groups for p in g["params"])
@@ -343,6 +351,10 @@ class StepSampler:
             # A new optimizer updates the watched model (it replaced the one given to watch()).
             self.new_optimizers.append(weakref.ref(optimizer))
             self.layout_dirty = True
+        elif self.layout_dirty:
+            # The watched layers changed and are re-read at this step's end: an optimizer of
+            # only the new ones (a new head's, the backbone frozen) is asked again then.
+            self.unplaced_optimizers.append(weakref.ref(optimizer))
 
     def report_once(self, key: str, message: str) -> None:
         """Tell the user once (stderr and an alert) about a problem with what the loop passes.

@@ -149,26 +149,37 @@ class ProbeServer:
         layer_types: list[str],
         since: list[int],
         gone_at: list[int],
+        frozen: list[int],
     ) -> None:
         """From the training thread: the watched layers changed (names only grow). The probe
         thread applies it before the next steps it sends (one reference swap: no lock)."""
         # Read with the names by index (names only grow): set before the new names go out.
         self.nan_origin.layer_types = layer_types
-        self._layout = (names, numel, layer_models, models, gone, optimizers, since, gone_at)
+        self._layout = (
+            names,
+            numel,
+            layer_models,
+            models,
+            gone,
+            optimizers,
+            since,
+            gone_at,
+            frozen,
+        )
         self.wake()
 
     def _apply_layout(self) -> list[bytes]:
         layout, self._layout = self._layout, None
         if layout is None:
             return []
-        names, numel, layer_models, models, gone, optimizers, since, gone_at = layout
+        names, numel, layer_models, models, gone, optimizers, since, gone_at, frozen = layout
         self.layer_names, self.layer_numel, self.layer_models = names, numel, layer_models
         self.gone, self.layer_since, self.gone_at = gone, since, gone_at
         self.history.n_layers = len(names)
         # A gone layer's NaN from its first step without it on is no norm (GradSample.gone);
         # a row read before it left is still its own.
         left = dict(zip(gone, gone_at, strict=True))
-        self.rules.relayout(names, left)
+        self.rules.relayout(names, left, frozen)
         self.nan_origin.gone = left
         self.nan_origin.layer_names = list(names)
         run = self.endpoint.run_info

@@ -527,6 +527,13 @@ class Probe:
             layers[i] = Layer(layers[i].name, (), layers[i].module_type)
         current = {id(p) for layer in layers for p in layer.params}
         arrived = [o for o in (ref() for ref in sampler.new_optimizers) if o is not None]
+        for ref in sampler.unplaced_optimizers:
+            # First seen before these layers were read (a new head's optimizer): now it may be.
+            late = ref()
+            if late is not None and all(late is not o for o in arrived):
+                if any(id(p) in current for g in late.param_groups for p in g["params"]):
+                    arrived.append(late)
+        sampler.unplaced_optimizers = []
         newly_held = {id(p) for o in arrived for g in o.param_groups for p in g["params"]}
 
         def still_used(optimizer: torch.optim.Optimizer) -> bool:
@@ -570,6 +577,8 @@ class Probe:
             [layer.module_type for layer in layers],
             since,
             [gone_at[i] for i in gone],
+            # Frozen now (a backbone frozen with its head replaced): a zero norm is expected.
+            [i for i, layer in enumerate(layers) if layer.params and not layer.trainable],
         )
 
     def _after_fork_in_child(self) -> None:

@@ -18,7 +18,8 @@ def spark(
     bounds: tuple[float, float] | None = None,
     gaps: Sequence[bool] | np.ndarray | None = None,
 ) -> str:
-    """A one-line sparkline of the last ``width`` values; non-finite values show as ``!``.
+    """A one-line sparkline of the last ``width`` values; non-finite values show as ``!`` (a
+    zero on a ``log`` scale as the lowest block).
 
     The heights span the values' own min..max, or ``bounds`` (in log10 units with ``log``)
     when several sparklines must be compared on one scale. ``gaps`` (one flag per value):
@@ -30,18 +31,25 @@ def spark(
     if gaps is not None and len(gaps) == len(values):
         blank = np.asarray(gaps, dtype=bool)[-width:]
     finite = np.isfinite(arr)
+    floor = np.zeros(arr.size, dtype=bool)  # on a log scale, a zero (or less): the lowest block
     if log:
+        floor = finite & (arr <= 0)
         with np.errstate(all="ignore"):
             arr = np.where(arr > 0, np.log10(np.where(arr > 0, arr, 1.0)), np.nan)
         finite = np.isfinite(arr)
     if not finite.any():
-        return "".join(" " if b else "!" for b in blank.tolist())
+        marks = zip(blank.tolist(), floor.tolist(), strict=True)
+        return "".join(" " if b else (BLOCKS[0] if z else "!") for b, z in marks)
     lo, hi = bounds if bounds is not None else (float(arr[finite].min()), float(arr[finite].max()))
     span = hi - lo
     out = []
-    for v, ok, gap in zip(arr.tolist(), finite.tolist(), blank.tolist(), strict=True):
+    for v, ok, gap, zero in zip(
+        arr.tolist(), finite.tolist(), blank.tolist(), floor.tolist(), strict=True
+    ):
         if gap:
             out.append(" ")
+        elif zero:
+            out.append(BLOCKS[0])
         elif not ok:
             out.append("!")
         elif span <= 0:

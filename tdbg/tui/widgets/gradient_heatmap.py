@@ -42,6 +42,24 @@ def fit_scale(logs: np.ndarray) -> tuple[float, float]:
     return lo, hi
 
 
+def bucket_columns(
+    rows: np.ndarray, absent: np.ndarray, starts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (steps x layers) folded into columns, each from its start to the next one's:
+    (layers x columns of values, of blanks). A NaN or Inf anywhere in a column's steps is its
+    value (never lost between two columns); else the largest norm there (spikes show); a
+    column of nothing but absent norms is a blank."""
+    data = rows.astype(np.float64)
+    real = ~absent
+    bad = ~np.isfinite(data) & real
+    with np.errstate(all="ignore"):
+        largest = np.fmax.reduceat(np.where(real & ~bad, data, np.nan), starts, axis=0)
+    nonfinite = np.logical_or.reduceat(bad, starts, axis=0)
+    blank = np.logical_and.reduceat(absent, starts, axis=0)
+    folded = np.where(nonfinite, np.nan, largest)
+    return folded.T, (blank & ~nonfinite).T
+
+
 def sci(log10: float) -> str:
     """10**log10 in two or three characters of mantissa: ``3e-4``, ``1e2``."""
     mantissa, exponent = f"{10.0**log10:.0e}".split("e")
@@ -147,11 +165,12 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
             self._levels = np.zeros((len(self._rows), 0), dtype=np.int16)
             self._caption = "no sampled gradients yet"
         else:
+            # One column per run of sampled steps, as many as the width holds.
             cols = np.unique(
                 np.linspace(0, rows.shape[0] - 1, min(width, rows.shape[0])).astype(int)
             )
-            picked = np.ix_(cols, np.asarray(self._rows, dtype=np.intp))
-            data = rows[picked].T.astype(np.float64)  # layers x columns
+            shown = np.asarray(self._rows, dtype=np.intp)
+            data, gaps = bucket_columns(rows[:, shown], absent[:, shown], cols)
             with np.errstate(all="ignore"):
                 logs = np.log10(np.where(data > 0, data, np.nan))
             lo, hi = fit_scale(logs)
@@ -165,9 +184,9 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
             levels = np.nan_to_num(t * (LEVELS - 1), nan=0.0).astype(np.int16)
             levels[~np.isfinite(data)] = NONFINITE
             levels[data == 0] = ZERO
-            levels[absent[picked].T] = ABSENT
+            levels[gaps] = ABSENT
             self._levels = levels
-            self._caption = f"steps {int(steps[cols[0]])}…{int(steps[cols[-1]])}"
+            self._caption = f"steps {int(steps[cols[0]])}…{int(steps[-1])}"
         self.virtual_size = Size(
             self._label_width + 1 + self._levels.shape[1], len(self._rows) + LEGEND_ROWS
         )

@@ -35,12 +35,16 @@ class LearningRates(SteadyStatic):
             text.append(f"{labels[g]:<{pad}} ")
             text.append(f"{fmt(value, '.3e'):>10}\n", self._style(zero))
             column = history[:, g] if g < history.shape[1] else np.empty(0)
+            # A step with fewer learning rates (before this optimizer came) has none here: a
+            # blank, not the "!" of an unreadable one.
+            none = state.lr_n.values[: len(column)] <= g
             # Bucket to the width so the sparkline covers the whole run, not just its tail.
             if len(column) > width:
                 edges = np.linspace(0, len(column), width + 1).astype(np.int64)
-                column = column[edges[:-1]]
+                column, none = column[edges[:-1]], none[edges[:-1]]
             text.append(
-                spark(column, width), self.get_component_rich_style("learning-rates--spark")
+                spark(column, width, gaps=none),
+                self.get_component_rich_style("learning-rates--spark"),
             )
         self.update(text)
 

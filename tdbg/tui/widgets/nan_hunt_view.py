@@ -24,14 +24,28 @@ def hunt_lines(hunt: NanHuntResult) -> list[str]:
         return [f"NaN hunt #{hunt.job}: no non-finite value in {checked} step(s) checked{trigger}"]
     where = f"{hunt.phase or 'n/a'}"
     at = f" at step {hunt.step}" if hunt.step is not None else ""
-    inputs = "inputs already non-finite" if hunt.input_nonfinite else "inputs finite"
-    return [
+    # What was measured only (anomaly mode names the module, not its figures): a row of
+    # "n/a" beside "inputs finite" would claim what nobody looked at.
+    figures = []
+    if hunt.numel is not None:
+        figures.append(f"{fmt(hunt.nonfinite, 'd')} of {fmt(hunt.numel, 'd')} elements non-finite")
+    if hunt.input_nonfinite:
+        figures.append("inputs already non-finite")
+    elif hunt.input_min is not None or hunt.input_max is not None:
+        figures.append(
+            f"input min {fmt_stat(hunt.input_min)} max {fmt_stat(hunt.input_max)} · inputs finite"
+        )
+    lines = [
         f"NaN hunt #{hunt.job}: first non-finite {'gradient' if where == 'backward' else 'output'}"
         f" in {hunt.module_label} ({hunt.module_type or 'n/a'}) · {where}{at}",
-        f"  {fmt(hunt.nonfinite, 'd')} of {fmt(hunt.numel, 'd')} elements non-finite"
-        f" · input min {fmt_stat(hunt.input_min)} max {fmt_stat(hunt.input_max)} · {inputs}",
-        params_line(hunt.params_nonfinite) + f" · {checked} step(s) checked{trigger}",
     ]
+    if figures:
+        lines.append("  " + " · ".join(figures))
+    params = (
+        params_line(hunt.params_nonfinite) + " · " if hunt.params_nonfinite is not None else "  "
+    )
+    lines.append(f"{params}{checked} step(s) checked{trigger}")
+    return lines
 
 
 def params_line(params_nonfinite: int | None) -> str:
