@@ -186,3 +186,13 @@ def test_no_stall_verdict_without_step_times() -> None:
     rules = AlertRules(LAYERS)
     run(rules, [rec(0), rec(1)])
     assert rules.check_stall(1, 1000.0) == []
+
+
+def test_layers_frozen_at_a_relayout_raise_no_zero_gradient_alert() -> None:
+    # A backbone frozen with its head replaced: the passes rebuilt then read none of its
+    # parameters, so its norm is 0 and expected; the others still alert.
+    rules = AlertRules(LAYERS)
+    rules.relayout(LAYERS, {}, frozen=[0, 1])
+    assert run(rules, [grads(5, [0.0, 0.0, 1.0, 1.0])]) == []
+    out = run(rules, [grads(6, [0.0, 0.0, 0.0, 1.0])])
+    assert kinds(out) == ["zero_grad"] and out[0]["layers"] == ["block.1"]

@@ -106,6 +106,8 @@ class AlertRules:
         larger than the old model's."""
         self.layer_names = list(layer_names)
         self.gone = dict(gone)  # a layer that left the model: no norm from its step on
+        # As the gradient passes were rebuilt at the same moment: they read no parameter that
+        # did not require grad then, so its layer's zero norm is expected.
         self.frozen = set(frozen)
 
     def _onset(self, key: str, value: Any) -> bool:

@@ -172,7 +172,6 @@ class StepSampler:
         "layout_dirty",
         "new_optimizers",
         "unplaced_optimizers",
-        "optimizer_seen",
         "overhead_budget",
         "phases",
         "skip_nonfinite",
@@ -218,8 +217,6 @@ class StepSampler:
         self.new_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         # Optimizers first seen while the layers were about to change (on_any_optimizer_step).
         self.unplaced_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
-        # Told of each optimizer at its first step (tdbg run: a replacement still counts steps).
-        self.optimizer_seen: Callable[[Any], None] | None = None
         self.watched_modules: set[int] = set()  # ids of every module of the watched models
         self.watched_params: set[int] = set()
         # Optimizers looked at, by id (checked against the weakref: ids are reused): a dict
@@ -342,8 +339,6 @@ class StepSampler:
             return  # one dict lookup per step of an optimizer seen before
         self._checked = {k: r for k, r in self._checked.items() if r() is not None}
         self._checked[id(optimizer)] = weakref.ref(optimizer)
-        if self.optimizer_seen is not None:
-            self.optimizer_seen(optimizer)  # (tdbg run's: it counts its steps by them)
         if any(slot.optimizer is optimizer for slot in self._slots):
             return
         held = (id(p) for g in optimizer.param_groups for p in g["params"])

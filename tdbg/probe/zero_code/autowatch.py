@@ -491,8 +491,6 @@ class AutoWatch:
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
             self._hook_optimizer(optimizer)
             self._settled = self.probe is not None
-            if self.probe is not None:
-                self.probe._sampler.optimizer_seen = self._on_new_optimizer
 
     def _hook_optimizer(self, optimizer: Any) -> None:
         from tdbg.probe.hook_refs import WeakHook
@@ -509,11 +507,8 @@ class AutoWatch:
             return
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         watched = {id(p) for m in self._models() for p in m.parameters()}
-        if not held:
-            return
-        if held & watched:
-            self._take_over(optimizer, held)
-            return
+        if not held or held & watched:
+            return  # a replacement of a watched one: the probe follows that itself
         model = self._owner_of(held)
         if model is None:
             return
@@ -522,37 +517,6 @@ class AutoWatch:
         # The round so far counts as done for the others: the step ends after this one.
         self._stepped = {id(o) for o in self._watched}
         self._hook_optimizer(optimizer)
-
-    def _take_over(self, optimizer: Any, held: set[int]) -> None:
-        """A new optimizer of a watched model (it replaced the script's: a new head's, the
-        backbone frozen; the same model with new settings). The probe follows it itself; here
-        its steps count the rounds, and an optimizer left with nothing to train (every
-        trainable parameter it held is the newcomer's, or gone) no longer holds a round open:
-        its steps would never come."""
-        live = {id(p) for m in self._models() for p in m.parameters() if p.requires_grad}
-
-        def still_trains(old: Any) -> bool:
-            mine = {id(p) for g in old.param_groups for p in g["params"]}
-            return bool((mine & live) - held)
-
-        self._watched = [o for o in self._watched if still_trains(o)]
-        self._stepped = {i for i in self._stepped if any(id(o) == i for o in self._watched)}
-        self._hook_optimizer(optimizer)
-
-    def _on_new_optimizer(self, optimizer: Any) -> None:
-        """The probe's own tap saw an optimizer for the first time. After discovery (whose
-        hooks cost a call per module and per step, so they go after a few steps) this is how
-        a replacement is still found, at no cost per step."""
-        if self.off or self._discovering or self.probe is None:
-            return  # while discovering, the global pre-step hook does this
-        try:
-            if any(o is optimizer for o in self._watched):
-                return
-            held = {id(p) for g in optimizer.param_groups for p in g["params"]}
-            if held & {id(p) for m in self._models() for p in m.parameters()}:
-                self._take_over(optimizer, held)
-        except Exception as exc:
-            self._fail(exc)
 
     def _models(self) -> list[Any]:
         return list(self.models)
