@@ -565,8 +565,7 @@ def replaced_head_run(
     client that attaches once it ran ``after`` more is sent (its history, as a TUI gets it).
     Layers ["0", "2" (the old head: gone), "2.0", "2.1" (the new one, from step ``before``)].
     ``nan_grad_at``: the old head's weight gets a NaN gradient at that step (only it)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
@@ -664,8 +663,7 @@ def test_a_model_added_before_the_first_step_has_norms_from_step_0(runtime_dir: 
 def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(runtime_dir: Path) -> None:
     # Step 3: the first optimizer's gradients are read (two layers) before the change is
     # seen, the new one's after it (three): one row of both, not a lost step.
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
@@ -696,8 +694,7 @@ def test_a_new_head_s_own_optimizer_is_followed_with_the_backbone_frozen(
 ) -> None:
     # The new optimizer holds only the new head, which the probe had not read yet when that
     # optimizer first stepped: it was never asked again, and its learning rate never shown.
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    model = _model()
     opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
