@@ -558,6 +558,24 @@ def test_a_replaced_layer_and_optimizer_are_followed(runtime_dir: Path) -> None:
     reader.close()
 
 
+def _changed_run(steps: int, change: Callable[[int, Any], torch.optim.Optimizer | None]) -> Any:
+    """``_model()`` trained ``steps`` steps under a probe sampling every step, SGD at 0.05;
+    before each step ``change(step, model)`` may alter the model and return the optimizer from
+    then on. Returns the probe."""
+    model = _model()
+    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    for step in range(steps):
+        opt = change(step, model) or opt
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    return probe
+
+
 def replaced_head_run(
     runtime_dir: Path, before: int = 3, after: int = 3, nan_grad_at: int | None = None
 ) -> list[dict]:
@@ -565,21 +583,16 @@ def replaced_head_run(
     client that attaches once it ran ``after`` more is sent (its history, as a TUI gets it).
     Layers ["0", "2" (the old head: gone), "2.0", "2.1" (the new one, from step ``before``)].
     ``nan_grad_at``: the old head's weight gets a NaN gradient at that step (only it)."""
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = _data()
-    probe = tdbg.watch(model, opt, grad_every=1)
-    for step in range(before + after):
-        if step == before:
-            model[2] = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 1))
-            opt = torch.optim.SGD(model.parameters(), lr=0.2)
+
+    def change(step: int, model: Any) -> torch.optim.Optimizer | None:
         if step == nan_grad_at:
             model[2].weight.register_hook(lambda g: g * float("nan"))
-        opt.zero_grad()
-        loss = ((model(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        probe.step(loss)
+        if step != before:
+            return None
+        model[2] = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 1))
+        return torch.optim.SGD(model.parameters(), lr=0.2)
+
+    probe = _changed_run(before + after, change)
     late = Reader(probe.socket_path)  # type: ignore[arg-type]
     late.wait(lambda r: len(r.records()) >= before + after and bool(r.of("layers")))
     late.close()
@@ -694,20 +707,15 @@ def test_a_new_head_s_own_optimizer_is_followed_with_the_backbone_frozen(
 ) -> None:
     # The new optimizer holds only the new head, which the probe had not read yet when that
     # optimizer first stepped: it was never asked again, and its learning rate never shown.
-    model = _model()
-    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = _data()
-    probe = tdbg.watch(model, opt, grad_every=1)
-    for step in range(8):
-        if step == 4:
-            model[2] = torch.nn.Linear(16, 1)
-            model[0].requires_grad_(False)
-            opt = torch.optim.Adam(model[2].parameters(), lr=1e-3)
-        opt.zero_grad()
-        loss = ((model(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        probe.step(loss)
+
+    def change(step: int, model: Any) -> torch.optim.Optimizer | None:
+        if step != 4:
+            return None
+        model[2] = torch.nn.Linear(16, 1)
+        model[0].requires_grad_(False)
+        return torch.optim.Adam(model[2].parameters(), lr=1e-3)
+
+    probe = _changed_run(8, change)
     reader = Reader(probe.socket_path)  # type: ignore[arg-type]
     reader.wait(lambda r: len(r.records()) >= 8)
     reader.close()
@@ -1032,12 +1040,9 @@ def test_next_forwards_run_early_under_accumulation_keep_every_micro_batch(
         opt.step()
         probe.step()
         expected.append(total)
-    reader.wait(lambda r: len(r.records()) >= 3)
-    records = reader.records()[-3:]
+    records = _last_records(reader, probe, 3)
     assert [r.loss for r in records] == pytest.approx(expected, rel=1e-6)
     assert [r.micro_batches for r in records] == [2.0] * 3
-    reader.close()
-    probe.close()
 
 
 def test_an_amp_skipped_update_shows_its_own_loss_not_one_aside(runtime_dir: Path) -> None:
@@ -1263,6 +1268,15 @@ def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(runtime_dir: Path
     probe.close()
 
 
+def _last_records(reader: Reader, probe: Any, n: int) -> list[Any]:
+    """The last ``n`` step records once the client has them; the client and probe closed."""
+    reader.wait(lambda r: len(r.records()) >= n)
+    records = reader.records()[-n:]
+    reader.close()
+    probe.close()
+    return records
+
+
 def _linear_run(lr: float) -> tuple[torch.nn.Module, Any, torch.Tensor, Any, Reader]:
     """A one-layer model, its SGD, a batch, a probe sampling every step and a client."""
     torch.manual_seed(0)
@@ -1296,12 +1310,9 @@ def test_a_backward_aside_from_the_watched_model_is_not_the_step_s_loss(
             else:
                 w = torch.ones(3, requires_grad=True)
                 (w * 2).sum().backward()
-    reader.wait(lambda r: len(r.records()) >= 4)
-    records = reader.records()[-4:]
+    records = _last_records(reader, probe, 4)
     assert [r.loss for r in records] == pytest.approx(losses, rel=1e-6)
     assert [r.micro_batches for r in records] == [1.0] * 4
-    reader.close()
-    probe.close()
 
 
 def test_a_loop_that_runs_the_next_forward_before_probe_step_keeps_its_losses(
@@ -1320,12 +1331,9 @@ def test_a_loop_that_runs_the_next_forward_before_probe_step_keeps_its_losses(
         losses.append(loss.item())
         loss = model(x).pow(2).mean()  # the next step's, before this step is told
         probe.step()
-    reader.wait(lambda r: len(r.records()) >= 5)
-    records = reader.records()[-5:]
+    records = _last_records(reader, probe, 5)
     assert [r.loss for r in records] == pytest.approx(losses, rel=1e-6)
     assert [r.micro_batches for r in records] == [1.0] * 5
-    reader.close()
-    probe.close()
 
 
 def test_total_steps_come_from_a_one_cycle_schedule(runtime_dir: Path) -> None:

@@ -75,7 +75,7 @@ def step_events(
     row (a NaN where the ``layers`` message's ``presence`` says it had not come or had gone)
     is left out of that step's ``grad_norms``, not written as ``"nan"``."""
     history = bool(msg.get("history"))
-    presence = presence or LayerPresence()
+    first, until = (presence or LayerPresence()).window(len(layers))
     for rec in unpack_steps(msg):
         norms = None
         if rec.grad_norms is not None:
@@ -83,7 +83,7 @@ def step_events(
             norms = {
                 name: finite(v)
                 for i, (name, v) in enumerate(zip(layers, rec.grad_norms, strict=False))
-                if not (v != v and presence.absent(step, i))
+                if v == v or first[i] <= step < until[i]
             }
         event: dict[str, Any] = {
             "type": "step",

@@ -206,13 +206,15 @@ class LayerPresence:
     def __bool__(self) -> bool:
         return bool(self.since) or bool(self.gone_at)
 
-    def absent(self, step: int, layer: int) -> bool:
-        """Layer ``layer`` has no norm at ``step`` (what a NaN there means)."""
-        since = self.since
-        if layer < len(since) and step < since[layer]:
-            return True
-        left = self.gone_at.get(layer)
-        return left is not None and step >= left
+    def window(self, n_layers: int) -> tuple[list[int], list[int]]:
+        """Per layer of ``n_layers``, the steps that can have its norm: from ``first`` to
+        before ``until`` (MAX_STEP: not gone). A NaN outside them is no norm at all."""
+        first = list(self.since) if len(self.since) == n_layers else [0] * n_layers
+        until = [MAX_STEP] * n_layers
+        for i, step in self.gone_at.items():
+            if i < n_layers:
+                until[i] = step
+        return first, until
 
 
 def read_layer_presence(message: Any, n_layers: int) -> LayerPresence:

@@ -485,14 +485,15 @@ class MonitorScreen(Screen[None]):
             table = self.query_one(GradientTable)
             owners = [state.layer_owner(i) for i in range(len(names))]
             recent = state.grads.recent(32)
+            recent_absent = state.absent(state.grads.recent_steps(32), recent)
             table.show(
                 names,
                 state.grads.latest(),
                 recent,
                 state.layer_trends(),
                 owners,
-                absent=state.latest_absent(),
-                recent_absent=state.absent(state.grads.recent_steps(32), recent),
+                absent=recent_absent[-1] if len(recent_absent) else None,  # the latest row's
+                recent_absent=recent_absent,
                 gone=frozenset(state.presence.gone_at),
             )
         self._update_grad_title()

@@ -21,7 +21,7 @@ from tdbg.format import fmt_loss as fmt_loss
 from tdbg.format import fmt_stat as fmt_stat
 from tdbg.format import fmt_us as fmt_us
 from tdbg.protocol.framing import ProtocolError
-from tdbg.protocol.messages import MAX_STEP, LayerPresence, read_layer_presence, read_metrics
+from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.steps import (
     F64_COLUMNS,
     FLAG_HAS_GRADS,
@@ -747,22 +747,8 @@ class RunState:
         if not n_layers or not presence:
             return np.zeros(rows.shape, dtype=bool)
         at = np.asarray(steps, dtype=np.int64)[:, None]
-        # Per layer, the steps with no norm: [0, since) and [gone_at, end) (empty where none).
-        first = np.zeros(n_layers, dtype=np.int64)
-        if len(presence.since) == n_layers:
-            first[:] = presence.since
-        left = np.full(n_layers, MAX_STEP, dtype=np.int64)
-        for i, step in presence.gone_at.items():
-            if i < n_layers:
-                left[i] = step
-        return np.isnan(rows) & ((at < first[None, :]) | (at >= left[None, :]))
-
-    def latest_absent(self) -> np.ndarray | None:
-        """:meth:`absent` for the latest sampled row (None before one)."""
-        latest, step = self.grads.latest(), self.grads.latest_step()
-        if latest is None or step is None:
-            return None
-        return self.absent(np.array([step]), latest[None, :])[0]
+        first, until = (np.asarray(b, dtype=np.int64)[None, :] for b in presence.window(n_layers))
+        return np.isnan(rows) & ((at < first) | (at >= until))
 
     def layer_trends(self, n: int = 16) -> np.ndarray:
         """Per-layer trend of the last ``n`` sampled rows: log10(newest / mean of the older half).
