@@ -178,11 +178,15 @@ def bench(name: str, args: argparse.Namespace, _rng: Any) -> None:
             task.scheduler.step()
         if pace:
             time.sleep(pace)
-        loss = loss.detach()
+        # The loop's graph is freed after the spans in both kinds of step (the probe holds the
+        # scalar it saw backpropagated until probe.step() ends: freed in there, it would time
+        # the loop's own work as the probe's).
+        graph, loss = loss, loss.detach()
         t_probe = clock()
         if watched:
             probe.step(loss, samples=task.batch_size)
         t_end = clock()
+        del graph
         if not (Marks.forward and Marks.engine and Marks.pre and Marks.post):
             raise SystemExit("a timing point was not reached: this torch calls differently")
         spans[watched].append(

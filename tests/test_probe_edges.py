@@ -109,6 +109,43 @@ def test_fp16_norms_do_not_overflow() -> None:
     assert norms == pytest.approx([expected], rel=1e-3)
 
 
+def test_the_probe_holds_no_loss_beyond_its_step(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tap keeps the scalar it saw backpropagated until ``probe.step()`` (passed back, its
+    value read before the backward is the step's loss): a loop that drops its loss (and the
+    graph with it: ``retain_graph=True`` keeps activations there) before the step gets it
+    freed by the step's end, accumulating or not."""
+    import weakref
+
+    for accumulate in (1, 3):
+        loop = Loop(width=8)
+        probe = tdbg.watch(loop.model, loop.opt, name="held", grad_every=10**9)
+        sent = handed_over(probe, monkeypatch)
+        try:
+            refs = []
+            for _ in range(accumulate):
+                loss = loop.loss() / accumulate
+                loss.backward(retain_graph=True)
+                refs.append(weakref.ref(loss))
+            loop.opt.step()
+            del loss
+            # Held by the probe until its step; after several micro-batches a detached view
+            # only (compared by storage), the graph not kept beyond the update.
+            assert (refs[-1]() is not None) == (accumulate == 1)
+            probe.step()
+            assert [r() for r in refs] == [None] * accumulate
+            # passed back, the very tensor: its value as read before its backward
+            loss = loop.loss()
+            loss.backward()
+            expected = loss.item()
+            loop.opt.step()
+            probe.step(loss)
+            assert sent[-1].loss == expected and sent[-1].host_scalars is None
+        finally:
+            probe.close()
+
+
 def test_skipped_optimizer_step_is_not_a_no_gradient_alert(runtime_dir: Path) -> None:
     """GradScaler skips optimizer.step() on inf; the loop has zeroed grads before probe.step."""
     loop = Loop()

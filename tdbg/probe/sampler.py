@@ -132,7 +132,6 @@ class StepSampler:
         "_last_backward",
         "_last_host",
         "_last_kept",
-        "_last_ref",
         "_last_sampled",
         "_last_value",
         "_loader",
@@ -282,7 +281,6 @@ class StepSampler:
         self._changed_layers: list[int] | None = None
         self._last_backward: torch.Tensor | None = None  # the last scalar backpropagated
         self._last_value: float | None = None  # its value, when the tap read it (CPU)
-        self._last_ref: weakref.ref[torch.Tensor] | None = None  # it, weakly (see step())
         self._last_kept: Any = None  # what on_backward kept of it (taken back if it fails)
         self._pending_before: Any = None  # the sum before it was added (restored if it fails)
         # GradScaler skipped this iteration's update (inf/NaN gradients at its scale): what
@@ -480,12 +478,11 @@ class StepSampler:
                 pending, slot.micro = stray, self._stray_micro
             self._stray_micro = 0
         last = self._last_backward
-        if last is not None:
-            # Compared with the loss passed to probe.step() by storage only after several
-            # micro-batches: then kept as a detached view, else dropped here, with the loop's
-            # graph still alive (dropping the last reference later would free it inside
-            # probe.step()); the weak reference still tells that very tensor passed back.
-            self._last_backward = last.detach() if slot.micro > 1 else None
+        if last is not None and slot.micro > 1:
+            # Compared with the loss passed to probe.step() by storage after several
+            # micro-batches (any view of the last one is the update's, not its loss): kept
+            # as a detached view, the loop's graph not held by the probe beyond the update.
+            self._last_backward = last.detach()
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
         # (Lightning runs the last micro-batch's forward/backward inside step(closure)), each
         # kept as on_backward keeps them (a CPU loss's value, a device loss detached).
@@ -541,10 +538,12 @@ class StepSampler:
                 timeline.forward_end = self._mark()
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
-        # The loop's own tensor, strongly until the update, weakly until probe.step(loss)
-        # passes it back: its value is known then.
+        # The loop's own tensor, held until probe.step(): passed back as the step's loss, its
+        # value is known already (an identity test; a weak reference would cost a tracked
+        # object per backward). A scalar the loop dropped before probe.step() is freed there,
+        # with its graph, instead of after the update (after its backward the graph keeps no
+        # activations unless retain_graph).
         self._last_backward, self._last_value = loss, value
-        self._last_ref = weakref.ref(loss)
         self._micro += 1
         if nonfinite:
             self._pending_nonfinite = True
@@ -573,7 +572,7 @@ class StepSampler:
                 return
         self._micro = max(0, self._micro - 1)
         if self._last_backward is loss:
-            self._last_backward = self._last_value = self._last_ref = None
+            self._last_backward = self._last_value = None
         self._pending_loss, self._pending_before = self._pending_before, None
         if self._pending_loss is None:
             self._pending_nonfinite = False
@@ -829,9 +828,8 @@ class StepSampler:
             first, micro = self._amp_loss, self._amp_micro
         if first is None and stray is not None:
             first, micro = stray, stray_micro
-        last, self._last_backward = self._last_backward, None
+        last = self._last_backward  # released at the end of step(), after its timing
         last_value, self._last_value = self._last_value, None
-        last_ref, self._last_ref = self._last_ref, None
         self._last_kept = None
         if loss is None:
             loss = first
@@ -846,7 +844,7 @@ class StepSampler:
                 "(the mean micro-batch loss when each is divided by their number)",
             )
             loss = first
-        elif last_value is not None and last_ref is not None and last_ref() is loss:
+        elif last_value is not None and last is loss:
             loss = last_value  # the scalar just backpropagated, read before its backward
         return loss, per_optimizer, micro
 
@@ -1050,6 +1048,9 @@ class StepSampler:
         server = self._server
         server.inbox.append(pending)
         server.appended += 1
+        # The last scalar backpropagated, released after the probe timed itself: where the
+        # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
+        self._last_backward = None
         self._previous_end = end if end is not None else self._mark()
 
     def _forget_step(self) -> None:
@@ -1062,7 +1063,7 @@ class StepSampler:
         self._grad_marks = None
         self._forced = False
         self._changed_layers = self._last_backward = self._forward_origin = None
-        self._last_value = self._last_kept = self._last_ref = None
+        self._last_value = self._last_kept = None
         self._forget_amp_skip()
 
     def on_grad_device_time(self, seconds: float) -> None:

@@ -158,13 +158,14 @@ def _on_module_registered(module: Any, name: str, value: Any) -> None:
 def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """Every optimizer's step: the listeners hear of each optimizer once (a new one may update
     a watched model); for one they have heard of, the usual case on every step, the tap
-    returns after one dict lookup (it runs right after the backward, where each Python call
-    costs microseconds)."""
-    if is_compiling():
-        return _tell_outside_graph(optimizer)
+    returns after one dict lookup, before asking whether dynamo traces it (a Python call, where
+    each costs microseconds: right after the backward). Traced, the lookup is what dynamo
+    reads too; an optimizer not yet told goes to the listeners outside the graph."""
     told = _told.get(id(optimizer))
     if told is not None and told() is optimizer:
         return None
+    if is_compiling():
+        return _tell_outside_graph(optimizer)
     return _tell(optimizer)
 
 
