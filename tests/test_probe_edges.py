@@ -130,9 +130,8 @@ def test_the_probe_holds_no_loss_beyond_its_step(
                 refs.append(weakref.ref(loss))
             loop.opt.step()
             del loss
-            # Held by the probe until its step; after several micro-batches a detached view
-            # only (compared by storage), the graph not kept beyond the update.
-            assert (refs[-1]() is not None) == (accumulate == 1)
+            assert refs[-1]() is not None  # the last one: held by the probe until its step
+            assert all(r() is None for r in refs[:-1])
             probe.step()
             assert [r() for r in refs] == [None] * accumulate
             # passed back, the very tensor: its value as read before its backward
@@ -144,6 +143,37 @@ def test_the_probe_holds_no_loss_beyond_its_step(
             assert sent[-1].loss == expected and sent[-1].host_scalars is None
         finally:
             probe.close()
+
+
+def test_the_last_update_s_own_loss_passed_back_after_another_accumulated(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GAN whose discriminator accumulates three micro-batches, then the generator's one
+    backward and update: ``probe.step(g_loss)`` shows the generator's loss as passed (the
+    very tensor last backpropagated, alone in its update), not the discriminator's sum (a
+    loss passed back after several micro-batches is replaced by the update's)."""
+    torch.manual_seed(0)
+    disc, gen = nn.Linear(4, 1), nn.Linear(4, 4)
+    opt_d = torch.optim.SGD(disc.parameters(), lr=0.1)
+    opt_g = torch.optim.SGD(gen.parameters(), lr=0.1)
+    probe = tdbg.watch([disc, gen], [opt_d, opt_g], name="gan-acc", grad_every=10**9)
+    sent = handed_over(probe, monkeypatch)
+    x = torch.randn(8, 4)
+    try:
+        for _ in range(3):
+            opt_d.zero_grad()
+            for _ in range(3):
+                (disc(x).mean() / 3).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            g_loss = disc(gen(x)).pow(2).mean()
+            g_loss.backward()
+            opt_g.step()
+            probe.step(g_loss)
+            assert sent[-1].loss == pytest.approx(g_loss.item(), rel=1e-6)
+        assert "loss-last-micro-batch" not in probe._sampler._reported
+    finally:
+        probe.close()
 
 
 def test_skipped_optimizer_step_is_not_a_no_gradient_alert(runtime_dir: Path) -> None:

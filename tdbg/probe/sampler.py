@@ -130,6 +130,7 @@ class StepSampler:
         "_grad_seconds",
         "_iterating",
         "_last_backward",
+        "_last_held",
         "_last_host",
         "_last_kept",
         "_last_sampled",
@@ -280,6 +281,7 @@ class StepSampler:
         self._forced = False
         self._changed_layers: list[int] | None = None
         self._last_backward: torch.Tensor | None = None  # the last scalar backpropagated
+        self._last_held: torch.Tensor | None = None  # it, as the loop passed it (see step())
         self._last_value: float | None = None  # its value, when the tap read it (CPU)
         self._last_kept: Any = None  # what on_backward kept of it (taken back if it fails)
         self._pending_before: Any = None  # the sum before it was added (restored if it fails)
@@ -478,11 +480,11 @@ class StepSampler:
                 pending, slot.micro = stray, self._stray_micro
             self._stray_micro = 0
         last = self._last_backward
-        if last is not None and slot.micro > 1:
-            # Compared with the loss passed to probe.step() by storage after several
-            # micro-batches (any view of the last one is the update's, not its loss): kept
-            # as a detached view, the loop's graph not held by the probe beyond the update.
-            self._last_backward = last.detach()
+        if last is not None:
+            # Compared with the loss passed to probe.step() by storage only after several
+            # micro-batches: then kept as a detached view, else dropped here (``_last_held``
+            # still tells that very tensor passed back).
+            self._last_backward = last.detach() if slot.micro > 1 else None
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
         # (Lightning runs the last micro-batch's forward/backward inside step(closure)), each
         # kept as on_backward keeps them (a CPU loss's value, a device loss detached).
@@ -538,12 +540,14 @@ class StepSampler:
                 timeline.forward_end = self._mark()
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
-        # The loop's own tensor, held until probe.step(): passed back as the step's loss, its
-        # value is known already (an identity test; a weak reference would cost a tracked
-        # object per backward). A scalar the loop dropped before probe.step() is freed there,
-        # with its graph, instead of after the update (after its backward the graph keeps no
-        # activations unless retain_graph).
-        self._last_backward, self._last_value = loss, value
+        # The loop's own tensor, as the last scalar backpropagated until the update, and held
+        # until probe.step(): passed back as the step's loss, its value is known already (an
+        # identity test; a weak reference would cost a tracked object per backward). A scalar
+        # the loop dropped before probe.step() is freed there, with its graph, instead of
+        # after the update (after its backward the graph keeps no activations unless
+        # retain_graph).
+        self._last_backward = self._last_held = loss
+        self._last_value = value
         self._micro += 1
         if nonfinite:
             self._pending_nonfinite = True
@@ -571,8 +575,8 @@ class StepSampler:
                     self._micro = max(0, self._micro - 1)
                 return
         self._micro = max(0, self._micro - 1)
-        if self._last_backward is loss:
-            self._last_backward = self._last_value = None
+        if self._last_held is loss:
+            self._last_backward = self._last_held = self._last_value = None
         self._pending_loss, self._pending_before = self._pending_before, None
         if self._pending_loss is None:
             self._pending_nonfinite = False
@@ -828,8 +832,9 @@ class StepSampler:
             first, micro = self._amp_loss, self._amp_micro
         if first is None and stray is not None:
             first, micro = stray, stray_micro
-        last = self._last_backward  # released at the end of step(), after its timing
+        last, self._last_backward = self._last_backward, None
         last_value, self._last_value = self._last_value, None
+        held = self._last_held  # released at the end of step(), after its timing
         self._last_kept = None
         if loss is None:
             loss = first
@@ -844,7 +849,7 @@ class StepSampler:
                 "(the mean micro-batch loss when each is divided by their number)",
             )
             loss = first
-        elif last_value is not None and last is loss:
+        elif last_value is not None and held is loss:
             loss = last_value  # the scalar just backpropagated, read before its backward
         return loss, per_optimizer, micro
 
@@ -1050,7 +1055,7 @@ class StepSampler:
         server.appended += 1
         # The last scalar backpropagated, released after the probe timed itself: where the
         # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
-        self._last_backward = None
+        self._last_held = None
         self._previous_end = end if end is not None else self._mark()
 
     def _forget_step(self) -> None:
@@ -1063,7 +1068,7 @@ class StepSampler:
         self._grad_marks = None
         self._forced = False
         self._changed_layers = self._last_backward = self._forward_origin = None
-        self._last_value = self._last_kept = None
+        self._last_value = self._last_kept = self._last_held = None
         self._forget_amp_skip()
 
     def on_grad_device_time(self, seconds: float) -> None:
