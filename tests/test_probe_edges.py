@@ -115,7 +115,7 @@ def test_the_probe_holds_no_loss_beyond_its_step(
     """The tap keeps the scalar it saw backpropagated until ``probe.step()`` (passed back, its
     value read before the backward is the step's loss): a loop that drops its loss (and the
     graph with it: ``retain_graph=True`` keeps activations there) before the step gets it
-    freed by the step's end, accumulating or not."""
+    freed by the step's end, accumulating or not, and by a failed step's or ``close()``."""
     import weakref
 
     for accumulate in (1, 3):
@@ -143,6 +143,29 @@ def test_the_probe_holds_no_loss_beyond_its_step(
             assert sent[-1].loss == expected and sent[-1].host_scalars is None
         finally:
             probe.close()
+    # Nor after a probe.step() that failed, nor once the probe is closed.
+    loop = Loop(width=8)
+    probe = tdbg.watch(loop.model, loop.opt, name="held-failed", grad_every=10**9)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("the step's bookkeeping failed")
+
+    monkeypatch.setattr(probe._sampler, "_step_losses", broken)
+    try:
+        for end in ("failed step", "close"):
+            loss = loop.loss()
+            loss.backward(retain_graph=True)
+            loop.opt.step()
+            ref = weakref.ref(loss)
+            del loss
+            if end == "close":
+                probe.close()
+            else:
+                probe.step()
+                assert probe.errors == 1
+            assert ref() is None, end
+    finally:
+        probe.close()
 
 
 def test_the_last_update_s_own_loss_passed_back_after_another_accumulated(

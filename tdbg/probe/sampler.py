@@ -540,13 +540,14 @@ class StepSampler:
                 timeline.forward_end = self._mark()
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
-        # The loop's own tensor, as the last scalar backpropagated until the update, and held
-        # until probe.step(): passed back as the step's loss, its value is known already (an
-        # identity test; a weak reference would cost a tracked object per backward). A scalar
-        # the loop dropped before probe.step() is freed there, with its graph, instead of
-        # after the update (after its backward the graph keeps no activations unless
-        # retain_graph).
-        self._last_backward = self._last_held = loss
+        # The loop's own tensor, as the last scalar backpropagated until the update; a CPU
+        # one also held until probe.step(): passed back as the step's loss, its value is known
+        # already (an identity test; a weak reference would cost a tracked object per
+        # backward). One the loop dropped before probe.step() is freed there, with its graph,
+        # instead of after the update (after its backward the graph keeps only what
+        # retain_graph, create_graph or a custom Function's ctx keep).
+        self._last_backward = loss
+        self._last_held = loss if value is not None else None
         self._last_value = value
         self._micro += 1
         if nonfinite:
@@ -575,7 +576,7 @@ class StepSampler:
                     self._micro = max(0, self._micro - 1)
                 return
         self._micro = max(0, self._micro - 1)
-        if self._last_held is loss:
+        if self._last_backward is loss:
             self._last_backward = self._last_held = self._last_value = None
         self._pending_loss, self._pending_before = self._pending_before, None
         if self._pending_loss is None:
@@ -881,7 +882,7 @@ class StepSampler:
             # Nobody can ever read what this step would record: keep nothing, compute nothing.
             self.step_count += 1
             self._sample_now = False
-            self._forget_step()
+            self.forget_step()
             hooks.take()
             hooks.seconds = 0.0
             taps.take_seconds()
@@ -1058,7 +1059,10 @@ class StepSampler:
         self._last_held = None
         self._previous_end = end if end is not None else self._mark()
 
-    def _forget_step(self) -> None:
+    def forget_step(self) -> None:
+        """Drop what the probe holds of the step in progress (the loop's last scalar and its
+        graph included): a step nobody can read, a ``probe.step()`` that failed, a probe
+        closed or switched off."""
         for slot in self._slots:
             slot.sample = slot.loss = slot.lr = None
             slot.micro = 0

@@ -202,8 +202,9 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             # the gradients have just streamed through the caches) each Python call costs
             # several times as much (an empty one: ~4.4 us there, ~1 us here, on the cnn
             # demo). A CPU loss is read once, here: the listeners keep its value (nothing to
-            # detach or keep alive, and whether it is NaN or Inf is what a NaN's origin needs
-            # on steps whose gradients go unsampled). A backward that raises is taken back.
+            # detach, and whether it is NaN or Inf is what a NaN's origin needs on steps whose
+            # gradients go unsampled; the tensor itself only until probe.step(), to know it
+            # when passed back). A backward that raises is taken back.
             # The usual call (``loss.backward()`` on a CPU float loss) is written out: each
             # function entered here costs microseconds (cold caches), not nanoseconds.
             t0 = _perf()

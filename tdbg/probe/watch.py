@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -290,6 +291,7 @@ class Probe:
                 # boundary, never from inside a hook while torch iterates over them.
                 self._hooks.remove()
                 taps.detach(self._sampler)
+                self._sampler.forget_step()  # nothing of the loop's held on
                 self._dives.close("the probe switched itself off")
             return
         ident = threading.get_ident()
@@ -305,6 +307,8 @@ class Probe:
             self._sampler.step(loss, samples, tokens, self._hooks, t0)
         except Exception as exc:
             self._count_error(exc)
+            with contextlib.suppress(Exception):
+                self._sampler.forget_step()  # the failed step's tensors are not held on
         if self._dives.busy:  # the one flag read per step while no command is armed
             try:
                 self._dives.at_boundary(self._sampler.step_count - 1)
@@ -415,6 +419,7 @@ class Probe:
         self._disabled = True
         taps.detach(self._sampler)
         try:
+            self._sampler.forget_step()  # the loop's last scalar (and its graph) not held on
             if os.getpid() == self._pid:
                 self._dives.close()  # the profiler stopped, hooks removed, anomaly mode off
             self._hooks.remove()
