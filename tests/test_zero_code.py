@@ -290,6 +290,37 @@ def test_record_option_records_the_run(tmp_path: Path, runtime_dir: Path) -> Non
     assert all(math.isfinite(e["loss"]) for e in steps)
 
 
+def test_a_new_optimizer_after_discovery_is_said_not_left_silent(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    """A script that swaps its optimizer after tdbg run's discovery steps: tdbg run counts
+    steps at the first optimizer's updates (a known limit, docs/usage.md), so it says so,
+    once, on stderr and as an alert in the stream, instead of looking stalled."""
+    record = tmp_path / "run.tdbg"
+    proc = subprocess.run(
+        [*TDBG, "run", "--record", str(record), "train_swap.py"],
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "a new Adam trains" in line]
+    assert len(said) == 1, proc.stderr
+    assert "at step 40" in said[0] and "SGD" in said[0] and "tdbg.watch" in said[0]
+    events = [json.loads(line) for line in dump_lines(record)]
+    alerts = [e for e in events if e["type"] == "alert" and "a new Adam" in e.get("message", "")]
+    assert len(alerts) == 1, [e for e in events if e["type"] == "alert"]
+    assert [e["step"] for e in events if e["type"] == "step"] == list(range(40))
+
+
+def dump_lines(record: Path) -> list[str]:
+    dump = subprocess.run(
+        [*TDBG, "dump", str(record)], capture_output=True, text=True, timeout=60, check=True
+    )
+    return dump.stdout.splitlines()
+
+
 @pytest.mark.slow
 def test_script_that_watches_itself_keeps_its_own_probe(runtime_dir: Path) -> None:
     proc = start([*TDBG, "run", "train_adam.py"], runtime_dir, {"ZC_WATCH": "1"})

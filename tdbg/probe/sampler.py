@@ -172,6 +172,7 @@ class StepSampler:
         "layout_dirty",
         "new_optimizers",
         "unplaced_optimizers",
+        "optimizer_seen",
         "overhead_budget",
         "phases",
         "skip_nonfinite",
@@ -217,6 +218,9 @@ class StepSampler:
         self.new_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         # Optimizers first seen while the layers were about to change (on_any_optimizer_step).
         self.unplaced_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
+        # Told of each optimizer the probe's tap sees for the first time that it does not watch
+        # (tdbg run warns of one that trains the model after its own discovery ended).
+        self.optimizer_seen: Callable[[torch.optim.Optimizer], None] | None = None
         self.watched_modules: set[int] = set()  # ids of every module of the watched models
         self.watched_params: set[int] = set()
         # Optimizers looked at, by id (checked against the weakref: ids are reused): a dict
@@ -341,6 +345,8 @@ class StepSampler:
         self._checked[id(optimizer)] = weakref.ref(optimizer)
         if any(slot.optimizer is optimizer for slot in self._slots):
             return
+        if self.optimizer_seen is not None:
+            self.optimizer_seen(optimizer)
         held = (id(p) for g in optimizer.param_groups for p in g["params"])
         if any(i in self.watched_params for i in held):
             # A new optimizer updates the watched model (it replaced the one given to watch()).

@@ -491,6 +491,34 @@ class AutoWatch:
             # gradients (its pre-hook) and timed the optimizer (its post-hook) before step().
             self._hook_optimizer(optimizer)
             self._settled = self.probe is not None
+            if self.probe is not None:
+                self.probe._sampler.optimizer_seen = self._on_new_optimizer
+
+    def _on_new_optimizer(self, optimizer: Any) -> None:
+        """The probe's tap saw an optimizer it does not watch, at its first step. After the
+        discovery steps one that trains the watched model (fine-tuning's new head, a second
+        phase's optimizer) is followed by the probe, but tdbg run counts steps at the updates
+        of the optimizers it found, which may never step again: say so, once, rather than
+        let the run look stalled."""
+        if self.off or self._discovering or self.probe is None:
+            return  # while discovering, the global step hooks find a second model's
+        try:
+            if any(o is optimizer for o in self._watched):
+                return
+            model = {id(p) for m in self._models() for p in m.parameters()}
+            if not any(id(p) in model for g in optimizer.param_groups for p in g["params"]):
+                return
+            found = ", ".join(type(o).__name__ for o in self._watched)
+            self.probe._sampler.report_once(
+                "late-optimizer",
+                f"a new {type(optimizer).__name__} trains the watched model at step "
+                f"{self.probe.steps} (after tdbg run's first {DISCOVERY_STEPS} steps): tdbg run "
+                f"counts steps at the updates of the {found} it found, and they stop if that "
+                "no longer steps; call tdbg.watch(model, optimizer) in the script to follow a "
+                "new optimizer",
+            )
+        except Exception:  # a warning's failure must not stop monitoring
+            pass
 
     def _hook_optimizer(self, optimizer: Any) -> None:
         from tdbg.probe.hook_refs import WeakHook
