@@ -290,50 +290,28 @@ def test_record_option_records_the_run(tmp_path: Path, runtime_dir: Path) -> Non
     assert all(math.isfinite(e["loss"]) for e in steps)
 
 
-@pytest.mark.parametrize(
-    ("script", "steps", "lrs"),
-    [
-        # SGD for 40 steps, then a new Adam for the same model
-        (["train_swap.py"], 60, {0: [0.01], 39: [0.01], 40: [0.001], 59: [0.001]}),
-        # a new head at step 40, the backbone frozen, an Adam of the head only (the old SGD
-        # keeps its column: it still holds the frozen backbone)
-        (["train_head_swap.py"], 70, {39: [0.01], 41: [0.01, 0.001]}),
-        # SAM: the base optimizer steps inside the wrapper's step(closure), or alone
-        (["train_sam.py", "closure"], 50, {0: [0.01], 49: [0.01]}),
-        (["train_sam.py", "manual"], 50, {0: [0.01], 49: [0.01]}),
-    ],
-    ids=["swap", "new-head", "sam-closure", "sam-manual"],
-)
-def test_a_new_optimizer_is_followed_at_any_step(
-    tmp_path: Path, runtime_dir: Path, script: list[str], steps: int, lrs: dict[int, list[float]]
+def test_a_new_optimizer_after_discovery_is_said_not_left_silent(
+    tmp_path: Path, runtime_dir: Path
 ) -> None:
-    """tdbg run counts steps at the updates of the optimizers it watches: one that replaces
-    them after its discovery steps (a second phase, fine-tuning's new head) is followed, each
-    step once (an optimizer nested in another's step is not a second step), its phases timed
-    in order (the probe's hooks before tdbg run's: no negative time), no error and no hook
-    changed inside torch's own loop over them (which would raise into optimizer.step())."""
+    """A script that swaps its optimizer after tdbg run's discovery steps: tdbg run counts
+    steps at the first optimizer's updates (a known limit, docs/usage.md), so it says so,
+    once, on stderr and as an alert in the stream, instead of looking stalled."""
     record = tmp_path / "run.tdbg"
     proc = subprocess.run(
-        [*TDBG, "run", "--grad-every", "1", "--record", str(record), *script],
+        [*TDBG, "run", "--record", str(record), "train_swap.py"],
         cwd=SCRIPTS,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
-    assert "tdbg" not in proc.stderr, proc.stderr  # no warning, no error
+    said = [line for line in proc.stderr.splitlines() if "a new Adam trains" in line]
+    assert len(said) == 1, proc.stderr
+    assert "at step 40" in said[0] and "SGD" in said[0] and "tdbg.watch" in said[0]
     events = [json.loads(line) for line in dump_lines(record)]
-    recorded = [e for e in events if e["type"] == "step"]
-    assert [e["step"] for e in recorded] == list(range(steps))
-    for step, expected in lrs.items():
-        assert recorded[step]["lr"] == pytest.approx(expected), step
-    phases = ("data_time", "forward_time", "backward_time", "optimizer_time")
-    assert not [(e["step"], k) for e in recorded for k in phases if (e[k] or 0.0) < 0.0]
-    # From step 1 (SAM's step(closure) at step 0, where tdbg run starts inside the wrapper's
-    # first update, has no loss: as before this change).
-    assert all(e["loss"] is not None and math.isfinite(e["loss"]) for e in recorded[1:])
-    assert all(e["grad_norms"] for e in recorded[1:])
-    assert not [e for e in events if e["type"] == "alert"]
+    alerts = [e for e in events if e["type"] == "alert" and "a new Adam" in e.get("message", "")]
+    assert len(alerts) == 1, [e for e in events if e["type"] == "alert"]
+    assert [e["step"] for e in events if e["type"] == "step"] == list(range(40))
 
 
 def dump_lines(record: Path) -> list[str]:

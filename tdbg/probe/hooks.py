@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -137,36 +136,22 @@ class PhaseHooks:
         for model in models:
             self.handles.append(model.register_forward_pre_hook(_ForwardStart.owned_by(self)))
         self._by_optimizer: dict[int, list[RemovableHandle]] = {}
-        self._unarmed: dict[int, tuple[WeakHook, WeakHook]] = {}
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
 
-    def add_optimizer(self, key: int, optimizer: torch.optim.Optimizer, armed: bool = True) -> None:
+    def add_optimizer(self, key: int, optimizer: torch.optim.Optimizer) -> None:
         """Hook ``optimizer``; its events name it ``key`` (the sampler's slot key). Its own
         step hooks, not a process-wide one: they run after the pre-hooks registered before
         them (a script's hook that sets the LR or rescales the gradients before ``tdbg run``
         starts the probe: the probe reads what the update uses) and before those registered
-        later (``tdbg run``'s post-hook that calls ``probe.step()``). ``armed=False``: in
-        place but inert until :meth:`arm` (an optimizer hooked at its first step, adopted at
-        the step's end: arming changes no dict torch may be iterating then)."""
-        hooks = (_StepStart.owned_by(self, key), _StepEnd.owned_by(self, key))
-        if not armed:
-            for hook in hooks:
-                hook._owner = _UNARMED
-            self._unarmed[key] = hooks
-        pre = optimizer.register_step_pre_hook(hooks[0])
-        post = optimizer.register_step_post_hook(hooks[1])
+        later (``tdbg run``'s post-hook that calls ``probe.step()``)."""
+        pre = optimizer.register_step_pre_hook(_StepStart.owned_by(self, key))
+        post = optimizer.register_step_post_hook(_StepEnd.owned_by(self, key))
         self._by_optimizer[key] = [pre, post]
         self.handles.extend((pre, post))
 
-    def arm(self, key: int) -> None:
-        """The optimizer ``key``'s hooks, added unarmed, report from now on."""
-        for hook in self._unarmed.pop(key, ()):
-            hook._owner = weakref.ref(self)
-
     def remove_optimizer(self, key: int) -> None:
         """Unhook the optimizer ``key`` (at a step boundary, never from inside its hooks)."""
-        self._unarmed.pop(key, None)
         for handle in self._by_optimizer.pop(key, []):
             handle.remove()
             if handle in self.handles:
@@ -287,14 +272,6 @@ class _StepEnd(WeakHook):
         except Exception as exc:
             hooks._on_error(exc)
         return None
-
-
-class _Nobody:
-    pass
-
-
-# An unarmed hook's owner: a reference to nothing (the hook returns at once).
-_UNARMED: weakref.ref[Any] = weakref.ref(_Nobody())
 
 
 # Under torch.compile(optimizer.step): eager, outside the graph (is_compiling() reads False

@@ -173,7 +173,6 @@ class StepSampler:
         "new_optimizers",
         "unplaced_optimizers",
         "optimizer_seen",
-        "optimizer_arrived",
         "overhead_budget",
         "phases",
         "skip_nonfinite",
@@ -219,11 +218,8 @@ class StepSampler:
         self.new_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         # Optimizers first seen while the layers were about to change (on_any_optimizer_step).
         self.unplaced_optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
-        # An optimizer that may join at this step's end (new_optimizers, unplaced_optimizers),
-        # at its first step, in torch's global pre-step hook: the probe hooks it there.
-        self.optimizer_arrived: Callable[[torch.optim.Optimizer], None] = lambda _: None
         # Told of each optimizer the probe's tap sees for the first time that it does not watch
-        # (tdbg run follows one that trains the watched model).
+        # (tdbg run warns of one that trains the model after its own discovery ended).
         self.optimizer_seen: Callable[[torch.optim.Optimizer], None] | None = None
         self.watched_modules: set[int] = set()  # ids of every module of the watched models
         self.watched_params: set[int] = set()
@@ -349,19 +345,17 @@ class StepSampler:
         self._checked[id(optimizer)] = weakref.ref(optimizer)
         if any(slot.optimizer is optimizer for slot in self._slots):
             return
+        if self.optimizer_seen is not None:
+            self.optimizer_seen(optimizer)
         held = (id(p) for g in optimizer.param_groups for p in g["params"])
         if any(i in self.watched_params for i in held):
             # A new optimizer updates the watched model (it replaced the one given to watch()).
             self.new_optimizers.append(weakref.ref(optimizer))
             self.layout_dirty = True
-            self.optimizer_arrived(optimizer)
         elif self.layout_dirty:
             # The watched layers changed and are re-read at this step's end: an optimizer of
             # only the new ones (a new head's, the backbone frozen) is asked again then.
             self.unplaced_optimizers.append(weakref.ref(optimizer))
-            self.optimizer_arrived(optimizer)
-        if self.optimizer_seen is not None:
-            self.optimizer_seen(optimizer)  # after the probe's own hooks: theirs run later
 
     def report_once(self, key: str, message: str) -> None:
         """Tell the user once (stderr and an alert) about a problem with what the loop passes.

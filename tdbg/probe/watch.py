@@ -113,9 +113,6 @@ class Probe:
         self._layer_since = [0] * len(self._layers)  # per layer, its first step (Layers.since)
         self._gone_at: dict[int, int] = {}  # a gone layer's first step without it (gone_at)
         self._optimizer_names: dict[int, str] = {}  # names add() was given, until hooked
-        # Optimizers hooked at their first step, before the relayout that adopts them: by id,
-        # (the optimizer, weakly; the key its hooks report as).
-        self._hooked_early: dict[int, tuple[weakref.ref[torch.optim.Optimizer], int]] = {}
         cuda_params = [p for layer in self._layers for p in layer.params if p.is_cuda]
         self._cuda_device: torch.device | None = cuda_params[0].device if cuda_params else None
         if not self._layers:
@@ -209,31 +206,7 @@ class Probe:
         self._server.nan_origin.reruns_forward = hooks.capture_inputs
         self._sampler.captured = lambda: hooks.last_inputs
         self._sampler.phases = hooks
-        self._sampler.optimizer_arrived = self._hook_arrival
         return hooks
-
-    def _next_optimizer_key(self) -> int:
-        keys = [key for key, _, _ in self._optimizers]
-        keys.extend(key for _, key in self._hooked_early.values())
-        return max(keys, default=-1) + 1
-
-    def _hook_arrival(self, optimizer: torch.optim.Optimizer) -> None:
-        """A new optimizer of the watched layers, at its first step (torch's global pre-step
-        hook, before the optimizer's own hooks are iterated): hooked now, not at the relayout
-        that adopts it at the step's end. ``tdbg run`` calls ``probe.step()`` from this very
-        optimizer's post-hook once it follows it: hooks added there would change the dict
-        torch is iterating, and would run after tdbg run's (the update timed after the step
-        was taken). Unarmed until that relayout: this first step is read as before, at
-        ``probe.step()``."""
-        if self.closed or self._disabled:
-            return
-        live = {i: entry for i, entry in self._hooked_early.items() if entry[0]() is not None}
-        self._hooked_early = live
-        if id(optimizer) in live:
-            return
-        key = self._next_optimizer_key()
-        self._hooks.add_optimizer(key, optimizer, armed=False)
-        self._hooked_early[id(optimizer)] = (weakref.ref(optimizer), key)
 
     def _begin(
         self, opts: ProbeOptions, record: str | os.PathLike[str] | None, desk: CommandDesk
@@ -577,7 +550,7 @@ class Probe:
         for key, _, _ in self._optimizers:
             if all(key != kept[0] for kept in optimizers):
                 self._hooks.remove_optimizer(key)
-        next_key = self._next_optimizer_key()
+        next_key = max((key for key, _, _ in self._optimizers), default=-1) + 1
         names = {name for _, name, _ in optimizers}
         caller = caller_names() if arrived else {}
         for optimizer in arrived:
@@ -590,15 +563,10 @@ class Probe:
             )
             while name in names:
                 name += "_"
-            early = self._hooked_early.pop(id(optimizer), None)
-            if early is not None and early[0]() is optimizer:
-                optimizers.append((early[1], name, optimizer))  # hooked at its first step
-                self._hooks.arm(early[1])
-            else:
-                optimizers.append((next_key, name, optimizer))
-                self._hooks.add_optimizer(next_key, optimizer)
-                next_key += 1
+            optimizers.append((next_key, name, optimizer))
             names.add(name)
+            self._hooks.add_optimizer(next_key, optimizer)
+            next_key += 1
         sampler.new_optimizers = []
         self._layers, self._layer_models, self._optimizers = layers, layer_models, optimizers
         self._layer_since, self._gone_at = since, gone_at

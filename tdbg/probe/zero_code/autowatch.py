@@ -182,7 +182,6 @@ class AutoWatch:
         self._global: list[Any] = []  # RemovableHandles of the global discovery hooks
         self._own: list[Any] = []  # the watched optimizers' step hooks
         self._watched: list[Any] = []  # the optimizers watched, in the order they were found
-        self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()  # those with the step hooks
         self._stepped: set[int] = set()  # ids of those that stepped in the current round
         self._discovering = False  # after the start: a second model or optimizer may show up
         self._in_step = False
@@ -430,8 +429,6 @@ class AutoWatch:
             self._in_step = False
             self._closure_loss = None
             self._loss = None
-            if not any(o is optimizer for o in self._watched):
-                return  # replaced (its hooks stay: removing them could be inside torch's loop)
             # One step per round: when every watched optimizer has stepped (a GAN's D then G).
             self._stepped.add(id(optimizer))
             if not all(id(o) in self._stepped for o in self._watched):
@@ -498,43 +495,35 @@ class AutoWatch:
                 self.probe._sampler.optimizer_seen = self._on_new_optimizer
 
     def _on_new_optimizer(self, optimizer: Any) -> None:
-        """The probe's tap saw an optimizer it does not watch, at its first step (torch's global
-        pre-step hook, after the probe hooked it if it trains the watched layers). One that
-        trains the watched model (a second phase's, an LR finder's successor, fine-tuning's new
-        head) is followed here too: its updates count the steps from this one on, and an
-        optimizer left with nothing to train (every trainable parameter it held is the
-        newcomer's, or frozen, or gone) no longer holds a round open: its steps would never
-        come. (A second model's optimizer, during discovery, is _maybe_add's.)"""
-        if self.off or self.probe is None:
-            return
+        """The probe's tap saw an optimizer it does not watch, at its first step. After the
+        discovery steps one that trains the watched model (fine-tuning's new head, a second
+        phase's optimizer) is followed by the probe, but tdbg run counts steps at the updates
+        of the optimizers it found, which may never step again: say so, once, rather than
+        let the run look stalled."""
+        if self.off or self._discovering or self.probe is None:
+            return  # while discovering, the global step hooks find a second model's
         try:
             if any(o is optimizer for o in self._watched):
                 return
-            held = {id(p) for g in optimizer.param_groups for p in g["params"]}
-            params = [p for m in self._models() for p in m.parameters()]
-            if not any(id(p) in held for p in params):
+            model = {id(p) for m in self._models() for p in m.parameters()}
+            if not any(id(p) in model for g in optimizer.param_groups for p in g["params"]):
                 return
-            trainable = {id(p) for p in params if p.requires_grad}
-
-            def still_trains(old: Any) -> bool:
-                mine = {id(p) for g in old.param_groups for p in g["params"]}
-                return bool((mine & trainable) - held)
-
-            self._watched = [o for o in self._watched if still_trains(o)]
-            self._stepped = {i for i in self._stepped if any(id(o) == i for o in self._watched)}
-            self._hook_optimizer(optimizer)
-        except Exception as exc:
-            self._fail(exc)
+            found = ", ".join(type(o).__name__ for o in self._watched)
+            self.probe._sampler.report_once(
+                "late-optimizer",
+                f"a new {type(optimizer).__name__} trains the watched model at step "
+                f"{self.probe.steps} (after tdbg run's first {DISCOVERY_STEPS} steps): tdbg run "
+                f"counts steps at the updates of the {found} it found, and they stop if that "
+                "no longer steps; call tdbg.watch(model, optimizer) in the script to follow a "
+                "new optimizer",
+            )
+        except Exception:  # a warning's failure must not stop monitoring
+            pass
 
     def _hook_optimizer(self, optimizer: Any) -> None:
-        """Count rounds at ``optimizer``'s updates (hooked once: one dropped from the rounds
-        and followed again keeps its hooks)."""
         from tdbg.probe.hook_refs import WeakHook
 
         self._watched.append(optimizer)
-        if optimizer in self._hooked:
-            return
-        self._hooked.add(optimizer)
         self._own.append(optimizer.register_step_pre_hook(WeakHook(self._on_own_step_pre)))
         self._own.append(optimizer.register_step_post_hook(WeakHook(self._on_own_step_post)))
 
