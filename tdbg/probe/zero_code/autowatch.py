@@ -503,10 +503,7 @@ class AutoWatch:
         if self.off or self._discovering or self.probe is None:
             return  # while discovering, the global step hooks find a second model's
         try:
-            if any(o is optimizer for o in self._watched):
-                return
-            model = {id(p) for m in self._models() for p in m.parameters()}
-            if not any(id(p) in model for g in optimizer.param_groups for p in g["params"]):
+            if any(o is optimizer for o in self._watched) or not self._trains_a_model(optimizer):
                 return
             found = ", ".join(type(o).__name__ for o in self._watched)
             self.probe._sampler.report_once(
@@ -591,11 +588,14 @@ class AutoWatch:
                 optimizer, most = opt, held
         return best, optimizer
 
+    def _trains_a_model(self, optimizer: Any) -> bool:
+        """``optimizer`` holds a parameter of a watched model."""
+        ids = {id(p) for m in self._models() for p in m.parameters()}
+        return any(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+
     def _late_optimizer(self, optimizer: Any) -> None:
         """An optimizer created after the probe started without one: say so, once."""
-        assert self.model is not None
-        ids = {id(p) for p in self.model.parameters()}
-        if any(id(p) in ids for g in optimizer.param_groups for p in g["params"]):
+        if self._trains_a_model(optimizer):
             _warn(
                 "tdbg run: an optimizer of the model was created after its first backward; "
                 "the run is shown as manual updates (a step per backward, no learning rate)"
