@@ -113,16 +113,21 @@ def private_dir() -> Iterator[Path]:
 
 
 def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every step ``probe`` hands its thread from now on (its PendingStep), kept in the list
-    returned: the thread drains its inbox at each tick, so a test cannot read it there."""
+    """Every step ``probe`` hands its thread from now on (its PendingStep, as the thread builds
+    it), kept in the list returned: the thread drains its inbox at each tick, so a test cannot
+    read it there."""
     from collections import deque
 
     sent: list[Any] = []
     server = probe._server
 
+    from tdbg.probe.pending import usual_step
+
     class Recording(deque):  # type: ignore[type-arg]
         def append(self, pending: Any) -> None:
-            sent.append(pending)
+            # A usual CPU step is handed over as its values; the probe thread builds it.
+            built = usual_step(pending, server.reader) if isinstance(pending, tuple) else pending
+            sent.append(built)
             super().append(pending)
 
     # Swapped while nothing waits in it (right after watch()): a step the probe thread is

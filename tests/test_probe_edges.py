@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -541,3 +542,108 @@ def test_a_backward_after_the_update_does_not_move_the_forward_end(
         assert resolved[0].backward_time >= 0 and resolved[0].forward_time >= 0
     finally:
         probe.close()
+
+
+def _what_each_step_hands_over(
+    grad_every: int, monkeypatch: pytest.MonkeyPatch, reported: list[str]
+) -> list[tuple[object, ...]]:
+    """A loop whose steps vary as real loops do (the loss passed back or not, as the tensor,
+    a float or a detached copy; accumulated micro-batches; a schedule; samples and tokens;
+    and what should not be passed: counts that are not, a loss that is not a scalar), and
+    what the probe hands its thread for each (loss, LR, micro-batches, counts) and reports."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    probe = tdbg.watch(model, opt, name=f"ways-{grad_every}", grad_every=grad_every)
+    sent = handed_over(probe, monkeypatch)
+    ways = (
+        "tensor",
+        "none",
+        "float",
+        "detached",
+        "accumulated",
+        "accumulated-none",
+        "counts",
+        "a-copy",
+        "bad-counts",
+        "not-a-scalar",
+    )
+    try:
+        for step in range(21):
+            way = ways[step % len(ways)]
+            opt.zero_grad()
+            micro = 3 if way.startswith("accumulated") else 1
+            for _ in range(micro):
+                loss = ((model(x) - y) ** 2).mean() / micro
+                loss.backward()
+            opt.step()
+            schedule.step()
+            if way in ("tensor", "accumulated"):
+                probe.step(loss)
+            elif way == "float":
+                probe.step(loss.item())
+            elif way == "detached":
+                probe.step(loss.detach() * 2)
+            elif way == "counts":
+                probe.step(loss, samples=16, tokens=64.0)
+            elif way == "a-copy":
+                probe.step(loss.detach())
+            elif way == "bad-counts":
+                probe.step(loss, samples=-3, tokens="many")
+            elif way == "not-a-scalar":
+                probe.step(loss.detach().repeat(2))
+            else:
+                probe.step()
+    finally:
+        probe.close()
+    reported.extend(sorted(probe._sampler._reported.get("samples-value", ())))
+    reported.extend(sorted(probe._sampler._reported.get("tokens-value", ())))
+    reported.extend(sorted(probe._sampler._reported.get("loss-shape", ())))
+
+    def loss_of(pending: Any) -> float | None:
+        if pending.loss is not None:
+            return round(float(pending.loss), 6)
+        if pending.host_scalars is None:
+            return None
+        return round(float(pending.host_scalars["loss"]), 6)
+
+    def plain(value: float) -> float | str:
+        return "nan" if value != value else value  # NaN compares unequal to itself
+
+    return [
+        (
+            p.step,
+            loss_of(p),
+            list(p.lr),
+            plain(p.micro_batches),
+            plain(p.samples),
+            plain(p.tokens),
+            plain(p.clip_max),
+            p.amp_skipped,
+        )
+        for p in sent
+    ]
+
+
+def test_the_usual_step_s_short_way_hands_over_what_the_whole_way_does(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """probe.step() takes a short way on the usual step (no gradient pass due, nothing rare);
+    a gradient pass at every step takes the whole way every time: what each hands the probe
+    thread of every step (loss, LR, micro-batches, counts) is the same, whichever way the
+    loop passes its loss."""
+    whole_reports: list[str] = []
+    short_reports: list[str] = []
+    whole = _what_each_step_hands_over(1, monkeypatch, whole_reports)
+    short = _what_each_step_hands_over(10**9, monkeypatch, short_reports)
+    assert len(whole) == len(short) == 21
+    assert short == whole
+    # what the loop passed wrong is said once, whichever way (the short way: from the thread)
+    assert short_reports == whole_reports and len(whole_reports) == 3
+    assert whole[9][1] is None and whole[8][4:6] == ("nan", "nan")
+    # ... and the loop's own: the LR each update used, its micro-batches, the counts passed
+    assert [row[2] for row in short[:7]] == [[0.1]] * 3 + [[0.05]] * 3 + [[0.025]]
+    assert [row[3] for row in short[:7]] == [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 1.0]
+    assert short[6][4:6] == (16.0, 64.0)

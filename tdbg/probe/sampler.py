@@ -19,7 +19,7 @@ from tdbg.probe.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
 from tdbg.probe.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, marker, perf
 from tdbg.probe.log import warn
-from tdbg.probe.pending import PendingStep, SkippedUpdate
+from tdbg.probe.pending import PendingStep, SkippedUpdate, UsualStep
 from tdbg.probe.server import ProbeServer
 from tdbg.protocol.steps import MAX_LR_COLUMNS
 
@@ -27,6 +27,7 @@ NAN = float("nan")
 INF = float("inf")
 _STRAY = object()  # on_backward's note that the latest backward was kept aside
 _PLAIN = (int, float)  # samples= / tokens= types read as they are (bool is not one of them)
+_Tensor = torch.Tensor
 REPORTS_PER_KIND = 3  # report_once: distinct reports of one kind of problem before a count
 FOLDED = {  # report_once: what the count of one kind says
     "metric-type": "tdbg.log values that are not numbers",
@@ -229,6 +230,7 @@ class StepSampler:
         self._cuda_device = cuda_device
         self._mark = marker(cuda_device)
         self._server = server
+        server.reader = self  # reads a usual step's loss and counts, on the probe thread
         self._count_error = count_error
         self.grad_every = grad_every
         self.overhead_budget = overhead_budget
@@ -724,7 +726,7 @@ class StepSampler:
             self._replanned = True
         return sample
 
-    def _loss_parts(self, loss: Any) -> tuple[float | None, torch.Tensor | None]:
+    def read_loss(self, loss: Any) -> tuple[float | None, torch.Tensor | None]:
         """(python value, device tensor) of the loss; never syncs with the device."""
         if loss is None:
             return None, None
@@ -745,7 +747,7 @@ class StepSampler:
             return None, None
         return value, None
 
-    def _count(self, value: Any, what: str) -> float:
+    def read_count(self, value: Any, what: str) -> float:
         """samples= / tokens= as a float, without reading a device tensor (that would sync);
         anything that is not a count (a number >= 0) is reported once and not recorded."""
         if value is None:
@@ -893,116 +895,174 @@ class StepSampler:
             hooks.seconds = 0.0
             taps.take_seconds()
             return
-        # Where the backward ends when no optimizer hook marked it (optimizer=None, manual
-        # updates); otherwise not made: on a GPU each mark is an event, microseconds a step.
-        step_mark = self._mark() if hooks.timeline.optimizer_start is None else None
-        # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
-        step_time = NAN if self._last_host is None else t0 - self._last_host
-        self._last_host = t0
-        loss, per_optimizer, micro = self._step_losses(loss)
-        self._pass_batches += max(1, micro)
-        amp_skip = self._amp_skip
-        weights_only = False
-        if amp_skip:
-            # GradScaler skipped this update: routine, no gradient of it is shown. Only a
-            # non-finite loss of its own (not the scale's overflow) is a NaN to trace: its
-            # weights are read (the gradients are scaled), as on any non-finite step.
-            weights_only = _host_nonfinite(loss)
-            if weights_only:
-                self._forward_origin = self._amp_forward
-            self._forget_amp_skip()
-            for slot in self._slots:
-                slot.sample = None
-            self._rest_sample = None
-            self._forced = weights_only and not self._sample_now
-            sample = self._take_samples(weights_only, weights_only) if weights_only else None
-        else:
-            force_rest = (
-                not self._sample_now
-                and self._rest is not None
-                and self._rest_sample is None
-                and _host_nonfinite(loss)
-            )
-            self._forced = self._forced or force_rest
-            # A pass ran (or runs now) only on a step due or forced: others skip the call.
-            due = self._sample_now or self._forced
-            sample = self._take_samples(force_rest) if due else None
-        # The usual step's values inline (a loss tensor, one optimizer's LRs, counts that are
-        # plain numbers): each Python function entered here, after the update, costs
-        # microseconds to fetch again. Anything else goes through the helpers that check it.
-        loss_value: float | None
-        loss_tensor: torch.Tensor | None
-        if type(loss) is float:
-            loss_value, loss_tensor = loss, None
-        elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            loss_value, loss_tensor = None, loss.detach() if loss.requires_grad else loss
-        else:
-            loss_value, loss_tensor = self._loss_parts(loss)
-        clip, self._clip = self._clip, None
-        if amp_skip:
-            clip = None  # the clip of an update that did not happen
         slots = self._slots
-        lrs = slots[0].lr if len(slots) == 1 else None
-        if lrs is not None and len(lrs) <= MAX_LR_COLUMNS:
-            slots[0].lr = None
-        else:
-            lrs = self._step_lrs()
-        # hooks.take(), written out: each function entered after the update costs microseconds.
-        timeline = hooks.timeline
-        hooks.timeline = StepTimeline()
-        hooks.updating = False  # also after a step() that raised between the hooks
-        # Set field by field (PendingStep has its defaults on the class, no __init__).
-        pending = PendingStep()
-        pending.step = self.step_count
-        pending.time = time.time()
-        pending.lr = lrs
-        pending.step_time = step_time
-        if samples is not None:
-            pending.samples = (
-                float(samples)
-                if type(samples) in _PLAIN and 0 <= samples < INF
-                else self._count(samples, "samples")
+        usual = False
+        if (
+            len(slots) == 1
+            and self._cuda_device is None
+            and not (self._sample_now or self._forced or self._amp_skip)
+            and self._pending_loss is None
+            and self._stray is None
+            and self._clip is None
+            and self._rest is None
+            and self._forward_origin is None
+            and self._skipped_layers is None
+            and self._changed_layers is None
+        ):
+            # The usual step of a CPU run: one optimizer updated once, no gradient pass due or
+            # forced, nothing rare to hand on, and its loss known as a number (what the update
+            # backpropagated, the very scalar passed back, or a float passed). Its values go
+            # to the probe thread as they are, which builds the step (pending.usual_step):
+            # each Python function entered and each object touched here, right after the
+            # update, costs microseconds (the loop's kernels have evicted them). Any other
+            # step goes the whole way, which also checks what this one assumes.
+            slot = slots[0]
+            value = slot.loss  # None: no update since the last step (or its step() raised)
+            micro = slot.micro
+            if loss is not None and value is not None:
+                held = loss is self._last_held and micro <= 1 and self._last_value is not None
+                value = self._last_value if held else loss
+            lrs = slot.lr
+            # A CPU tensor without a graph (``loss.detach()``) is read on the probe thread,
+            # as the whole way's is; one with a graph goes the whole way (detached there).
+            usual = (
+                lrs is not None
+                and len(lrs) <= MAX_LR_COLUMNS
+                and (
+                    type(value) is float
+                    or (type(value) is _Tensor and value.is_cpu and not value.requires_grad)
+                )
             )
-        if tokens is not None:
-            pending.tokens = (
-                float(tokens)
-                if type(tokens) in _PLAIN and 0 <= tokens < INF
-                else self._count(tokens, "tokens")
-            )
-        pending.timeline = timeline
-        pending.previous_end = self._previous_end
-        pending.step_mark = step_mark
-        pending.loss = loss_value
-        if micro:
-            pending.micro_batches = float(micro)
-        if clip is not None:
-            pending.clip_max = clip[0]
-        pending.epoch = self.epoch
-        pending.grad_marks, self._grad_marks = self._grad_marks, None
-        pending.forward_origin, self._forward_origin = self._forward_origin, None
-        pending.skipped_layers, self._skipped_layers = self._skipped_layers, None
-        pending.changed_layers, self._changed_layers = self._changed_layers, None
-        pending.amp_skipped = amp_skip
-        self._forced = False
-        if sample is not None:
-            pending.grads = sample
-            pending.weights_only = weights_only
-            if not weights_only:
-                pending.missing_layers = sample.missing
-        scalars = per_optimizer
-        if loss_tensor is not None:
-            scalars["loss"] = loss_tensor
-        if clip is not None:
-            scalars["clip_norm"] = clip[1]
-        if sample is None and len(scalars) == 1 and loss_tensor is not None and loss_tensor.is_cpu:
-            pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
-            end = None
-        elif scalars or sample is not None:
-            staged = perf()  # device values and a sampled step's norms: timed whole
-            end = _stage_values(pending, sample, scalars, self._cuda_device)
-            self._grad_seconds += perf() - staged
+        if usual:
+            assert lrs is not None
+            slot.loss = slot.lr = None
+            slot.micro = 0
+            slot.in_step = False
+            self._last_backward = self._last_kept = self._last_value = None
+            self._pass_batches += micro or 1
+            timeline = hooks.timeline
+            hooks.timeline = StepTimeline()
+            hooks.updating = False
+            step_time = NAN if self._last_host is None else t0 - self._last_host
+            self._last_host = t0
+            previous_end = self._previous_end
+            sample = end = None
         else:
-            end = None
+            # Where the backward ends when no optimizer hook marked it (optimizer=None, manual
+            # updates); otherwise not made: on a GPU each mark is an event, microseconds a step.
+            step_mark = self._mark() if hooks.timeline.optimizer_start is None else None
+            # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
+            step_time = NAN if self._last_host is None else t0 - self._last_host
+            self._last_host = t0
+            loss, per_optimizer, micro = self._step_losses(loss)
+            self._pass_batches += max(1, micro)
+            amp_skip = self._amp_skip
+            weights_only = False
+            if amp_skip:
+                # GradScaler skipped this update: routine, no gradient of it is shown. Only a
+                # non-finite loss of its own (not the scale's overflow) is a NaN to trace: its
+                # weights are read (the gradients are scaled), as on any non-finite step.
+                weights_only = _host_nonfinite(loss)
+                if weights_only:
+                    self._forward_origin = self._amp_forward
+                self._forget_amp_skip()
+                for slot in self._slots:
+                    slot.sample = None
+                self._rest_sample = None
+                self._forced = weights_only and not self._sample_now
+                sample = self._take_samples(weights_only, weights_only) if weights_only else None
+            else:
+                force_rest = (
+                    not self._sample_now
+                    and self._rest is not None
+                    and self._rest_sample is None
+                    and _host_nonfinite(loss)
+                )
+                self._forced = self._forced or force_rest
+                # A pass ran (or runs now) only on a step due or forced: others skip the call.
+                due = self._sample_now or self._forced
+                sample = self._take_samples(force_rest) if due else None
+            # The usual step's values inline (a loss tensor, one optimizer's LRs, counts that are
+            # plain numbers): each Python function entered here, after the update, costs
+            # microseconds to fetch again. Anything else goes through the helpers that check it.
+            loss_value: float | None
+            loss_tensor: torch.Tensor | None
+            if type(loss) is float:
+                loss_value, loss_tensor = loss, None
+            elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                loss_value, loss_tensor = None, loss.detach() if loss.requires_grad else loss
+            else:
+                loss_value, loss_tensor = self.read_loss(loss)
+            clip, self._clip = self._clip, None
+            if amp_skip:
+                clip = None  # the clip of an update that did not happen
+            slots = self._slots
+            lrs = slots[0].lr if len(slots) == 1 else None
+            if lrs is not None and len(lrs) <= MAX_LR_COLUMNS:
+                slots[0].lr = None
+            else:
+                lrs = self._step_lrs()
+            # hooks.take(), written out: each function entered after the update costs microseconds.
+            timeline = hooks.timeline
+            hooks.timeline = StepTimeline()
+            hooks.updating = False  # also after a step() that raised between the hooks
+            # Set field by field (PendingStep has its defaults on the class, no __init__).
+            pending = PendingStep()
+            pending.step = self.step_count
+            pending.time = time.time()
+            pending.lr = lrs
+            pending.step_time = step_time
+            if samples is not None:
+                pending.samples = (
+                    float(samples)
+                    if type(samples) in _PLAIN and 0 <= samples < INF
+                    else self.read_count(samples, "samples")
+                )
+            if tokens is not None:
+                pending.tokens = (
+                    float(tokens)
+                    if type(tokens) in _PLAIN and 0 <= tokens < INF
+                    else self.read_count(tokens, "tokens")
+                )
+            pending.timeline = timeline
+            pending.previous_end = self._previous_end
+            pending.step_mark = step_mark
+            pending.loss = loss_value
+            if micro:
+                pending.micro_batches = float(micro)
+            if clip is not None:
+                pending.clip_max = clip[0]
+            pending.epoch = self.epoch
+            pending.grad_marks, self._grad_marks = self._grad_marks, None
+            pending.forward_origin, self._forward_origin = self._forward_origin, None
+            pending.skipped_layers, self._skipped_layers = self._skipped_layers, None
+            pending.changed_layers, self._changed_layers = self._changed_layers, None
+            pending.amp_skipped = amp_skip
+            self._forced = False
+            if sample is not None:
+                pending.grads = sample
+                pending.weights_only = weights_only
+                if not weights_only:
+                    pending.missing_layers = sample.missing
+            scalars = per_optimizer
+            if loss_tensor is not None:
+                scalars["loss"] = loss_tensor
+            if clip is not None:
+                scalars["clip_norm"] = clip[1]
+            if (
+                sample is None
+                and len(scalars) == 1
+                and loss_tensor is not None
+                and loss_tensor.is_cpu
+            ):
+                pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
+                end = None
+            elif scalars or sample is not None:
+                staged = perf()  # device values and a sampled step's norms: timed whole
+                end = _stage_values(pending, sample, scalars, self._cuda_device)
+                self._grad_seconds += perf() - staged
+            else:
+                end = None
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the hook that ran it. The taps'
         # time (backward, optimizer steps) is the probe's cost too.
@@ -1015,7 +1075,6 @@ class StepSampler:
         # outside any timer (budget.FIXED_UNTIMED). Work timed whole is counted as timed.
         fixed = max(0.0, timed - self._grad_seconds) * (1.0 + FIXED_UNTIMED)
         probe_time = self._grad_seconds + fixed
-        pending.probe_time = probe_time
         self._grad_seconds = 0.0
         # The interval's model of the cost: what every step pays (the running average over
         # steps without a gradient pass) plus, every k steps, what a step with one pays on top
@@ -1058,7 +1117,25 @@ class StepSampler:
         self._sample_now = since >= self.grad_interval
         # To the probe thread: a bounded deque, never blocks (the oldest dropped when full).
         server = self._server
-        server.inbox.append(pending)
+        if usual:
+            handed: UsualStep = (
+                self.step_count - 1,
+                t0,
+                value,
+                micro,
+                samples,
+                tokens,
+                lrs,
+                step_time,
+                timeline,
+                previous_end,
+                self.epoch,
+                probe_time,
+            )
+            server.inbox.append(handed)
+        else:
+            pending.probe_time = probe_time
+            server.inbox.append(pending)
         server.appended += 1
         # The last scalar backpropagated, released after the probe timed itself: where the
         # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
