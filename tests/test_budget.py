@@ -164,7 +164,7 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
         sent = handed_over(probe, monkeypatch)
         loop.run(6, probe)
         counted = [p.probe_time for p in sent[2:]]
-        monkeypatch.setattr(sampler, "FIXED_UNTIMED", 0.0)
+        monkeypatch.setattr(sampler, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
         loop.run(6, probe)
         timed = [p.probe_time for p in sent[8:]]
     finally:
@@ -195,7 +195,7 @@ def test_work_the_probe_times_whole_is_not_scaled(
         probe._hooks._mark = probe._sampler._mark = fake_clock
         sent = handed_over(probe, monkeypatch)
         loop.run(4, probe)
-        monkeypatch.setattr(sampler, "FIXED_UNTIMED", 0.0)
+        monkeypatch.setattr(sampler, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
         loop.run(4, probe)
     finally:
         probe.close()

@@ -28,6 +28,7 @@ INF = float("inf")
 _STRAY = object()  # on_backward's note that the latest backward was kept aside
 _PLAIN = (int, float)  # samples= / tokens= types read as they are (bool is not one of them)
 _Tensor = torch.Tensor
+_FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
 REPORTS_PER_KIND = 3  # report_once: distinct reports of one kind of problem before a count
 FOLDED = {  # report_once: what the count of one kind says
     "metric-type": "tdbg.log values that are not numbers",
@@ -1073,7 +1074,9 @@ class StepSampler:
         # What the fixed work (the hooks' and this call's few lines) costs the loop, not only
         # what the probe timed of it: torch's calls into the hooks and their cold entry,
         # outside any timer (budget.FIXED_UNTIMED). Work timed whole is counted as timed.
-        fixed = max(0.0, timed - self._grad_seconds) * (1.0 + FIXED_UNTIMED)
+        # (A conditional, not max(): a builtin's first call here costs microseconds.)
+        untimed = timed - self._grad_seconds
+        fixed = untimed * _FIXED_SCALE if untimed > 0.0 else 0.0
         probe_time = self._grad_seconds + fixed
         self._grad_seconds = 0.0
         # The interval's model of the cost: what every step pays (the running average over

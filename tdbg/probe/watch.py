@@ -43,6 +43,7 @@ from tdbg.protocol.messages import ProbeStats, RunInfo
 MAX_ERRORS = 100  # circuit breaker (guarantees: training thread)
 
 _live: weakref.WeakSet[Probe] = weakref.WeakSet()
+_thread_id = threading.get_ident  # one global read a step, not two lookups
 _by_model: weakref.WeakKeyDictionary[nn.Module, Probe] = weakref.WeakKeyDictionary()
 
 
@@ -294,7 +295,7 @@ class Probe:
                 self._sampler.forget_step()  # nothing of the loop's held on
                 self._dives.close("the probe switched itself off")
             return
-        ident = threading.get_ident()
+        ident = _thread_id()
         if self._server.training_thread != ident:
             self._server.training_thread = ident  # where a stall's stack is read
         if self._sampler.layout_dirty:
