@@ -126,7 +126,7 @@ def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     class Recording(deque):  # type: ignore[type-arg]
         def append(self, pending: Any) -> None:
             # A usual CPU step is handed over as its values; the probe thread builds it.
-            built = usual_step(pending, server.reader) if isinstance(pending, tuple) else pending
+            built = usual_step(pending) if isinstance(pending, tuple) else pending
             sent.append(built)
             super().append(pending)
 

@@ -1,7 +1,8 @@
 """``benchmarks/entry_cost.py`` still measures what it says on this torch: it reaches each timing
-point it puts inside torch's calls (it exits non-zero where torch calls differently). Its
-figures are the benchmark's job (benchmarks/README.md), not a test's: only that it runs and
-prints one row per span."""
+point it puts inside torch's calls (it exits non-zero where torch calls differently); and
+``benchmarks/step_ab.py`` still loads a revision's sampler beside the working tree's. Their
+figures are the benchmark's job (benchmarks/README.md), not a test's: only that they run and
+print what they measure."""
 
 from __future__ import annotations
 
@@ -35,3 +36,8 @@ def test_entry_cost_reaches_every_timing_point_and_shows_each_span(runtime_dir: 
     assert spans == ["forward", "backward", "optimizer pre", "optimizer post", "probe.step()"]
     # The probe's hooks went back in: its timed cost was read from the watched steps.
     assert "the probe timed" in out and "sum / timed" in out
+
+
+def test_step_ab_times_two_revisions_of_the_step_against_each_other(runtime_dir: Path) -> None:
+    out = _run("step_ab.py", "HEAD", "worktree", "--pairs", "20", runtime_dir=runtime_dir)
+    assert "A (HEAD) median" in out and "B (worktree) median" in out and " A - B " in out

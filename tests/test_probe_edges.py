@@ -544,13 +544,34 @@ def test_a_backward_after_the_update_does_not_move_the_forward_end(
         probe.close()
 
 
+WAYS = (
+    "tensor",
+    "none",
+    "float",
+    "detached",
+    "accumulated",
+    "accumulated-none",
+    "counts",
+    "a-copy",
+    "bad-counts",
+    "not-a-scalar",
+    "accumulated-copy",
+    "accumulated-float",
+    "closure-raised",
+    "tensor-count",
+)
+
+
 def _what_each_step_hands_over(
-    grad_every: int, monkeypatch: pytest.MonkeyPatch, reported: list[str]
-) -> list[tuple[object, ...]]:
+    grad_every: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[tuple[Any, ...]], list[tuple[int, str]], list[float]]:
     """A loop whose steps vary as real loops do (the loss passed back or not, as the tensor,
-    a float or a detached copy; accumulated micro-batches; a schedule; samples and tokens;
-    and what should not be passed: counts that are not, a loss that is not a scalar), and
-    what the probe hands its thread for each (loss, LR, micro-batches, counts) and reports."""
+    a float or a detached copy; accumulated micro-batches, passed back the same ways; a retry
+    whose ``step(closure)`` raised after its backward; a schedule; samples and tokens, a
+    tensor the loop reuses among them) and what should not be passed (counts that are not, a
+    loss that is not a scalar): what the probe hands its thread for each step (loss, LR,
+    micro-batches, counts), what it told the user at which step, and each step's last
+    micro-batch's loss."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -558,49 +579,57 @@ def _what_each_step_hands_over(
     x, y = torch.randn(16, 4), torch.randn(16, 1)
     probe = tdbg.watch(model, opt, name=f"ways-{grad_every}", grad_every=grad_every)
     sent = handed_over(probe, monkeypatch)
-    ways = (
-        "tensor",
-        "none",
-        "float",
-        "detached",
-        "accumulated",
-        "accumulated-none",
-        "counts",
-        "a-copy",
-        "bad-counts",
-        "not-a-scalar",
-    )
+    sampler = probe._sampler
+    told: list[tuple[int, str]] = []
+    tell = sampler._tell
+
+    def told_at_step(message: str) -> None:
+        told.append((sampler.step_count, message))
+        tell(message)
+
+    monkeypatch.setattr(sampler, "_tell", told_at_step)
+
+    def failed_retry() -> torch.Tensor:
+        ((model(x) - y) ** 2).mean().backward()
+        raise RuntimeError("the retry failed")
+
+    last_micro: list[float] = []
     try:
-        for step in range(21):
-            way = ways[step % len(ways)]
+        for step in range(2 * len(WAYS)):
+            way = WAYS[step % len(WAYS)]
             opt.zero_grad()
             micro = 3 if way.startswith("accumulated") else 1
             for _ in range(micro):
                 loss = ((model(x) - y) ** 2).mean() / micro
                 loss.backward()
+            last_micro.append(loss.item())
             opt.step()
             schedule.step()
-            if way in ("tensor", "accumulated"):
+            if way == "closure-raised":
+                with pytest.raises(RuntimeError):
+                    opt.step(failed_retry)
+            if way in ("tensor", "accumulated", "closure-raised"):
                 probe.step(loss)
-            elif way == "float":
+            elif way in ("float", "accumulated-float"):
                 probe.step(loss.item())
             elif way == "detached":
                 probe.step(loss.detach() * 2)
             elif way == "counts":
                 probe.step(loss, samples=16, tokens=64.0)
-            elif way == "a-copy":
+            elif way in ("a-copy", "accumulated-copy"):
                 probe.step(loss.detach())
             elif way == "bad-counts":
                 probe.step(loss, samples=-3, tokens="many")
             elif way == "not-a-scalar":
                 probe.step(loss.detach().repeat(2))
+            elif way == "tensor-count":
+                seen = torch.tensor(16)
+                probe.step(loss, samples=seen)
+                seen.zero_()  # the loop reuses its counter: the step's count is what it was
             else:
                 probe.step()
     finally:
         probe.close()
-    reported.extend(sorted(probe._sampler._reported.get("samples-value", ())))
-    reported.extend(sorted(probe._sampler._reported.get("tokens-value", ())))
-    reported.extend(sorted(probe._sampler._reported.get("loss-shape", ())))
 
     def loss_of(pending: Any) -> float | None:
         if pending.loss is not None:
@@ -612,7 +641,7 @@ def _what_each_step_hands_over(
     def plain(value: float) -> float | str:
         return "nan" if value != value else value  # NaN compares unequal to itself
 
-    return [
+    rows = [
         (
             p.step,
             loss_of(p),
@@ -621,10 +650,12 @@ def _what_each_step_hands_over(
             plain(p.samples),
             plain(p.tokens),
             plain(p.clip_max),
+            plain(p.epoch),
             p.amp_skipped,
         )
         for p in sent
     ]
+    return rows, told, last_micro
 
 
 def test_the_usual_step_s_short_way_hands_over_what_the_whole_way_does(
@@ -632,18 +663,56 @@ def test_the_usual_step_s_short_way_hands_over_what_the_whole_way_does(
 ) -> None:
     """probe.step() takes a short way on the usual step (no gradient pass due, nothing rare);
     a gradient pass at every step takes the whole way every time: what each hands the probe
-    thread of every step (loss, LR, micro-batches, counts) is the same, whichever way the
-    loop passes its loss."""
-    whole_reports: list[str] = []
-    short_reports: list[str] = []
-    whole = _what_each_step_hands_over(1, monkeypatch, whole_reports)
-    short = _what_each_step_hands_over(10**9, monkeypatch, short_reports)
-    assert len(whole) == len(short) == 21
+    thread of every step (loss, LR, micro-batches, counts) and tells the user is the same,
+    whichever way the loop passes its loss."""
+    whole, whole_told, last_micro = _what_each_step_hands_over(1, monkeypatch)
+    short, short_told, _ = _what_each_step_hands_over(10**9, monkeypatch)
+    assert len(whole) == len(short) == 2 * len(WAYS)
     assert short == whole
-    # what the loop passed wrong is said once, whichever way (the short way: from the thread)
-    assert short_reports == whole_reports and len(whole_reports) == 3
-    assert whole[9][1] is None and whole[8][4:6] == ("nan", "nan")
-    # ... and the loop's own: the LR each update used, its micro-batches, the counts passed
-    assert [row[2] for row in short[:7]] == [[0.1]] * 3 + [[0.05]] * 3 + [[0.025]]
-    assert [row[3] for row in short[:7]] == [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 1.0]
-    assert short[6][4:6] == (16.0, 64.0)
+    # What the loop passed wrong is said once, at the step it came with, whichever way.
+    assert short_told == whole_told
+    assert [(step, message.split(":")[0]) for step, message in whole_told] == [
+        (4, "probe.step(loss)"),  # the last of 3 micro-batches (said once, not at step 10)
+        (8, "probe.step(samples=-3)"),
+        (8, "probe.step(tokens='many')"),
+        (9, "probe.step(loss)"),  # not a scalar
+    ]
+    # ... and the loop's own: the LR each update used, its micro-batches, the counts passed,
+    # the update's loss (not its last micro-batch's, however passed back as a tensor)
+    way = {name: whole[i] for i, name in enumerate(WAYS)}
+    assert [row[2] for row in whole[:7]] == [[0.1]] * 3 + [[0.05]] * 3 + [[0.025]]
+    micro = [way[w][3] for w in ("tensor", "accumulated", "accumulated-copy", "closure-raised")]
+    assert micro == [1.0, 3.0, 3.0, 1.0]
+    copy = WAYS.index("accumulated-copy")
+    assert way["accumulated-copy"][1] == pytest.approx(3 * last_micro[copy], rel=1e-5)
+    assert way["counts"][4:6] == (16.0, 64.0) and way["tensor-count"][4] == 16.0
+    assert way["bad-counts"][4:6] == ("nan", "nan") and way["not-a-scalar"][1] is None
+
+
+def test_a_step_the_probe_thread_cannot_build_costs_only_itself(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose record fails to build on the probe thread is dropped and counted as an
+    error; the steps drained with it in the same tick are still published."""
+    from tdbg.probe import server as server_module
+
+    build = server_module.usual_step
+
+    def fails_at_step_5(raw: Any) -> Any:
+        if raw[0] == 5:
+            raise RuntimeError("this step cannot be built")
+        return build(raw)
+
+    monkeypatch.setattr(server_module, "usual_step", fails_at_step_5)
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, name="one-bad", grad_every=10**9)
+    assert probe.socket_path
+    reader = Reader(probe.socket_path)
+    try:
+        loop.run(20, probe)
+        reader.wait(lambda r: len(r.records()) == 19)
+        assert [r.step for r in reader.records()] == [s for s in range(20) if s != 5]
+        assert probe.errors == 1
+    finally:
+        probe.close()
+        reader.close()

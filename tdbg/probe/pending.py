@@ -5,31 +5,20 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from tdbg.probe.gradients import GradSample
 from tdbg.probe.hooks import Mark, StepTimeline, perf, span
 from tdbg.protocol.steps import NAN, StepRecord
 
-INF = float("inf")
-_PLAIN = (int, float)  # samples= / tokens= types read as they are (bool is not one of them)
-
 # The usual step of a CPU run as the training thread hands it over (StepSampler.step), its
 # values as they are: (step, probe.step()'s start on the perf clock, loss (a number, or a CPU
-# tensor without a graph), micro-batches, samples=, tokens=, learning rates, step time,
-# timeline, previous step's end, epoch, probe time). The probe thread makes it a PendingStep
-# (usual_step): the work the training thread is spared.
+# scalar tensor without a graph), micro-batches, samples= and tokens= (None or plain counts),
+# learning rates, step time, timeline, previous step's end, epoch, probe time). The probe
+# thread makes it a PendingStep (usual_step): the work the training thread is spared.
 UsualStep = tuple[
     int, float, Any, int, Any, Any, list[float], float, StepTimeline, Mark | None, float, float
 ]
-
-
-class StepReader(Protocol):
-    """Reads what the loop passed to ``probe.step()``, reporting once what cannot be read."""
-
-    def read_loss(self, loss: Any) -> tuple[float | None, Any]: ...
-
-    def read_count(self, value: Any, what: str) -> float: ...
 
 
 class SkippedUpdate(list[int]):
@@ -163,9 +152,8 @@ class PendingStep:
         return record, self.missing_layers
 
 
-def usual_step(raw: UsualStep, reader: StepReader | None) -> PendingStep:
-    """The PendingStep of a usual step handed over as it was (on the probe thread); ``reader``
-    reads a loss tensor and a samples= / tokens= that is not a plain count (None: not read)."""
+def usual_step(raw: UsualStep) -> PendingStep:
+    """The PendingStep of a usual step handed over as it was (on the probe thread)."""
     (step, started, loss, micro, samples, tokens, lrs, step_time, timeline, previous_end, epoch,
      probe_time) = raw  # fmt: skip
     pending = PendingStep()
@@ -175,25 +163,17 @@ def usual_step(raw: UsualStep, reader: StepReader | None) -> PendingStep:
     pending.lr = lrs
     pending.step_time = step_time
     if samples is not None:
-        plain = type(samples) in _PLAIN and 0 <= samples < INF
-        pending.samples = float(samples) if plain else _count(reader, samples, "samples")
+        pending.samples = float(samples)
     if tokens is not None:
-        plain = type(tokens) in _PLAIN and 0 <= tokens < INF
-        pending.tokens = float(tokens) if plain else _count(reader, tokens, "tokens")
+        pending.tokens = float(tokens)
     pending.timeline = timeline
     pending.previous_end = previous_end
     if type(loss) is float:
         pending.loss = loss
-    elif reader is not None:
-        pending.loss, tensor = reader.read_loss(loss)
-        if tensor is not None:
-            pending.host_scalars = {"loss": tensor}  # a CPU tensor: read when resolved
+    else:
+        pending.host_scalars = {"loss": loss}  # a CPU scalar: read when resolved
     if micro:
         pending.micro_batches = float(micro)
     pending.epoch = epoch
     pending.probe_time = probe_time
     return pending
-
-
-def _count(reader: StepReader | None, value: Any, what: str) -> float:
-    return NAN if reader is None else reader.read_count(value, what)

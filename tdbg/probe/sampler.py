@@ -231,7 +231,6 @@ class StepSampler:
         self._cuda_device = cuda_device
         self._mark = marker(cuda_device)
         self._server = server
-        server.reader = self  # reads a usual step's loss and counts, on the probe thread
         self._count_error = count_error
         self.grad_every = grad_every
         self.overhead_budget = overhead_budget
@@ -727,7 +726,7 @@ class StepSampler:
             self._replanned = True
         return sample
 
-    def read_loss(self, loss: Any) -> tuple[float | None, torch.Tensor | None]:
+    def _loss_parts(self, loss: Any) -> tuple[float | None, torch.Tensor | None]:
         """(python value, device tensor) of the loss; never syncs with the device."""
         if loss is None:
             return None, None
@@ -748,7 +747,7 @@ class StepSampler:
             return None, None
         return value, None
 
-    def read_count(self, value: Any, what: str) -> float:
+    def _count(self, value: Any, what: str) -> float:
         """samples= / tokens= as a float, without reading a device tensor (that would sync);
         anything that is not a count (a number >= 0) is reported once and not recorded."""
         if value is None:
@@ -921,17 +920,33 @@ class StepSampler:
             value = slot.loss  # None: no update since the last step (or its step() raised)
             micro = slot.micro
             if loss is not None and value is not None:
-                held = loss is self._last_held and micro <= 1 and self._last_value is not None
-                value = self._last_value if held else loss
+                if micro > 1 and type(loss) is not float:
+                    # Maybe the last micro-batch's scalar (or a view of it), not the
+                    # update's loss: the whole way tells them apart.
+                    value = None
+                elif loss is self._last_held and self._last_value is not None:
+                    value = self._last_value  # the very scalar backpropagated, read before
+                else:
+                    value = loss
             lrs = slot.lr
-            # A CPU tensor without a graph (``loss.detach()``) is read on the probe thread,
-            # as the whole way's is; one with a graph goes the whole way (detached there).
+            # A CPU scalar tensor without a graph (``loss.detach()``) is read on the probe
+            # thread, as the whole way's is; one with a graph goes the whole way (detached
+            # there). So do counts that are not plain ones, and a loss that is not a scalar:
+            # what is reported of them says the step it came with.
             usual = (
                 lrs is not None
                 and len(lrs) <= MAX_LR_COLUMNS
+                and hooks.timeline.optimizer_start is not None
+                and (samples is None or (type(samples) in _PLAIN and 0 <= samples < INF))
+                and (tokens is None or (type(tokens) in _PLAIN and 0 <= tokens < INF))
                 and (
                     type(value) is float
-                    or (type(value) is _Tensor and value.is_cpu and not value.requires_grad)
+                    or (
+                        type(value) is _Tensor
+                        and value.is_cpu
+                        and not value.requires_grad
+                        and value.numel() == 1
+                    )
                 )
             )
         if usual:
@@ -939,6 +954,10 @@ class StepSampler:
             slot.loss = slot.lr = None
             slot.micro = 0
             slot.in_step = False
+            # Also zero after a step(closure) that raised since the update (its backward
+            # counted, its post-hook never ran), as the whole way's _step_losses does.
+            self._micro = self._stray_micro = 0
+            self._pending_nonfinite = False
             self._last_backward = self._last_kept = self._last_value = None
             self._pass_batches += micro or 1
             timeline = hooks.timeline
@@ -993,7 +1012,7 @@ class StepSampler:
             elif isinstance(loss, torch.Tensor) and loss.numel() == 1:
                 loss_value, loss_tensor = None, loss.detach() if loss.requires_grad else loss
             else:
-                loss_value, loss_tensor = self.read_loss(loss)
+                loss_value, loss_tensor = self._loss_parts(loss)
             clip, self._clip = self._clip, None
             if amp_skip:
                 clip = None  # the clip of an update that did not happen
@@ -1017,13 +1036,13 @@ class StepSampler:
                 pending.samples = (
                     float(samples)
                     if type(samples) in _PLAIN and 0 <= samples < INF
-                    else self.read_count(samples, "samples")
+                    else self._count(samples, "samples")
                 )
             if tokens is not None:
                 pending.tokens = (
                     float(tokens)
                     if type(tokens) in _PLAIN and 0 <= tokens < INF
-                    else self.read_count(tokens, "tokens")
+                    else self._count(tokens, "tokens")
                 )
             pending.timeline = timeline
             pending.previous_end = self._previous_end

@@ -25,7 +25,7 @@ from tdbg.probe.metrics import MAX_PENDING as MAX_PENDING_METRICS
 from tdbg.probe.metrics import MetricsHistory, PendingMetrics
 from tdbg.probe.nan_origin import KIND as ORIGIN_KIND
 from tdbg.probe.nan_origin import NanOrigin, skipped_alert
-from tdbg.probe.pending import PendingStep, StepReader, UsualStep, usual_step
+from tdbg.probe.pending import PendingStep, UsualStep, usual_step
 from tdbg.probe.recorder import Recorder
 from tdbg.probe.stacks import last_collective, stuck_where, thread_stack
 from tdbg.probe.system import SystemSampler
@@ -91,9 +91,6 @@ class ProbeServer:
         layer_types: list[str] | None = None,
     ) -> None:
         self.inbox: deque[PendingStep | UsualStep] = deque(maxlen=INBOX_SIZE)
-        # Reads a usual step's loss and counts when the probe thread builds it (the sampler,
-        # which sets this; see pending.usual_step).
-        self.reader: StepReader | None = None
         self.appended = 0  # written by the training thread only
         self.consumed = 0  # written by the probe thread only
         self.layer_names = layer_names
@@ -581,12 +578,15 @@ class ProbeServer:
             pending = inbox[0]
             try:
                 if isinstance(pending, tuple):  # a usual CPU step, handed over as it was
-                    pending = usual_step(pending, self.reader)
+                    pending = usual_step(pending)
                 result = pending.resolve()
-            except Exception:
-                inbox.popleft()  # a step that cannot be read must not block every later one
+            except Exception as exc:
+                # A step that cannot be read must not block every later one, nor cost the
+                # steps resolved before it in this tick: dropped, counted, and on to the next.
+                inbox.popleft()
                 self.consumed += 1
-                raise
+                self._on_error(exc)
+                continue
             if result is None:
                 break  # device work still in flight: keep order, try next tick
             inbox.popleft()
