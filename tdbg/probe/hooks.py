@@ -111,6 +111,9 @@ class PhaseHooks:
     ) -> None:
         self.cuda_device = cuda_device
         self._mark = marker(cuda_device)
+        # On the CPU a mark is the clock itself: a hook marks with the reading that starts
+        # its own timing (one clock call fewer, in the cold moments around the update).
+        self.host_marks = cuda_device is None
         self.active = True  # False once the probe switched itself off; removal comes later
         self.timeline = StepTimeline()
         self.seconds = 0.0  # time spent inside these hooks since probe.step() last took it
@@ -206,7 +209,7 @@ class _ForwardStart(ForwardHook):
             if torch.is_grad_enabled():
                 hooks.forward_pending = True
                 if hooks.timeline.forward_start is None:
-                    hooks.timeline.forward_start = hooks._mark()
+                    hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
                 if hooks.capture_inputs and not hooks.updating:
                     hooks.last_inputs = (module, args)
             hooks.seconds += perf() - t0
@@ -230,9 +233,8 @@ class _StepStart(WeakHook):
         index = self._args[0]
         try:
             t0 = perf()  # the whole hook is the probe's cost, not just its mark
-            point = hooks._mark()
             if hooks.timeline.optimizer_start is None:
-                hooks.timeline.optimizer_start = point
+                hooks.timeline.optimizer_start = t0 if hooks.host_marks else hooks._mark()
             # torch passes step()'s own arguments: (optimizer, closure?, ...), {closure?}.
             closure = args[1] if len(args) > 1 else kwargs.get("closure")
             if callable(closure):
@@ -265,7 +267,7 @@ class _StepEnd(WeakHook):
             return None
         try:
             t0 = perf()
-            hooks.timeline.optimizer_end = hooks._mark()
+            hooks.timeline.optimizer_end = t0 if hooks.host_marks else hooks._mark()
             hooks.updating = False
             hooks._events.on_optimizer_post(self._args[0])
             hooks.seconds += perf() - t0

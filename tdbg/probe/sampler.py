@@ -513,7 +513,9 @@ class StepSampler:
         if phases is not None and (not phases.active or phases.updating):
             phases = None
         kept = value if value is not None else _as_loss(loss)
-        nonfinite = value is not None and not math.isfinite(value)
+        # x - x is 0.0 for every finite float, NaN for NaN and +-Inf: no call (math.isfinite
+        # is one, in the cold moment before the backward).
+        nonfinite = value is not None and value - value != 0.0
         self._last_kept = kept
         for slot in self._slots:
             if slot.in_step:  # inside step(closure): LBFGS evaluates it again and again
@@ -1088,7 +1090,8 @@ class StepSampler:
         # time (backward, optimizer steps) is the probe's cost too.
         hook_seconds, hooks.seconds = hooks.seconds, 0.0
         tap_seconds = self._tap_seconds  # taps.take_seconds(), written out
-        timed = (perf() - t0) + hook_seconds + tap_seconds[0]
+        timed_end = perf()
+        timed = (timed_end - t0) + hook_seconds + tap_seconds[0]
         tap_seconds[0] = 0.0
         # What the fixed work (the hooks' and this call's few lines) costs the loop, not only
         # what the probe timed of it: torch's calls into the hooks and their cold entry,
@@ -1162,7 +1165,11 @@ class StepSampler:
         # The last scalar backpropagated, released after the probe timed itself: where the
         # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
         self._last_held = None
-        self._previous_end = end if end is not None else self._mark()
+        if end is not None:
+            self._previous_end = end
+        else:
+            # On the CPU the step ends where it stopped timing itself (one clock call fewer).
+            self._previous_end = timed_end if self._cuda_device is None else self._mark()
 
     def forget_step(self) -> None:
         """Drop what the probe holds of the step in progress (the loop's last scalar and its

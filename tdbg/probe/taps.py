@@ -213,9 +213,11 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                 value = None
                 if loss.is_cpu:
                     try:
-                        value = float(loss.item())
+                        value = loss.item()
+                        if type(value) is not float:  # an int or bool loss (float(): a call)
+                            value = float(value)
                     except (RuntimeError, TypeError, ValueError, OverflowError):
-                        pass
+                        value = None
                 for ref in _snapshot:
                     listener = ref()
                     if listener is not None:
