@@ -559,6 +559,7 @@ WAYS = (
     "accumulated-float",
     "closure-raised",
     "tensor-count",
+    "huge-count",
 )
 
 
@@ -622,6 +623,8 @@ def _what_each_step_hands_over(
                 probe.step(loss, samples=-3, tokens="many")
             elif way == "not-a-scalar":
                 probe.step(loss.detach().repeat(2))
+            elif way == "huge-count":
+                probe.step(loss, samples=10**400)  # an int no float can hold
             elif way == "tensor-count":
                 seen = torch.tensor(16)
                 probe.step(loss, samples=seen)
@@ -671,6 +674,7 @@ def test_the_usual_step_s_short_way_hands_over_what_the_whole_way_does(
     assert short == whole
     # What the loop passed wrong is said once, at the step it came with, whichever way.
     assert short_told == whole_told
+    # (Step 14's huge count is of the kind said at step 8: not said again.)
     assert [(step, message.split(":")[0]) for step, message in whole_told] == [
         (4, "probe.step(loss)"),  # the last of 3 micro-batches (said once, not at step 10)
         (8, "probe.step(samples=-3)"),
@@ -687,6 +691,7 @@ def test_the_usual_step_s_short_way_hands_over_what_the_whole_way_does(
     assert way["accumulated-copy"][1] == pytest.approx(3 * last_micro[copy], rel=1e-5)
     assert way["counts"][4:6] == (16.0, 64.0) and way["tensor-count"][4] == 16.0
     assert way["bad-counts"][4:6] == ("nan", "nan") and way["not-a-scalar"][1] is None
+    assert way["huge-count"][4] == "nan"
 
 
 def test_a_step_the_probe_thread_cannot_build_costs_only_itself(

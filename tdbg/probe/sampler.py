@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -27,6 +28,8 @@ NAN = float("nan")
 INF = float("inf")
 _STRAY = object()  # on_backward's note that the latest backward was kept aside
 _PLAIN = (int, float)  # samples= / tokens= types read as they are (bool is not one of them)
+# The largest count read as it is: an int past it (10**400) has no float; _count reports it.
+MAX_COUNT = sys.float_info.max
 _Tensor = torch.Tensor
 _FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
 REPORTS_PER_KIND = 3  # report_once: distinct reports of one kind of problem before a count
@@ -939,8 +942,8 @@ class StepSampler:
                 lrs is not None
                 and len(lrs) <= MAX_LR_COLUMNS
                 and hooks.timeline.optimizer_start is not None
-                and (samples is None or (type(samples) in _PLAIN and 0 <= samples < INF))
-                and (tokens is None or (type(tokens) in _PLAIN and 0 <= tokens < INF))
+                and (samples is None or (type(samples) in _PLAIN and 0 <= samples <= MAX_COUNT))
+                and (tokens is None or (type(tokens) in _PLAIN and 0 <= tokens <= MAX_COUNT))
                 and (
                     type(value) is float
                     or (
@@ -1037,13 +1040,13 @@ class StepSampler:
             if samples is not None:
                 pending.samples = (
                     float(samples)
-                    if type(samples) in _PLAIN and 0 <= samples < INF
+                    if type(samples) in _PLAIN and 0 <= samples <= MAX_COUNT
                     else self._count(samples, "samples")
                 )
             if tokens is not None:
                 pending.tokens = (
                     float(tokens)
-                    if type(tokens) in _PLAIN and 0 <= tokens < INF
+                    if type(tokens) in _PLAIN and 0 <= tokens <= MAX_COUNT
                     else self._count(tokens, "tokens")
                 )
             pending.timeline = timeline
@@ -1090,8 +1093,7 @@ class StepSampler:
         # time (backward, optimizer steps) is the probe's cost too.
         hook_seconds, hooks.seconds = hooks.seconds, 0.0
         tap_seconds = self._tap_seconds  # taps.take_seconds(), written out
-        timed_end = perf()
-        timed = (timed_end - t0) + hook_seconds + tap_seconds[0]
+        timed = (perf() - t0) + hook_seconds + tap_seconds[0]
         tap_seconds[0] = 0.0
         # What the fixed work (the hooks' and this call's few lines) costs the loop, not only
         # what the probe timed of it: torch's calls into the hooks and their cold entry,
@@ -1165,11 +1167,9 @@ class StepSampler:
         # The last scalar backpropagated, released after the probe timed itself: where the
         # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
         self._last_held = None
-        if end is not None:
-            self._previous_end = end
-        else:
-            # On the CPU the step ends where it stopped timing itself (one clock call fewer).
-            self._previous_end = timed_end if self._cuda_device is None else self._mark()
+        # The step ends here, after all its work (else the rest would count as the next
+        # step's wait for data).
+        self._previous_end = end if end is not None else self._mark()
 
     def forget_step(self) -> None:
         """Drop what the probe holds of the step in progress (the loop's last scalar and its

@@ -573,8 +573,11 @@ class ProbeServer:
         self._extras = []  # kept in step with ``resolved``, even after a failed tick
         resolved: list[tuple[StepRecord, Sequence[int]]] = []
         inbox = self.inbox
+        failed: Exception | None = None
+        taken = 0
         # Bounded work per wakeup keeps the probe thread's GIL hold short.
-        while inbox and len(resolved) < MAX_RESOLVE_PER_TICK:
+        while inbox and taken < MAX_RESOLVE_PER_TICK:
+            taken += 1
             pending = inbox[0]
             try:
                 if isinstance(pending, tuple):  # a usual CPU step, handed over as it was
@@ -582,10 +585,11 @@ class ProbeServer:
                 result = pending.resolve()
             except Exception as exc:
                 # A step that cannot be read must not block every later one, nor cost the
-                # steps resolved before it in this tick: dropped, counted, and on to the next.
+                # steps resolved before it in this tick: dropped, and on to the next. One
+                # error a tick is counted (as when a failed tick was), however many failed.
                 inbox.popleft()
                 self.consumed += 1
-                self._on_error(exc)
+                failed = failed or exc
                 continue
             if result is None:
                 break  # device work still in flight: keep order, try next tick
@@ -596,6 +600,8 @@ class ProbeServer:
             resolved.append(result)
             self._extras.append(pending)
             self._step_points.extend(pending.points)
+        if failed is not None:
+            self._on_error(failed)
         return resolved
 
     def _with_stack(self, stall: Alert) -> Alert:
