@@ -900,6 +900,9 @@ class StepSampler:
             hooks.seconds = 0.0
             taps.take_seconds()
             return
+        # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
+        step_time = NAN if self._last_host is None else t0 - self._last_host
+        self._last_host = t0
         slots = self._slots
         usual = False
         if (
@@ -954,6 +957,10 @@ class StepSampler:
                     )
                 )
             )
+        # hooks.take(), written out: each function entered after the update costs microseconds.
+        timeline = hooks.timeline
+        hooks.timeline = StepTimeline()
+        hooks.updating = False  # also after a step() that raised between the hooks
         if usual:
             assert lrs is not None
             slot.loss = slot.lr = None
@@ -964,23 +971,13 @@ class StepSampler:
             self._micro = self._stray_micro = 0
             self._pending_nonfinite = False
             self._last_backward = self._last_kept = self._last_value = None
-            self._pass_batches += micro or 1
-            timeline = hooks.timeline
-            hooks.timeline = StepTimeline()
-            hooks.updating = False
-            step_time = NAN if self._last_host is None else t0 - self._last_host
-            self._last_host = t0
             previous_end = self._previous_end
             sample = end = None
         else:
             # Where the backward ends when no optimizer hook marked it (optimizer=None, manual
             # updates); otherwise not made: on a GPU each mark is an event, microseconds a step.
-            step_mark = self._mark() if hooks.timeline.optimizer_start is None else None
-            # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
-            step_time = NAN if self._last_host is None else t0 - self._last_host
-            self._last_host = t0
+            step_mark = self._mark() if timeline.optimizer_start is None else None
             loss, per_optimizer, micro = self._step_losses(loss)
-            self._pass_batches += max(1, micro)
             amp_skip = self._amp_skip
             weights_only = False
             if amp_skip:
@@ -1021,16 +1018,11 @@ class StepSampler:
             clip, self._clip = self._clip, None
             if amp_skip:
                 clip = None  # the clip of an update that did not happen
-            slots = self._slots
             lrs = slots[0].lr if len(slots) == 1 else None
             if lrs is not None and len(lrs) <= MAX_LR_COLUMNS:
                 slots[0].lr = None
             else:
                 lrs = self._step_lrs()
-            # hooks.take(), written out: each function entered after the update costs microseconds.
-            timeline = hooks.timeline
-            hooks.timeline = StepTimeline()
-            hooks.updating = False  # also after a step() that raised between the hooks
             # Set field by field (PendingStep has its defaults on the class, no __init__).
             pending = PendingStep()
             pending.step = self.step_count
@@ -1088,6 +1080,7 @@ class StepSampler:
                 self._grad_seconds += perf() - staged
             else:
                 end = None
+        self._pass_batches += micro or 1
         self.step_count += 1
         # The gradient pass is counted once: in this call or in the hook that ran it. The taps'
         # time (backward, optimizer steps) is the probe's cost too.
