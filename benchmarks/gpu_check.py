@@ -127,16 +127,23 @@ def norms_right(device: torch.device) -> None:
 def lone_loss(device: torch.device) -> None:
     """The usual step: no clipping, the automatic interval, so most steps copy the loss alone
     (as it is, in its own dtype) and its copy's event also ends the step. Per dtype: every
-    step's loss as the loop computed it, phase times and the data gap finite and >= 0, no
-    sync, no internal error."""
+    step's loss as the loop computed it, no sync, no internal error; the phase times and the
+    data gap finite and >= 0 on the steps whose phases were timed (these short steps: one in a
+    few, at most MAX_PHASE_GAP apart), NaN on the others; and with every step timed (the
+    probe's rule for steps of 20 ms or more), every step's."""
     for dtype in (torch.float32, torch.bfloat16):
-        lone_loss_of(device, dtype)
+        lone_loss_of(device, dtype, every_step=False)
+    lone_loss_of(device, torch.float32, every_step=True)
 
 
-def lone_loss_of(device: torch.device, dtype: torch.dtype) -> None:
-    from tdbg.protocol.steps import unpack_steps
+def lone_loss_of(device: torch.device, dtype: torch.dtype, every_step: bool) -> None:
+    from tdbg.probe import sampler
+    from tdbg.protocol.steps import MAX_PHASE_GAP, unpack_steps
 
     model, opt, x, y = model_and_data(device)
+    timed_from = sampler.MARK_EVERY_STEP_FROM
+    if every_step:
+        sampler.MARK_EVERY_STEP_FROM = 0.0
     probe = tdbg.watch(model, opt, name=f"gpu-lone-{dtype}")
     assert probe.socket_path
     client = ProbeClient.connect(probe.socket_path)
@@ -168,22 +175,30 @@ def lone_loss_of(device: torch.device, dtype: torch.dtype) -> None:
         for r in records
         if not math.isclose(r.loss, truth[r.step], rel_tol=1e-6)
     ]
+    sampler.MARK_EVERY_STEP_FROM = timed_from
     times = ("data_time", "forward_time", "backward_time", "optimizer_time")
+    timed = [r.step for r in records[1:] if math.isfinite(r.forward_time)]
     bad = [
         f"step {r.step} {name} {getattr(r, name)}"
         for r in records[1:]
         for name in times
-        if not getattr(r, name) >= 0
+        if not (getattr(r, name) >= 0 if r.step in timed else math.isnan(getattr(r, name)))
     ]
+    gaps = [b - a for a, b in zip([0, *timed], [*timed, len(truth)], strict=True)]
+    if every_step:
+        bad += [f"{len(timed)} of {len(records) - 1} steps timed"] * (len(timed) < len(records) - 1)
+    else:
+        bad += [f"{max(gaps)} steps between timed ones"] * (max(gaps) > MAX_PHASE_GAP)
+    what = "every step timed" if every_step else "phases of one step in a few"
     check(
-        f"{dtype}: the loss alone copied as it is: every step's loss and phase times right",
+        f"{dtype}, {what}: the loss alone copied as it is: every step's loss and phase times right",
         len(records) == len(truth) and not wrong and not bad and not caught,
-        f"{len(records)} of {len(truth)} steps",
+        f"{len(records)} of {len(truth)} steps, {len(timed)} timed",
         *caught,
         *wrong[:2],
         *bad[:2],
     )
-    check(f"{dtype}: no internal errors", probe.errors == 0, str(probe.last_error or ""))
+    check(f"{dtype}, {what}: no internal errors", probe.errors == 0, str(probe.last_error or ""))
     client.close()
     probe.close()
 

@@ -16,12 +16,14 @@ probe's own ``cost_fraction`` and gradient interval.
     python benchmarks/gpu_cost.py --device cpu --quick  (the script itself, on a CPU)
     python benchmarks/gpu_cost.py --breakdown           (where the watched arm's cost goes)
 
-``--breakdown`` adds two watched arms that each take one part of the probe away, so one run
-says how the cost splits: ``watched, thread paused`` (the probe thread does no step work
-during the block: what its GIL-holding work costs the loop) and ``watched, no marks`` (the
-hooks' and the sampler's timing marks are NaN: what the CUDA events cost; the loss copy's own
-event stays). Between blocks every arm waits for the probe thread to finish the steps already
-handed over, so no arm's probe work spills into the next block.
+``--breakdown`` adds three watched arms that each change one part of the probe, so one run says
+how the cost splits: ``watched, thread paused`` (the probe thread does no step work during the
+block: what its GIL-holding work costs the loop), ``watched, no marks`` (the hooks' and the
+sampler's timing marks are NaN: what the CUDA events cost; the loss copy's own event stays) and
+``watched, every step timed`` (every step's phases timed with CUDA events, as before the probe
+timed one short step in a few: what that sampling saves). Between blocks every arm waits for
+the probe thread to finish the steps already handed over, so no arm's probe work spills into
+the next block.
 """
 
 from __future__ import annotations
@@ -59,9 +61,12 @@ from thread_cpu import (  # noqa: E402
 )
 
 import tdbg  # noqa: E402
-from tdbg.probe.hooks import marker  # noqa: E402
+from tdbg.probe import sampler as sampler_module  # noqa: E402
+from tdbg.probe.hooks import marker, perf  # noqa: E402
 
 PAUSED, NO_MARKS = "watched, thread paused", "watched, no marks"
+EVERY_MARK = "watched, every step timed"
+TIMED_FROM = sampler_module.MARK_EVERY_STEP_FROM
 NAN = float("nan")
 
 
@@ -94,9 +99,12 @@ def arrange(probe: tdbg.Probe, arm: str) -> tdbg.Probe | None:
         del server._tick
     sampler = probe._sampler
     if arm == NO_MARKS:
-        sampler._mark = probe._hooks._mark = nan_mark
+        sampler._cuda_mark = sampler._mark = probe._hooks._mark = nan_mark
     else:
-        sampler._mark = probe._hooks._mark = marker(sampler._cuda_device)
+        sampler._cuda_mark = probe._hooks._mark = marker(sampler._cuda_device)
+        sampler._mark = sampler._cuda_mark if sampler._marked else perf
+    # Steps of any length have their phases timed: every step's (0.0), or the probe's own rule.
+    sampler_module.MARK_EVERY_STEP_FROM = 0.0 if arm == EVERY_MARK else TIMED_FROM
     return probe if watched else None
 
 
@@ -133,7 +141,7 @@ def bench(name: str, args: argparse.Namespace, device: torch.device, rng: random
     steps = max(10, round(args.block_seconds / wall))
     probe = tdbg.watch(task.model, task.optimizer, name=name)
     block(task, pool, 100, probe, device)  # the interval settles, plans are built
-    arms = [*ARMS, PAUSED, NO_MARKS] if args.breakdown else list(ARMS)
+    arms = [*ARMS, PAUSED, NO_MARKS, EVERY_MARK] if args.breakdown else list(ARMS)
     walls: dict[str, list[float]] = {arm: [] for arm in arms}
     cpus: dict[str, list[float]] = {arm: [] for arm in arms}
     intervals: list[int] = []

@@ -13,6 +13,7 @@ from tdbg.tui.state.job_alerts import JobAlert, JobAlerts
 from tdbg.tui.state.run_state import RunState
 
 LAYERS = ["0", "2"]
+NAN = float("nan")
 
 
 def job_of(ranks: int, layers: list[list[str]] | None = None) -> Job:
@@ -64,6 +65,39 @@ def test_a_straggler_is_named_within_20_steps_of_onset_with_its_phase() -> None:
     assert 0.030 < message["slower_by"] < 0.050
     assert "rank 2 holds the others up" in alert.message and "input wait" in alert.message
     assert alerts.ranks_alerted() == {2: ["straggler"]}
+
+
+def test_a_straggler_is_named_from_the_few_steps_a_gpu_run_times() -> None:
+    """Under data parallelism every rank's step takes as long as the slowest's (the others
+    wait in backward); a GPU run with short steps times the phases of one step in ten. The
+    straggler is still named, with its phase, from those steps (its whole step time, which
+    every rank shares, says nothing)."""
+    job, alerts = job_of(4), JobAlerts()
+    onset, raised = 200, []
+
+    def feed_ddp(step: int) -> list[JobAlert]:
+        own = {rank: 0.011 + (0.040 if rank == 2 and step >= onset else 0.0) for rank in job.ranks}
+        slowest = max(own.values())
+        for rank, state in job.ranks.items():
+            r = record(step, own[rank] - 0.010, backward=0.005 + slowest - own[rank])
+            if (step + rank) % 10:  # each rank times its own one step in ten
+                r.data_time = r.forward_time = r.backward_time = r.optimizer_time = NAN
+            state.apply(pack_steps([r], 0))
+        return alerts.update(job, now=float(step))
+
+    for step in range(onset):
+        assert not feed_ddp(step)
+    for step in range(onset, onset + 300):
+        raised += feed_ddp(step)
+        if raised:
+            break
+    assert [a.kind for a in raised] == ["straggler"] and raised[0].ranks == [2]
+    # within the ~10 timed steps the median takes to turn (about 100 steps of ~10 ms)
+    assert raised[0].step - onset <= 150
+    message = raised[0].as_message()
+    assert message["phase"] == "input wait", message
+    # named as soon as half its recent timed steps are slow (0.040 s each): the median between
+    assert 0.015 < message["slower_by"] < 0.050, message
 
 
 def test_noise_does_not_flap_and_recovery_clears_once() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.sources.synthetic import RUN
@@ -63,6 +64,28 @@ def test_anatomy_follows_new_steps() -> None:
     slow_input = [record(s, 1.0, data_time=0.9) for s in range(1, 100)]
     state.apply(pack_steps(slow_input, 0))
     assert state.anatomy()["data_time"] == 0.9 and state.input_bound
+
+
+def test_anatomy_reads_the_recent_steps_whose_phases_were_timed() -> None:
+    """A GPU run with short steps times the phases of one step in a few (the others' phase
+    columns NaN): the bar is the mean over the last ANATOMY_WINDOW timed steps, found as far
+    back as they are, not over the two or three among the last ANATOMY_WINDOW steps."""
+    from tdbg.protocol.steps import MAX_PHASE_GAP
+    from tdbg.tui.state.run_state import ANATOMY_WINDOW
+
+    state = RunState(RUN)
+    timed = range(0, 400, MAX_PHASE_GAP)  # 25 timed steps, their input wait 0.00, 0.01, ...
+    state.apply(pack_steps([
+        record(s, 1.0, data_time=0.01 * (s // MAX_PHASE_GAP), forward_time=0.5)
+        if s in timed else record(s, 1.0)
+        for s in range(400)
+    ], 0))  # fmt: skip
+    assert len(timed) < ANATOMY_WINDOW
+    shares = state.anatomy()
+    assert shares["data_time"] == pytest.approx(0.12)  # the mean of 0.00 ... 0.24
+    assert shares["forward_time"] == pytest.approx(0.5)
+    assert shares["backward_time"] is None  # never measured
+    assert state.mean_recent("data_time") == pytest.approx(0.12)
 
 
 def test_a_replay_cursor_reads_the_figures_of_its_step() -> None:

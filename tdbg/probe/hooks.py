@@ -112,7 +112,8 @@ class PhaseHooks:
         self.cuda_device = cuda_device
         self._mark = marker(cuda_device)
         # On the CPU a mark is the clock itself: a hook marks with the reading that starts
-        # its own timing (one clock call fewer, in the cold moments around the update).
+        # its own timing (one clock call fewer, in the cold moments around the update). So on
+        # a GPU run's steps whose phases are not timed (the sampler sets it per step).
         self.host_marks = cuda_device is None
         self.active = True  # False once the probe switched itself off; removal comes later
         self.timeline = StepTimeline()
@@ -176,7 +177,7 @@ class PhaseHooks:
                 self.updating = True
                 try:
                     t0 = perf()
-                    self.timeline.optimizer_start = self._mark()
+                    self.timeline.optimizer_start = t0 if self.host_marks else self._mark()
                     self._events.on_grads_ready(index)
                     self.seconds += perf() - t0
                 except Exception as exc:

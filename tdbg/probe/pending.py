@@ -58,6 +58,9 @@ class PendingStep:
     tokens: float = NAN
     probe_time: float = NAN
     timeline: StepTimeline = StepTimeline()  # read-only here: a step sets its own
+    # A GPU step whose phases were not timed (only one in a few short steps is: each CUDA
+    # event costs microseconds of host time): its phase columns are NaN, its marks host times.
+    unmarked: bool = False
     previous_end: Mark | None = None
     step_mark: Mark | None = None  # made only where no optimizer hook marked the backward's end
     loss: float | None = None
@@ -83,10 +86,9 @@ class PendingStep:
     amp_skipped: bool = False  # GradScaler skipped this iteration's update
     weights_only: bool = False  # ``grads`` is read for its weights only (AMP skip: scaled)
 
-    def resolve(self) -> tuple[StepRecord, Sequence[int]] | None:
-        """The finished record, or None while device work is pending. Never blocks."""
-        if self.ready is not None and not self.ready.query():
-            return None
+    def _phases(self) -> tuple[float, float, float, float] | None:
+        """(data, forward, backward, optimizer) seconds from the step's marks (NaN: not
+        marked), or None while one of their CUDA events is still pending."""
         tl = self.timeline
         fwd_start, fwd_end = tl.forward_start, tl.forward_end
         opt_start, opt_end = tl.optimizer_start, tl.optimizer_end
@@ -95,21 +97,28 @@ class PendingStep:
             span(fwd_start, fwd_end),
             span(fwd_end, backward_end),
             span(opt_start, opt_end),
+            # On a GPU this is device idle time between the steps (the events' gap): a host
+            # stuck in a blocking copy while the GPU is still busy is not waiting for data.
+            span(self.previous_end, fwd_start),
         )
-        if any(s is None for s in spans):
+        forward, backward, optimizer, data = spans
+        if forward is None or backward is None or optimizer is None or data is None:
             return None
-        forward, backward, optimizer = (NAN if s is None else s for s in spans)
+        return (max(0.0, data) if data == data else NAN), forward, backward, optimizer
+
+    def resolve(self) -> tuple[StepRecord, Sequence[int]] | None:
+        """The finished record, or None while device work is pending. Never blocks."""
+        if self.ready is not None and not self.ready.query():
+            return None
+        phases = (NAN, NAN, NAN, NAN) if self.unmarked else self._phases()
+        if phases is None:
+            return None
+        data, forward, backward, optimizer = phases
         if self.grad_marks is not None:
             grad_time = span(*self.grad_marks)
             if grad_time is None:
                 return None
             self.grad_device_time = grad_time
-        # On a GPU this is device idle time between the steps (the events' gap): a host stuck
-        # in a blocking copy while the GPU is still busy is not waiting for data.
-        data = span(self.previous_end, fwd_start)
-        if data is None:
-            return None
-        data = max(0.0, data) if data == data else NAN
         grad_total: float | None = None
         grad_norms: array | None = None
         # The loss alone is copied as it is, in its own shape and dtype (see _stage_values).

@@ -22,7 +22,7 @@ from tdbg.probe.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, marker, p
 from tdbg.probe.log import warn
 from tdbg.probe.pending import PendingStep, SkippedUpdate, UsualStep
 from tdbg.probe.server import ProbeServer
-from tdbg.protocol.steps import MAX_LR_COLUMNS
+from tdbg.protocol.steps import MAX_LR_COLUMNS, MAX_PHASE_GAP
 
 NAN = float("nan")
 INF = float("inf")
@@ -44,6 +44,11 @@ EMA = 0.1  # weight of the newest value in the running averages of step time and
 # Weight of the newest step in the probe's spent fraction (its time over the step's): ~100
 # steps' memory, like the 200-step window of the cost_fraction it reports.
 SPENT_EMA = 0.01
+# A GPU run's steps at least this long (seconds) each have their phases timed with CUDA events;
+# shorter ones one step in ceil(this / step), at most MAX_PHASE_GAP apart: the ~5 events a
+# timed step records cost tens of microseconds of host time, several percent of a 2 ms
+# launch-bound step (benchmarks/README.md, "On a GPU").
+MARK_EVERY_STEP_FROM = 0.02
 
 
 def _number(value: Any) -> float:
@@ -142,6 +147,9 @@ class StepSampler:
         "_last_value",
         "_loader",
         "_mark",
+        "_cuda_mark",
+        "_last_marked",
+        "_marked",
         "_micro",
         "_n_layers",
         "_n_trainable",
@@ -232,7 +240,12 @@ class StepSampler:
         # lookup per step of any optimizer, where a WeakSet's made a weakref each time.
         self._checked: dict[int, weakref.ref[Any]] = {}
         self._cuda_device = cuda_device
-        self._mark = marker(cuda_device)
+        # What marks the step's phases: on a GPU run a CUDA event on timed steps (_marked) and
+        # the host clock on the others (see _plan_marks); the clock alone on the CPU.
+        self._cuda_mark = marker(cuda_device)
+        self._mark = self._cuda_mark
+        self._marked = True
+        self._last_marked = 0
         self._server = server
         self._count_error = count_error
         self.grad_every = grad_every
@@ -713,7 +726,7 @@ class StepSampler:
         if not stats.n_params:
             return None
         t0 = perf()
-        before = self._mark() if self._cuda_device is not None else None
+        before = self._cuda_mark() if self._cuda_device is not None else None
         sample = stats.compute(weights or stats.device.type != "cpu")
         if self._cuda_device is None and self.grad_every != 1:
             # Steps in between go unmeasured: what tells, at the next pass, an update's NaN
@@ -723,7 +736,7 @@ class StepSampler:
         if before is not None:
             # Host time is only the launch cost on a GPU: the probe thread times the kernels
             # with these events and reports back (on_grad_device_time).
-            after = self._mark()
+            after = self._cuda_mark()
             start = before if self._grad_marks is None else self._grad_marks[0]
             self._grad_marks = (start, after)
         self._grad_seconds += perf() - t0
@@ -1044,6 +1057,7 @@ class StepSampler:
             pending.timeline = timeline
             pending.previous_end = self._previous_end
             pending.step_mark = step_mark
+            pending.unmarked = not self._marked
             pending.loss = loss_value
             if micro:
                 pending.micro_batches = float(micro)
@@ -1160,9 +1174,26 @@ class StepSampler:
         # The last scalar backpropagated, released after the probe timed itself: where the
         # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
         self._last_held = None
+        if self._cuda_device is not None:
+            self._plan_marks(hooks)
         # The step ends here, after all its work (else the rest would count as the next
         # step's wait for data).
         self._previous_end = end if end is not None else self._mark()
+
+    def _plan_marks(self, hooks: PhaseHooks) -> None:
+        """Whether the next step of a GPU run has its phases timed (CUDA events) or marked
+        with the host clock only (its phase columns NaN): every step when steps take
+        MARK_EVERY_STEP_FROM or more (or are not known yet), else one in a few."""
+        step = self._step_ema
+        gap = 1
+        if 0.0 < step < MARK_EVERY_STEP_FROM:
+            gap = min(MAX_PHASE_GAP, math.ceil(MARK_EVERY_STEP_FROM / step))
+        marked = self.step_count - self._last_marked >= gap
+        if marked:
+            self._last_marked = self.step_count
+        self._marked = marked
+        self._mark = self._cuda_mark if marked else perf
+        hooks.host_marks = not marked
 
     def forget_step(self) -> None:
         """Drop what the probe holds of the step in progress (the loop's last scalar and its

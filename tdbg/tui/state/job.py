@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from tdbg.protocol.steps import MAX_PHASE_GAP
 from tdbg.tui.state.run_state import RunState
 
 RECENT = 20  # steps a straggler is judged over
@@ -331,8 +332,9 @@ def _last_loss_nonfinite(state: RunState) -> bool:
 
 
 def _recent_median(state: RunState, column: str) -> float | None:
-    values = state.cols[column].values[-RECENT:]
-    values = values[np.isfinite(values)]
+    # The last RECENT steps that measured it (a GPU run with short steps times the phases of
+    # one step in a few): at least half of RECENT of them.
+    values = state.recent_measured(column, RECENT)
     return float(np.median(values)) if values.size >= RECENT // 2 else None
 
 
@@ -341,8 +343,15 @@ def _busy_median(state: RunState) -> float | None:
     ranks wait for each other inside backward (the all-reduce), so their step times are
     equal; what the straggler spends elsewhere (waiting for data, a slow forward) the
     others spend waiting in backward."""
-    step = state.cols["step_time"].values[-RECENT:]
-    backward = state.cols["backward_time"].values[-RECENT:]
-    busy = np.where(np.isfinite(backward), step - backward, step)
-    busy = busy[np.isfinite(busy)]
+    lookback = RECENT * MAX_PHASE_GAP
+    step = state.cols["step_time"].values[-lookback:]
+    backward = state.cols["backward_time"].values[-lookback:]
+    # The steps whose backward was timed (on a GPU run with short steps one in a few): a
+    # step's whole time, its wait for the others included, says nothing of its own work.
+    timed = np.isfinite(backward) & np.isfinite(step)
+    if np.count_nonzero(timed) >= RECENT // 2:
+        busy = (step[timed] - backward[timed])[-RECENT:]
+    else:  # no backward timed (no optimizer hook marks it): the step's time
+        busy = step[-RECENT:]
+        busy = busy[np.isfinite(busy)]
     return float(np.median(busy)) if busy.size >= RECENT // 2 else None

@@ -27,6 +27,7 @@ from tdbg.protocol.steps import (
     FLAG_HAS_GRADS,
     FLAG_HAS_LOSS,
     MAX_LR_COLUMNS,
+    MAX_PHASE_GAP,
     step_columns,
 )
 from tdbg.tui.state.deep import DeepState
@@ -699,10 +700,20 @@ class RunState:
         out: dict[str, float | None] = {name: None for name in ANATOMY}
         if not self.steps.n:
             return out
-        total = self.cols["step_time"].values[-ANATOMY_WINDOW:]
+        # The recent steps whose phases were timed: on a GPU run with short steps one in a
+        # few (MAX_PHASE_GAP), each share taken against those steps' own time.
+        lookback = ANATOMY_WINDOW * MAX_PHASE_GAP
+        parts = {name: self.cols[name].values[-lookback:] for name in ANATOMY}
+        timed = np.zeros(len(next(iter(parts.values()))), dtype=bool)
+        for part in parts.values():
+            timed |= np.isfinite(part)
+        rows = np.flatnonzero(timed)[-ANATOMY_WINDOW:]
+        if not rows.size:
+            return out
+        total = self.cols["step_time"].values[-lookback:][rows]
         total_mean = float(np.nanmean(total)) if np.isfinite(total).any() else math.nan
-        for name in ANATOMY:
-            part = self.cols[name].values[-ANATOMY_WINDOW:]
+        for name, part in parts.items():
+            part = part[rows]
             if not np.isfinite(part).any() or not total_mean > 0:
                 continue
             out[name] = min(1.0, max(0.0, float(np.nanmean(part)) / total_mean))
@@ -715,11 +726,18 @@ class RunState:
         return share is not None and share > INPUT_BOUND_SHARE
 
     def mean_recent(self, name: str, window: int = ANATOMY_WINDOW) -> float | None:
-        if not self.steps.n:
-            return None
-        col = self.cols[name].values[-window:]
-        finite = col[np.isfinite(col)]
+        """The mean of the last ``window`` measured values of column ``name`` (a phase is
+        measured on one GPU step in at most MAX_PHASE_GAP: looked for that far back)."""
+        finite = self.recent_measured(name, window)
         return float(finite.mean()) if finite.size else None
+
+    def recent_measured(self, name: str, window: int) -> np.ndarray:
+        """The last ``window`` finite values of column ``name`` among its last ``window *
+        MAX_PHASE_GAP`` steps (oldest first)."""
+        if not self.steps.n:
+            return np.empty(0)
+        col = self.cols[name].values[-window * MAX_PHASE_GAP :]
+        return col[np.isfinite(col)][-window:]
 
     def throughput(self, column: str) -> float | None:
         """Samples (or tokens) per second over recent steps: sum of counts / sum of step times."""

@@ -1,0 +1,128 @@
+"""A GPU run's phase timing: CUDA events on one short step in a few, every long step's; proven on
+the CPU with a fake CUDA event at the library boundary (no CUDA here; gpu_check.py runs the
+real events)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tdbg
+from conftest import Loop, handed_over
+from tdbg.probe import sampler as sampler_module
+from tdbg.probe.hooks import CudaMark
+from tdbg.protocol.steps import MAX_PHASE_GAP
+
+PHASES = ("data_time", "forward_time", "backward_time", "optimizer_time")
+
+
+class FakeEvent:
+    """What the probe uses of a recorded CUDA event: done at once, timed on the host clock."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        FakeEvent.made += 1
+        self.at = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.at - self.at) * 1000.0  # milliseconds, as CUDA's
+
+
+def fake_cuda_mark() -> CudaMark:
+    return CudaMark(time.perf_counter(), FakeEvent())
+
+
+def on_a_fake_gpu(probe: Any) -> None:
+    """The probe as it is on a GPU run, where its marks are concerned: the sampler plans its
+    marks per step and makes CUDA ones on the steps it times."""
+    sampler = probe._sampler
+    sampler._cuda_device = torch.device("cuda", 0)
+    sampler._cuda_mark = sampler._mark = probe._hooks._mark = fake_cuda_mark
+    probe._hooks.host_marks = False
+
+
+def run_steps(monkeypatch: pytest.MonkeyPatch, steps: int, timed_from: float) -> list[Any]:
+    """The records of ``steps`` steps of a real loop watched as on a GPU, every step of which
+    is shorter than ``timed_from`` seconds or not, as the test sets it; and the loop's losses."""
+    monkeypatch.setattr(sampler_module, "MARK_EVERY_STEP_FROM", timed_from)
+    loop = Loop(seed=3)
+    probe = tdbg.watch(loop.model, loop.opt, name="marks", grad_every=5)
+    on_a_fake_gpu(probe)
+    sent = handed_over(probe, monkeypatch)
+    for _ in range(steps):
+        loop.step(probe)
+    records = []
+    for pending in sent:
+        resolved = pending.resolve()
+        assert resolved is not None
+        records.append(resolved[0])
+    assert [r.step for r in records] == list(range(steps))
+    for record, loss in zip(records, loop.losses, strict=True):
+        assert record.loss == pytest.approx(loss, rel=1e-6)  # every step's loss, timed or not
+    assert all(r.step_time > 0 for r in records[1:])  # and its time
+    assert probe.errors == 0
+    probe.close()
+    return records
+
+
+def timed_steps(records: list[Any]) -> list[int]:
+    timed = []
+    for r in records:
+        values = [getattr(r, name) for name in PHASES]
+        if all(math.isnan(v) for v in values):
+            continue
+        # A timed step has all four (its data gap from the step before's end; the first
+        # step has none): none missing.
+        assert all(v >= 0 for v in values[r.step == 0 :]), (r.step, values)
+        timed.append(r.step)
+    return timed
+
+
+def test_short_gpu_steps_time_their_phases_once_in_max_phase_gap_steps(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps far shorter than the threshold: the first two (the step's length not known yet)
+    and then one in MAX_PHASE_GAP have phase times; the others' are NaN, not host times."""
+    FakeEvent.made = 0
+    records = run_steps(monkeypatch, 60, timed_from=1e9)
+    assert timed_steps(records) == [0, 1, *range(1 + MAX_PHASE_GAP, 60, MAX_PHASE_GAP)]
+    # 4 events on a timed step and 1 ending the step before it (its data gap's start; none
+    # before step 0), 2 around each gradient pass (every 5th step): none on an untimed step
+    # (the loss here is a CPU tensor: no copy, no copy event).
+    assert FakeEvent.made == 4 * 5 + 4 + 2 * 12
+
+
+def test_long_gpu_steps_time_every_step(runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = run_steps(monkeypatch, 30, timed_from=0.0)
+    assert timed_steps(records) == list(range(30))
+
+
+def test_the_gap_follows_the_step_length(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One step in ceil(threshold / step time) is timed: 5 ms steps under the 20 ms threshold,
+    one in 4; steps of the threshold or longer, every one."""
+    loop = Loop(seed=4)
+    probe = tdbg.watch(loop.model, loop.opt, name="gap")
+    sampler, hooks = probe._sampler, probe._hooks
+    on_a_fake_gpu(probe)
+    plans = []
+    for step_ema in (0.005, 0.005, 0.005, 0.005, 0.005, 0.02, 0.02, 1e-6):
+        sampler._step_ema = step_ema
+        sampler.step_count += 1
+        sampler._plan_marks(hooks)
+        assert hooks.host_marks is not sampler._marked
+        assert (sampler._mark is fake_cuda_mark) is sampler._marked
+        plans.append(sampler._marked)
+    assert plans == [False, False, False, True, False, True, True, False]
+    assert sampler_module.MARK_EVERY_STEP_FROM == 0.02
+    probe.close()
