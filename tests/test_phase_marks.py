@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import Loop, handed_over
 
 import tdbg
-from conftest import Loop, handed_over
 from tdbg.probe import sampler as sampler_module
 from tdbg.probe.hooks import CudaMark
 from tdbg.protocol.steps import MAX_PHASE_GAP
