@@ -22,16 +22,18 @@ PHASES = ("data_time", "forward_time", "backward_time", "optimizer_time")
 
 
 class FakeEvent:
-    """What the probe uses of a recorded CUDA event: done at once, timed on the host clock."""
+    """What the probe uses of a recorded CUDA event: timed on the host clock, done at once (or,
+    while ``busy``, not done: a device still working through what was queued)."""
 
     made = 0
+    busy = False
 
     def __init__(self) -> None:
         FakeEvent.made += 1
         self.at = time.perf_counter()
 
     def query(self) -> bool:
-        return True
+        return not FakeEvent.busy
 
     def elapsed_time(self, end: FakeEvent) -> float:
         return (end.at - self.at) * 1000.0  # milliseconds, as CUDA's
@@ -126,3 +128,36 @@ def test_the_gap_follows_the_step_length(
     assert plans == [False, False, False, True, False, True, True, False]
     assert sampler_module.MARK_EVERY_STEP_FROM == 0.02
     probe.close()
+
+
+def test_a_gpu_bound_step_costs_what_the_probe_adds_to_the_device(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the device has not finished the step before when the host is done with this one
+    (the host runs ahead: GPU-bound), the host's work, the probe's with it, hides behind the
+    device's: a step costs what the probe adds to the device (a gradient pass's device time),
+    not its host time, and the cost the probe reports says so. Where the device keeps up
+    (launch-bound), the host time is the cost, as on the CPU."""
+    monkeypatch.setattr(sampler_module, "MARK_EVERY_STEP_FROM", 0.0)  # every step's end a mark
+
+    def run(busy: bool) -> list[Any]:
+        loop = Loop(seed=5)
+        probe = tdbg.watch(loop.model, loop.opt, name="bound", grad_every=4)
+        on_a_fake_gpu(probe)
+        probe._sampler._grad_device_cost = 2e-6  # what its passes took on the device
+        sent = handed_over(probe, monkeypatch)
+        FakeEvent.busy = busy
+        try:
+            for _ in range(12):
+                loop.step(probe)
+        finally:
+            FakeEvent.busy = False
+        probe.close()
+        return [pending.probe_time for pending in sent]
+
+    ahead = run(busy=True)
+    # step 0 has no step before it; then the passes' device time, every 4th step, else nothing
+    assert ahead[0] > 0
+    assert ahead[1:] == [2e-6 if step % 4 == 0 else 0.0 for step in range(1, 12)]
+    kept_up = run(busy=False)
+    assert all(t > 1e-6 for t in kept_up)  # host time, as timed: microseconds a step
