@@ -129,21 +129,24 @@ def lone_loss(device: torch.device) -> None:
     (as it is, in its own dtype) and its copy's event also ends the step. Per dtype: every
     step's loss as the loop computed it, no sync, no internal error; the phase times and the
     data gap finite and >= 0 on the steps whose phases were timed (these short steps: one in a
-    few, at most MAX_PHASE_GAP apart), NaN on the others; and with every step timed (the
+    few, under MAX_PHASE_GAP apart), NaN on the others; and with every step timed (the
     probe's rule for steps of 20 ms or more), every step's."""
+    from tdbg.probe import sampler
+
     for dtype in (torch.float32, torch.bfloat16):
         lone_loss_of(device, dtype, every_step=False)
-    lone_loss_of(device, torch.float32, every_step=True)
+    timed_from = sampler.MARK_EVERY_STEP_FROM
+    sampler.MARK_EVERY_STEP_FROM = 0.0  # steps of any length: every one timed
+    try:
+        lone_loss_of(device, torch.float32, every_step=True)
+    finally:
+        sampler.MARK_EVERY_STEP_FROM = timed_from
 
 
 def lone_loss_of(device: torch.device, dtype: torch.dtype, every_step: bool) -> None:
-    from tdbg.probe import sampler
     from tdbg.protocol.steps import MAX_PHASE_GAP, unpack_steps
 
     model, opt, x, y = model_and_data(device)
-    timed_from = sampler.MARK_EVERY_STEP_FROM
-    if every_step:
-        sampler.MARK_EVERY_STEP_FROM = 0.0
     probe = tdbg.watch(model, opt, name=f"gpu-lone-{dtype}")
     assert probe.socket_path
     client = ProbeClient.connect(probe.socket_path)
@@ -175,7 +178,6 @@ def lone_loss_of(device: torch.device, dtype: torch.dtype, every_step: bool) -> 
         for r in records
         if not math.isclose(r.loss, truth[r.step], rel_tol=1e-6)
     ]
-    sampler.MARK_EVERY_STEP_FROM = timed_from
     times = ("data_time", "forward_time", "backward_time", "optimizer_time")
     timed = [r.step for r in records[1:] if math.isfinite(r.forward_time)]
     bad = [
@@ -188,7 +190,7 @@ def lone_loss_of(device: torch.device, dtype: torch.dtype, every_step: bool) -> 
     if every_step:
         bad += [f"{len(timed)} of {len(records) - 1} steps timed"] * (len(timed) < len(records) - 1)
     else:
-        bad += [f"{max(gaps)} steps between timed ones"] * (max(gaps) > MAX_PHASE_GAP)
+        bad += [f"{max(gaps)} steps between timed ones"] * (max(gaps) >= MAX_PHASE_GAP)
     what = "every step timed" if every_step else "phases of one step in a few"
     check(
         f"{dtype}, {what}: the loss alone copied as it is: every step's loss and phase times right",

@@ -100,6 +100,21 @@ def test_a_straggler_is_named_from_the_few_steps_a_gpu_run_times() -> None:
     assert 0.015 < message["slower_by"] < 0.050, message
 
 
+def test_ranks_that_time_their_steps_at_different_rates_are_not_stragglers() -> None:
+    """Identical ranks under data parallelism, their steps' phases timed one in 2, 2 and 3
+    steps: while one has too few timed steps its whole step (the all-reduce wait in it) is
+    never weighed against the others' own work."""
+    job, alerts = job_of(3), JobAlerts()
+    gaps = {0: 2, 1: 2, 2: 3}
+    for step in range(80):
+        for rank, state in job.ranks.items():
+            r = record(step, 0.001, compute=0.003, backward=0.006)
+            if step % gaps[rank]:
+                r.data_time = r.forward_time = r.backward_time = r.optimizer_time = NAN
+            state.apply(pack_steps([r], 0))
+        assert not alerts.update(job, now=float(step)), step
+
+
 def test_noise_does_not_flap_and_recovery_clears_once() -> None:
     rng = random.Random(7)
     job, alerts = job_of(3), JobAlerts()

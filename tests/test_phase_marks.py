@@ -64,6 +64,13 @@ def run_steps(monkeypatch: pytest.MonkeyPatch, steps: int, timed_from: float) ->
         loop.step(probe)
     records = []
     for pending in sent:
+        # A timed step's marks are all CUDA ones (its data gap's start too: the step before
+        # ended on one), an untimed step's all host times: no span mixes the two clocks.
+        tl = pending.timeline
+        marks = [tl.forward_start, tl.forward_end, tl.optimizer_start, tl.optimizer_end]
+        marks += [pending.previous_end] if pending.step else []
+        kind = float if pending.unmarked else CudaMark
+        assert all(type(m) is kind for m in marks), (pending.step, marks)
         resolved = pending.resolve()
         assert resolved is not None
         records.append(resolved[0])
@@ -89,18 +96,23 @@ def timed_steps(records: list[Any]) -> list[int]:
     return timed
 
 
-def test_short_gpu_steps_time_their_phases_once_in_max_phase_gap_steps(
+def test_short_gpu_steps_time_their_phases_once_in_a_few_steps(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Steps far shorter than the threshold: the first two (the step's length not known yet)
-    and then one in MAX_PHASE_GAP have phase times; the others' are NaN, not host times."""
+    and then one in MAX_MEAN_GAP on average have phase times, never MAX_PHASE_GAP or more
+    apart; the others' are NaN, not host times."""
     FakeEvent.made = 0
-    records = run_steps(monkeypatch, 60, timed_from=1e9)
-    assert timed_steps(records) == [0, 1, *range(1 + MAX_PHASE_GAP, 60, MAX_PHASE_GAP)]
+    records = run_steps(monkeypatch, 200, timed_from=1e9)
+    timed = timed_steps(records)
+    assert timed[:2] == [0, 1]
+    distances = [b - a for a, b in zip(timed, [*timed[1:], 200], strict=True)]
+    assert max(distances) < MAX_PHASE_GAP
+    assert 200 / 32 < len(timed) < 200 / 8  # one in 16 on average: ~14
     # 4 events on a timed step and 1 ending the step before it (its data gap's start; none
     # before step 0), 2 around each gradient pass (every 5th step): none on an untimed step
     # (the loss here is a CPU tensor: no copy, no copy event).
-    assert FakeEvent.made == 4 * 5 + 4 + 2 * 12
+    assert FakeEvent.made == 4 * len(timed) + len(timed) - 1 + 2 * 40
 
 
 def test_long_gpu_steps_time_every_step(runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,26 +120,46 @@ def test_long_gpu_steps_time_every_step(runtime_dir: Path, monkeypatch: pytest.M
     assert timed_steps(records) == list(range(30))
 
 
-def test_the_gap_follows_the_step_length(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One step in ceil(threshold / step time) is timed: 5 ms steps under the 20 ms threshold,
-    one in 4; steps of the threshold or longer, every one."""
+def planned(step_seconds: float, steps: int) -> list[int]:
+    """The steps _plan_marks times, of ``steps`` steps of ``step_seconds`` each."""
     loop = Loop(seed=4)
     probe = tdbg.watch(loop.model, loop.opt, name="gap")
     sampler, hooks = probe._sampler, probe._hooks
     on_a_fake_gpu(probe)
-    plans = []
-    for step_ema in (0.005, 0.005, 0.005, 0.005, 0.005, 0.02, 0.02, 1e-6):
-        sampler._step_ema = step_ema
+    sampler._step_ema = step_seconds
+    timed = []
+    for _ in range(steps):
         sampler.step_count += 1
         sampler._plan_marks(hooks)
         assert hooks.host_marks is not sampler._marked
         assert (sampler._mark is fake_cuda_mark) is sampler._marked
-        plans.append(sampler._marked)
-    assert plans == [False, False, False, True, False, True, True, False]
-    assert sampler_module.MARK_EVERY_STEP_FROM == 0.02
+        if sampler._marked:
+            timed.append(sampler.step_count)
     probe.close()
+    return timed
+
+
+def test_the_gap_follows_the_step_length(runtime_dir: Path) -> None:
+    """One step in ceil(threshold / step time) is timed on average: 5 ms steps under the 20 ms
+    threshold, one in 4, at most 7 apart; steps far shorter, one in MAX_MEAN_GAP, under
+    MAX_PHASE_GAP apart; steps of the threshold or longer, every one."""
+    assert sampler_module.MARK_EVERY_STEP_FROM == 0.02
+    for step, mean, longest in ((0.005, 4, 7), (1e-6, sampler_module.MAX_MEAN_GAP, 31)):
+        timed = planned(step, 4000)
+        distances = [b - a for a, b in zip(timed, timed[1:], strict=False)]
+        assert max(distances) == longest < MAX_PHASE_GAP
+        assert 0.9 * mean < sum(distances) / len(distances) < 1.1 * mean
+    assert planned(0.02, 50) == list(range(1, 51))
+
+
+def test_timed_steps_do_not_fall_on_one_point_of_a_periodic_wait(runtime_dir: Path) -> None:
+    """A DataLoader whose workers deliver in lockstep makes one step in W wait long: timed
+    steps one in 4 at a fixed period would each land on the same point of a 4-step cycle
+    (the wait always, or never). At random distances each point gets its share."""
+    timed = planned(0.005, 4000)
+    for period in (2, 3, 4, 5, 8):
+        shares = [sum(1 for s in timed if s % period == r) / len(timed) for r in range(period)]
+        assert all(abs(share - 1 / period) < 0.35 / period for share in shares), (period, shares)
 
 
 def test_a_gpu_bound_step_costs_what_the_probe_adds_to_the_device(

@@ -74,9 +74,10 @@ def test_anatomy_reads_the_recent_steps_whose_phases_were_timed() -> None:
     from tdbg.tui.state.run_state import ANATOMY_WINDOW
 
     state = RunState(RUN)
-    timed = range(0, 400, MAX_PHASE_GAP)  # 25 timed steps, their input wait 0.00, 0.01, ...
+    stride = MAX_PHASE_GAP // 2  # one step in 16 timed: 25 of 400, input wait 0.00, 0.01, ...
+    timed = range(0, 400, stride)
     state.apply(pack_steps([
-        record(s, 1.0, data_time=0.01 * (s // MAX_PHASE_GAP), forward_time=0.5)
+        record(s, 1.0, data_time=0.01 * (s // stride), forward_time=0.5)
         if s in timed else record(s, 1.0)
         for s in range(400)
     ], 0))  # fmt: skip

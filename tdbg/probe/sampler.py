@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import sys
 import time
 import weakref
@@ -45,10 +46,13 @@ EMA = 0.1  # weight of the newest value in the running averages of step time and
 # steps' memory, like the 200-step window of the cost_fraction it reports.
 SPENT_EMA = 0.01
 # A GPU run's steps at least this long (seconds) each have their phases timed with CUDA events;
-# shorter ones one step in ceil(this / step), at most MAX_PHASE_GAP apart: the ~5 events a
-# timed step records cost tens of microseconds of host time, several percent of a 2 ms
-# launch-bound step (benchmarks/README.md, "On a GPU").
+# shorter ones one step in ceil(this / step) on average, at most MAX_PHASE_GAP apart: the ~5
+# events a timed step records cost tens of microseconds of host time, several percent of a
+# 2 ms launch-bound step (benchmarks/README.md, "On a GPU").
 MARK_EVERY_STEP_FROM = 0.02
+# The mean distance between timed steps is at most this: random distances up to twice it
+# less one stay within MAX_PHASE_GAP.
+MAX_MEAN_GAP = MAX_PHASE_GAP // 2
 
 
 def _number(value: Any) -> float:
@@ -148,7 +152,8 @@ class StepSampler:
         "_loader",
         "_mark",
         "_cuda_mark",
-        "_last_marked",
+        "_next_marked",
+        "_mark_rng",
         "_marked",
         "_micro",
         "_n_layers",
@@ -245,7 +250,12 @@ class StepSampler:
         self._cuda_mark = marker(cuda_device)
         self._mark = self._cuda_mark
         self._marked = True
-        self._last_marked = 0
+        self._next_marked = 0  # the next step whose phases a GPU run times
+        # Random distances between timed steps, from a generator of the probe's own (the
+        # loop's random state is the loop's): at a fixed period they would fall on the same
+        # point of a periodic pattern (a DataLoader's workers delivering in lockstep: one long
+        # wait every W steps) and read it as always or never there.
+        self._mark_rng = random.Random(0x7D6)
         self._server = server
         self._count_error = count_error
         self.grad_every = grad_every
@@ -908,6 +918,10 @@ class StepSampler:
             # Nobody can ever read what this step would record: keep nothing, compute nothing.
             self.step_count += 1
             self._sample_now = False
+            if self._cuda_device is not None:  # no CUDA event for a step nobody reads
+                self._marked = False
+                self._mark = perf
+                hooks.host_marks = True
             self.forget_step()
             hooks.take()
             hooks.seconds = 0.0
@@ -1195,14 +1209,16 @@ class StepSampler:
     def _plan_marks(self, hooks: PhaseHooks) -> None:
         """Whether the next step of a GPU run has its phases timed (CUDA events) or marked
         with the host clock only (its phase columns NaN): every step when steps take
-        MARK_EVERY_STEP_FROM or more (or are not known yet), else one in a few."""
+        MARK_EVERY_STEP_FROM or more (or are not known yet), else one in ``gap`` on average,
+        ``gap`` = ceil(MARK_EVERY_STEP_FROM / step) <= MAX_MEAN_GAP, each distance drawn
+        uniformly from 1 .. 2 * gap - 1."""
         step = self._step_ema
         gap = 1
         if 0.0 < step < MARK_EVERY_STEP_FROM:
-            gap = min(MAX_PHASE_GAP, math.ceil(MARK_EVERY_STEP_FROM / step))
-        marked = self.step_count - self._last_marked >= gap
+            gap = min(MAX_MEAN_GAP, math.ceil(MARK_EVERY_STEP_FROM / step))
+        marked = self.step_count >= self._next_marked or gap == 1
         if marked:
-            self._last_marked = self.step_count
+            self._next_marked = self.step_count + 1 + int(self._mark_rng.random() * (2 * gap - 1))
         self._marked = marked
         self._mark = self._cuda_mark if marked else perf
         hooks.host_marks = not marked

@@ -14,10 +14,11 @@ from tdbg.protocol.framing import ErrorCode, ProtocolError
 # Learning rates sent per step: a run with more param groups (one per layer, layer-wise decay)
 # shows the first MAX_LR_COLUMNS of them, and the probe says so once.
 MAX_LR_COLUMNS = 64
-# A GPU run times its steps' phases (CUDA events) on one step in at most this many when its
-# steps are short (StepSampler._plan_marks); the others' phase columns are NaN. Readers that
-# average phases look back this many times their window for the steps that have them.
-MAX_PHASE_GAP = 16
+# A GPU run with short steps times the phases (CUDA events) of one step in a few, at random
+# distances shorter than this (StepSampler._plan_marks); the others' phase columns are NaN.
+# Readers that average phases look back this many times their window for the steps that have
+# them.
+MAX_PHASE_GAP = 32
 
 FLAG_HAS_LOSS = 1
 FLAG_HAS_GRADS = 2

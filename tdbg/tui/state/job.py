@@ -146,13 +146,18 @@ class Job:
     def _recent(self, state: RunState, column: str) -> float | None:
         return self._memoized(column, state, lambda: _recent_median(state, column))
 
-    def _busy(self, state: RunState) -> float | None:
-        return self._memoized("busy", state, lambda: _busy_median(state))
+    def _busy(self, state: RunState, own: bool) -> float | None:
+        figure = "busy" if own else "step"
+        return self._memoized(figure, state, lambda: _busy_median(state, own))
 
     def straggler_measures(self) -> list[StragglerMeasure]:
         """Each rank's own work a step against the median of the others' (two or more ranks
-        with enough recent steps; [] otherwise)."""
-        known = {r: t for r, s in self.ranks.items() if (t := self._busy(s)) is not None}
+        with enough recent steps; [] otherwise). One measure for the whole job: its step less
+        its backward where every rank has enough steps with a timed backward, else the step's
+        time (never one rank's against another's of the other kind)."""
+        whole = {r: t for r, s in self.ranks.items() if (t := self._busy(s, False)) is not None}
+        own = {r: self._busy(self.ranks[r], True) for r in whole}
+        known = whole if None in own.values() else {r: t for r, t in own.items() if t is not None}
         if len(known) < 2:
             return []
         return [
@@ -338,20 +343,20 @@ def _recent_median(state: RunState, column: str) -> float | None:
     return float(np.median(values)) if values.size >= RECENT // 2 else None
 
 
-def _busy_median(state: RunState) -> float | None:
-    """A rank's own time per step: the step less its backward. Under data parallelism the
-    ranks wait for each other inside backward (the all-reduce), so their step times are
-    equal; what the straggler spends elsewhere (waiting for data, a slow forward) the
-    others spend waiting in backward."""
+def _busy_median(state: RunState, own: bool) -> float | None:
+    """A rank's time per step. ``own``: its own work, the step less its backward, over the
+    recent steps whose backward was timed (on a GPU run with short steps one in a few); None
+    with too few. Under data parallelism the ranks wait for each other inside backward (the
+    all-reduce), so their step times are equal; what the straggler spends elsewhere (waiting
+    for data, a slow forward) the others spend waiting in backward. Else the step's time
+    (where no optimizer hook marks the backward's end)."""
+    if not own:
+        step = state.cols["step_time"].values[-RECENT:]
+        step = step[np.isfinite(step)]
+        return float(np.median(step)) if step.size >= RECENT // 2 else None
     lookback = RECENT * MAX_PHASE_GAP
     step = state.cols["step_time"].values[-lookback:]
     backward = state.cols["backward_time"].values[-lookback:]
-    # The steps whose backward was timed (on a GPU run with short steps one in a few): a
-    # step's whole time, its wait for the others included, says nothing of its own work.
     timed = np.isfinite(backward) & np.isfinite(step)
-    if np.count_nonzero(timed) >= RECENT // 2:
-        busy = (step[timed] - backward[timed])[-RECENT:]
-    else:  # no backward timed (no optimizer hook marks it): the step's time
-        busy = step[-RECENT:]
-        busy = busy[np.isfinite(busy)]
+    busy = (step[timed] - backward[timed])[-RECENT:]
     return float(np.median(busy)) if busy.size >= RECENT // 2 else None
