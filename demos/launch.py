@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 from typing import IO
@@ -60,8 +62,30 @@ def stop(job: subprocess.Popen[bytes]) -> None:
         job.wait()
 
 
+# The signal that ends the launcher, once one has (SIGHUP: the terminal closed; SIGTERM).
+_signalled: list[int] = []
+# What the TUI turned on in the terminal (alternate screen, mouse reporting, a hidden cursor),
+# turned off where it could not do so itself.
+_TERMINAL_RESET = "\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?1049l\x1b[?25h"
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
+    for other in (signal.SIGHUP, signal.SIGTERM):  # one exit: a second signal must not cut it
+        signal.signal(other, signal.SIG_IGN)
+    _signalled.append(signum)
     raise SystemExit(128 + signum)
+
+
+def _restore_terminal() -> None:
+    """Best effort, after a SIGTERM cut the TUI short: the terminal as a shell expects it."""
+    with contextlib.suppress(Exception):
+        if os.isatty(sys.stdout.fileno()):
+            os.write(sys.stdout.fileno(), _TERMINAL_RESET.encode())
+    with contextlib.suppress(Exception):
+        fd = sys.stdin.fileno()
+        attrs = termios.tcgetattr(fd)
+        attrs[3] |= termios.ECHO | termios.ICANON | termios.ISIG | termios.IEXTEN
+        termios.tcsetattr(fd, termios.TCSANOW, attrs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,9 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop(job)
             artifacts = runtime / "artifacts"
-            if artifacts.is_dir() and any(artifacts.iterdir()):
+            if artifacts.is_dir() and any(artifacts.iterdir()) and not _signalled:
                 # Kept: the screen said to open the traces in Perfetto; they outlive the demo.
                 print(f"tdbg demo: profiler traces and memory snapshots are in {artifacts}")
+            if _signalled:
+                # A signal cut the TUI short inside its event loop: its input thread was never
+                # told to stop, and on a closed terminal it spins on the dead tty for ever, so
+                # the interpreter would wait for it at exit. The job is stopped: leave now.
+                if _signalled[0] != signal.SIGHUP:
+                    _restore_terminal()
+                os._exit(128 + _signalled[0])
 
 
 if __name__ == "__main__":

@@ -89,3 +89,46 @@ def test_tui_in_tmux_attaches_and_quits(runtime_dir: Path) -> None:
             assert proc.poll() is None, "quitting the TUI must not disturb the training job"
         finally:
             tmux("kill-server")
+
+
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (a zombie waiting for its parent counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state == "Z"
+
+
+def test_the_demo_launcher_leaves_nothing_when_its_terminal_closes(runtime_dir: Path) -> None:
+    """`make demo` in a terminal that closes (a dropped ssh session: SIGHUP to the launcher):
+    the launcher stops its training job and exits. (It stopped the job, then spun on the dead
+    terminal for ever in one closed terminal of two to four: the TUI's input thread, never told
+    to stop, kept the interpreter from exiting.)"""
+    from tdbg.connect.runtime import discover
+
+    server = f"{SERVER}-hup"
+    launcher = Path(__file__).resolve().parent.parent / "demos" / "launch.py"
+    command = (
+        f"exec env -u COLUMNS -u LINES TDBG_RUNTIME_DIR={runtime_dir} "
+        f"{sys.executable} {launcher} mlp"
+    )
+
+    def tmux_hup(*args: str) -> str:
+        cmd = ["tmux", "-L", server, "-f", "/dev/null", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+
+    tmux_hup("new-session", "-d", "-s", "demo", "-x", "120", "-y", "40", command)
+    try:
+        pid = int(tmux_hup("display", "-p", "-t", "demo", "#{pane_pid}").strip())
+        wait_until(
+            lambda: "Gradient norms" in tmux_hup("capture-pane", "-p", "-t", "demo"),
+            SCREEN_TIMEOUT,
+            "the demo's TUI attached",
+            detail=lambda: tmux_hup("capture-pane", "-p", "-t", "demo"),
+            interval=0.2,
+        )
+        (job,) = [entry.pid for entry in discover(runtime_dir)]
+    finally:
+        tmux_hup("kill-server")  # the terminal closes: SIGHUP to the launcher
+    wait_until(lambda: _gone(pid) and _gone(job), 30.0, "the launcher and its job gone")
