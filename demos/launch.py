@@ -12,7 +12,7 @@ import tempfile
 import termios
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 
@@ -70,22 +70,35 @@ _TERMINAL_RESET = "\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l\x1b[?1015l\x1b[?
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
-    for other in (signal.SIGHUP, signal.SIGTERM):  # one exit: a second signal must not cut it
-        signal.signal(other, signal.SIG_IGN)
+    _ignore_signals()  # one exit: a second signal must not cut it short
     _signalled.append(signum)
     raise SystemExit(128 + signum)
 
 
-def _restore_terminal() -> None:
-    """Best effort, after a SIGTERM cut the TUI short: the terminal as a shell expects it."""
-    with contextlib.suppress(Exception):
-        if os.isatty(sys.stdout.fileno()):
-            os.write(sys.stdout.fileno(), _TERMINAL_RESET.encode())
-    with contextlib.suppress(Exception):
-        fd = sys.stdin.fileno()
-        attrs = termios.tcgetattr(fd)
-        attrs[3] |= termios.ECHO | termios.ICANON | termios.ISIG | termios.IEXTEN
-        termios.tcsetattr(fd, termios.TCSANOW, attrs)
+def _ignore_signals() -> None:
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _terminal_settings() -> list[Any] | None:
+    """The terminal's settings before the TUI changes them (None: not a terminal)."""
+    try:
+        return termios.tcgetattr(sys.__stdin__.fileno())  # type: ignore[union-attr]
+    except (OSError, ValueError, AttributeError, termios.error):
+        return None
+
+
+def _restore_terminal(settings: list[Any] | None) -> None:
+    """Best effort, after a SIGTERM cut the TUI short: the terminal as it was before it.
+    Written to the process's own descriptors (the TUI replaces sys.stdout while it runs)."""
+    for stream in (sys.__stderr__, sys.__stdout__):
+        with contextlib.suppress(Exception):
+            if stream is not None and os.isatty(stream.fileno()):
+                os.write(stream.fileno(), _TERMINAL_RESET.encode())
+                break
+    if settings is not None:
+        with contextlib.suppress(Exception):
+            termios.tcsetattr(sys.__stdin__.fileno(), termios.TCSANOW, settings)  # type: ignore[union-attr]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,17 +122,19 @@ def main(argv: list[str] | None = None) -> int:
         f"tdbg demo: starting the {args.demo} training job (torch takes a few seconds to load)…",
         flush=True,
     )
+    settings = _terminal_settings()
     with tempfile.TemporaryFile() as log:
-        # The job must not write to the terminal the TUI owns: stdout dropped, stderr kept.
-        job = subprocess.Popen(
-            [sys.executable, str(DEMOS / f"{args.demo}.py"), *demo_args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            start_new_session=True,  # Ctrl-C at the terminal reaches us; we stop the job
-        )
+        job: subprocess.Popen[bytes] | None = None
         try:
+            # The job must not write to the terminal the TUI owns: stdout dropped, stderr kept.
+            job = subprocess.Popen(
+                [sys.executable, str(DEMOS / f"{args.demo}.py"), *demo_args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,  # Ctrl-C at the terminal reaches us; we stop the job
+            )
             entry = wait_for_probe(job, runtime, START_TIMEOUT)
             if entry is None:
                 if job.poll() is None:
@@ -145,17 +160,29 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             return 130
         finally:
-            stop(job)
+            _ignore_signals()  # the job is stopped whatever comes now
+            if job is not None:
+                stop(job)
+            if _signalled and _signalled[0] != signal.SIGHUP:
+                _restore_terminal(settings)  # a kill, the terminal still there
             artifacts = runtime / "artifacts"
-            if artifacts.is_dir() and any(artifacts.iterdir()) and not _signalled:
+            if (
+                artifacts.is_dir()
+                and any(artifacts.iterdir())
+                and _signalled[:1] != [signal.SIGHUP]
+            ):
                 # Kept: the screen said to open the traces in Perfetto; they outlive the demo.
-                print(f"tdbg demo: profiler traces and memory snapshots are in {artifacts}")
+                print(
+                    f"tdbg demo: profiler traces and memory snapshots are in {artifacts}",
+                    file=sys.__stdout__,  # not the TUI's stand-in, where a kill cut it short
+                    flush=True,
+                )
             if _signalled:
                 # A signal cut the TUI short inside its event loop: its input thread was never
                 # told to stop, and on a closed terminal it spins on the dead tty for ever, so
                 # the interpreter would wait for it at exit. The job is stopped: leave now.
-                if _signalled[0] != signal.SIGHUP:
-                    _restore_terminal()
+                with contextlib.suppress(Exception):
+                    sys.__stdout__.flush()  # type: ignore[union-attr]
                 os._exit(128 + _signalled[0])
 
 

@@ -132,3 +132,52 @@ def test_the_demo_launcher_leaves_nothing_when_its_terminal_closes(runtime_dir: 
     finally:
         tmux_hup("kill-server")  # the terminal closes: SIGHUP to the launcher
     wait_until(lambda: _gone(pid) and _gone(job), 30.0, "the launcher and its job gone")
+
+
+def test_a_killed_demo_launcher_gives_the_terminal_back_as_it_was(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    """`kill` (SIGTERM) of `make demo`'s launcher while its TUI runs: the job stopped, and the
+    terminal as before it (no alternate screen, no mouse reporting, the cursor shown, the same
+    stty settings), also where the kill lands inside the TUI's event loop and cuts it short."""
+    server = f"{SERVER}-term"
+    launcher = Path(__file__).resolve().parent.parent / "demos" / "launch.py"
+    before, after = tmp_path / "stty-before", tmp_path / "stty-after"
+    command = (
+        f"stty -a > {before}; env -u COLUMNS -u LINES TDBG_RUNTIME_DIR={runtime_dir} "
+        f"{sys.executable} {launcher} mlp; stty -a > {after}; sleep 60"
+    )
+
+    def tmux_term(*args: str) -> str:
+        cmd = ["tmux", "-L", server, "-f", "/dev/null", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+
+    from tdbg.connect.runtime import discover
+
+    tmux_term("new-session", "-d", "-s", "demo", "-x", "120", "-y", "40", command)
+    try:
+        shell = int(tmux_term("display", "-p", "-t", "demo", "#{pane_pid}"))
+        wait_until(
+            lambda: "Gradient norms" in tmux_term("capture-pane", "-p", "-t", "demo"),
+            SCREEN_TIMEOUT,
+            "the demo's TUI attached",
+            detail=lambda: tmux_term("capture-pane", "-p", "-t", "demo"),
+            interval=0.2,
+        )
+        (job,) = [entry.pid for entry in discover(runtime_dir)]
+        children = subprocess.run(
+            ["pgrep", "-P", str(shell)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        (pid,) = [int(c) for c in children]
+        os.kill(pid, 15)
+        wait_until(lambda: after.exists() and _gone(pid) and _gone(job), 30.0, "launcher gone")
+        flags = tmux_term("display", "-p", "-t", "demo", "#{alternate_on} #{mouse_any_flag}")
+        assert flags == "0 0"
+        assert tmux_term("display", "-p", "-t", "demo", "#{cursor_flag}") == "1"
+        wait_until(lambda: after.read_text(), 10.0, "stty's report written")
+        # The settings, not how stty wrapped its lines.
+        assert after.read_text().replace(";", " ").split() == (
+            before.read_text().replace(";", " ").split()
+        )
+    finally:
+        tmux_term("kill-server")

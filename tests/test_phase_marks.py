@@ -193,3 +193,31 @@ def test_a_gpu_bound_step_costs_what_the_probe_adds_to_the_device(
     assert ahead[1:] == [2e-6 if step % 4 == 0 else 0.0 for step in range(1, 12)]
     kept_up = run(busy=False)
     assert all(t > 1e-6 for t in kept_up)  # host time, as timed: microseconds a step
+
+
+def test_passes_on_gpu_bound_steps_are_not_free_to_the_interval(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hidden host work does not make a gradient pass free: until a pass's device time is
+    measured its host time is what the step reports, and the interval always goes by a pass's
+    host time (how much room the host has behind the device is not known). Before, the
+    interval collapsed to a pass every step, each reported as costing nothing."""
+    monkeypatch.setattr(sampler_module, "MARK_EVERY_STEP_FROM", 0.0)
+    loop = Loop(seed=6)
+    probe = tdbg.watch(loop.model, loop.opt, name="bound-auto")  # the adaptive interval
+    on_a_fake_gpu(probe)
+    sent = handed_over(probe, monkeypatch)
+    FakeEvent.busy = True  # the device never catches up: every step after the first hidden
+    try:
+        for _ in range(60):
+            loop.step(probe)
+        # No pass resolved (its events never done): its device time is not known.
+        device_cost = probe._sampler._grad_device_cost
+    finally:
+        FakeEvent.busy = False
+    assert device_cost == 0.0
+    passes = [p for p in sent[1:] if p.grads is not None]
+    assert passes and all(p.probe_time > 0 for p in passes)  # host time, not "free"
+    assert all(p.probe_time == 0.0 for p in sent[1:] if p.grads is None)
+    assert len(passes) < 30 and probe.grad_interval > 1
+    probe.close()

@@ -1128,12 +1128,13 @@ class StepSampler:
         # (A conditional, not max(): a builtin's first call here costs microseconds.)
         untimed = timed - self._grad_seconds
         fixed = untimed * _FIXED_SCALE if untimed > 0.0 else 0.0
-        probe_time = self._grad_seconds + fixed
-        if hidden:
+        probe_time = host_time = self._grad_seconds + fixed
+        if hidden and (sample is None or self._grad_device_cost > 0.0):
             # A GPU-bound step: the host's work costs the step nothing (the device sets its
             # pace); what the probe adds is its kernels' device time, a gradient pass's (as
-            # measured of the recent ones). Measured on an H200 at batch 8192: +0.07-0.15 %
-            # where the host times read 2.6-4.6 % (benchmarks/README.md).
+            # measured of the recent ones: until one is, its host time counts). Measured on an
+            # H200 at batch 8192: +0.03-0.15 % where the host times read 2.6-4.6 %
+            # (benchmarks/README.md).
             probe_time = self._grad_device_cost if sample is not None else 0.0
         self._grad_seconds = 0.0
         # The interval's model of the cost: what every step pays (the running average over
@@ -1149,7 +1150,11 @@ class StepSampler:
                 else ((1 - EMA) * self._fixed_cost + EMA * probe_time)
             )
         elif not self._replanned:
-            surplus = max(0.0, probe_time - self._fixed_cost)
+            # A pass's host time, hidden or not: how much room the host has left behind the
+            # device is not known, and passes as often as their device time alone allows could
+            # make the host the bottleneck (then its work counts again, and the interval would
+            # swing between the two).
+            surplus = max(0.0, host_time - self._fixed_cost)
             cost = self._grad_cost
             self._grad_cost = surplus if cost == 0.0 else (1 - EMA) * cost + EMA * surplus
         self._replanned = False
