@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -100,35 +101,50 @@ def _gone(pid: int) -> bool:
     return state == "Z"
 
 
+LAUNCHER = Path(__file__).resolve().parent.parent / "demos" / "launch.py"
+
+
+def private_tmux(server: str) -> Callable[..., str]:
+    """tmux on a private server of its own (its output stripped)."""
+
+    def tmux_there(*args: str) -> str:
+        cmd = ["tmux", "-L", server, "-f", "/dev/null", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+
+    return tmux_there
+
+
+def demo_in_tmux(tmux_there: Callable[..., str], command: str, runtime: Path) -> int:
+    """``command`` (the demo launcher) in ``tmux_there``'s session "demo", 120x40; once its
+    TUI shows, the training job's pid."""
+    from tdbg.connect.runtime import discover
+
+    tmux_there("new-session", "-d", "-s", "demo", "-x", "120", "-y", "40", command)
+    wait_until(
+        lambda: "Gradient norms" in tmux_there("capture-pane", "-p", "-t", "demo"),
+        SCREEN_TIMEOUT,
+        "the demo's TUI attached",
+        detail=lambda: tmux_there("capture-pane", "-p", "-t", "demo"),
+        interval=0.2,
+    )
+    (job,) = [entry.pid for entry in discover(runtime)]
+    return job
+
+
 def test_the_demo_launcher_leaves_nothing_when_its_terminal_closes(runtime_dir: Path) -> None:
     """`make demo` in a terminal that closes (a dropped ssh session: SIGHUP to the launcher):
     the launcher stops its training job and exits. (It stopped the job, then spun on the dead
     terminal for ever in one closed terminal of two to four: the TUI's input thread, never told
     to stop, kept the interpreter from exiting.)"""
-    from tdbg.connect.runtime import discover
-
     server = f"{SERVER}-hup"
-    launcher = Path(__file__).resolve().parent.parent / "demos" / "launch.py"
     command = (
         f"exec env -u COLUMNS -u LINES TDBG_RUNTIME_DIR={runtime_dir} "
-        f"{sys.executable} {launcher} mlp"
+        f"{sys.executable} {LAUNCHER} mlp"
     )
-
-    def tmux_hup(*args: str) -> str:
-        cmd = ["tmux", "-L", server, "-f", "/dev/null", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
-
-    tmux_hup("new-session", "-d", "-s", "demo", "-x", "120", "-y", "40", command)
+    tmux_hup = private_tmux(server)
     try:
-        pid = int(tmux_hup("display", "-p", "-t", "demo", "#{pane_pid}").strip())
-        wait_until(
-            lambda: "Gradient norms" in tmux_hup("capture-pane", "-p", "-t", "demo"),
-            SCREEN_TIMEOUT,
-            "the demo's TUI attached",
-            detail=lambda: tmux_hup("capture-pane", "-p", "-t", "demo"),
-            interval=0.2,
-        )
-        (job,) = [entry.pid for entry in discover(runtime_dir)]
+        job = demo_in_tmux(tmux_hup, command, runtime_dir)
+        pid = int(tmux_hup("display", "-p", "-t", "demo", "#{pane_pid}"))
     finally:
         tmux_hup("kill-server")  # the terminal closes: SIGHUP to the launcher
     wait_until(lambda: _gone(pid) and _gone(job), 30.0, "the launcher and its job gone")
@@ -141,30 +157,15 @@ def test_a_killed_demo_launcher_gives_the_terminal_back_as_it_was(
     terminal as before it (no alternate screen, no mouse reporting, the cursor shown, the same
     stty settings), also where the kill lands inside the TUI's event loop and cuts it short."""
     server = f"{SERVER}-term"
-    launcher = Path(__file__).resolve().parent.parent / "demos" / "launch.py"
     before, after = tmp_path / "stty-before", tmp_path / "stty-after"
     command = (
         f"stty -a > {before}; env -u COLUMNS -u LINES TDBG_RUNTIME_DIR={runtime_dir} "
-        f"{sys.executable} {launcher} mlp; stty -a > {after}; sleep 60"
+        f"{sys.executable} {LAUNCHER} mlp; stty -a > {after}; sleep 60"
     )
-
-    def tmux_term(*args: str) -> str:
-        cmd = ["tmux", "-L", server, "-f", "/dev/null", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
-
-    from tdbg.connect.runtime import discover
-
-    tmux_term("new-session", "-d", "-s", "demo", "-x", "120", "-y", "40", command)
+    tmux_term = private_tmux(server)
     try:
+        job = demo_in_tmux(tmux_term, command, runtime_dir)
         shell = int(tmux_term("display", "-p", "-t", "demo", "#{pane_pid}"))
-        wait_until(
-            lambda: "Gradient norms" in tmux_term("capture-pane", "-p", "-t", "demo"),
-            SCREEN_TIMEOUT,
-            "the demo's TUI attached",
-            detail=lambda: tmux_term("capture-pane", "-p", "-t", "demo"),
-            interval=0.2,
-        )
-        (job,) = [entry.pid for entry in discover(runtime_dir)]
         children = subprocess.run(
             ["pgrep", "-P", str(shell)], capture_output=True, text=True, check=False
         ).stdout.split()
