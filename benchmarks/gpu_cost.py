@@ -62,7 +62,7 @@ from thread_cpu import (  # noqa: E402
 
 import tdbg  # noqa: E402
 from tdbg.probe import sampler as sampler_module  # noqa: E402
-from tdbg.probe.hooks import marker, perf  # noqa: E402
+from tdbg.probe.hooks import marker  # noqa: E402
 
 PAUSED, NO_MARKS = "watched, thread paused", "watched, no marks"
 EVERY_MARK = "watched, every step timed"
@@ -102,7 +102,7 @@ def arrange(probe: tdbg.Probe, arm: str) -> tdbg.Probe | None:
         sampler._cuda_mark = sampler._mark = probe._hooks._mark = nan_mark
     else:
         sampler._cuda_mark = probe._hooks._mark = marker(sampler._cuda_device)
-        sampler._mark = sampler._cuda_mark if sampler._marked else perf
+        sampler.use_marks(probe._hooks, sampler._marked)
     # Steps of any length have their phases timed: every step's (0.0), or the probe's own rule.
     sampler_module.MARK_EVERY_STEP_FROM = 0.0 if arm == EVERY_MARK else TIMED_FROM
     return probe if watched else None

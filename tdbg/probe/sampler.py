@@ -919,9 +919,7 @@ class StepSampler:
             self.step_count += 1
             self._sample_now = False
             if self._cuda_device is not None:  # no CUDA event for a step nobody reads
-                self._marked = False
-                self._mark = perf
-                hooks.host_marks = True
+                self.use_marks(hooks, False)
             self.forget_step()
             hooks.take()
             hooks.seconds = 0.0
@@ -1224,9 +1222,14 @@ class StepSampler:
         marked = self.step_count >= self._next_marked or gap == 1
         if marked:
             self._next_marked = self.step_count + 1 + int(self._mark_rng.random() * (2 * gap - 1))
-        self._marked = marked
-        self._mark = self._cuda_mark if marked else perf
-        hooks.host_marks = not marked
+        self.use_marks(hooks, marked)
+
+    def use_marks(self, hooks: PhaseHooks, timed: bool) -> None:
+        """Mark the next step of a GPU run with CUDA events (``timed``: its phases timed) or
+        with the host clock alone, the sampler and ``hooks`` alike."""
+        self._marked = timed
+        self._mark = self._cuda_mark if timed else perf
+        hooks.host_marks = not timed
 
     def forget_step(self) -> None:
         """Drop what the probe holds of the step in progress (the loop's last scalar and its
