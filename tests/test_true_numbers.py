@@ -907,15 +907,34 @@ def _origin_net() -> torch.nn.Module:
 K = 6  # the step where it goes wrong: not a sampled step with grad_every=5
 
 
+class _CalledWithKeywords(torch.nn.Module):
+    """_origin_net called as Hugging Face models are: keywords only (``model(**batch)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _origin_net()
+
+    def forward(self, *, inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(inputs)  # type: ignore[no-any-return]
+
+
 def _nan_run(
-    scenario: str, grad_every: int | None, forward: bool | str = "nan", budget: float = 0.01
+    scenario: str,
+    grad_every: int | None,
+    forward: bool | str = "nan",
+    budget: float = 0.01,
+    keywords: bool = False,
 ) -> tuple[Any, Reader, Callable[[int], None]]:
     """A probe on _origin_net and one training step as a function: at step K the scenario goes
-    wrong once (one update spreads the NaN anyway)."""
+    wrong once (one update spreads the NaN anyway). ``keywords``: the watched model is called
+    with keyword arguments only."""
     net = _origin_net()
+    outer = _CalledWithKeywords() if keywords else None
+    if outer is not None:
+        net = outer.net
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x, y = _data()
-    probe = tdbg.watch(net, opt, grad_every=grad_every, overhead_budget=budget)
+    probe = tdbg.watch(outer or net, opt, grad_every=grad_every, overhead_budget=budget)
     reader = Reader(probe.socket_path)  # type: ignore[arg-type]
 
     def train(step: int) -> None:
@@ -928,7 +947,8 @@ def _nan_run(
             else:
                 net.bad.armed = True
         opt.zero_grad()
-        loss = ((net(x) - y) ** 2).mean()
+        out = net(x) if outer is None else outer(inputs=x)
+        loss = ((out - y) ** 2).mean()
         loss.backward()
         opt.step()
         probe.step(loss)
@@ -994,6 +1014,23 @@ def test_the_first_alert_names_where_a_nan_began(
     assert "with finite weights" not in first["message"]
     hunt = _hunt_headline(reader, train)
     assert (hunt["module"], hunt["step"], hunt["phase"]) == (module, K, phase), hunt
+    reader.close()
+    probe.close()
+
+
+@pytest.mark.parametrize("grad_every", [1, 5], ids=["every-step", "every-5"])
+def test_a_forward_overflow_in_a_model_called_with_keywords_is_named(
+    runtime_dir: Path, grad_every: int
+) -> None:
+    """The forward re-run that names an overflowing module passes the forward's keyword
+    arguments too (Hugging Face models take nothing else): the module and step K, sampled or
+    forced."""
+    probe, reader, train = _nan_run("forward", grad_every, keywords=True)
+    for step in range(10):
+        train(step)
+    first = _first_error(reader)
+    assert first["step"] == K and first["layers"] == ["net.boom"], first["message"]
+    assert first["message"].startswith("forward of net.boom (Boom) made")
     reader.close()
     probe.close()
 

@@ -218,7 +218,7 @@ class StepSampler:
         self.skipped_steps = 0  # updates the guard skipped
         # The root module and arguments of the latest forward (PhaseHooks.last_inputs), for
         # re-running a non-finite step's forward while its weights are intact.
-        self.captured: Callable[[], tuple[Any, Any] | None] = lambda: None
+        self.captured: Callable[[], tuple[Any, Any, Any] | None] = lambda: None
         # The hooks whose timeline the backward tap marks the forward's end on (set by the
         # probe with its hooks).
         self.phases: PhaseHooks | None = None
@@ -488,9 +488,9 @@ class StepSampler:
     def _find_forward_origin(self) -> None:
         captured = self.captured()
         if captured is not None and self._forward_origin is None:
-            module, args = captured
+            module, args, kwargs = captured
             t0 = perf()  # a whole forward, timed whole (as a gradient pass is)
-            self._forward_origin = find_forward_origin(module, args)
+            self._forward_origin = find_forward_origin(module, args, kwargs)
             self._grad_seconds += perf() - t0
 
     # Kept as a name: the gradient pass of the first optimizer (tests patch it to fail).
