@@ -113,15 +113,9 @@ class ProbeSwitch:
 
     def __init__(self, probe: tdbg.Probe, model: torch.nn.Module, opt: torch.optim.Optimizer):
         self.model, self.optimizer = model, opt
-        forward_ids = [
-            i
-            for i in (getattr(h, "id", None) for h in probe._hooks.handles)
-            if i in model._forward_pre_hooks
-        ]
+        forward_ids = [h.id for h in probe._hooks.handles if h.id in model._forward_pre_hooks]
         self.forward = {i: model._forward_pre_hooks[i] for i in forward_ids}
-        # Or its call entry (hooks.ForwardEntry), in the module's __dict__.
-        self.entry = model.__dict__.get("_compiled_call_impl")
-        mine = {getattr(h, "id", None) for h in probe._hooks.handles}
+        mine = {h.id for h in probe._hooks.handles}
         self.pre = {i: h for i, h in opt._optimizer_step_pre_hooks.items() if i in mine}
         self.post = {i: h for i, h in opt._optimizer_step_post_hooks.items() if i in mine}
         self.global_pre = dict(optimizer_mod._global_optimizer_pre_hooks)
@@ -133,8 +127,6 @@ class ProbeSwitch:
         model, opt = self.model, self.optimizer
         if on:
             model._forward_pre_hooks.update(self.forward)
-            if self.entry is not None:
-                model.__dict__["_compiled_call_impl"] = self.entry
             opt._optimizer_step_pre_hooks.update(self.pre)
             opt._optimizer_step_post_hooks.update(self.post)
             for key in self.post_order:  # the timing post-hook first, as placed
@@ -145,7 +137,6 @@ class ProbeSwitch:
         else:
             for key in self.forward:
                 model._forward_pre_hooks.pop(key, None)
-            model.__dict__.pop("_compiled_call_impl", None)
             for key in self.pre:
                 opt._optimizer_step_pre_hooks.pop(key, None)
             for key in self.post:

@@ -190,9 +190,7 @@ def test_watch_and_probe_show_every_option_as_a_keyword() -> None:
 
 
 def hook_counts(model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple[int, ...]:
-    """Forward hooks, forward pre-hooks, the call entry (hooks.ForwardEntry), step hooks."""
     counts = [len(model._forward_hooks), len(model._forward_pre_hooks)]
-    counts.append(int(type(model.__dict__.get("_compiled_call_impl")).__name__ == "ForwardEntry"))
     if opt is not None:
         counts += [len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks)]
     return tuple(counts)
@@ -202,15 +200,13 @@ def test_hooks_socket_and_metadata_are_gone_after_close(runtime_dir: Path) -> No
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
     sock = Path(probe.socket_path)  # type: ignore[arg-type]
-    # The call entry, no forward hook (the forward's end is the backward tap's), the step
-    # pre/post hooks.
-    assert hook_counts(loop.model, loop.opt) == (0, 0, 1, 1, 1)
+    # One forward pre-hook (the forward's end is the backward tap's), the step pre/post hooks.
+    assert hook_counts(loop.model, loop.opt) == (0, 1, 1, 1)
     assert sock.exists() and sock.with_suffix(".json").exists()
     loop.run(3, probe)
     probe.close()
-    assert hook_counts(loop.model, loop.opt) == (0, 0, 0, 0, 0)
+    assert hook_counts(loop.model, loop.opt) == (0, 0, 0, 0)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in loop.model.modules())
-    assert "_compiled_call_impl" not in loop.model.__dict__
     assert sorted(os.listdir(runtime_dir)) == []
     assert probe.socket_path is None
     loop.run(2, probe)  # stepping a closed probe is harmless
@@ -225,7 +221,7 @@ def test_context_manager_closes(runtime_dir: Path) -> None:
         loop.run(2, probe)
         assert "serving at" in repr(probe)
     assert probe.closed and "closed" in repr(probe)
-    assert hook_counts(loop.model, loop.opt) == (0, 0, 0, 0, 0)
+    assert hook_counts(loop.model, loop.opt) == (0, 0, 0, 0)
     assert os.listdir(runtime_dir) == []
 
 
@@ -238,7 +234,7 @@ def test_watching_the_same_model_twice_closes_the_first(
     second = tdbg.watch(loop.model, loop.opt)
     assert first.closed and not second.closed
     assert "already watched" in probe_log.getvalue()
-    assert hook_counts(loop.model, loop.opt) == (0, 0, 1, 1, 1)
+    assert hook_counts(loop.model, loop.opt) == (0, 1, 1, 1)
     assert second.socket_path is not None and os.path.exists(second.socket_path)
     assert first_path is not None
     reader = Reader(second.socket_path)
@@ -298,7 +294,7 @@ def test_circuit_breaker_switches_the_probe_off(
     loop.run(150, probe)
     assert probe.errors == watch_module.MAX_ERRORS
     assert probe._disabled
-    assert hook_counts(loop.model, loop.opt) == (0, 0, 0, 0, 0)
+    assert hook_counts(loop.model, loop.opt) == (0, 0, 0, 0)
     assert probe_log.getvalue().count("switches itself off") == 1
     wait_until(lambda: not os.path.exists(sock), what="server stopped")
     wait_until(lambda: not any(t.is_alive() for t in probe._server._threads), what="threads ended")

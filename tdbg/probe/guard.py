@@ -117,10 +117,11 @@ def find_forward_origin(
     finite, the inputs came in non-finite, or anything failed (it never raises).
 
     Call it where the weights are the ones the step's forward used (the optimizer pre-hook,
-    before the update) with the inputs the root forward pre-hook captured. The torch RNG state
-    (CPU, and every CUDA device when CUDA is initialised) is saved and restored around the
-    re-run, so dropout draws the same masks it would have and the run's randomness is unchanged;
-    every module's training flag is restored; the temporary hooks are removed even on error.
+    before the update) with the arguments and keyword arguments the root forward pre-hook
+    captured. The torch RNG state (CPU, and every CUDA device when CUDA is initialised) is
+    saved and restored around the re-run, so dropout draws the same masks it would have and the
+    run's randomness is unchanged; every module's training flag is restored; the temporary
+    hooks are removed even on error.
     Cost: one forward and one sync per module output (only ever on a non-finite step).
     """
     handles: list[RemovableHandle] = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -137,9 +136,12 @@ class PhaseHooks:
         self._on_optimizer_step = functools.partial(events.on_optimizer_pre, grads_ready=True)
         self._on_error = on_error
         # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
-        self.handles: list[RemovableHandle | ForwardEntry] = []
+        self.handles: list[RemovableHandle] = []
         for model in models:
-            self.handles.append(_forward_start(self, model))
+            # With the forward's keyword arguments: a re-run of a model called with keywords
+            # only (Hugging Face's model(**batch)) needs them.
+            hook = _ForwardStart.owned_by(self)
+            self.handles.append(model.register_forward_pre_hook(hook, with_kwargs=True))
         self._by_optimizer: dict[int, list[RemovableHandle]] = {}
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
@@ -194,101 +196,9 @@ class PhaseHooks:
         self._by_optimizer.clear()
 
 
-def _forward_start(hooks: PhaseHooks, model: nn.Module) -> RemovableHandle | ForwardEntry:
-    """Mark ``model``'s forward start: through its call entry where torch has one free
-    (:class:`ForwardEntry`), else with a forward pre-hook (:class:`_ForwardStart`)."""
-    if ForwardEntry.fits(model):
-        return ForwardEntry(hooks, model)
-    return model.register_forward_pre_hook(_ForwardStart.owned_by(hooks), with_kwargs=True)
-
-
-def _on_forward(hooks: PhaseHooks, module: nn.Module, args: Any, kwargs: Any) -> None:
-    """A watched root module's forward begins (from either way in)."""
-    try:
-        t0 = perf()  # the whole call is the probe's cost, not just its mark
-        if torch.is_grad_enabled():
-            hooks.forward_pending = True
-            if hooks.timeline.forward_start is None:
-                hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
-            if hooks.capture_inputs and not hooks.updating:
-                hooks.last_inputs = (module, args, kwargs)
-        hooks.seconds += perf() - t0
-    except Exception as exc:
-        hooks._on_error(exc)
-
-
-# Module.__call__ asks the module's ``_compiled_call_impl`` first (what Module.compile() sets)
-# and calls it instead of ``_call_impl``: where that is still the case, an entry put there sees
-# every call of the module without a hook in its dicts, so torch keeps its fast call path
-# (a forward pre-hook sends every call through the slow one: a closure and three Python frames
-# of torch's: 8.4 us a step on the cnn demo, benchmarks/README.md).
-_CALL_ENTRY = nn.Module.__call__ is getattr(
-    nn.Module, "_wrapped_call_impl", None
-) and "_compiled_call_impl" in vars(nn.Module)
-
-
-class ForwardEntry:
-    """A watched root module's call entry: marks the forward's start, then calls torch's
-    ``_call_impl``. It lives in the module's ``__dict__`` as ``_compiled_call_impl``, which
-    ``Module.__getstate__`` leaves out: a pickled, deep-copied or copied model carries nothing
-    of it (a DataParallel replica, a shallow copy of the dict, drops it: ``taps``). It holds
-    the probe's hooks weakly. Inside a region that ``torch.compile`` traces it only calls
-    through (no graph break). Its own handle: :meth:`remove` puts the module back."""
-
-    __slots__ = ("_owner", "_module", "__weakref__")
-
-    def __init__(self, hooks: PhaseHooks, model: nn.Module) -> None:
-        self._owner = weakref.ref(hooks)
-        self._module = weakref.ref(model)
-        model._compiled_call_impl = self
-
-    @staticmethod
-    def fits(model: nn.Module) -> bool:
-        """Torch calls ``model``'s entry (its class keeps Module.__call__) and it is free (not
-        compiled in place by ``model.compile()``)."""
-        return (
-            _CALL_ENTRY
-            and type(model).__call__ is nn.Module.__call__
-            and model.__dict__.get("_compiled_call_impl") is None
-        )
-
-    def remove(self) -> None:
-        model = self._module()
-        if model is not None and model.__dict__.get("_compiled_call_impl") is self:
-            del model.__dict__["_compiled_call_impl"]  # Module's own default (None) again
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        module = self._module()
-        if is_compiling() or COMPILE_STATE._is_compiling_flag:
-            return module._call_impl(*args, **kwargs)  # type: ignore[union-attr]
-        hooks = self._owner()
-        if hooks is not None and hooks.active:
-            # _on_forward, written out: one Python frame fewer on every forward.
-            try:
-                t0 = perf()
-                if torch.is_grad_enabled():
-                    hooks.forward_pending = True
-                    if hooks.timeline.forward_start is None:
-                        hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
-                    if hooks.capture_inputs and not hooks.updating:
-                        hooks.last_inputs = (module, args, kwargs)  # type: ignore[assignment]
-                hooks.seconds += perf() - t0
-            except Exception as exc:
-                hooks._on_error(exc)
-        return module._call_impl(*args, **kwargs)  # type: ignore[union-attr]
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (type(None), ())  # never pickled with the module (its __getstate__): None anyway
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> None:
-        return None
-
-    def __copy__(self) -> None:
-        return None
-
-
 class _ForwardStart(ForwardHook):
-    """PhaseHooks' forward pre-hook (with kwargs), where a module's call entry is taken."""
+    """PhaseHooks' forward pre-hook, its work written into ``__call__``: one forward, one hook
+    frame (and one compile check of one frame, not two)."""
 
     __slots__ = ()
 
@@ -296,8 +206,19 @@ class _ForwardStart(ForwardHook):
         if is_compiling() or COMPILE_STATE._is_compiling_flag:  # ForwardHook's check
             return None
         hooks = self._owner()
-        if hooks is not None and hooks.active:
-            _on_forward(hooks, module, args, kwargs)
+        if hooks is None or not hooks.active:
+            return None
+        try:
+            t0 = perf()  # the whole hook is the probe's cost, not just its mark
+            if torch.is_grad_enabled():
+                hooks.forward_pending = True
+                if hooks.timeline.forward_start is None:
+                    hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
+                if hooks.capture_inputs and not hooks.updating:
+                    hooks.last_inputs = (module, args, kwargs)
+            hooks.seconds += perf() - t0
+        except Exception as exc:
+            hooks._on_error(exc)
         return None
 
 

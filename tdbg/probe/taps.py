@@ -22,7 +22,6 @@ from typing import Any, Protocol
 import torch
 
 from tdbg.probe.hook_refs import is_compiling
-from tdbg.probe.hooks import ForwardEntry
 
 
 class Listener(Protocol):
@@ -138,9 +137,6 @@ def _install() -> None:
     from torch.utils.data import DataLoader
 
     _swap(DataLoader, "__iter__", _wrap_loader_iter)
-    # DataParallel's replicas copy a module's __dict__, a watched root's call entry with it,
-    # which would run the original module in every replica's place.
-    _swap(torch.nn.Module, "_replicate_for_data_parallel", _wrap_replicate)
     # A layer or parameter assigned into a module (``model.fc = nn.Linear(...)``), and any
     # optimizer's step (a new optimizer for the model): global registries, so no per-module cost.
     from torch.nn.modules import module as module_mod
@@ -326,17 +322,6 @@ def _wrap_clip(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(parameters, max_norm, total_norm, *args, **kwargs)
 
     return clip
-
-
-def _wrap_replicate(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def replicate_for_data_parallel(module: Any) -> Any:
-        replica = original(module)
-        if type(replica.__dict__.get("_compiled_call_impl")) is ForwardEntry:
-            del replica.__dict__["_compiled_call_impl"]  # the replica's own _call_impl
-        return replica
-
-    return replicate_for_data_parallel
 
 
 def _wrap_loader_iter(original: Callable[..., Any]) -> Callable[..., Any]:
