@@ -214,6 +214,37 @@ def test_hooks_socket_and_metadata_are_gone_after_close(runtime_dir: Path) -> No
     probe.close()  # twice is fine
 
 
+def test_a_closed_probe_and_its_model_are_freed_once_dropped(runtime_dir: Path) -> None:
+    """Nothing of tdbg keeps a watched model alive after close(): the map from modules to their
+    probe (for "already watched") held the probe strongly, and the probe its model, so every
+    model a process ever watched (a sweep's every trial) stayed in memory."""
+    import gc
+    import weakref
+
+    def trial() -> tuple[weakref.ref[nn.Module], weakref.ref[tdbg.Probe]]:
+        # In a function of its own: watch() reads its caller's variable names (f_locals,
+        # a snapshot on Python < 3.13 that lives as long as the frame).
+        net = nn.Linear(4, 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        probe = tdbg.watch(net, opt)
+        for _ in range(2):
+            loss = net(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            probe.step(loss)
+        probe.close()
+        return weakref.ref(net), weakref.ref(probe)
+
+    model, closed = trial()
+
+    def freed() -> bool:
+        gc.collect()
+        return model() is None and closed() is None
+
+    wait_until(freed, what="the model and its closed probe freed")
+
+
 def test_context_manager_closes(runtime_dir: Path) -> None:
     loop = Loop()
     with tdbg.watch(loop.model, loop.opt) as probe:

@@ -44,7 +44,9 @@ MAX_ERRORS = 100  # circuit breaker (guarantees: training thread)
 
 _live: weakref.WeakSet[Probe] = weakref.WeakSet()
 _thread_id = threading.get_ident  # one global read a step, not two lookups
-_by_model: weakref.WeakKeyDictionary[nn.Module, Probe] = weakref.WeakKeyDictionary()
+# Which probe watches a module, both weakly: a probe holds its modules, so a strong value would
+# keep every watched model (and its probe) alive for good, closed or dropped.
+_by_model: weakref.WeakKeyDictionary[nn.Module, weakref.ref[Probe]] = weakref.WeakKeyDictionary()
 
 
 class Probe:
@@ -619,13 +621,14 @@ def watch(
     """
     modules = _modules_of(model)
     for module in modules:
-        previous = _by_model.get(module)
+        ref = _by_model.get(module)
+        previous = ref() if ref is not None else None
         if previous is not None and not previous.closed:
             warn("tdbg.watch: this model was already watched; closing the earlier probe")
             previous.close()
     probe = Probe(model, optimizer, **options)
     for module in modules:
-        _by_model[module] = probe
+        _by_model[module] = weakref.ref(probe)
     return probe
 
 
