@@ -227,3 +227,34 @@ def test_a_compiled_optimizer_step_still_runs_the_probe_hooks(
         assert probe.errors == 0, probe.last_error
     finally:
         probe.close()
+
+
+def _doubled(module: torch.nn.Module, inputs: tuple[torch.Tensor]) -> tuple[torch.Tensor]:
+    """The script's own forward pre-hook, one TorchScript compiles."""
+    return (inputs[0] * 2,)
+
+
+def test_a_watched_model_and_its_copies_script_with_the_scripts_own_hooks(
+    runtime_dir: Path,
+) -> None:
+    """``torch.jit.script`` compiles every forward hook from its source: a watched model (and
+    a deep copy of it, before and after close) scripts as unwatched, with the script's own hook
+    and not tdbg's, and the watched model keeps its hooks, in order, and trains watched."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    loop.model.register_forward_pre_hook(_doubled)
+    loop.run(1, probe)
+    before = list(loop.model._forward_pre_hooks.items())
+    assert len(before) == 2
+    scripted = torch.jit.script(loop.model)
+    assert list(loop.model._forward_pre_hooks.items()) == before
+    expected = loop.model(loop.x)
+    assert torch.allclose(scripted(loop.x), expected)
+    assert torch.allclose(scripted(loop.x), loop.model[2](loop.model[1](loop.model[0](2 * loop.x))))
+    twin = copy.deepcopy(loop.model)
+    assert torch.allclose(torch.jit.script(twin)(loop.x), expected)
+    loop.run(2, probe)
+    assert probe.errors == 0 and probe.steps == 3
+    probe.close()
+    trained = loop.model(loop.x)
+    assert torch.allclose(torch.jit.script(copy.deepcopy(loop.model))(loop.x), trained)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tdbg.probe import taps
+from tdbg.probe import script_tap, taps
 from tdbg.probe.alerts import alert
 from tdbg.probe.commands import CommandDesk
 from tdbg.probe.dives.base import DiveContext, DiveRunner
@@ -221,6 +221,7 @@ class Probe:
             self._server.submit_work(lambda: self._adopt_schedule(opts_only))
         self._note_watched()
         taps.attach(self._sampler)
+        script_tap.install()  # torch.jit.script(model) works watched, as it does unwatched
         self._created = time.monotonic()
         if opts.serve or record is not None:
             if opts.serve and multiprocessing.parent_process() is not None:
