@@ -150,6 +150,37 @@ def test_automatic_optimization_one_step_per_update_with_the_mean_loss(
     ]
 
 
+def test_a_validation_between_steps_is_no_grad_time_not_data_wait(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    """Lightning validates mid-epoch (``val_check_interval``) between two updates; this
+    model's ``validation_step`` calls its layers, not the module the probe hooks, so the
+    callback marks where it began: its time is the next step's no-grad phase, not data."""
+    import time
+
+    from tdbg.integrations.lightning import TdbgCallback
+
+    pause = 0.3  # slept in the validation: a floor for its time, not a timed wait
+
+    class Validated(_regression(L.LightningModule)):  # type: ignore[misc]
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            if batch_idx == 0 and not self.trainer.sanity_checking:
+                time.sleep(pause)
+            self.log("val_loss", F.mse_loss(self.net(x), y))
+
+    path = tmp_path / "run.tdbg"
+    callback = TdbgCallback(record=path, serve=False)
+    train, val = _loaders()  # 8 batches of 4: validated after the 4th and the 8th
+    trainer = _trainer(L, [callback], max_epochs=1, val_check_interval=4)
+    trainer.fit(Validated(), train, val)
+    records, _, _ = _recorded(path)
+    assert [r.step for r in records] == list(range(8))
+    assert records[4].no_grad_time >= pause
+    assert records[4].data_time < pause
+    assert [r.no_grad_time for r in records[:4] + records[5:]] == [0.0] * 7
+
+
 def _gan(base: type) -> type:
     class GAN(base):  # type: ignore[misc, valid-type]
         """Manual optimization with two optimizers: generator first, then discriminator."""

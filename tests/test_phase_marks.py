@@ -221,3 +221,67 @@ def test_passes_on_gpu_bound_steps_are_not_free_to_the_interval(
     assert all(p.probe_time == 0.0 for p in sent[1:] if p.grads is None)
     assert len(passes) < 30 and probe.grad_interval > 1
     probe.close()
+
+
+EVAL_SECONDS = 0.3  # the evaluation's length, slept inside it: a floor, never a timed wait
+
+
+def evaluate(loop: Loop) -> None:
+    """A validation pass between two steps, as loops run one: forwards without grad."""
+    with torch.no_grad():
+        loop.model(loop.x)
+        time.sleep(EVAL_SECONDS)
+        loop.model(loop.x)
+
+
+def eval_run(monkeypatch: pytest.MonkeyPatch, gpu: bool) -> list[Any]:
+    """Ten steps of a real loop, validated before step 4's forward and (a forward without
+    grad after the update, before probe.step()) inside step 7; the records."""
+    monkeypatch.setattr(sampler_module, "MARK_EVERY_STEP_FROM", 0.0)  # every step timed
+    loop = Loop(seed=6)
+    probe = tdbg.watch(loop.model, loop.opt, name="eval", grad_every=5)
+    if gpu:
+        on_a_fake_gpu(probe)
+    sent = handed_over(probe, monkeypatch)
+    for step in range(10):
+        if step == 4:
+            evaluate(loop)
+        if step == 7:
+            loop.model.zero_grad(set_to_none=True)
+            loss = loop.loss()
+            loss.backward()
+            loop.opt.step()
+            evaluate(loop)
+            probe.step(loss)
+        else:
+            loop.step(probe)
+    records = []
+    for pending in sent:
+        start = pending.timeline.no_grad_start
+        assert (start is None) is (pending.step != 4), (pending.step, start)
+        if gpu and start is not None:
+            assert type(start) is CudaMark  # a timed step's marks are all of one clock
+        resolved = pending.resolve()
+        assert resolved is not None
+        records.append(resolved[0])
+    assert probe.errors == 0
+    probe.close()
+    return records
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+def test_an_evaluation_between_steps_is_no_grad_time_not_data_wait(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, gpu: bool
+) -> None:
+    """Forwards without grad between two steps (validation, a rollout) are timed as their own
+    phase, from the first of them to the step's forward; the data phase ends where they begin
+    (it took them for a wait on the data loader: "input-bound" after every evaluation).
+    Forwards without grad after the step's own forward (here after its update) are not."""
+    records = eval_run(monkeypatch, gpu)
+    evaluated = records[4]
+    assert evaluated.no_grad_time >= EVAL_SECONDS
+    assert evaluated.data_time < EVAL_SECONDS
+    assert evaluated.step_time >= EVAL_SECONDS
+    for record in records[:4] + records[5:]:
+        assert record.no_grad_time == 0.0, record.step
+    assert records[8].data_time < EVAL_SECONDS  # step 7's evaluation is no wait of step 8's

@@ -83,6 +83,28 @@ async def test_panels_show_the_run() -> None:
         assert "forward" in text and "backward" in text  # step anatomy
 
 
+async def test_an_evaluation_shows_as_no_grad_time_not_as_an_input_bound_run() -> None:
+    """A validation between two steps (forwards without grad) takes most of the recent steps'
+    time: the bar names it, and the run is not called input-bound (its data wait is small)."""
+    from tdbg.protocol.steps import pack_steps
+    from tdbg.tui.sources.synthetic import step_records
+
+    msgs = synthetic_run(steps=100, n_layers=4)
+    tail = step_records(100, 20, 4)
+    for record in tail:
+        record.no_grad_time = 0.0
+    tail[5].no_grad_time, tail[5].data_time, tail[5].step_time = 2.0, 0.005, 2.05
+    msgs.insert(-1, pack_steps(tail, 4))
+    app = make_app(ReplaySource(msgs, RUN))
+    async with app.run_test(size=SIZE) as pilot:
+        await ended(pilot, app)
+        text = await shows(pilot, app, "no-grad", "step 119")
+        assert "INPUT-BOUND" not in text and "input-bound" not in text
+        assert not app.state.input_bound
+        share = app.state.anatomy()["no_grad_time"]
+        assert share is not None and share > 0.5
+
+
 async def test_run_ended_keeps_the_data() -> None:
     app = make_app(ReplaySource(synthetic_run(steps=200), RUN, batch_size=3))
     async with app.run_test(size=SIZE) as pilot:

@@ -97,6 +97,7 @@ def step_events(
             "samples": _seconds(rec.samples),
             "tokens": _seconds(rec.tokens),
             "data_time": _seconds(rec.data_time),
+            "no_grad_time": _seconds(rec.no_grad_time),
             "forward_time": _seconds(rec.forward_time),
             "backward_time": _seconds(rec.backward_time),
             "optimizer_time": _seconds(rec.optimizer_time),

@@ -81,6 +81,12 @@ class TdbgLightning(FailSafe):
         except Exception as exc:
             self._failed("recording a step", exc)
 
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        # Its forwards may call the LightningModule's layers, not the module the probe hooks:
+        # the validation's time is then marked here, not taken for a wait on data.
+        if self._live():
+            self.probe.note_evaluation()
+
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._live() and not trainer.sanity_checking:
             self._send_metrics(trainer, None)

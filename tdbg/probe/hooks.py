@@ -65,11 +65,14 @@ def span(start: Mark | None, end: Mark | None) -> float | None:
 
 
 class StepTimeline:
-    """Marks of one step: forward start/end, optimizer start/end.
+    """Marks of one step: forward start/end, optimizer start/end, and where a watched model's
+    first forward without grad began, before the step's own (an evaluation, a rollout, a
+    frozen teacher: time that is neither waiting for data nor the step's forward).
 
     Defaults on the class and no ``__init__``: one is made per step, after the update, where a
     Python ``__init__`` frame costs microseconds; a mark set goes into the instance's dict."""
 
+    no_grad_start: Mark | None = None
     forward_start: Mark | None = None
     forward_end: Mark | None = None
     optimizer_start: Mark | None = None
@@ -164,6 +167,18 @@ class PhaseHooks:
             if handle in self.handles:
                 self.handles.remove(handle)
 
+    def mark_no_grad(self) -> None:
+        """Where an evaluation between two steps begins, as a forward without grad marks it
+        (from a framework's validation hook): only before the step's own forward."""
+        timeline = self.timeline
+        if (
+            self.active
+            and timeline.forward_start is None
+            and timeline.no_grad_start is None
+            and not self.updating
+        ):
+            timeline.no_grad_start = perf() if self.host_marks else self._mark()
+
     def take(self) -> StepTimeline:
         """Hand over this step's marks and start a fresh timeline."""
         timeline, self.timeline = self.timeline, StepTimeline()
@@ -216,6 +231,10 @@ class _ForwardStart(ForwardHook):
                     hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
                 if hooks.capture_inputs and not hooks.updating:
                     hooks.last_inputs = (module, args, kwargs)
+            elif hooks.timeline.no_grad_start is None:
+                # No training forward runs without grad: an evaluation (or a rollout) between
+                # the steps, which the data phase would otherwise take for a wait on input.
+                hooks.mark_no_grad()
             hooks.seconds += perf() - t0
         except Exception as exc:
             hooks._on_error(exc)

@@ -86,34 +86,52 @@ class PendingStep:
     amp_skipped: bool = False  # GradScaler skipped this iteration's update
     weights_only: bool = False  # ``grads`` is read for its weights only (AMP skip: scaled)
 
-    def _phases(self) -> tuple[float, float, float, float] | None:
-        """(data, forward, backward, optimizer) seconds from the step's marks (NaN: not
-        marked), or None while one of their CUDA events is still pending."""
+    def _phases(self) -> tuple[float, float, float, float, float] | None:
+        """(data, no-grad, forward, backward, optimizer) seconds from the step's marks (NaN: not
+        marked), or None while one of their CUDA events is still pending. No-grad: from a
+        watched model's first forward without grad to the step's own forward (0 when none ran;
+        the data phase then ends where it began)."""
         tl = self.timeline
         fwd_start, fwd_end = tl.forward_start, tl.forward_end
         opt_start, opt_end = tl.optimizer_start, tl.optimizer_end
         backward_end = opt_start if opt_start is not None else self.step_mark
+        no_grad_start = tl.no_grad_start
         spans = (
             span(fwd_start, fwd_end),
             span(fwd_end, backward_end),
             span(opt_start, opt_end),
             # On a GPU this is device idle time between the steps (the events' gap): a host
             # stuck in a blocking copy while the GPU is still busy is not waiting for data.
-            span(self.previous_end, fwd_start),
+            span(self.previous_end, fwd_start if no_grad_start is None else no_grad_start),
+            (0.0 if fwd_start is not None else NAN)
+            if no_grad_start is None
+            else span(no_grad_start, fwd_start),
         )
-        forward, backward, optimizer, data = spans
-        if forward is None or backward is None or optimizer is None or data is None:
+        forward, backward, optimizer, data, no_grad = spans
+        if (
+            forward is None
+            or backward is None
+            or optimizer is None
+            or data is None
+            or no_grad is None
+        ):
             return None
-        return (max(0.0, data) if data == data else NAN), forward, backward, optimizer
+        return (
+            max(0.0, data) if data == data else NAN,
+            max(0.0, no_grad) if no_grad == no_grad else NAN,
+            forward,
+            backward,
+            optimizer,
+        )
 
     def resolve(self) -> tuple[StepRecord, Sequence[int]] | None:
         """The finished record, or None while device work is pending. Never blocks."""
         if self.ready is not None and not self.ready.query():
             return None
-        phases = (NAN, NAN, NAN, NAN) if self.unmarked else self._phases()
+        phases = (NAN, NAN, NAN, NAN, NAN) if self.unmarked else self._phases()
         if phases is None:
             return None
-        data, forward, backward, optimizer = phases
+        data, no_grad, forward, backward, optimizer = phases
         if self.grad_marks is not None:
             grad_time = span(*self.grad_marks)
             if grad_time is None:
@@ -147,6 +165,7 @@ class PendingStep:
             samples=self.samples,
             tokens=self.tokens,
             data_time=data,
+            no_grad_time=no_grad,
             forward_time=forward,
             backward_time=backward,
             optimizer_time=optimizer,

@@ -415,6 +415,18 @@ class Probe:
         except Exception as exc:
             self._count_error(exc)
 
+    def note_evaluation(self) -> None:
+        """An evaluation of the model begins between two steps (for frameworks whose
+        validation loop may not call the watched module itself: Lightning's). Its time, up to
+        the next step's forward, is the step's no-grad phase, not a wait on data. A forward of
+        a watched model without grad marks it by itself."""
+        if self._disabled:
+            return
+        try:
+            self._hooks.mark_no_grad()
+        except Exception as exc:
+            self._count_error(exc)
+
     def close(self) -> None:
         """Remove every hook, stop serving and remove the socket; safe to call twice."""
         if self.closed:

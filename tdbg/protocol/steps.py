@@ -38,6 +38,7 @@ class StepRecord:
     samples: float = NAN
     tokens: float = NAN
     data_time: float = NAN
+    no_grad_time: float = NAN
     forward_time: float = NAN
     backward_time: float = NAN
     optimizer_time: float = NAN
@@ -62,14 +63,17 @@ F64_COLUMNS = (
     "optimizer_time",
     "probe_time",
     *("micro_batches", "clip_max", "clip_norm", "epoch"),
+    "no_grad_time",
 )
 # What a step was, besides its timings (f64 too; NaN: not known): ``micro_batches`` backward
 # passes (forwards with grad, where no backward is seen) since the previous step, for gradient
 # accumulation; ``clip_max`` the ``max_norm`` a ``clip_grad_norm_`` was given this step and
 # ``clip_norm`` the total norm it measured (before clipping: the clip was active when it is the
-# larger); ``epoch`` the epoch the step belongs to. Batches written before these columns existed
-# (older recordings) lack them: readers take NaN.
-OPTIONAL_COLUMNS = frozenset({"micro_batches", "clip_max", "clip_norm", "epoch"})
+# larger); ``epoch`` the epoch the step belongs to; ``no_grad_time`` the time from a watched
+# model's first forward without grad (an evaluation, a rollout) to the step's own forward, which
+# ``data_time`` then ends before. Batches written before these columns existed (older
+# recordings) lack them: readers take NaN.
+OPTIONAL_COLUMNS = frozenset({"micro_batches", "clip_max", "clip_norm", "epoch", "no_grad_time"})
 
 
 # Every column of a ``steps`` message, in wire order, with its ``array`` typecode (each column

@@ -36,7 +36,9 @@ from tdbg.tui.state.metrics import MetricStore
 if TYPE_CHECKING:
     from tdbg.connect.client import ProbeClient
 
-ANATOMY = ("data_time", "forward_time", "backward_time", "optimizer_time")
+# no_grad_time: a watched model's forwards without grad before the step's own (an evaluation);
+# NaN from probes and recordings older than the column, and then left out of the bar.
+ANATOMY = ("data_time", "no_grad_time", "forward_time", "backward_time", "optimizer_time")
 
 RECENT_GRAD_ROWS = 512  # sampled grad rows kept at full resolution
 OLD_GRAD_ROWS = 512  # decimated older rows; the stride doubles whenever this fills

@@ -1,4 +1,4 @@
-"""AnatomyBar: where a step's time goes (data / forward / backward / optimizer), one bar."""
+"""AnatomyBar: where a step's time goes (data, no-grad, forward, backward, optimizer)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tdbg.tui.widgets.steady import SteadyStatic
 
 LABELS = {
     "data_time": "data",
+    "no_grad_time": "no-grad",
     "forward_time": "forward",
     "backward_time": "backward",
     "optimizer_time": "optimizer",
@@ -23,6 +24,7 @@ class AnatomyBar(SteadyStatic):
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "anatomy-bar--data_time",
+        "anatomy-bar--no_grad_time",
         "anatomy-bar--forward_time",
         "anatomy-bar--backward_time",
         "anatomy-bar--optimizer_time",
@@ -59,6 +61,8 @@ class AnatomyBar(SteadyStatic):
         legend.append(f"step {fmt(None if step_time is None else step_time * 1e3, '.1f', ' ms')}")
         for name in ANATOMY:
             part = shares[name]
+            if name == "no_grad_time" and not (part is not None and part >= 0.005):
+                continue  # named only while forwards without grad take a share of the steps
             legend.append("  ")
             legend.append("■", self.get_component_rich_style(f"anatomy-bar--{name}"))
             legend.append(
