@@ -36,6 +36,13 @@ def parser(description: str) -> argparse.ArgumentParser:
         metavar="K",
         help="gradient statistics every K steps (default: auto, within a 1 %% budget)",
     )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=250,
+        metavar="N",
+        help="a validation pass (no grad, logged as val_loss) every N steps (default 250; 0: none)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -78,6 +85,8 @@ def run(
     step = 0
     try:
         while args.steps is None or step < args.steps:
+            if args.eval_every > 0 and step > 0 and step % args.eval_every == 0:
+                probe.log(val_loss=validate(task))
             inputs, targets = next(data)
             hook = functools.partial(before_step, step) if before_step is not None else None
             loss = task.train_step(inputs, targets, hook)
@@ -97,6 +106,20 @@ def run(
             f"{probe.name}: {step} steps, loss {float(first):.4g} -> {float(last):.4g}", flush=True
         )
     return 0
+
+
+def validate(task: Task, batches: int = 8) -> torch.Tensor:
+    """The loss on fresh batches, without grad and in eval mode, as a validation pass is: a
+    tensor (tdbg reads it off the training thread: no host-device sync here)."""
+    task.model.eval()
+    try:
+        with torch.no_grad():
+            losses = [
+                task.loss_fn(task.model(x), y) for x, y in (task.batch() for _ in range(batches))
+            ]
+        return torch.stack(losses).mean()
+    finally:
+        task.model.train()
 
 
 def main_guard(main: Callable[[list[str] | None], int]) -> None:
