@@ -1,5 +1,5 @@
 """Snapshots of the real app on the synthetic run: live, stalled, non-finite, ended, a profile
-shown and the heatmap, each at 80x24, 120x40 and 200x60 (issue 11).
+shown, the heatmap and a validation pass just done, each at 80x24, 120x40 and 200x60 (issue 11).
 
 Each snapshot is the screen as an SVG (colours and all, what ``app.export_screenshot()`` gives;
 open it in a browser) and as plain text beside it (what a review diff reads), under
@@ -74,7 +74,11 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FrozenTime:
 
 
 def source_for(state: str) -> ReplaySource:
-    messages = synthetic_run(steps=STEPS, nan_at=STEPS - 20 if state == "nonfinite" else None)
+    messages = synthetic_run(
+        steps=STEPS,
+        nan_at=STEPS - 20 if state == "nonfinite" else None,
+        eval_every=STEPS - 10 if state == "evaluated" else None,
+    )
     if state == "profile":
         messages += job_messages(1, "profile", PROFILE_ARGS, profile_result((300, 304)), start=300)
     return ReplaySource(messages, RUN, end=state == "ended")
@@ -174,6 +178,12 @@ async def test_ended(clock: FrozenTime) -> None:
 
 async def test_profile_shown(clock: FrozenTime) -> None:
     await shoot("profile", clock)
+
+
+async def test_evaluated(clock: FrozenTime) -> None:
+    """A validation pass ten steps ago: the anatomy bar names its no-grad share (at 80x24 in
+    short names, so the last phase still shows), and the run is not input-bound."""
+    await shoot("evaluated", clock)
 
 
 async def test_heatmap(clock: FrozenTime) -> None:

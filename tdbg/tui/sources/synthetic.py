@@ -77,11 +77,13 @@ def step_records(
     seed: int = 0,
     true_numbers: bool = True,
     tokens: bool = True,
+    eval_every: int | None = None,
 ) -> list[StepRecord]:
     """``count`` steps from ``start``: a decaying noisy loss, two LR groups, per-layer norms;
     with ``true_numbers`` also 4 micro-batches a step, ``clip_grad_norm_(max_norm=1.0)`` active
     on about 40% of the steps (the norms are the pre-clip ones) and 100 steps an epoch;
-    ``tokens=False``: a run that counts samples only (not a language model)."""
+    ``tokens=False``: a run that counts samples only (not a language model); ``eval_every``:
+    a validation pass (forwards without grad, 20 steps' time) before every such step."""
     rng = random.Random(seed + start)
     out = []
     step_time = 0.05
@@ -104,16 +106,20 @@ def step_records(
             if nan_at is not None and s >= nan_at and n_layers:
                 norms[0] = math.nan
         rest = step_time * (1 - data_share)
+        no_grad = math.nan
+        if eval_every is not None:
+            no_grad = 20 * step_time if s and s % eval_every == 0 else 0.0
         out.append(
             StepRecord(
                 step=s,
                 time=t0 + s * step_time,
                 loss=loss,
                 lr=[1e-3 * min(1.0, (s + 1) / 100), 1e-4],
-                step_time=step_time,
+                step_time=step_time + (no_grad if no_grad == no_grad else 0.0),
                 samples=32.0,
                 tokens=32.0 * 512 if tokens else math.nan,
                 data_time=step_time * data_share,
+                no_grad_time=no_grad,
                 forward_time=rest * 0.3,
                 backward_time=rest * 0.55,
                 optimizer_time=rest * 0.1,
@@ -216,6 +222,7 @@ def synthetic_run(
     true_numbers: bool = True,
     t0: float = START_TIME,
     tokens: bool = True,
+    eval_every: int | None = None,
 ) -> list[dict[str, Any]]:
     """A full message list as a probe would send it: layers, step batches, metrics, alerts,
     system, the probe's health. ``models`` split the layers (the first half the first
@@ -244,6 +251,7 @@ def synthetic_run(
             true_numbers=true_numbers,
             t0=t0,
             tokens=tokens,
+            eval_every=eval_every,
         )
         msgs.append(pack_steps(records, n_layers))
         if metrics:

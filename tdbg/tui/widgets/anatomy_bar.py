@@ -19,6 +19,15 @@ LABELS = {
 }
 
 
+SHORT_LABELS = {
+    "data_time": "data",
+    "no_grad_time": "no-grad",
+    "forward_time": "fwd",
+    "backward_time": "bwd",
+    "optimizer_time": "opt",
+}
+
+
 class AnatomyBar(SteadyStatic):
     """A proportional coloured bar plus percentages; ``-input-bound`` when data dominates."""
 
@@ -56,18 +65,11 @@ class AnatomyBar(SteadyStatic):
                 bar.append(
                     " " * (width - used), self.get_component_rich_style("anatomy-bar--other")
                 )
-        legend = Text(no_wrap=True, overflow="ellipsis")
-        step_time = state.mean_recent("step_time")
-        legend.append(f"step {fmt(None if step_time is None else step_time * 1e3, '.1f', ' ms')}")
-        for name in ANATOMY:
-            part = shares[name]
-            if name == "no_grad_time" and not (part is not None and part >= 0.005):
-                continue  # named only while forwards without grad take a share of the steps
-            legend.append("  ")
-            legend.append("■", self.get_component_rich_style(f"anatomy-bar--{name}"))
-            legend.append(
-                f" {LABELS[name]} {fmt(None if part is None else part * 100, '.0f', '%')}"
-            )
+        legend = self._legend(state, shares, LABELS)
+        warning_cells = len("INPUT-BOUND  ") if state.input_bound else 0
+        if legend.cell_len + warning_cells > width:
+            # A narrow terminal: short names, so the last phase is not the one cut off.
+            legend = self._legend(state, shares, SHORT_LABELS)
         # Throughput only where the run reports it: "n/a tokens/s" on a non-LM run is noise.
         for unit in ("samples", "tokens"):
             rate = state.throughput(unit)
@@ -82,3 +84,20 @@ class AnatomyBar(SteadyStatic):
             )
             legend.no_wrap, legend.overflow = True, "ellipsis"
         self.update(legend if compact else Text("\n").join([bar, legend]))
+
+    def _legend(
+        self, state: RunState, shares: dict[str, float | None], labels: dict[str, str]
+    ) -> Text:
+        legend = Text(no_wrap=True, overflow="ellipsis")
+        step_time = state.mean_recent("step_time")
+        legend.append(f"step {fmt(None if step_time is None else step_time * 1e3, '.1f', ' ms')}")
+        for name in ANATOMY:
+            part = shares[name]
+            if name == "no_grad_time" and not (part is not None and part >= 0.005):
+                continue  # named only while forwards without grad take a share of the steps
+            legend.append("  ")
+            legend.append("■", self.get_component_rich_style(f"anatomy-bar--{name}"))
+            legend.append(
+                f" {labels[name]} {fmt(None if part is None else part * 100, '.0f', '%')}"
+            )
+        return legend
