@@ -141,6 +141,9 @@ def test_trainer_one_step_per_update_with_the_mean_loss(
         (n - 1, pytest.approx(evals[1])),
     ]
     assert [s for s, _ in metric("train_loss")] == [n - 1]  # the run's summary, at its end
+    # The first epoch's evaluation (forwards without grad) is the next step's no-grad phase,
+    # not a wait on data; no other step has one.
+    assert [r.no_grad_time > 0 for r in records] == [k == len(sizes) for k in range(n)]
 
 
 def test_a_tiny_gpt2_from_its_config_trains_watched(runtime_dir: Path, tmp_path: Path) -> None:
