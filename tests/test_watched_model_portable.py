@@ -258,3 +258,43 @@ def test_a_watched_model_and_its_copies_script_with_the_scripts_own_hooks(
     probe.close()
     trained = loop.model(loop.x)
     assert torch.allclose(torch.jit.script(copy.deepcopy(loop.model))(loop.x), trained)
+
+
+def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir: Path) -> None:
+    """What other code does while TorchScript reads the model (a dive arming or releasing its
+    hooks, a forward in another thread): a hook removed meanwhile stays removed, one added
+    meanwhile stays (and TorchScript does not see it if it is tdbg's), a forward meanwhile is
+    timed by the probe."""
+    import functools
+    import sys
+
+    from torch.jit import _recursive
+
+    from tdbg.probe.hook_refs import INERT_EVENT
+
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    loop.run(1, probe)
+    leaving = loop.model.register_forward_hook(functools.partial(sys.audit, INERT_EVENT))
+    arrived: list[Any] = []
+
+    def stubs(module: torch.nn.Module) -> Any:
+        if module is loop.model:  # the window, as another thread would use it
+            leaving.remove()
+            arrived.append(
+                loop.model.register_forward_hook(functools.partial(sys.audit, INERT_EVENT))
+            )
+            probe._hooks.timeline.forward_start = None
+            loop.model(loop.x)
+            assert probe._hooks.timeline.forward_start is not None  # the probe's hook ran
+        return _recursive.infer_methods_to_compile(module)
+
+    scripted = _recursive.create_script_module(loop.model, stubs)
+    assert torch.allclose(scripted.forward(loop.x), loop.model(loop.x))
+    hooks = list(loop.model._forward_hooks)
+    assert leaving.id not in hooks and hooks == [arrived[0].id]
+    assert len(loop.model._forward_pre_hooks) == 1  # the probe's, back in place
+    probe._hooks.timeline.forward_start = None
+    loop.run(2, probe)
+    assert probe.errors == 0 and probe.steps == 3
+    probe.close()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -23,10 +24,11 @@ def install() -> None:
 
     ``torch.jit.script(model)`` compiles every forward (pre-)hook in the model's dicts from its
     source, and a tdbg hook has none (nor a ``__name__``): scripting a watched model raised
-    ``AttributeError`` where the same model unwatched scripts. While the wrapper runs, tdbg's
-    hooks leave the dicts and come back in their places after, so the scripted module carries
-    only the script's own hooks. It stays after the last probe closes: a copy of a watched model
-    (an EMA, a best-model snapshot, one loaded from ``torch.save``) keeps an inert tdbg hook.
+    ``AttributeError`` where the same model unwatched scripts. While the wrapper runs, each
+    module's hook dicts are seen through a view whose ``values()`` (all TorchScript reads of
+    them) leaves tdbg's out, so the scripted module carries only the script's own hooks. It
+    stays after the last probe closes: a copy of a watched model (an EMA, a best-model
+    snapshot, one loaded from ``torch.save``) keeps an inert tdbg hook.
     Every scripting path goes through this function (``torch.jit.script`` of a module, a
     ``ScriptModule`` subclass, ``torch.jit.trace``'s module), looked up at each call.
     """
@@ -46,11 +48,11 @@ def install() -> None:
 def _set_aside_while(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def create_script_module(nn_module: Any, *args: Any, **kwargs: Any) -> Any:
-        set_aside = _take_tdbg_hooks(nn_module)
+        views = _show_scripts_hooks_only(nn_module)
         try:
             return original(nn_module, *args, **kwargs)
         finally:
-            _put_back(set_aside)
+            _put_back(views)
 
     return create_script_module
 
@@ -68,41 +70,46 @@ def is_tdbg_hook(hook: Any) -> bool:
     return isinstance(owner, str) and owner.startswith("tdbg.")
 
 
-_SetAside = list[tuple[dict[Any, Any], list[tuple[Any, Any]]]]
+class _ScriptsView(OrderedDict[Any, Any]):
+    """A module's hook dict as TorchScript reads it (``values()``, and nothing else): without
+    tdbg's hooks, those registered meanwhile too. ``items()`` (what a forward runs) keeps them
+    all: a forward in another thread meanwhile is timed as ever."""
+
+    def values(self) -> Any:
+        return [hook for hook in super().values() if not is_tdbg_hook(hook)]
 
 
-def _take_tdbg_hooks(root: Any) -> _SetAside:
-    """Remove tdbg's hooks from every module under ``root``; what to put back, and where."""
-    set_aside: _SetAside = []
+# (module's __dict__, attribute, its own dict, the view in its place, the keys it had then)
+_Swap = tuple[dict[str, Any], str, dict[Any, Any], _ScriptsView, frozenset[Any]]
+
+
+def _show_scripts_hooks_only(root: Any) -> list[_Swap]:
+    """Each module under ``root`` whose hook dicts hold a tdbg hook gets a view in their place
+    while it is scripted. Its own dicts stay as they are (a hook removed meanwhile through its
+    handle is removed from them, and stays removed)."""
+    swaps: list[_Swap] = []
     if not isinstance(root, nn.Module):
-        return set_aside
+        return swaps
     try:
-        for hooks in _scripted_hook_dicts(root):
-            if any(is_tdbg_hook(hook) for hook in hooks.values()):
-                before = list(hooks.items())
-                for key, hook in before:
-                    if is_tdbg_hook(hook):
-                        del hooks[key]
-                set_aside.append((hooks, before))
-    except Exception:  # never fail the user's scripting on tdbg's account: put back what moved
-        _put_back(set_aside)
+        for module in root.modules():
+            attrs = module.__dict__
+            for name in _SCRIPTED_HOOK_DICTS:
+                hooks = attrs.get(name)
+                if isinstance(hooks, dict) and any(is_tdbg_hook(h) for h in hooks.values()):
+                    view = _ScriptsView(hooks)
+                    swaps.append((attrs, name, hooks, view, frozenset(hooks)))
+                    attrs[name] = view
+    except Exception:  # never fail the user's scripting on tdbg's account: undo what moved
+        _put_back(swaps)
         return []
-    return set_aside
+    return swaps
 
 
-def _scripted_hook_dicts(root: nn.Module) -> Iterator[dict[Any, Any]]:
-    for module in root.modules():
-        for name in _SCRIPTED_HOOK_DICTS:
-            hooks = module.__dict__.get(name)
-            if isinstance(hooks, dict):
-                yield hooks
-
-
-def _put_back(set_aside: _SetAside) -> None:
-    """Each dict as it was, in its order; a hook added meanwhile stays, after them."""
-    for hooks, before in set_aside:
-        kept = {key for key, _ in before}
-        added = [(key, hook) for key, hook in hooks.items() if key not in kept]
-        hooks.clear()
-        hooks.update(before)
-        hooks.update(added)
+def _put_back(swaps: list[_Swap]) -> None:
+    """Each module's own dicts back; a hook registered on the view meanwhile joins them."""
+    for attrs, name, hooks, view, had in swaps:
+        if attrs.get(name) is view:
+            attrs[name] = hooks
+        for key, hook in list(view.items()):
+            if key not in had:
+                hooks[key] = hook
