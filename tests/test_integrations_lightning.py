@@ -155,12 +155,14 @@ def test_a_validation_between_steps_is_no_grad_time_not_data_wait(
 ) -> None:
     """Lightning validates mid-epoch (``val_check_interval``) between two updates; this
     model's ``validation_step`` calls its layers, not the module the probe hooks, so the
-    callback marks where it began: its time is the next step's no-grad phase, not data."""
+    callback marks where it began and ended: its time is the next step's no-grad phase, and
+    what the loop does after it is data."""
     import time
 
     from tdbg.integrations.lightning import TdbgCallback
 
     pause = 0.3  # slept in the validation: a floor for its time, not a timed wait
+    after = 0.2
 
     class Validated(_regression(L.LightningModule)):  # type: ignore[misc]
         def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -168,6 +170,10 @@ def test_a_validation_between_steps_is_no_grad_time_not_data_wait(
             if batch_idx == 0 and not self.trainer.sanity_checking:
                 time.sleep(pause)
             self.log("val_loss", F.mse_loss(self.net(x), y))
+
+        def on_validation_end(self) -> None:
+            if not self.trainer.sanity_checking:
+                time.sleep(after)  # after the validation (the callback's end mark): not no-grad
 
     path = tmp_path / "run.tdbg"
     callback = TdbgCallback(record=path, serve=False)
@@ -177,7 +183,7 @@ def test_a_validation_between_steps_is_no_grad_time_not_data_wait(
     records, _, _ = _recorded(path)
     assert [r.step for r in records] == list(range(8))
     assert records[4].no_grad_time >= pause
-    assert records[4].data_time < pause
+    assert after <= records[4].data_time < pause
     assert [r.no_grad_time for r in records[:4] + records[5:]] == [0.0] * 7
 
 

@@ -222,3 +222,23 @@ def test_sequence_numbers_of_different_process_groups_are_not_compared() -> None
     job.ranks[0].apply(stall(40, ["1", "tp_group"], "dist.py:1 in all_gather"))
     job.ranks[1].apply(stall(7, ["0", "default_pg"], "dist.py:1 in all_reduce"))
     assert alerts.update(job) == []
+
+
+def test_a_rank_slowed_by_its_evaluation_is_named_with_that_phase() -> None:
+    """A rank whose forwards without grad (an evaluation only it runs, a rollout) hold the
+    others up: the straggler names the no-grad phase, not an input wait."""
+    job, alerts = job_of(3), JobAlerts()
+    raised: list[JobAlert] = []
+    for step in range(60):
+        for rank, state in job.ranks.items():
+            slow = rank == 1 and step >= 20
+            rec = record(step, 0.001)
+            rec.no_grad_time = 0.040 if slow else 0.0
+            rec.step_time += rec.no_grad_time
+            state.apply(pack_steps([rec], 0))
+        raised += alerts.update(job, now=float(step))
+        if raised:
+            break
+    assert [a.kind for a in raised] == ["straggler"] and raised[0].ranks == [1]
+    assert raised[0].as_message()["phase"] == "no-grad forwards (evaluation)"
+    assert "input wait" not in raised[0].message

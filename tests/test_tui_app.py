@@ -105,6 +105,17 @@ async def test_an_evaluation_shows_as_no_grad_time_not_as_an_input_bound_run() -
         assert share is not None and share > 0.5
 
 
+async def test_the_anatomy_legend_keeps_every_phase_at_80_columns() -> None:
+    """The longest legend: an input-bound run with a no-grad share, at 80x24: shorter names
+    and gaps, never the last phase cut off."""
+    app = make_app(ReplaySource(synthetic_run(steps=400, data_share=0.8, eval_every=390), RUN))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ended(pilot, app)
+        text = await shows(pilot, app, "INPUT-BOUND", "no-grad")
+        legend = next(line for line in text.splitlines() if "INPUT-BOUND" in line)
+        assert "■ opt " in legend and "%" in legend.split("■ opt ")[1], legend
+
+
 async def test_run_ended_keeps_the_data() -> None:
     app = make_app(ReplaySource(synthetic_run(steps=200), RUN, batch_size=3))
     async with app.run_test(size=SIZE) as pilot:

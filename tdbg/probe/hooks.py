@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from tdbg.probe.device_copy import recorded_event
 from tdbg.probe.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
 
 perf = time.perf_counter
+_thread_id = threading.get_ident
 
 
 class CudaMark:
@@ -66,13 +68,16 @@ def span(start: Mark | None, end: Mark | None) -> float | None:
 
 class StepTimeline:
     """Marks of one step: forward start/end, optimizer start/end, and where a watched model's
-    first forward without grad began, before the step's own (an evaluation, a rollout, a
+    forwards without grad began and ended, before the step's own (an evaluation, a rollout, a
     frozen teacher: time that is neither waiting for data nor the step's forward).
 
     Defaults on the class and no ``__init__``: one is made per step, after the update, where a
     Python ``__init__`` frame costs microseconds; a mark set goes into the instance's dict."""
 
-    no_grad_start: Mark | None = None
+    # Host clock readings (perf), on a GPU run too: where the first forward without grad began
+    # and the last one ended (None: not seen; its end alone may be missing).
+    no_grad_start: float | None = None
+    no_grad_end: float | None = None
     forward_start: Mark | None = None
     forward_end: Mark | None = None
     optimizer_start: Mark | None = None
@@ -132,6 +137,12 @@ class PhaseHooks:
         # backward's scalar is the watched model's (one that ran before probe.step() too).
         self.forward_pending = False
         self.last_inputs: tuple[nn.Module, Any, Any] | None = None
+        # The thread that calls probe.step() (None until it first does): forwards without grad
+        # on other threads are not the loop's evaluation.
+        self.training_thread: int | None = None
+        # Forward hooks marking where each forward without grad ends, by module id: only
+        # between an evaluation's first forward and the step's own (each costs every forward).
+        self._no_grad_ends: dict[int, RemovableHandle] = {}
         self._events = events
         # What a step without a closure runs at its pre-hook: on_optimizer_pre, then
         # on_grads_ready where it has anything to do, in one Python call (a partial is C):
@@ -167,17 +178,42 @@ class PhaseHooks:
             if handle in self.handles:
                 self.handles.remove(handle)
 
-    def mark_no_grad(self) -> None:
-        """Where an evaluation between two steps begins, as a forward without grad marks it
-        (from a framework's validation hook): only before the step's own forward."""
+    def mark_no_grad(self, module: nn.Module | None = None) -> None:
+        """A forward without grad of ``module`` begins, or (None) a framework's evaluation: the
+        no-grad phase starts at the first of them, before the step's own forward, on the
+        training thread (another thread's forwards — an actor's, a server's — are not the
+        loop's time). For ``module`` a forward hook marks where each such forward ends, until
+        the step's own forward removes it: the phase ends at the last of them, so what the
+        loop does after (fetching the next batch) is still data."""
         timeline = self.timeline
         if (
-            self.active
-            and timeline.forward_start is None
-            and timeline.no_grad_start is None
-            and not self.updating
+            not self.active
+            or timeline.forward_start is not None
+            or self.updating
+            or (self.training_thread is not None and _thread_id() != self.training_thread)
         ):
-            timeline.no_grad_start = perf() if self.host_marks else self._mark()
+            return
+        if timeline.no_grad_start is None:
+            timeline.no_grad_start = perf()
+        if module is not None and id(module) not in self._no_grad_ends:
+            hook = _NoGradEnd.owned_by(self)
+            self._no_grad_ends[id(module)] = module.register_forward_hook(hook)
+
+    def end_no_grad(self) -> None:
+        """A forward without grad (or a framework's evaluation) ended."""
+        timeline = self.timeline
+        if (
+            timeline.no_grad_start is not None
+            and timeline.forward_start is None
+            and (self.training_thread is None or _thread_id() == self.training_thread)
+        ):
+            timeline.no_grad_end = perf()
+
+    def drop_no_grad_ends(self) -> None:
+        """The step's own forward began: no forward ends to mark until the next evaluation."""
+        ends, self._no_grad_ends = self._no_grad_ends, {}
+        for handle in ends.values():
+            handle.remove()
 
     def take(self) -> StepTimeline:
         """Hand over this step's marks and start a fresh timeline."""
@@ -209,6 +245,7 @@ class PhaseHooks:
             handle.remove()
         self.handles.clear()
         self._by_optimizer.clear()
+        self.drop_no_grad_ends()
 
 
 class _ForwardStart(ForwardHook):
@@ -226,18 +263,38 @@ class _ForwardStart(ForwardHook):
         try:
             t0 = perf()  # the whole hook is the probe's cost, not just its mark
             if torch.is_grad_enabled():
+                if hooks._no_grad_ends:  # an evaluation's forwards ended before this one
+                    hooks.drop_no_grad_ends()
                 hooks.forward_pending = True
                 if hooks.timeline.forward_start is None:
                     hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
                 if hooks.capture_inputs and not hooks.updating:
                     hooks.last_inputs = (module, args, kwargs)
-            elif hooks.timeline.no_grad_start is None:
+            elif hooks.timeline.forward_start is None:
                 # No training forward runs without grad: an evaluation (or a rollout) between
                 # the steps, which the data phase would otherwise take for a wait on input.
-                hooks.mark_no_grad()
+                hooks.mark_no_grad(module)
             hooks.seconds += perf() - t0
         except Exception as exc:
             hooks._on_error(exc)
+        return None
+
+
+class _NoGradEnd(ForwardHook):
+    """Where a watched model's forward without grad ends (registered only while an evaluation
+    runs between two steps)."""
+
+    __slots__ = ()
+
+    def __call__(self, module: nn.Module, args: Any, output: Any) -> None:
+        if is_compiling() or COMPILE_STATE._is_compiling_flag:
+            return None
+        hooks = self._owner()
+        if hooks is not None and not torch.is_grad_enabled():
+            try:
+                hooks.end_no_grad()
+            except Exception as exc:
+                hooks._on_error(exc)
         return None
 
 

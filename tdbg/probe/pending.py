@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tdbg.probe.gradients import GradSample
-from tdbg.probe.hooks import Mark, StepTimeline, perf, span
+from tdbg.probe.hooks import Mark, StepTimeline, host_time, perf, span
 from tdbg.protocol.steps import NAN, StepRecord
 
 # The usual step of a CPU run as the training thread hands it over (StepSampler.step), its
@@ -88,41 +88,41 @@ class PendingStep:
 
     def _phases(self) -> tuple[float, float, float, float, float] | None:
         """(data, no-grad, forward, backward, optimizer) seconds from the step's marks (NaN: not
-        marked), or None while one of their CUDA events is still pending. No-grad: from a
-        watched model's first forward without grad to the step's own forward (0 when none ran;
-        the data phase then ends where it began)."""
+        marked), or None while one of their CUDA events is still pending. The gap from the
+        step before's end to this step's forward is data, less the no-grad phase in it (a
+        watched model's forwards without grad: an evaluation), so the two add up to the gap."""
         tl = self.timeline
         fwd_start, fwd_end = tl.forward_start, tl.forward_end
         opt_start, opt_end = tl.optimizer_start, tl.optimizer_end
         backward_end = opt_start if opt_start is not None else self.step_mark
-        no_grad_start = tl.no_grad_start
         spans = (
             span(fwd_start, fwd_end),
             span(fwd_end, backward_end),
             span(opt_start, opt_end),
             # On a GPU this is device idle time between the steps (the events' gap): a host
             # stuck in a blocking copy while the GPU is still busy is not waiting for data.
-            span(self.previous_end, fwd_start if no_grad_start is None else no_grad_start),
-            (0.0 if fwd_start is not None else NAN)
-            if no_grad_start is None
-            else span(no_grad_start, fwd_start),
+            span(self.previous_end, fwd_start),
         )
-        forward, backward, optimizer, data, no_grad = spans
-        if (
-            forward is None
-            or backward is None
-            or optimizer is None
-            or data is None
-            or no_grad is None
-        ):
+        forward, backward, optimizer, gap = spans
+        if forward is None or backward is None or optimizer is None or gap is None:
             return None
-        return (
-            max(0.0, data) if data == data else NAN,
-            max(0.0, no_grad) if no_grad == no_grad else NAN,
-            forward,
-            backward,
-            optimizer,
-        )
+        no_grad = self._no_grad_time()
+        data = gap - no_grad if gap == gap and no_grad == no_grad else gap
+        return (max(0.0, data) if data == data else NAN), no_grad, forward, backward, optimizer
+
+    def _no_grad_time(self) -> float:
+        """From the first forward without grad to the end of the last (host clock: an
+        evaluation reads its results, so the host waits for the device there too); to the
+        step's forward when no end was seen; 0 when none ran; NaN where nothing says."""
+        tl = self.timeline
+        start, end = tl.no_grad_start, tl.no_grad_end
+        if start is None:
+            return 0.0 if tl.forward_start is not None else NAN
+        if end is None:
+            if tl.forward_start is None:
+                return NAN
+            end = host_time(tl.forward_start)
+        return max(0.0, end - start)
 
     def resolve(self) -> tuple[StepRecord, Sequence[int]] | None:
         """The finished record, or None while device work is pending. Never blocks."""

@@ -301,6 +301,7 @@ class Probe:
         ident = _thread_id()
         if self._server.training_thread != ident:
             self._server.training_thread = ident  # where a stall's stack is read
+            self._hooks.training_thread = ident  # whose forwards without grad are the loop's
         if self._sampler.layout_dirty:
             try:
                 self._relayout()  # rare: kept out of the per-step cost the interval goes by
@@ -424,6 +425,16 @@ class Probe:
             return
         try:
             self._hooks.mark_no_grad()
+        except Exception as exc:
+            self._count_error(exc)
+
+    def note_evaluation_end(self) -> None:
+        """The evaluation :meth:`note_evaluation` announced has ended: what follows up to the
+        step's forward (the next batch's fetch) is data again."""
+        if self._disabled:
+            return
+        try:
+            self._hooks.end_no_grad()
         except Exception as exc:
             self._count_error(exc)
 

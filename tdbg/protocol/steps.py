@@ -70,9 +70,9 @@ F64_COLUMNS = (
 # accumulation; ``clip_max`` the ``max_norm`` a ``clip_grad_norm_`` was given this step and
 # ``clip_norm`` the total norm it measured (before clipping: the clip was active when it is the
 # larger); ``epoch`` the epoch the step belongs to; ``no_grad_time`` the time from a watched
-# model's first forward without grad (an evaluation, a rollout) to the step's own forward, which
-# ``data_time`` then ends before. Batches written before these columns existed (older
-# recordings) lack them: readers take NaN.
+# model's first forward without grad (an evaluation, a rollout) to the end of its last, before
+# the step's own forward (``data_time`` is the rest of that gap). Batches written before these
+# columns existed (older recordings) lack them: readers take NaN.
 OPTIONAL_COLUMNS = frozenset({"micro_batches", "clip_max", "clip_norm", "epoch", "no_grad_time"})
 
 

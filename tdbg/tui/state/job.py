@@ -17,9 +17,10 @@ RECENT = 20  # steps a straggler is judged over
 STRAGGLER_RATIO = 1.25  # a rank this much slower than the others' median...
 STRAGGLER_MIN_SECONDS = 0.002  # ...and at least this much slower per step (noise on tiny steps)
 DIVERGENCE_RTOL = 1e-3  # DDP: the all-reduced gradients agree to this relative tolerance
-PHASES = ("data_time", "forward_time", "backward_time", "optimizer_time")
+PHASES = ("data_time", "no_grad_time", "forward_time", "backward_time", "optimizer_time")
 PHASE_WORDS = {
     "data_time": "input wait",
+    "no_grad_time": "no-grad forwards (evaluation)",
     "forward_time": "forward",
     "backward_time": "backward",
     "optimizer_time": "optimizer",
@@ -192,7 +193,7 @@ class Job:
 
     def _why_slow(self, rank: int, others: list[int]) -> tuple[str | None, float]:
         best, extra = None, 0.0
-        for phase in ("data_time", "forward_time", "optimizer_time"):
+        for phase in ("data_time", "no_grad_time", "forward_time", "optimizer_time"):
             mine = self._recent(self.ranks[rank], phase)
             theirs = [self._recent(self.ranks[r], phase) for r in others]
             known = [t for t in theirs if t is not None]

@@ -65,11 +65,13 @@ class AnatomyBar(SteadyStatic):
                 bar.append(
                     " " * (width - used), self.get_component_rich_style("anatomy-bar--other")
                 )
-        legend = self._legend(state, shares, LABELS)
-        warning_cells = len("INPUT-BOUND  ") if state.input_bound else 0
-        if legend.cell_len + warning_cells > width:
-            # A narrow terminal: short names, so the last phase is not the one cut off.
-            legend = self._legend(state, shares, SHORT_LABELS)
+        # A narrow terminal: short names, then single spaces, so the last phase is not the one
+        # cut off (the INPUT-BOUND warning goes in front).
+        room = width - (len("INPUT-BOUND  ") if state.input_bound else 0)
+        for labels, gap in ((LABELS, "  "), (SHORT_LABELS, "  "), (SHORT_LABELS, " ")):
+            legend = self._legend(state, shares, labels, gap)
+            if legend.cell_len <= room:
+                break
         # Throughput only where the run reports it: "n/a tokens/s" on a non-LM run is noise.
         for unit in ("samples", "tokens"):
             rate = state.throughput(unit)
@@ -86,7 +88,7 @@ class AnatomyBar(SteadyStatic):
         self.update(legend if compact else Text("\n").join([bar, legend]))
 
     def _legend(
-        self, state: RunState, shares: dict[str, float | None], labels: dict[str, str]
+        self, state: RunState, shares: dict[str, float | None], labels: dict[str, str], gap: str
     ) -> Text:
         legend = Text(no_wrap=True, overflow="ellipsis")
         step_time = state.mean_recent("step_time")
@@ -95,7 +97,7 @@ class AnatomyBar(SteadyStatic):
             part = shares[name]
             if name == "no_grad_time" and not (part is not None and part >= 0.005):
                 continue  # named only while forwards without grad take a share of the steps
-            legend.append("  ")
+            legend.append(gap)
             legend.append("■", self.get_component_rich_style(f"anatomy-bar--{name}"))
             legend.append(
                 f" {labels[name]} {fmt(None if part is None else part * 100, '.0f', '%')}"
