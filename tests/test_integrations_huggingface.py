@@ -7,6 +7,7 @@ models are a plain module and a GPT-2 built from a tiny config."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,14 @@ def _args(tmp_path: Path, **kwargs: Any) -> Any:
     return transformers.TrainingArguments(**options)
 
 
+METRICS_SECONDS = 0.3  # what compute_metrics takes (slept): after the last eval forward
+
+
+def _slow_metrics(prediction: Any) -> dict[str, float]:
+    time.sleep(METRICS_SECONDS)
+    return {}
+
+
 @pytest.mark.parametrize("accumulate", [1, 3])
 def test_trainer_one_step_per_update_with_the_mean_loss(
     runtime_dir: Path, tmp_path: Path, accumulate: int
@@ -97,6 +106,7 @@ def test_trainer_one_step_per_update_with_the_mean_loss(
         train_dataset=_rows(32, 1),  # 8 batches of 4 an epoch
         eval_dataset=_rows(8, 2),
         callbacks=[callback],
+        compute_metrics=_slow_metrics,
     )
     updates: list[int] = []
     trainer.create_optimizer()
@@ -141,9 +151,11 @@ def test_trainer_one_step_per_update_with_the_mean_loss(
         (n - 1, pytest.approx(evals[1])),
     ]
     assert [s for s, _ in metric("train_loss")] == [n - 1]  # the run's summary, at its end
-    # The first epoch's evaluation (forwards without grad) is the next step's no-grad phase,
-    # not a wait on data; no other step has one.
+    # The first epoch's evaluation (forwards without grad, then its metrics) is the next
+    # step's no-grad phase, not a wait on data; no other step has one.
     assert [r.no_grad_time > 0 for r in records] == [k == len(sizes) for k in range(n)]
+    assert records[len(sizes)].no_grad_time >= METRICS_SECONDS
+    assert records[len(sizes)].data_time < METRICS_SECONDS
 
 
 def test_a_tiny_gpt2_from_its_config_trains_watched(runtime_dir: Path, tmp_path: Path) -> None:

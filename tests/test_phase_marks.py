@@ -297,3 +297,22 @@ def test_an_evaluation_between_steps_is_no_grad_time_not_data_wait(
         assert record.no_grad_time == 0.0, record.step
     assert records[8].data_time < EVAL_SECONDS  # step 7's evaluation is no wait of step 8's
     assert records[6].data_time >= EVAL_SECONDS  # the loop waited on the actor: not no-grad
+
+
+def test_a_model_run_without_grad_every_step_keeps_one_end_hook(runtime_dir: Path) -> None:
+    """A loop that runs the watched model without grad in every step (a DQN's target, an
+    actor's act before its learn) keeps the one forward hook that marks where those forwards
+    end (not one registered and removed each step); the first step without any removes it."""
+    loop = Loop(seed=7)
+    probe = tdbg.watch(loop.model, loop.opt, name="target", grad_every=5)
+    seen = []
+    for _ in range(6):
+        with torch.no_grad():
+            loop.model(loop.x)
+        loop.step(probe)
+        seen.append(list(loop.model._forward_hooks))
+    assert len(seen[0]) == 1 and all(hooks == seen[0] for hooks in seen)
+    loop.step(probe)
+    assert not loop.model._forward_hooks
+    assert probe.errors == 0
+    probe.close()

@@ -108,7 +108,8 @@ async def test_an_evaluation_shows_as_no_grad_time_not_as_an_input_bound_run() -
 async def test_the_anatomy_legend_keeps_every_phase_at_80_columns() -> None:
     """The longest legend: an input-bound run with a no-grad share, at 80x24: shorter names
     and gaps, never the last phase cut off."""
-    app = make_app(ReplaySource(synthetic_run(steps=400, data_share=0.8, eval_every=390), RUN))
+    # Every 10th step validates: ~150 ms steps (three digits), a third of them data.
+    app = make_app(ReplaySource(synthetic_run(steps=400, data_share=0.97, eval_every=10), RUN))
     async with app.run_test(size=(80, 24)) as pilot:
         await ended(pilot, app)
         text = await shows(pilot, app, "INPUT-BOUND", "no-grad")

@@ -263,8 +263,8 @@ def test_a_watched_model_and_its_copies_script_with_the_scripts_own_hooks(
 def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir: Path) -> None:
     """What other code does while TorchScript reads the model (a dive arming or releasing its
     hooks, a forward in another thread): a hook removed meanwhile stays removed, one added
-    meanwhile stays (and TorchScript does not see it if it is tdbg's), a forward meanwhile is
-    timed by the probe."""
+    meanwhile stays, removable through its handle (and TorchScript does not see it if it is
+    tdbg's, on any module), a forward meanwhile is timed by the probe."""
     import functools
     import sys
 
@@ -284,6 +284,10 @@ def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir
             arrived.append(
                 loop.model.register_forward_hook(functools.partial(sys.audit, INERT_EVENT))
             )
+            # A tdbg hook armed on a layer that had none (TorchScript reads it later).
+            arrived.append(
+                loop.model[2].register_forward_hook(functools.partial(sys.audit, INERT_EVENT))
+            )
             probe._hooks.timeline.forward_start = None
             loop.model(loop.x)
             assert probe._hooks.timeline.forward_start is not None  # the probe's hook ran
@@ -293,7 +297,11 @@ def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir
     assert torch.allclose(scripted.forward(loop.x), loop.model(loop.x))
     hooks = list(loop.model._forward_hooks)
     assert leaving.id not in hooks and hooks == [arrived[0].id]
+    assert list(loop.model[2]._forward_hooks) == [arrived[1].id]
     assert len(loop.model._forward_pre_hooks) == 1  # the probe's, back in place
+    for handle in arrived:  # registered meanwhile, removable as ever
+        handle.remove()
+    assert not loop.model._forward_hooks and not loop.model[2]._forward_hooks
     probe._hooks.timeline.forward_start = None
     loop.run(2, probe)
     assert probe.errors == 0 and probe.steps == 3

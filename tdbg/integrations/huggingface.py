@@ -78,6 +78,16 @@ class TdbgHuggingFace(FailSafe):
         if metrics:
             self.probe.log(metrics)
 
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # After the evaluation's metrics (compute_metrics): its forwards marked where it began,
+        # its end is here; what follows up to the next step's forward is data again.
+        if self._live():
+            self.probe.note_evaluation_end()
+
+    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._live():
+            self.probe.note_evaluation_end()
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._stop()
 

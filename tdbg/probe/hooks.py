@@ -182,35 +182,43 @@ class PhaseHooks:
         """A forward without grad of ``module`` begins, or (None) a framework's evaluation: the
         no-grad phase starts at the first of them, before the step's own forward, on the
         training thread (another thread's forwards — an actor's, a server's — are not the
-        loop's time). For ``module`` a forward hook marks where each such forward ends, until
-        the step's own forward removes it: the phase ends at the last of them, so what the
-        loop does after (fetching the next batch) is still data."""
+        loop's time; DataParallel's replicas run on its threads for the loop). For ``module`` a
+        forward hook marks where each such forward ends, until a step without any (a loop
+        that runs the model without grad every step keeps it): the phase ends at the last of
+        them, so what the loop does after (fetching the next batch) is still data."""
         timeline = self.timeline
+        replica = module is not None and getattr(module, "_is_replica", False)
         if (
             not self.active
             or timeline.forward_start is not None
             or self.updating
-            or (self.training_thread is not None and _thread_id() != self.training_thread)
+            or not (replica or self._on_training_thread())
         ):
             return
         if timeline.no_grad_start is None:
             timeline.no_grad_start = perf()
-        if module is not None and id(module) not in self._no_grad_ends:
-            hook = _NoGradEnd.owned_by(self)
-            self._no_grad_ends[id(module)] = module.register_forward_hook(hook)
+        if module is not None:
+            hooks = module._forward_hooks  # shared by DataParallel's replicas: one hook there
+            if id(hooks) not in self._no_grad_ends:
+                hook = _NoGradEnd.owned_by(self)
+                self._no_grad_ends[id(hooks)] = module.register_forward_hook(hook)
 
-    def end_no_grad(self) -> None:
+    def end_no_grad(self, replica: bool = False) -> None:
         """A forward without grad (or a framework's evaluation) ended."""
         timeline = self.timeline
         if (
             timeline.no_grad_start is not None
             and timeline.forward_start is None
-            and (self.training_thread is None or _thread_id() == self.training_thread)
+            and (replica or self._on_training_thread())
         ):
             timeline.no_grad_end = perf()
 
+    def _on_training_thread(self) -> bool:
+        return self.training_thread is None or _thread_id() == self.training_thread
+
     def drop_no_grad_ends(self) -> None:
-        """The step's own forward began: no forward ends to mark until the next evaluation."""
+        """A step without forwards without grad ended (or the hooks go): no forward ends to
+        mark until the next evaluation."""
         ends, self._no_grad_ends = self._no_grad_ends, {}
         for handle in ends.values():
             handle.remove()
@@ -219,6 +227,8 @@ class PhaseHooks:
         """Hand over this step's marks and start a fresh timeline."""
         timeline, self.timeline = self.timeline, StepTimeline()
         self.updating = False  # also after a step() that raised between the hooks
+        if self._no_grad_ends and timeline.no_grad_start is None:
+            self.drop_no_grad_ends()
         return timeline
 
     def _closure(self, index: int, closure: Callable[[], Any]) -> Callable[[], Any]:
@@ -263,8 +273,6 @@ class _ForwardStart(ForwardHook):
         try:
             t0 = perf()  # the whole hook is the probe's cost, not just its mark
             if torch.is_grad_enabled():
-                if hooks._no_grad_ends:  # an evaluation's forwards ended before this one
-                    hooks.drop_no_grad_ends()
                 hooks.forward_pending = True
                 if hooks.timeline.forward_start is None:
                     hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
@@ -292,7 +300,7 @@ class _NoGradEnd(ForwardHook):
         hooks = self._owner()
         if hooks is not None and not torch.is_grad_enabled():
             try:
-                hooks.end_no_grad()
+                hooks.end_no_grad(getattr(module, "_is_replica", False))
             except Exception as exc:
                 hooks._on_error(exc)
         return None

@@ -107,6 +107,10 @@ class PendingStep:
         if forward is None or backward is None or optimizer is None or gap is None:
             return None
         no_grad = self._no_grad_time()
+        if tl.no_grad_start is not None and fwd_start is not None and self.previous_end is not None:
+            # The no-grad phase is on the host clock (an evaluation reads its results: the
+            # host waits for the device there), so the gap it is part of is taken on it too.
+            gap = host_time(fwd_start) - host_time(self.previous_end)
         data = gap - no_grad if gap == gap and no_grad == no_grad else gap
         return (max(0.0, data) if data == data else NAN), no_grad, forward, backward, optimizer
 

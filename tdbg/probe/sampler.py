@@ -986,6 +986,8 @@ class StepSampler:
         timeline = hooks.timeline
         hooks.timeline = StepTimeline()
         hooks.updating = False  # also after a step() that raised between the hooks
+        if hooks._no_grad_ends and timeline.no_grad_start is None:
+            hooks.drop_no_grad_ends()  # a step without an evaluation: its forwards' ends unmarked
         if usual:
             assert lrs is not None
             slot.loss = slot.lr = None

@@ -73,20 +73,45 @@ def is_tdbg_hook(hook: Any) -> bool:
 class _ScriptsView(OrderedDict[Any, Any]):
     """A module's hook dict as TorchScript reads it (``values()``, and nothing else): without
     tdbg's hooks, those registered meanwhile too. ``items()`` (what a forward runs) keeps them
-    all: a forward in another thread meanwhile is timed as ever."""
+    all: a forward in another thread meanwhile is timed as ever. Writes go through to the
+    module's own dict, so a hook registered or removed meanwhile (through the view) is so
+    there too, and its handle keeps working after (it holds the view: kept while it may)."""
+
+    __slots__ = ("own",)
+
+    def __init__(self, own: dict[Any, Any]) -> None:
+        super().__init__()
+        for key, hook in own.items():  # a copy, not written through
+            OrderedDict.__setitem__(self, key, hook)
+        self.own = own
 
     def values(self) -> Any:
         return [hook for hook in super().values() if not is_tdbg_hook(hook)]
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.own[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self.own.pop(key, None)
+
+    def move_to_end(self, key: Any, last: bool = True) -> None:  # register(prepend=True)
+        super().move_to_end(key, last)
+        if isinstance(self.own, OrderedDict) and key in self.own:
+            self.own.move_to_end(key, last)
+
 
 # (module's __dict__, attribute, its own dict, the view in its place, the keys it had then)
 _Swap = tuple[dict[str, Any], str, dict[Any, Any], _ScriptsView, frozenset[Any]]
+# Views that hooks were registered on while their module was scripted, holding those alone:
+# their handles hold the view weakly and remove through it (a few views a process, if any).
+_kept_views: list[_ScriptsView] = []
 
 
 def _show_scripts_hooks_only(root: Any) -> list[_Swap]:
-    """Each module under ``root`` whose hook dicts hold a tdbg hook gets a view in their place
-    while it is scripted. Its own dicts stay as they are (a hook removed meanwhile through its
-    handle is removed from them, and stays removed)."""
+    """Every module under ``root`` has its hook dicts seen through views while it is scripted
+    (any module: a hook may be added to one meanwhile). Its own dicts stay where they are."""
     swaps: list[_Swap] = []
     if not isinstance(root, nn.Module):
         return swaps
@@ -95,7 +120,7 @@ def _show_scripts_hooks_only(root: Any) -> list[_Swap]:
             attrs = module.__dict__
             for name in _SCRIPTED_HOOK_DICTS:
                 hooks = attrs.get(name)
-                if isinstance(hooks, dict) and any(is_tdbg_hook(h) for h in hooks.values()):
+                if isinstance(hooks, dict) and not isinstance(hooks, _ScriptsView):
                     view = _ScriptsView(hooks)
                     swaps.append((attrs, name, hooks, view, frozenset(hooks)))
                     attrs[name] = view
@@ -106,10 +131,14 @@ def _show_scripts_hooks_only(root: Any) -> list[_Swap]:
 
 
 def _put_back(swaps: list[_Swap]) -> None:
-    """Each module's own dicts back; a hook registered on the view meanwhile joins them."""
+    """Each module's own dicts back (the views wrote through to them)."""
     for attrs, name, hooks, view, had in swaps:
         if attrs.get(name) is view:
             attrs[name] = hooks
-        for key, hook in list(view.items()):
-            if key not in had:
-                hooks[key] = hook
+        for key in [key for key in view if key in had]:
+            OrderedDict.__delitem__(view, key)  # not through: their handles hold the own dict
+        if view:
+            with _lock:
+                # Those emptied since (their hooks removed through them) go.
+                _kept_views[:] = [kept for kept in _kept_views if kept]
+                _kept_views.append(view)

@@ -417,10 +417,11 @@ class Probe:
             self._count_error(exc)
 
     def note_evaluation(self) -> None:
-        """An evaluation of the model begins between two steps (for frameworks whose
-        validation loop may not call the watched module itself: Lightning's). Its time, up to
-        the next step's forward, is the step's no-grad phase, not a wait on data. A forward of
-        a watched model without grad marks it by itself."""
+        """An evaluation of the model begins between two steps (for frameworks and loops whose
+        validation may not call the watched module itself: Lightning's). Its time, up to
+        :meth:`note_evaluation_end` (or the end of the last forward without grad), is the
+        step's no-grad phase, not a wait on data. A forward of a watched model without grad
+        marks its start by itself."""
         if self._disabled:
             return
         try:
@@ -429,8 +430,9 @@ class Probe:
             self._count_error(exc)
 
     def note_evaluation_end(self) -> None:
-        """The evaluation :meth:`note_evaluation` announced has ended: what follows up to the
-        step's forward (the next batch's fetch) is data again."""
+        """An evaluation between two steps has ended, metrics included (its forwards' ends are
+        marked by themselves; work after the last of them, such as computing metrics, is
+        marked here): what follows up to the step's forward (the next batch) is data again."""
         if self._disabled:
             return
         try:

@@ -68,8 +68,13 @@ class AnatomyBar(SteadyStatic):
         # A narrow terminal: short names, then single spaces, so the last phase is not the one
         # cut off (the INPUT-BOUND warning goes in front).
         room = width - (len("INPUT-BOUND  ") if state.input_bound else 0)
-        for labels, gap in ((LABELS, "  "), (SHORT_LABELS, "  "), (SHORT_LABELS, " ")):
-            legend = self._legend(state, shares, labels, gap)
+        for labels, gap, word in (
+            (LABELS, "  ", "step "),
+            (SHORT_LABELS, "  ", "step "),
+            (SHORT_LABELS, " ", "step "),
+            (SHORT_LABELS, " ", ""),
+        ):
+            legend = self._legend(state, shares, labels, gap, word)
             if legend.cell_len <= room:
                 break
         # Throughput only where the run reports it: "n/a tokens/s" on a non-LM run is noise.
@@ -88,11 +93,16 @@ class AnatomyBar(SteadyStatic):
         self.update(legend if compact else Text("\n").join([bar, legend]))
 
     def _legend(
-        self, state: RunState, shares: dict[str, float | None], labels: dict[str, str], gap: str
+        self,
+        state: RunState,
+        shares: dict[str, float | None],
+        labels: dict[str, str],
+        gap: str,
+        word: str,
     ) -> Text:
         legend = Text(no_wrap=True, overflow="ellipsis")
         step_time = state.mean_recent("step_time")
-        legend.append(f"step {fmt(None if step_time is None else step_time * 1e3, '.1f', ' ms')}")
+        legend.append(f"{word}{fmt(None if step_time is None else step_time * 1e3, '.1f', ' ms')}")
         for name in ANATOMY:
             part = shares[name]
             if name == "no_grad_time" and not (part is not None and part >= 0.005):
