@@ -316,3 +316,30 @@ def test_a_model_run_without_grad_every_step_keeps_one_end_hook(runtime_dir: Pat
     assert not loop.model._forward_hooks
     assert probe.errors == 0
     probe.close()
+
+
+def test_an_evaluation_of_a_copy_is_marked_by_the_loop(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evaluating another module (an EMA copy: its hooks are inert) is marked by the loop with
+    note_evaluation() / note_evaluation_end(); what follows is data."""
+    import copy
+
+    loop = Loop(seed=8)
+    probe = tdbg.watch(loop.model, loop.opt, name="ema", grad_every=5)
+    sent = handed_over(probe, monkeypatch)
+    ema = copy.deepcopy(loop.model)
+    for step in range(4):
+        if step == 2:
+            probe.note_evaluation()
+            with torch.no_grad():
+                ema(loop.x)
+            time.sleep(EVAL_SECONDS)
+            probe.note_evaluation_end()
+            time.sleep(FETCH_SECONDS)
+        loop.step(probe)
+    records = [pending.resolve()[0] for pending in sent]
+    assert records[2].no_grad_time >= EVAL_SECONDS
+    assert FETCH_SECONDS <= records[2].data_time < EVAL_SECONDS
+    assert [r.no_grad_time for r in records[:2] + records[3:]] == [0.0] * 3
+    probe.close()
