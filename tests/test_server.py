@@ -669,8 +669,11 @@ def test_a_socket_replaced_by_someone_else_is_not_unlinked(
     monkeypatch.setattr(server, "INODE_CHECK_SECONDS", 0.1)
     loop = Loop()
     probe, path = serving(loop)
-    os.unlink(path)
-    Path(path).write_text("someone else's file")
+    # Replaced in one rename: an unlink, then a write, left a moment in which the probe (its
+    # check every 0.1 s) could bind its socket there anew, and the write then failed (ENXIO).
+    other = Path(path).with_name("someone-else.tmp")
+    other.write_text("someone else's file")
+    os.replace(other, path)
     wait_until(lambda: not probe._server.endpoint.listener, what="probe gave up the name")
     loop.run(3, probe)  # training unaffected
     probe.close()
