@@ -4,9 +4,11 @@ loads where tdbg is not installed, and ``torch.compile(fullgraph=True)`` trains 
 from __future__ import annotations
 
 import copy
+import io
 import subprocess
 import sys
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +293,14 @@ def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir
             probe._hooks.timeline.forward_start = None
             loop.model(loop.x)
             assert probe._hooks.timeline.forward_start is not None  # the probe's hook ran
+            # A checkpoint taken meanwhile (another thread's) is the model's, loadable as ever.
+            twin = copy.deepcopy(loop.model)
+            assert type(twin._forward_hooks) is type(twin._forward_pre_hooks) is OrderedDict
+            buffer = io.BytesIO()
+            torch.save(loop.model, buffer)
+            buffer.seek(0)
+            saved = torch.load(buffer, weights_only=False)
+            assert type(saved._forward_hooks) is OrderedDict
         return _recursive.infer_methods_to_compile(module)
 
     scripted = _recursive.create_script_module(loop.model, stubs)

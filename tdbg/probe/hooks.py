@@ -200,8 +200,10 @@ class PhaseHooks:
         if module is not None:
             hooks = module._forward_hooks  # shared by DataParallel's replicas: one hook there
             if id(hooks) not in self._no_grad_ends:
-                hook = _NoGradEnd.owned_by(self)
-                self._no_grad_ends[id(hooks)] = module.register_forward_hook(hook)
+                handle = module.register_forward_hook(_NoGradEnd.owned_by(self))
+                # Replicas get here at once on their threads: one handle kept, others removed.
+                if self._no_grad_ends.setdefault(id(hooks), handle) is not handle:
+                    handle.remove()
 
     def end_no_grad(self, replica: bool = False) -> None:
         """A forward without grad (or a framework's evaluation) ended."""

@@ -106,11 +106,11 @@ class PendingStep:
         forward, backward, optimizer, gap = spans
         if forward is None or backward is None or optimizer is None or gap is None:
             return None
+        # On a timed GPU step the gap is the device's idle time and the no-grad phase the
+        # host's (an evaluation reads its results: the host waits for the device there): data
+        # is what is left of the gap, at least 0, so a host running ahead (its fetch hidden
+        # behind the device) is not taken for a wait on data.
         no_grad = self._no_grad_time()
-        if tl.no_grad_start is not None and fwd_start is not None and self.previous_end is not None:
-            # The no-grad phase is on the host clock (an evaluation reads its results: the
-            # host waits for the device there), so the gap it is part of is taken on it too.
-            gap = host_time(fwd_start) - host_time(self.previous_end)
         data = gap - no_grad if gap == gap and no_grad == no_grad else gap
         return (max(0.0, data) if data == data else NAN), no_grad, forward, backward, optimizer
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from tdbg.probe.hook_refs import INERT_EVENT, WeakHook
 # The module hook dicts TorchScript compiles into a scripted module (it ignores the others).
 _SCRIPTED_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 _installed: list[bool] = []
-_lock = threading.Lock()
+_lock = threading.RLock()  # a freed dict's finalizer may run while it is held
 
 
 def install() -> None:
@@ -72,41 +73,75 @@ def is_tdbg_hook(hook: Any) -> bool:
 
 class _ScriptsView(OrderedDict[Any, Any]):
     """A module's hook dict as TorchScript reads it (``values()``, and nothing else): without
-    tdbg's hooks, those registered meanwhile too. ``items()`` (what a forward runs) keeps them
-    all: a forward in another thread meanwhile is timed as ever. Writes go through to the
-    module's own dict, so a hook registered or removed meanwhile (through the view) is so
-    there too, and its handle keeps working after (it holds the view: kept while it may)."""
+    tdbg's hooks, those registered meanwhile too. Everything else reads and writes the
+    module's own dict, held weakly: a forward in another thread meanwhile runs every hook there
+    is (and none removed), a hook registered meanwhile lands there, and its handle (which holds
+    the view) removes it through the view later (views are kept while their dict lives). A
+    pickle or a copy of it is a plain ``OrderedDict`` of the hooks."""
 
-    __slots__ = ("own",)
+    __slots__ = ("_own",)
 
     def __init__(self, own: dict[Any, Any]) -> None:
-        super().__init__()
-        for key, hook in own.items():  # a copy, not written through
-            OrderedDict.__setitem__(self, key, hook)
-        self.own = own
+        super().__init__()  # holds nothing itself
+        self._own = weakref.ref(own)
+
+    def _dict(self) -> dict[Any, Any]:
+        own = self._own()
+        return own if own is not None else {}
 
     def values(self) -> Any:
-        return [hook for hook in super().values() if not is_tdbg_hook(hook)]
+        return [hook for hook in self._dict().values() if not is_tdbg_hook(hook)]
+
+    def keys(self) -> Any:
+        return self._dict().keys()
+
+    def items(self) -> Any:
+        return self._dict().items()
+
+    def __iter__(self) -> Any:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._dict()
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._dict()[key]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._dict().get(key, default)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        self.own[key] = value
+        self._dict()[key] = value
 
     def __delitem__(self, key: Any) -> None:
-        super().__delitem__(key)
-        self.own.pop(key, None)
+        del self._dict()[key]
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        return self._dict().pop(key, *default)
 
     def move_to_end(self, key: Any, last: bool = True) -> None:  # register(prepend=True)
-        super().move_to_end(key, last)
-        if isinstance(self.own, OrderedDict) and key in self.own:
-            self.own.move_to_end(key, last)
+        own = self._dict()
+        if isinstance(own, OrderedDict):
+            own.move_to_end(key, last)
+
+    def copy(self) -> Any:
+        return OrderedDict(self._dict())
+
+    def __reduce__(self) -> Any:
+        return (OrderedDict, (list(self._dict().items()),))
+
+    def __repr__(self) -> str:
+        return f"_ScriptsView({self._dict()!r})"
 
 
-# (module's __dict__, attribute, its own dict, the view in its place, the keys it had then)
-_Swap = tuple[dict[str, Any], str, dict[Any, Any], _ScriptsView, frozenset[Any]]
-# Views that hooks were registered on while their module was scripted, holding those alone:
-# their handles hold the view weakly and remove through it (a few views a process, if any).
-_kept_views: list[_ScriptsView] = []
+# (module's __dict__, attribute, its own dict, the view in its place)
+_Swap = tuple[dict[str, Any], str, dict[Any, Any], _ScriptsView]
+# Each hook dict's view, while the dict lives: a handle registered through a view holds it
+# weakly, and removes through it after the window (a view holds nothing but a weak reference).
+_views: dict[int, _ScriptsView] = {}  # by id of the dict (unhashable); gone with the dict
 
 
 def _show_scripts_hooks_only(root: Any) -> list[_Swap]:
@@ -120,9 +155,13 @@ def _show_scripts_hooks_only(root: Any) -> list[_Swap]:
             attrs = module.__dict__
             for name in _SCRIPTED_HOOK_DICTS:
                 hooks = attrs.get(name)
-                if isinstance(hooks, dict) and not isinstance(hooks, _ScriptsView):
-                    view = _ScriptsView(hooks)
-                    swaps.append((attrs, name, hooks, view, frozenset(hooks)))
+                if isinstance(hooks, OrderedDict) and not isinstance(hooks, _ScriptsView):
+                    with _lock:
+                        view = _views.get(id(hooks))
+                        if view is None or view._own() is not hooks:
+                            view = _views[id(hooks)] = _ScriptsView(hooks)
+                            weakref.finalize(hooks, _forget, id(hooks), view)
+                    swaps.append((attrs, name, hooks, view))
                     attrs[name] = view
     except Exception:  # never fail the user's scripting on tdbg's account: undo what moved
         _put_back(swaps)
@@ -130,15 +169,15 @@ def _show_scripts_hooks_only(root: Any) -> list[_Swap]:
     return swaps
 
 
+def _forget(key: int, view: _ScriptsView) -> None:
+    """A hook dict was freed: its view goes (unless another dict's took its id since)."""
+    with _lock:
+        if _views.get(key) is view:
+            del _views[key]
+
+
 def _put_back(swaps: list[_Swap]) -> None:
-    """Each module's own dicts back (the views wrote through to them)."""
-    for attrs, name, hooks, view, had in swaps:
+    """Each module's own dicts back in place (the views wrote to them)."""
+    for attrs, name, hooks, view in swaps:
         if attrs.get(name) is view:
             attrs[name] = hooks
-        for key in [key for key in view if key in had]:
-            OrderedDict.__delitem__(view, key)  # not through: their handles hold the own dict
-        if view:
-            with _lock:
-                # Those emptied since (their hooks removed through them) go.
-                _kept_views[:] = [kept for kept in _kept_views if kept]
-                _kept_views.append(view)
