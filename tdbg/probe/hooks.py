@@ -140,8 +140,9 @@ class PhaseHooks:
         # The thread that calls probe.step() (None until it first does): forwards without grad
         # on other threads are not the loop's evaluation.
         self.training_thread: int | None = None
-        # Forward hooks marking where each forward without grad ends, by module id: only
-        # between an evaluation's first forward and the step's own (each costs every forward).
+        # Forward hooks marking where each forward without grad ends, by the id of the module's
+        # forward-hook dict (DataParallel's replicas share it): from an evaluation's first
+        # forward to the end of a step without any (each costs every forward meanwhile).
         self._no_grad_ends: dict[int, RemovableHandle] = {}
         self._events = events
         # What a step without a closure runs at its pre-hook: on_optimizer_pre, then
@@ -291,8 +292,8 @@ class _ForwardStart(ForwardHook):
 
 
 class _NoGradEnd(ForwardHook):
-    """Where a watched model's forward without grad ends (registered only while an evaluation
-    runs between two steps)."""
+    """Where a watched model's forward without grad ends (registered from an evaluation's first
+    forward to the end of a step without any: see PhaseHooks.mark_no_grad)."""
 
     __slots__ = ()
 
