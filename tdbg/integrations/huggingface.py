@@ -84,9 +84,7 @@ class TdbgHuggingFace(FailSafe):
         if self._live():
             self.probe.note_evaluation_end()
 
-    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self._live():
-            self.probe.note_evaluation_end()
+    on_predict = on_evaluate  # Trainer.predict's forwards: an evaluation too
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._stop()

@@ -90,8 +90,8 @@ class TdbgLightning(FailSafe):
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if self._live():
             self.probe.note_evaluation_end()
-        if self._live() and not trainer.sanity_checking:
-            self._send_metrics(trainer, None)
+            if not trainer.sanity_checking:
+                self._send_metrics(trainer, None)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self._live():

@@ -50,6 +50,19 @@ def inert_hook() -> Callable[..., None]:
     return functools.partial(sys.audit, INERT_EVENT)
 
 
+def is_tdbg_hook(hook: Any) -> bool:
+    """A hook tdbg registered (live, or inert in a copy), as opposed to the script's own."""
+    if isinstance(hook, WeakHook):
+        return True
+    function = hook
+    if isinstance(hook, functools.partial):
+        if hook.func is sys.audit and hook.args[:1] == (INERT_EVENT,):
+            return True  # what a tdbg hook becomes in a copy or a pickle
+        function = hook.func
+    owner = getattr(function, "__module__", None)
+    return isinstance(owner, str) and owner.startswith("tdbg.")
+
+
 class WeakHook:
     """A hook that calls a bound method of the probe's objects through a weak reference.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -12,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from tdbg.probe.hook_refs import INERT_EVENT, WeakHook
+from tdbg.probe.hook_refs import is_tdbg_hook
 
 # The module hook dicts TorchScript compiles into a scripted module (it ignores the others).
 _SCRIPTED_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
@@ -56,19 +55,6 @@ def _set_aside_while(original: Callable[..., Any]) -> Callable[..., Any]:
             _put_back(views)
 
     return create_script_module
-
-
-def is_tdbg_hook(hook: Any) -> bool:
-    """A hook tdbg registered (live, or inert in a copy), as opposed to the script's own."""
-    if isinstance(hook, WeakHook):
-        return True
-    function = hook
-    if isinstance(hook, functools.partial):
-        if hook.func is sys.audit and hook.args[:1] == (INERT_EVENT,):
-            return True  # what a tdbg hook becomes in a copy or a pickle
-        function = hook.func
-    owner = getattr(function, "__module__", None)
-    return isinstance(owner, str) and owner.startswith("tdbg.")
 
 
 class _ScriptsView(OrderedDict[Any, Any]):

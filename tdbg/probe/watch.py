@@ -11,7 +11,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -422,21 +422,20 @@ class Probe:
         :meth:`note_evaluation_end` (or the end of the last forward without grad), is the
         step's no-grad phase, not a wait on data. A forward of a watched model without grad
         marks its start by itself."""
-        if self._disabled:
-            return
-        try:
-            self._hooks.mark_no_grad()
-        except Exception as exc:
-            self._count_error(exc)
+        self._tell_hooks(self._hooks.mark_no_grad)
 
     def note_evaluation_end(self) -> None:
         """An evaluation between two steps has ended, metrics included (its forwards' ends are
         marked by themselves; work after the last of them, such as computing metrics, is
         marked here): what follows up to the step's forward (the next batch) is data again."""
+        self._tell_hooks(self._hooks.end_no_grad)
+
+    def _tell_hooks(self, event: Callable[[], None]) -> None:
+        """A mark the loop or a framework gives the phase hooks: never raises into the loop."""
         if self._disabled:
             return
         try:
-            self._hooks.end_no_grad()
+            event()
         except Exception as exc:
             self._count_error(exc)
 
