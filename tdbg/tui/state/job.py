@@ -17,7 +17,6 @@ RECENT = 20  # steps a straggler is judged over
 STRAGGLER_RATIO = 1.25  # a rank this much slower than the others' median...
 STRAGGLER_MIN_SECONDS = 0.002  # ...and at least this much slower per step (noise on tiny steps)
 DIVERGENCE_RTOL = 1e-3  # DDP: the all-reduced gradients agree to this relative tolerance
-PHASES = ("data_time", "no_grad_time", "forward_time", "backward_time", "optimizer_time")
 PHASE_WORDS = {
     "data_time": "input wait",
     "no_grad_time": "no-grad forwards (evaluation)",
@@ -34,7 +33,7 @@ class JobFinding:
     message: str
     layers: list[str] = field(default_factory=list)
     step: int | None = None  # rank_divergence: the first step found; straggler: latest step
-    phase: str | None = None  # straggler: the step column that explains it (``PHASES``)
+    phase: str | None = None  # straggler: the step column that explains it (run_state.ANATOMY)
     slower_by: float | None = None  # straggler: seconds of own work a step over the others
     collective: dict[str, Any] | None = None  # hang: {seq, op, sizes, group} the others wait in
     stacks: dict[int, str] = field(default_factory=dict)  # hang: rank -> its training stack
