@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import pickle
 import subprocess
 import sys
 import warnings
@@ -56,23 +57,173 @@ def test_a_checkpoint_saved_while_watched_loads_without_tdbg(
     probe.close()
 
 
-def test_a_deep_copy_carries_no_hook_into_the_probe(runtime_dir: Path) -> None:
-    loop = Loop()
-    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    loop.run(1, probe)
-    twin, opt_twin = copy.deepcopy(loop.model), copy.deepcopy(loop.opt)
-    hooks = [
-        *twin._forward_pre_hooks.values(),
-        *twin._forward_hooks.values(),
-        *opt_twin._optimizer_step_pre_hooks.values(),
-        *opt_twin._optimizer_step_post_hooks.values(),
+def _users_pre_hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+    """The script's own forward pre-hook (with keyword arguments): copies keep it."""
+
+
+def _users_hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+    """The script's own forward hook (always called): copies keep it."""
+
+
+class _OwnState(torch.nn.Module):
+    """A module class whose ``__getstate__`` does not call ``nn.Module``'s (as the RNNs')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__  # the live one: the copy must not take the model's hooks off
+
+
+def _hooks_of(model: torch.nn.Module) -> list[Any]:
+    return [
+        hook
+        for module in model.modules()
+        for hooks in (module._forward_pre_hooks, module._forward_hooks)
+        for hook in hooks.values()
     ]
-    assert hooks and all(type(h).__module__ == "functools" for h in hooks), hooks
-    before = probe.steps
-    twin(loop.x).sum().backward()
-    opt_twin.step()
-    assert probe.steps == before
+
+
+def _copies(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Whole copies of ``model``: deep, pickled, saved (a shallow copy shares its children)."""
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return [
+        copy.deepcopy(model),
+        pickle.loads(pickle.dumps(model)),  # noqa: S301 (our own bytes)
+        torch.load(buffer, weights_only=False),
+    ]
+
+
+@pytest.mark.parametrize("kind", ["sequential", "lstm", "own-getstate"])
+def test_copies_of_a_watched_model_carry_the_scripts_hooks_and_none_of_tdbgs(
+    runtime_dir: Path, kind: str
+) -> None:
+    """Deep and shallow copies, pickles and ``torch.save`` of a watched module hold the
+    script's own hooks (with their keyword and always-called flags) and no hook of tdbg's, not
+    even an inert one, whatever class defines the module's ``__getstate__``; the live model
+    keeps its hooks and the copies report nothing into the probe."""
+    model: torch.nn.Module
+    if kind == "sequential":
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    elif kind == "lstm":
+        model = torch.nn.LSTM(4, 3, batch_first=True)
+    else:
+        model = _OwnState()
+    pre = model.register_forward_pre_hook(_users_pre_hook, with_kwargs=True)
+    post = model.register_forward_hook(_users_hook, always_call=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, grad_every=1)
+    x = torch.randn(2, 5, 4) if kind == "lstm" else torch.randn(5, 4)
+
+    def step() -> None:
+        out = model(x)
+        loss = (out[0] if isinstance(out, tuple) else out).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        probe.step(loss)
+
+    step()
+    live = list(model._forward_pre_hooks.items())
+    assert len(live) == 2  # the script's and the probe's
+    for clone in _copies(model):
+        assert list(clone._forward_pre_hooks) == [pre.id]
+        assert list(clone._forward_hooks) == [post.id]
+        assert dict(clone._forward_pre_hooks_with_kwargs) == {pre.id: True}
+        assert dict(clone._forward_hooks_always_called) == {post.id: True}
+        assert [getattr(h, "__name__", None) for h in _hooks_of(clone)] == [
+            "_users_pre_hook",
+            "_users_hook",
+        ]
+        before = probe._hooks.timeline.forward_start
+        clone(x)
+        assert probe._hooks.timeline.forward_start is before  # nothing reached the probe
+    shallow = copy.copy(model)  # its own hook dicts; its children are the model's
+    assert list(shallow._forward_pre_hooks) == [pre.id]
+    assert list(shallow._forward_hooks) == [post.id]
+    assert list(model._forward_pre_hooks.items()) == live
+    step()
+    assert probe.steps == 2 and probe.errors == 0
     probe.close()
+
+
+LOAD_SCRIPT_AND_COMPILE_WITHOUT_TDBG = """
+import sys
+sys.modules["tdbg"] = None  # `import tdbg` now raises: the loader has no tdbg at all
+import torch
+saved = torch.load(sys.argv[1], weights_only=False)
+for name in ("mlp", "lstm"):
+    model, x = saved[name], saved[name + "_x"]
+    hooks = [h for m in model.modules() for d in (m._forward_pre_hooks, m._forward_hooks)
+             for h in d.values()]
+    assert hooks == [], (name, hooks)
+    if name == "mlp":  # an LSTM unwatched neither scripts nor compiles fullgraph in 2.13
+        expected = model(x)
+        assert torch.allclose(torch.jit.script(model)(x), expected)
+        assert torch.allclose(torch.compile(model, backend="eager", fullgraph=True)(x), expected)
+print("scripted and compiled", sorted(m for m in sys.modules if m.startswith("tdbg")))
+"""
+
+
+def test_a_model_saved_whole_while_watched_scripts_and_compiles_without_tdbg(
+    runtime_dir: Path, tmp_path: Path
+) -> None:
+    """pytorch/examples' word_language_model saves its whole model: loaded where tdbg is not
+    installed, it carries no hook of tdbg's, so ``torch.jit.script`` (which compiles every hook
+    from its source) and ``torch.compile(fullgraph=True)`` (which refuses a graph break) take it
+    as they take the model unwatched. An LSTM (its class pickles through its own
+    ``__getstate__``) carries none either."""
+    loop = Loop()
+    lstm = torch.nn.LSTM(4, 3, batch_first=True)
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
+    lstm_probe = tdbg.watch(lstm)
+    loop.run(2, probe)
+    lstm_x = torch.randn(2, 5, 4)
+    lstm(lstm_x)[0].sum().backward()
+    lstm_probe.step()
+    path = tmp_path / "whole.pt"
+    saved = {"mlp": loop.model, "mlp_x": loop.x, "lstm": lstm, "lstm_x": lstm_x}
+    torch.save(saved, path)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", LOAD_SCRIPT_AND_COMPILE_WITHOUT_TDBG, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "scripted and compiled ['tdbg']", done.stdout
+    lstm_probe.close()
+    probe.close()
+
+
+def test_a_copy_taken_while_a_dive_has_hooks_armed_carries_none(runtime_dir: Path) -> None:
+    """A NaN hunt (which starts by itself after a non-finite alert) and activation statistics
+    arm hooks on every module; a checkpoint or deep copy taken meanwhile (a best-model
+    snapshot) raised ``cannot pickle '_thread.lock'`` and now holds none of them."""
+    from conftest import dive_context
+
+    from tdbg.probe.dives.activations import ActivationsDive
+    from tdbg.probe.dives.nan_hunt import NanHuntDive
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    model.register_forward_hook(_users_hook)
+    for dive_class, params in ((NanHuntDive, {"steps": 1}), (ActivationsDive, {"every": 1})):
+        dive = dive_class(dive_context(model), 7, params, "manual")
+        dive.start(0)  # armed for step 1
+        assert len(_hooks_of(model)) > 1, dive_class  # armed
+        for clone in _copies(model):
+            assert [getattr(h, "__name__", None) for h in _hooks_of(clone)] == ["_users_hook"]
+            clone(torch.randn(3, 4)).sum().backward()
+        dive.cancelled(1, "off")
+        dive.release()
+        assert [getattr(h, "__name__", None) for h in _hooks_of(model)] == ["_users_hook"]
 
 
 def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Path) -> None:

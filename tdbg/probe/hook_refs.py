@@ -70,7 +70,9 @@ class WeakHook:
     ``copy.deepcopy(model)`` copy them. A bound method would drag the probe along — its socket,
     threads and locks cannot be pickled — and a copy (an EMA model, a best-model snapshot) would
     report into the original probe. This one pickles and copies as :func:`inert_hook` (no tdbg
-    needed to load it), and never keeps the probe alive by itself.
+    needed to load it), and never keeps the probe alive by itself. (A module's own pickles and
+    copies leave it out altogether: state_tap; this is for the rest, an optimizer's hook dict
+    copied by hand, a class that pickles around ``__getstate__``.)
 
     Under ``torch.compile`` it runs eagerly, outside the graph (a graph break): dynamo neither
     traces the probe's clock reads nor recompiles on its state. That suits optimizer hooks;

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tdbg.probe import state_tap
 from tdbg.probe.device_copy import recorded_event
 from tdbg.probe.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
 
@@ -157,6 +158,7 @@ class PhaseHooks:
             # only (Hugging Face's model(**batch)) needs them.
             hook = _ForwardStart.owned_by(self)
             self.handles.append(model.register_forward_pre_hook(hook, with_kwargs=True))
+            state_tap.cover(model)
         self._by_optimizer: dict[int, list[RemovableHandle]] = {}
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
@@ -202,6 +204,7 @@ class PhaseHooks:
             hooks = module._forward_hooks  # shared by DataParallel's replicas: one hook there
             if id(hooks) not in self._no_grad_ends:
                 handle = module.register_forward_hook(_NoGradEnd.owned_by(self))
+                state_tap.cover(module)
                 # Replicas get here at once on their threads: one handle kept, others removed.
                 if self._no_grad_ends.setdefault(id(hooks), handle) is not handle:
                     handle.remove()

@@ -27,8 +27,9 @@ def install() -> None:
     ``AttributeError`` where the same model unwatched scripts. While the wrapper runs, each
     module's hook dicts are seen through a view whose ``values()`` (all TorchScript reads of
     them) leaves tdbg's out, so the scripted module carries only the script's own hooks. It
-    stays after the last probe closes: a copy of a watched model (an EMA, a best-model
-    snapshot, one loaded from ``torch.save``) keeps an inert tdbg hook.
+    stays after the last probe closes: a copy of a watched model whose class pickles around
+    ``__getstate__`` (state_tap), or one loaded from a checkpoint an older tdbg saved, keeps
+    an inert tdbg hook.
     Every scripting path goes through this function (``torch.jit.script`` of a module, a
     ``ScriptModule`` subclass, ``torch.jit.trace``'s module), looked up at each call.
     """

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tdbg.probe import state_tap
 from tdbg.probe.device_copy import host_copy
 from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
 from tdbg.probe.hook_refs import ForwardHook
@@ -222,6 +223,7 @@ class ActivationsDive(Dive):
             # a no-op inside a graph torch.compile traces: fullgraph=True still compiles.
             hook = ForwardHook(self._on_output, index)
             self._handles.append(module.register_forward_hook(hook))
+            state_tap.cover(module)
 
     def _on_output(self, index: int, module: nn.Module, args: Any, output: Any) -> None:
         # No lock: DataParallel threads may lose an increment, never turn a call into none.

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tdbg.probe import state_tap
 from tdbg.probe.dives.activations import HostCopy, floating_tensors, nonfinite
 from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
 from tdbg.probe.nan_origin import Origin
@@ -135,6 +136,7 @@ class NanHuntDive(Dive):
                 module.register_forward_pre_hook(partial(self._pre, index), with_kwargs=True)
             )
             self._handles.append(module.register_forward_hook(partial(self._post, index)))
+            state_tap.cover(module)  # a copy taken meanwhile gets no hook of the hunt's
             for param in params:
                 if not param.requires_grad:
                     continue
