@@ -248,6 +248,40 @@ def test_gradient_accumulation_reports_the_whole_update(runtime_dir: Path) -> No
     reader.close()
 
 
+def test_several_losses_backpropagated_in_one_call_are_the_step_s_loss(
+    runtime_dir: Path,
+) -> None:
+    """A multi-task loop's ``torch.autograd.backward([a, b])``: the step's loss is a + b (the
+    loss of one backward of their sum), one micro-batch; under accumulation, the sum over the
+    calls. Before, such a call was not seen at all: the step had no loss."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data()
+    probe = tdbg.watch(model, opt, grad_every=1)
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    expected, micro = [], []
+    for step in range(4):
+        calls = 1 if step < 2 else 2
+        opt.zero_grad()
+        total = 0.0
+        for i in range(calls):
+            out = model(x[i::calls])
+            first = ((out - y[i::calls]) ** 2).mean()
+            second = out.abs().mean()
+            torch.autograd.backward((first, second))
+            total += first.item() + second.item()
+        opt.step()
+        probe.step()
+        expected.append(total)
+        micro.append(calls)
+    reader.wait(lambda r: len(r.records()) >= 4)
+    records = reader.records()
+    assert [r.loss for r in records] == pytest.approx(expected, rel=1e-6)
+    assert [r.micro_batches for r in records] == micro
+    assert probe.errors == 0
+    reader.close()
+
+
 def test_an_explicit_loss_under_accumulation_is_the_update_s(runtime_dir: Path) -> None:
     """probe.step(loss) with the variable at hand after k micro-batches (nanoGPT's
     ``loss = loss / k; loss.backward()``): that is the last micro-batch divided by k, not the

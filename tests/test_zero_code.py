@@ -390,6 +390,43 @@ def recorded_steps(record: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["multi", "grad"])
+def test_gradients_without_a_single_backward_are_watched(tmp_path: Path, mode: str) -> None:
+    """``torch.autograd.backward([a, b])`` (a multi-task loop): the loss is a + b, as one
+    backward of their sum. ``torch.autograd.grad`` with ``.grad`` set by hand: no backward at
+    all, so the model is found at its first update and watched from step 0, its gradients
+    true; the loss cannot be seen, which is said once (stderr, an alert), not left silent."""
+    record = tmp_path / f"{mode}.tdbg"
+    proc = subprocess.run(
+        [*TDBG, "run", "--record", str(record), "--grad-every", "1"]
+        + ["train_no_single_backward.py", mode],
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    truth = json.loads(proc.stdout)
+    steps = recorded_steps(record)
+    assert [s["step"] for s in steps] == list(range(8))
+    assert [s["grad_norm"] for s in steps] == pytest.approx(truth["norms"], rel=1e-5)
+    if mode == "multi":
+        assert proc.stderr == ""
+        assert [s["loss"] for s in steps] == pytest.approx(truth["losses"], rel=1e-6)
+        assert all(s["micro_batches"] == 1 for s in steps)
+    else:
+        assert all(s["loss"] is None for s in steps)
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and "updated without backward()" in lines[0], proc.stderr
+        alerts = [
+            json.loads(line)
+            for line in dump_lines(record)
+            if '"alert"' in line and "without backward" in line
+        ]
+        assert len(alerts) == 1 and alerts[0]["step"] == 0
+
+
+@pytest.mark.slow
 def test_amp_grad_scaler_reports_the_unscaled_loss(tmp_path: Path, runtime_dir: Path) -> None:
     record = tmp_path / "amp.tdbg"
     proc = subprocess.run(

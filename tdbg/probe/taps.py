@@ -264,12 +264,13 @@ def _scalar(tensors: Any) -> torch.Tensor | None:
     """The loss a backward call was given (before GradScaler scaled it), as given; or None.
     Called before a backward without a ``grad_tensors``, which torch allows only for
     one-element tensors: no size is checked here (one that is not fails in the backward, and
-    the listeners take it back)."""
+    the listeners take it back). Several at once (a multi-task loop's
+    ``torch.autograd.backward([a, b])``): their sum, what one backward of ``a + b`` gives."""
     global _scaled
     tensor = tensors
     if isinstance(tensor, (list, tuple)):
         if len(tensor) != 1:
-            return None
+            return summed_scalars(tensor)
         tensor = tensor[0]
     if not isinstance(tensor, torch.Tensor):
         return None
@@ -278,6 +279,23 @@ def _scalar(tensors: Any) -> torch.Tensor | None:
         _scaled = None
         return scaled[1]
     return tensor
+
+
+def summed_scalars(tensors: list[Any] | tuple[Any, ...]) -> torch.Tensor | None:
+    """The sum of several one-element tensors backpropagated in one call, detached (a CPU sum
+    is a host read; a device one launches its adds, no sync); None where they are not that
+    (a tensor with more elements, other devices: not one loss)."""
+    if not tensors or not all(
+        isinstance(t, torch.Tensor) and t.numel() == 1 and t.is_floating_point() for t in tensors
+    ):
+        return None
+    try:
+        total = tensors[0].detach().reshape(())
+        for tensor in tensors[1:]:
+            total = total + tensor.detach().reshape(())
+        return total
+    except RuntimeError:  # on several devices
+        return None
 
 
 def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:

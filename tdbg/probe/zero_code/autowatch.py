@@ -369,10 +369,33 @@ class AutoWatch:
         self._closure_loss = None
         try:
             self._optimizers.add(optimizer)
-            if self._discovering and self.probe is not None and not self.off:
+            if self.off:
+                return
+            if self._discovering and self.probe is not None:
                 self._maybe_add(optimizer)
+            elif self.probe is None and os.getpid() == self.pid:
+                self._start_without_backward()
         except Exception as exc:
             self._fail(exc)
+
+    def _start_without_backward(self) -> None:
+        """An update before any backward of a scalar: a loop that takes its gradients with
+        ``torch.autograd.grad`` (or ``torch.func``) and sets ``.grad`` itself. If a called
+        module has gradients, it is the model: watched from this step on (the optimizer's own
+        hooks, registered now, run for this very step), its loss unseen, which is said once.
+        Without gradients (an update before training starts, LBFGS before its closure) it
+        waits, as before, for a backward."""
+        if self._choose()[0] is None:
+            return
+        self._start()
+        if self.probe is None:
+            return
+        self.probe._sampler.report_once(  # on stderr and as an alert
+            "no-backward",
+            "the model is updated without backward() (torch.autograd.grad?): tdbg run shows "
+            "its gradients and learning rates, not its loss; call tdbg.watch(model, optimizer) "
+            "and probe.step(loss) in the script to see it",
+        )
 
     def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._in_step = False
@@ -383,9 +406,15 @@ class AutoWatch:
         try:
             tensor = tensors
             if not isinstance(tensor, self.torch.Tensor):
-                if not isinstance(tensor, list | tuple) or len(tensor) != 1:
+                if not isinstance(tensor, list | tuple) or not tensor:
                     return
-                tensor = tensor[0]
+                if len(tensor) > 1:
+                    from tdbg.probe.taps import summed_scalars
+
+                    # backward([a, b]) of a multi-task loop: one backward of their sum.
+                    tensor = summed_scalars(tensor)
+                else:
+                    tensor = tensor[0]
                 if not isinstance(tensor, self.torch.Tensor):
                     return
             if tensor.numel() != 1:
