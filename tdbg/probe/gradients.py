@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from tdbg.probe.module_paths import user_paths
+
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 _VERSION = attrgetter("_version")  # a tensor's in-place modification counter
 
@@ -41,11 +43,13 @@ def find_layers(
     """Layers in ``named_modules()`` order; a parameter shared by two modules counts once.
 
     The root module's own parameters form a layer named ``name`` (the model's name; its class
-    name when it has none); the others are named ``prefix`` + their ``named_modules()`` path.
+    name when it has none); the others are named ``prefix`` + their ``named_modules()`` path,
+    without the segments torch's wrappers add (``torch.compile``'s ``_orig_mod``, DDP's
+    ``module``): :func:`~tdbg.probe.module_paths.user_paths`.
     ``seen``: parameter ids already taken (by another watched model)."""
     seen = set() if seen is None else seen
     layers: list[Layer] = []
-    for path, module in model.named_modules(remove_duplicate=True):
+    for path, module in user_paths(model):
         own = []
         for param in module.parameters(recurse=False):
             if id(param) not in seen:

@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from tdbg.probe.module_paths import user_paths
+
 INF = float("inf")
 
 
@@ -141,7 +143,7 @@ def find_forward_origin(
             if count and all(bool(torch.isfinite(t).all()) for t in _floating(inputs)):
                 found.append((name, type(module).__name__, count))
 
-        for name, module in model.named_modules():
+        for name, module in user_paths(model):
             handles.append(module.register_forward_hook(partial(post, name)))
         with torch.no_grad():
             model(*args, **(kwargs or {}))

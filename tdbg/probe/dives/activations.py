@@ -17,6 +17,7 @@ from tdbg.probe.device_copy import host_copy
 from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
 from tdbg.probe.hook_refs import ForwardHook
 from tdbg.probe.log import warn
+from tdbg.probe.module_paths import user_paths
 from tdbg.protocol.messages import Activations
 
 MAX_DEPTH = 6  # how deep floating_tensors looks into nested tuples/lists/dicts
@@ -178,7 +179,7 @@ class ActivationsDive(Dive):
             return
         self._leaves = [
             (name, type(module).__name__, module)
-            for name, module in self.ctx.model.named_modules()
+            for name, module in user_paths(self.ctx.model)
             if is_leaf(module)
         ]
         self._arm()  # the first sample is the very next step: the user asked to see it now

@@ -15,6 +15,7 @@ from torch.utils.hooks import RemovableHandle
 from tdbg.probe import state_tap
 from tdbg.probe.dives.activations import HostCopy, floating_tensors, nonfinite
 from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
+from tdbg.probe.module_paths import user_paths
 from tdbg.probe.nan_origin import Origin
 from tdbg.protocol.messages import NanHuntResult, nan_hunt_result
 
@@ -127,7 +128,7 @@ class NanHuntDive(Dive):
         """Arm: a pre-hook and a forward hook on every module (the root, name "", included)
         and a post-accumulate-grad hook on every trainable parameter."""
         owners: dict[int, int] = {}  # id(param) -> index in self._owners
-        for index, (name, module) in enumerate(self.ctx.model.named_modules()):
+        for index, (name, module) in enumerate(user_paths(self.ctx.model)):
             self._names.append(name)
             self._types.append(type(module).__name__)
             params = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
@@ -324,7 +325,7 @@ class NanHuntDive(Dive):
         # after the model, so they are not looked up in one model's named_modules() here.
         module_type = origin.module_type
         if module_type is None and origin.module is not None:
-            module = dict(self.ctx.model.named_modules()).get(origin.module)
+            module = dict(user_paths(self.ctx.model)).get(origin.module)
             module_type = type(module).__name__ if module is not None else None
         return self._result(
             checked,
