@@ -612,5 +612,5 @@ def test_a_straggler_and_a_diverged_rank_are_named(
     assert "3 of 3 ranks" in out
     assert "straggler: rank 1 holds the others up" in out and "input wait" in out
     divergence = [line for line in out.splitlines() if "rank_divergence" in line]
-    assert divergence and "rank 2:" in divergence[0] and "in module.2 at" in divergence[0]
+    assert divergence and "rank 2:" in divergence[0] and "in layer 2 at" in divergence[0]
     assert "straggler: rank 0" not in out and "straggler: rank 2" not in out

@@ -256,6 +256,7 @@ class Job:
         layers = sorted({name for names_ in bad.values() for name in names_})
         ranks = sorted(bad)
         shown = ", ".join(layers[:5]) + (f" (+{len(layers) - 5})" if len(layers) > 5 else "")
+        shown = f"layer{'s' if len(layers) > 1 else ''} {shown}"  # "in layer 2", not "in 2"
         return [
             JobFinding(
                 "rank_divergence",
