@@ -187,3 +187,36 @@ def test_state_at_is_independent_of_the_path_taken(tmp_path: Path) -> None:
     assert steps[-1] == 1100 and len(steps) <= 1024 and rows.shape[1] == 6
     assert list(steps) == sorted(steps)
     assert early.alert_count == 1 and late.alert_count == 3  # alerts at 50, 120, 150
+
+
+async def test_a_run_whose_steps_carry_no_loss_says_so_not_that_it_is_nan(
+    tmp_path: Path,
+) -> None:
+    """``tdbg run`` of a loop without backward() (``torch.autograd.grad``): its steps have
+    gradients but no loss. The loss panel says no loss was reported (not "no finite loss",
+    which reads as a NaN), and the alert says why."""
+    import subprocess
+    import sys
+
+    scripts = Path(__file__).resolve().parent / "scripts" / "zero_code"
+    path = tmp_path / "grad.tdbg"
+    done = subprocess.run(
+        [sys.executable, "-m", "tdbg.cli", "run", "--record", str(path)]
+        + ["train_no_single_backward.py", "grad"],
+        cwd=scripts,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    app = ReplayApp(load(str(path)))
+    async with app.run_test(size=SIZE) as pilot:
+        await line_shows(pilot, app, "replay ·", "replay · step 7 / 7")
+        await wait_for(
+            pilot,
+            lambda: "no loss reported by the steps so far" in screen_text(app),
+            "the loss panel's note",
+        )
+        assert "no finite loss" not in screen_text(app)
+        assert "probe_error: the model is" in screen_text(app)  # the alert, cut to fit

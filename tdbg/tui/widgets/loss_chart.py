@@ -292,7 +292,17 @@ class LossChart(Static, can_focus=True):
             y = np.where(y > 0, y, np.nan)
             ys = np.where(ys > 0, ys, np.nan)
         if not np.isfinite(y).any():
-            waiting = "no finite loss yet" if len(data.steps) else "waiting for the first step…"
+            if not len(data.steps):
+                waiting = "waiting for the first step…"
+            elif (
+                data.present is not None
+                and not data.present.any()
+                and not self._showing_step_times()
+            ):
+                # Not a NaN: the loop passes none (tdbg run of a loop without backward()).
+                waiting = "no loss reported by the steps so far (v: step time)"
+            else:
+                waiting = "no finite loss yet"
             self.update(Text.assemble(self.caption(), "\n", waiting))
             return
         span = self._span()
