@@ -226,6 +226,35 @@ def test_a_copy_taken_while_a_dive_has_hooks_armed_carries_none(runtime_dir: Pat
         assert [getattr(h, "__name__", None) for h in _hooks_of(model)] == ["_users_hook"]
 
 
+def test_a_parametrized_model_copies_while_a_nan_hunt_is_armed(runtime_dir: Path) -> None:
+    """``torch.nn.utils.parametrize`` (spectral_norm, weight_norm, orthogonal: a GAN's
+    discriminator) deep-copies a module through its ``__dict__``, around ``__getstate__``: the
+    hunt's hooks are copied as they are. They hold the hunt weakly and copy as a no-op, so a
+    best-model copy taken while the hunt is armed works (it raised ``cannot pickle
+    '_thread.lock'``) and reports nothing into the hunt."""
+    from conftest import dive_context
+
+    from tdbg.probe.dives.nan_hunt import NanHuntDive
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(4, 4)),
+        torch.nn.ReLU(),
+        torch.nn.Linear(4, 1),
+    )
+    x = torch.randn(3, 4)
+    ctx = dive_context(model)
+    dive = NanHuntDive(ctx, 7, {"steps": 1}, "manual")
+    dive.start(0)
+    twin = copy.deepcopy(model)
+    events = len(ctx.events)
+    assert torch.allclose(twin(x), model(x))
+    twin(x).sum().backward()
+    assert len(ctx.events) == events
+    dive.cancelled(1, "off")
+    dive.release()
+
+
 def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Path) -> None:
     """fullgraph=True refuses any graph break; the probe's forward hooks are a no-op the graph
     absorbs. The run's losses and gradient norms are those of the same run unwatched."""

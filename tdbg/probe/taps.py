@@ -270,10 +270,14 @@ def _scalar(tensors: Any) -> torch.Tensor | None:
     tensor = tensors
     if isinstance(tensor, (list, tuple)):
         if len(tensor) != 1:
-            return summed_scalars(tensor)
+            total = summed_scalars(tensor, _scaled_losses.unscaled)
+            _scaled = None
+            _scaled_losses.clear()
+            return total
         tensor = tensor[0]
     if not isinstance(tensor, torch.Tensor):
         return None
+    _scaled_losses.clear()
     scaled = _scaled
     if scaled is not None and scaled[0]() is tensor:
         _scaled = None
@@ -281,17 +285,62 @@ def _scalar(tensors: Any) -> torch.Tensor | None:
     return tensor
 
 
-def summed_scalars(tensors: list[Any] | tuple[Any, ...]) -> torch.Tensor | None:
+class ScaledLosses:
+    """What ``GradScaler.scale()`` returned for which loss since the last backward, for a
+    backward of several at once (``backward([scaler.scale(a), scaler.scale(b)])``, or of
+    ``scaler.scale([a, b])``): each is reported unscaled. A few kept, the newest last."""
+
+    KEPT = 16
+
+    def __init__(self) -> None:
+        self._pairs: list[tuple[weakref.ref[Any], Any]] = []
+
+    def note(self, outputs: Any, out: Any) -> None:
+        """``scale(outputs)`` returned ``out``: a tensor, or the same structure of them."""
+        if isinstance(outputs, torch.Tensor):
+            pairs = [(outputs, out)]
+        elif isinstance(outputs, (list, tuple)) and isinstance(out, (list, tuple)):
+            pairs = list(zip(outputs, out, strict=False))
+        else:
+            return
+        for loss, scaled in pairs:
+            if isinstance(loss, torch.Tensor) and isinstance(scaled, torch.Tensor):
+                try:
+                    self._pairs.append((weakref.ref(scaled), loss.detach()))
+                except TypeError:
+                    pass
+        del self._pairs[: -self.KEPT]
+
+    def unscaled(self, tensor: Any) -> Any:
+        """The loss ``tensor`` is the scaled form of, or ``tensor`` itself."""
+        for ref, loss in self._pairs:
+            if ref() is tensor:
+                return loss
+        return tensor
+
+    def clear(self) -> None:
+        if self._pairs:
+            self._pairs.clear()
+
+
+_scaled_losses = ScaledLosses()
+
+
+def summed_scalars(
+    tensors: list[Any] | tuple[Any, ...], unscaled: Callable[[Any], Any] | None = None
+) -> torch.Tensor | None:
     """The sum of several one-element tensors backpropagated in one call, detached (a CPU sum
-    is a host read; a device one launches its adds, no sync); None where they are not that
-    (a tensor with more elements, other devices: not one loss)."""
+    is a host read; a device one launches its adds, no sync), each taken back to the loss
+    GradScaler scaled (``unscaled``); None where they are not that (a tensor with more
+    elements, other devices: not one loss)."""
     if not tensors or not all(
         isinstance(t, torch.Tensor) and t.numel() == 1 and t.is_floating_point() for t in tensors
     ):
         return None
+    losses = [unscaled(t) for t in tensors] if unscaled is not None else list(tensors)
     try:
-        total = tensors[0].detach().reshape(())
-        for tensor in tensors[1:]:
+        total = losses[0].detach().reshape(())
+        for tensor in losses[1:]:
             total = total + tensor.detach().reshape(())
         return total
     except RuntimeError:  # on several devices
@@ -306,11 +355,13 @@ def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:
     def scale(scaler: Any, outputs: Any, *args: Any, **kwargs: Any) -> Any:
         global _scaled
         out = original(scaler, outputs, *args, **kwargs)
-        if out is not outputs and isinstance(outputs, torch.Tensor) and _snapshot:
-            try:
-                _scaled = (weakref.ref(out), outputs.detach())
-            except TypeError:
-                _scaled = None
+        if out is not outputs and _snapshot:
+            if isinstance(outputs, torch.Tensor):
+                try:
+                    _scaled = (weakref.ref(out), outputs.detach())
+                except TypeError:
+                    _scaled = None
+            _scaled_losses.note(outputs, out)  # for a backward of several at once
         return out
 
     return scale

@@ -15,6 +15,7 @@ from torch.utils.hooks import RemovableHandle
 from tdbg.probe import state_tap
 from tdbg.probe.dives.activations import HostCopy, floating_tensors, nonfinite
 from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
+from tdbg.probe.hook_refs import ForwardHook
 from tdbg.probe.module_paths import user_paths
 from tdbg.probe.nan_origin import Origin
 from tdbg.protocol.messages import NanHuntResult, nan_hunt_result
@@ -133,11 +134,13 @@ class NanHuntDive(Dive):
             self._types.append(type(module).__name__)
             params = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
             self._params.append(params)
-            self._handles.append(
-                module.register_forward_pre_hook(partial(self._pre, index), with_kwargs=True)
-            )
-            self._handles.append(module.register_forward_hook(partial(self._post, index)))
-            state_tap.cover(module)  # a copy taken meanwhile gets no hook of the hunt's
+            # Weak, inert in a copy: a model whose class copies around __getstate__
+            # (parametrize's spectral_norm, fx's GraphModule) copies with no lock or socket;
+            # for the others state_tap leaves them out of the copy altogether.
+            pre = ForwardHook(self._pre, index)
+            self._handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(ForwardHook(self._post, index)))
+            state_tap.cover(module)
             for param in params:
                 if not param.requires_grad:
                     continue

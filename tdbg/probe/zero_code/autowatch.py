@@ -194,6 +194,11 @@ class AutoWatch:
         self._misses = 0
         # AMP: (weakref to what GradScaler.scale() last returned, the loss it was given).
         self._scaled: tuple[weakref.ref[Any], Any] | None = None
+        self._scaled_many: Any = None  # taps.ScaledLosses, made at the first scale()
+        # An update before any backward of a scalar (torch.autograd.grad): the model and
+        # optimizer to watch from the next forward, weakly.
+        self._pending: tuple[weakref.ref[Any], weakref.ref[Any]] | None = None
+        self._backward_seen = False  # any backward at all (one with a gradient argument too)
         # What this replaced in torch, by name: (owner, attribute, its wrapper, the original).
         self._patches: dict[str, tuple[Any, str, Any, Any]] = {}
         # The DataLoader started last before the probe exists (a weak reference, its dataset's
@@ -201,6 +206,14 @@ class AutoWatch:
         # began, which its own tap cannot see (that pass is epoch 0, not epoch "unknown" with
         # the next pass called 0).
         self._last_loader: tuple[weakref.ref[Any], int] | None = None
+
+    def _scaled_losses(self) -> Any:
+        """GradScaler's scaled tensors and their losses, for a backward of several at once."""
+        if self._scaled_many is None:
+            from tdbg.probe.taps import ScaledLosses
+
+            self._scaled_many = ScaledLosses()
+        return self._scaled_many
 
     # --- installation and removal -------------------------------------------------------------
     def install(self) -> None:
@@ -233,6 +246,7 @@ class AutoWatch:
         @functools.wraps(original_backward)
         def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
             out = original_backward(tensors, grad_tensors, *args, **kwargs)
+            self._backward_seen = True
             if not self.off:
                 if grad_tensors is None and not self._settled:
                     self._after_backward(tensors)
@@ -264,9 +278,12 @@ class AutoWatch:
         @functools.wraps(original_scale)
         def scale(scaler: Any, outputs: Any, *args: Any, **kwargs: Any) -> Any:
             out = original_scale(scaler, outputs, *args, **kwargs)
-            if not self.off and out is not outputs and isinstance(outputs, self.torch.Tensor):
+            if not self.off and out is not outputs:
                 try:
-                    self._scaled = (weakref.ref(out), outputs.detach())  # a view: no sync
+                    if isinstance(outputs, self.torch.Tensor):
+                        self._scaled = (weakref.ref(out), outputs.detach())  # a view: no sync
+                    if not self._settled:  # the probe's taps keep their own since
+                        self._scaled_losses().note(outputs, out)  # for backward([a, b])
                 except Exception:
                     self._scaled = None
             return out
@@ -351,6 +368,12 @@ class AutoWatch:
 
     # --- discovery hooks ------------------------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
+        if self._pending is not None and not self._in_step and not self.off:
+            # torch iterates a snapshot of the global forward hooks: starting here is safe.
+            try:
+                self._start_pending()
+            except Exception as exc:
+                self._fail(exc)
         key = id(module)
         ref = self._seen.get(key)
         if ref is not None:
@@ -373,26 +396,39 @@ class AutoWatch:
                 return
             if self._discovering and self.probe is not None:
                 self._maybe_add(optimizer)
-            elif self.probe is None and os.getpid() == self.pid:
-                self._start_without_backward()
+            elif self.probe is None and self._pending is None and os.getpid() == self.pid:
+                self._note_update_without_backward(optimizer)
         except Exception as exc:
             self._fail(exc)
 
-    def _start_without_backward(self) -> None:
+    def _note_update_without_backward(self, optimizer: Any) -> None:
         """An update before any backward of a scalar: a loop that takes its gradients with
         ``torch.autograd.grad`` (or ``torch.func``) and sets ``.grad`` itself. If a called
-        module has gradients, it is the model: watched from this step on (the optimizer's own
-        hooks, registered now, run for this very step), its loss unseen, which is said once.
-        Without gradients (an update before training starts, LBFGS before its closure) it
-        waits, as before, for a backward."""
-        if self._choose()[0] is None:
+        module has gradients and this optimizer holds its parameters, that is the model: the
+        probe starts at the next forward outside an update (not here, inside torch's loop over
+        the global step hooks, which starting or stopping would change under it), so the
+        second update is step 0. Without gradients (an update before training starts, LBFGS
+        before its closure) it waits, as before, for a backward."""
+        model, chosen = self._choose()
+        if model is None or chosen is not optimizer:
             return
-        self._start()
+        self._pending = (weakref.ref(model), weakref.ref(optimizer))
+
+    def _start_pending(self) -> None:
+        """The next forward after an update without backward: watch what that update showed."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        model, optimizer = pending[0](), pending[1]()
+        if model is None or optimizer is None:
+            return
+        self._start((model, optimizer))
         if self.probe is None:
             return
+        how = "backward(gradient)" if self._backward_seen else "torch.autograd.grad?"
         self.probe._sampler.report_once(  # on stderr and as an alert
             "no-backward",
-            "the model is updated without backward() (torch.autograd.grad?): tdbg run shows "
+            f"the model is updated without a backward() of its loss ({how}): tdbg run shows "
             "its gradients and learning rates, not its loss; call tdbg.watch(model, optimizer) "
             "and probe.step(loss) in the script to see it",
         )
@@ -411,8 +447,12 @@ class AutoWatch:
                 if len(tensor) > 1:
                     from tdbg.probe.taps import summed_scalars
 
-                    # backward([a, b]) of a multi-task loop: one backward of their sum.
-                    tensor = summed_scalars(tensor)
+                    # backward([a, b]) of a multi-task loop: one backward of their sum (of
+                    # the losses GradScaler scaled, where it did).
+                    scaled = self._scaled_losses()
+                    tensor = summed_scalars(tensor, scaled.unscaled)
+                    scaled.clear()
+                    self._scaled = None
                 else:
                     tensor = tensor[0]
                 if not isinstance(tensor, self.torch.Tensor):
@@ -474,7 +514,8 @@ class AutoWatch:
             self._fail(exc)
 
     # --- choosing the model and starting the probe -----------------------------------------------
-    def _start(self) -> None:
+    def _start(self, chosen: tuple[Any, Any] | None = None) -> None:
+        self._pending = None  # a backward came first after all: that start is this one
         watching = sys.modules.get("tdbg.probe.watch")
         if watching is not None and any(not p.closed for p in list(watching._live)):
             # The script calls watch() itself: its probe is the run's; a second one on the same
@@ -482,7 +523,7 @@ class AutoWatch:
             os.environ.pop(ENV_RECORD, None)  # its probe has read it (see below)
             self.shutdown()
             return
-        model, optimizer = self._choose()
+        model, optimizer = chosen if chosen is not None else self._choose()
         if model is None:
             self._misses += 1
             if self._misses >= MAX_MISSES:

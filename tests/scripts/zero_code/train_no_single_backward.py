@@ -1,7 +1,9 @@
 """Loops whose gradients come from no single ``loss.backward()``: ``torch.autograd.backward``
-of two losses at once (multi-task), or ``torch.autograd.grad`` with ``.grad`` set by hand
-(meta-learning, ``torch.func`` style). Prints the truth as JSON: each step's loss (the sum of
-the two, or the one) and its total gradient norm."""
+of two losses at once (multi-task; ``multi-amp``: each scaled by GradScaler, ``multi-amp-list``:
+``scaler.scale([a, b])``), or ``torch.autograd.grad`` with ``.grad`` set by hand
+(meta-learning, ``torch.func`` style; ``grad-own-watch``: the script watches itself,
+``grad-global-hook``: another tool's global optimizer pre-hook after tdbg's). Prints the truth
+as JSON: each update's loss (the sum of the two) and its total gradient norm."""
 
 from __future__ import annotations
 
@@ -18,6 +20,16 @@ def main() -> None:
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    probe = None
+    if mode == "grad-own-watch":
+        import tdbg
+
+        probe = tdbg.watch(model, optimizer)
+    if mode == "grad-global-hook":
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(lambda *args: None)
     x, y = torch.randn(48, 6), torch.randn(48, 2)
     losses, norms = [], []
     for _ in range(8):
@@ -25,14 +37,19 @@ def main() -> None:
         out = model(x)
         first = nn.functional.mse_loss(out[:, 0], y[:, 0])
         second = nn.functional.mse_loss(out[:, 1], y[:, 1])
+        loss = first + second
         if mode == "multi":
             torch.autograd.backward([first, second])
-            loss = first + second
+        elif mode == "multi-amp":
+            torch.autograd.backward([scaler.scale(first), scaler.scale(second)])
+        elif mode == "multi-amp-list":
+            torch.autograd.backward(scaler.scale([first, second]))
         else:
-            loss = first + second
             grads = torch.autograd.grad(loss, list(model.parameters()))
             for param, grad in zip(model.parameters(), grads, strict=True):
                 param.grad = grad
+        if mode.startswith("multi-amp"):
+            scaler.unscale_(optimizer)
         norms.append(
             float(
                 torch.linalg.vector_norm(
@@ -41,7 +58,13 @@ def main() -> None:
             )
         )
         losses.append(loss.item())
-        optimizer.step()
+        if mode.startswith("multi-amp"):
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        if probe is not None:
+            probe.step(loss)
     print(json.dumps({"losses": losses, "norms": norms}))
 
 
