@@ -43,6 +43,9 @@ def test_wrapper_segments_are_left_out_of_layer_names() -> None:
     assert [layer.name for layer in find_layers(torch.compile(nn.Linear(2, 2)), "net")] == ["net"]
     # Not a wrapper: a user's child named "module" keeps its name.
     assert [layer.name for layer in find_layers(_Holder(), "m")] == ["module", "head"]
+    # A user's class named like a wrapper, with more than the wrapped child: names as they are.
+    named_like = type("DataParallel", (_Holder,), {})()
+    assert [layer.name for layer in find_layers(named_like, "m")] == ["module", "head"]
     assert [name for name, _ in user_paths(nn.DataParallel(_Holder()))] == [
         "",
         "",

@@ -391,7 +391,17 @@ def recorded_steps(record: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "mode", ["multi", "multi-amp", "multi-amp-list", "grad", "grad-own-watch", "grad-global-hook"]
+    "mode",
+    [
+        "multi",
+        "multi-amp",
+        "multi-amp-list",
+        "grad",
+        "grad-own-watch",
+        "grad-global-hook",
+        "func",
+        "compiled-loss",
+    ],
 )
 def test_gradients_without_a_single_backward_are_watched(tmp_path: Path, mode: str) -> None:
     """``torch.autograd.backward([a, b])`` (a multi-task loop): the loss is a + b, as one
@@ -415,7 +425,7 @@ def test_gradients_without_a_single_backward_are_watched(tmp_path: Path, mode: s
         assert proc.stderr == ""  # the script's own probe is the run's: nothing from tdbg run
         return
     steps = recorded_steps(record)
-    first = 1 if mode.startswith("grad") else 0  # found at the first update, watched after it
+    first = 0 if mode.startswith("multi") else 1  # found at the first update, watched after it
     assert [s["step"] for s in steps] == list(range(8 - first))
     assert [s["grad_norm"] for s in steps] == pytest.approx(truth["norms"][first:], rel=1e-5)
     if mode.startswith("multi"):

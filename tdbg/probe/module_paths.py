@@ -41,7 +41,11 @@ def user_paths(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
         else:
             name = ""
         wrapped = _WRAPPED_CHILD.get(type(module).__name__)
-        if wrapped is not None and isinstance(getattr(module, wrapped, None), nn.Module):
+        if (
+            wrapped is not None
+            and isinstance(getattr(module, wrapped, None), nn.Module)
+            and sum(1 for _ in module.children()) == 1  # a user's class of that name: not
+        ):
             dropped[path] = wrapped
             if next(module.parameters(recurse=False), None) is not None:
                 taken.add(name)  # its own parameters are a layer under this name

@@ -68,6 +68,15 @@ def attach(listener: Listener) -> None:
             _install()
 
 
+def install_early() -> None:
+    """Install the taps before a listener attaches (they pass every call through until one
+    does): ``tdbg run`` starts a probe inside an optimizer's step pre-hooks, where adding the
+    taps' global step pre-hook would change the dict torch is iterating."""
+    with _lock:
+        if not _restore:
+            _install()
+
+
 def detach(listener: Listener) -> None:
     global _snapshot
     with _lock:

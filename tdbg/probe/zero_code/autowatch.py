@@ -368,12 +368,8 @@ class AutoWatch:
 
     # --- discovery hooks ------------------------------------------------------------------------
     def _on_forward(self, module: Any, args: Any) -> None:
-        if self._pending is not None and not self._in_step and not self.off:
-            # torch iterates a snapshot of the global forward hooks: starting here is safe.
-            try:
-                self._start_pending()
-            except Exception as exc:
-                self._fail(exc)
+        if self.off:
+            return
         key = id(module)
         ref = self._seen.get(key)
         if ref is not None:
@@ -396,8 +392,11 @@ class AutoWatch:
                 return
             if self._discovering and self.probe is not None:
                 self._maybe_add(optimizer)
-            elif self.probe is None and self._pending is None and os.getpid() == self.pid:
-                self._note_update_without_backward(optimizer)
+            elif self.probe is None and os.getpid() == self.pid:
+                if self._pending is None:
+                    self._note_update_without_backward(optimizer)
+                elif self._pending[1]() is optimizer:
+                    self._start_pending()
         except Exception as exc:
             self._fail(exc)
 
@@ -405,22 +404,33 @@ class AutoWatch:
         """An update before any backward of a scalar: a loop that takes its gradients with
         ``torch.autograd.grad`` (or ``torch.func``) and sets ``.grad`` itself. If a called
         module has gradients and this optimizer holds its parameters, that is the model: the
-        probe starts at the next forward outside an update (not here, inside torch's loop over
-        the global step hooks, which starting or stopping would change under it), so the
-        second update is step 0. Without gradients (an update before training starts, LBFGS
-        before its closure) it waits, as before, for a backward."""
+        probe starts at the same optimizer's next update, in this same global pre-hook, so the
+        second update is step 0 (its own step hooks, registered then, run for it). Starting
+        here would add the taps' global pre-hook while torch iterates them (a RuntimeError in
+        the script's step): they are installed at this update's end (``_on_step_post``).
+        Not at a forward: it may be inside ``torch.func.functional_call`` (stand-ins for the
+        parameters) or inside a graph dynamo traces. Without gradients (an update before
+        training starts, LBFGS before its closure) it waits, as before, for a backward."""
         model, chosen = self._choose()
         if model is None or chosen is not optimizer:
             return
         self._pending = (weakref.ref(model), weakref.ref(optimizer))
 
     def _start_pending(self) -> None:
-        """The next forward after an update without backward: watch what that update showed."""
+        """The second update without backward: watch what the first showed. Inside torch's
+        loop over the global step pre-hooks: nothing here may add or remove one."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
         model, optimizer = pending[0](), pending[1]()
         if model is None or optimizer is None:
+            return
+        if self._script_watches():
+            # Its own probe is the run's. Removing the global hooks now would change the
+            # dict torch iterates: they stay, inert (off), and go at a later backward if any.
+            os.environ.pop(ENV_RECORD, None)
+            self.off = True
+            self._dead = True
             return
         self._start((model, optimizer))
         if self.probe is None:
@@ -436,6 +446,15 @@ class AutoWatch:
     def _on_step_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._in_step = False
         self._closure_loss = None
+        if self._pending is not None and not self.off:
+            try:
+                # The probe's taps add a global step pre-hook: added now (torch is iterating
+                # the post-hooks), not while the next update's pre-hooks are being iterated.
+                from tdbg.probe import taps
+
+                taps.install_early()
+            except Exception as exc:
+                self._fail(exc)
 
     # --- loss capture and steps ------------------------------------------------------------------
     def _after_backward(self, tensors: Any) -> None:
@@ -514,10 +533,14 @@ class AutoWatch:
             self._fail(exc)
 
     # --- choosing the model and starting the probe -----------------------------------------------
+    def _script_watches(self) -> bool:
+        """The script called ``tdbg.watch()`` itself: a live probe that is not this one's."""
+        watching = sys.modules.get("tdbg.probe.watch")
+        return watching is not None and any(not p.closed for p in list(watching._live))
+
     def _start(self, chosen: tuple[Any, Any] | None = None) -> None:
         self._pending = None  # a backward came first after all: that start is this one
-        watching = sys.modules.get("tdbg.probe.watch")
-        if watching is not None and any(not p.closed for p in list(watching._live)):
+        if self._script_watches():
             # The script calls watch() itself: its probe is the run's; a second one on the same
             # model would close it.
             os.environ.pop(ENV_RECORD, None)  # its probe has read it (see below)
