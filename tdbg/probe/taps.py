@@ -77,6 +77,11 @@ def install_early() -> None:
             _install()
 
 
+def installed() -> bool:
+    """The taps are in torch (a listener attached, or :func:`install_early`)."""
+    return bool(_restore)
+
+
 def detach(listener: Listener) -> None:
     global _snapshot
     with _lock:

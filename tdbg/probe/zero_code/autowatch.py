@@ -196,7 +196,7 @@ class AutoWatch:
         self._scaled: tuple[weakref.ref[Any], Any] | None = None
         self._scaled_many: Any = None  # taps.ScaledLosses, made at the first scale()
         # An update before any backward of a scalar (torch.autograd.grad): the model and
-        # optimizer to watch from the next forward, weakly.
+        # optimizer to watch from that optimizer's next update, weakly.
         self._pending: tuple[weakref.ref[Any], weakref.ref[Any]] | None = None
         self._backward_seen = False  # any backward at all (one with a gradient argument too)
         # What this replaced in torch, by name: (owner, attribute, its wrapper, the original).
@@ -419,6 +419,10 @@ class AutoWatch:
     def _start_pending(self) -> None:
         """The second update without backward: watch what the first showed. Inside torch's
         loop over the global step pre-hooks: nothing here may add or remove one."""
+        from tdbg.probe import taps
+
+        if not taps.installed():
+            return  # the last update raised before its end installed them: at the next one
         pending, self._pending = self._pending, None
         if pending is None:
             return
