@@ -309,21 +309,26 @@ class ScaledLosses:
     def __init__(self) -> None:
         self._pairs: list[tuple[weakref.ref[Any], Any]] = []
 
-    def note(self, outputs: Any, out: Any) -> None:
-        """``scale(outputs)`` returned ``out``: a tensor, or the same structure of them."""
+    def note(self, outputs: Any, out: Any) -> tuple[weakref.ref[Any], Any] | None:
+        """``scale(outputs)`` returned ``out``: a tensor (its pair is returned, for the one-loss
+        backward), or the same structure of them."""
         if isinstance(outputs, torch.Tensor):
             pairs = [(outputs, out)]
         elif isinstance(outputs, (list, tuple)) and isinstance(out, (list, tuple)):
             pairs = list(zip(outputs, out, strict=False))
         else:
-            return
+            return None
+        kept = None
         for loss, scaled in pairs:
             if isinstance(loss, torch.Tensor) and isinstance(scaled, torch.Tensor):
                 try:
-                    self._pairs.append((weakref.ref(scaled), loss.detach()))
+                    kept = (weakref.ref(scaled), loss.detach())  # a view: no copy, no sync
                 except TypeError:
-                    pass
-        del self._pairs[: -self.KEPT]
+                    continue
+                self._pairs.append(kept)
+        if len(self._pairs) > self.KEPT:
+            del self._pairs[: -self.KEPT]
+        return kept if isinstance(outputs, torch.Tensor) else None
 
     def unscaled(self, tensor: Any) -> Any:
         """The loss ``tensor`` is the scaled form of, or ``tensor`` itself."""
@@ -370,12 +375,9 @@ def _wrap_scale(original: Callable[..., Any]) -> Callable[..., Any]:
         global _scaled
         out = original(scaler, outputs, *args, **kwargs)
         if out is not outputs and _snapshot:
-            if isinstance(outputs, torch.Tensor):
-                try:
-                    _scaled = (weakref.ref(out), outputs.detach())
-                except TypeError:
-                    _scaled = None
-            _scaled_losses.note(outputs, out)  # for a backward of several at once
+            # Each (scaled, loss) kept for a backward of several at once; a tensor's also as
+            # the one a usual backward looks up.
+            _scaled = _scaled_losses.note(outputs, out)
         return out
 
     return scale
