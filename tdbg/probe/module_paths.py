@@ -44,7 +44,7 @@ def user_paths(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
         if (
             wrapped is not None
             and isinstance(getattr(module, wrapped, None), nn.Module)
-            and sum(1 for _ in module.children()) == 1  # a user's class of that name: not
+            and sum(1 for _ in module.children()) == 1  # a user class so named has more
         ):
             dropped[path] = wrapped
             if next(module.parameters(recurse=False), None) is not None:
