@@ -246,10 +246,11 @@ class AutoWatch:
         @functools.wraps(original_backward)
         def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
             out = original_backward(tensors, grad_tensors, *args, **kwargs)
-            self._backward_seen = True
             if not self.off:
-                if grad_tensors is None and not self._settled:
-                    self._after_backward(tensors)
+                if not self._settled:  # once the probe watches, its own taps see backwards
+                    self._backward_seen = True
+                    if grad_tensors is None:
+                        self._after_backward(tensors)
             elif self._dead:
                 self._dead = False
                 try:
