@@ -195,20 +195,10 @@ async def test_a_run_whose_steps_carry_no_loss_says_so_not_that_it_is_nan(
     """``tdbg run`` of a loop without backward() (``torch.autograd.grad``): its steps have
     gradients but no loss. The loss panel says no loss was reported (not "no finite loss",
     which reads as a NaN), and the alert says why."""
-    import subprocess
-    import sys
+    from test_zero_code import run_recorded
 
-    scripts = Path(__file__).resolve().parent / "scripts" / "zero_code"
     path = tmp_path / "grad.tdbg"
-    done = subprocess.run(
-        [sys.executable, "-m", "tdbg.cli", "run", "--record", str(path)]
-        + ["train_no_single_backward.py", "grad"],
-        cwd=scripts,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = run_recorded(path, "train_no_single_backward.py", "grad", grad_every=False)
     assert done.returncode == 0, done.stderr
     app = ReplayApp(load(str(path)))
     async with app.run_test(size=SIZE) as pilot:

@@ -35,6 +35,20 @@ print("loaded", sorted(m for m in sys.modules if m.startswith("tdbg")))
 """
 
 
+def run_without_tdbg(script: str, path: Path, timeout: float = 120) -> str:
+    """Run ``script`` on the checkpoint ``path`` in a Python where ``import tdbg`` fails (the
+    script's guard; -I: no PYTHONPATH, no user site); what it printed, once it exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
 def test_a_checkpoint_saved_while_watched_loads_without_tdbg(
     runtime_dir: Path, tmp_path: Path
 ) -> None:
@@ -44,16 +58,7 @@ def test_a_checkpoint_saved_while_watched_loads_without_tdbg(
     path = tmp_path / "checkpoint.pt"
     out = loop.model(loop.x)
     torch.save({"model": loop.model, "opt": loop.opt, "x": loop.x, "out": out}, path)
-    # -I: no PYTHONPATH, no user site; the guard in the script stops an installed tdbg too.
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", LOAD_WITHOUT_TDBG, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "loaded ['tdbg']", done.stdout  # only the guard's None
+    assert run_without_tdbg(LOAD_WITHOUT_TDBG, path) == "loaded ['tdbg']"  # the guard's None
     probe.close()
 
 
@@ -190,15 +195,8 @@ def test_a_model_saved_whole_while_watched_scripts_and_compiles_without_tdbg(
     path = tmp_path / "whole.pt"
     saved = {"mlp": loop.model, "mlp_x": loop.x, "lstm": lstm, "lstm_x": lstm_x}
     torch.save(saved, path)
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", LOAD_SCRIPT_AND_COMPILE_WITHOUT_TDBG, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "scripted and compiled ['tdbg']", done.stdout
+    out = run_without_tdbg(LOAD_SCRIPT_AND_COMPILE_WITHOUT_TDBG, path, timeout=300)
+    assert out == "scripted and compiled ['tdbg']"
     lstm_probe.close()
     probe.close()
 

@@ -269,16 +269,25 @@ def test_broken_bootstrap_warns_once_and_the_script_runs(tmp_path: Path) -> None
     assert rest == "to stderr\n"
 
 
-@pytest.mark.slow
-def test_record_option_records_the_run(tmp_path: Path, runtime_dir: Path) -> None:
-    record = tmp_path / "run.tdbg"
-    proc = subprocess.run(
-        [*TDBG, "run", "--record", str(record), "--grad-every", "1", "train_adam.py"],
+def run_recorded(
+    record: Path, *script: str, grad_every: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``tdbg run --record RECORD [--grad-every 1] SCRIPT ARGS...`` in the scripts' folder, to
+    its end."""
+    every = ["--grad-every", "1"] if grad_every else []
+    return subprocess.run(
+        [*TDBG, "run", "--record", str(record), *every, *script],
         cwd=SCRIPTS,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.slow
+def test_record_option_records_the_run(tmp_path: Path, runtime_dir: Path) -> None:
+    record = tmp_path / "run.tdbg"
+    proc = run_recorded(record, "train_adam.py")
     assert proc.returncode == 0, proc.stderr
     dump = subprocess.run(
         [*TDBG, "dump", str(record)], capture_output=True, text=True, timeout=60, check=True
@@ -297,13 +306,7 @@ def test_a_new_optimizer_after_discovery_is_said_not_left_silent(
     steps at the first optimizer's updates (a known limit, docs/usage.md), so it says so,
     once, on stderr and as an alert in the stream, instead of looking stalled."""
     record = tmp_path / "run.tdbg"
-    proc = subprocess.run(
-        [*TDBG, "run", "--record", str(record), "train_swap.py"],
-        cwd=SCRIPTS,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_recorded(record, "train_swap.py", grad_every=False)
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
     said = [line for line in proc.stderr.splitlines() if "a new Adam trains" in line]
     assert len(said) == 1, proc.stderr
@@ -411,14 +414,7 @@ def test_gradients_without_a_single_backward_are_watched(tmp_path: Path, mode: s
     loss cannot be seen, which is said once (stderr, an alert), not left silent. A script that
     watches itself, or another global optimizer hook, trains on untouched."""
     record = tmp_path / f"{mode}.tdbg"
-    proc = subprocess.run(
-        [*TDBG, "run", "--record", str(record), "--grad-every", "1"]
-        + ["train_no_single_backward.py", mode],
-        cwd=SCRIPTS,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_recorded(record, "train_no_single_backward.py", mode)
     assert proc.returncode == 0, proc.stderr
     truth = json.loads(proc.stdout)
     if mode == "grad-own-watch":
@@ -447,13 +443,7 @@ def test_gradients_without_a_single_backward_are_watched(tmp_path: Path, mode: s
 @pytest.mark.slow
 def test_amp_grad_scaler_reports_the_unscaled_loss(tmp_path: Path, runtime_dir: Path) -> None:
     record = tmp_path / "amp.tdbg"
-    proc = subprocess.run(
-        [*TDBG, "run", "--record", str(record), "--grad-every", "1", "train_amp.py"],
-        cwd=SCRIPTS,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_recorded(record, "train_amp.py")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     truth = json.loads(proc.stdout)
@@ -555,13 +545,7 @@ def test_script_children_get_no_tdbg_settings_and_stay_inert(
 @pytest.mark.slow
 def test_a_gan_watches_both_models_and_both_optimizers(tmp_path: Path, runtime_dir: Path) -> None:
     record = tmp_path / "gan.tdbg"
-    proc = subprocess.run(
-        [*TDBG, "run", "--record", str(record), "--grad-every", "1", "train_gan.py"],
-        cwd=SCRIPTS,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_recorded(record, "train_gan.py")
     assert proc.returncode == 0, proc.stderr
     truth = json.loads(proc.stdout)
     dump = subprocess.run(
