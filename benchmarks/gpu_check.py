@@ -2,7 +2,7 @@
 the demos' models and the Lightning and Hugging Face callbacks), device-side norms right, NVML
 and allocator figures against nvidia-smi and torch, a memory snapshot and a profile with CUDA
 times, and the probe's cost. On a machine without CUDA it says so and lists what it would
-check, exit 0 (tests/test_gpu_check.py runs that path in CI).
+check, exit 0 (tests/probe/test_gpu_check.py runs that path in CI).
 
     make gpu-check        (or: .venv/bin/python benchmarks/gpu_check.py)
 """
@@ -426,7 +426,7 @@ def syncs_from_tdbg() -> Iterator[list[str]]:
 
 
 def lightning_on_the_gpu(device: torch.device) -> None:
-    """A real Lightning Trainer on the GPU with tdbg's callback (tests/test_integrations_
+    """A real Lightning Trainer on the GPU with tdbg's callback (tests/probe/test_integrations_
     lightning.py's case, moved to CUDA)."""
     import lightning.pytorch as lightning
 
@@ -472,7 +472,7 @@ def lightning_on_the_gpu(device: torch.device) -> None:
 
 def huggingface_on_the_gpu(device: torch.device) -> None:
     """A real transformers Trainer on the GPU with tdbg's callback: a tiny GPT-2 built from
-    its config (no download), as tests/test_integrations_huggingface.py does on the CPU."""
+    its config (no download), as tests/probe/test_integrations_huggingface.py does on the CPU."""
     import tempfile
 
     import transformers

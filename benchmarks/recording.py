@@ -28,9 +28,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tdbg
+from tdbg.model.timeline import Timeline
 from tdbg.probe.recorder import Recorder
 from tdbg.recording.reader import Recording
-from tdbg.tui.state.timeline import Timeline
 
 ARMS = ("probe", "probe again", "probe + record")
 SPENT = [0.0]  # seconds inside the recorder's methods (on the probe thread), all blocks

@@ -173,7 +173,7 @@ def job_json(args: argparse.Namespace, outcomes: list[RankOutcome]) -> dict[str,
     ]
     value: dict[str, Any] = {"job": args.job, "command": args.command, "ranks": ranks}
     if args.command == "profile":
-        from tdbg.tui.state.rank_profiles import compare_profiles
+        from tdbg.model.rank_profiles import compare_profiles
 
         results = {o.rank: o.result for o in outcomes if o.result is not None}
         comparison = compare_profiles(results)

@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 from tdbg.cli.report import _console
 from tdbg.format import fmt, fmt_bytes, fmt_us
-from tdbg.tui.state.rank_profiles import compare_profiles, rank_line
+from tdbg.model.rank_profiles import compare_profiles, rank_line
 
 
 def print_job_profile(

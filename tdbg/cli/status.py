@@ -20,8 +20,8 @@ from tdbg.format import fmt, fmt_count, fmt_loss, fmt_rate
 from tdbg.protocol.framing import ProtocolError
 
 if TYPE_CHECKING:
-    from tdbg.tui.state.health import Health
-    from tdbg.tui.state.run_state import RunState
+    from tdbg.model.health import Health
+    from tdbg.model.run_state import RunState
 
 EXIT_UNHEALTHY = 1
 EXIT_USAGE = 2
@@ -55,7 +55,7 @@ def add_status_parser(sub: Any) -> None:
 
 
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    from tdbg.tui.state.health import assess  # numpy: loaded by this command only
+    from tdbg.model.health import assess  # numpy: loaded by this command only
 
     texts: list[str] = list(args.targets)
     ranks: dict[str, int] = {}  # under --job: each socket's rank, to name one that gives nothing
@@ -67,7 +67,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         if not entries:
             raise CliError(f"no tdbg runs in {runtime_dir()}")
         texts = [str(e.socket) for e in entries]
-    from tdbg.tui.state.job import Job
+    from tdbg.model.job import Job
 
     worst = 0
     states = []
@@ -130,7 +130,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 
 def _read(text: str, args: argparse.Namespace) -> RunState:
     """A run's state from its history (a live run: until ``synced``; a recording: whole)."""
-    from tdbg.tui.state.run_state import RunState
+    from tdbg.model.run_state import RunState
 
     target = resolve(text)
     state = RunState()

@@ -22,13 +22,13 @@ from textual.worker import get_current_worker
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 from tdbg.connect.targets import Discover, LocalSocket, Recording, Remote, Target, resolve
+from tdbg.model.run_state import RunState
 from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.palette import palette_commands
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
 from tdbg.tui.sources.base import DiscoverySource, ReplaySource, SocketSource, Source
-from tdbg.tui.state.run_state import RunState
 
 # Seconds: new data repaints the view at most this often, and only on change. A key repaints
 # at once; 4 Hz is as fresh as a person reads a training run and halves the frames of 8 Hz.

@@ -13,6 +13,11 @@ from textual.screen import Screen
 
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover
+from tdbg.model.job import Job
+from tdbg.model.job_alerts import JobAlerts
+from tdbg.model.job_profile import JobProfile
+from tdbg.model.job_replay import replay_job
+from tdbg.model.run_state import RunState
 from tdbg.protocol.messages import command_args
 from tdbg.protocol.steps import concat_steps, joinable
 from tdbg.tui.base_app import TdbgBaseApp
@@ -21,11 +26,6 @@ from tdbg.tui.screens.job_profile import JobProfileScreen
 from tdbg.tui.screens.waiting import WaitingScreen
 from tdbg.tui.sources.job import JobSource, RankBatches, job_entries
 from tdbg.tui.sources.job_replay import RecordedJobSource
-from tdbg.tui.state.job import Job
-from tdbg.tui.state.job_alerts import JobAlerts
-from tdbg.tui.state.job_profile import JobProfile
-from tdbg.tui.state.job_replay import replay_job
-from tdbg.tui.state.run_state import RunState
 
 REPAINT_INTERVAL = 1 / 4  # seconds: new data repaints at most this often (keys act at once)
 # Seconds between judgements of the job (stragglers, divergence, hangs), when ranks sent

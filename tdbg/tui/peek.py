@@ -10,9 +10,9 @@ from rich.markup import escape
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.runtime import RunEntry
 from tdbg.format import fmt, fmt_loss, fmt_span
+from tdbg.model.health import Health, assess
+from tdbg.model.run_state import RunState
 from tdbg.protocol.framing import ProtocolError
-from tdbg.tui.state.health import Health, assess
-from tdbg.tui.state.run_state import RunState
 
 PEEK_SECONDS = 2.0  # a run that has not sent its history by then is shown as far as it got
 

@@ -10,11 +10,11 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.timer import Timer
 
+from tdbg.model.timeline import Timeline
 from tdbg.recording.reader import Recording, RecordingError
 from tdbg.tui.app import TdbgApp
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.sources.base import Source
-from tdbg.tui.state.timeline import Timeline
 from tdbg.tui.widgets.replay_cursor import ReplayCursor
 
 READ_ONLY = "a recording cannot run commands"

@@ -25,10 +25,10 @@ from tdbg.protocol.messages import NanHuntResult, nan_hunt_result
 # and an in-place op after the module — ``nn.ReLU(inplace=True)`` right after a Linear, in every
 # other model — then raises inside the user's forward ("Output 0 of BackwardHookFunction is a
 # view and is being modified inplace"; checked on torch 2.13, and by
-# tests/test_nan_hunt.py::test_full_backward_hooks_break_inplace_relu). A hunt must never break
-# the loop it inspects. Tensor hooks leave the graph alone; one registered before an in-place op
-# still receives the gradient with respect to the value before the op (documented autograd
-# behaviour), i.e. exactly the module's output gradient.
+# tests/probe/test_nan_hunt.py::test_full_backward_hooks_break_inplace_relu). A hunt must never
+# break the loop it inspects. Tensor hooks leave the graph alone; one registered before an
+# in-place op still receives the gradient with respect to the value before the op (documented
+# autograd behaviour), i.e. exactly the module's output gradient.
 #
 # The other choice that matters: input gradient hooks go on the inputs in the forward PRE-hook,
 # before the module runs — an in-place module (ReLU(inplace=True)) has already overwritten its

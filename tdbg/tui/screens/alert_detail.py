@@ -12,7 +12,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from tdbg.tui.state.alert_view import AlertRow
+from tdbg.model.alert_view import AlertRow
 
 
 def describe(row: AlertRow) -> Text:

@@ -15,10 +15,10 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
 from tdbg.format import fmt, fmt_loss
+from tdbg.model.job import Job
+from tdbg.model.job_alerts import JobAlerts
+from tdbg.model.job_table import JobSummary, rank_rows, summarize
 from tdbg.tui.screens.monitor import MonitorScreen
-from tdbg.tui.state.job import Job
-from tdbg.tui.state.job_alerts import JobAlerts
-from tdbg.tui.state.job_table import JobSummary, rank_rows, summarize
 from tdbg.tui.widgets.rank_table import RankTable
 
 MAX_ALERTS_SHOWN = 50

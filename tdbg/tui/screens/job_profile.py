@@ -13,9 +13,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from tdbg.format import fmt_us
-from tdbg.tui.state.job import Job
-from tdbg.tui.state.job_profile import JobProfile, RankAnswer
-from tdbg.tui.state.rank_profiles import ProfileComparison, rank_line
+from tdbg.model.job import Job
+from tdbg.model.job_profile import JobProfile, RankAnswer
+from tdbg.model.rank_profiles import ProfileComparison, rank_line
 
 OPS_SHOWN = 12  # the top ops of the two ranks: what fits a 24-line terminal with the header
 

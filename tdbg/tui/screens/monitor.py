@@ -15,9 +15,9 @@ from textual.widget import Widget
 from textual.widgets import ContentSwitcher, DataTable, Footer, Sparkline, Static
 
 from tdbg.format import fmt, fmt_loss, fmt_percent
+from tdbg.model.deep import DIVES, label
+from tdbg.model.run_state import RunState
 from tdbg.tui.screens.profile_form import ProfileFormScreen
-from tdbg.tui.state.deep import DIVES, label
-from tdbg.tui.state.run_state import RunState
 from tdbg.tui.widgets.activation_table import ActivationTable
 from tdbg.tui.widgets.alert_list import AlertList
 from tdbg.tui.widgets.anatomy_bar import AnatomyBar

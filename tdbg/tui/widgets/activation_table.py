@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from tdbg.format import fmt, fmt_stat
-from tdbg.tui.state.deep import Activations
+from tdbg.model.deep import Activations
 
 DEAD = 0.9  # more than this fraction of exact zeros: a dead ReLU (or a dead layer)
 STATS = ("mean", "std", "min", "max")

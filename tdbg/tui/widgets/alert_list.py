@@ -9,9 +9,9 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from tdbg.model.alert_view import AlertDigest, AlertRow
+from tdbg.model.run_state import RunState
 from tdbg.tui.screens.alert_detail import AlertDetailScreen
-from tdbg.tui.state.alert_view import AlertDigest, AlertRow
-from tdbg.tui.state.run_state import RunState
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 
 LATER = "later"  # the separator's id: the rows below it came after the first of their kind

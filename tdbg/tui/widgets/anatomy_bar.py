@@ -7,7 +7,7 @@ from typing import ClassVar
 from rich.text import Text
 
 from tdbg.format import fmt
-from tdbg.tui.state.run_state import ANATOMY, RunState
+from tdbg.model.run_state import ANATOMY, RunState
 from tdbg.tui.widgets.steady import SteadyStatic
 
 LABELS = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tdbg.tui.state.deep import DeepState
+from tdbg.model.deep import DeepState
 from tdbg.tui.widgets.steady import SteadyStatic
 
 

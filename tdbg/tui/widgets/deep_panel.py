@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ContentSwitcher
 
-from tdbg.tui.state.deep import DIVES, DeepState
+from tdbg.model.deep import DIVES, DeepState
 from tdbg.tui.widgets.nan_hunt_view import NanHuntView
 from tdbg.tui.widgets.profiler_panel import ProfilerPanel
 from tdbg.tui.widgets.snapshot_view import SnapshotView

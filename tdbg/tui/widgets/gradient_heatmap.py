@@ -12,7 +12,7 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tdbg.tui.state.names import matching, shorten
+from tdbg.model.names import matching, shorten
 from tdbg.tui.widgets.layer_filter import LayerFilter
 
 LEVELS = 24

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from tdbg.tui.state.names import matching, shorten
+from tdbg.model.names import matching, shorten
 from tdbg.tui.widgets.glyphs import log_bar, spark
 from tdbg.tui.widgets.layer_filter import LayerFilter
 

@@ -10,7 +10,7 @@ from rich.style import Style
 from rich.text import Text
 
 from tdbg.format import fmt
-from tdbg.tui.state.run_state import RunState
+from tdbg.model.run_state import RunState
 from tdbg.tui.widgets.glyphs import spark
 from tdbg.tui.widgets.steady import SteadyStatic
 

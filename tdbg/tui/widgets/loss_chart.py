@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.widgets import Static
 
-from tdbg.tui.state.chart_axes import (
+from tdbg.model.chart_axes import (
     StepWindow,
     first_nonfinite,
     step_label,

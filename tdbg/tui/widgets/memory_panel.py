@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from rich.text import Text
 
 from tdbg.format import fmt, fmt_bytes
-from tdbg.tui.state.run_state import RunState
+from tdbg.model.run_state import RunState
 from tdbg.tui.widgets.glyphs import gauge
 from tdbg.tui.widgets.steady import SteadyStatic
 

@@ -15,7 +15,7 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from tdbg.format import fmt
-from tdbg.tui.state.metrics import MetricSeries, MetricStore, loss_like
+from tdbg.model.metrics import MetricSeries, MetricStore, loss_like
 from tdbg.tui.widgets.glyphs import spark
 
 TREND = 12

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_stat
-from tdbg.tui.state.deep import DeepState, NanHuntResult
+from tdbg.model.deep import DeepState, NanHuntResult
 
 NONE_YET = (
     "No NaN hunt yet. Press n: for the next step the probe watches every module's output and"

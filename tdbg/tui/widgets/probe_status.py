@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 
 from tdbg.format import fmt, fmt_every
-from tdbg.tui.state.run_state import RunState
+from tdbg.model.run_state import RunState
 from tdbg.tui.widgets.steady import SteadyStatic
 
 

@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from tdbg.format import fmt_bytes, fmt_seconds
-from tdbg.tui.state.deep import DeepState, ProfileResult
+from tdbg.model.deep import DeepState, ProfileResult
 from tdbg.tui.widgets.profiler_table import TITLES, ProfilerTable
 
 HINT = (

@@ -10,7 +10,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from tdbg.format import fmt, fmt_bytes, fmt_us
-from tdbg.tui.state.deep import TIME_COLUMNS, OpRow, ProfileResult
+from tdbg.model.deep import TIME_COLUMNS, OpRow, ProfileResult
 
 NAME_WIDTH = (
     34  # op names are long (aten::_scaled_dot_product_...): cut, the full name is in the trace

@@ -10,7 +10,7 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
 from tdbg.format import fmt_bytes, fmt_loss, fmt_us
-from tdbg.tui.state.job_table import RankRow
+from tdbg.model.job_table import RankRow
 
 COLUMNS = (
     "rank",

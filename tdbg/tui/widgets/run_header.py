@@ -8,8 +8,8 @@ from typing import ClassVar
 from rich.text import Text
 
 from tdbg.format import fmt, fmt_duration, fmt_percent, fmt_span
-from tdbg.tui.state.health import assess, how_it_ended
-from tdbg.tui.state.run_state import RunState
+from tdbg.model.health import assess, how_it_ended
+from tdbg.model.run_state import RunState
 from tdbg.tui.widgets.steady import SteadyStatic
 
 VERDICT_SECONDS = 1.0  # the verdict is re-judged this often even when no data arrives

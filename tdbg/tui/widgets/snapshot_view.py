@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_bytes
-from tdbg.tui.state.deep import DeepState
+from tdbg.model.deep import DeepState
 from tdbg.tui.widgets.profiler_panel import steps_text
 
 TOP_SITES = 10

@@ -1,0 +1,67 @@
+"""The rank table's order and the job's line, from synthetic per-rank streams."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from fake_nvml import fake_pynvml
+from test_job_alerts import feed, job_of, stall
+
+from tdbg.model.job_alerts import JobAlerts
+from tdbg.model.job_table import rank_rows, summarize
+from tdbg.probe.system import SystemSampler
+from tdbg.protocol.steps import StepRecord, pack_steps
+from tdbg.tui.widgets.rank_table import COLUMNS, RankTable
+
+
+def test_worst_first_a_hang_then_a_straggler_then_the_slowest() -> None:
+    job, alerts = job_of(4), JobAlerts()
+    for step in range(40):  # rank 3 straggles; rank 1 is a little slower than 0 and 2
+        feed(job, alerts, step, {3: 0.040, 1: 0.002})
+    assert [r.rank for r in rank_rows(job, alerts)][:2] == [3, 1]
+    assert rank_rows(job, alerts)[0].alerts == ["straggler"]
+    # Then ranks 0 and 1 wait in collective #9 while rank 2 never entered it: a hang, first.
+    job.ranks[0].apply(stall(9, ["0", "default_pg"], "dist.py:1 in all_reduce"))
+    job.ranks[1].apply(stall(9, ["0", "default_pg"], "dist.py:1 in all_reduce"))
+    job.ranks[2].apply(stall(8, ["0", "default_pg"], "train.py:5 in load"))
+    alerts.update(job)
+    rows = rank_rows(job, alerts)
+    assert [(r.rank, r.alerts) for r in rows][:2] == [(2, ["hang"]), (3, ["straggler"])]
+
+
+def test_the_job_line_is_the_slowest_rank_and_the_mean_loss() -> None:
+    job = job_of(2)
+    for rank, state in job.ranks.items():
+        records = [
+            StepRecord(step=s, time=s * (1.0 + rank), loss=1.0 + rank, step_time=0.1, samples=8)
+            for s in range(10 - 3 * rank)
+        ]
+        state.apply(pack_steps(records, 0))
+    summary = summarize(job)
+    assert (summary.ranks_seen, summary.world_size, summary.step) == (2, 2, 6)
+    assert summary.loss == 1.5
+    assert summary.steps_per_sec == 0.5  # rank 1: a step every 2 s holds the job to its pace
+    assert summary.samples_per_sec == 160.0  # 80 samples/s on each rank
+
+
+def test_gpu_util_is_the_ranks_own_gpu_and_na_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's system message from a faked NVML (the library boundary) with two GPUs busy
+    at 30 % and 90 %: the rank on cuda:1 reads 90 %, a CPU rank reads n/a."""
+    nvml = fake_pynvml(gpus=2)
+    busy = {"handle0": 30, "handle1": 90}
+    nvml.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=busy[h], memory=0)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    system = SystemSampler().sample()
+    job = job_of(2)
+    job.ranks[0].run["device"] = "cuda:1"
+    job.ranks[1].run["device"] = "cpu"
+    for state in job.ranks.values():
+        state.apply(system)
+    rows = {r.rank: r for r in rank_rows(job, JobAlerts())}
+    assert (rows[0].on_gpu, rows[0].gpu_util) == (True, 90.0)
+    assert (rows[1].on_gpu, rows[1].gpu_util) == (False, None)
+    column = COLUMNS.index("GPU util")
+    assert RankTable._cells(rows[0])[column].plain == "90%"
+    assert RankTable._cells(rows[1])[column].plain == "n/a"

@@ -1,0 +1,116 @@
+"""The header's verdict is never stale (issue 11): a stall shows within 10 s of the last step
+(the threshold judged on a fake clock, then the real app on a run whose steps stop), and an
+ended run says how it ended and shows no step rate."""
+
+from __future__ import annotations
+
+from waiting import wait_for
+
+from tdbg.model.health import (
+    FAST_STALL_SECONDS,
+    STALL_MIN_SECONDS,
+    assess,
+    how_it_ended,
+    stall_limit,
+)
+from tdbg.model.run_state import RunState
+from tdbg.protocol.steps import StepRecord, pack_steps
+from tdbg.tui.app import TdbgApp, make_app, screen_text
+from tdbg.tui.sources.base import ReplaySource
+from tdbg.tui.sources.synthetic import RUN, synthetic_run
+from tdbg.tui.widgets.run_header import VERDICT_SECONDS
+
+
+def live_run(step_seconds: float, steps: int = 30, start: float = 1000.0) -> RunState:
+    state = RunState({"name": "unit"})
+    state.mark("live")
+    records = [
+        StepRecord(step=i, time=start + step_seconds * i, loss=1.0, step_time=step_seconds)
+        for i in range(steps)
+    ]
+    state.apply(pack_steps(records, 0))
+    return state
+
+
+def test_the_stall_threshold_is_ten_step_times_within_5_to_9_s_for_fast_runs() -> None:
+    assert stall_limit(0.05) == STALL_MIN_SECONDS  # 20 steps/s: 5 s, not 0.5 s
+    assert stall_limit(0.7) == 7.0  # ten step times
+    assert stall_limit(0.99) == FAST_STALL_SECONDS  # a fast run: never later than 9 s
+    assert stall_limit(None) == FAST_STALL_SECONDS  # one step so far: not known yet
+    assert stall_limit(3.0) == 30.0  # a slow run: ten of its own steps
+    # Re-judged every VERDICT_SECONDS, the header says so within 10 s of a fast run's last step.
+    assert FAST_STALL_SECONDS + VERDICT_SECONDS <= 10.0
+
+
+def test_a_fast_run_is_stalled_after_5_s_on_a_fake_clock_a_slow_one_after_ten_steps() -> None:
+    fast = live_run(0.05)
+    last = float(fast.cols["time"].values[-1])
+    assert assess(fast, now=last + 4.9).word == "live"
+    stalled = assess(fast, now=last + 5.1)
+    assert (stalled.word, stalled.steps_per_sec) == ("stalled", 0.0)
+    slow = live_run(3.0)
+    last = float(slow.cols["time"].values[-1])
+    assert assess(slow, now=last + 29.0).word == "live"  # a 3 s step is not a stall at 9 s
+    assert assess(slow, now=last + 31.0).word == "stalled"
+
+
+def test_how_a_run_ended_in_words() -> None:
+    assert how_it_ended("shutdown") == "clean shutdown"
+    assert how_it_ended("slow_consumer") == "dropped: this viewer read too slowly"
+    assert how_it_ended("connection closed").startswith("connection lost with no goodbye")
+    assert how_it_ended("shutdown; watching for a restart") == (
+        "clean shutdown · watching for a restart"
+    )
+    assert how_it_ended("exit 1") == "exit 1"  # what the reader was told, as it was told
+    assert how_it_ended(None) == "probe closed"
+
+
+async def test_the_header_says_stalled_once_the_steps_stop() -> None:
+    """The synthetic run's steps stop (the source stays connected, as a hung run's probe
+    does): the header turns from live to stalled by its own clock, with 0.0 steps/s."""
+    source = ReplaySource(synthetic_run(steps=50), RUN, end=False)
+    app = make_app(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.n_steps == 50, "50 steps")
+        header = app.query_one("RunHeader")
+        await wait_for(pilot, lambda: header.has_class("-stalled"), "the header says stalled")
+        said = ("stalled: no step for", "0.0 steps/s")  # the frame after the class came
+        text = await wait_for(pilot, lambda: _showing(app, said), "the stall on screen")
+        assert "● live" not in text
+
+
+async def test_an_ended_run_says_how_and_shows_no_stale_rate() -> None:
+    source = ReplaySource(synthetic_run(steps=120), RUN, end_reason="slow_consumer")
+    app = make_app(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.connection == "ended", "the run's end")
+        await wait_for(
+            pilot,
+            lambda: "run ended: dropped: this viewer read too slowly" in screen_text(app),
+            "how it ended",
+        )
+        header = screen_text(app).split("\n", 1)[0]
+        assert "steps/s" not in header and "ETA" not in header
+        assert "step 119" in header
+
+
+async def test_a_stalled_run_shows_no_eta() -> None:
+    stall = {
+        "type": "alert",
+        "kind": "stalled",
+        "severity": "error",
+        "step": 399,
+        "time": 0.0,
+        "message": "no step for 63 s after step 399",
+        "layers": [],
+    }
+    app = make_app(ReplaySource([*synthetic_run(steps=400), stall], RUN, end=False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: "stalled: no step for 63 s" in screen_text(app), "stalled")
+        assert "ETA" not in screen_text(app).split("\n", 1)[0]
+
+
+def _showing(app: TdbgApp, needles: tuple[str, ...]) -> str:
+    """The screen's text once it shows every needle, else ''."""
+    text = screen_text(app)
+    return text if all(n in text for n in needles) else ""
