@@ -35,8 +35,11 @@ def _started(
 
 
 def pretend_rank(
-    runtime: Path, job: str, number: int, world: int
+    runtime: Path, job: str, number: int, world: int, nan_at: int | None = None
 ) -> AbstractContextManager[subprocess.Popen[bytes]]:
-    """Rank ``number`` of job ``job`` as tests/job_rank.py plays it, serving in ``runtime``."""
+    """Rank ``number`` of job ``job`` as tests/job_rank.py plays it, serving in ``runtime``;
+    ``nan_at``: its loss is NaN from that step on."""
     argv = [sys.executable, str(RANK_SCRIPT), job, str(number), str(world)]
+    if nan_at is not None:
+        argv.append(str(nan_at))
     return _started(argv, {"TDBG_RUNTIME_DIR": str(runtime)})

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tdbg.model.ending import ended_words
+from tdbg.model.health import assess
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.run_state import RunState
@@ -62,7 +64,7 @@ def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
     status = "live"
     if state.ended:
         status = ended_words(state.end_reason)
-    elif any(a.kind == "stalled" for a in list(state.alerts)[:1]):
+    elif assess(state, by_arrival=True).word == "stalled":  # the rank's own screen's verdict
         status = "stalled"
     return RankRow(
         rank=rank,
@@ -81,18 +83,6 @@ def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
         alerts=sorted(alerts, key=lambda k: SEVERITY_ORDER.get(k, 3)),
         state=status,
     )
-
-
-def ended_words(reason: str | None) -> str:
-    """How a rank ended, for its row: ``dead: killed by SIGKILL`` / ``dead: exit 1: ...`` when
-    its exit is known (the probe's goodbye, or its exit status), ``lost`` when its connection
-    ended without a word, ``ended`` for a probe that closed normally."""
-    reason = reason or ""
-    if reason.startswith(("exit ", "killed by ")):
-        return f"dead: {reason}"
-    if reason.startswith("connection"):
-        return "lost"
-    return f"ended ({reason})" if reason and reason != "shutdown" else "ended"
 
 
 def _memory(state: RunState) -> int | None:

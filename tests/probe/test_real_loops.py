@@ -878,7 +878,7 @@ def test_a_stall_alert_says_where_the_training_thread_is_stuck(
     stalled = next(a for a in reader.of("alert") if a["kind"] == "stalled")
     assert any("next_batch_from_a_hung_loader" in line for line in stalled["stack"][-3:])
     assert "stuck at" in stalled["message"]
-    assert "called from" in stalled["message"] and "test_true_numbers.py" in stalled["message"]
+    assert "called from" in stalled["message"] and "test_real_loops.py" in stalled["message"]
     reader.wait(lambda r: any(a["kind"] == "resumed" for a in r.of("alert")))
     reader.close()
 
