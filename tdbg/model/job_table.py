@@ -36,12 +36,12 @@ class RankRow:
     state: str = "live"  # live | stalled | ended | dead: <exit status> | lost (``ended_words``)
 
 
-def rank_rows(job: Job, alerts: JobAlerts) -> list[RankRow]:
+def rank_rows(job: Job, alerts: JobAlerts, now: float | None = None) -> list[RankRow]:
     """Every rank seen, worst first: ranks with job alerts (a hang, then divergence, then a
     straggler), then ranks that ended or stalled, then ranks over 5 % slower than the job's
     median (own work a step), slowest first, then the rest in rank order."""
     flagged = alerts.ranks_alerted()
-    rows = [_row(rank, state, flagged.get(rank, [])) for rank, state in job.ranks.items()]
+    rows = [_row(rank, state, flagged.get(rank, []), now) for rank, state in job.ranks.items()]
     busy = {m.rank: m.busy for m in job.straggler_measures()}
     typical = float(np.percentile(list(busy.values()), 50, method="lower")) if busy else 0.0
 
@@ -57,14 +57,14 @@ def rank_rows(job: Job, alerts: JobAlerts) -> list[RankRow]:
     return sorted(rows, key=badness)
 
 
-def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
+def _row(rank: int, state: RunState, alerts: list[str], now: float | None) -> RankRow:
     mean = state.mean_recent
     grad = state.grad_total.values
     grad_total = float(grad[-1]) if grad.size else None
     status = "live"
     if state.ended:
         status = ended_words(state.end_reason)
-    elif assess(state, by_arrival=True).word == "stalled":  # the rank's own screen's verdict
+    elif assess(state, now, by_arrival=True).word == "stalled":  # its own screen's verdict
         status = "stalled"
     return RankRow(
         rank=rank,
