@@ -133,19 +133,15 @@ def _read(text: str, args: argparse.Namespace) -> RunState:
     from tdbg.model.run_state import RunState
 
     target = resolve(text)
-    state = RunState()
     if isinstance(target, Recording):
-        from tdbg.recording.reader import Recording as RecordingFile
+        from tdbg.model.recordings import load_run
         from tdbg.recording.reader import RecordingError
 
         try:
-            recording = RecordingFile(target.path)
-            state.run = dict(recording.run)
-            state.apply_many(recording.messages())
+            return load_run(target.path)
         except RecordingError as exc:
             raise CliError(str(exc)) from None
-        state.mark("ended", "shutdown" if recording.ended else "killed")
-        return state
+    state = RunState()
     client = attach_target(target, text, args.timeout, args)
     try:
         state.read_history(client, time.monotonic() + args.timeout)
