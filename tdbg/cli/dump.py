@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.connect.client import ProbeClient
-from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics, read_result
+from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
+from tdbg.protocol.messages.results import result_from_wire
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording, open_recording
 
@@ -135,9 +136,10 @@ def result_event(msg: dict[str, Any]) -> dict[str, Any] | None:
     ``nan_hunt``, ``anomaly``): ``job``, ``step`` and ``time`` of the job message, then the
     result's own fields (a result's ``step``, as nan_hunt's, wins). None for other states."""
     command = str(msg.get("command"))
-    result = read_result(command, msg.get("result"))  # typed: a malformed figure is null
-    if msg.get("state") != "done" or result is None:
+    read = result_from_wire(command, msg.get("result"))  # typed: a malformed figure is null
+    if msg.get("state") != "done" or read is None:
         return None
+    result = read.to_wire()
     event: dict[str, Any] = {
         "type": command,
         "job": msg.get("job"),

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tdbg.model.deep import FINAL
 from tdbg.model.job import Job
 from tdbg.model.rank_profiles import ProfileComparison, compare_profiles
+from tdbg.protocol.messages.jobs import FINAL_STATES
 
 
 @dataclass
@@ -54,7 +54,7 @@ class JobProfile:
             answer.progress = dive.progress()
             if dive.state == "done" and dive.result is not None:
                 answer.result = dive.result
-            elif dive.state in FINAL:
+            elif dive.state in FINAL_STATES:
                 answer.error = dive.progress()
         if not answer.settled and state.ended:
             answer.error = f"ended before its profile finished ({state.end_reason or 'closed'})"
