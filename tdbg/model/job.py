@@ -320,9 +320,7 @@ def _still_stalled(state: RunState) -> _Stall | None:
         op=str(collective.get("op") or "collective"),
         sizes=collective.get("sizes"),
         group=str(group[0] if isinstance(group, list | tuple) and group else group or "default"),
-        where=latest.message.split(" — stuck at ", 1)[-1]
-        if " — stuck at " in latest.message
-        else "",
+        where=latest.where or "",
         stack="\n".join(latest.stack),
     )
 

@@ -85,8 +85,9 @@ class CommandDesk:
     def submit(
         self, command: str, args: dict[str, Any], peer: tuple[int, int] | None, trigger: str
     ) -> Ack:
-        """Accept ``command`` (already schema-checked) and return its ack (id 0: the server sets it), or raise
-        Refused. Every mutating command is audit-logged with its outcome (guarantees: commands)."""
+        """Accept ``command`` (already schema-checked) and return its ack (id 0: the server
+        sets it), or raise Refused. Every mutating command is audit-logged with its outcome
+        (guarantees: commands)."""
         try:
             ack = self._accept(command, args, trigger)
         except Refused as exc:
