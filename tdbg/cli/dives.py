@@ -25,7 +25,7 @@ from tdbg.cli.target_args import connect_target
 from tdbg.connect.client import CommandRefused, CommandTimeout, ProbeClient
 from tdbg.format import fmt_every
 from tdbg.protocol.framing import ProtocolError
-from tdbg.protocol.messages import FINAL_STATES
+from tdbg.protocol.messages.jobs import FINAL_STATES
 
 # Seconds a cancel waits for the probe's answer: milliseconds as a rule, seconds on a machine
 # whose cores are all busy (seen: 2 s was not enough for a rank mid-profile under load).

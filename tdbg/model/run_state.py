@@ -23,6 +23,7 @@ from tdbg.protocol.steps import (
     F64_COLUMNS,
     MAX_LR_COLUMNS,
     MAX_PHASE_GAP,
+    PHASES,
 )
 
 
@@ -38,7 +39,7 @@ class MessageFeed(Protocol):
 
 # no_grad_time: a watched model's forwards without grad before the step's own (an evaluation);
 # NaN from probes and recordings older than the column, and then left out of the bar.
-ANATOMY = ("data_time", "no_grad_time", "forward_time", "backward_time", "optimizer_time")
+ANATOMY = PHASES  # the step phases, owned by protocol/steps.py
 
 MAX_ALERTS = 500
 # Per-step scalars kept; past this the older half is thinned to every other step (again and
