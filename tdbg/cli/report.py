@@ -47,7 +47,7 @@ def _profile(result: Any) -> ProfileResult:
     """A profile as sent, or as read already; a malformed one reads as an empty profile."""
     if isinstance(result, ProfileResult):
         return result
-    return ProfileResult.from_wire(result) or ProfileResult.from_wire({})  # type: ignore[return-value]
+    return ProfileResult.from_wire(result) or ProfileResult.of_ops([], device=False)
 
 
 def profile_rows(result: Any, sort: str | None = None) -> list[dict[str, Any]]:
