@@ -35,14 +35,21 @@ def add_status_parser(sub: Any) -> None:
         description=(
             "One line per run: its name, step, loss, steps/s, a health verdict (live, stalled, "
             "non-finite, input-bound, ended, probe off) and its alert count. Without TARGET, "
-            "every run on this machine. Exit status: 0 all healthy (a run that ended cleanly "
-            "counts as healthy), 1 one or more unhealthy (with --job: or a rank that cannot be "
-            "reached, named on stderr), 2 no run (no rank reached) or bad arguments."
+            "every run on this machine. Exit status: 0 no trouble (a run that ended cleanly, and "
+            "warnings such as input-bound or a straggler, count as no trouble unless --strict), "
+            "1 trouble: stalled, non-finite, dead (exited with an error, killed), probe off, "
+            "diverged or hung ranks (with --job: or a rank that cannot be reached, named on "
+            "stderr), 2 no run (no rank reached) or bad arguments."
         ),
     )
     p.add_argument("targets", nargs="*", type=target_arg, metavar="TARGET", help=TARGET_HELP)
     add_remote_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object per run")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on warnings too (input-bound, a straggler), not only on trouble",
+    )
     add_job_option(p, "the lines")
     p.add_argument(
         "--timeout",
@@ -68,6 +75,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
             raise CliError(f"no tdbg runs in {runtime_dir()}")
         texts = [str(e.socket) for e in entries]
     from tdbg.model.job import Job
+    from tdbg.model.job_alerts import finding_level
 
     worst = 0
     states = []
@@ -88,7 +96,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     for state in single:
         health = assess(state)
         out.write(_line(state, health, args.json))
-        if not health.healthy:
+        if _fails(health.level, args.strict):
             worst = max(worst, EXIT_UNHEALTHY)
     for job in jobs:
         # A distributed job: its ranks (compared with each other here, outside the job),
@@ -103,7 +111,12 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                         "world_size": job.world_size,
                         "missing_ranks": missing,
                         "findings": [
-                            {"kind": f.kind, "ranks": f.ranks, "message": f.message}
+                            {
+                                "kind": f.kind,
+                                "ranks": f.ranks,
+                                "message": f.message,
+                                "level": finding_level(f.kind),
+                            }
                             for f in findings
                         ],
                     }
@@ -117,15 +130,21 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         for state in job.ranks.values():
             health = assess(state)
             out.write(_line(state, health, args.json, prefix="  "))
-            if not health.healthy:
+            if _fails(health.level, args.strict):
                 worst = max(worst, EXIT_UNHEALTHY)
         if not args.json:
             for finding in findings:
                 out.write(f"  {finding.kind}: {finding.message}\n")
-        if findings:
+        if any(_fails(finding_level(f.kind), args.strict) for f in findings):
             worst = max(worst, EXIT_UNHEALTHY)
     out.flush()
     return worst
+
+
+def _fails(level: str, strict: bool) -> bool:
+    """Whether a verdict of ``level`` makes the exit status 1: trouble always, a warning only
+    with --strict."""
+    return level == "bad" or (strict and level == "warn")
 
 
 def _read(text: str, args: argparse.Namespace) -> RunState:
