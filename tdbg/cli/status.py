@@ -6,16 +6,15 @@ import argparse
 import json
 import math
 import sys
-import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
+from tdbg.cli.glance import read_state
 from tdbg.cli.job_targets import add_job_option, job_entries_for, rank_of, say_rank_failed
-from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target, target_arg
+from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
-from tdbg.connect.targets import Recording, resolve
 from tdbg.format import fmt, fmt_count, fmt_loss, fmt_rate
 from tdbg.protocol.framing import ProtocolError
 
@@ -81,7 +80,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     states = []
     for text in texts:
         try:
-            states.append(_read(text, args))
+            states.append(read_state(text, args))
         except (CliError, ConnectError, ProtocolError, OSError) as exc:
             why = str(exc) or type(exc).__name__
             if text in ranks:  # a rank of the job: named, the job's line counts it missing
@@ -145,28 +144,6 @@ def _fails(level: str, strict: bool) -> bool:
     """Whether a verdict of ``level`` makes the exit status 1: trouble always, a warning only
     with --strict."""
     return level == "bad" or (strict and level == "warn")
-
-
-def _read(text: str, args: argparse.Namespace) -> RunState:
-    """A run's state from its history (a live run: until ``synced``; a recording: whole)."""
-    from tdbg.model.run_state import RunState
-
-    target = resolve(text)
-    if isinstance(target, Recording):
-        from tdbg.model.recordings import load_run
-        from tdbg.recording.reader import RecordingError
-
-        try:
-            return load_run(target.path)
-        except RecordingError as exc:
-            raise CliError(str(exc)) from None
-    state = RunState()
-    client = attach_target(target, text, args.timeout, args)
-    try:
-        state.read_history(client, time.monotonic() + args.timeout)
-    finally:
-        client.close()
-    return state
 
 
 def _line(state: RunState, health: Health, as_json: bool, prefix: str = "") -> str:
