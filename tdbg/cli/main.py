@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tdbg import __version__
+from tdbg.cli.alerts import add_alerts_parser
 from tdbg.cli.args import (
     EXIT_USAGE,
     OneLineParser,
@@ -355,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_status_parser(sub)
     add_report_parser(sub)
+    add_alerts_parser(sub)
 
     profile = _job_parser(
         sub,
