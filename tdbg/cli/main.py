@@ -36,6 +36,7 @@ from tdbg.cli.job_targets import add_job_option, dump_job, job_entries_for
 from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
+from tdbg.cli.run_report import add_report_parser
 from tdbg.cli.status import add_status_parser
 from tdbg.cli.target_args import (
     TARGET_HELP,
@@ -353,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bridge_parser(sub)
     add_run_parser(sub)
     add_status_parser(sub)
+    add_report_parser(sub)
 
     profile = _job_parser(
         sub,
