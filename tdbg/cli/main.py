@@ -22,6 +22,7 @@ from tdbg.cli.args import (
     positive_int,
 )
 from tdbg.cli.bridge import add_bridge_parser
+from tdbg.cli.compare import add_compare_parser
 from tdbg.cli.dives import (
     JobFailed,
     cmd_activations,
@@ -357,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(sub)
     add_report_parser(sub)
     add_alerts_parser(sub)
+    add_compare_parser(sub)
 
     profile = _job_parser(
         sub,
