@@ -33,6 +33,7 @@ from tdbg.cli.dives import (
 )
 from tdbg.cli.dump import Window, dump_events, job_event, windowed
 from tdbg.cli.errors import CliError
+from tdbg.cli.export import add_export_parser
 from tdbg.cli.job_dives import cmd_job_dive, rank_list
 from tdbg.cli.job_targets import add_job_option, dump_job, job_entries_for
 from tdbg.cli.replay import replay_main
@@ -359,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
     add_alerts_parser(sub)
     add_compare_parser(sub)
+    add_export_parser(sub)
 
     profile = _job_parser(
         sub,
