@@ -9,7 +9,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from tdbg.cli.dump import Window, dump_events, windowed
@@ -63,8 +63,15 @@ def dump_job(args: argparse.Namespace, out: TextIO) -> int:
     hangs: tdbg.model.job_alerts) and each finding raised or cleared is a ``job_alert`` event.
     A rank that cannot be reached is one line on stderr and the others are still dumped (as
     ``profile --job`` does); exit 2 only when no rank could be reached."""
-    entries = job_entries_for(args, [args.target] if args.target is not None else [])
     window = Window.of(args.follow, args.last, args.count)
+    for event in job_events(args, window):
+        _write(out, event)
+    return 0
+
+
+def job_events(args: argparse.Namespace, window: Window) -> Iterator[dict[str, Any]]:
+    """``dump --job``'s events as they arrive (``tdbg alerts --job`` reads them too)."""
+    entries = job_entries_for(args, [args.target] if args.target is not None else [])
     events: RankEvents = queue.Queue()
     clients = []
     try:
@@ -93,13 +100,11 @@ def dump_job(args: argparse.Namespace, out: TextIO) -> int:
             if event is None:
                 done += 1
             else:
-                _write(out, event)
-            for finding in judge.judge(final=done == len(threads)):
-                _write(out, finding)
+                yield event
+            yield from judge.judge(final=done == len(threads))
     finally:
         for client in clients:
             client.close()
-    return 0
 
 
 def _write(out: TextIO, event: dict[str, Any]) -> None:

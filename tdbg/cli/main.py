@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tdbg import __version__
+from tdbg.cli.alerts import add_alerts_parser
 from tdbg.cli.args import (
     EXIT_USAGE,
     OneLineParser,
@@ -21,6 +22,7 @@ from tdbg.cli.args import (
     positive_int,
 )
 from tdbg.cli.bridge import add_bridge_parser
+from tdbg.cli.compare import add_compare_parser
 from tdbg.cli.dives import (
     JobFailed,
     cmd_activations,
@@ -31,11 +33,13 @@ from tdbg.cli.dives import (
 )
 from tdbg.cli.dump import Window, dump_events, job_event, windowed
 from tdbg.cli.errors import CliError
+from tdbg.cli.export import add_export_parser
 from tdbg.cli.job_dives import cmd_job_dive, rank_list
 from tdbg.cli.job_targets import add_job_option, dump_job, job_entries_for
 from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
+from tdbg.cli.run_report import add_report_parser
 from tdbg.cli.status import add_status_parser
 from tdbg.cli.target_args import (
     TARGET_HELP,
@@ -353,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_bridge_parser(sub)
     add_run_parser(sub)
     add_status_parser(sub)
+    add_report_parser(sub)
+    add_alerts_parser(sub)
+    add_compare_parser(sub)
+    add_export_parser(sub)
 
     profile = _job_parser(
         sub,

@@ -10,14 +10,16 @@ END_REASONS = {
     "closed": "probe closed",
     "slow_consumer": "dropped: this viewer read too slowly",
     "connection closed": "connection lost with no goodbye (killed or crashed?)",
+    "killed": "killed (its recording ends without the run's goodbye)",
 }
 
 
 @dataclass(frozen=True)
 class Ending:
     """A run's end, classified: ``kind`` is ``clean`` (its probe said goodbye or closed),
-    ``dead`` (an exit status or a signal is known), ``lost`` (the connection went without a
-    word), ``dropped`` (this reader was too slow) or ``other``."""
+    ``dead`` (an exit status or a signal is known, or its recording was cut short), ``lost``
+    (the connection went without a word), ``dropped`` (this reader was too slow) or
+    ``other``."""
 
     reason: str  # the reason's core, before any ``; `` tail ("" when none was given)
     tail: str  # what followed ``; `` (``watching for a restart``), else ""
@@ -44,7 +46,7 @@ class Ending:
 def ending(reason: str | None) -> Ending:
     """The ending that ``reason`` says (None: the probe closed without saying why)."""
     core, _, tail = (reason or "").partition("; ")
-    if core.startswith(("exit ", "killed by ")):
+    if core.startswith(("exit ", "killed")):  # an exit status, a signal, a recording cut short
         kind = "dead"
     elif core.startswith("connection"):
         kind = "lost"

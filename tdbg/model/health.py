@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tdbg.format import fmt_span
-from tdbg.model.ending import how_it_ended
+from tdbg.model.ending import ending
 from tdbg.model.run_state import Alert, RunState
 from tdbg.protocol.stall import StallRule
 
@@ -26,8 +26,9 @@ class Health:
 
     @property
     def healthy(self) -> bool:
-        """What ``tdbg status`` exits 0 for: nothing wrong (a run that ended cleanly included)."""
-        return self.level in ("ok", "idle")
+        """Nothing wrong: live, starting, ended cleanly — or only a warning (input-bound is a
+        performance trait, not trouble). ``tdbg status`` exits 1 when a run is not healthy."""
+        return self.level != "bad"
 
 
 def assess(state: RunState, now: float | None = None, by_arrival: bool = False) -> Health:
@@ -43,7 +44,9 @@ def assess(state: RunState, now: float | None = None, by_arrival: bool = False) 
     if state.ended or probe.get("closed"):
         last = state.last_step
         at = f" at step {last}" if last is not None else ""
-        return Health("ended", "idle", f"{how_it_ended(state.end_reason)}{at}", None)
+        how = ending(state.end_reason)
+        level = "bad" if how.kind == "dead" else "idle"  # a crash or a kill is trouble
+        return Health("ended", level, f"{how.words}{at}", None)
     if not state.n_steps:
         return Health("starting", "idle", "waiting for the first step", None)
     start = state.nonfinite_since

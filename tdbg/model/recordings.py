@@ -12,6 +12,7 @@ job, alerts = load_job("runs/")         # every rank's recording in a directory,
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from tdbg.model.job import Job
@@ -34,10 +35,12 @@ def load_run(path: str | os.PathLike[str]) -> RunState:
     return state
 
 
-def load_job(where: str | os.PathLike[str] | list[str | os.PathLike[str]]) -> tuple[Job, JobAlerts]:
+def load_job(
+    where: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+) -> tuple[Job, JobAlerts]:
     """A job's ranks from their recordings — a directory of them, or the files — folded in
     step with each other and judged as a live job screen would have judged them."""
-    if isinstance(where, list):
+    if not isinstance(where, str | os.PathLike):
         paths = [Path(p) for p in where]
     elif Path(where).is_dir():
         paths = sorted(p for p in Path(where).iterdir() if p.is_file() and is_recording(p))
