@@ -6,14 +6,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tdbg.protocol.messages.jobs import FINAL_STATES, Ack
-from tdbg.protocol.messages.jobs import Job as JobMessage
+from tdbg.protocol.messages.jobs import FINAL_STATES, Ack, Job
 from tdbg.protocol.messages.results import (
     PROFILE_COLUMNS,
     PROFILE_TIME_COLUMNS,
     Activations,
     AnomalyResult,
-    JobResult,
     NanHuntResult,
     ProfileResult,
     SnapshotResult,
@@ -64,45 +62,23 @@ class Request:
     warning: str = ""  # the ack's message (e.g. anomaly mode is global and slow)
 
 
-@dataclass(slots=True)
-class Job:
-    """The latest ``job`` message for one job number."""
-
-    job: int
-    command: str
-    state: str
-    step: int | None
-    done: int | None
-    total: int | None
-    message: str
-    args: dict[str, Any]
-    time: float | None
-    result: JobResult | None  # as read by its command's type
-    history: bool
-    seq: int
-
-    @property
-    def active(self) -> bool:
-        return self.state not in FINAL_STATES
-
-    def progress(self) -> str:
-        """One line: "profile #3: running 2/5 steps", "analysing", "failed: reason"..."""
-        head = f"{label(self.command)} #{self.job}"
-        total = "?" if self.total is None else str(self.total)
-        done = "?" if self.done is None else str(self.done)
-        if self.state == "armed":
-            text = "armed, waiting for the next step"
-        elif self.state == "running":
-            text = f"running {done}/{total} steps" if self.total is not None else "running"
-            if self.step is not None:
-                text += f" (step {self.step})"
-        elif self.state == "analysing":
-            text = f"analysing {done} step{'s' if self.done != 1 else ''}"
-        elif self.state in FINAL_STATES - {"done"}:
-            text = f"{self.state}: {self.message}" if self.message else self.state
-        else:
-            text = self.state
-        return f"{head}: {text}"
+def progress(job: Job) -> str:
+    """A job as one line: "profile #3: running 2/5 steps", "analysing", "failed: reason"..."""
+    head = f"{label(job.command)} #{job.job}"
+    total = "?" if job.total is None else str(job.total)
+    if job.state == "armed":
+        text = "armed, waiting for the next step"
+    elif job.state == "running":
+        text = f"running {job.done}/{total} steps" if job.total is not None else "running"
+        if job.step is not None:
+            text += f" (step {job.step})"
+    elif job.state == "analysing":
+        text = f"analysing {job.done} step{'s' if job.done != 1 else ''}"
+    elif job.state in FINAL_STATES - {"done"}:
+        text = f"{job.state}: {job.message}" if job.message else job.state
+    else:
+        text = job.state
+    return f"{head}: {text}"
 
 
 @dataclass
@@ -110,7 +86,8 @@ class DeepState:
     """What the deep-dive commands produced, folded in from ack / error / job / activations."""
 
     requests: dict[int, Request] = field(default_factory=dict)
-    jobs: dict[int, Job] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)  # the latest message of each job
+    job_seq: dict[int, int] = field(default_factory=dict)  # when each job last changed
     # Finished results with their job numbers (the result itself is the protocol's type).
     profiles: deque[tuple[int, ProfileResult]] = field(
         default_factory=lambda: deque(maxlen=MAX_PROFILES)
@@ -178,29 +155,16 @@ class DeepState:
         return True
 
     def apply_job(self, message: dict[str, Any]) -> None:
-        first = JobMessage.from_wire(message)
+        first = Job.from_wire(message)
         if first is None:
             return
         previous = self.jobs.get(first.job)
         # A message without its command is named by an earlier message of the job.
-        read = JobMessage.from_wire(message, previous.command if previous is not None else "?")
-        assert read is not None
-        number, state, history = read.job, read.state, read.history
+        job = Job.from_wire(message, previous.command if previous is not None else "?")
+        assert job is not None
+        number, state, history = job.job, job.state, job.history
         self.seq += 1
-        job = Job(
-            job=number,
-            command=read.command,
-            state=state,
-            step=read.step,
-            done=read.done,
-            total=read.total,
-            message=read.message,
-            args=read.args,
-            time=read.time,
-            result=read.result,
-            history=history,
-            seq=self.seq,
-        )
+        self.job_seq[number] = self.seq
         self.jobs.pop(number, None)  # re-insert: the dict stays in order of last update
         self.jobs[number] = job
         self._bound_jobs()
@@ -222,6 +186,7 @@ class DeepState:
         # Drop the oldest finished jobs; an active job is never forgotten.
         for number in [n for n, j in self.jobs.items() if not j.active][:excess]:
             del self.jobs[number]
+            self.job_seq.pop(number, None)
 
     def _keep_result(self, job: Job) -> None:
         result = job.result
@@ -239,7 +204,7 @@ class DeepState:
         head = f"{label(job.command)} #{job.job}"
         if job.state != "done":
             severity = "error" if job.state == "failed" else "warning"
-            self.notices.append(Notice(job.progress(), severity))
+            self.notices.append(Notice(progress(job), severity))
             return
         if job.command == "profile" and self.profiles and self.profiles[-1][0] == job.job:
             trace = self.profiles[-1][1].trace
@@ -307,7 +272,7 @@ class DeepState:
         if request is None or request.refused is None:
             return None
         job = self.latest_job(command)
-        if job is not None and job.seq > request.seq:
+        if job is not None and self.job_seq.get(job.job, 0) > request.seq:
             return None
         return request.refused
 

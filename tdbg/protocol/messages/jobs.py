@@ -72,6 +72,11 @@ class Job:
         """Nothing follows this state (done, failed, cancelled)."""
         return self.state in FINAL_STATES
 
+    @property
+    def active(self) -> bool:
+        """Armed, running or analysing (an unknown state counts: it is not known to be over)."""
+        return self.state not in FINAL_STATES
+
     @classmethod
     def from_wire(cls, value: Any, command: str = "") -> Job | None:
         """None without a job number. ``command`` names the job's command where the message

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_stat
-from tdbg.model.deep import DeepState
+from tdbg.model.deep import DeepState, progress
 from tdbg.protocol.messages.results import NanHuntResult
 
 NONE_YET = (
@@ -79,7 +79,7 @@ class NanHuntView(Static):
         if refusal is not None:
             text.append(f"NaN hunt refused — {refusal}\n", status)
         elif job is not None and (hunt is None or deep.nan_hunt_job != job.job):
-            text.append(job.progress() + "\n", status)
+            text.append(progress(job) + "\n", status)
         if hunt is not None:
             style = self.get_component_rich_style("nan-hunt-view--found") if hunt.found else ""
             for i, line in enumerate(hunt_lines(hunt, deep.nan_hunt_job)):
@@ -102,7 +102,7 @@ class NanHuntView(Static):
             )
         elif job is not None and job.active:
             warning = self.get_component_rich_style("nan-hunt-view--warning")
-            text.append(job.progress() + " — global and slow while on\n", warning)
+            text.append(progress(job) + " — global and slow while on\n", warning)
         elif job is not None:
             errors = fmt(deep.anomaly.errors, "d") if deep.anomaly else "n/a"
-            text.append(f"{job.progress()} · backward errors seen: {errors}\n")
+            text.append(f"{progress(job)} · backward errors seen: {errors}\n")

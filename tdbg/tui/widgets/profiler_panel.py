@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from tdbg.format import fmt_bytes, fmt_seconds
-from tdbg.model.deep import DeepState
+from tdbg.model.deep import DeepState, progress
 from tdbg.protocol.messages.results import ProfileResult
 from tdbg.tui.widgets.profiler_table import TITLES, ProfilerTable
 
@@ -59,7 +59,7 @@ class ProfilerPanel(Vertical):
             state = {"done": "done", "failed": "failed", "cancelled": "failed"}.get(
                 job.state, "active"
             )
-            status = job.progress()
+            status = progress(job)
             if profile is not None and deep.profile_job == job.job:
                 status += f" · {summary(profile)}"
         else:

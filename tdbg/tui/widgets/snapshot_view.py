@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_bytes
-from tdbg.model.deep import DeepState
+from tdbg.model.deep import DeepState, progress
 from tdbg.tui.widgets.profiler_panel import steps_text
 
 TOP_SITES = 10
@@ -35,7 +35,7 @@ class SnapshotView(Static):
         if refusal is not None:
             text.append(f"memory snapshot refused — {refusal}\n", status_style)
         elif job is not None:
-            text.append(job.progress() + "\n", status_style)
+            text.append(progress(job) + "\n", status_style)
         elif unavailable:
             text.append(f"memory snapshot unavailable: {unavailable}\n", status_style)
         if result is None:
