@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
+import textwrap
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
@@ -140,12 +142,14 @@ def _verdicts(c: Comparison, letters: list[str], unit: str) -> list[str]:
         out.append(f"  {letters[0]} and {letters[1]} stay within their noise of each other")
     if c.layers:
         parts = [
-            f"{name} {fmt(10 ** abs(ratio), ',.0f' if abs(ratio) >= 2 else '.3g')}× "
+            f"{name} {format(10 ** abs(ratio), ',.0f' if abs(ratio) >= 2 else '.3g')}× "
             + ("larger" if ratio > 0 else "smaller")
             for name, ratio in c.layers
         ]
         out.append(f"  gradient norms differ most, in {letters[1]}: " + ", ".join(parts))
-    return [*out, ""] if out else []
+    columns = max(60, shutil.get_terminal_size((100, 24)).columns - 1)
+    wrapped = [w for line in out for w in textwrap.wrap(line, columns, subsequent_indent="    ")]
+    return [*wrapped, ""] if wrapped else []
 
 
 def overlay(charts: list[list[float]]) -> list[str]:
