@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from conftest import Reader
+from conftest import reader_on
 
 import tdbg
 
@@ -60,7 +60,7 @@ def replaced_head_run(
         return torch.optim.SGD(model.parameters(), lr=0.2)
 
     probe = changed_run(before + after, change)
-    late = Reader(probe.socket_path)  # type: ignore[arg-type]
+    late = reader_on(probe)
     late.wait(lambda r: len(r.records()) >= before + after and bool(r.of("layers")))
     late.close()
     return list(late.messages)

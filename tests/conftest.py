@@ -12,7 +12,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,6 +24,9 @@ _TESTS = Path(__file__).resolve().parent
 sys.path[1:1] = [str(d) for d in sorted(_TESTS.iterdir()) if any(d.glob("test_*.py"))]
 
 from waiting import TIMEOUT, wait_until  # noqa: E402
+
+if TYPE_CHECKING:
+    from tdbg.probe.watch import Probe
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -274,6 +277,32 @@ class Reader:
             self.client.sock.shutdown(socket.SHUT_RDWR)
         self.client.close()
         self._thread.join(2.0)
+
+
+def reader_on(probe: Probe) -> Reader:
+    """A :class:`Reader` on ``probe``'s socket (the probe must be serving)."""
+    path = probe.socket_path
+    assert path is not None, f"{probe!r} is not serving: no socket to read"
+    return Reader(path)
+
+
+OpenReader = Callable[["Probe"], Reader]
+
+
+@pytest.fixture
+def probe_reader() -> Iterator[OpenReader]:
+    """Opens a :class:`Reader` on a probe's socket (``reader = probe_reader(probe)``) and closes
+    every reader it opened after the test, passed or failed (closing one twice is harmless)."""
+    readers: list[Reader] = []
+
+    def open_reader(probe: Probe) -> Reader:
+        reader = reader_on(probe)
+        readers.append(reader)
+        return reader
+
+    yield open_reader
+    for reader in readers:
+        reader.close()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Loop, Reader, fresh_runtime_dir
+from conftest import Loop, OpenReader, Reader, fresh_runtime_dir
 from demo_job import demo_job
 
 import tdbg
@@ -81,12 +81,12 @@ def test_last_is_the_end_of_the_history_then_live_with_count(
 
 
 def test_last_cuts_alerts_and_metrics_to_its_steps_and_recordings_obey(
-    runtime_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runtime_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], probe_reader: OpenReader
 ) -> None:
     loop = Loop()
     path = tmp_path / "r.tdbg"
     probe = tdbg.watch(loop.model, loop.opt, name="rec", record=path)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(2, probe)
     probe.log(early=1.0)  # before the window
     probe.step(float("nan"))  # step 2: an alert before the window

@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import Loop, Reader
+from conftest import Loop, OpenReader
 
 import tdbg
 from tdbg.cli.main import run
@@ -78,11 +78,11 @@ def test_the_html_page_is_whole_and_needs_no_network(
 
 
 def test_a_live_input_bound_run_and_bad_input(
-    runtime_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    runtime_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], probe_reader: OpenReader
 ) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, name="starved")
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     for _ in range(30):
         time.sleep(0.02)  # the loader: most of each step
         loop.step(probe)

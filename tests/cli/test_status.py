@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import Loop, Reader
+from conftest import Loop, OpenReader
 
 import tdbg
 from tdbg.cli.main import run
@@ -48,11 +48,11 @@ def test_non_finite_names_the_step_it_began_and_input_bound_warns() -> None:
 
 
 def test_status_prints_one_line_per_run_and_exits_by_health(
-    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str], probe_reader: OpenReader
 ) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, name="healthy")
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(5, probe)
     reader.wait(lambda r: len(r.records()) >= 5)
     assert run(["status"]) == 0
@@ -128,12 +128,12 @@ def test_ls_says_how_long_ago_each_run_started(
 
 
 def test_input_bound_is_a_warning_that_fails_only_with_strict(
-    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str], probe_reader: OpenReader
 ) -> None:
     # A cron job runs `tdbg status`: a run waiting on its data loader is slow, not in trouble.
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, name="starved")
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     for _ in range(40):
         time.sleep(0.02)  # the loader: most of each step
         loop.step(probe)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Reader, dive_context, wait_until
+from conftest import OpenReader, dive_context, wait_until
 from torch import nn
 
 import tdbg
@@ -270,13 +270,13 @@ def test_floating_tensors_walks_nested_outputs_once() -> None:
 # --- through the real probe ---------------------------------------------------------------
 
 
-def test_activations_from_watch_reach_a_client(runtime_dir: Path) -> None:
+def test_activations_from_watch_reach_a_client(runtime_dir: Path, probe_reader: OpenReader) -> None:
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(16, 4)
     probe = tdbg.watch(model, opt, name="unit", activations_every=2)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     try:
         reader.wait(lambda r: r.of("synced"))
         baseline = hook_count(model)  # the probe's own phase hooks

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Loop, Reader, handed_over
+from conftest import Loop, handed_over, reader_on
 
 import tdbg
 from tdbg.probe.budget import MAX_AUTO_INTERVAL, gradient_interval
@@ -106,7 +106,7 @@ def sampled_steps(budget: float, steps: int, runtime_dir: Path) -> tuple[int, li
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, overhead_budget=budget)
     assert probe.socket_path
-    reader = Reader(probe.socket_path)
+    reader = reader_on(probe)
     loop.run(steps, probe)
     reader.wait(lambda r: len(r.records()) == steps)
     interval = probe.grad_interval

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Loop, Reader, wait_until
+from conftest import Loop, OpenReader, reader_on, wait_until
 from torch import nn
 
 import tdbg
@@ -73,7 +73,7 @@ class Session:
         self.loop = Loop()
         self.probe = tdbg.watch(self.loop.model, self.loop.opt, **watch)
         assert self.probe.socket_path is not None
-        self.reader = Reader(self.probe.socket_path)
+        self.reader = reader_on(self.probe)
         self.reader.wait(lambda r: r.of("synced"))
 
     def send(self, mtype: str, **args: Any) -> int:
@@ -255,10 +255,12 @@ def test_close_mid_job_releases_everything(runtime_dir: Path) -> None:
     assert ack["type"] == "ack"
 
 
-def test_finished_jobs_are_replayed_to_a_late_client(session: Session) -> None:
+def test_finished_jobs_are_replayed_to_a_late_client(
+    session: Session, probe_reader: OpenReader
+) -> None:
     ack = session.answer(session.send("anomaly", steps=1))
     session.final(ack["job"])
-    late = Reader(session.probe.socket_path or "")
+    late = probe_reader(session.probe)
     try:
         late.wait(lambda r: r.of("synced"))
         replayed = [m for m in late.of("job") if m["job"] == ack["job"]]
@@ -301,7 +303,7 @@ def test_refused_commands_never_reach_the_training_thread(session: Session) -> N
 
 
 def test_a_refusal_flood_is_folded_in_the_audit_log_and_the_log_rotates(
-    session: Session, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+    session: Session, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_reader: OpenReader
 ) -> None:
     """Reconnecting to retry gets neither a fresh rate limit nor an unbounded audit log."""
     from tdbg.probe import commands
@@ -314,7 +316,7 @@ def test_a_refusal_flood_is_folded_in_the_audit_log_and_the_log_rotates(
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(lines) == 1 + commands.AUDIT_REFUSALS_PER_MINUTE  # the other 10: counted
     # The rate limit is the peer's, not the connection's: a new connection does not reset it.
-    again = Reader(session.probe.socket_path or "")
+    again = probe_reader(session.probe)
     again.wait(lambda r: r.of("synced"))
     ids = [again.client.send("ping") for _ in range(60)]
     again.wait(lambda r: len(r.of("pong")) + len(r.of("error")) >= 60)

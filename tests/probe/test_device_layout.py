@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Reader
+from conftest import OpenReader, Reader
 from norm_oracle import reference_norms
 from test_gradients import Mixed, backward
 from test_real_loops import K, _data, _first_error, _model, _nan_run, _norms
@@ -71,13 +71,13 @@ def test_stacked_norms_of_mixed_dtypes_match_the_reference(device_layout: None) 
 
 
 def test_a_run_with_stacked_passes_reports_true_norms_and_metrics(
-    runtime_dir: Path, device_layout: None
+    runtime_dir: Path, device_layout: None, probe_reader: OpenReader
 ) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     truth = []
     for step in range(6):
         opt.zero_grad()

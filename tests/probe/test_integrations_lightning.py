@@ -306,7 +306,7 @@ def test_importing_the_integrations_loads_no_framework_and_no_torch() -> None:
 
 
 def test_a_client_attached_during_fit_sees_each_step_live(runtime_dir: Path) -> None:
-    from conftest import Reader
+    from conftest import Reader, reader_on
 
     from tdbg.integrations.lightning import TdbgCallback
 
@@ -316,7 +316,7 @@ def test_a_client_attached_during_fit_sees_each_step_live(runtime_dir: Path) -> 
 
     class Attach(L.Callback):
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            readers.append(Reader(callback.probe.socket_path))
+            readers.append(reader_on(callback.probe))
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
             # Every update of the epoch reaches the client while fit() is still running.

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from conftest import Loop, Reader
+from conftest import Loop, OpenReader
 
 import tdbg
 from tdbg.probe.metrics import MetricsDesk
@@ -81,10 +81,12 @@ def test_each_value_is_read_on_its_own_and_the_others_are_kept() -> None:
     assert len(messages["metric-overflow:big"]) < 200  # not 400 digits
 
 
-def test_bad_values_in_a_live_run_are_no_probe_errors(runtime_dir: Path) -> None:
+def test_bad_values_in_a_live_run_are_no_probe_errors(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(1, probe)
     for _ in range(3):  # the same problems again: reported once
         tdbg.log(big=10**400, cplx=torch.tensor(1 + 2j), good=2.0)
@@ -104,13 +106,14 @@ def test_bad_values_in_a_live_run_are_no_probe_errors(runtime_dir: Path) -> None
 
 def test_samples_and_tokens_that_are_not_counts_are_reported_once_not_recorded(
     runtime_dir: Path,
+    probe_reader: OpenReader,
 ) -> None:
     """samples= and tokens= are counts: a string, a negative number, NaN or a tensor of several
     values is reported once (one line, one alert) and the step records none, never a negative
     throughput; a good count beside it is recorded."""
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     bad = [
         {"samples": "x", "tokens": 64},
         {"samples": 32, "tokens": -5},
@@ -136,10 +139,12 @@ def test_samples_and_tokens_that_are_not_counts_are_reported_once_not_recorded(
     probe.close()
 
 
-def test_thousands_of_bad_names_are_folded_into_a_count(runtime_dir: Path) -> None:
+def test_thousands_of_bad_names_are_folded_into_a_count(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(1, probe)
     for i in range(3):
         tdbg.log(**{f"u{i}_{j}": object() for j in range(1000)})
@@ -159,10 +164,12 @@ def test_thousands_of_bad_names_are_folded_into_a_count(runtime_dir: Path) -> No
     probe.close()
 
 
-def test_many_non_finite_metrics_are_alerted_as_a_count(runtime_dir: Path) -> None:
+def test_many_non_finite_metrics_are_alerted_as_a_count(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(1, probe)
     tdbg.log(**{f"m{j}": float("nan") for j in range(100)})
     loop.run(1, probe)

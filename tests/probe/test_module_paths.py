@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Reader
+from conftest import reader_on
 from torch import nn
 
 import tdbg
@@ -74,7 +74,7 @@ def test_a_watched_compiled_model_shows_the_layers_and_norms_of_the_plain_one(
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         net = torch.compile(model, backend="eager") if compiled else model
         probe = tdbg.watch(net, opt, grad_every=1)
-        reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+        reader = reader_on(probe)
         x, y = torch.randn(16, 4), torch.randn(16, 1)
         for _ in range(3):
             loss = ((net(x) - y) ** 2).mean()

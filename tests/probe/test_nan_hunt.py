@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Reader, dive_context, wait_until
+from conftest import OpenReader, dive_context, wait_until
 from torch import nn
 
 import tdbg
@@ -537,13 +537,15 @@ def test_full_backward_hooks_break_inplace_relu() -> None:
 # --- through the real probe ---------------------------------------------------------------
 
 
-def test_nan_hunt_through_the_probe_and_its_socket(runtime_dir: Path) -> None:
+def test_nan_hunt_through_the_probe_and_its_socket(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     torch.manual_seed(6)
     poison = Poison(8)
     model = nn.Sequential(nn.Linear(4, 8), poison, nn.ReLU(inplace=True), nn.Linear(8, 1))
     step = trainer(model, torch.randn(BATCH, 4))
     probe = tdbg.watch(model, None, name="unit", nan_hunt=False)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
 
     def jobs() -> list[dict[str, Any]]:
         return [m for m in reader.of("job") if m["command"] == "nan_hunt"]

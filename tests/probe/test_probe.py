@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Loop, Reader, wait_until
+from conftest import Loop, OpenReader, Reader, wait_until
 from torch import nn
 
 import tdbg
@@ -26,10 +26,12 @@ def alerts_of(reader: Reader, kind: str) -> list[dict]:
     return [a for a in reader.of("alert") if a["kind"] == kind]
 
 
-def test_tensor_loss_and_gradient_norms_reach_the_client(runtime_dir: Path) -> None:
+def test_tensor_loss_and_gradient_norms_reach_the_client(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1, name="unit")
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     reader.wait(lambda r: r.of("synced"))
     assert reader.client.run["name"] == "unit"
     assert reader.of("layers")[0]["names"] == ["0", "2"]
@@ -47,10 +49,10 @@ def test_tensor_loss_and_gradient_norms_reach_the_client(runtime_dir: Path) -> N
     reader.close()
 
 
-def test_python_float_none_samples_and_tokens(runtime_dir: Path) -> None:
+def test_python_float_none_samples_and_tokens(runtime_dir: Path, probe_reader: OpenReader) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     probe.step(1.25, samples=32, tokens=1024)
     probe.step(None)
     probe.step(3)  # an int is a number too
@@ -64,10 +66,12 @@ def test_python_float_none_samples_and_tokens(runtime_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("as_tensor", [True, False], ids=["tensor", "float"])
-def test_nan_loss_alert_arrives_over_the_socket(runtime_dir: Path, as_tensor: bool) -> None:
+def test_nan_loss_alert_arrives_over_the_socket(
+    runtime_dir: Path, as_tensor: bool, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(3, probe)
     nan = torch.tensor(float("nan")) if as_tensor else float("nan")
     probe.step(nan)
@@ -81,11 +85,11 @@ def test_nan_loss_alert_arrives_over_the_socket(runtime_dir: Path, as_tensor: bo
 
 
 def test_multi_element_loss_is_a_clear_alert_not_an_exception(
-    runtime_dir: Path, probe_log: io.StringIO
+    runtime_dir: Path, probe_log: io.StringIO, probe_reader: OpenReader
 ) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     probe.step(torch.ones(4, 2))  # must not raise
     probe.step(torch.ones(3))
     probe.step(torch.tensor([2.5]))  # one element is a scalar loss
@@ -100,10 +104,12 @@ def test_multi_element_loss_is_a_clear_alert_not_an_exception(
     reader.close()
 
 
-def test_unreadable_loss_is_reported_not_raised(runtime_dir: Path) -> None:
+def test_unreadable_loss_is_reported_not_raised(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     probe.step("not a number")
     probe.step(object())
     reader.wait(lambda r: len(r.records()) >= 2 and alerts_of(r, "probe_error"))
@@ -112,10 +118,12 @@ def test_unreadable_loss_is_reported_not_raised(runtime_dir: Path) -> None:
     reader.close()
 
 
-def test_without_an_optimizer_grads_are_taken_at_step(runtime_dir: Path) -> None:
+def test_without_an_optimizer_grads_are_taken_at_step(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop(optimizer=False)
     probe = tdbg.watch(loop.model, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(5, probe, reference=True)
     reader.wait(lambda r: len(r.records()) >= 5)
     for r, (ref_total, ref_layers) in zip(reader.records(), loop.norms, strict=True):
@@ -125,21 +133,23 @@ def test_without_an_optimizer_grads_are_taken_at_step(runtime_dir: Path) -> None
     reader.close()
 
 
-def test_grad_every_samples_every_kth_step(runtime_dir: Path) -> None:
+def test_grad_every_samples_every_kth_step(runtime_dir: Path, probe_reader: OpenReader) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=3)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(9, probe)
     reader.wait(lambda r: len(r.records()) >= 9)
     assert [r.step for r in reader.records() if r.grad_norms is not None] == [0, 3, 6]
     reader.close()
 
 
-def test_model_without_parameters(runtime_dir: Path, probe_log: io.StringIO) -> None:
+def test_model_without_parameters(
+    runtime_dir: Path, probe_log: io.StringIO, probe_reader: OpenReader
+) -> None:
     model = nn.Sequential(nn.ReLU())
     probe = tdbg.watch(model)
     assert "no parameters" in probe_log.getvalue()
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     for i in range(3):
         model(torch.randn(2, 2))
         probe.step(float(i))
@@ -257,7 +267,7 @@ def test_context_manager_closes(runtime_dir: Path) -> None:
 
 
 def test_watching_the_same_model_twice_closes_the_first(
-    runtime_dir: Path, probe_log: io.StringIO
+    runtime_dir: Path, probe_log: io.StringIO, probe_reader: OpenReader
 ) -> None:
     loop = Loop()
     first = tdbg.watch(loop.model, loop.opt)
@@ -268,7 +278,7 @@ def test_watching_the_same_model_twice_closes_the_first(
     assert hook_counts(loop.model, loop.opt) == (0, 1, 1, 1)
     assert second.socket_path is not None and os.path.exists(second.socket_path)
     assert first_path is not None
-    reader = Reader(second.socket_path)
+    reader = probe_reader(second)
     loop.run(2, second)
     reader.wait(lambda r: len(r.records()) >= 2)
     reader.close()
@@ -289,7 +299,10 @@ def test_directory_argument_as_str_and_path(tmp_path: Path) -> None:
 
 
 def test_probe_errors_are_counted_and_never_raised(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_log: io.StringIO
+    runtime_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    probe_log: io.StringIO,
+    probe_reader: OpenReader,
 ) -> None:
     def broken(self: GradientStats, weights: bool = False) -> None:
         raise RuntimeError("injected failure")
@@ -297,7 +310,7 @@ def test_probe_errors_are_counted_and_never_raised(
     monkeypatch.setattr(GradientStats, "compute", broken)
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(5, probe)  # must not raise
     assert probe.errors >= 5
     assert probe.last_error is not None and "injected failure" in probe.last_error
@@ -332,7 +345,9 @@ def test_circuit_breaker_switches_the_probe_off(
     assert len(loop.losses) == 150
 
 
-def test_late_client_gets_the_whole_history_then_live_steps(runtime_dir: Path) -> None:
+def test_late_client_gets_the_whole_history_then_live_steps(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
     # more than history's merge threshold of batches, so both merged and recent chunks replay
@@ -346,7 +361,7 @@ def test_late_client_gets_the_whole_history_then_live_steps(runtime_dir: Path) -
     loop.losses.append(math.nan)
     consumed(probe, len(loop.losses))
     wait_until(lambda: probe._server.history.alerts, what="alert in history")
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     reader.wait(lambda r: r.of("synced"))
     history = reader.records(history=True)
     assert [r.step for r in history] == list(range(len(loop.losses)))
@@ -371,10 +386,10 @@ def test_late_client_gets_the_whole_history_then_live_steps(runtime_dir: Path) -
     reader.close()
 
 
-def test_probe_health_message(runtime_dir: Path) -> None:
+def test_probe_health_message(runtime_dir: Path, probe_reader: OpenReader) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=2)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(6, probe)
     reader.wait(lambda r: any(m["steps_seen"] == 6 for m in r.of("probe")))
     msg = [m for m in reader.of("probe") if m["steps_seen"] == 6][-1]
@@ -393,7 +408,7 @@ def test_serve_false_binds_nothing(runtime_dir: Path) -> None:
 
 
 def test_the_gradient_interval_follows_the_measured_cost(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_reader: OpenReader
 ) -> None:
     # The costs the sampler measured are replaced through its seam, so the machine's speed
     # decides nothing: a 0.8 ms gradient pass in a 10 ms step under a 1 % budget (aimed at
@@ -403,7 +418,7 @@ def test_the_gradient_interval_follows_the_measured_cost(
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, overhead_budget=0.01)
     monkeypatch.setattr(probe._sampler, "measured_costs", lambda: costs)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(40, probe)
     assert probe.grad_interval == 10
     costs = (10 * ms, 0.05 * ms, 0.0, float("nan"))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Loop, Reader, handed_over
+from conftest import Loop, OpenReader, handed_over
 from demo_job import demo_job
 from norm_oracle import reference_norms
 from torch import nn
@@ -68,13 +68,13 @@ def test_frozen_layer_is_not_an_all_zero_gradient_alert() -> None:
     assert [a.kind for a in live.check_step(rec)] == ["zero_grad"]
 
 
-def test_frozen_layer_end_to_end_no_alert(runtime_dir: Path) -> None:
+def test_frozen_layer_end_to_end_no_alert(runtime_dir: Path, probe_reader: OpenReader) -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     model[0].requires_grad_(False)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
     probe = tdbg.watch(model, opt, grad_every=1)
     assert probe.socket_path
-    reader = Reader(probe.socket_path)
+    reader = probe_reader(probe)
     x, y = torch.randn(16, 4), torch.randn(16, 1)
     for _ in range(5):
         opt.zero_grad()
@@ -200,12 +200,14 @@ def test_the_last_update_s_own_loss_passed_back_after_another_accumulated(
         probe.close()
 
 
-def test_skipped_optimizer_step_is_not_a_no_gradient_alert(runtime_dir: Path) -> None:
+def test_skipped_optimizer_step_is_not_a_no_gradient_alert(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """GradScaler skips optimizer.step() on inf; the loop has zeroed grads before probe.step."""
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
     assert probe.socket_path
-    reader = Reader(probe.socket_path)
+    reader = probe_reader(probe)
     for i in range(6):
         loop.model.zero_grad(set_to_none=True)
         loss = ((loop.model(loop.x) - loop.y) ** 2).mean()
@@ -222,7 +224,9 @@ def test_skipped_optimizer_step_is_not_a_no_gradient_alert(runtime_dir: Path) ->
     reader.close()
 
 
-def test_flooding_client_is_closed_and_training_unaffected(runtime_dir: Path) -> None:
+def test_flooding_client_is_closed_and_training_unaffected(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """a burst of pings beyond any real client's is refused and the client dropped."""
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
@@ -242,7 +246,7 @@ def test_flooding_client_is_closed_and_training_unaffected(runtime_dir: Path) ->
     assert b"RATE_LIMITED" in data
     sock.close()
     loop.run(5, probe)
-    reader = Reader(probe.socket_path)  # the probe still serves a well-behaved client
+    reader = probe_reader(probe)  # the probe still serves a well-behaved client
     reader.wait(lambda r: len(r.records()) >= 5)
     reader.close()
 
@@ -695,7 +699,7 @@ def test_the_usual_step_s_short_way_hands_over_what_the_whole_way_does(
 
 
 def test_a_step_the_probe_thread_cannot_build_costs_only_itself(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_reader: OpenReader
 ) -> None:
     """A step whose record fails to build on the probe thread is dropped and counted as an
     error; the steps drained with it in the same tick are still published."""
@@ -712,7 +716,7 @@ def test_a_step_the_probe_thread_cannot_build_costs_only_itself(
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, name="one-bad", grad_every=10**9)
     assert probe.socket_path
-    reader = Reader(probe.socket_path)
+    reader = probe_reader(probe)
     try:
         loop.run(20, probe)
         reader.wait(lambda r: len(r.records()) == 19)

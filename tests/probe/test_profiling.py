@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Loop, Reader, wait_until
+from conftest import Loop, OpenReader, Reader, wait_until
 
 import tdbg
 from tdbg.connect.runtime import RuntimeDirError
@@ -326,10 +326,12 @@ def _ack(reader: Reader, mid: int) -> dict[str, Any]:
     return answer
 
 
-def test_profile_through_the_probe_and_its_socket(runtime_dir: Path) -> None:
+def test_profile_through_the_probe_and_its_socket(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, name="unit")
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     try:
         reader.wait(lambda r: r.of("synced"))
         loop.run(2, probe)  # steps 0, 1
@@ -358,10 +360,12 @@ def test_profile_through_the_probe_and_its_socket(runtime_dir: Path) -> None:
         probe.close()
 
 
-def test_closing_the_probe_mid_profile_stops_the_profiler(runtime_dir: Path) -> None:
+def test_closing_the_probe_mid_profile_stops_the_profiler(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, name="unit")
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     try:
         reader.wait(lambda r: r.of("synced"))
         job = _ack(reader, reader.client.send("profile", steps=100))["job"]

@@ -17,16 +17,18 @@ import torch
 from changed_runs import changed_run, replaced_head_run
 from changed_runs import fixed_batch as _data
 from changed_runs import small_model as _model
-from conftest import Loop, Reader, wait_until
+from conftest import Loop, OpenReader, Reader, reader_on, wait_until
 from waiting import TIMEOUT
 
 import tdbg
 
 
-def test_a_watched_model_saves_copies_and_pickles_as_without_tdbg(runtime_dir: Path) -> None:
+def test_a_watched_model_saves_copies_and_pickles_as_without_tdbg(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(2, probe)
     buffer = io.BytesIO()
     torch.save(loop.model, buffer)  # the whole module, hooks included: word_language_model
@@ -87,12 +89,14 @@ def _norms(params: list[torch.nn.Parameter]) -> float:
     return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)))  # type: ignore[union-attr, arg-type]
 
 
-def test_closure_steps_report_the_gradients_the_update_used(runtime_dir: Path) -> None:
+def test_closure_steps_report_the_gradients_the_update_used(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     truth: list[tuple[float, float]] = []
 
     def closure() -> torch.Tensor:
@@ -116,14 +120,16 @@ def test_closure_steps_report_the_gradients_the_update_used(runtime_dir: Path) -
     reader.close()
 
 
-def test_clipping_shows_the_norm_before_the_clip_and_that_it_clipped(runtime_dir: Path) -> None:
+def test_clipping_shows_the_norm_before_the_clip_and_that_it_clipped(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     from torch.nn.utils import clip_grad_norm_  # bound before watch(), as scripts do
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     returned = []
     for _ in range(4):
         opt.zero_grad()
@@ -141,13 +147,15 @@ def test_clipping_shows_the_norm_before_the_clip_and_that_it_clipped(runtime_dir
     reader.close()
 
 
-def test_the_lr_of_step_k_is_the_one_its_update_used(runtime_dir: Path) -> None:
+def test_the_lr_of_step_k_is_the_one_its_update_used(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     used = []
     for _ in range(8):
         opt.zero_grad()
@@ -165,6 +173,7 @@ def test_the_lr_of_step_k_is_the_one_its_update_used(runtime_dir: Path) -> None:
 
 def test_a_step_pre_hook_registered_before_watch_runs_before_the_probe_reads(
     runtime_dir: Path,
+    probe_reader: OpenReader,
 ) -> None:
     """A script's own step pre-hooks, registered before the probe existed (as under ``tdbg
     run``, which starts it at the first backward), run before the probe reads the step: the LR
@@ -190,7 +199,7 @@ def test_a_step_pre_hook_registered_before_watch_runs_before_the_probe_reads(
     opt.register_step_pre_hook(warmup_and_repair)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1, skip_nonfinite=True)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     used, totals = [], []
     for step in range(4):
         opt.zero_grad()
@@ -214,12 +223,14 @@ def test_a_step_pre_hook_registered_before_watch_runs_before_the_probe_reads(
     probe.close()
 
 
-def test_gradient_accumulation_reports_the_whole_update(runtime_dir: Path) -> None:
+def test_gradient_accumulation_reports_the_whole_update(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     k = 4
     means = []
     for _ in range(3):
@@ -241,6 +252,7 @@ def test_gradient_accumulation_reports_the_whole_update(runtime_dir: Path) -> No
 
 def test_several_losses_backpropagated_in_one_call_are_the_step_s_loss(
     runtime_dir: Path,
+    probe_reader: OpenReader,
 ) -> None:
     """A multi-task loop's ``torch.autograd.backward([a, b])``: the step's loss is a + b (the
     loss of one backward of their sum), one micro-batch; under accumulation, the sum over the
@@ -249,7 +261,7 @@ def test_several_losses_backpropagated_in_one_call_are_the_step_s_loss(
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     expected, micro = [], []
     for step in range(4):
         calls = 1 if step < 2 else 2
@@ -273,7 +285,9 @@ def test_several_losses_backpropagated_in_one_call_are_the_step_s_loss(
     reader.close()
 
 
-def test_an_explicit_loss_under_accumulation_is_the_update_s(runtime_dir: Path) -> None:
+def test_an_explicit_loss_under_accumulation_is_the_update_s(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """probe.step(loss) with the variable at hand after k micro-batches (nanoGPT's
     ``loss = loss / k; loss.backward()``): that is the last micro-batch divided by k, not the
     update's loss; the step shows what was backpropagated for the update (their mean) and says
@@ -282,7 +296,7 @@ def test_an_explicit_loss_under_accumulation_is_the_update_s(runtime_dir: Path) 
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     k = 4
     means, own = [], []
     for step in range(4):
@@ -310,7 +324,9 @@ def test_an_explicit_loss_under_accumulation_is_the_update_s(runtime_dir: Path) 
     reader.close()
 
 
-def test_micro_batches_are_counted_per_optimizer(runtime_dir: Path) -> None:
+def test_micro_batches_are_counted_per_optimizer(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """DCGAN: the discriminator backpropagates a real and a fake loss, then the generator one:
     the step (the first optimizer's update, optD) had 2 micro-batches, not 3."""
     netG, netD = _model(1), _model(2)
@@ -318,7 +334,7 @@ def test_micro_batches_are_counted_per_optimizer(runtime_dir: Path) -> None:
     optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
     x, y = _data()
     probe = tdbg.watch([netD, netG], [optD, optG], grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     truth = []
     for _ in range(3):
         optD.zero_grad()
@@ -340,13 +356,15 @@ def test_micro_batches_are_counted_per_optimizer(runtime_dir: Path) -> None:
     reader.close()
 
 
-def test_several_models_and_optimizers_are_all_watched(runtime_dir: Path) -> None:
+def test_several_models_and_optimizers_are_all_watched(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     netG, netD = _model(1), _model(2)
     optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
     optD = torch.optim.SGD(netD.parameters(), lr=0.1)
     x, y = _data()
     probe = tdbg.watch([netG, netD], [optG, optD], grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     reader.wait(lambda r: r.of("synced"))
     run = reader.client.run
     assert run["models"] == ["netG", "netD"]
@@ -383,12 +401,14 @@ def test_several_models_and_optimizers_are_all_watched(runtime_dir: Path) -> Non
     reader.close()
 
 
-def test_thousands_of_param_groups_keep_monitoring_on(runtime_dir: Path) -> None:
+def test_thousands_of_param_groups_keep_monitoring_on(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(150)])
     groups = [{"params": [p], "lr": 0.01 * (1 + i % 3)} for i, p in enumerate(model.parameters())]
     opt = torch.optim.SGD(groups, lr=0.01)
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     x = torch.randn(3, 2)
     for _ in range(3):
         opt.zero_grad()
@@ -425,10 +445,12 @@ def test_a_bare_module_is_named_after_its_variable_and_a_clean_end_is_not_disabl
     assert last["disabled"] is False and last["closed"] is True
 
 
-def test_user_metrics_arrive_and_bad_ones_are_reported_once(runtime_dir: Path) -> None:
+def test_user_metrics_arrive_and_bad_ones_are_reported_once(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.run(2, probe)
     tdbg.log(val_loss=0.5, acc=torch.tensor(0.75))  # module level: the live probe
     probe.log({"val/ppl": 12.0}, step=0)
@@ -461,7 +483,9 @@ def test_user_metrics_arrive_and_bad_ones_are_reported_once(runtime_dir: Path) -
     tdbg.log(after=1.0)  # nothing watched: a no-op
 
 
-def test_metrics_reach_a_late_client_and_the_recording(runtime_dir: Path, tmp_path: Path) -> None:
+def test_metrics_reach_a_late_client_and_the_recording(
+    runtime_dir: Path, tmp_path: Path, probe_reader: OpenReader
+) -> None:
     from tdbg.recording.reader import Recording
 
     loop = Loop()
@@ -469,10 +493,10 @@ def test_metrics_reach_a_late_client_and_the_recording(runtime_dir: Path, tmp_pa
     probe = tdbg.watch(loop.model, loop.opt, record=path)
     loop.run(2, probe)
     tdbg.log(val_loss=0.25)
-    live = Reader(probe.socket_path)  # type: ignore[arg-type]
+    live = probe_reader(probe)
     loop.run(1, probe)
     live.wait(lambda r: r.of("metrics"))  # the probe thread has it: now a late client
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     reader.wait(lambda r: r.of("synced"))
     assert [tuple(p) for m in reader.of("metrics") for p in m["points"]] == [(1, "val_loss", 0.25)]
     assert all(m.get("history") for m in reader.of("metrics"))
@@ -483,14 +507,14 @@ def test_metrics_reach_a_late_client_and_the_recording(runtime_dir: Path, tmp_pa
     assert [tuple(p) for m in recorded for p in m["points"]] == [(1, "val_loss", 0.25)]
 
 
-def test_epochs_follow_the_training_dataloader(runtime_dir: Path) -> None:
+def test_epochs_follow_the_training_dataloader(runtime_dir: Path, probe_reader: OpenReader) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     loop = Loop()
     train = DataLoader(TensorDataset(loop.x, loop.y), batch_size=16)
     val = DataLoader(TensorDataset(loop.x, loop.y), batch_size=32)
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     for _ in range(3):
         for x, y in train:
             loop.opt.zero_grad()
@@ -511,14 +535,16 @@ def test_epochs_follow_the_training_dataloader(runtime_dir: Path) -> None:
     reader.close()
 
 
-def test_epochs_follow_a_dataloader_made_anew_each_epoch(runtime_dir: Path) -> None:
+def test_epochs_follow_a_dataloader_made_anew_each_epoch(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     loop = Loop()
     data = TensorDataset(loop.x, loop.y)
     held = TensorDataset(loop.x[:8], loop.y[:8])
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
 
     def train(x: torch.Tensor, y: torch.Tensor) -> None:
         loop.opt.zero_grad()
@@ -542,13 +568,15 @@ def test_epochs_follow_a_dataloader_made_anew_each_epoch(runtime_dir: Path) -> N
     reader.close()
 
 
-def test_a_replaced_layer_and_optimizer_are_followed(runtime_dir: Path) -> None:
+def test_a_replaced_layer_and_optimizer_are_followed(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
 
     def run(n: int) -> list[list[float]]:
         norms = []
@@ -630,7 +658,9 @@ def test_a_nan_of_a_layer_before_it_left_is_still_a_nan(runtime_dir: Path) -> No
     assert absent[:, 2].tolist() == [True, False, False]  # the new head: none before 3
 
 
-def test_a_model_added_before_the_first_step_has_norms_from_step_0(runtime_dir: Path) -> None:
+def test_a_model_added_before_the_first_step_has_norms_from_step_0(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     from tdbg.cli.dump import message_events
 
     torch.manual_seed(0)
@@ -646,7 +676,7 @@ def test_a_model_added_before_the_first_step_has_norms_from_step_0(runtime_dir: 
     og.step()
     od.step()
     probe.step()
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     reader.wait(lambda r: len(r.records()) >= 1 and len(r.of("layers")) >= 1)
     reader.close()
     layers = reader.of("layers")[-1]
@@ -657,7 +687,9 @@ def test_a_model_added_before_the_first_step_has_norms_from_step_0(runtime_dir: 
     assert step0["grad_norms"]["d"] == "nan"
 
 
-def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(runtime_dir: Path) -> None:
+def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     # Step 3: the first optimizer's gradients are read (two layers) before the change is
     # seen, the new one's after it (three): one row of both, not a lost step.
     model = _model()
@@ -676,7 +708,7 @@ def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(runtime_d
         for o in opts:
             o.step()
         probe.step(loss)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     reader.wait(lambda r: len(r.records()) >= 6)
     reader.close()
     records = reader.records()
@@ -688,6 +720,7 @@ def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(runtime_d
 
 def test_a_new_head_s_own_optimizer_is_followed_with_the_backbone_frozen(
     runtime_dir: Path,
+    probe_reader: OpenReader,
 ) -> None:
     # The new optimizer holds only the new head, which the probe had not read yet when that
     # optimizer first stepped: it was never asked again, and its learning rate never shown.
@@ -700,7 +733,7 @@ def test_a_new_head_s_own_optimizer_is_followed_with_the_backbone_frozen(
         return torch.optim.Adam(model[2].parameters(), lr=1e-3)
 
     probe = changed_run(8, change)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     reader.wait(lambda r: len(r.records()) >= 8)
     reader.close()
     records = reader.records()
@@ -718,11 +751,13 @@ def test_an_exploding_new_head_names_its_own_layers_not_the_gone_one(runtime_dir
     assert all("2" not in m["layers"] for m in exploding)
 
 
-def test_clipping_without_an_optimizer_shows_the_same_pre_clip_norm(runtime_dir: Path) -> None:
+def test_clipping_without_an_optimizer_shows_the_same_pre_clip_norm(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     model = _model()
     x, y = _data()
     probe = tdbg.watch(model, grad_every=1)  # manual updates: gradients read at probe.step()
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     returned = []
     for _ in range(3):
         model.zero_grad()
@@ -740,14 +775,16 @@ def test_clipping_without_an_optimizer_shows_the_same_pre_clip_norm(runtime_dir:
     reader.close()
 
 
-def test_a_closure_after_accumulated_micro_batches_counts_them_all(runtime_dir: Path) -> None:
+def test_a_closure_after_accumulated_micro_batches_counts_them_all(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """Lightning with accumulate_grad_batches=k: k-1 backward passes outside the step, the last
     inside step(closure); the update's loss is all k of them."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = _data()
     probe = tdbg.watch(model, opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     k = 3
     parts: list[float] = []
 
@@ -769,7 +806,9 @@ def test_a_closure_after_accumulated_micro_batches_counts_them_all(runtime_dir: 
     reader.close()
 
 
-def test_an_optimizer_wrapper_without_hooks_is_unwrapped(runtime_dir: Path) -> None:
+def test_an_optimizer_wrapper_without_hooks_is_unwrapped(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """Accelerate's AcceleratedOptimizer subclasses Optimizer but has no hook tables."""
 
     class Wrapper(torch.optim.Optimizer):
@@ -784,7 +823,7 @@ def test_an_optimizer_wrapper_without_hooks_is_unwrapped(runtime_dir: Path) -> N
     wrapped = Wrapper(inner)
     x, y = _data()
     probe = tdbg.watch(model, wrapped, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     for _ in range(2):
         inner.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
@@ -798,7 +837,7 @@ def test_an_optimizer_wrapper_without_hooks_is_unwrapped(runtime_dir: Path) -> N
 
 
 def test_a_stall_alert_says_where_the_training_thread_is_stuck(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_reader: OpenReader
 ) -> None:
     import threading
 
@@ -808,7 +847,7 @@ def test_a_stall_alert_says_where_the_training_thread_is_stuck(
     monkeypatch.setattr(alerts, "DEFAULT_STALL_RULE", StallRule(min_s=0.3, fast_cap_s=0.3))
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     release = threading.Event()
 
     def next_batch_from_a_hung_loader() -> None:
@@ -921,7 +960,7 @@ def _nan_run(
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x, y = _data()
     probe = tdbg.watch(outer or net, opt, grad_every=grad_every, overhead_budget=budget)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = reader_on(probe)
 
     def train(step: int) -> None:
         if step == K:
@@ -1094,12 +1133,14 @@ def test_an_amp_skipped_update_shows_its_own_loss_not_one_aside(runtime_dir: Pat
     probe.close()
 
 
-def test_a_backward_aside_that_raises_is_taken_back(runtime_dir: Path) -> None:
+def test_a_backward_aside_that_raises_is_taken_back(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """A backward aside from the model that raises (nothing in it requires grad) is taken
     back: a step with no other backward shows no loss, not the failed one's."""
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loop.step(probe)
     with pytest.raises(RuntimeError):
         torch.tensor(3.0).backward()
@@ -1114,6 +1155,7 @@ def test_a_backward_aside_that_raises_is_taken_back(runtime_dir: Path) -> None:
 
 def test_a_nan_loss_in_a_loop_that_runs_the_next_forward_early_names_its_step(
     runtime_dir: Path,
+    probe_reader: OpenReader,
 ) -> None:
     """The next step's forward before ``probe.step()`` (each backward looks aside from the
     step, and is its loss all the same): a forward that overflows at step K to a NaN loss is
@@ -1123,7 +1165,7 @@ def test_a_nan_loss_in_a_loop_that_runs_the_next_forward_early_names_its_step(
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x, y = _data()
     probe = tdbg.watch(net, opt, grad_every=5)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     loss = ((net(x) - y) ** 2).mean()
     for step in range(K + 3):
         opt.zero_grad()
@@ -1154,7 +1196,7 @@ def test_a_weight_set_by_other_code_is_told_from_an_update(runtime_dir: Path) ->
 
 @pytest.mark.parametrize("grad_every", [1, 5])
 def test_a_grad_scaler_skip_is_routine_and_a_later_nan_still_gets_its_origin(
-    runtime_dir: Path, grad_every: int
+    runtime_dir: Path, grad_every: int, probe_reader: OpenReader
 ) -> None:
     """AMP: at a high scale the scaled gradients overflow and GradScaler skips the update and
     lowers the scale — routine, not a NaN: no error, no origin, no hunt; the skip is counted.
@@ -1164,7 +1206,7 @@ def test_a_grad_scaler_skip_is_routine_and_a_later_nan_still_gets_its_origin(
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     x, y = _data()
     probe = tdbg.watch(net, opt, grad_every=grad_every)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     skip, nan_at = 3, 8
     for step in range(12):
         if step == nan_at:
@@ -1199,7 +1241,9 @@ def test_a_grad_scaler_skip_is_routine_and_a_later_nan_still_gets_its_origin(
     probe.close()
 
 
-def test_the_hunt_headline_names_a_layer_of_the_second_model(runtime_dir: Path) -> None:
+def test_the_hunt_headline_names_a_layer_of_the_second_model(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """With several models the layers are named with their model's prefix ("netD.0"): the
     hunt's headline still says what module class it is (it was looked up in the first model,
     without the prefix, and came out None)."""
@@ -1208,7 +1252,7 @@ def test_the_hunt_headline_names_a_layer_of_the_second_model(runtime_dir: Path) 
     optD = torch.optim.SGD(netD.parameters(), lr=0.01)
     x, y = _data()
     probe = tdbg.watch([netG, netD], [optG, optD], grad_every=1)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
 
     def train(step: int) -> None:
         if step == K:
@@ -1230,12 +1274,14 @@ def test_the_hunt_headline_names_a_layer_of_the_second_model(runtime_dir: Path) 
     probe.close()
 
 
-def test_skip_nonfinite_keeps_the_model_intact_and_names_the_origin(runtime_dir: Path) -> None:
+def test_skip_nonfinite_keeps_the_model_intact_and_names_the_origin(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     net = _origin_net()
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     x, y = _data()
     probe = tdbg.watch(net, opt, grad_every=1, skip_nonfinite=True)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     for step in range(8):
         net.boom.armed = step == 4
         if step == 4:
@@ -1255,7 +1301,9 @@ def test_skip_nonfinite_keeps_the_model_intact_and_names_the_origin(runtime_dir:
     reader.close()
 
 
-def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(runtime_dir: Path) -> None:
+def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(
+    runtime_dir: Path, probe_reader: OpenReader
+) -> None:
     """Skipped updates resolved by the probe thread in one go (a fast loop: many steps a tick)
     each say how many were skipped up to and including their own step, not the count when the
     probe thread got to them (every alert said "5 update(s) skipped so far" before)."""
@@ -1263,7 +1311,7 @@ def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(runtime_dir: Path
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x, y = _data()
     probe = tdbg.watch(net, opt, grad_every=1, skip_nonfinite=True)
-    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    reader = probe_reader(probe)
     server = probe._server
     hold = threading.Event()
     tick = server._tick
@@ -1307,7 +1355,7 @@ def _linear_run(lr: float) -> tuple[torch.nn.Module, Any, torch.Tensor, Any, Rea
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     x = torch.randn(8, 4)
     probe = tdbg.watch(model, opt, grad_every=1)
-    return model, opt, x, probe, Reader(probe.socket_path)  # type: ignore[arg-type]
+    return model, opt, x, probe, reader_on(probe)
 
 
 @pytest.mark.parametrize("aside", ["copy", "unrelated"])

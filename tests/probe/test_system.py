@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Loop, Reader
+from conftest import Loop, OpenReader
 from fake_nvml import fake_pynvml
 
 import tdbg
@@ -75,13 +75,15 @@ def test_no_pynvml_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     assert reader.problem is not None and "pip install nvidia-ml-py" in reader.problem
 
 
-def test_gpu_figures_reach_a_client(runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_figures_reach_a_client(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_reader: OpenReader
+) -> None:
     """The real probe thread samples (faked) NVML and serves it next to host figures."""
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1))
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
     assert probe.socket_path
-    reader = Reader(probe.socket_path)
+    reader = probe_reader(probe)
     loop.run(3, probe)
     reader.wait(lambda r: any(m["gpus"] for m in r.of("system")))
     system = next(m for m in reader.of("system") if m["gpus"])

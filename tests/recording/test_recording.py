@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Loop, Reader, wait_until
+from conftest import Loop, OpenReader, wait_until
 from test_cli import events, run_cli
 
 from tdbg.probe import recorder as recorder_module
@@ -89,14 +89,16 @@ def recorded_steps(path: Path) -> tuple[Recording, list[Any]]:
 # --- recording a real training loop -------------------------------------------------------
 
 
-def test_recording_equals_what_a_live_client_got(runtime_dir: Path, tmp_path: Path) -> None:
+def test_recording_equals_what_a_live_client_got(
+    runtime_dir: Path, tmp_path: Path, probe_reader: OpenReader
+) -> None:
     import tdbg
 
     loop = Loop()
     path = tmp_path / "run.tdbgrec"
     probe = tdbg.watch(loop.model, loop.opt, grad_every=2, record=path)
     assert probe.socket_path is not None
-    reader = Reader(probe.socket_path)
+    reader = probe_reader(probe)
     reader.wait(lambda r: r.of("synced"))
     loop.run(60, probe)
     reader.wait(lambda r: len(r.records()) == 60)
@@ -665,7 +667,7 @@ def test_a_temp_file_left_by_a_killed_compaction_is_removed_by_the_next_run(
 
 
 def test_recording_while_a_client_reads_keeps_live_frames_unchanged(
-    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, probe_reader: OpenReader
 ) -> None:
     """Thinning applies to the file only, by compactions on the sampler thread: a live client
     still gets every sampled row, and the file keeps every step."""
@@ -678,7 +680,7 @@ def test_recording_while_a_client_reads_keeps_live_frames_unchanged(
     recorder = probe._server.recorder
     assert isinstance(recorder, Recorder) and recorder.bounds == tiny
     assert probe.socket_path is not None
-    reader = Reader(probe.socket_path)
+    reader = probe_reader(probe)
     reader.wait(lambda r: r.of("synced"))
     for burst in range(1, 9):
         loop.run(40, probe)
