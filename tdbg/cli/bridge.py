@@ -17,14 +17,8 @@ from tdbg import __version__
 from tdbg.cli.bridge_job import serve_job
 from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_ERROR, EXIT_NO_RUN, exit_code
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
-from tdbg.connect.targets import (
-    LocalSocket,
-    Recording,
-    TargetError,
-    only_run,
-    recording_error,
-    resolve,
-)
+from tdbg.connect.target_errors import TargetError, recording_error
+from tdbg.connect.targets import LocalSocket, Recording, only_run, resolve
 from tdbg.connect.waiting import wait_set
 from tdbg.protocol.framing import PROTO_MAX, PROTO_MIN
 

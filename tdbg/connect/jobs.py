@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from tdbg.connect.runtime import RunEntry
-from tdbg.connect.targets import TargetError
+from tdbg.connect.target_errors import TargetError
 
 SHOWN = 4  # jobs named in the "several jobs" refusal
 

@@ -1,12 +1,12 @@
-"""What a TARGET names (``resolve``), attaching to it (``attach``), and the one wording per error.
+"""What a TARGET names (``resolve``) and attaching to it (``attach``).
 
 A TARGET is what a user types after ``tdbg dump``, ``tdbg profile``, ``tdbg-tui`` or
 ``tdbg bridge --socket``: a socket path, a run's ``.json`` metadata, a runtime directory, a
 run's name or pid (looked up in the runtime directory), a recording file, an
 ``ssh://[user@]host[:port][/path]`` URL, or nothing (the only local run, or wait for one).
 Every entry point asks ``resolve`` and dispatches on the kind it returns; every way a TARGET
-can name no run is a ``TargetError`` worded here, so the CLI, the TUI and the bridge say the
-same thing for the same mistake.
+can name no run is a ``TargetError`` worded once in ``target_errors``, so the CLI, the TUI and
+the bridge say the same thing for the same mistake.
 """
 
 from __future__ import annotations
@@ -18,11 +18,21 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from tdbg.connect.client import ConnectError, ProbeClient
+from tdbg.connect.client import ProbeClient
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 from tdbg.connect.sshurl import SshTarget, SshUrlError, is_ssh_url, parse_ssh_url
+from tdbg.connect.target_errors import (
+    TargetError,
+    bad_metadata_error,
+    empty_error,
+    missing_error,
+    no_run_error,
+    not_a_run_file_error,
+    recording_error,
+    several_error,
+)
 from tdbg.recording.reader import is_recording
 
 if TYPE_CHECKING:
@@ -33,20 +43,7 @@ TARGET_HELP = (
     "or ssh://[user@]host[:port][/path]"
 )
 
-# Why a TARGET names no run; the bridge turns these into its exit codes (bridge_contract.py).
-Reason = Literal["invalid", "missing", "no_run", "several", "recording"]
-
 POLL_INTERVAL = 0.2  # seconds between looks at the runtime directory while waiting for a run
-SHOWN = 4  # runs named in a "several runs" error
-
-
-class TargetError(ConnectError):
-    """A TARGET names no run we can attach to; ``str()`` is the one line the user sees (exit
-    code 2) and ``reason`` says which case it is."""
-
-    def __init__(self, message: str, reason: Reason = "invalid") -> None:
-        super().__init__(message)
-        self.reason: Reason = reason
 
 
 @dataclass(frozen=True)
@@ -82,48 +79,6 @@ class Discover:
 
 
 Target = LocalSocket | Recording | Remote | Discover
-
-
-# --- the wordings: one function per error case ----------------------------------------------
-
-
-def empty_error() -> TargetError:
-    return TargetError("TARGET is empty")
-
-
-def missing_error(text: str) -> TargetError:
-    return TargetError(f"no such socket, metadata file, directory or run: {text}", "missing")
-
-
-def no_run_error(directory: Path) -> TargetError:
-    return TargetError(f"no tdbg run found in {directory} (start one with tdbg.watch)", "no_run")
-
-
-def several_error(where: str, entries: Sequence[RunEntry]) -> TargetError:
-    """``where`` is ``in DIR`` or ``named NAME``."""
-    shown = "; ".join(f"{e.socket} ({e.name}, pid {e.pid})" for e in entries[:SHOWN])
-    more = f"; and {len(entries) - SHOWN} more" if len(entries) > SHOWN else ""
-    return TargetError(f"{len(entries)} runs {where}, name one: {shown}{more}", "several")
-
-
-def bad_metadata_error(text: str, why: object) -> TargetError:
-    return TargetError(f"{text} is not a tdbg run metadata file ({why})")
-
-
-def not_a_run_file_error(text: str) -> TargetError:
-    return TargetError(f"{text} is not a tdbg recording, nor a probe's socket")
-
-
-def recording_error(text: str) -> TargetError:
-    return TargetError(
-        f"{text} is a recording: a recording cannot run commands "
-        "(tdbg dump and tdbg-tui replay read it)",
-        "recording",
-    )
-
-
-def not_ssh_error(text: str, hint: str) -> TargetError:
-    return TargetError(f"{text!r}: {hint}")
 
 
 # --- resolving ------------------------------------------------------------------------------
@@ -219,7 +174,7 @@ def resolve_nodes(texts: Sequence[str], hint: str) -> list[SshTarget]:
     """Several TARGETs that must all be ``ssh://`` nodes (``tdbg-tui URL URL``, ``tdbg ls
     URL``), brace ranges expanded (``ssh://gpu{01..08}``); TargetError naming the first one that
     is not, ``hint`` saying why they must be. Every one is checked before any ssh starts."""
-    from tdbg.connect.nodes import node_targets  # it words its errors with this module's
+    from tdbg.connect.nodes import node_targets  # brace ranges and hostfiles live there
 
     return node_targets(texts, hint=hint)
 

@@ -21,12 +21,12 @@ from tdbg.cli import main as cli
 from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_ERROR, EXIT_NO_RUN, EXIT_SEVERAL
 from tdbg.connect.runtime import RunEntry, write_private_json
 from tdbg.connect.sshurl import SshTarget
+from tdbg.connect.target_errors import TargetError
 from tdbg.connect.targets import (
     Discover,
     LocalSocket,
     Recording,
     Remote,
-    TargetError,
     attach,
     resolve,
     resolve_nodes,
