@@ -153,13 +153,12 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     extra = list(getattr(args, "extra_targets", None) or [])
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
         return replay_main(extra)
-    from tdbg.tui.app import launch  # textual is loaded only for the TUI (and its replay)
-    from tdbg.tui.job_app import launch_job, launch_nodes
+    from tdbg.cli.launch import launch, launch_job, launch_nodes  # textual: for the TUI only
 
     recordings = _job_recordings(args.job, [str(args.target or ""), *map(str, extra)])
     if recordings:  # `--job DIR` or `--job A.rank0.tdbg B.rank1.tdbg`: a job replayed
+        from tdbg.cli.launch import launch_job_replay
         from tdbg.recording.reader import RecordingError
-        from tdbg.tui.job_app import launch_job_replay
 
         try:
             return launch_job_replay(recordings)

@@ -508,7 +508,7 @@ def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
 
     def open_it() -> None:
         try:
-            source.open(lambda kind, data: None)
+            source.open(lambda message: None)
             outcome.append(None)
         except BaseException as exc:
             outcome.append(exc)

@@ -9,8 +9,9 @@ import pytest
 from processes import torchrun_job
 from waiting import wait_for
 
+from tdbg.connect.jobs import local_job
 from tdbg.tui.app import screen_text
-from tdbg.tui.job_app import JobApp, local_job
+from tdbg.tui.job_app import JobApp
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.job_profile import JobProfileScreen
 from tdbg.tui.sources.job import JobSource
