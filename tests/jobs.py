@@ -35,8 +35,11 @@ def _started(
 
 
 def pretend_rank(
-    runtime: Path, job: str, number: int, world: int
+    runtime: Path, job: str, number: int, world: int, name: str | None = None
 ) -> AbstractContextManager[subprocess.Popen[bytes]]:
-    """Rank ``number`` of job ``job`` as tests/job_rank.py plays it, serving in ``runtime``."""
+    """Rank ``number`` of job ``job`` as tests/job_rank.py plays it, serving in ``runtime``;
+    ``name``: the run's name (default ``rankN``), as torchrun's ranks share the script's."""
     argv = [sys.executable, str(RANK_SCRIPT), job, str(number), str(world)]
+    if name is not None:
+        argv.append(name)
     return _started(argv, {"TDBG_RUNTIME_DIR": str(runtime)})

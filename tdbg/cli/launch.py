@@ -11,7 +11,7 @@ from textual.app import App
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.jobs import local_job
 from tdbg.connect.runtime import discover
-from tdbg.connect.targets import Discover, LocalSocket, Recording, Remote, Target, resolve
+from tdbg.connect.targets import Discover, Job, LocalSocket, Recording, Remote, Target, resolve
 from tdbg.model.job_replay import replay_job
 from tdbg.recording.reader import RecordingError
 from tdbg.tui.app import make_app
@@ -37,59 +37,78 @@ def _run(app: App[int], source: Stoppable | None = None) -> int:
     return int(result or app.return_code or 0)
 
 
+def app_for(
+    target: str | None,
+    more: Sequence[str] = (),
+    ssh_options: Sequence[str] = (),
+    remote_tdbg: str = "tdbg",
+) -> tuple[App[int], Stoppable | None]:
+    """The app ``tdbg-tui [TARGET | URL [URL ...]]`` shows, and the source to close after it.
+
+    The first connection is made here, before the App starts, so that a wrong path, a socket
+    that is not tdbg or a version mismatch is one line (ConnectError; RecordingError for a
+    recording that is not one). ``ssh://`` targets (several: one per node) are listed here over
+    ssh for the same reason. A recording opens the replay; the name the ranks of one job share,
+    the job screen (as ``--job JOB``).
+    """
+    texts = [t for t in (target, *more) if t is not None]
+    if len(texts) > 1:  # several: one per node, all ssh://
+        resolved: Target | None = None
+    else:
+        resolved = resolve(texts[0] if texts else None)  # --host URL alone counts too
+    source: Source
+    if resolved is None or isinstance(resolved, Remote):
+        from tdbg.tui.sources.remote import remote_source  # ssh machinery only when asked
+
+        source = remote_source(texts, ssh_options, remote_tdbg)
+    elif isinstance(resolved, Recording):
+        return ReplayApp(load(texts[0])), None
+    elif isinstance(resolved, Job):
+        job_source = JobSource(resolved.job)
+        return JobApp(job_source), job_source
+    elif isinstance(resolved, Discover):
+        source = DiscoverySource(resolved.directory)
+        entries = discover(resolved.directory)
+        if len(entries) == 1:
+            try:
+                source = SocketSource(client=ProbeClient.connect(entries[0].socket))
+            except ConnectError:
+                pass  # it may be going away; discovery keeps looking
+    else:
+        assert isinstance(resolved, LocalSocket)
+        client = ProbeClient.connect(resolved.path)
+        source = SocketSource(client=client, directory=resolved.path.parent)
+    return make_app(source), source
+
+
 def launch(
     target: str | None,
     more: Sequence[str] = (),
     ssh_options: Sequence[str] = (),
     remote_tdbg: str = "tdbg",
 ) -> int:
-    """``tdbg-tui [TARGET | URL [URL ...]]``: attach, run the app, return the exit code.
-
-    The first connection is made here, before the App starts, so that a wrong path, a socket
-    that is not tdbg or a version mismatch is one plain line on stderr and exit code 2.
-    ``ssh://`` targets (several: one per node) are listed here over ssh for the same reason.
-    A recording opens the replay.
-    """
-    source: Source
-    texts = [t for t in (target, *more) if t is not None]
+    """``tdbg-tui [TARGET | URL [URL ...]]``: the app for the TARGETs (``app_for``) until the
+    user quits; its exit code, or one line on stderr and exit code 2 when it cannot start."""
     try:
-        if len(texts) > 1:  # several: one per node, all ssh://
-            resolved: Target | None = None
-        else:
-            resolved = resolve(texts[0] if texts else None)  # --host URL alone counts too
-        if resolved is None or isinstance(resolved, Remote):
-            from tdbg.tui.sources.remote import remote_source  # ssh machinery only when asked
-
-            source = remote_source(texts, ssh_options, remote_tdbg)
-        elif isinstance(resolved, Recording):
-            return run_replay(texts[0])
-        elif isinstance(resolved, Discover):
-            source = DiscoverySource(resolved.directory)
-            entries = discover(resolved.directory)
-            if len(entries) == 1:
-                try:
-                    source = SocketSource(client=ProbeClient.connect(entries[0].socket))
-                except ConnectError:
-                    pass  # it may be going away; discovery keeps looking
-        else:
-            assert isinstance(resolved, LocalSocket)
-            client = ProbeClient.connect(resolved.path)
-            source = SocketSource(client=client, directory=resolved.path.parent)
-    except ConnectError as exc:
+        app, source = app_for(target, more, ssh_options, remote_tdbg)
+    except (ConnectError, RecordingError) as exc:
         return error(str(exc))
-    return _run(make_app(source), source)
+    code = _run(app, source)
+    if isinstance(app, ReplayApp) and app.timeline.note:
+        print(f"tdbg-tui: {app.timeline.note}", file=sys.stderr)
+    return code
 
 
 def run_replay(path: str) -> int:
     """``tdbg-tui replay FILE``: show the recording at ``path`` until the user quits; one line
     on stderr and exit code 2 when it is not a recording. The caller parses the command line."""
     try:
-        timeline = load(path)
+        app = ReplayApp(load(path))
     except RecordingError as exc:
         return error(str(exc))
-    code = _run(ReplayApp(timeline))
-    if timeline.note:
-        print(f"tdbg-tui: {timeline.note}", file=sys.stderr)
+    code = _run(app)
+    if app.timeline.note:
+        print(f"tdbg-tui: {app.timeline.note}", file=sys.stderr)
     return code
 
 

@@ -3,7 +3,8 @@
 A TARGET is what a user types after ``tdbg dump``, ``tdbg profile``, ``tdbg-tui`` or
 ``tdbg bridge --socket``: a socket path, a run's ``.json`` metadata, a runtime directory, a
 run's name or pid (looked up in the runtime directory), a recording file, an
-``ssh://[user@]host[:port][/path]`` URL, or nothing (the only local run, or wait for one).
+``ssh://[user@]host[:port][/path]`` URL, or nothing (the only local run, or wait for one). A
+name that the ranks of one distributed job share names that job (``Job``).
 Every entry point asks ``resolve`` and dispatches on the kind it returns; every way a TARGET
 can name no run is a ``TargetError`` worded once in ``target_errors``, so the CLI, the TUI and
 the bridge say the same thing for the same mistake.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tdbg.connect.client import ProbeClient
+from tdbg.connect.jobs import job_of
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 from tdbg.connect.sshurl import SshTarget, SshUrlError, is_ssh_url, parse_ssh_url
 from tdbg.connect.target_errors import (
@@ -71,6 +73,15 @@ class Remote:
 
 
 @dataclass(frozen=True)
+class Job:
+    """A bare name that the live ranks of one distributed job share (torchrun starts every
+    rank of a script under one name): the user means the job, as ``--job JOB`` names it."""
+
+    job: str
+    entries: tuple[RunEntry, ...]
+
+
+@dataclass(frozen=True)
 class Discover:
     """No TARGET: the only live run in ``directory`` (default: the runtime directory), a
     choice among several, or a wait for one to start: the caller decides which."""
@@ -78,7 +89,7 @@ class Discover:
     directory: Path | None = None
 
 
-Target = LocalSocket | Recording | Remote | Discover
+Target = LocalSocket | Recording | Remote | Job | Discover
 
 
 # --- resolving ------------------------------------------------------------------------------
@@ -158,14 +169,17 @@ def _entry_of(socket: Path) -> RunEntry | None:
     return None
 
 
-def _by_name(text: str) -> LocalSocket:
+def _by_name(text: str) -> LocalSocket | Job:
     if text.isdigit():
         found = [e for e in discover() if e.pid == int(text)]
     else:
         found = [e for e in discover() if e.name == text]
     if len(found) == 1:
         return LocalSocket(found[0].socket, found[0])
-    if found:
+    jobs = {job_of(e) for e in found}
+    if len(jobs) == 1 and None not in jobs:  # every run of that name is a rank of one job
+        return Job(str(jobs.pop()), tuple(found))
+    if found:  # unrelated runs, or ranks of several jobs: the user names one
         raise several_error(f"named {text}", found)
     raise missing_error(text)
 
@@ -194,6 +208,8 @@ def attach(
     ``text`` is the TARGET as typed, for the error about a recording."""
     if isinstance(target, Recording):
         raise recording_error(text if text is not None else str(target.path))
+    if isinstance(target, Job):  # a command that serves a job asks before attaching
+        raise several_error(f"named {text or target.job}", target.entries)
     if isinstance(target, Remote):
         from tdbg.connect.ssh import RemoteOptions, connect  # the ssh machinery only when asked
 
