@@ -117,6 +117,12 @@ def fmt_percent(fraction: object, spec: str = ".1f") -> str:
     return f"{100 * v:{spec}}"
 
 
+def fmt_pct(fraction: object, spec: str = ".1f") -> str:
+    """A fraction 0-1 as a percentage with its sign: ``51.0%``; ``n/a`` when missing."""
+    text = fmt_percent(fraction, spec)
+    return text if text == NA else f"{text}%"
+
+
 def fmt_span(seconds: object) -> str:
     """A short span as people say it: ``45s``, ``1m03s``, ``2h05m``; ``n/a`` when unknown."""
     v = number(seconds)

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waiting import TIMEOUT, wait_until
+
+# The suite mirrors the package (tests/probe, tests/tui, ...) without __init__ files: pytest puts
+# each test's own folder on sys.path as it collects it, and this puts them all there first, so a
+# test that borrows another folder's helper (the TUI's replay tests record as the recording
+# tests do) imports it whichever subset runs.
+_TESTS = Path(__file__).resolve().parent
+sys.path[1:1] = [str(d) for d in sorted(_TESTS.iterdir()) if any(d.glob("test_*.py"))]
+
+from waiting import TIMEOUT, wait_until  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:

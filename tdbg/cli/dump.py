@@ -6,14 +6,17 @@ import json
 import math
 import sys
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.connect.client import ProbeClient
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics, read_result
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording, open_recording
+
+if TYPE_CHECKING:  # numpy: loaded by `dump --job` only, which judges the job
+    from tdbg.model.job_alerts import JobAlert
 
 
 def finite(value: Any) -> Any:
@@ -168,8 +171,13 @@ def activations_event(msg: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str, Any]]:
-    """Translate the wire into the documented JSON events (see docs/dump.md)."""
+def dump_events(
+    client: ProbeClient,
+    timeout: float | None,
+    tap: Callable[[dict[str, Any]], None] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Translate the wire into the documented JSON events (see docs/dump.md); ``tap`` sees each
+    wire message first (``--job`` folds them into the job's model to judge it)."""
     hello: dict[str, Any] = {
         "type": "hello",
         "run": client.run,
@@ -177,7 +185,10 @@ def dump_events(client: ProbeClient, timeout: float | None) -> Iterator[dict[str
         "server_version": client.welcome.get("server_version"),
     }
     deadline = None if timeout is None else time.monotonic() + timeout
-    ended = yield from _ranked(message_events(_messages_until(client, deadline), hello), client.run)
+    messages = _messages_until(client, deadline)
+    if tap is not None:
+        messages = _tapped(messages, tap)
+    ended = yield from _ranked(message_events(messages, hello), client.run)
     if not ended:
         timed_out = deadline is not None and time.monotonic() >= deadline
         yield {"type": "end", "reason": "timeout" if timed_out else "disconnected"}
@@ -297,6 +308,44 @@ def message_events(
     if hello and always_hello:  # a recording without messages still says which run it was
         yield hello
     return False
+
+
+def _tapped(
+    messages: Iterator[dict[str, Any]], tap: Callable[[dict[str, Any]], None]
+) -> Iterator[dict[str, Any]]:
+    for msg in messages:
+        tap(msg)
+        yield msg
+
+
+def job_alert_event(alert: JobAlert, job: str, history: bool) -> dict[str, Any]:
+    """A ``job_alert`` event: a finding about the whole job (a straggler, diverged ranks, NaN on
+    some ranks, a hang) raised once it holds, or ``cleared`` once it is gone, as the TUI's job
+    screen shows it; ``history`` while some rank was still replaying what came before."""
+    finding = alert.finding
+    event: dict[str, Any] = {
+        "type": "job_alert",
+        "job": job,
+        "kind": alert.kind,
+        "severity": alert.severity,
+        "ranks": list(alert.ranks),
+        "step": alert.step,
+        "time": alert.time,
+        "message": alert.message,
+        "layers": list(finding.layers),
+        "cleared": alert.cleared,
+    }
+    if finding.phase is not None:
+        event["phase"] = finding.phase
+    if finding.slower_by is not None:
+        event["slower_by"] = finite(finding.slower_by)
+    if finding.collective is not None:
+        event["collective"] = finite_tree(finding.collective)
+    if finding.stacks:
+        event["stacks"] = {str(rank): text for rank, text in finding.stacks.items()}
+    if history:
+        event["history"] = True
+    return event
 
 
 def _messages_until(client: ProbeClient, deadline: float | None) -> Iterator[dict[str, Any]]:

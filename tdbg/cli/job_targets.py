@@ -8,6 +8,8 @@ import json
 import queue
 import sys
 import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from tdbg.cli.dump import Window, dump_events, windowed
@@ -76,13 +78,25 @@ def rank_of(entry: RunEntry) -> int:
     return int(entry.meta.get("rank") or 0)
 
 
+JUDGE_SECONDS = 0.25  # the job is judged at most this often (as the job screen repaints)
+
+
 def dump_job(args: argparse.Namespace, out: TextIO) -> int:
     """Every reachable rank's events (each with its ``rank``), interleaved as they arrive, the
     window (``--last``, ``--count``, ``--follow``) applied per rank; done when every rank is.
+    The job is judged as its screen judges it (stragglers, diverged ranks, NaN on some ranks,
+    hangs: tdbg.model.job_alerts) and each finding raised or cleared is a ``job_alert`` event.
     A rank that cannot be reached is one line on stderr and the others are still dumped (as
     ``profile --job`` does); exit 2 only when no rank could be reached."""
-    entries = job_entries_for(args, [args.target] if args.target is not None else [])
     window = Window.of(args.follow, args.last, args.count)
+    for event in job_events(args, window):
+        _write(out, event)
+    return 0
+
+
+def job_events(args: argparse.Namespace, window: Window) -> Iterator[dict[str, Any]]:
+    """``dump --job``'s events as they arrive (``tdbg alerts --job`` reads them too)."""
+    entries = job_entries_for(args, [args.target] if args.target is not None else [])
     events: RankEvents = queue.Queue()
     clients = []
     try:
@@ -94,8 +108,13 @@ def dump_job(args: argparse.Namespace, out: TextIO) -> int:
                 say_rank_failed(rank_of(entry), str(exc) or type(exc).__name__)
         if not clients:
             raise CliError(f"no rank of job {args.job} could be reached")
+        judge = _JobJudge(str(args.job), window.history)
         threads = [
-            threading.Thread(target=_read_rank, args=(c, args.timeout, window, events), daemon=True)
+            threading.Thread(
+                target=_read_rank,
+                args=(c, args.timeout, window, events, judge.tap(c.run)),
+                daemon=True,
+            )
             for c in clients
         ]
         for thread in threads:
@@ -105,18 +124,87 @@ def dump_job(args: argparse.Namespace, out: TextIO) -> int:
             event = next_item(events)  # a Ctrl-C on any thread stops a stalled job's dump
             if event is None:
                 done += 1
-                continue
-            out.write(json.dumps(event, separators=(",", ":")) + "\n")
-            out.flush()
+            else:
+                yield event
+            yield from judge.judge(final=done == len(threads))
     finally:
         for client in clients:
             client.close()
-    return 0
 
 
-def _read_rank(client: Any, timeout: float | None, window: Window, events: RankEvents) -> None:
+def _write(out: TextIO, event: dict[str, Any]) -> None:
+    out.write(json.dumps(event, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+class _JobJudge:
+    """The job's model as ``dump --job`` reads it: each rank's RunState, folded on its reader
+    thread, judged on the main thread by the same rules as the TUI's job screen."""
+
+    def __init__(self, job: str, history: bool) -> None:
+        from tdbg.model.job import Job  # numpy: loaded by `dump --job` only
+        from tdbg.model.job_alerts import JobAlerts
+
+        self.job = job
+        self.history = history  # the window prints history: findings judged on it are printed
+        self.model = Job(job, {})
+        self.alerts = JobAlerts()
+        self.lock = threading.Lock()
+        self.replaying: set[int] = set()  # ranks still sending their history
+        # Ranks whose history has all arrived but has not been judged as history yet: the
+        # next judgement (at once, whatever the throttle) still counts it as history.
+        self.synced: set[int] = set()
+        self.judged_at = 0.0
+
+    def tap(self, run: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+        """What a rank's reader thread calls with each of its wire messages."""
+        from tdbg.model.run_state import RunState
+
+        rank = int(run.get("rank") or 0)
+        state = RunState(run)
+        state.mark("live")
+        with self.lock:
+            self.model.ranks[rank] = state
+            self.model.ranks = dict(sorted(self.model.ranks.items()))
+            self.replaying.add(rank)
+
+        def fold(message: dict[str, Any]) -> None:
+            with self.lock:
+                state.apply(message)
+                if message.get("type") in ("synced", "bye"):
+                    self.synced.add(rank)
+                if message.get("type") == "bye":
+                    state.mark("ended", str(message.get("reason") or "closed"))
+
+        return fold
+
+    def judge(self, final: bool = False) -> list[dict[str, Any]]:
+        """The job alerts raised or cleared since the last judgement, as events (at most every
+        JUDGE_SECONDS, and once more at the end)."""
+        from tdbg.cli.dump import job_alert_event
+
+        now = time.monotonic()
+        with self.lock:
+            if not (final or self.synced & self.replaying) and now - self.judged_at < JUDGE_SECONDS:
+                return []
+            self.judged_at = now
+            history = bool(self.replaying)
+            changed = self.alerts.update(self.model)
+            self.replaying -= self.synced
+        if history and not self.history:
+            return []  # --follow: what the ranks' histories held is not news
+        return [job_alert_event(a, self.job, history) for a in changed]
+
+
+def _read_rank(
+    client: Any,
+    timeout: float | None,
+    window: Window,
+    events: RankEvents,
+    tap: Callable[[dict[str, Any]], None],
+) -> None:
     try:
-        for event in windowed(dump_events(client, timeout), window):
+        for event in windowed(dump_events(client, timeout, tap), window):
             events.put(event)
     except Exception as exc:  # a rank's stream broke: say so in its stream, the others go on
         events.put({"type": "end", "reason": f"error: {exc}", "rank": client.run.get("rank")})

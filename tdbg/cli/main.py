@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tdbg import __version__
+from tdbg.cli.alerts import add_alerts_parser
 from tdbg.cli.args import (
     EXIT_USAGE,
     OneLineParser,
@@ -36,6 +37,7 @@ from tdbg.cli.job_targets import add_job_option, dump_job, job_by_name, job_entr
 from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
+from tdbg.cli.run_report import add_report_parser
 from tdbg.cli.status import add_status_parser
 from tdbg.cli.target_args import (
     TARGET_HELP,
@@ -357,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bridge_parser(sub)
     add_run_parser(sub)
     add_status_parser(sub)
+    add_report_parser(sub)
+    add_alerts_parser(sub)
 
     profile = _job_parser(
         sub,

@@ -6,11 +6,11 @@ import argparse
 import json
 import math
 import sys
-import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
+from tdbg.cli.glance import read_state
 from tdbg.cli.job_targets import (
     add_job_option,
     job_by_name,
@@ -18,10 +18,9 @@ from tdbg.cli.job_targets import (
     rank_of,
     say_rank_failed,
 )
-from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target, target_arg
+from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
-from tdbg.connect.targets import Recording, resolve
 from tdbg.format import fmt, fmt_count, fmt_loss, fmt_rate
 from tdbg.protocol.framing import ProtocolError
 
@@ -41,14 +40,21 @@ def add_status_parser(sub: Any) -> None:
         description=(
             "One line per run: its name, step, loss, steps/s, a health verdict (live, stalled, "
             "non-finite, input-bound, ended, probe off) and its alert count. Without TARGET, "
-            "every run on this machine. Exit status: 0 all healthy (a run that ended cleanly "
-            "counts as healthy), 1 one or more unhealthy (with --job: or a rank that cannot be "
-            "reached, named on stderr), 2 no run (no rank reached) or bad arguments."
+            "every run on this machine. Exit status: 0 no trouble (a run that ended cleanly, and "
+            "warnings such as input-bound or a straggler, count as no trouble unless --strict), "
+            "1 trouble: stalled, non-finite, dead (exited with an error, killed), probe off, "
+            "diverged or hung ranks (with --job: or a rank that cannot be reached, named on "
+            "stderr), 2 no run (no rank reached) or bad arguments."
         ),
     )
     p.add_argument("targets", nargs="*", type=target_arg, metavar="TARGET", help=TARGET_HELP)
     add_remote_options(p)
     p.add_argument("--json", action="store_true", help="one JSON object per run")
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on warnings too (input-bound, a straggler), not only on trouble",
+    )
     add_job_option(p, "the lines")
     p.add_argument(
         "--timeout",
@@ -74,12 +80,13 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
             raise CliError(f"no tdbg runs in {runtime_dir()}")
         texts = [str(e.socket) for e in entries]
     from tdbg.model.job import Job
+    from tdbg.model.job_alerts import finding_level
 
     worst = 0
     states = []
     for text in texts:
         try:
-            states.append(_read(text, args))
+            states.append(read_state(text, args))
         except (CliError, ConnectError, ProtocolError, OSError) as exc:
             why = str(exc) or type(exc).__name__
             if text in ranks:  # a rank of the job: named, the job's line counts it missing
@@ -94,7 +101,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     for state in single:
         health = assess(state)
         out.write(_line(state, health, args.json))
-        if not health.healthy:
+        if _fails(health.level, args.strict):
             worst = max(worst, EXIT_UNHEALTHY)
     for job in jobs:
         # A distributed job: its ranks (compared with each other here, outside the job),
@@ -109,7 +116,12 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                         "world_size": job.world_size,
                         "missing_ranks": missing,
                         "findings": [
-                            {"kind": f.kind, "ranks": f.ranks, "message": f.message}
+                            {
+                                "kind": f.kind,
+                                "ranks": f.ranks,
+                                "message": f.message,
+                                "level": finding_level(f.kind),
+                            }
                             for f in findings
                         ],
                     }
@@ -123,41 +135,21 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         for state in job.ranks.values():
             health = assess(state)
             out.write(_line(state, health, args.json, prefix="  "))
-            if not health.healthy:
+            if _fails(health.level, args.strict):
                 worst = max(worst, EXIT_UNHEALTHY)
         if not args.json:
             for finding in findings:
                 out.write(f"  {finding.kind}: {finding.message}\n")
-        if findings:
+        if any(_fails(finding_level(f.kind), args.strict) for f in findings):
             worst = max(worst, EXIT_UNHEALTHY)
     out.flush()
     return worst
 
 
-def _read(text: str, args: argparse.Namespace) -> RunState:
-    """A run's state from its history (a live run: until ``synced``; a recording: whole)."""
-    from tdbg.model.run_state import RunState
-
-    target = resolve(text)
-    state = RunState()
-    if isinstance(target, Recording):
-        from tdbg.recording.reader import Recording as RecordingFile
-        from tdbg.recording.reader import RecordingError
-
-        try:
-            recording = RecordingFile(target.path)
-            state.run = dict(recording.run)
-            state.apply_many(recording.messages())
-        except RecordingError as exc:
-            raise CliError(str(exc)) from None
-        state.mark("ended", "shutdown" if recording.ended else "killed")
-        return state
-    client = attach_target(target, text, args.timeout, args)
-    try:
-        state.read_history(client, time.monotonic() + args.timeout)
-    finally:
-        client.close()
-    return state
+def _fails(level: str, strict: bool) -> bool:
+    """Whether a verdict of ``level`` makes the exit status 1: trouble always, a warning only
+    with --strict."""
+    return level == "bad" or (strict and level == "warn")
 
 
 def _line(state: RunState, health: Health, as_json: bool, prefix: str = "") -> str:

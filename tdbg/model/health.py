@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from tdbg.format import fmt_span
-from tdbg.model.run_state import RunState
+from tdbg.model.ending import ending
+from tdbg.model.run_state import Alert, RunState
+from tdbg.protocol.stall import StallRule
 
-STALL_MIN_SECONDS = 5.0  # a step gap shorter than this is never a stall
-STALL_FACTOR = 10.0  # ... nor one shorter than this many recent (median) step times
-# A run that steps at least once a second is called stalled after this gap at most, so the
-# header (re-judged every second) says so within 10 s of the last step; slower runs get
-# STALL_FACTOR of their own step time.
-FAST_STEP_SECONDS = 1.0
-FAST_STALL_SECONDS = 9.0
 RECENT_STEPS = 50
 
 
@@ -32,8 +26,9 @@ class Health:
 
     @property
     def healthy(self) -> bool:
-        """What ``tdbg status`` exits 0 for: nothing wrong (a run that ended cleanly included)."""
-        return self.level in ("ok", "idle")
+        """Nothing wrong: live, starting, ended cleanly — or only a warning (input-bound is a
+        performance trait, not trouble). ``tdbg status`` exits 1 when a run is not healthy."""
+        return self.level != "bad"
 
 
 def assess(state: RunState, now: float | None = None, by_arrival: bool = False) -> Health:
@@ -49,18 +44,20 @@ def assess(state: RunState, now: float | None = None, by_arrival: bool = False) 
     if state.ended or probe.get("closed"):
         last = state.last_step
         at = f" at step {last}" if last is not None else ""
-        return Health("ended", "idle", f"{how_it_ended(state.end_reason)}{at}", None)
+        how = ending(state.end_reason)
+        level = "bad" if how.kind == "dead" else "idle"  # a crash or a kill is trouble
+        return Health("ended", level, f"{how.words}{at}", None)
     if not state.n_steps:
         return Health("starting", "idle", "waiting for the first step", None)
-    start = _nonfinite_since(state)
+    start = state.nonfinite_since
     if start is not None:
         return Health("non-finite", "bad", f"loss non-finite since step {start}", rate)
-    stall = _stall_alert(state)
+    stall = open_stall(state)
     if stall is not None and state.connection == "live":
-        return Health("stalled", "bad", stall, 0.0)
+        return Health("stalled", "bad", stall.message.split(" — ", 1)[0], 0.0)
     arrived = state.steps_arrived if by_arrival and state.steps_arrived else None
     gap = now - (arrived if arrived is not None else float(state.cols["time"].values[-1]))
-    limit = stall_limit(_recent_step_seconds(state))
+    limit = stall_rule(state).limit(_recent_step_seconds(state))
     if state.connection == "live" and gap > limit:
         return Health("stalled", "bad", f"no step for {fmt_span(gap)}", 0.0)
     if state.input_bound:
@@ -69,56 +66,19 @@ def assess(state: RunState, now: float | None = None, by_arrival: bool = False) 
     return Health("live", "ok", "training", rate)
 
 
-# What a run's end reason (the probe's goodbye, or what the reader saw) means, in words.
-END_REASONS = {
-    "shutdown": "clean shutdown",
-    "closed": "probe closed",
-    "slow_consumer": "dropped: this viewer read too slowly",
-    "connection closed": "connection lost with no goodbye (killed or crashed?)",
-}
+def stall_rule(state: RunState) -> StallRule:
+    """The stall rule the run's probe announced in its hello (the defaults for an older one)."""
+    return StallRule.from_wire(state.run.get("stall"))
 
 
-def how_it_ended(reason: str | None) -> str:
-    """``clean shutdown``, ``connection lost with no goodbye ...``, ``exit 1``; a reason's
-    tail after ``; `` (``watching for a restart``) is kept."""
-    core, _, rest = (reason or "closed").partition("; ")
-    words = END_REASONS.get(core, core)
-    return f"{words} · {rest}" if rest else words
-
-
-def stall_limit(step_seconds: float | None) -> float:
-    """How long without a step is a stall, for a run whose recent median step takes
-    ``step_seconds`` (None: not known yet)."""
-    if step_seconds is None or not step_seconds > 0:
-        return FAST_STALL_SECONDS
-    limit = max(STALL_MIN_SECONDS, STALL_FACTOR * step_seconds)
-    if step_seconds <= FAST_STEP_SECONDS:
-        limit = min(limit, FAST_STALL_SECONDS)
-    return limit
-
-
-def _stall_alert(state: RunState) -> str | None:
-    """The probe's own stall alert, while no ``resumed`` came after it: what it said."""
+def open_stall(state: RunState) -> Alert | None:
+    """The probe's own ``stalled`` alert while no ``resumed`` came after it, else None."""
     for alert in state.alerts:  # newest first
         if alert.kind == "resumed":
             return None
         if alert.kind == "stalled":
-            return alert.message.split(" — ", 1)[0]
+            return alert
     return None
-
-
-def _nonfinite_since(state: RunState) -> int | None:
-    """The first step of the trailing run of non-finite losses, or None if the last is finite."""
-    has = state.has_loss.values
-    if not has.any():
-        return None
-    idx = np.flatnonzero(has)
-    losses = state.loss.values[idx]
-    if math.isfinite(float(losses[-1])):
-        return None
-    finite = np.flatnonzero(np.isfinite(losses))
-    first_bad = int(finite[-1]) + 1 if finite.size else 0
-    return int(state.steps.values[idx[first_bad]])
 
 
 def _recent_step_seconds(state: RunState) -> float | None:

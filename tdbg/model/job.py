@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from tdbg.model.health import open_stall
 from tdbg.model.run_state import RunState
 from tdbg.protocol.steps import MAX_PHASE_GAP
 
@@ -273,7 +274,7 @@ class Job:
         ]
 
     def nonfinite_ranks(self) -> list[JobFinding]:
-        bad = [r for r, s in self.ranks.items() if _last_loss_nonfinite(s)]
+        bad = [r for r, s in self.ranks.items() if s.diverged]
         if not bad or len(bad) == len(self.ranks):
             return []
         return [
@@ -305,9 +306,9 @@ class _Stall:
 
 
 def _still_stalled(state: RunState) -> _Stall | None:
-    """The rank's stall, when its newest stall/resume alert is a stall with a collective."""
-    latest = next((a for a in state.alerts if a.kind in ("stalled", "resumed")), None)
-    if latest is None or latest.kind != "stalled" or not latest.collective:
+    """The rank's open stall (the one rule: health.open_stall), when it names a collective."""
+    latest = open_stall(state)
+    if latest is None or not latest.collective:
         return None
     collective = latest.collective
     seq = collective.get("seq")
@@ -330,11 +331,6 @@ def _grad_rows(state: RunState) -> dict[int, np.ndarray]:
     """The newest sampled per-layer rows, by step (enough to find a step every rank sampled)."""
     steps, rows = state.grads.recent_steps(RECENT), state.grads.recent(RECENT)
     return {int(step): row for step, row in zip(steps, rows, strict=True)}
-
-
-def _last_loss_nonfinite(state: RunState) -> bool:
-    loss = state.last_loss
-    return loss is not None and not math.isfinite(loss)
 
 
 def _recent_median(state: RunState, column: str) -> float | None:

@@ -28,6 +28,12 @@ MAX_EVENTS = 200  # raised and cleared alerts kept, newest first
 SEVERITY = {"straggler": "warning", "rank_divergence": "error", "hang": "error"}
 
 
+def finding_level(kind: str) -> str:
+    """A job finding as a verdict level (health.Health.level): a straggler costs time and is a
+    warning; diverged ranks, NaN on some ranks and a hang are trouble."""
+    return "warn" if kind == "straggler" else "bad"
+
+
 @dataclass
 class JobAlert:
     """One live job alert: a finding that held, until it clears."""

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tdbg.model.ending import ended_words
+from tdbg.model.health import assess
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.run_state import RunState
@@ -34,12 +36,12 @@ class RankRow:
     state: str = "live"  # live | stalled | ended | dead: <exit status> | lost (``ended_words``)
 
 
-def rank_rows(job: Job, alerts: JobAlerts) -> list[RankRow]:
+def rank_rows(job: Job, alerts: JobAlerts, now: float | None = None) -> list[RankRow]:
     """Every rank seen, worst first: ranks with job alerts (a hang, then divergence, then a
     straggler), then ranks that ended or stalled, then ranks over 5 % slower than the job's
     median (own work a step), slowest first, then the rest in rank order."""
     flagged = alerts.ranks_alerted()
-    rows = [_row(rank, state, flagged.get(rank, [])) for rank, state in job.ranks.items()]
+    rows = [_row(rank, state, flagged.get(rank, []), now) for rank, state in job.ranks.items()]
     busy = {m.rank: m.busy for m in job.straggler_measures()}
     typical = float(np.percentile(list(busy.values()), 50, method="lower")) if busy else 0.0
 
@@ -55,14 +57,14 @@ def rank_rows(job: Job, alerts: JobAlerts) -> list[RankRow]:
     return sorted(rows, key=badness)
 
 
-def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
+def _row(rank: int, state: RunState, alerts: list[str], now: float | None) -> RankRow:
     mean = state.mean_recent
     grad = state.grad_total.values
     grad_total = float(grad[-1]) if grad.size else None
     status = "live"
     if state.ended:
         status = ended_words(state.end_reason)
-    elif any(a.kind == "stalled" for a in list(state.alerts)[:1]):
+    elif assess(state, now, by_arrival=True).word == "stalled":  # its own screen's verdict
         status = "stalled"
     return RankRow(
         rank=rank,
@@ -81,18 +83,6 @@ def _row(rank: int, state: RunState, alerts: list[str]) -> RankRow:
         alerts=sorted(alerts, key=lambda k: SEVERITY_ORDER.get(k, 3)),
         state=status,
     )
-
-
-def ended_words(reason: str | None) -> str:
-    """How a rank ended, for its row: ``dead: killed by SIGKILL`` / ``dead: exit 1: ...`` when
-    its exit is known (the probe's goodbye, or its exit status), ``lost`` when its connection
-    ended without a word, ``ended`` for a probe that closed normally."""
-    reason = reason or ""
-    if reason.startswith(("exit ", "killed by ")):
-        return f"dead: {reason}"
-    if reason.startswith("connection"):
-        return "lost"
-    return f"ended ({reason})" if reason and reason != "shutdown" else "ended"
 
 
 def _memory(state: RunState) -> int | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time as _time
 import warnings
-from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -13,24 +12,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-# The formatters live in tdbg.format (shared with the CLI); re-exported for older imports.
-from tdbg.format import fmt as fmt
-from tdbg.format import fmt_bytes as fmt_bytes
-from tdbg.format import fmt_duration as fmt_duration
-from tdbg.format import fmt_loss as fmt_loss
-from tdbg.format import fmt_stat as fmt_stat
-from tdbg.format import fmt_us as fmt_us
+from tdbg.model.columns import GrowArray, StepBatch, thin_mask
 from tdbg.model.deep import DeepState
+from tdbg.model.grad_history import GradHistory
 from tdbg.model.metrics import MetricStore
+from tdbg.model.step_summaries import Clipping, StepSummaries
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.steps import (
     F64_COLUMNS,
-    FLAG_HAS_GRADS,
-    FLAG_HAS_LOSS,
     MAX_LR_COLUMNS,
     MAX_PHASE_GAP,
-    step_columns,
 )
 
 
@@ -48,8 +40,6 @@ class MessageFeed(Protocol):
 # NaN from probes and recordings older than the column, and then left out of the bar.
 ANATOMY = ("data_time", "no_grad_time", "forward_time", "backward_time", "optimizer_time")
 
-RECENT_GRAD_ROWS = 512  # sampled grad rows kept at full resolution
-OLD_GRAD_ROWS = 512  # decimated older rows; the stride doubles whenever this fills
 MAX_ALERTS = 500
 # Per-step scalars kept; past this the older half is thinned to every other step (again and
 # again), so a run of any length costs at most ~25 MiB of history while recent steps stay exact.
@@ -58,288 +48,6 @@ EMA_ALPHA = 0.05  # smoothed loss: about a 20-step memory
 RATE_WINDOW = 5.0  # seconds of recent steps that steps/s is measured over
 ANATOMY_WINDOW = 32  # steps averaged for the step-anatomy bar
 INPUT_BOUND_SHARE = 0.30  # data loading above this share of a step means the GPU waits on input
-
-
-def _numpy(column: array) -> np.ndarray:
-    """A decoded protocol column as numpy, its dtype the column's own typecode (no copy)."""
-    return np.frombuffer(column, dtype=column.typecode)
-
-
-@dataclass(frozen=True, slots=True)
-class StepBatch:
-    """One ``steps`` message as numpy arrays over protocol's decoded columns: the layout is
-    protocol's (:func:`step_columns`), this only gives it numpy shapes."""
-
-    n: int
-    n_layers: int
-    lr_groups: int
-    steps: np.ndarray  # int, n
-    has_loss: np.ndarray  # bool, n
-    loss: np.ndarray  # n, NaN where there is no loss
-    lr: np.ndarray  # n x lr_groups, NaN-padded past each row's lr_n
-    lr_n: np.ndarray  # n: how many of a row's lr columns are real
-    timings: dict[str, np.ndarray]  # F64_COLUMNS, n each
-    has_grads: np.ndarray  # bool, n
-    grad_total: np.ndarray  # one per row with grads
-    grad_rows: np.ndarray  # rows with grads x n_layers
-
-    @classmethod
-    def decode(cls, msg: dict[str, Any]) -> StepBatch:
-        """The batch in ``msg``; ProtocolError when its columns are malformed."""
-        c = step_columns(msg)
-        flags = _numpy(c.flags)
-        has_loss = (flags & FLAG_HAS_LOSS).astype(bool)
-        has_grads = (flags & FLAG_HAS_GRADS).astype(bool)
-        return cls(
-            n=c.n,
-            n_layers=c.n_layers,
-            lr_groups=c.lr_groups,
-            steps=_numpy(c.step),
-            has_loss=has_loss,
-            loss=np.where(has_loss, _numpy(c.loss), np.nan),
-            lr=_numpy(c.lr).reshape(c.n, c.lr_groups),
-            lr_n=_numpy(c.lr_n),
-            timings={name: _numpy(col) for name, col in c.timings.items()},
-            has_grads=has_grads,
-            grad_total=_numpy(c.grad_total),
-            grad_rows=_numpy(c.grad_norms).reshape(int(has_grads.sum()), c.n_layers),
-        )
-
-    @property
-    def grad_steps(self) -> np.ndarray:
-        """The steps of the rows with per-layer norms, in ``grad_rows`` order."""
-        return self.steps[self.has_grads]
-
-
-class GrowArray:
-    """An append-only numpy array that doubles its capacity: O(batch) appends, no Python objects."""
-
-    def __init__(self, dtype: Any, width: int = 0, capacity: int = 1024) -> None:
-        self.width = width
-        shape = (capacity, width) if width else (capacity,)
-        self._data = np.empty(shape, dtype=dtype)
-        self.n = 0
-
-    def __len__(self) -> int:
-        return self.n
-
-    @property
-    def values(self) -> np.ndarray:
-        """A view of the filled part; valid until the next append."""
-        return self._data[: self.n]
-
-    def head(self, n: int) -> GrowArray:
-        """The first ``n`` rows as a GrowArray over the same memory (nothing is copied). A view
-        must never be extended: a replay state is rebuilt, never appended to."""
-        view = GrowArray(self._data.dtype, self.width, capacity=0)
-        view._data = self._data[:n]
-        view.n = min(n, self.n)
-        return view
-
-    def widen(self, width: int, fill: float = math.nan) -> None:
-        """Grow the column count (a run may add a param group); new columns get ``fill``."""
-        if width <= self.width:
-            return
-        data = np.full((self._data.shape[0], width), fill, dtype=self._data.dtype)
-        if self.width:
-            data[:, : self.width] = self._data
-        self._data = data
-        self.width = width
-
-    def extend(self, block: np.ndarray) -> None:
-        k = block.shape[0]
-        need = self.n + k
-        if need > self._data.shape[0]:
-            cap = max(need, 2 * self._data.shape[0])
-            data = np.empty((cap, *self._data.shape[1:]), dtype=self._data.dtype)
-            data[: self.n] = self._data[: self.n]
-            self._data = data
-        if self.width and block.ndim == 2 and block.shape[1] < self.width:
-            self._data[self.n : need] = math.nan
-            self._data[self.n : need, : block.shape[1]] = block
-        else:
-            self._data[self.n : need] = block
-        self.n = need
-
-    def compress(self, keep: np.ndarray) -> None:
-        """Keep only the rows where ``keep`` is true (a mask over the filled part)."""
-        kept = self._data[: self.n][keep]
-        self._data[: len(kept)] = kept
-        self.n = len(kept)
-
-
-def thin_mask(n: int) -> np.ndarray:
-    """Every row of the newer half; every other row of the older half."""
-    keep = np.ones(n, dtype=bool)
-    keep[1 : n // 2 : 2] = False
-    return keep
-
-
-class GradHistory:
-    """Per-layer gradient norms in bounded memory.
-
-    The latest ``recent`` sampled rows are kept at full resolution in a ring. Rows that fall out of
-    the ring are decimated into ``old`` rows: one in ``stride`` is kept, and when the old store is
-    full every other row is dropped and the stride doubles. Memory is (recent + old) x layers x 4
-    bytes whatever the run's length: 4 MiB for 1,000 layers.
-    """
-
-    def __init__(self, n_layers: int, recent: int = RECENT_GRAD_ROWS, old: int = OLD_GRAD_ROWS):
-        self.n_layers = n_layers
-        self.recent_cap = recent
-        self.old_cap = old
-        self._ring = np.full((recent, n_layers), np.nan, dtype=np.float32)
-        self._ring_steps = np.zeros(recent, dtype=np.int64)
-        self._head = 0  # next slot to write
-        self._count = 0
-        self._old = np.full((old, n_layers), np.nan, dtype=np.float32)
-        self._old_steps = np.zeros(old, dtype=np.int64)
-        # Each old row's eviction number (rows leave the ring numbered 0, 1, 2, ...): the next
-        # row kept is the one a whole stride after the last kept, whatever the batch sizes were.
-        self._old_evicted = np.zeros(old, dtype=np.int64)
-        self._old_n = 0
-        self.stride = 1
-        self._evicted = 0  # rows evicted from the ring so far
-        self.total_rows = 0
-
-    def __len__(self) -> int:
-        return self._count + self._old_n
-
-    def widen(self, n_layers: int) -> None:
-        """Layers were added mid-run (the list only grows): earlier rows read NaN for them."""
-        extra = n_layers - self.n_layers
-        if extra <= 0:
-            return
-        self._ring = np.pad(self._ring, ((0, 0), (0, extra)), constant_values=np.nan)
-        self._old = np.pad(self._old, ((0, 0), (0, extra)), constant_values=np.nan)
-        self.n_layers = n_layers
-
-    def recent_steps(self, n: int) -> np.ndarray:
-        """The steps of :meth:`recent`'s rows, oldest first."""
-        n = min(n, self._count)
-        idx = (self._head - n + np.arange(n)) % self.recent_cap
-        return self._ring_steps[idx]
-
-    @classmethod
-    def from_rows(
-        cls,
-        n_layers: int,
-        steps: np.ndarray,
-        rows: np.ndarray,
-        recent: int = RECENT_GRAD_ROWS,
-        old: int = OLD_GRAD_ROWS,
-    ) -> GradHistory:
-        """A history of ``rows`` (k x layers, step order) built at once, for a replay cursor:
-        the last ``recent`` rows exact, the older ones one in a power-of-two stride so that at
-        most ``old`` are kept, as :meth:`extend` would leave them. O((recent + old) x layers)."""
-        history = cls(n_layers, recent, old)
-        k = len(steps)
-        r = min(k, recent)
-        older = k - r
-        stride = 1
-        while older and -(-older // stride) > old:
-            stride *= 2
-        idx = np.arange(0, older, stride)
-        history._put_old(steps[idx], rows[idx], idx)
-        history.stride = stride
-        history._evicted = older
-        history._ring[:r] = rows[older:]
-        history._ring_steps[:r] = steps[older:]
-        history._head = r % recent
-        history._count = r
-        history.total_rows = k
-        return history
-
-    def extend(self, steps: np.ndarray, rows: np.ndarray) -> None:
-        """Append sampled rows (k x layers) in step order. O(k x layers)."""
-        k = rows.shape[0]
-        if k == 0:
-            return
-        self.total_rows += k
-        cap = self.recent_cap
-        if k > cap:  # rows that would be overwritten within this very batch go straight to old
-            self._evict(self._ordered_recent_steps(), self._ordered_recent())
-            self._head, self._count = 0, 0
-            self._evict(steps[: k - cap], rows[: k - cap])
-            steps, rows, k = steps[k - cap :], rows[k - cap :], cap
-        overflow = self._count + k - cap
-        if overflow > 0:
-            idx = (self._head - self._count + np.arange(overflow)) % cap
-            self._evict(self._ring_steps[idx], self._ring[idx])
-            self._count -= overflow
-        idx = (self._head + np.arange(k)) % cap
-        self._ring[idx] = rows
-        self._ring_steps[idx] = steps
-        self._head = (self._head + k) % cap
-        self._count += k
-
-    def _evict(self, steps: np.ndarray, rows: np.ndarray) -> None:
-        m = rows.shape[0]
-        numbers = self._evicted + np.arange(m)  # these rows' eviction numbers
-        start = 0
-        while start < m:
-            # Keep every stride-th row counted from the last row kept (the run's first row when
-            # nothing is kept yet), so old rows stay evenly spaced across batches and halvings.
-            if self._old_n:
-                due = int(self._old_evicted[self._old_n - 1]) + self.stride
-            else:
-                due = int(numbers[0])
-            first = max(start, due - int(numbers[0]))
-            take = np.arange(first, m, self.stride)
-            room = self.old_cap - self._old_n
-            if len(take) <= room:
-                self._put_old(steps[take], rows[take], numbers[take])
-                break
-            keep = take[:room]
-            self._put_old(steps[keep], rows[keep], numbers[keep])
-            start = int(keep[-1]) + 1 if len(keep) else start
-            self._compact()
-        self._evicted += m
-
-    def _put_old(self, steps: np.ndarray, rows: np.ndarray, numbers: np.ndarray) -> None:
-        n = len(steps)
-        self._old[self._old_n : self._old_n + n] = rows
-        self._old_steps[self._old_n : self._old_n + n] = steps
-        self._old_evicted[self._old_n : self._old_n + n] = numbers
-        self._old_n += n
-
-    def _compact(self) -> None:
-        """Drop every other old row: the stride doubles, the spacing stays even."""
-        n = len(range(0, self._old_n, 2))
-        for store in (self._old, self._old_steps, self._old_evicted):
-            store[:n] = store[: self._old_n : 2].copy()
-        self._old_n = n
-        self.stride *= 2
-
-    def _ordered_recent(self) -> np.ndarray:
-        idx = (self._head - self._count + np.arange(self._count)) % self.recent_cap
-        return self._ring[idx]
-
-    def _ordered_recent_steps(self) -> np.ndarray:
-        idx = (self._head - self._count + np.arange(self._count)) % self.recent_cap
-        return self._ring_steps[idx]
-
-    def matrix(self) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, rows x layers), oldest first: decimated old rows, then the recent ring."""
-        steps = np.concatenate([self._old_steps[: self._old_n], self._ordered_recent_steps()])
-        rows = np.concatenate([self._old[: self._old_n], self._ordered_recent()])
-        return steps, rows
-
-    def recent(self, n: int) -> np.ndarray:
-        """The last ``n`` sampled rows (at most the ring), oldest first."""
-        n = min(n, self._count)
-        idx = (self._head - n + np.arange(n)) % self.recent_cap
-        return self._ring[idx]
-
-    def latest(self) -> np.ndarray | None:
-        if self._count == 0:
-            return None
-        return self._ring[(self._head - 1) % self.recent_cap]
-
-    def latest_step(self) -> int | None:
-        if self._count == 0:
-            return None
-        return int(self._ring_steps[(self._head - 1) % self.recent_cap])
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,7 +140,7 @@ class RunState:
         # Changes whenever the per-step histories do (a batch, a thinning, a replay cursor):
         # views and the caches below key on it instead of rescanning the history.
         self.steps_revision = 0
-        self._summaries = _StepSummaries()
+        self._summaries = StepSummaries()
         self._anatomy: tuple[int, dict[str, float | None]] | None = None
         self.received_at: float | None = None  # wall clock of the last message
         self.steps_arrived: float | None = None  # wall clock here when steps last arrived
@@ -594,7 +302,7 @@ class RunState:
         finite = np.flatnonzero(np.isfinite(ema))
         self._ema = float(ema[finite[-1]]) if finite.size else None
         # Once per cursor move, so that every repaint at this cursor reads them in O(1).
-        self._summaries = _StepSummaries()
+        self._summaries = StepSummaries()
         self._summaries.fold(
             self.steps.values,
             self.has_loss.values,
@@ -909,87 +617,3 @@ class RunState:
         if not rate or rate <= 0:
             return None
         return max(0.0, (total - last - 1) / rate)
-
-
-def _last_finite(col: np.ndarray) -> int | None:
-    """The index of the last finite value, or None. A column is most often finite at its end
-    (or never finite): both answered without building an index array."""
-    if not len(col):
-        return None
-    if math.isfinite(col[-1]):
-        return len(col) - 1
-    finite = np.isfinite(col)
-    if not finite.any():
-        return None
-    return len(col) - 1 - int(finite[::-1].argmax())
-
-
-class _StepSummaries:
-    """What a repaint reads of the whole step history, kept up to date as rows arrive so that
-    no frame scans the history (at 2^18 steps the clipping figures alone took 25 ms a frame):
-    the latest loss, where a trailing run of non-finite losses began, each column's latest
-    finite value and the clipping counts. Counts cover every step seen, thinned ones too."""
-
-    def __init__(self) -> None:
-        self.last_loss: float | None = None
-        self.nonfinite_since: int | None = None
-        self.latest: dict[str, float] = {}
-        self.clipping: Clipping | None = None
-
-    def fold(
-        self,
-        steps: np.ndarray,
-        has_loss: np.ndarray,
-        loss: np.ndarray,
-        cols: dict[str, np.ndarray],
-    ) -> None:
-        """Take in a block of new rows, oldest first. O(block)."""
-        idx = np.flatnonzero(has_loss)
-        if idx.size:
-            losses = loss[idx]
-            self.last_loss = float(losses[-1])
-            finite = np.flatnonzero(np.isfinite(losses))
-            if math.isfinite(self.last_loss):
-                self.nonfinite_since = None
-            elif finite.size:  # the trailing non-finite run began in this block
-                self.nonfinite_since = int(steps[idx[finite[-1] + 1]])
-            elif self.nonfinite_since is None:  # the whole block is non-finite: began here
-                self.nonfinite_since = int(steps[idx[0]])
-        for name, col in cols.items():
-            i = _last_finite(col)
-            if i is not None:
-                self.latest[name] = float(col[i])
-        self._fold_clipping(steps, cols.get("clip_max"), cols.get("clip_norm"))
-
-    def _fold_clipping(
-        self, steps: np.ndarray, cmax: np.ndarray | None, cnorm: np.ndarray | None
-    ) -> None:
-        if cmax is None or cnorm is None:
-            return
-        idx = np.flatnonzero(np.isfinite(cmax) & ~np.isnan(cnorm))
-        if not idx.size:
-            return
-        before = self.clipping
-        last = int(idx[-1])
-        self.clipping = Clipping(
-            max_norm=float(cmax[last]),
-            last_norm=float(cnorm[last]),
-            last_step=int(steps[last]),
-            steps=int(idx.size) + (before.steps if before else 0),
-            active=int((cnorm[idx] > cmax[idx]).sum()) + (before.active if before else 0),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Clipping:
-    """``clip_grad_norm_`` over the steps that report it."""
-
-    max_norm: float  # the latest step's max_norm
-    last_norm: float  # the total norm it measured, before clipping
-    last_step: int
-    steps: int  # steps that report a clip
-    active: int  # of them, steps where the measured norm exceeded max_norm
-
-    @property
-    def active_share(self) -> float:
-        return self.active / self.steps if self.steps else 0.0

@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from tdbg.model.columns import StepBatch
 from tdbg.model.deep import DeepState
-from tdbg.model.run_state import MAX_ALERTS, Alert, GradHistory, RunState, StepBatch
+from tdbg.model.grad_history import GradHistory
+from tdbg.model.run_state import MAX_ALERTS, Alert, RunState
 from tdbg.protocol.framing import ProtocolError
 from tdbg.recording.reader import Recording
 

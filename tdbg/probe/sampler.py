@@ -48,7 +48,7 @@ SPENT_EMA = 0.01
 # A GPU run's steps at least this long (seconds) each have their phases timed with CUDA events;
 # shorter ones one step in ceil(this / step) on average, at most MAX_PHASE_GAP apart: the ~5
 # events a timed step records cost tens of microseconds of host time, several percent of a
-# 2 ms launch-bound step (benchmarks/README.md, "On a GPU").
+# 2 ms launch-bound step (benchmarks/HISTORY.md, "On a GPU").
 MARK_EVERY_STEP_FROM = 0.02
 # The mean distance between timed steps is at most this: random distances up to twice it
 # less one stay within MAX_PHASE_GAP.

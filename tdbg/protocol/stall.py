@@ -1,4 +1,4 @@
-"""The one stall rule: how long without a step is a stall, as the probe and every reader judge it."""
+"""The one stall rule: how long without a step is a stall, for the probe and every reader."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ class StallRule:
         figures: dict[str, float] = {}
         for name, default in cls().to_wire().items():
             raw = value.get(name)
-            ok = isinstance(raw, int | float) and not isinstance(raw, bool)
-            figures[name] = float(raw) if ok and 0 < raw < 1e9 else default
+            number = float(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else 0
+            figures[name] = number if 0 < number < 1e9 else default
         return cls(**figures)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,37 @@ def test_ls_says_how_long_ago_each_run_started(
     line = capsys.readouterr().out
     assert line.startswith("listed") and re.search(r"started \d\d:\d\d:\d\d \(\d+s ago\)", line)
     probe.close()
+
+
+def test_input_bound_is_a_warning_that_fails_only_with_strict(
+    runtime_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A cron job runs `tdbg status`: a run waiting on its data loader is slow, not in trouble.
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, name="starved")
+    reader = Reader(probe.socket_path)  # type: ignore[arg-type]
+    for _ in range(40):
+        time.sleep(0.02)  # the loader: most of each step
+        loop.step(probe)
+    reader.wait(lambda r: len(r.records()) >= 40)
+    assert run(["status", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["health"], got["level"]) == ("input-bound", "warn")
+    assert run(["status", "--strict"]) == 1
+    assert "input-bound" in capsys.readouterr().out
+    reader.close()
+    probe.close()
+
+
+@pytest.mark.slow
+def test_a_killed_run_s_recording_is_trouble(
+    runtime_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_recording import record_until_killed
+
+    path = tmp_path / "killed.tdbg"
+    record_until_killed(path, runtime_dir, 20)
+    assert run(["status", "--json", str(path)]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert (got["health"], got["level"]) == ("ended", "bad")
+    assert got["detail"].startswith("killed")

@@ -52,7 +52,7 @@ def under(modules: set[str], package: str) -> set[str]:
 
 
 def test_the_parts_are_found() -> None:
-    assert {"protocol", "connect", "recording", "format", "tui", "cli"} <= set(READERS)
+    assert {"protocol", "connect", "recording", "format", "model", "tui", "cli"} <= set(READERS)
 
 
 def test_import_tdbg_is_light() -> None:
@@ -92,11 +92,13 @@ def test_cli_and_tui_entry_points_load_no_torch() -> None:
     assert not under(loaded, "tdbg.probe")
 
 
-def test_tui_state_loads_no_textual() -> None:
-    """The run model, deep-dive results and timeline are plain Python: testable without an app."""
+def test_the_model_loads_no_ui_and_no_sockets() -> None:
+    """The run model, verdicts, jobs, deep-dive results and timeline are plain Python: usable
+    from a notebook or a script, testable without an app, reaching no socket."""
     loaded = modules_after(IMPORT_ALL.format(name="tdbg.model"))
-    assert "tdbg.model.run_state" in loaded
-    assert not roots(loaded) & {"textual", "rich", "torch"}
+    assert {"tdbg.model.run_state", "tdbg.model.health", "tdbg.model.job"} <= loaded
+    assert not roots(loaded) & {"textual", "rich", "torch", "plotext"}
+    assert not under(loaded, "tdbg.tui") | under(loaded, "tdbg.cli") | under(loaded, "tdbg.connect")
 
 
 def test_probe_imports_no_textual_or_rich() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tdbg.model.run_state import RATE_WINDOW, GradHistory, RunState, thin_mask
+from tdbg.model.columns import thin_mask
+from tdbg.model.grad_history import GradHistory
+from tdbg.model.run_state import RATE_WINDOW, RunState
 from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.sources.synthetic import RUN
 

@@ -120,9 +120,9 @@ def test_anything_that_is_not_a_figure_reads_na(value: object) -> None:
 
 def test_tui_and_cli_print_with_these() -> None:
     from tdbg.cli import report
-    from tdbg.model import run_state
+    from tdbg.tui.widgets import memory_panel
 
-    assert run_state.fmt_us is fmt_us and run_state.fmt_bytes is fmt_bytes
+    assert memory_panel.fmt_bytes is fmt_bytes
     assert report.fmt_us is fmt_us and report.fmt_bytes is fmt_bytes
 
 

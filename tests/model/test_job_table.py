@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import pytest
 from fake_nvml import fake_pynvml
 from test_job_alerts import feed, job_of, stall
 
+from tdbg.model.health import assess
+from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_table import rank_rows, summarize
 from tdbg.probe.system import SystemSampler
+from tdbg.protocol.messages import alert_message
 from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.widgets.rank_table import COLUMNS, RankTable
 
@@ -65,3 +69,46 @@ def test_gpu_util_is_the_ranks_own_gpu_and_na_on_cpu(monkeypatch: pytest.MonkeyP
     column = COLUMNS.index("GPU util")
     assert RankTable._cells(rows[0])[column].plain == "90%"
     assert RankTable._cells(rows[1])[column].plain == "n/a"
+
+
+def _live_job(ranks: int, start: float) -> Job:
+    """A job whose ranks are attached and stepped 30 times, 0.1 s apart, until ``start``."""
+    job = job_of(ranks)
+    for state in job.ranks.values():
+        state.mark("live")
+        records = [
+            StepRecord(step=s, time=start - 3.0 + 0.1 * s, loss=1.0, step_time=0.1)
+            for s in range(30)
+        ]
+        state.apply(pack_steps(records, 0))
+        state.steps_arrived = start
+    return job
+
+
+def _agree(job: Job, now: float) -> dict[int, tuple[str, str]]:
+    """Each rank's row state beside its own screen's verdict (the header's assess)."""
+    rows = {r.rank: r.state for r in rank_rows(job, JobAlerts(), now=now)}
+    return {
+        rank: (rows[rank], assess(s, now, by_arrival=True).word) for rank, s in job.ranks.items()
+    }
+
+
+def test_a_rank_s_row_and_its_own_screen_agree_on_stalled() -> None:
+    start = time.time()
+    job = _live_job(2, start)
+    job.ranks[0].steps_arrived = start + 30.0  # rank 0 kept stepping; rank 1 went quiet
+    # Past the one stall rule's limit (5 s for a 0.1 s step), with no alert from the probe.
+    assert _agree(job, start + 6.0) == {0: ("live", "live"), 1: ("stalled", "stalled")}
+    assert _agree(job, start + 4.0) == {0: ("live", "live"), 1: ("live", "live")}
+
+
+def test_a_later_alert_does_not_hide_an_open_stall_and_resumed_ends_it() -> None:
+    start = time.time()
+    job = _live_job(1, start)
+    state = job.ranks[0]
+    state.apply(stall(9, ["0", "default_pg"], "dist.py:1 in all_reduce"))
+    # A row once read only the newest alert: a spike after the stall made it say "live".
+    state.apply(alert_message("grad_spike", "warning", 29, "gradient norm jumped", [], start))
+    assert _agree(job, start + 1.0) == {0: ("stalled", "stalled")}
+    state.apply(alert_message("resumed", "info", 30, "the loop resumed after 4 s", [], start))
+    assert _agree(job, start + 1.0) == {0: ("live", "live")}

@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 
-from tdbg.model.run_state import MAX_ALERTS, GradHistory, RunState, fmt, fmt_bytes, fmt_loss
+from tdbg.format import fmt, fmt_bytes, fmt_loss
+from tdbg.model.grad_history import GradHistory
+from tdbg.model.run_state import MAX_ALERTS, RunState
 from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.sources.synthetic import RUN, layer_names, step_records, synthetic_run
 

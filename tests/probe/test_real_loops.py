@@ -14,6 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from changed_runs import changed_run, replaced_head_run
+from changed_runs import fixed_batch as _data
+from changed_runs import small_model as _model
 from conftest import Loop, Reader, wait_until
 from waiting import TIMEOUT
 
@@ -82,18 +85,6 @@ def test_a_copied_probe_hook_is_inert_and_holds_nothing() -> None:
 
 def _norms(params: list[torch.nn.Parameter]) -> float:
     return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)))  # type: ignore[union-attr, arg-type]
-
-
-def _model(seed: int = 0, width: int = 16) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(4, width), torch.nn.Tanh(), torch.nn.Linear(width, 1)
-    )
-
-
-def _data() -> tuple[torch.Tensor, torch.Tensor]:
-    torch.manual_seed(1)
-    return torch.randn(32, 4), torch.randn(32, 1) * 5
 
 
 def test_closure_steps_report_the_gradients_the_update_used(runtime_dir: Path) -> None:
@@ -592,47 +583,6 @@ def test_a_replaced_layer_and_optimizer_are_followed(runtime_dir: Path) -> None:
     reader.close()
 
 
-def _changed_run(steps: int, change: Callable[[int, Any], torch.optim.Optimizer | None]) -> Any:
-    """``_model()`` trained ``steps`` steps under a probe sampling every step, SGD at 0.05;
-    before each step ``change(step, model)`` may alter the model and return the optimizer from
-    then on. Returns the probe."""
-    model = _model()
-    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = _data()
-    probe = tdbg.watch(model, opt, grad_every=1)
-    for step in range(steps):
-        opt = change(step, model) or opt
-        opt.zero_grad()
-        loss = ((model(x) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        probe.step(loss)
-    return probe
-
-
-def replaced_head_run(
-    runtime_dir: Path, before: int = 3, after: int = 3, nan_grad_at: int | None = None
-) -> list[dict]:
-    """A real run whose head is replaced (and its optimizer) after ``before`` steps: what a
-    client that attaches once it ran ``after`` more is sent (its history, as a TUI gets it).
-    Layers ["0", "2" (the old head: gone), "2.0", "2.1" (the new one, from step ``before``)].
-    ``nan_grad_at``: the old head's weight gets a NaN gradient at that step (only it)."""
-
-    def change(step: int, model: Any) -> torch.optim.Optimizer | None:
-        if step == nan_grad_at:
-            model[2].weight.register_hook(lambda g: g * float("nan"))
-        if step != before:
-            return None
-        model[2] = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 1))
-        return torch.optim.SGD(model.parameters(), lr=0.2)
-
-    probe = _changed_run(before + after, change)
-    late = Reader(probe.socket_path)  # type: ignore[arg-type]
-    late.wait(lambda r: len(r.records()) >= before + after and bool(r.of("layers")))
-    late.close()
-    return list(late.messages)
-
-
 def test_a_layer_that_left_or_came_has_no_norm_not_a_nan(runtime_dir: Path) -> None:
     # The old head's column is NaN once it left, the new head's before it came: no norm at
     # all there, which the layers message says (gone, since), and tdbg dump leaves out rather
@@ -749,7 +699,7 @@ def test_a_new_head_s_own_optimizer_is_followed_with_the_backbone_frozen(
         model[0].requires_grad_(False)
         return torch.optim.Adam(model[2].parameters(), lr=1e-3)
 
-    probe = _changed_run(8, change)
+    probe = changed_run(8, change)
     reader = Reader(probe.socket_path)  # type: ignore[arg-type]
     reader.wait(lambda r: len(r.records()) >= 8)
     reader.close()
@@ -878,7 +828,7 @@ def test_a_stall_alert_says_where_the_training_thread_is_stuck(
     stalled = next(a for a in reader.of("alert") if a["kind"] == "stalled")
     assert any("next_batch_from_a_hung_loader" in line for line in stalled["stack"][-3:])
     assert "stuck at" in stalled["message"]
-    assert "called from" in stalled["message"] and "test_true_numbers.py" in stalled["message"]
+    assert "called from" in stalled["message"] and "test_real_loops.py" in stalled["message"]
     reader.wait(lambda r: any(a["kind"] == "resumed" for a in r.of("alert")))
     reader.close()
 

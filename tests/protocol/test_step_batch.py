@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tdbg.model.run_state import RunState, StepBatch
+from tdbg.model.columns import StepBatch
+from tdbg.model.run_state import RunState
 from tdbg.model.timeline import Timeline
 from tdbg.probe.recorder import Recorder
 from tdbg.protocol.framing import pack

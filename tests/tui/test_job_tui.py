@@ -132,8 +132,8 @@ async def test_tdbg_tui_given_the_name_the_ranks_share_shows_the_job(runtime_dir
     """``tdbg-tui NAME``, NAME shared by one job's ranks (torchrun names them all after the
     script): the job screen, as ``tdbg-tui --job JOB``, not "2 runs named NAME"."""
     with (
-        pretend_rank(runtime_dir, "jobA", 0, 2, "train"),
-        pretend_rank(runtime_dir, "jobA", 1, 2, "train"),
+        pretend_rank(runtime_dir, "jobA", 0, 2, name="train"),
+        pretend_rank(runtime_dir, "jobA", 1, 2, name="train"),
     ):
         wait_until(lambda: len(discover(runtime_dir)) == 2, 120, "both ranks serving")
         app, source = app_for("train")

@@ -119,7 +119,7 @@ async def test_v_shows_the_step_time_of_each_step_and_back() -> None:
 CONVERGED_RUN = """
 import asyncio, dataclasses, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = sys.argv[1:]  # tests/tui (test_tui_app), tests (its helpers)
 from test_tui_app import painted
 from tdbg.protocol.steps import pack_steps, unpack_steps
 from tdbg.tui.app import make_app, screen_text
@@ -154,9 +154,12 @@ def test_a_converged_run_s_chart_draws_in_bounded_memory(tmp_path: Path) -> None
     # whole length (gigabytes: a 1 M-step replay was killed); the chart must stay small.
     script = tmp_path / "converged.py"
     script.write_text(CONVERGED_RUN)
-    tests = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve().parent
     out = subprocess.run(
-        [sys.executable, str(script), str(tests)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(script), str(here), str(here.parent)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "True", out.stdout

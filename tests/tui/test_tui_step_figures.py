@@ -235,7 +235,7 @@ async def test_a_layer_that_left_or_came_reads_no_norm_not_nan(runtime_dir: Path
     # A real run's messages: the head replaced after 3 steps. The old head has no norm from
     # then on, the new one none before: blank, "gone" and last, not a NaN that would head the
     # table as the most urgent row, nor a heatmap full of NaN marks.
-    from test_true_numbers import replaced_head_run
+    from changed_runs import replaced_head_run
 
     from tdbg.tui.widgets.gradient_heatmap import ABSENT, NONFINITE, GradientHeatmap
     from tdbg.tui.widgets.gradient_table import GradientTable

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from waiting import wait_for
 
-from tdbg.model.health import (
-    FAST_STALL_SECONDS,
-    STALL_MIN_SECONDS,
-    assess,
-    how_it_ended,
-    stall_limit,
-)
+from tdbg.model.ending import how_it_ended
+from tdbg.model.health import assess
 from tdbg.model.run_state import RunState
+from tdbg.protocol.stall import DEFAULT_STALL_RULE, StallRule
 from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.app import TdbgApp, make_app, screen_text
 from tdbg.tui.sources.base import ReplaySource
@@ -21,8 +17,10 @@ from tdbg.tui.sources.synthetic import RUN, synthetic_run
 from tdbg.tui.widgets.run_header import VERDICT_SECONDS
 
 
-def live_run(step_seconds: float, steps: int = 30, start: float = 1000.0) -> RunState:
-    state = RunState({"name": "unit"})
+def live_run(
+    step_seconds: float, steps: int = 30, start: float = 1000.0, stall: object = None
+) -> RunState:
+    state = RunState({"name": "unit"} if stall is None else {"name": "unit", "stall": stall})
     state.mark("live")
     records = [
         StepRecord(step=i, time=start + step_seconds * i, loss=1.0, step_time=step_seconds)
@@ -32,17 +30,31 @@ def live_run(step_seconds: float, steps: int = 30, start: float = 1000.0) -> Run
     return state
 
 
-def test_the_stall_threshold_is_ten_step_times_within_5_to_9_s_for_fast_runs() -> None:
-    assert stall_limit(0.05) == STALL_MIN_SECONDS  # 20 steps/s: 5 s, not 0.5 s
-    assert stall_limit(0.7) == 7.0  # ten step times
-    assert stall_limit(0.99) == FAST_STALL_SECONDS  # a fast run: never later than 9 s
-    assert stall_limit(None) == FAST_STALL_SECONDS  # one step so far: not known yet
-    assert stall_limit(3.0) == 30.0  # a slow run: ten of its own steps
+def test_the_stall_threshold_is_twenty_step_times_within_5_to_9_s_for_fast_runs() -> None:
+    rule = DEFAULT_STALL_RULE
+    assert rule.limit(0.05) == 5.0  # 20 steps/s: 5 s, not 1 s
+    assert rule.limit(0.3) == 6.0  # twenty step times
+    assert rule.limit(0.99) == 9.0  # a fast run: never later than 9 s
+    assert rule.limit(None) == 9.0  # one step so far: not known yet
+    assert rule.limit(3.0) == 60.0  # a slow run: twenty of its own steps
     # Re-judged every VERDICT_SECONDS, the header says so within 10 s of a fast run's last step.
-    assert FAST_STALL_SECONDS + VERDICT_SECONDS <= 10.0
+    assert rule.fast_cap_s + VERDICT_SECONDS <= 10.0
 
 
-def test_a_fast_run_is_stalled_after_5_s_on_a_fake_clock_a_slow_one_after_ten_steps() -> None:
+def test_the_header_judges_by_the_rule_its_probe_announced() -> None:
+    # A probe that announced a stricter rule in its hello: the header calls a stall by it.
+    strict = live_run(3.0, stall=StallRule(factor=2.0, min_s=1.0).to_wire())
+    last = float(strict.cols["time"].values[-1])
+    assert assess(strict, now=last + 5.0).word == "live"
+    assert assess(strict, now=last + 7.0).word == "stalled"
+    # A malformed announcement (a bad peer) takes the defaults, never "every gap is a stall".
+    for bad in ({"factor": 0, "min_s": -1}, {"factor": "x"}, [1, 2], {"min_s": float("nan")}):
+        odd = live_run(3.0, stall=bad)
+        assert StallRule.from_wire(bad) == DEFAULT_STALL_RULE
+        assert assess(odd, now=float(odd.cols["time"].values[-1]) + 59.0).word == "live"
+
+
+def test_a_fast_run_is_stalled_after_5_s_on_a_fake_clock_a_slow_one_after_twenty_steps() -> None:
     fast = live_run(0.05)
     last = float(fast.cols["time"].values[-1])
     assert assess(fast, now=last + 4.9).word == "live"
@@ -50,8 +62,8 @@ def test_a_fast_run_is_stalled_after_5_s_on_a_fake_clock_a_slow_one_after_ten_st
     assert (stalled.word, stalled.steps_per_sec) == ("stalled", 0.0)
     slow = live_run(3.0)
     last = float(slow.cols["time"].values[-1])
-    assert assess(slow, now=last + 29.0).word == "live"  # a 3 s step is not a stall at 9 s
-    assert assess(slow, now=last + 31.0).word == "stalled"
+    assert assess(slow, now=last + 59.0).word == "live"  # a 3 s step is not a stall at 9 s
+    assert assess(slow, now=last + 61.0).word == "stalled"
 
 
 def test_how_a_run_ended_in_words() -> None:

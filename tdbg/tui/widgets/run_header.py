@@ -8,7 +8,8 @@ from typing import ClassVar
 from rich.text import Text
 
 from tdbg.format import fmt, fmt_duration, fmt_percent, fmt_span
-from tdbg.model.health import assess, how_it_ended
+from tdbg.model.ending import how_it_ended
+from tdbg.model.health import assess
 from tdbg.model.run_state import RunState
 from tdbg.tui.widgets.steady import SteadyStatic
 

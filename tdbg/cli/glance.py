@@ -1,0 +1,36 @@
+"""A run's state at a glance: a live run's history until ``synced``, or a recording whole."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import TYPE_CHECKING
+
+from tdbg.cli.errors import CliError
+from tdbg.cli.target_args import attach_target
+from tdbg.connect.targets import Recording, resolve
+
+if TYPE_CHECKING:
+    from tdbg.model.run_state import RunState
+
+
+def read_state(text: str, args: argparse.Namespace) -> RunState:
+    """A run's state from its history (a live run: until ``synced``; a recording: whole)."""
+    from tdbg.model.run_state import RunState
+
+    target = resolve(text)
+    if isinstance(target, Recording):
+        from tdbg.model.recordings import load_run
+        from tdbg.recording.reader import RecordingError
+
+        try:
+            return load_run(target.path)
+        except RecordingError as exc:
+            raise CliError(str(exc)) from None
+    state = RunState()
+    client = attach_target(target, text, args.timeout, args)
+    try:
+        state.read_history(client, time.monotonic() + args.timeout)
+    finally:
+        client.close()
+    return state

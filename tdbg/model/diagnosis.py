@@ -1,0 +1,449 @@
+"""A run's diagnosis after the fact: verdicts over the whole run first, the evidence after.
+
+Read from the model only (a RunState folded from a live run's history or a recording, and a job's
+ranks with the alerts judged over them), so ``tdbg report``, its ``--json`` and its ``--html``
+say the same thing, and a notebook can ask for it too. Each verdict reuses the judgement that
+made it at the time (the probe's alerts, the job's alerts, the one stall rule) instead of
+judging again: the report names what the screen named.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tdbg.format import fmt_bytes, fmt_loss, fmt_pct, fmt_seconds, fmt_span
+from tdbg.model.ending import ending
+from tdbg.model.health import Health, assess
+from tdbg.model.job import PHASE_WORDS, Job
+from tdbg.model.job_alerts import JobAlerts, finding_level
+from tdbg.model.run_state import ANATOMY, INPUT_BOUND_SHARE, Alert, RunState
+
+# Alert kinds by what they say about the run, in the order a reader needs them.
+TROUBLE_KINDS = ("nonfinite_loss", "nonfinite_grad", "exploding_grad", "stalled", "anomaly")
+WARNING_KINDS = ("loss_spike", "no_grad", "zero_grad", "lr_zero", "nonfinite_metric")
+CHART_POINTS = 60  # points of a small chart (the text sparkline's width)
+TOP_OPS = 5
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One thing the run did: ``level`` ``bad`` (trouble), ``warn`` or ``ok``; a headline and
+    the evidence lines under it; the first step it concerns, where there is one."""
+
+    level: str
+    headline: str
+    evidence: list[str] = field(default_factory=list)
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Everything ``tdbg report`` says about one run."""
+
+    name: str
+    run: dict[str, Any]
+    health: Health  # as the header would judge it at the run's last step
+    verdicts: list[Verdict]  # worst first
+    steps: int  # steps seen
+    elapsed: float | None  # seconds from the run's start to its last step (live: to now)
+    last_step: int | None
+    loss_first: float | None
+    loss_best: float | None
+    loss_best_step: int | None
+    loss_last: float | None
+    phases: dict[str, float | None]  # mean share of a step over the whole run, per phase
+    step_time: float | None  # median seconds a step
+    steps_per_sec: float | None  # over the whole run
+    samples_per_sec: float | None
+    probe_cost: float | None  # the probe's own cost as a share of the step time
+    memory: dict[str, Any]  # peak allocated / reserved per device, host RSS
+    top_ops: list[dict[str, Any]]  # the last profile's top ops (name, share, self time µs)
+    loss_chart: list[float]  # at most CHART_POINTS (NaN where no finite loss)
+    grad_chart: list[float]  # the total gradient norm, likewise
+
+    @property
+    def level(self) -> str:
+        """The worst verdict's level (``ok`` when there is none)."""
+        levels = {v.level for v in self.verdicts}
+        return "bad" if "bad" in levels else "warn" if "warn" in levels else "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        """The diagnosis as JSON-ready values (non-finite numbers as "nan" / "inf" / "-inf")."""
+        out = asdict(self)
+        out["health"] = asdict(self.health)
+        out["level"] = self.level
+        return _finite_tree(out)
+
+
+@dataclass(frozen=True)
+class JobDiagnosis:
+    """A job's report: each rank's diagnosis, and the job's own findings as they were raised."""
+
+    job: str
+    world_size: int
+    ranks: dict[int, Diagnosis]
+    findings: list[Verdict]  # raised job alerts (straggler, diverged ranks, NaN on some, hang)
+
+    @property
+    def level(self) -> str:
+        levels = {v.level for v in self.findings} | {d.level for d in self.ranks.values()}
+        return "bad" if "bad" in levels else "warn" if "warn" in levels else "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "world_size": self.world_size,
+            "level": self.level,
+            "findings": [_finite_tree(asdict(v)) for v in self.findings],
+            "ranks": {str(r): d.to_json() for r, d in self.ranks.items()},
+        }
+
+
+def diagnose(state: RunState) -> Diagnosis:
+    """The run's diagnosis from everything its state holds."""
+    steps = state.steps.values
+    last_time = float(state.cols["time"].values[-1]) if state.n_steps else None
+    health = assess(state, now=last_time)
+    loss_first, loss_best, best_step, loss_last = _loss_figures(state)
+    return Diagnosis(
+        name=str(state.run.get("name") or "?"),
+        run=dict(state.run),
+        health=health,
+        verdicts=_verdicts(state),
+        steps=state.n_steps,
+        elapsed=state.elapsed(),
+        last_step=state.last_step,
+        loss_first=loss_first,
+        loss_best=loss_best,
+        loss_best_step=best_step,
+        loss_last=loss_last,
+        phases=_phases(state),
+        step_time=_median(state.cols["step_time"].values),
+        steps_per_sec=_rate(steps, state.cols["time"].values),
+        samples_per_sec=_throughput(state, "samples"),
+        probe_cost=_probe_cost(state),
+        memory=_memory(state),
+        top_ops=_top_ops(state),
+        loss_chart=_chart(state.loss.values),
+        grad_chart=_chart(state.grad_total.values),
+    )
+
+
+def diagnose_job(job: Job, alerts: JobAlerts) -> JobDiagnosis:
+    """A job's diagnosis: its ranks' and the job alerts raised over the run (oldest first)."""
+    findings = [
+        Verdict(
+            finding_level(a.kind),
+            f"{a.kind.replace('_', ' ')}: {a.message}",
+            _cleared_after(a, alerts),
+            a.step,
+        )
+        for a in reversed(alerts.events)
+        if not a.cleared
+    ]
+    return JobDiagnosis(
+        job=job.job,
+        world_size=job.world_size,
+        ranks={rank: diagnose(state) for rank, state in job.ranks.items()},
+        findings=findings,
+    )
+
+
+# --- verdicts -----------------------------------------------------------------------------------
+
+
+def _verdicts(state: RunState) -> list[Verdict]:
+    out: list[Verdict] = []
+    alerts = list(reversed(state.alerts))  # oldest first
+    how = ending(state.end_reason) if state.ended else None
+    if how is not None and how.kind == "dead":
+        out.append(Verdict("bad", f"the run died: {how.words}", step=state.last_step))
+    if state.probe_disabled:
+        out.append(Verdict("bad", "the probe switched itself off after errors"))
+    if state.nonfinite_since is not None:
+        origin = next((a for a in alerts if a.nonfinite), None)
+        evidence = [origin.message] if origin is not None else []
+        hunt = state.deep.nan_hunt
+        if hunt is not None and getattr(hunt, "found", False):
+            evidence.append(f"NaN hunt: first non-finite in {_hunt_words(hunt)}")
+        out.append(
+            Verdict(
+                "bad",
+                f"the loss is non-finite since step {state.nonfinite_since}",
+                evidence,
+                state.nonfinite_since,
+            )
+        )
+    elif any(a.nonfinite for a in alerts):
+        first = next(a for a in alerts if a.nonfinite)
+        out.append(
+            Verdict(
+                "warn",
+                f"non-finite values at step {first.step}, then the run recovered",
+                [first.message],
+                first.step,
+            )
+        )
+    out.extend(_stalls(alerts))
+    for kind in ("exploding_grad", "anomaly", *WARNING_KINDS):
+        mine = [a for a in alerts if a.kind == kind]
+        if mine:
+            out.append(_repeated(kind, mine))
+    out.extend(_time_verdicts(state))
+    clip = state.clipping()
+    if clip is not None and clip.steps:
+        rate = clip.active / clip.steps
+        words = f"gradient clipping was active on {fmt_pct(rate)} of {clip.steps} steps"
+        out.append(Verdict("warn" if rate > 0.5 else "ok", words, [f"max_norm {clip.max_norm:g}"]))
+    growing = _growing_layers(state)
+    if growing:
+        out.append(Verdict("warn", "gradient norms growing", growing))
+    if not out:
+        out.append(Verdict("ok", "no trouble seen: no alert, no stall, finite loss throughout"))
+    order = {"bad": 0, "warn": 1, "ok": 2}
+    return sorted(out, key=lambda v: order.get(v.level, 3))
+
+
+def _stalls(alerts: list[Alert]) -> list[Verdict]:
+    stalled = [a for a in alerts if a.kind == "stalled"]
+    if not stalled:
+        return []
+    evidence = [a.message for a in stalled[:3]]
+    resumed = [a for a in alerts if a.kind == "resumed"]
+    still = alerts[-1].kind == "stalled" if alerts else False
+    headline = f"the loop stalled {len(stalled)} time{'s' if len(stalled) > 1 else ''}"
+    if resumed:
+        headline += f", resumed {len(resumed)}"
+    if still:
+        headline += "; still stalled when the run was last seen"
+    return [Verdict("bad", headline, evidence, stalled[0].step)]
+
+
+def _repeated(kind: str, alerts: list[Alert]) -> Verdict:
+    words = {
+        "exploding_grad": "exploding gradients",
+        "anomaly": "autograd anomaly errors",
+        "loss_spike": "loss spikes",
+        "no_grad": "layers without a gradient",
+        "zero_grad": "layers whose gradient is zero",
+        "lr_zero": "a learning rate of zero",
+        "nonfinite_metric": "non-finite logged metrics",
+    }[kind]
+    steps = [a.step for a in alerts if a.step is not None]
+    where = f" at steps {steps[0]}–{steps[-1]}" if len(steps) > 1 else ""
+    where = f" at step {steps[0]}" if len(steps) == 1 else where
+    layers = sorted({layer for a in alerts for layer in a.layers})
+    evidence = [alerts[0].message]
+    if layers:
+        evidence.append("layers: " + ", ".join(layers[:8]) + (" …" if len(layers) > 8 else ""))
+    level = "bad" if kind in TROUBLE_KINDS else "warn"
+    count = f"{len(alerts)}× " if len(alerts) > 1 else ""
+    return Verdict(level, f"{count}{words}{where}", evidence, steps[0] if steps else None)
+
+
+def _time_verdicts(state: RunState) -> list[Verdict]:
+    phases = _phases(state)
+    data = phases.get("data_time")
+    if data is None or not data > INPUT_BOUND_SHARE:
+        return []
+    return [
+        Verdict(
+            "warn",
+            f"input-bound: {fmt_pct(data)} of each step waiting for data",
+            ["the loader is the bottleneck: more workers, pinned memory, prefetching"],
+        )
+    ]
+
+
+def _growing_layers(state: RunState) -> list[str]:
+    trends = state.layer_trends()
+    names = state.layer_names
+    idx = [i for i in np.argsort(-np.nan_to_num(trends, nan=-np.inf)) if trends[i] > 1.0][:5]
+    return [f"{names[i]}: ×{10 ** trends[i]:.3g} over recent samples" for i in idx]
+
+
+def _hunt_words(hunt: Any) -> str:
+    module = getattr(hunt, "module", None) or "the root model"
+    phase = getattr(hunt, "phase", None) or "?"
+    return f"{module} ({phase}) at step {getattr(hunt, 'step', '?')}"
+
+
+def _cleared_after(alert: Any, alerts: JobAlerts) -> list[str]:
+    later = [
+        a
+        for a in alerts.events
+        if a.cleared and a.kind == alert.kind and a.ranks == alert.ranks and a.step >= alert.step
+    ]
+    return [f"cleared at step {later[-1].step}"] if later else ["never cleared"]
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+
+def _loss_figures(
+    state: RunState,
+) -> tuple[float | None, float | None, int | None, float | None]:
+    has = state.has_loss.values
+    if not has.any():
+        return None, None, None, None
+    idx = np.flatnonzero(has)
+    losses = state.loss.values[idx]
+    finite = np.flatnonzero(np.isfinite(losses))
+    if not finite.size:
+        return float(losses[0]), None, None, float(losses[-1])
+    best = int(finite[np.argmin(losses[finite])])
+    return (
+        float(losses[0]),
+        float(losses[best]),
+        int(state.steps.values[idx[best]]),
+        float(losses[-1]),
+    )
+
+
+def _phases(state: RunState) -> dict[str, float | None]:
+    """Each phase's share of the step time over the whole run (the steps that timed it)."""
+    total = state.cols["step_time"].values
+    out: dict[str, float | None] = {}
+    for name in ANATOMY:
+        part = state.cols[name].values
+        timed = np.isfinite(part) & np.isfinite(total) & (total > 0)
+        out[name] = (
+            min(1.0, max(0.0, float(part[timed].sum() / total[timed].sum())))
+            if timed.any() and total[timed].sum() > 0
+            else None
+        )
+    return out
+
+
+def _median(values: np.ndarray) -> float | None:
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) if finite.size else None
+
+
+def _rate(steps: np.ndarray, times: np.ndarray) -> float | None:
+    if len(steps) < 2 or not times[-1] > times[0]:
+        return None
+    return float((steps[-1] - steps[0]) / (times[-1] - times[0]))
+
+
+def _throughput(state: RunState, column: str) -> float | None:
+    counts, times = state.cols[column].values, state.cols["step_time"].values
+    ok = np.isfinite(counts) & np.isfinite(times)
+    return float(counts[ok].sum() / times[ok].sum()) if ok.any() and times[ok].sum() > 0 else None
+
+
+def _probe_cost(state: RunState) -> float | None:
+    cost = (state.probe or {}).get("cost_fraction")
+    return float(cost) if isinstance(cost, int | float) and math.isfinite(cost) else None
+
+
+def _memory(state: RunState) -> dict[str, Any]:
+    system = state.system or {}
+    devices = []
+    for d in system.get("cuda") or []:
+        if isinstance(d, dict):
+            devices.append({k: d.get(k) for k in ("device", "peak", "reserved", "total")})
+    host = system.get("host") or {}
+    return {"cuda": devices, "host_rss": host.get("rss") if isinstance(host, dict) else None}
+
+
+def _top_ops(state: RunState) -> list[dict[str, Any]]:
+    profiles = state.deep.profiles
+    if not profiles:
+        return []
+    profile = profiles[-1]
+    rows = list(getattr(profile, "rows", []) or [])
+    device = bool(getattr(profile, "device", False))
+    key = "self_device" if device else "self_cpu"
+    total = float(getattr(profile, f"total_{key}", 0.0) or 0.0)
+    out = []
+    for row in sorted(rows, key=lambda r: -_get(r, key))[:TOP_OPS]:
+        own = _get(row, key)
+        out.append(
+            {
+                "name": str(_get_any(row, "name")),
+                "self_us": own,
+                "share": own / total if total > 0 else None,
+            }
+        )
+    return out
+
+
+def _get(row: Any, key: str) -> float:
+    value = _get_any(row, key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
+
+
+def _get_any(row: Any, key: str) -> Any:
+    return row.get(key) if isinstance(row, dict) else getattr(row, key, None)
+
+
+def _chart(values: np.ndarray) -> list[float]:
+    """At most CHART_POINTS evenly spaced means of ``values`` (NaN where none is finite)."""
+    if not len(values):
+        return []
+    chunks = np.array_split(values.astype(np.float64), min(CHART_POINTS, len(values)))
+    out = []
+    for chunk in chunks:
+        finite = chunk[np.isfinite(chunk)]
+        out.append(float(finite.mean()) if finite.size else math.nan)
+    return out
+
+
+def _finite_tree(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _finite_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_tree(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+# --- words for a figure (shared by the text and the HTML report) ------------------------------
+
+
+def phase_words(name: str) -> str:
+    return PHASE_WORDS.get(name, name)
+
+
+def figure_lines(d: Diagnosis) -> list[tuple[str, str]]:
+    """The evidence table under the verdicts: (label, value), in reading order."""
+    last = d.last_step if d.last_step is not None else "n/a"
+    lines = [
+        ("steps", f"{d.steps} (last step {last}) in {fmt_span(d.elapsed)}"),
+        (
+            "loss",
+            f"first {fmt_loss(d.loss_first)} · best {fmt_loss(d.loss_best)}"
+            + (f" at step {d.loss_best_step}" if d.loss_best_step is not None else "")
+            + f" · last {fmt_loss(d.loss_last)}",
+        ),
+        (
+            "speed",
+            f"{fmt_seconds(d.step_time)} a step (median) · "
+            + (f"{d.steps_per_sec:.3g} steps/s" if d.steps_per_sec else "n/a steps/s")
+            + (f" · {d.samples_per_sec:.4g} samples/s" if d.samples_per_sec else ""),
+        ),
+    ]
+    shares = [f"{phase_words(k)} {fmt_pct(v)}" for k, v in d.phases.items() if v]
+    measured = [v for v in d.phases.values() if v is not None]
+    if measured and sum(measured) < 0.95:  # the rest: the script's own work between phases
+        shares.append(f"other {fmt_pct(1.0 - sum(measured))}")
+    if shares:
+        lines.append(("time went to", " · ".join(shares)))
+    if d.probe_cost is not None:
+        lines.append(("probe cost", f"{fmt_pct(d.probe_cost)} of the step time"))
+    for dev in d.memory.get("cuda") or []:
+        lines.append(
+            (
+                f"memory {dev.get('device', 'cuda')}",
+                f"peak {fmt_bytes(dev.get('peak'))} · reserved {fmt_bytes(dev.get('reserved'))}",
+            )
+        )
+    if d.memory.get("host_rss") is not None:
+        lines.append(("host memory", f"{fmt_bytes(d.memory['host_rss'])} resident"))
+    return lines
