@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tdbg.connect.client import ProbeClient
+from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.jobs import job_of
-from tdbg.connect.runtime import RunEntry, discover, runtime_dir
+from tdbg.connect.runtime import RunEntry, discover, runtime_dir, waiting_for_run
 from tdbg.connect.sshurl import SshTarget, SshUrlError, is_ssh_url, parse_ssh_url
 from tdbg.connect.target_errors import (
     TargetError,
@@ -215,8 +215,27 @@ def attach(
 
         return connect(target.ssh, opts if opts is not None else RemoteOptions())
     if isinstance(target, Discover):
-        target = wait_for_run(target.directory, wait)
+        return _wait_and_attach(target.directory, wait)
     return ProbeClient.connect(target.path)
+
+
+def _wait_and_attach(directory: Path | None, wait: float | None) -> ProbeClient:
+    """The only live run, waited for up to ``wait`` seconds, attached. Noted as waiting
+    meanwhile (runtime.waiting_for_run), so that a run which ends before this process looks
+    (a busy machine) serves on until it is attached: never missed. A run that goes away
+    between being found and attached is waited past, not an error, until the deadline."""
+    if not wait:
+        return ProbeClient.connect(only_run(directory).path)
+    deadline = time.monotonic() + wait
+    with waiting_for_run(directory):
+        while True:
+            found = wait_for_run(directory, max(0.0, deadline - time.monotonic()))
+            try:
+                return ProbeClient.connect(found.path)
+            except ConnectError:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(POLL_INTERVAL)
 
 
 def wait_for_run(directory: Path | None = None, wait: float | None = None) -> LocalSocket:

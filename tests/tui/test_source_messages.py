@@ -3,12 +3,14 @@ and each app handles each by its type; a message from a source switched away fro
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 from textual.message import Message
 from waiting import wait_for, wait_until
 
+from tdbg.connect.runtime import waiting_pids
 from tdbg.tui.app import make_app
 from tdbg.tui.sources.base import DiscoverySource, ReplaySource, Source
 from tdbg.tui.sources.job import JobSource
@@ -39,6 +41,20 @@ def test_discovery_says_it_waits_with_a_message_of_its_own(runtime_dir: Path) ->
     assert isinstance(said, Source.WaitStarted)
     assert said.where == str(runtime_dir)
     assert said.handler_name == "on_source_wait_started"
+
+
+def test_discovery_is_noted_as_waiting_until_it_stops(runtime_dir: Path) -> None:
+    """While tdbg-tui waits for a run, its note holds a run that ends meanwhile (the probe
+    serves on until it attached: tests/e2e/test_short_runs.py shows it with tdbg dump)."""
+    source = DiscoverySource(runtime_dir)
+    opened = threading.Thread(target=lambda: _open(source, []), daemon=True)
+    opened.start()
+    try:
+        wait_until(lambda: os.getpid() in waiting_pids(runtime_dir), what="the waiting note")
+    finally:
+        source.stop()
+        opened.join(10)
+    assert os.getpid() not in waiting_pids(runtime_dir)
 
 
 def test_a_job_source_says_it_waits_with_a_message_of_its_own(runtime_dir: Path) -> None:

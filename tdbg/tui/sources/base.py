@@ -24,7 +24,7 @@ from typing import Any
 from textual.message import Message
 
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.runtime import RunEntry, discover, waiting_for_run
 from tdbg.protocol.framing import ProtocolError
 
 POLL_INTERVAL = 0.5  # seconds between discovery polls while waiting for a run
@@ -336,6 +336,12 @@ class DiscoverySource(SocketSource):
         self.label = "discovery"
 
     def open(self, notify: Notify) -> None:
+        # Noted as waiting until attached: a run that ends before the next look (a busy
+        # machine) serves on until this source attaches it (connect/runtime.py).
+        with waiting_for_run(self.directory):
+            self._open(notify)
+
+    def _open(self, notify: Notify) -> None:
         announced: list[str] | None = None
         while not self.stopped:
             entries = self._candidates()
