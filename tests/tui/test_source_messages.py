@@ -31,7 +31,7 @@ def _first_said(source: Source | JobSource) -> Message:
 
 def _open(source: Source | JobSource, said: list[Message]) -> None:
     try:
-        source.open(said.append)  # type: ignore[arg-type]
+        source.open(said.append)
     except Exception:  # ConnectError once stopped: what it said is what the test reads
         pass
 
