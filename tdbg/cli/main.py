@@ -22,6 +22,7 @@ from tdbg.cli.args import (
     positive_int,
 )
 from tdbg.cli.bridge import add_bridge_parser
+from tdbg.cli.compare import add_compare_parser
 from tdbg.cli.dives import (
     JobFailed,
     cmd_activations,
@@ -32,6 +33,7 @@ from tdbg.cli.dives import (
 )
 from tdbg.cli.dump import Window, dump_events, job_event, windowed
 from tdbg.cli.errors import CliError
+from tdbg.cli.export import add_export_parser
 from tdbg.cli.job_dives import cmd_job_dive, rank_list
 from tdbg.cli.job_targets import add_job_option, dump_job, job_by_name, job_entries_for
 from tdbg.cli.replay import replay_main
@@ -361,6 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_parser(sub)
     add_report_parser(sub)
     add_alerts_parser(sub)
+    add_compare_parser(sub)
+    add_export_parser(sub)
 
     profile = _job_parser(
         sub,

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shutil
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -98,7 +101,8 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         out.write(json.dumps(report.to_json()) + "\n")
     else:
-        out.write(render_text(report))
+        text = render_text(report)
+        out.write(colour(text) if _wants_colour(out) else text)
     out.flush()
     return 0
 
@@ -174,9 +178,19 @@ def _run_text(d: Diagnosis) -> str:
     pid = d.run.get("pid")
     head = f"tdbg report · {d.name}" + (f" (pid {pid})" if pid else "")
     lines = [f"{head} · {d.health.word}: {d.health.detail} · {WORDS[d.level]}", "", "verdicts"]
+    columns = max(60, shutil.get_terminal_size((100, 24)).columns - 1)
     for verdict in d.verdicts:
         lines.append(f"  {MARKS.get(verdict.level, '?')} {verdict.headline}")
-        lines.extend(f"      {e}" for e in verdict.evidence)
+        for evidence in verdict.evidence:  # wrapped under itself, not under the margin
+            lines.extend(
+                textwrap.wrap(
+                    evidence,
+                    columns,
+                    initial_indent=" " * 6,
+                    subsequent_indent=" " * 8,
+                    break_on_hyphens=False,
+                )
+            )
     lines += ["", "evidence"]
     figures = figure_lines(d)
     if d.loss_chart:
@@ -188,7 +202,41 @@ def _run_text(d: Diagnosis) -> str:
         label = "top ops (last profile)" if i == 0 else ""
         figures.append((label, f"{share:>6}  {fmt_us(op['self_us']):>9}  {op['name']}"))
     width = max(len(label) for label, _ in figures)
-    lines.extend(f"  {label:<{width}}  {value}" for label, value in figures)
+    for label, value in figures:
+        lines.extend(
+            textwrap.wrap(
+                f"  {label:<{width}}  {value}", columns, subsequent_indent=" " * (width + 4)
+            )
+            or [""]
+        )
+    return "\n".join(lines) + "\n"
+
+
+COLOURS = {"✗": "31", "!": "33", "✓": "32", "TROUBLE": "1;31", "WARNINGS": "1;33", "OK": "1;32"}
+
+
+def _wants_colour(out: TextIO) -> bool:
+    """Colour on a terminal, as most CLIs: never when piped, nor with NO_COLOR set."""
+    isatty = getattr(out, "isatty", lambda: False)()
+    return bool(isatty) and not os.environ.get("NO_COLOR")
+
+
+def colour(text: str) -> str:
+    """The verdict marks and the headline word in their colours (ANSI SGR)."""
+    lines = []
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        mark = stripped[:1]
+        if mark in ("✗", "!", "✓") and stripped[1:2] == " ":
+            line = line.replace(mark, f"\x1b[{COLOURS[mark]}m{mark}", 1) + "\x1b[0m"
+        elif line.startswith(("tdbg report", "  tdbg report")):
+            for word in ("TROUBLE", "WARNINGS", "OK"):
+                if line.endswith(word):
+                    line = line[: -len(word)] + f"\x1b[{COLOURS[word]}m{word}\x1b[0m"
+            line = f"\x1b[1m{line}"
+        elif stripped in ("verdicts", "evidence", "job findings") or stripped.startswith("rank "):
+            line = f"\x1b[1m{line}\x1b[0m"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -202,6 +202,8 @@ def _verdicts(state: RunState) -> list[Verdict]:
     growing = _growing_layers(state)
     if growing:
         out.append(Verdict("warn", "gradient norms growing", growing))
+    if not state.n_steps:
+        out.append(Verdict("warn", "no step recorded: the run had not reached an optimizer step"))
     if not out:
         out.append(Verdict("ok", "no trouble seen: no alert, no stall, finite loss throughout"))
     order = {"bad": 0, "warn": 1, "ok": 2}

@@ -1,0 +1,173 @@
+"""``tdbg compare A B [C ...]``: runs side by side — recordings, live runs or both — which is ahead,
+where their losses part, the layers that differ most and how they were started differently."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import textwrap
+from typing import TYPE_CHECKING, Any, TextIO
+
+from tdbg.cli.args import positive_float
+from tdbg.cli.errors import CliError
+from tdbg.cli.glance import read_state
+from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
+from tdbg.connect.client import ConnectError
+from tdbg.format import fmt, fmt_loss, fmt_pct, fmt_seconds
+from tdbg.protocol.framing import ProtocolError
+
+if TYPE_CHECKING:
+    from tdbg.model.comparison import Comparison
+
+SYNC_SECONDS = 5.0
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def add_compare_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "compare",
+        help="runs side by side: which is ahead, where their losses part, what differs",
+        description=(
+            "Two or more runs side by side (recordings, live runs, or both): final and best "
+            "loss, speed and where the time went, logged metrics; which run is ahead at the end "
+            "of the steps they share and by how much; the first step where the first two runs' "
+            "smoothed losses part beyond their noise; the layers whose gradient norms differ "
+            "most; what differs in how they were started (command line, torch, device, "
+            "optimizers, learning rate). Runs that share no steps are compared by the time "
+            "since each started. Exit status: 0 compared; 2 a run cannot be read, bad arguments."
+        ),
+    )
+    p.add_argument("targets", nargs="+", type=target_arg, metavar="TARGET", help=TARGET_HELP)
+    add_remote_options(p)
+    p.add_argument("--json", action="store_true", help="the comparison as one JSON object")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=SYNC_SECONDS,
+        metavar="S",
+        help=f"wait at most S seconds for a live run's history (default {SYNC_SECONDS:g})",
+    )
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
+    from tdbg.model.comparison import compare
+
+    if len(args.targets) < 2:
+        raise CliError("compare needs two runs or more (recordings or live runs)")
+    states = []
+    for text in args.targets:
+        try:
+            states.append(read_state(text, args))
+        except (ConnectError, ProtocolError, OSError) as exc:
+            raise CliError(f"{text}: {exc}") from None
+    empty = [t for t, s in zip(args.targets, states, strict=True) if not s.n_steps]
+    if empty:
+        raise CliError(f"{empty[0]}: no steps to compare")
+    result = compare(states, list(args.targets))
+    out.write(json.dumps(result.to_json()) + "\n" if args.json else render(result))
+    out.flush()
+    return 0
+
+
+def render(c: Comparison) -> str:
+    letters = [chr(ord("A") + i) for i in range(len(c.runs))]
+    unit = "step" if c.axis == "step" else "s"
+    shared = (
+        f"shared {c.axis}s {fmt(c.common[0], '.6g')}–{fmt(c.common[1], '.6g')}"
+        if c.common is not None
+        else "nothing shared"
+    )
+    lines = [f"tdbg compare · {len(c.runs)} runs by {c.axis} ({shared})", ""]
+    for letter, run in zip(letters, c.runs, strict=True):
+        lines.append(f"  {letter}  {run.name}  {run.source}")
+    lines.append("")
+    lines += _verdicts(c, letters, unit)
+    rows: list[tuple[str, list[str]]] = [
+        ("steps", [f"{r.steps} (last {r.last_step})" for r in c.runs]),
+        ("loss, smoothed at end", [fmt_loss(r.loss_final) for r in c.runs]),
+        (
+            "best loss",
+            [
+                f"{fmt_loss(r.loss_best)} @ {r.loss_best_step}"
+                if r.loss_best is not None
+                else "n/a"
+                for r in c.runs
+            ],
+        ),
+        ("steps/s", [fmt(r.steps_per_sec) for r in c.runs]),
+        ("step time (median)", [fmt_seconds(r.step_time) for r in c.runs]),
+    ]
+    for phase in c.runs[0].phases:
+        if any(r.phases.get(phase) for r in c.runs):
+            label = phase.removesuffix("_time").replace("_", "-") + " share"
+            rows.append((label, [fmt_pct(r.phases.get(phase)) for r in c.runs]))
+    for name in sorted({m for r in c.runs for m in r.metrics_final}):
+        rows.append((name, [fmt(r.metrics_final.get(name), ".4g") for r in c.runs]))
+    width = max(len(label) for label, _ in rows)
+    col = max(12, *(len(v) for _, values in rows for v in values))
+    lines.append("  " + " " * width + "  " + "".join(f"{x:<{col + 2}}" for x in letters))
+    for label, values in rows:
+        lines.append(f"  {label:<{width}}  " + "".join(f"{v:<{col + 2}}" for v in values))
+    if c.charts:
+        lines.append("")
+        lines.append(f"  loss over the shared {c.axis}s (one scale)")
+        for letter, chart in zip(letters, overlay(c.charts), strict=True):
+            lines.append(f"  {letter} {chart}")
+    if c.started:
+        lines.append("")
+        lines.append("  started differently")
+        for key, values in c.started.items():
+            for letter, value in zip(letters, values, strict=True):
+                lines.append(f"    {key:<10} {letter}: {value}")
+    for note in c.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _verdicts(c: Comparison, letters: list[str], unit: str) -> list[str]:
+    out = []
+    if c.ahead is not None and c.common is not None:
+        at = f"at {unit} {fmt(c.common[1], '.6g')}"
+        by = f" by {c.ahead_by:.4g}" if c.ahead_by is not None else ""
+        out.append(f"  {letters[c.ahead]} is ahead{by} (smoothed loss {at})")
+    if c.parted_at is not None:
+        out.append(
+            f"  {letters[0]} and {letters[1]} part at {unit} {fmt(c.parted_at, '.6g')} "
+            "(their smoothed losses differ beyond their noise from there on)"
+        )
+    elif c.common is not None:
+        out.append(f"  {letters[0]} and {letters[1]} stay within their noise of each other")
+    if c.layers:
+        parts = [
+            f"{name} {format(10 ** abs(ratio), ',.0f' if abs(ratio) >= 2 else '.3g')}× "
+            + ("larger" if ratio > 0 else "smaller")
+            for name, ratio in c.layers
+        ]
+        out.append(f"  gradient norms differ most, in {letters[1]}: " + ", ".join(parts))
+    columns = max(60, shutil.get_terminal_size((100, 24)).columns - 1)
+    wrapped = [w for line in out for w in textwrap.wrap(line, columns, subsequent_indent="    ")]
+    return [*wrapped, ""] if wrapped else []
+
+
+def overlay(charts: list[list[float]]) -> list[str]:
+    """Sparklines of several series on one scale (log where they are positive and span over two
+    decades), so heights compare across runs."""
+    finite = [v for chart in charts for v in chart if math.isfinite(v)]
+    if not finite:
+        return ["" for _ in charts]
+    log = min(finite) > 0 and max(finite) / min(finite) > 100
+    f = (lambda v: math.log10(v)) if log else (lambda v: v)
+    low, high = f(min(finite)), f(max(finite))
+    span = high - low or 1.0
+    top = len(SPARKS) - 1
+    return [
+        "".join(
+            SPARKS[min(top, int((f(v) - low) / span * len(SPARKS)))] if math.isfinite(v) else "×"
+            for v in chart
+        )
+        + (f"  {chart[-1]:.4g}" if chart and math.isfinite(chart[-1]) else "")
+        for chart in charts
+    ]

@@ -1,0 +1,86 @@
+"""`tdbg compare`: real recordings side by side — which run is ahead, where they part, which
+layers differ, how they were started — and runs that share no steps compared by time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import Loop
+
+import tdbg
+from tdbg.cli.main import run
+from tdbg.model.comparison import compare
+from tdbg.model.run_state import RunState
+from tdbg.protocol.steps import StepRecord, pack_steps
+
+
+def _record(path: Path, lr: float, steps: int = 150, name: str = "run") -> None:
+    loop = Loop()
+    for group in loop.opt.param_groups:
+        group["lr"] = lr
+    probe = tdbg.watch(loop.model, loop.opt, serve=False, record=path, grad_every=1, name=name)
+    loop.run(steps, probe)
+    probe.close()
+
+
+def test_the_run_that_learns_is_ahead_and_they_part_early(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    learns, stuck = tmp_path / "learns.tdbg", tmp_path / "stuck.tdbg"
+    _record(learns, 0.05)
+    _record(stuck, 0.0005)
+    assert run(["compare", str(stuck), str(learns)]) == 0
+    text = capsys.readouterr().out
+    assert "B is ahead by" in text and "(smoothed loss at step 149)" in text
+    parted = next(line for line in text.splitlines() if " part at step " in line)
+    assert int(parted.split(" part at step ")[1].split()[0]) < 60, parted
+    assert "first_lr" in text and "[0.0005]" in text and "[0.05]" in text  # how they differ
+
+    assert run(["compare", "--json", str(stuck), str(learns)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["axis"] == "step" and got["ahead"] == 1 and got["common"] == [0, 149]
+    assert got["runs"][1]["loss_final"] < got["runs"][0]["loss_final"]
+    assert got["started"]["first_lr"] == [[0.0005], [0.05]]
+    assert {name for name, _ in got["layers"]} <= {"0", "2"}
+
+
+def test_the_same_run_twice_stays_within_its_noise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = tmp_path / "a.tdbg", tmp_path / "b.tdbg"
+    _record(a, 0.05)
+    _record(b, 0.05)
+    assert run(["compare", str(a), str(b)]) == 0
+    text = capsys.readouterr().out
+    assert "stay within their noise" in text and "started differently" not in text
+
+
+def _timed(start: float, first_step: int, steps: int, slope: float) -> RunState:
+    state = RunState({"name": "t", "start_time": start})
+    records = [
+        StepRecord(step=first_step + i, time=start + i, loss=10.0 - slope * i, step_time=1.0)
+        for i in range(steps)
+    ]
+    state.apply(pack_steps(records, 0))
+    return state
+
+
+def test_runs_that_share_no_steps_are_compared_by_time() -> None:
+    # A resumed run numbers its steps from 1000: no shared step, but the same hours.
+    a, b = _timed(100.0, 0, 50, 0.01), _timed(500.0, 1000, 50, 0.1)
+    result = compare([a, b], ["a", "b"])
+    assert result.axis == "time" and result.ahead == 1
+    assert result.notes == ["the runs share no steps: compared by time since each started"]
+
+
+def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = tmp_path / "a.tdbg"
+    _record(a, 0.05, steps=5)
+    junk = tmp_path / "junk.tdbg"
+    junk.write_bytes(b"junk")
+    for args in ([str(a)], [str(a), str(junk)], [str(a), str(tmp_path / "none.tdbg")]):
+        assert run(["compare", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tdbg: error:") and len(err.strip().splitlines()) == 1, err
