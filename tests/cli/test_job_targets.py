@@ -67,8 +67,8 @@ def test_dump_status_and_ls_take_a_job(runtime_dir: Path) -> None:
 @pytest.mark.slow
 def test_a_name_the_ranks_of_one_job_share_is_the_job(runtime_dir: Path) -> None:
     """torchrun starts every rank under the script's name: ``tdbg dump NAME``, ``tdbg status
-    NAME`` and ``tdbg alerts NAME`` mean the job, as ``--job`` does; two jobs sharing a name are
-    still named, not mixed."""
+    NAME``, ``tdbg report NAME`` and ``tdbg alerts NAME`` mean the job, as ``--job`` does; two
+    jobs sharing a name are still named, not mixed."""
     with ExitStack() as stack:
         for rank in (0, 1):
             stack.enter_context(pretend_rank(runtime_dir, "jobA", rank, 2, name="train"))
@@ -90,6 +90,11 @@ def test_a_name_the_ranks_of_one_job_share_is_the_job(runtime_dir: Path) -> None
         lines = [json.loads(line) for line in status.stdout.splitlines()]
         assert [line["job"] for line in lines if "findings" in line] == ["jobA"]
         assert sorted(line["rank"] for line in lines if "rank" in line) == [0, 1]
+
+        report = run_cli("report", "train", "--json", runtime=runtime_dir)
+        assert report.returncode == 0, report.stderr
+        diagnosis = json.loads(report.stdout)
+        assert diagnosis["job"] == "jobA" and sorted(diagnosis["ranks"]) == ["0", "1"]
 
         alerts = run_cli("alerts", "train", "--timeout", "3", runtime=runtime_dir)
         assert alerts.returncode == 0 and alerts.stderr == "", alerts.stderr  # not "2 runs named"
