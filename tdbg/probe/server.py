@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from tdbg import __version__
@@ -33,8 +34,6 @@ from tdbg.probe.system import SystemSampler
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
 from tdbg.protocol.messages import (
     COMMANDS,
-    Ack,
-    Alert,
     Layers,
     Pong,
     ProbeHealth,
@@ -50,6 +49,7 @@ from tdbg.protocol.messages import (
     validate_client_message,
     welcome_message,
 )
+from tdbg.protocol.messages.alert import STUCK_AT, Alert
 from tdbg.protocol.steps import StepRecord, pack_steps
 
 TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
@@ -574,8 +574,7 @@ class ProbeServer:
             self._on_error(exc)
             self._reply_error(conn, ErrorCode.INTERNAL, mid, f"internal error: {exc}"[:300])
             return
-        accepted: Ack = {"type": "ack", "id": mid, **ack}
-        conn.queue(pack(accepted))
+        conn.queue(pack(replace(ack, id=mid).to_wire()))
         self.wake()
 
     def _welcome(self, conn: Connection, args: dict[str, Any], mid: int) -> None:
@@ -636,15 +635,17 @@ class ProbeServer:
         return resolved
 
     def _with_stack(self, stall: Alert) -> Alert:
-        """A stall alert with the training thread's Python stack: where it is stuck."""
+        """A stall alert with the training thread's Python stack: where it is stuck. ``where``
+        is a field readers use; the prose keeps it too, for people and older readers."""
         stack = thread_stack(self.training_thread)
-        out: Alert = {**stall}
+        out = stall
         if stack:
-            out["message"] = f"{stall['message']} — stuck at {stuck_where(stack)}"
-            out["stack"] = stack
+            where = stuck_where(stack)
+            out = replace(out, message=f"{stall.message}{STUCK_AT}{where}", where=where)
+            out = replace(out, stack=tuple(stack))
         collective = last_collective()
-        if collective is not None:
-            out["collective"] = collective  # compared across ranks by `tdbg status`
+        if collective is not None:  # compared across ranks by `tdbg status`
+            out = replace(out, collective=collective)
         return out
 
     def _drain_metrics(self) -> list[tuple[int, str, float]]:
@@ -738,11 +739,11 @@ class ProbeServer:
                     self.recorder.add(frames[-1])
         for a in alerts:
             self.history.alerts.append(a)
-            frames.append(pack(dict(a)))
+            frames.append(pack(a.to_wire()))
             if self.recorder is not None:
                 self.recorder.add(frames[-1])
         if self.desk is not None:
-            if self.auto_nan_hunt and any(a["kind"] in NONFINITE_ALERTS for a in alerts):
+            if self.auto_nan_hunt and any(a.kind in NONFINITE_ALERTS for a in alerts):
                 self.desk.auto_nan_hunt()
             events = self.desk.runner.ctx.events
             for _ in range(min(len(events), MAX_EVENTS_PER_TICK)):

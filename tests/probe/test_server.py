@@ -29,6 +29,7 @@ from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.probe import connection, server
 from tdbg.protocol import framing, messages
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, ErrorCode
+from tdbg.protocol.stall import DEFAULT_STALL_RULE, StallRule
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -345,6 +346,8 @@ def test_an_overlapping_version_range_gets_welcome(runtime_dir: Path) -> None:
     raw.send(messages.hello("newer", proto_min=1, proto_max=5))
     raw.read_until(lambda: bool(raw.of("welcome")))
     assert raw.of("welcome")[0]["proto"] == 1
+    # The probe announces the stall rule its own ``stalled`` alert follows.
+    assert StallRule.from_wire(raw.of("welcome")[0]["run"]["stall"]) == DEFAULT_STALL_RULE
     assert raw.decoder.peer_versions == (framing.PROTO_MIN, framing.PROTO_MAX)
     raw.close()
 
