@@ -18,6 +18,7 @@ from tdbg.format import fmt, fmt_loss, fmt_percent
 from tdbg.model.deep import DIVES, label
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages.commands import COMMANDS
+from tdbg.tui.screens.alert_detail import AlertDetailScreen
 from tdbg.tui.screens.profile_form import ProfileFormScreen
 from tdbg.tui.widgets.activation_table import ActivationTable
 from tdbg.tui.widgets.alert_list import AlertList
@@ -161,6 +162,10 @@ class MonitorScreen(Screen[None]):
             self.query_one(f"#{panel_id}").border_title = title
 
     # --- actions --------------------------------------------------------------------------
+
+    def on_alert_list_alert_chosen(self, event: AlertList.AlertChosen) -> None:
+        event.stop()
+        self.app.push_screen(AlertDetailScreen(event.row))
 
     def action_toggle_log(self) -> None:
         self.log_scale = not self.log_scale
