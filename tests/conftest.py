@@ -26,7 +26,10 @@ sys.path[1:1] = [str(d) for d in sorted(_TESTS.iterdir()) if any(d.glob("test_*.
 from waiting import TIMEOUT, wait_until  # noqa: E402
 
 if TYPE_CHECKING:
+    import torch
+
     from tdbg.probe.watch import Probe
+    from tdbg.protocol.messages import RunInfo
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,7 +61,7 @@ SLOW_MODULES = frozenset(
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.module is not None and item.module.__name__ in SLOW_MODULES:
+        if isinstance(item, pytest.Function) and item.module.__name__ in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
 
 
@@ -134,7 +137,7 @@ def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     from tdbg.probe.pending import usual_step
 
-    class Recording(deque):  # type: ignore[type-arg]
+    class Recording(deque):
         def append(self, pending: Any) -> None:
             # A usual CPU step is handed over as its values; the probe thread builds it.
             built = usual_step(pending) if isinstance(pending, tuple) else pending
@@ -148,6 +151,22 @@ def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return sent
 
 
+def run_info(name: str = "unit", pid: int = 1, rank: int = 0) -> RunInfo:
+    """A whole RunInfo for a run that never was (what a unit test's part is told it serves)."""
+    return {
+        "name": name,
+        "pid": pid,
+        "rank": rank,
+        "host": "test-host",
+        "argv": ["train.py"],
+        "start_time": 0.0,
+        "cwd": "/",
+        "torch": "",
+        "device": "cpu",
+        "commands": {},
+    }
+
+
 def dive_context(model: Any, errors: list[BaseException] | None = None) -> Any:
     """A DiveContext on a CPU model whose worker runs each analysis at once, in the calling
     thread, with no artifacts directory."""
@@ -159,7 +178,7 @@ def dive_context(model: Any, errors: list[BaseException] | None = None) -> Any:
         model=model,
         optimizer=None,
         cuda_device=None,
-        run_info={"name": "unit", "pid": 1, "rank": 0},
+        run_info=run_info(),
         artifacts=lambda: None,
         submit=lambda fn: fn(),
         side_alerts=deque(),
@@ -192,6 +211,12 @@ class Loop:
         self.losses: list[float] = []
         self.norms: list[tuple[float, list[float]]] = []
 
+    @property
+    def optimizer(self) -> torch.optim.SGD:
+        """The loop's optimizer (a Loop made with one)."""
+        assert self.opt is not None, "Loop(optimizer=False) has no optimizer"
+        return self.opt
+
     def loss(self) -> Any:
         """The model's loss on the loop's batch (a tensor with its graph)."""
         return ((self.model(self.x) - self.y) ** 2).mean()
@@ -211,7 +236,8 @@ class Loop:
         else:
             with self.torch.no_grad():
                 for p in self.model.parameters():
-                    p -= 0.05 * p.grad
+                    if p.grad is not None:
+                        p -= 0.05 * p.grad
         if probe is not None:
             probe.step(loss)  # type: ignore[attr-defined]
         value = loss.item()
@@ -303,6 +329,17 @@ def probe_reader() -> Iterator[OpenReader]:
     yield open_reader
     for reader in readers:
         reader.close()
+
+
+def inject_fault(
+    monkeypatch: pytest.MonkeyPatch, probe: Probe, point: str, replacement: Callable[..., Any]
+) -> None:
+    """Make one of ``probe``'s declared fault points (tdbg.probe.faults.POINTS) call
+    ``replacement`` until the test ends."""
+    from tdbg.probe import faults
+
+    for owner, attribute in faults.targets(probe, point):
+        monkeypatch.setattr(owner, attribute, replacement)
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from typing import Any, Protocol
 
 
 class HasParams(Protocol):
-    params: Sequence[Any]
+    @property
+    def params(self) -> Sequence[Any]: ...
 
 
 def reference_norms(layers: Iterable[HasParams]) -> tuple[float, list[float]]:

@@ -11,7 +11,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,13 @@ from tdbg.probe.watch_args import (
 )
 from tdbg.protocol.messages import ProbeStats, RunInfo
 
+# What watch() takes (watch_args.named): one model or optimizer, a list of them, or a dict that
+# names them ({"netG": netG, "netD": netD}).
+Models = nn.Module | Sequence[nn.Module] | Mapping[str, nn.Module]
+Optimizers = (
+    torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | Mapping[str, torch.optim.Optimizer]
+)
+
 MAX_ERRORS = 100  # circuit breaker (guarantees: training thread)
 
 _live: weakref.WeakSet[Probe] = weakref.WeakSet()
@@ -57,9 +64,7 @@ class Probe:
     """
 
     @with_options
-    def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
-    ) -> None:
+    def __init__(self, model: Models, optimizer: Optimizers | None = None, **options: Any) -> None:
         caller = caller_names()
         models = named(model, nn.Module, "model", "model", caller)
         if not models:
@@ -624,9 +629,7 @@ class Probe:
 
 
 @with_options
-def watch(
-    model: nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
-) -> Probe:
+def watch(model: Models, optimizer: Optimizers | None = None, **options: Any) -> Probe:
     """Start watching ``model`` (and ``optimizer``); returns at once with a serving Probe.
 
     ``overhead_budget``: the share of step time gradient statistics may cost (default 1 %);

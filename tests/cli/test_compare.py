@@ -18,7 +18,7 @@ from tdbg.protocol.steps import StepRecord, pack_steps
 
 def _record(path: Path, lr: float, steps: int = 150, name: str = "run") -> None:
     loop = Loop()
-    for group in loop.opt.param_groups:
+    for group in loop.optimizer.param_groups:
         group["lr"] = lr
     probe = tdbg.watch(loop.model, loop.opt, serve=False, record=path, grad_every=1, name=name)
     loop.run(steps, probe)

@@ -74,7 +74,7 @@ def ranks(
         yield probes
     finally:
         for probe in probes:
-            probe.close()  # type: ignore[attr-defined]
+            probe.close()
 
 
 @dataclass

@@ -300,7 +300,7 @@ async def test_tui_over_ssh_follows_a_restarted_run(
                 assert source.reconnects == 0
 
 
-def _notifications(app) -> str:  # type: ignore[no-untyped-def]
+def _notifications(app) -> str:
     return " ".join(app.notices)
 
 

@@ -88,7 +88,7 @@ def run_at(rates: list[tuple[int, float]]) -> RunState:
             records.append(StepRecord(step=step, time=t, loss=1.0))
             step += 1
             t += 1.0 / per_second
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply(pack_steps(records, 0))
     return state
 

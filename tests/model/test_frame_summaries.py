@@ -18,7 +18,7 @@ def record(step: int, loss: float | None, **columns: float) -> StepRecord:
 
 
 def test_nonfinite_since_names_the_first_step_of_the_trailing_run() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     assert state.nonfinite_since is None
     state.apply(pack_steps([record(0, 1.0), record(1, 0.9), record(2, math.nan)], 0))
     assert state.nonfinite_since == 2
@@ -32,11 +32,11 @@ def test_nonfinite_since_names_the_first_step_of_the_trailing_run() -> None:
     assert state.nonfinite_since is None and state.last_loss == 0.7
 
 
-def test_clipping_counts_every_step_seen_thinned_ones_too(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_clipping_counts_every_step_seen_thinned_ones_too(monkeypatch: pytest.MonkeyPatch) -> None:
     import tdbg.model.run_state as model
 
     monkeypatch.setattr(model, "MAX_SCALAR_ROWS", 100)
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     for start in range(0, 1000, 50):
         batch = [record(s, 1.0, clip_max=1.0, clip_norm=2.0 if s % 4 == 0 else 0.5) for s in
                  range(start, start + 50)]  # fmt: skip
@@ -49,7 +49,7 @@ def test_clipping_counts_every_step_seen_thinned_ones_too(monkeypatch) -> None: 
 
 
 def test_latest_column_values_survive_steps_that_do_not_report_them() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply(pack_steps([record(0, 1.0, epoch=3.0, micro_batches=4.0)], 0))
     state.apply(pack_steps([record(s, 1.0) for s in range(1, 200)], 0))
     assert state.epoch == 3.0 and state.micro_batches == 4.0
@@ -58,7 +58,7 @@ def test_latest_column_values_survive_steps_that_do_not_report_them() -> None:
 
 
 def test_anatomy_follows_new_steps() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply(pack_steps([record(0, 1.0, data_time=0.1)], 0))
     assert state.anatomy()["data_time"] == 0.1 and not state.input_bound
     slow_input = [record(s, 1.0, data_time=0.9) for s in range(1, 100)]
@@ -73,7 +73,7 @@ def test_anatomy_reads_the_recent_steps_whose_phases_were_timed() -> None:
     from tdbg.model.run_state import ANATOMY_WINDOW
     from tdbg.protocol.steps import MAX_PHASE_GAP
 
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     stride = MAX_PHASE_GAP // 2  # one step in 16 timed: 25 of 400, input wait 0.00, 0.01, ...
     timed = range(0, 400, stride)
     state.apply(pack_steps([
@@ -93,12 +93,12 @@ def test_a_replay_cursor_reads_the_figures_of_its_step() -> None:
     records = [record(0, 1.0, clip_max=1.0, clip_norm=2.0, epoch=0.0)]
     records += [record(s, 0.5, clip_max=1.0, clip_norm=0.5) for s in range(1, 10)]
     records += [record(10, math.nan, epoch=1.0), record(11, math.nan)]
-    full = RunState(RUN)
+    full = RunState(dict(RUN))
     full.apply(pack_steps(records, 0))
     for n in (1, 5, 11, 12):
-        live = RunState(RUN)
+        live = RunState(dict(RUN))
         live.apply(pack_steps(records[:n], 0))
-        cursor = RunState(RUN)
+        cursor = RunState(dict(RUN))
         cursor.share_head(full, n)
         assert cursor.clipping() == live.clipping()
         assert cursor.nonfinite_since == live.nonfinite_since

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from tdbg.format import fmt, fmt_bytes, fmt_loss
 from tdbg.model.grad_history import GradHistory
@@ -14,14 +15,14 @@ from tdbg.tui.sources.synthetic import RUN, layer_names, step_records, synthetic
 
 
 def state_with(steps: int = 100, layers: int = 4, **kwargs: object) -> RunState:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply_many(synthetic_run(steps=steps, n_layers=layers, **kwargs))  # type: ignore[arg-type]
     return state
 
 
 def test_histories_match_the_records() -> None:
     records = step_records(0, 120, 3)
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply({"type": "layers", "names": layer_names(3), "numel": [1, 2, 3]})
     state.apply(pack_steps(records[:70], 3))
     state.apply(pack_steps(records[70:], 3))
@@ -40,7 +41,7 @@ def test_histories_match_the_records() -> None:
 
 
 def test_missing_loss_is_none_and_nan_loss_means_diverged() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply(pack_steps([StepRecord(step=0, time=1.0)], 0))
     assert state.last_loss is None
     assert fmt(state.mean_recent("data_time")) == "n/a"
@@ -57,7 +58,7 @@ def test_missing_loss_is_none_and_nan_loss_means_diverged() -> None:
 
 
 def test_lr_groups_may_grow() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply(pack_steps([StepRecord(step=0, time=0.0, loss=1.0, lr=[0.1])], 0))
     state.apply(pack_steps([StepRecord(step=1, time=1.0, loss=1.0, lr=[0.1, 0.2, 0.3])], 0))
     assert state.lr_groups == 3
@@ -85,7 +86,7 @@ def test_grad_history_is_bounded_and_ordered() -> None:
 
 
 def test_grad_history_memory_does_not_grow_with_the_run() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply({"type": "layers", "names": layer_names(50), "numel": [1] * 50})
     for start in range(0, 6000, 500):
         state.apply(pack_steps(step_records(start, 500, 50), 50))
@@ -101,7 +102,7 @@ def test_sampled_grads_only_on_some_steps() -> None:
 
 
 def test_alerts_newest_first_and_bounded() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     for i in range(MAX_ALERTS + 20):
         state.apply(
             {
@@ -151,7 +152,7 @@ def test_system_probe_and_protocol_errors_are_kept() -> None:
 
 
 def test_revision_changes_on_every_visible_update() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     r0 = state.revision
     state.apply({"type": "pong", "id": 1})
     assert state.revision == r0
@@ -160,7 +161,7 @@ def test_revision_changes_on_every_visible_update() -> None:
 
 
 def test_layer_trends_sign() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply({"type": "layers", "names": ["up", "down"], "numel": [1, 1]})
     recs = [
         StepRecord(step=i, time=float(i), loss=1.0, grad_norms=[10.0**i, 10.0**-i])
@@ -172,7 +173,7 @@ def test_layer_trends_sign() -> None:
 
 
 def test_many_layers_many_steps_through_the_model() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply_many(synthetic_run(steps=300, n_layers=1000, batch=30))
     assert state.n_steps == 300
     latest = state.grads.latest()
@@ -188,11 +189,11 @@ def test_formatting_helpers() -> None:
     assert fmt_loss(float("inf")) == "+inf"
 
 
-def test_scalar_history_is_bounded_recent_steps_exact(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_scalar_history_is_bounded_recent_steps_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     import tdbg.model.run_state as model
 
     monkeypatch.setattr(model, "MAX_SCALAR_ROWS", 1000)
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply({"type": "layers", "names": layer_names(3), "numel": [1] * 3})
     for start in range(0, 20_000, 250):
         state.apply(pack_steps(step_records(start, 250, 3), 3))
@@ -210,7 +211,7 @@ def test_scalar_history_is_bounded_recent_steps_exact(monkeypatch) -> None:  # t
 def test_a_step_shows_only_its_own_learning_rates() -> None:
     """lr_n says how many of a row's lr columns are real: a NaN within them is an unreadable
     lr (shown as missing), columns past them are padding and not a param group at all."""
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     records = [
         StepRecord(step=0, time=0.0, loss=1.0, lr=[0.1, 0.2, 0.3]),
         StepRecord(step=1, time=1.0, loss=1.0, lr=[0.1, math.nan]),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 
 import pytest
 
 from tdbg.probe import alerts
 from tdbg.probe.alerts import AlertRules, robust_z
+from tdbg.protocol.messages.alert import Alert
 from tdbg.protocol.stall import DEFAULT_STALL_RULE
 from tdbg.protocol.steps import StepRecord
 
@@ -24,12 +26,12 @@ def grads(step: int, norms: list[float], loss: float | None = 1.0, **kw: object)
     return rec(step, loss, grad_total=total, grad_norms=norms, **kw)
 
 
-def kinds(out: list[dict]) -> list[str]:
+def kinds(out: Sequence[Alert]) -> list[str]:
     return [a.kind for a in out]
 
 
-def run(rules: AlertRules, records: list[StepRecord], missing: list[int] = ()) -> list[dict]:  # type: ignore[assignment]
-    out: list[dict] = []
+def run(rules: AlertRules, records: list[StepRecord], missing: Sequence[int] = ()) -> list[Alert]:
+    out: list[Alert] = []
     for r in records:
         out.extend(rules.check_step(r, missing))
     return out

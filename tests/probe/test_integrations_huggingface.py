@@ -29,7 +29,7 @@ def _recorded(path: Path) -> tuple[list[Any], list[tuple[int, str, float]], list
     records = [r for m in messages if m.get("type") == "steps" for r in unpack_steps(m)]
     points = [tuple(p) for m in messages if m.get("type") == "metrics" for p in m["points"]]
     probes = [m for m in messages if m.get("type") == "probe"]
-    return records, points, probes  # type: ignore[return-value]
+    return records, points, probes
 
 
 class Regression(nn.Module):
@@ -193,7 +193,7 @@ def test_a_tiny_gpt2_from_its_config_trains_watched(runtime_dir: Path, tmp_path:
     assert [r.micro_batches for r in records] == [2, 2, 2]
     assert any(m.get("total_steps") == 3 for m in probes)
     assert all(r.grad_norms is not None for r in records)
-    assert all(v == v for r in records for v in r.grad_norms)  # type: ignore[union-attr]
+    assert all(v == v for r in records for v in r.grad_norms)
 
 
 def test_a_watch_that_fails_never_stops_training(

@@ -33,7 +33,7 @@ def _recorded(path: Path) -> tuple[list[Any], list[tuple[int, str, float]], list
     records = [r for m in messages if m.get("type") == "steps" for r in unpack_steps(m)]
     points = [tuple(p) for m in messages if m.get("type") == "metrics" for p in m["points"]]
     probes = [m for m in messages if m.get("type") == "probe"]
-    return records, points, probes  # type: ignore[return-value]
+    return records, points, probes
 
 
 def _trainer(lightning: Any, callbacks: list[Any], **kwargs: Any) -> Any:
@@ -50,7 +50,7 @@ def _trainer(lightning: Any, callbacks: list[Any], **kwargs: Any) -> Any:
 
 
 def _regression(base: type) -> type:
-    class Regression(base):  # type: ignore[misc, valid-type]
+    class Regression(base):
         """A tiny MLP; remembers each training micro-batch's loss and its optimizer updates."""
 
         def __init__(self) -> None:
@@ -62,7 +62,7 @@ def _regression(base: type) -> type:
             self.updates = 0
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.net(x)  # type: ignore[no-any-return]
+            return self.net(x)
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
@@ -188,7 +188,7 @@ def test_a_validation_between_steps_is_no_grad_time_not_data_wait(
 
 
 def _gan(base: type) -> type:
-    class GAN(base):  # type: ignore[misc, valid-type]
+    class GAN(base):
         """Manual optimization with two optimizers: generator first, then discriminator."""
 
         def __init__(self) -> None:

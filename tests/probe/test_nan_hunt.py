@@ -109,12 +109,12 @@ class NanGradFn(torch.autograd.Function):
     """The identity forward; backward makes the first ``k`` columns of the gradient NaN."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, k: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, k: int) -> torch.Tensor:
         ctx.k = k
         return x.clone()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.clone()
         grad[:, : ctx.k] = NAN
         return grad, None
@@ -122,19 +122,19 @@ class NanGradFn(torch.autograd.Function):
 
 class BadBackward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return NanGradFn.apply(x, 5)  # type: ignore[no-any-return]
+        return NanGradFn.apply(x, 5)
 
 
 class NanWeightGradFn(torch.autograd.Function):
     """y = x @ w.T with a correct input gradient and a NaN weight gradient."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         return x @ w.t()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, w = ctx.saved_tensors
         return grad @ w, torch.full_like(w, NAN)
 
@@ -145,7 +145,7 @@ class BadWeightGrad(nn.Module):
         self.weight = nn.Parameter(torch.randn(n_out, n_in) * 0.3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return NanWeightGradFn.apply(x, self.weight)  # type: ignore[no-any-return]
+        return NanWeightGradFn.apply(x, self.weight)
 
 
 def trainer(model: nn.Module, x: torch.Tensor, lr: float = 0.01) -> Callable[[int], None]:
@@ -600,7 +600,7 @@ def test_a_known_origin_heads_the_answer_not_the_nan_everywhere_model() -> None:
 
     before = hook_census(model)
     ctx = dive_context(model)
-    ctx.nan_origin = Origin(3, "weights", "2", "weights of 2 non-finite at step 3", 2)  # type: ignore[attr-defined]
+    ctx.nan_origin = Origin(3, "weights", "2", "weights of 2 non-finite at step 3", 2)
     dive = NanHuntDive(ctx, 8, {"steps": 1}, "auto")
     dive.start(5)
     trainer(model, x, lr=0.0)(6)
@@ -652,7 +652,7 @@ def test_a_loss_only_origin_keeps_a_finding_made_with_finite_weights() -> None:
     model[1].on = {1}
     model[1].step = 1
     ctx = dive_context(model)
-    ctx.nan_origin = Origin(3, "loss", None, "loss is nan at step 3")  # type: ignore[attr-defined]
+    ctx.nan_origin = Origin(3, "loss", None, "loss is nan at step 3")
     dive = NanHuntDive(ctx, 10, {"steps": 1}, "auto")
     dive.start(0)
     trainer(model, torch.randn(BATCH, 8), lr=0.0)(1)

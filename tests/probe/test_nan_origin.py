@@ -12,6 +12,7 @@ from torch import nn
 from tdbg.probe.gradients import find_layers
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
 from tdbg.probe.nan_origin import KIND, NanOrigin, Origin
+from tdbg.protocol.messages.alert import Alert
 
 K = 4  # the step where it goes wrong
 STEPS = 7
@@ -39,7 +40,7 @@ class Spike(nn.Module):
         self.scale = nn.Parameter(torch.ones(8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return InfGrad.apply(x * self.scale)  # type: ignore[no-any-return]
+        return InfGrad.apply(x * self.scale)
 
 
 class Boom(nn.Module):
@@ -65,7 +66,7 @@ class Net(nn.Module):
         return self.fc3(torch.tanh(self.fc2(self.boom(self.spike(self.act(self.fc1(x)))))))
 
 
-def train(scenario: str, guard: bool = False) -> tuple[NanOrigin, list[dict[str, Any]], Net]:
+def train(scenario: str, guard: bool = False) -> tuple[NanOrigin, list[Alert], Net]:
     """STEPS steps of SGD; at step K the scenario goes wrong. Per step, at the point of the
     optimizer pre-hook: the weights' finiteness per layer, the gradient norms per layer, and (when
     the guard finds non-finite gradients) the forward re-run — then NanOrigin.observe."""
@@ -78,7 +79,7 @@ def train(scenario: str, guard: bool = False) -> tuple[NanOrigin, list[dict[str,
     layer_of = [i for i, layer in enumerate(layers) for _ in layer.params]
     nonfinite_guard = NonfiniteGuard(params, layer_of)
     origin = NanOrigin(names)
-    alerts: list[dict[str, Any]] = []
+    alerts: list[Alert] = []
     try:
         for step in range(1, STEPS + 1):
             model.boom.armed = scenario == "forward" and step == K
@@ -114,16 +115,16 @@ def train(scenario: str, guard: bool = False) -> tuple[NanOrigin, list[dict[str,
     return origin, alerts, model
 
 
-def check(origin: NanOrigin, alerts: list[dict[str, Any]], phase: str, module: str) -> Origin:
+def check(origin: NanOrigin, alerts: list[Alert], phase: str, module: str) -> Origin:
     assert len(alerts) == 1, alerts  # the first event only
     found = origin.origin
     assert found is not None
     assert (found.step, found.phase, found.module) == (K, phase, module)
     assert found.last_finite == K - 1
     event = alerts[0]
-    assert event["kind"] == KIND and event["severity"] == "error" and event["step"] == K
-    assert module in event["message"] and f"step {K}" in event["message"]
-    assert event["layers"] == [module]
+    assert event.kind == KIND and event.severity == "error" and event.step == K
+    assert module in event.message and f"step {K}" in event.message
+    assert event.layers == (module,)
     return found
 
 
@@ -146,7 +147,7 @@ def test_a_forward_overflow_without_the_guard_says_loss_and_how_to_name_it() -> 
     assert len(alerts) == 1
     found = origin.origin
     assert found is not None and (found.step, found.phase, found.module) == (K, "loss", None)
-    assert "skip_nonfinite=True" in alerts[0]["message"]
+    assert "skip_nonfinite=True" in alerts[0].message
 
 
 def test_a_backward_made_inf_with_a_finite_loss() -> None:
@@ -171,7 +172,7 @@ def test_unmeasured_steps_count_as_finite_by_what_was_seen() -> None:
     assert origin.observe(1, 1.0, None, None) is None
     assert origin.observe(2, None, [1.0, 2.0], []) is None
     event = origin.observe(3, 1.0, [math.inf, math.nan], None)
-    assert event is not None and event["layers"] == ["b"]
+    assert event is not None and event.layers == ("b",)
     assert origin.observe(4, math.nan, None, [0, 1]) is None  # only the first event
     assert origin.origin is not None and origin.origin.as_dict()["last_finite"] == 2
 
@@ -180,24 +181,24 @@ def test_skipped_alert_names_layers_and_count() -> None:
     from tdbg.probe.nan_origin import SKIPPED_KIND, skipped_alert
 
     event = skipped_alert(5, ["fc1", "fc2"], [1], 2)
-    assert event["kind"] == SKIPPED_KIND and event["severity"] == "warning"
-    assert event["layers"] == ["fc2"] and "step 5" in event["message"]
-    assert "2 update(s) skipped" in event["message"]
+    assert event.kind == SKIPPED_KIND and event.severity == "warning"
+    assert event.layers == ("fc2",) and "step 5" in event.message
+    assert "2 update(s) skipped" in event.message
 
 
 def test_an_unmeasured_loss_never_claims_finite_weights() -> None:
     origin = NanOrigin(["a", "b"])
     assert origin.observe(1, 1.0, [1.0, 1.0], []) is None
     event = origin.observe(2, math.nan, None, None)  # not a sampled step: nothing measured
-    assert event is not None and event["step"] == 2 and event["layers"] == []
-    assert "finite weights" not in event["message"] and "not measured" in event["message"]
+    assert event is not None and event.step == 2 and event.layers == ()
+    assert "finite weights" not in event.message and "not measured" in event.message
     grads_only = NanOrigin(["a", "b"])  # a sampled step whose gradients came out finite
     event = grads_only.observe(2, math.nan, [1.0, 1.0], None)
-    assert event is not None and "finite weights" not in event["message"]
-    assert "gradients were finite; the weights were not read" in event["message"]
+    assert event is not None and "finite weights" not in event.message
+    assert "gradients were finite; the weights were not read" in event.message
     measured = NanOrigin(["a", "b"])
     event = measured.observe(2, math.nan, [math.nan, math.nan], [])  # weights measured finite
-    assert event is not None and "with finite weights" in event["message"]
+    assert event is not None and "with finite weights" in event.message
 
 
 def test_an_unmeasured_update_that_left_weights_nonfinite_is_named_at_its_step() -> None:
@@ -207,10 +208,10 @@ def test_an_unmeasured_update_that_left_weights_nonfinite_is_named_at_its_step()
     assert origin.observe(2, 1.0, [1.0, 1.0, 1.0], []) is None
     assert origin.observe(3, 0.9, None, None) is None
     event = origin.observe(4, math.nan, [math.nan] * 3, [0, 1], changed=[])
-    assert event is not None and event["step"] == 3 and event["layers"] == ["b"]
+    assert event is not None and event.step == 3 and event.layers == ("b",)
     found = origin.origin
     assert found is not None and (found.phase, found.step, found.last_finite) == ("backward", 3, 2)
-    assert "not measured" in event["message"]
+    assert "not measured" in event.message
 
 
 def test_a_weight_other_code_changed_is_the_origin_at_the_step_that_used_it() -> None:
@@ -218,7 +219,7 @@ def test_a_weight_other_code_changed_is_the_origin_at_the_step_that_used_it() ->
     origin.observe(2, 1.0, [1.0, 1.0, 1.0], [])
     origin.observe(3, 0.9, None, None)
     event = origin.observe(4, math.nan, [math.nan] * 3, [2], changed=[2])
-    assert event is not None and event["step"] == 4 and event["layers"] == ["c"]
+    assert event is not None and event.step == 4 and event.layers == ("c",)
     assert origin.origin is not None and origin.origin.phase == "weights"
 
 
@@ -226,7 +227,7 @@ def test_a_measured_step_before_keeps_the_weights_at_their_step() -> None:
     origin = NanOrigin(["a", "b"])
     origin.observe(3, 0.9, [1.0, 1.0], [])  # measured, finite: the update of step 3 made it
     event = origin.observe(4, math.nan, [math.nan] * 2, [1])
-    assert event is not None and event["step"] == 4
+    assert event is not None and event.step == 4
     assert origin.origin is not None and origin.origin.phase == "weights"
 
 
@@ -234,7 +235,7 @@ def test_the_guard_s_skipped_layers_name_a_backward_on_an_unsampled_step() -> No
     origin = NanOrigin(["a", "b", "c"])
     origin.observe(1, 1.0, None, None)
     event = origin.observe(2, 1.0, None, None, grad_nonfinite=[0, 1])
-    assert event is not None and event["step"] == 2 and event["layers"] == ["b"]
+    assert event is not None and event.step == 2 and event.layers == ("b",)
 
 
 def test_changed_layers_tell_other_code_from_the_optimizer() -> None:
@@ -267,16 +268,16 @@ def test_the_advice_to_re_run_the_forward_is_given_only_where_the_probe_does_not
     points at the loss computation, never at an option that is already on."""
     gpu = NanOrigin(["a", "b"])
     event = gpu.observe(2, math.nan, [math.nan, math.nan], [])
-    assert event is not None and "watch(skip_nonfinite=True) re-runs" in event["message"]
+    assert event is not None and "watch(skip_nonfinite=True) re-runs" in event.message
     cpu = NanOrigin(["a", "b"])
     cpu.reruns_forward = True
     event = cpu.observe(2, math.nan, [math.nan, math.nan], [])
-    assert event is not None and "skip_nonfinite" not in event["message"]
-    assert "found no module's output non-finite: look at the loss computation" in event["message"]
+    assert event is not None and "skip_nonfinite" not in event.message
+    assert "found no module's output non-finite: look at the loss computation" in event.message
     for probe_reruns in (False, True):  # finite gradients: nothing re-run, nor to advise
         grads_only = NanOrigin(["a", "b"])
         grads_only.reruns_forward = probe_reruns
         event = grads_only.observe(2, math.nan, [1.0, 1.0], None)
-        assert event is not None and "skip_nonfinite" not in event["message"]
-        assert "re-run" not in event["message"]
-        assert "the NaN reached the loss, not the gradients" in event["message"]
+        assert event is not None and "skip_nonfinite" not in event.message
+        assert "re-run" not in event.message
+        assert "the NaN reached the loss, not the gradients" in event.message

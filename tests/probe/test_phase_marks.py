@@ -259,7 +259,7 @@ def eval_run(monkeypatch: pytest.MonkeyPatch, gpu: bool) -> list[Any]:
             loop.model.zero_grad(set_to_none=True)
             loss = loop.loss()
             loss.backward()
-            loop.opt.step()
+            loop.optimizer.step()
             evaluate(loop)
             probe.step(loss)
         else:

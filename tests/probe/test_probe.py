@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Loop, OpenReader, Reader, wait_until
+from conftest import Loop, OpenReader, Reader, inject_fault, wait_until
 from torch import nn
 
 import tdbg
@@ -80,7 +80,7 @@ def test_nan_loss_alert_arrives_over_the_socket(
     reader.wait(lambda r: len(r.records()) >= 5)
     (alert,) = alerts_of(reader, "nonfinite_loss")  # onset only
     assert alert["step"] == 3 and alert["severity"] == "error"
-    assert math.isnan(reader.records()[3].loss)  # type: ignore[arg-type]
+    assert math.isnan(reader.records()[3].loss)
     reader.close()
 
 
@@ -164,11 +164,11 @@ def test_watch_rejects_what_is_not_a_module() -> None:
     with pytest.raises(
         TypeError, match=r"torch\.nn\.Module \(or a list or dict of them\), not str"
     ):
-        tdbg.watch([nn.Linear(1, 1), "head"])  # type: ignore[list-item]
+        tdbg.watch([nn.Linear(1, 1), "head"])
     with pytest.raises(TypeError, match="no model"):
         tdbg.watch([])
     with pytest.raises(TypeError, match=r"names must be strings"):
-        tdbg.watch({1: nn.Linear(1, 1)})  # type: ignore[dict-item]
+        tdbg.watch({1: nn.Linear(1, 1)})
     with pytest.raises(TypeError, match="Optimizer"):
         tdbg.watch(nn.Linear(1, 1), optimizer="sgd")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="grad_every"):
@@ -334,7 +334,7 @@ def test_circuit_breaker_switches_the_probe_off(
     def broken(loss: object) -> None:
         raise RuntimeError("loss bookkeeping exploded")
 
-    monkeypatch.setattr(probe._sampler, "_step_losses", broken)
+    inject_fault(monkeypatch, probe, "step_losses", broken)
     loop.run(150, probe)
     assert probe.errors == watch_module.MAX_ERRORS
     assert probe._disabled
@@ -366,7 +366,7 @@ def test_late_client_gets_the_whole_history_then_live_steps(
     history = reader.records(history=True)
     assert [r.step for r in history] == list(range(len(loop.losses)))
     assert [r.loss for r in history[:-1]] == loop.losses[:-1]
-    assert math.isnan(history[-1].loss)  # type: ignore[arg-type]
+    assert math.isnan(history[-1].loss)
     for r, (_, ref_layers) in zip(history[-4:-1], loop.norms, strict=True):
         assert r.grad_norms == pytest.approx(ref_layers, rel=1e-5)
     # Where it began comes first (here: a NaN loss from finite weights), then the NaN itself.
@@ -417,7 +417,7 @@ def test_the_gradient_interval_follows_the_measured_cost(
     costs = (10 * ms, 0.8 * ms, 0.0, float("nan"))
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, overhead_budget=0.01)
-    monkeypatch.setattr(probe._sampler, "measured_costs", lambda: costs)
+    inject_fault(monkeypatch, probe, "measured_costs", lambda: costs)
     reader = probe_reader(probe)
     loop.run(40, probe)
     assert probe.grad_interval == 10

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Loop, OpenReader, handed_over
+from conftest import Loop, OpenReader, handed_over, inject_fault
 from demo_job import demo_job
 from norm_oracle import reference_norms
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tdbg
+from tdbg.probe import faults
 from tdbg.probe import watch as watch_module
 from tdbg.probe.alerts import AlertRules
 from tdbg.probe.gradients import GradientStats, find_layers
@@ -34,7 +35,7 @@ class CountOps(TorchDispatchMode):
         super().__init__()
         self.calls = calls
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.calls.append(str(func))
         return func(*args, **(kwargs or {}))
 
@@ -47,13 +48,12 @@ def test_breaker_tripping_inside_the_optimizer_hook_never_raises_into_step(
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
     seen: list[int] = []
-    loop.opt.register_step_pre_hook(lambda *a: seen.append(1))  # a user's own hook after ours
+    loop.optimizer.register_step_pre_hook(lambda *a: seen.append(1))  # a user's own hook after ours
 
     def broken() -> None:
         raise RuntimeError("gradient pass failed")
 
-    monkeypatch.setattr(probe._sampler, "on_optimizer_step", broken)
-    monkeypatch.setattr(probe._hooks, "_on_optimizer_step", broken)
+    inject_fault(monkeypatch, probe, "optimizer_step", broken)
     loop.run(watch_module.MAX_ERRORS + 20, probe)  # raises if the breaker breaks opt.step()
     assert probe._disabled
     assert len(seen) == watch_module.MAX_ERRORS + 20
@@ -129,7 +129,7 @@ def test_the_probe_holds_no_loss_beyond_its_step(
                 loss = loop.loss() / accumulate
                 loss.backward(retain_graph=True)
                 refs.append(weakref.ref(loss))
-            loop.opt.step()
+            loop.optimizer.step()
             del loss
             assert refs[-1]() is not None  # the last one: held by the probe until its step
             assert all(r() is None for r in refs[:-1])
@@ -139,7 +139,7 @@ def test_the_probe_holds_no_loss_beyond_its_step(
             loss = loop.loss()
             loss.backward()
             expected = loss.item()
-            loop.opt.step()
+            loop.optimizer.step()
             probe.step(loss)
             assert sent[-1].loss == expected and sent[-1].host_scalars is None
         finally:
@@ -151,12 +151,12 @@ def test_the_probe_holds_no_loss_beyond_its_step(
     def broken(*_: object) -> None:
         raise RuntimeError("the step's bookkeeping failed")
 
-    monkeypatch.setattr(probe._sampler, "_step_losses", broken)
+    inject_fault(monkeypatch, probe, "step_losses", broken)
     try:
         for end in ("failed step", "close"):
             loss = loop.loss()
             loss.backward(retain_graph=True)
-            loop.opt.step()
+            loop.optimizer.step()
             ref = weakref.ref(loss)
             del loss
             if end == "close":
@@ -213,7 +213,7 @@ def test_skipped_optimizer_step_is_not_a_no_gradient_alert(
         loss = ((loop.model(loop.x) - loop.y) ** 2).mean()
         loss.backward()
         if i != 2:  # step 2: the optimizer step is skipped
-            loop.opt.step()
+            loop.optimizer.step()
         loop.model.zero_grad(set_to_none=True)
         probe.step(loss)
     reader.wait(lambda r: len(r.records()) >= 6)
@@ -313,15 +313,15 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
 
     calls: list[str] = []
 
-    def counted(function):  # type: ignore[no-untyped-def]
-        def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def counted(function):
+        def run(*args, **kwargs):
             with CountOps(calls):
                 return function(*args, **kwargs)
 
         return run
 
     loop = Loop(width=8)
-    model, opt = loop.model, loop.opt
+    model, opt = loop.model, loop.optimizer
     probe = tdbg.watch(model, opt, name="cold", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     try:
@@ -357,7 +357,7 @@ def test_a_cpu_loss_is_read_before_its_backward_not_at_the_update(
     calls: list[str] = []
 
     loop = Loop(width=8)
-    model, opt = loop.model, loop.opt
+    model, opt = loop.model, loop.optimizer
     probe = tdbg.watch(model, opt, name="warm-read", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     grads_ready = probe._hooks._on_optimizer_step  # what the step pre-hook runs
@@ -403,7 +403,7 @@ def test_a_backward_that_raises_is_not_counted(
     after running out of memory) still gets its update's loss and micro-batch count right,
     under gradient accumulation too."""
     loop = Loop(width=8)
-    model, opt = loop.model, loop.opt
+    model, opt = loop.model, loop.optimizer
     probe = tdbg.watch(model, opt, name="failed-backward", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
 
@@ -442,7 +442,7 @@ def test_the_usual_step_reads_its_cpu_loss_once(
     calls: list[str] = []
 
     loop = Loop(width=8)
-    model, opt = loop.model, loop.opt
+    model, opt = loop.model, loop.optimizer
     probe = tdbg.watch(model, opt, name="read-once", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     try:
@@ -469,7 +469,7 @@ def test_the_optimizer_tap_tells_the_probe_of_each_optimizer_once(
     right after the backward on every step: for an optimizer the probe has heard of it returns
     after one dict lookup. A new one is still heard of at its first step, and followed."""
     loop = Loop(width=8)
-    model, opt = loop.model, loop.opt
+    model, opt = loop.model, loop.optimizer
     probe = tdbg.watch(model, opt, name="told-once", grad_every=10**9)
     heard: list[object] = []
     hear = probe._sampler.on_any_optimizer_step
@@ -503,7 +503,7 @@ def test_the_forward_ends_where_its_backward_starts(
     costs microseconds): the step's forward is timed up to its backward, loss included, and
     the backward from there to the update."""
     loop = Loop(width=8)
-    model, opt = loop.model, loop.opt
+    model, opt = loop.model, loop.optimizer
     probe = tdbg.watch(model, opt, name="phases", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
     try:
@@ -530,7 +530,7 @@ def test_a_backward_after_the_update_does_not_move_the_forward_end(
     backward after it (another model's, trained after the watched one's step) is not this
     step's forward ending, and the backward phase never comes out negative."""
     loop = Loop(width=8)
-    model, opt = loop.model, loop.opt
+    model, opt = loop.model, loop.optimizer
     other = nn.Linear(4, 1)
     probe = tdbg.watch(model, opt, name="after-update", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
@@ -586,13 +586,13 @@ def _what_each_step_hands_over(
     sent = handed_over(probe, monkeypatch)
     sampler = probe._sampler
     told: list[tuple[int, str]] = []
-    tell = sampler._tell
+    tell = faults.original(probe, "sampler_tell")
 
     def told_at_step(message: str) -> None:
         told.append((sampler.step_count, message))
         tell(message)
 
-    monkeypatch.setattr(sampler, "_tell", told_at_step)
+    inject_fault(monkeypatch, probe, "sampler_tell", told_at_step)
 
     def failed_retry() -> torch.Tensor:
         ((model(x) - y) ** 2).mean().backward()
@@ -703,18 +703,16 @@ def test_a_step_the_probe_thread_cannot_build_costs_only_itself(
 ) -> None:
     """A step whose record fails to build on the probe thread is dropped and counted as an
     error; the steps drained with it in the same tick are still published."""
-    from tdbg.probe import server as server_module
-
-    build = server_module.usual_step
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, name="one-bad", grad_every=10**9)
+    build = faults.original(probe, "build_step")
 
     def fails_at_step_5(raw: Any) -> Any:
         if raw[0] == 5:
             raise RuntimeError("this step cannot be built")
         return build(raw)
 
-    monkeypatch.setattr(server_module, "usual_step", fails_at_step_5)
-    loop = Loop()
-    probe = tdbg.watch(loop.model, loop.opt, name="one-bad", grad_every=10**9)
+    inject_fault(monkeypatch, probe, "build_step", fails_at_step_5)
     assert probe.socket_path
     reader = probe_reader(probe)
     try:
@@ -725,3 +723,20 @@ def test_a_step_the_probe_thread_cannot_build_costs_only_itself(
     finally:
         probe.close()
         reader.close()
+
+
+def test_every_declared_fault_point_names_a_live_part(runtime_dir: Path) -> None:
+    """The fault points the tests inject through (tdbg.probe.faults) resolve on a real probe,
+    and an injection is undone to the very callable it replaced."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt)
+    for point in faults.POINTS:
+        before = [getattr(owner, name) for owner, name in faults.targets(probe, point)]
+        undo = faults.inject(probe, point, print)
+        assert all(getattr(o, n) is print for o, n in faults.targets(probe, point)), point
+        undo()
+        after = [getattr(owner, name) for owner, name in faults.targets(probe, point)]
+        assert after == before, point
+    with pytest.raises(KeyError, match="no fault point"):
+        faults.targets(probe, "nowhere")
+    probe.close()

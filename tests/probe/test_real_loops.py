@@ -35,8 +35,8 @@ def test_a_watched_model_saves_copies_and_pickles_as_without_tdbg(
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     twin = copy.deepcopy(loop.model)  # an EMA / best-model copy
-    opt_twin = copy.deepcopy(loop.opt)
-    pickle.loads(pickle.dumps(loop.opt.state_dict()))  # noqa: S301 (our own bytes)
+    opt_twin = copy.deepcopy(loop.optimizer)
+    pickle.loads(pickle.dumps(loop.optimizer.state_dict()))  # noqa: S301 (our own bytes)
     pickle.loads(pickle.dumps(loop.model.state_dict()))  # noqa: S301
     for clone in (loaded, twin):
         assert torch.equal(clone(loop.x), loop.model(loop.x))
@@ -56,10 +56,10 @@ def test_a_watched_model_compiles(runtime_dir: Path) -> None:
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
     compiled = torch.compile(loop.model, backend="eager")
     for _ in range(3):
-        loop.opt.zero_grad()
+        loop.optimizer.zero_grad()
         loss = ((compiled(loop.x) - loop.y) ** 2).mean()
         loss.backward()
-        loop.opt.step()
+        loop.optimizer.step()
         probe.step(loss)
     assert probe.steps == 3 and probe.errors == 0
 
@@ -80,7 +80,7 @@ def test_a_copied_probe_hook_is_inert_and_holds_nothing() -> None:
     for inert in (copy.deepcopy(hook), copy.copy(hook), pickle.loads(pickle.dumps(hook))):  # noqa: S301
         # functools.partial(sys.audit, INERT_EVENT): stdlib only, any arguments, returns None
         assert inert(1, 2, {"k": 3}) is None and target.calls == 1  # hooks get positionals
-        assert inert.args == (INERT_EVENT,)  # type: ignore[attr-defined]
+        assert inert.args == (INERT_EVENT,)
     del target
     assert hook(1) is None  # the probe's object is gone: nothing kept it alive
 
@@ -397,7 +397,7 @@ def test_several_models_and_optimizers_are_all_watched(
         ]
         assert records[step].loss == pytest.approx(loss_g, rel=1e-6)  # the first optimizer's
         assert len(records[step].lr) == 2 and records[step].grad_norms is not None
-        assert all(v > 0 for v in records[step].grad_norms)  # type: ignore[union-attr]
+        assert all(v > 0 for v in records[step].grad_norms)
     reader.close()
 
 
@@ -517,10 +517,10 @@ def test_epochs_follow_the_training_dataloader(runtime_dir: Path, probe_reader: 
     reader = probe_reader(probe)
     for _ in range(3):
         for x, y in train:
-            loop.opt.zero_grad()
+            loop.optimizer.zero_grad()
             loss = ((loop.model(x) - y) ** 2).mean()
             loss.backward()
-            loop.opt.step()
+            loop.optimizer.step()
             probe.step(loss)
         with torch.no_grad():
             for x, _ in val:  # validation passes are not epochs
@@ -547,10 +547,10 @@ def test_epochs_follow_a_dataloader_made_anew_each_epoch(
     reader = probe_reader(probe)
 
     def train(x: torch.Tensor, y: torch.Tensor) -> None:
-        loop.opt.zero_grad()
+        loop.optimizer.zero_grad()
         loss = ((loop.model(x) - y) ** 2).mean()
         loss.backward()
-        loop.opt.step()
+        loop.optimizer.step()
         probe.step(loss)
 
     for _ in range(2):
@@ -714,7 +714,7 @@ def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(
     records = reader.records()
     assert [r.step for r in records] == list(range(6))
     assert all(r.grad_norms is not None for r in records)
-    assert records[3].grad_norms[2] > 0  # type: ignore[index]  # the new layer, in the joined row
+    assert records[3].grad_norms[2] > 0  # the new layer, in the joined row
     assert not [m for m in reader.of("probe") if m.get("errors")]
 
 
@@ -815,7 +815,7 @@ def test_an_optimizer_wrapper_without_hooks_is_unwrapped(
         def __init__(self, optimizer: torch.optim.Optimizer) -> None:
             self.optimizer = optimizer  # no super().__init__(): as Accelerate does
 
-        def step(self, closure=None):  # type: ignore[no-untyped-def, override]
+        def step(self, closure=None):
             return self.optimizer.step(closure)
 
     model = _model()
@@ -893,11 +893,11 @@ class Boom(torch.nn.Module):
 
 class InfBackward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):  # type: ignore[no-untyped-def, override]
+    def forward(ctx, x):
         return x.clone()
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def, override]
+    def backward(ctx, grad):
         return grad * float("inf")
 
 
@@ -940,7 +940,7 @@ class _CalledWithKeywords(torch.nn.Module):
         self.net = _origin_net()
 
     def forward(self, *, inputs: torch.Tensor) -> torch.Tensor:
-        return self.net(inputs)  # type: ignore[no-any-return]
+        return self.net(inputs)
 
 
 def _nan_run(
@@ -1001,7 +1001,7 @@ def _hunt_headline(reader: Reader, train: Callable[[int], None]) -> dict[str, An
 
     wait_until(hunt_done, 30.0, "the automatic NaN hunt's answer")
     hunt = next(j for j in reader.of("job") if j["command"] == "nan_hunt" and j["state"] == "done")
-    return hunt["result"]  # type: ignore[no-any-return]
+    return hunt["result"]
 
 
 @pytest.mark.parametrize(

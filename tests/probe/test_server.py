@@ -56,7 +56,7 @@ class Raw:
     def message(self, mtype: str, mid: int, **args: object) -> None:
         self.send(framing.pack(messages.client_message(mtype, mid, **args), MAX_INBOUND_FRAME))
 
-    def read_until(self, condition, timeout: float = TIMEOUT) -> None:  # type: ignore[no-untyped-def]
+    def read_until(self, condition, timeout: float = TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             left = deadline - time.monotonic()
@@ -91,7 +91,7 @@ class Raw:
 
 
 def serving(loop: Loop, **kwargs: object) -> tuple[tdbg.Probe, str]:
-    probe = tdbg.watch(loop.model, loop.opt, **kwargs)  # type: ignore[arg-type]
+    probe = tdbg.watch(loop.model, loop.opt, **kwargs)
     assert probe.socket_path is not None
     return probe, probe.socket_path
 
@@ -640,9 +640,8 @@ def test_discovery_hides_and_cleans_up_dead_runs(runtime_dir: Path) -> None:
     assert runs[0].pid == os.getpid() and str(runs[0].socket) == probe.socket_path
     assert not stale_sock.exists() and not stale_meta.exists()
     assert sorted(os.listdir(runtime_dir)) == sorted(
-        p.name
-        for p in (Path(probe.socket_path), Path(probe.socket_path).with_suffix(".json"))  # type: ignore[arg-type]
-    ) + [Path(probe.socket_path).name + ".lock"]  # type: ignore[arg-type]
+        p.name for p in (Path(probe.socket_path), Path(probe.socket_path).with_suffix(".json"))
+    ) + [Path(probe.socket_path).name + ".lock"]
     probe.close()
     assert runtime.discover(runtime_dir) == []
 

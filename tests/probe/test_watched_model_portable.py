@@ -263,7 +263,7 @@ def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Pa
     def train(watch: bool) -> tuple[list[float], list[float], Reader | None]:
         loop = Loop()
         probe = tdbg.watch(loop.model, loop.opt, grad_every=1) if watch else None
-        reader = reader_on(probe) if probe is not None else None  # type: ignore[arg-type]
+        reader = reader_on(probe) if probe is not None else None
         compiled = torch.compile(loop.model, backend="eager", fullgraph=True)
         torch._dynamo.utils.counters.clear()
         losses, totals = [], []
@@ -337,7 +337,7 @@ def test_the_activations_dive_on_a_compiled_model_says_it_saw_nothing(
         torch._dynamo.reset()
         loop = Loop()
         probe = tdbg.watch(loop.model, loop.opt) if watch else None
-        reader = reader_on(probe) if probe is not None else None  # type: ignore[arg-type]
+        reader = reader_on(probe) if probe is not None else None
         if reader is not None:
             reader.wait(lambda r: r.of("synced"))
             mid = reader.client.send("activations", every=1, enabled=True)

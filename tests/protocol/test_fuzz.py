@@ -147,7 +147,7 @@ def test_random_bytes_never_kill_a_live_probe(
     probe = _shared_probe(runtime_dir)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(2.0)
-    sock.connect(probe.socket_path)  # type: ignore[arg-type]
+    sock.connect(probe.socket_path)
     try:
         if after_hello:
             sock.sendall(messages.hello("fuzz"))
@@ -168,7 +168,7 @@ def test_random_bytes_never_kill_a_live_probe(
 _probe_cache: dict[str, object] = {}
 
 
-def _shared_probe(runtime_dir: Path):  # type: ignore[no-untyped-def]
+def _shared_probe(runtime_dir: Path):
     """One probe for all examples of the live fuzz test (hypothesis reuses the fixture)."""
     from torch import nn
 

@@ -109,7 +109,7 @@ def test_each_step_shows_its_own_learning_rates_live_and_in_replay(tmp_path: Pat
     unreadable one as missing, and never the padding of a shorter row, at every replay cursor
     as on the live screen."""
     recs = records()
-    live = RunState(RUN)
+    live = RunState(dict(RUN))
     for i, rec in enumerate(recs):
         live.apply(pack_steps([rec], 3))
         assert live.latest_lr() == as_lr(LRS[i]), f"live, step {i}"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Loop, OpenReader, wait_until
+from conftest import Loop, OpenReader, inject_fault, wait_until
 from test_cli import events, run_cli
 
 from tdbg.probe import recorder as recorder_module
@@ -230,7 +230,7 @@ def test_env_var_records_only_in_the_main_process(
     assert explicit.recording_path == str(tmp_path / "explicit")
     explicit.close()
     with pytest.raises(TypeError, match="record must be a file path"):
-        tdbg.watch(model, serve=False, record=42)  # type: ignore[arg-type]
+        tdbg.watch(model, serve=False, record=42)
     assert not (tmp_path / "env.tdbgrec").exists()
 
 
@@ -302,8 +302,8 @@ def test_a_crashing_probe_loop_still_writes_the_end_marker(
     def reraise(exc: BaseException) -> None:
         raise exc  # an error handler that fails too: the loop itself dies
 
-    monkeypatch.setattr(server, "_tick", crash)
-    monkeypatch.setattr(server, "_on_error", reraise)
+    inject_fault(monkeypatch, probe, "server_tick", crash)
+    inject_fault(monkeypatch, probe, "server_error", reraise)
     server.wake()
     wait_until(lambda: not server._threads[0].is_alive(), what="the probe thread to die")
     rec = Recording(path)

@@ -107,7 +107,7 @@ def alerts_run() -> list[dict[str, Any]]:
 
 
 async def test_alerts_panel_root_cause_first_scrolls_and_opens_one() -> None:
-    app = make_app(ReplaySource(alerts_run(), RUN))
+    app = make_app(ReplaySource(alerts_run(), dict(RUN)))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.alert_count == 63, "every alert")
         await painted(pilot, app)
@@ -153,7 +153,7 @@ async def test_alerts_panel_root_cause_first_scrolls_and_opens_one() -> None:
 
 
 async def test_help_scrolls_from_the_keyboard_at_80x24() -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=50, n_layers=4), RUN))
+    app = make_app(ReplaySource(synthetic_run(steps=50, n_layers=4), dict(RUN)))
     async with app.run_test(size=(80, 24)) as pilot:
         await painted(pilot, app)
         await pilot.press("question_mark")

@@ -58,7 +58,7 @@ async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str) -> str:
 
 
 async def test_panels_show_the_run() -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=400, n_layers=12), RUN))
+    app = make_app(ReplaySource(synthetic_run(steps=400, n_layers=12), dict(RUN)))
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         # Each panel's words among the needles: panels repaint apart, a frame may lag one.
@@ -96,7 +96,7 @@ async def test_an_evaluation_shows_as_no_grad_time_not_as_an_input_bound_run() -
         record.no_grad_time = 0.0
     tail[5].no_grad_time, tail[5].data_time, tail[5].step_time = 2.0, 0.005, 2.05
     msgs.insert(-1, pack_steps(tail, 4))
-    app = make_app(ReplaySource(msgs, RUN))
+    app = make_app(ReplaySource(msgs, dict(RUN)))
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         text = await shows(pilot, app, "no-grad", "step 119")
@@ -110,7 +110,9 @@ async def test_the_anatomy_legend_keeps_every_phase_at_80_columns() -> None:
     """The longest legend: an input-bound run with a no-grad share, at 80x24: shorter names
     and gaps, never the last phase cut off."""
     # Every 10th step validates: ~150 ms steps (three digits), a third of them data.
-    app = make_app(ReplaySource(synthetic_run(steps=400, data_share=0.97, eval_every=10), RUN))
+    app = make_app(
+        ReplaySource(synthetic_run(steps=400, data_share=0.97, eval_every=10), dict(RUN))
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         await ended(pilot, app)
         text = await shows(pilot, app, "INPUT-BOUND", "no-grad")
@@ -119,7 +121,7 @@ async def test_the_anatomy_legend_keeps_every_phase_at_80_columns() -> None:
 
 
 async def test_run_ended_keeps_the_data() -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=200), RUN, batch_size=3))
+    app = make_app(ReplaySource(synthetic_run(steps=200), dict(RUN), batch_size=3))
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         assert app.state.n_steps == 200
@@ -129,7 +131,7 @@ async def test_run_ended_keeps_the_data() -> None:
 
 
 async def test_live_replay_stays_live() -> None:
-    source = ReplaySource(synthetic_run(steps=50), RUN, end=False)
+    source = ReplaySource(synthetic_run(steps=50), dict(RUN), end=False)
     app = make_app(source)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.state.n_steps == 50, "50 steps")
@@ -150,7 +152,7 @@ async def test_a_stalled_run_says_so_in_the_header_not_live() -> None:
         "message": "no step for 63 s after step 49 — stuck at loader.py:12 in __next__",
         "layers": [],
     }
-    source = ReplaySource([*synthetic_run(steps=50), stall], RUN, end=False)
+    source = ReplaySource([*synthetic_run(steps=50), stall], dict(RUN), end=False)
     app = make_app(source)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.state.n_steps == 50, "50 steps")
@@ -160,7 +162,7 @@ async def test_a_stalled_run_says_so_in_the_header_not_live() -> None:
 
 
 async def test_keys_toggle_heatmap_log_sort_and_help() -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=300, n_layers=8, nan_at=290), RUN))
+    app = make_app(ReplaySource(synthetic_run(steps=300, n_layers=8, nan_at=290), dict(RUN)))
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         monitor = app.screen
@@ -201,7 +203,7 @@ async def test_keys_toggle_heatmap_log_sort_and_help() -> None:
 
 
 async def test_tab_cycles_panels() -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=20), RUN))
+    app = make_app(ReplaySource(synthetic_run(steps=20), dict(RUN)))
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         seen = set()
@@ -217,7 +219,7 @@ async def test_tab_cycles_panels() -> None:
 
 async def test_a_thousand_layers_keep_up() -> None:
     messages = synthetic_run(steps=300, n_layers=1000, batch=10)
-    app = make_app(ReplaySource(messages, RUN, batch_size=2))
+    app = make_app(ReplaySource(messages, dict(RUN), batch_size=2))
     async with app.run_test(size=SIZE) as pilot:
         # A ceiling for a loaded CI machine; alone this takes a few seconds.
         await wait_for(pilot, lambda: app.state.connection == "ended", "the run's end", 90)
@@ -348,7 +350,7 @@ def test_launch_reports_a_bad_metadata_file(
 
 
 async def test_screenshot_is_svg(tmp_path: Path) -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=100, gpu=True), RUN))
+    app = make_app(ReplaySource(synthetic_run(steps=100, gpu=True), dict(RUN)))
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         path = save_screenshot(app, tmp_path / "tdbg.svg")

@@ -331,7 +331,7 @@ async def test_refusal_is_a_notification_and_stays_in_the_panel() -> None:
 
 
 async def test_replay_is_read_only_and_a_dead_connection_only_notifies() -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=50), RUN, end=False))
+    app = make_app(ReplaySource(synthetic_run(steps=50), dict(RUN), end=False))
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.state.synced, "replayed")
         await pilot.press("n")
@@ -524,7 +524,7 @@ def _screen_unlike(app: TdbgApp, before: str) -> str:
 
 
 def test_state_folds_jobs_results_and_refusals() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.sent(1, "profile", PROFILE_ARGS)
     state.apply({"type": "ack", "id": 1, "command": "profile", "job": 9, "message": ""})
     assert state.deep.requests[1].job == 9
@@ -564,7 +564,7 @@ def test_state_is_bounded_and_history_is_quiet() -> None:
 
 
 def test_state_ignores_unknown_and_malformed_fields() -> None:
-    state = RunState(RUN)
+    state = RunState(dict(RUN))
     state.apply({"type": "job", "job": "x"})  # no job number: ignored
     state.apply({"type": "job", "job": 1, "command": "profile", "state": "done", "result": []})
     state.apply({"type": "job", "job": 2, "state": "done", "args": "?", "surprise": 1})

@@ -22,7 +22,9 @@ VANISHED = 1  # the synthetic run's layer whose gradient is 1e-9
 
 
 def run(steps: int = 300, n_layers: int = 8, **kwargs: Any) -> TdbgApp:
-    return make_app(ReplaySource(synthetic_run(steps=steps, n_layers=n_layers, **kwargs), RUN))
+    return make_app(
+        ReplaySource(synthetic_run(steps=steps, n_layers=n_layers, **kwargs), dict(RUN))
+    )
 
 
 def frame_headings(app: TdbgApp) -> str:
@@ -127,7 +129,7 @@ async def test_long_names_leave_the_norms_on_screen() -> None:
                 f"encoder.transformer.layers.{i}.self_attention.output_projection.weight"
                 for i in range(len(message["names"]))
             ]
-    app = make_app(ReplaySource(messages, RUN))
+    app = make_app(ReplaySource(messages, dict(RUN)))
     async with app.run_test(size=SIZE) as pilot:
         await ended(pilot, app)
         table = app.query_one(GradientTable)

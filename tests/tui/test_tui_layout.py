@@ -43,7 +43,7 @@ def layers_with_norms(app: TdbgApp) -> int:
 
 def demo_app() -> TdbgApp:
     """The demo's run: two models, user metrics (the metrics table), 12 layers."""
-    return make_app(ReplaySource(synthetic_run(steps=400, n_layers=12), RUN))
+    return make_app(ReplaySource(synthetic_run(steps=400, n_layers=12), dict(RUN)))
 
 
 async def test_80x24_keeps_8_loss_rows_and_5_layers_with_their_norms() -> None:
@@ -91,7 +91,7 @@ async def test_larger_terminals_give_the_rows_to_the_charts() -> None:
 
 async def test_panels_with_nothing_to_say_are_one_dim_line() -> None:
     run = synthetic_run(steps=100, true_numbers=False, tokens=False)
-    app = make_app(ReplaySource(run, RUN))
+    app = make_app(ReplaySource(run, dict(RUN)))
     async with app.run_test(size=(120, 40)) as pilot:
         await ended(pilot, app)
         text = await shows(

@@ -38,7 +38,7 @@ def chart_lines(app: TdbgApp) -> list[str]:
 
 
 async def test_step_ticks_are_whole_steps_and_the_nan_is_marked() -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=2000, n_layers=4, nan_at=1980), RUN))
+    app = make_app(ReplaySource(synthetic_run(steps=2000, n_layers=4, nan_at=1980), dict(RUN)))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.n_steps == 2000, "2000 steps")
         await painted(pilot, app)
@@ -57,7 +57,7 @@ async def test_step_ticks_are_whole_steps_and_the_nan_is_marked() -> None:
 async def test_keys_window_zoom_pan_and_range_change_what_is_shown() -> None:
     for key in ("w", "+", "-", ",", ".", "f", "v"):
         assert f"\n{key} " in f"\n{KEYS}" or f" {key} " in KEYS, f"{key} is in the help"
-    app = make_app(ReplaySource(synthetic_run(steps=2000, n_layers=4), RUN))
+    app = make_app(ReplaySource(synthetic_run(steps=2000, n_layers=4), dict(RUN)))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.n_steps == 2000, "2000 steps")
         await painted(pilot, app)
@@ -102,7 +102,7 @@ async def test_keys_window_zoom_pan_and_range_change_what_is_shown() -> None:
 
 
 async def test_v_shows_the_step_time_of_each_step_and_back() -> None:
-    app = make_app(ReplaySource(synthetic_run(steps=400, n_layers=4), RUN))
+    app = make_app(ReplaySource(synthetic_run(steps=400, n_layers=4), dict(RUN)))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.n_steps == 400, "400 steps")
         await painted(pilot, app)
@@ -137,7 +137,7 @@ def converged(msg):
 
 async def main():
     messages = [converged(m) for m in synthetic_run(steps=6000, n_layers=2, metrics=False)]
-    app = make_app(ReplaySource(messages, RUN))
+    app = make_app(ReplaySource(messages, dict(RUN)))
     async with app.run_test(size=(80, 24)) as pilot:
         while app.state.n_steps < 6000:
             await pilot.pause(0.05)

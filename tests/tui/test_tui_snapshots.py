@@ -81,7 +81,7 @@ def source_for(state: str) -> ReplaySource:
     )
     if state == "profile":
         messages += job_messages(1, "profile", PROFILE_ARGS, profile_result((300, 304)), start=300)
-    return ReplaySource(messages, RUN, end=state == "ended")
+    return ReplaySource(messages, dict(RUN), end=state == "ended")
 
 
 async def settled(pilot: Pilot[Any], app: TdbgApp) -> str:

@@ -80,7 +80,7 @@ def test_how_a_run_ended_in_words() -> None:
 async def test_the_header_says_stalled_once_the_steps_stop() -> None:
     """The synthetic run's steps stop (the source stays connected, as a hung run's probe
     does): the header turns from live to stalled by its own clock, with 0.0 steps/s."""
-    source = ReplaySource(synthetic_run(steps=50), RUN, end=False)
+    source = ReplaySource(synthetic_run(steps=50), dict(RUN), end=False)
     app = make_app(source)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.n_steps == 50, "50 steps")
@@ -92,7 +92,7 @@ async def test_the_header_says_stalled_once_the_steps_stop() -> None:
 
 
 async def test_an_ended_run_says_how_and_shows_no_stale_rate() -> None:
-    source = ReplaySource(synthetic_run(steps=120), RUN, end_reason="slow_consumer")
+    source = ReplaySource(synthetic_run(steps=120), dict(RUN), end_reason="slow_consumer")
     app = make_app(source)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.state.connection == "ended", "the run's end")
@@ -116,7 +116,7 @@ async def test_a_stalled_run_shows_no_eta() -> None:
         "message": "no step for 63 s after step 399",
         "layers": [],
     }
-    app = make_app(ReplaySource([*synthetic_run(steps=400), stall], RUN, end=False))
+    app = make_app(ReplaySource([*synthetic_run(steps=400), stall], dict(RUN), end=False))
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: "stalled: no step for 63 s" in screen_text(app), "stalled")
         assert "ETA" not in screen_text(app).split("\n", 1)[0]

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from zc_common import hold, watch_if_asked
 
 
-def child_trains(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def child_trains(queue: multiprocessing.Queue) -> None:
     """A spawned process that backpropagates: it must never start a probe of its own."""
     model = nn.Linear(3, 1)
     torch.optim.SGD(model.parameters(), lr=0.1)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 
-def loss_of(params: dict[str, torch.Tensor], model: nn.Module, x: torch.Tensor, y: torch.Tensor):  # type: ignore[no-untyped-def]
+def loss_of(params: dict[str, torch.Tensor], model: nn.Module, x: torch.Tensor, y: torch.Tensor):
     out = torch.func.functional_call(model, params, (x,))
     return nn.functional.mse_loss(out[:, 0], y[:, 0]) + nn.functional.mse_loss(out[:, 1], y[:, 1])
 
