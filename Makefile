@@ -35,7 +35,7 @@ gpu-check: setup
 lint: setup
 	$(VENV)/bin/ruff check tdbg tests demos benchmarks
 	$(VENV)/bin/ruff format --check tdbg tests demos benchmarks
-	$(VENV)/bin/mypy tdbg
+	$(VENV)/bin/mypy tdbg tests
 	$(VENV)/bin/lint-imports --no-cache --no-logo  # the import contracts in pyproject.toml
 	./.ci/no-unsafe-decoding
 

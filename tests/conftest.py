@@ -151,6 +151,15 @@ def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return sent
 
 
+def linear_at(model: torch.nn.Sequential, index: int) -> torch.nn.Linear:
+    """The Linear layer at ``model[index]``, typed as one."""
+    from torch import nn
+
+    layer = model[index]
+    assert isinstance(layer, nn.Linear), f"model[{index}] is {type(layer).__name__}"
+    return layer
+
+
 def run_info(name: str = "unit", pid: int = 1, rank: int = 0) -> RunInfo:
     """A whole RunInfo for a run that never was (what a unit test's part is told it serves)."""
     return {
@@ -236,8 +245,8 @@ class Loop:
         else:
             with self.torch.no_grad():
                 for p in self.model.parameters():
-                    if p.grad is not None:
-                        p -= 0.05 * p.grad
+                    assert p.grad is not None
+                    p.sub_(0.05 * p.grad)
         if probe is not None:
             probe.step(loss)  # type: ignore[attr-defined]
         value = loss.item()

@@ -75,7 +75,9 @@ def recorded_torchrun_job(tmp_path: Path, ranks: int, steps: int, **env: str) ->
     """A ``steps``-step torchrun job under `tdbg run --record`, run to its end; the ranks'
     recordings (``job.rank{r}.tdbg`` in ``tmp_path``)."""
     options = ("--record", str(tmp_path / "job.tdbg"), "--grad-every", "1")
-    with torchrun_job(ranks, *options, output=subprocess.PIPE, DDP_STEPS=str(steps), **env) as job:
+    env = {"DDP_STEPS": str(steps), **env}
+    # env holds environment variables (DDP_*, TDBG_*), never torchrun_job's own keywords.
+    with torchrun_job(ranks, *options, output=subprocess.PIPE, **env) as job:  # type: ignore[arg-type]
         _, err = job.communicate(timeout=240)
     assert job.returncode == 0, err.decode(errors="replace")[-3000:]
     return [tmp_path / f"job.rank{r}.tdbg" for r in range(ranks)]

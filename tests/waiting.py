@@ -64,7 +64,7 @@ class _Deadline:
 
 
 def wait_until(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     timeout: float = TIMEOUT,
     what: str = "",
     *,
@@ -84,7 +84,7 @@ def wait_until(
 
 
 async def until(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     timeout: float = TIMEOUT,
     what: str = "",
     *,
@@ -108,7 +108,7 @@ async def until(
 
 
 async def wait_for(
-    pilot: _Pauses, condition: Callable[[], T], what: str = "", timeout: float = TIMEOUT
+    pilot: _Pauses, condition: Callable[[], T | None], what: str = "", timeout: float = TIMEOUT
 ) -> T:
     """``until`` for the TUI under its Pilot; a failure shows the screen as it was."""
     from tdbg.tui.app import screen_text  # textual only for the tests that run the TUI

@@ -801,8 +801,8 @@ def test_anomaly_finishes(mlp_job: tuple[Path, Path]) -> None:
 
 @pytest.mark.slow
 def test_activations_on_show_and_off(mlp_job: tuple[Path, Path]) -> None:
-    runtime, sock = mlp_job
-    sock = str(sock)
+    runtime, sock_path = mlp_job
+    sock = str(sock_path)
     out = run_cli("activations", sock, "--every", "2", "--show", runtime=runtime)
     assert out.returncode == 0, out.stderr
     assert "activations at step" in out.stdout and "body.0" in out.stdout, out.stdout

@@ -75,7 +75,7 @@ def test_a_finding_that_arises_while_following_is_printed_live(runtime_dir: Path
         )
         stack.callback(dump.kill)
         lines: queue.Queue[str] = queue.Queue()
-        reader = threading.Thread(target=lambda: [lines.put(x) for x in dump.stdout or ()])
+        reader = threading.Thread(target=lambda: all(map(lines.put, dump.stdout or ())))
         reader.daemon = True
         reader.start()
         seen: list[dict[str, Any]] = []

@@ -73,7 +73,7 @@ def test_per_step_figures_make_ranks_with_fewer_profiled_steps_comparable() -> N
     """A rank cut short by --max-seconds profiled fewer steps: it is compared per step."""
     short = _profile(0.3, [], steps=(10, 12))  # 3 steps, 100 ms each
     long = _profile(0.5, [], steps=(10, 14))  # 5 steps, 100 ms each
-    unknown = {"rows": [], "steps": []}
+    unknown: dict[str, list[object]] = {"rows": [], "steps": []}
     comparison = compare_profiles({0: long, 1: short, 2: unknown})
     assert comparison is not None
     assert [p.rank for p in comparison.ranks] == [0, 1, 2]  # a tie: lower rank; unknown last
@@ -160,7 +160,9 @@ def test_ctrl_c_cancels_the_dive_on_every_rank(runtime_dir: Path) -> None:
             start_new_session=True,  # as the ranks: kill_tree ends it whole
         )
         lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(dive.stderr.readline, "")))
+        assert dive.stderr is not None
+        stderr = dive.stderr
+        reader = threading.Thread(target=lambda: lines.extend(iter(stderr.readline, "")))
         reader.start()
         try:
             wait_until(

@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import Loop, OpenReader
+from conftest import Loop, OpenReader, linear_at
 
 import tdbg
 from tdbg.cli.main import run
@@ -23,7 +23,7 @@ def _nan_recording(path: Path) -> None:
     probe = tdbg.watch(loop.model, loop.opt, serve=False, record=path, grad_every=1)
     loop.run(8, probe)
     with loop.torch.no_grad():
-        loop.model[0].weight.fill_(math.nan)
+        linear_at(loop.model, 0).weight.fill_(math.nan)
     loop.run(4, probe)
     probe.close()
 

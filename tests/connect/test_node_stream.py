@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from textual.message import Message
 
     from tdbg.connect.sshurl import SshTarget
+    from tdbg.probe.watch import Probe
     from tdbg.tui.sources.remote_job import RemoteJobSource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +53,7 @@ def local_ssh(tmp_path: Path) -> RemoteOptions:
 @contextlib.contextmanager
 def ranks(
     monkeypatch: pytest.MonkeyPatch, job: str, count: int, runtime: Path | None = None
-) -> Iterator[list[object]]:
+) -> Iterator[list[Probe]]:
     """Ranks 0 to ``count - 1`` of a job of at least 2 ranks, probes in this process as
     torchrun's variables say (serving in ``runtime``, default: the test's runtime directory)."""
     import tdbg

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_info
 from waiting import TIMEOUT
 
 from tdbg.cli import main as cli
@@ -78,7 +79,9 @@ def a_recording(path: Path) -> Path:
     """A real recording, as the probe's recorder writes one (no steps: still a valid file)."""
     from tdbg.probe.recorder import Recorder
 
-    rec = Recorder(path, {"name": "rec", "pid": 1, "host": "h"}, ["w"], [1])
+    info = run_info(name="rec")
+    info["host"] = "h"
+    rec = Recorder(path, info, ["w"], [1])
     assert rec.open()
     rec.close()
     return path

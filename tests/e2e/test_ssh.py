@@ -380,7 +380,11 @@ def test_misbehaving_remote_tdbg(sshd: sshd_helper.Sshd, tmp_path: Path) -> None
         with pytest.raises(RemoteError, match=needle) as err:
             connect(target, opts, timeout=timeout)
         assert "\n" not in str(err.value)
-        wait_until(lambda s=script: not _running(str(s)), what=f"{script.name} stopped")
+
+        def stopped(path: Path = script) -> bool:
+            return not _running(str(path))
+
+        wait_until(stopped, what=f"{script.name} stopped")
 
 
 def _running(needle: str) -> bool:
@@ -489,7 +493,11 @@ def test_ctrl_c_while_listing_runs_exits_at_once(tmp_path: Path) -> None:
     assert took < LIST_TIMEOUT / 3, f"tdbg-tui exited {took:.1f} s after Ctrl-C"
     assert tui.returncode == 130, err.decode()
     for pid in _pids(pidfile):
-        wait_until(lambda p=pid: not _alive(p), what=f"fake ssh {pid} stopped")
+
+        def gone(p: int = pid) -> bool:
+            return not _alive(p)
+
+        wait_until(gone, what=f"fake ssh {pid} stopped")
 
 
 def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
@@ -526,7 +534,11 @@ def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
     )
     assert len(outcome) == 1 and isinstance(outcome[0], ConnectError), outcome
     for pid in _pids(pidfile):
-        wait_until(lambda p=pid: not _alive(p), what=f"fake ssh {pid} stopped")
+
+        def gone(p: int = pid) -> bool:
+            return not _alive(p)
+
+        wait_until(gone, what=f"fake ssh {pid} stopped")
 
 
 def test_ls_checks_every_argument_before_any_ssh_and_goes_on_past_a_dead_node(

@@ -84,10 +84,12 @@ def pretend_ranks(*ranks: tuple[Path, str, int]) -> Iterator[None]:
         for runtime, job, rank in ranks:
             stack.enter_context(pretend_rank(runtime, job, rank, 2))
         for runtime, job, rank in ranks:
+
+            def serving(r: Path = runtime, j: str = job, k: int = rank) -> bool:
+                return any(e.meta.get("job") == j and e.meta.get("rank") == k for e in discover(r))
+
             wait_until(
-                lambda r=runtime, j=job, k=rank: any(
-                    e.meta.get("job") == j and e.meta.get("rank") == k for e in discover(r)
-                ),
+                serving,
                 120,
                 f"rank {rank} of {job} serving",
             )

@@ -85,24 +85,31 @@ def test_the_window_follows_the_run_pans_and_zooms() -> None:
     assert StepWindow(8).zoomed(0.5, 0, 999).size == 8  # zooming in stops
 
 
+def bounds(values: np.ndarray, robust: bool, log: bool = False) -> tuple[float, float]:
+    """y_range's limits where there are some."""
+    limits = y_range(values, robust, log)
+    assert limits is not None, values
+    return limits
+
+
 def test_the_robust_range_ignores_the_first_steps_and_keeps_the_newest() -> None:
     steps = np.arange(1000)
     loss = 0.2 + 10 * np.exp(-steps / 20)  # starts at 10, settles at 0.2
-    lo, hi = y_range(loss, robust=True)
+    lo, hi = bounds(loss, robust=True)
     assert hi < 0.5, "the first steps' loss does not set the top"
     assert lo < 0.2
-    full_lo, full_hi = y_range(loss, robust=False)
+    full_lo, full_hi = bounds(loss, robust=False)
     assert full_hi > 10 and full_lo < 0.2
     late_spike = loss.copy()
     late_spike[-3] = 5.0  # the newest quarter is always in range: a fresh spike shows
-    assert y_range(late_spike, robust=True)[1] > 5.0
+    assert bounds(late_spike, robust=True)[1] > 5.0
 
 
 def test_y_range_ignores_non_finite_and_handles_flat_log_and_empty() -> None:
     assert y_range(np.array([np.nan, np.inf]), robust=True) is None
-    lo, hi = y_range(np.array([2.0, 2.0, np.nan]), robust=True)
+    lo, hi = bounds(np.array([2.0, 2.0, np.nan]), robust=True)
     assert lo < 2.0 < hi
-    lo, hi = y_range(np.array([0.0, 1e-3, 1.0, 10.0]), robust=False, log=True)
+    lo, hi = bounds(np.array([0.0, 1e-3, 1.0, 10.0]), robust=False, log=True)
     assert 0 < lo < 1e-3 and hi > 10.0
 
 

@@ -4,6 +4,7 @@ match a scan of the history, count thinned steps too, and follow a replay cursor
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.sources.synthetic import RUN
 
 
-def record(step: int, loss: float | None, **columns: float) -> StepRecord:
+def record(step: int, loss: float | None, **columns: Any) -> StepRecord:
     return StepRecord(step=step, time=float(step), loss=loss, step_time=1.0, **columns)
 
 

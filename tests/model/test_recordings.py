@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import Loop
+from conftest import Loop, linear_at
 
 import tdbg
 from tdbg.model.health import assess
@@ -21,7 +21,7 @@ def test_a_recording_loads_into_the_model_with_its_verdicts(tmp_path: Path) -> N
     probe = tdbg.watch(loop.model, loop.opt, serve=False, record=path)
     loop.run(6, probe)
     with loop.torch.no_grad():
-        loop.model[0].weight.fill_(math.nan)  # the loss is NaN from step 6 on
+        linear_at(loop.model, 0).weight.fill_(math.nan)  # the loss is NaN from step 6 on
     loop.run(4, probe)
     probe.close()
 

@@ -229,7 +229,7 @@ def test_anomaly_reports_a_backward_error_naming_the_forward_line(session: Sessi
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
     session.probe.step(float(y.sum()))
-    alerts = []
+    alerts: list[dict[str, Any]] = []
 
     def anomaly_alert() -> bool:
         alerts[:] = [a for a in session.reader.of("alert") if a["kind"] == "anomaly"]

@@ -56,7 +56,8 @@ def test_an_event_is_recorded_on_the_device_s_current_stream(
 ) -> None:
     class FakeEvent:
         def __init__(self, enable_timing: bool = False) -> None:
-            self.timing, self.stream = enable_timing, None
+            self.timing = enable_timing
+            self.stream: FakeStream | None = None
 
         def record(self, stream: FakeStream) -> None:
             self.stream = stream

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import linear_at
 from norm_oracle import reference_norms
 from torch import nn
 
@@ -203,7 +204,9 @@ def test_root_module_with_own_parameters_is_named_after_its_class() -> None:
 def test_non_finite_gradients_show_as_non_finite() -> None:
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     backward(model, torch.randn(3, 2))
-    model[1].weight.grad[0, 0] = math.nan  # type: ignore[index]
+    grad = linear_at(model, 1).weight.grad
+    assert grad is not None
+    grad[0, 0] = math.nan
     _, _, total, per_layer, _ = fused(model)
     assert math.isfinite(per_layer[0])
     assert math.isnan(per_layer[1])
@@ -221,7 +224,7 @@ def test_the_gradient_pass_also_flags_non_finite_weights() -> None:
     clean = GradientStats(layers).compute(weights=True)
     assert clean.weight_nonfinite() == []
     with torch.no_grad():
-        model[2].bias[1] = float("nan")
+        linear_at(model, 2).bias[1] = float("nan")
     sample = GradientStats(layers).compute(weights=True)
     assert sample.weight_nonfinite() == [1]
     norms, _ = sample.layer_norms()
@@ -241,7 +244,7 @@ def test_an_ordinary_pass_reads_no_weights_and_they_can_be_added_after() -> None
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     model(torch.randn(5, 3)).sum().backward()
     with torch.no_grad():
-        model[0].weight[0, 0] = float("inf")
+        linear_at(model, 0).weight[0, 0] = float("inf")
     stats = GradientStats(find_layers(model))
     plain = stats.compute()
     assert not plain.weights and len(plain.values) == len(plain.layer_index)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import linear_at
 from torch import nn
 
 from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
@@ -62,7 +63,9 @@ def test_skipped_update_leaves_weights_and_state_bitwise_equal(name: str) -> Non
     before = snapshot(model, opt)
     opt.zero_grad()
     backward(model, 5)
-    model[2].bias.grad[1] = float("inf")  # type: ignore[index]
+    grad = linear_at(model, 2).bias.grad
+    assert grad is not None
+    grad[1] = float("inf")
     assert guard.check_and_skip() is True
     assert guard.nonfinite_layers == [1]
     assert guard.skipped == 1
@@ -71,7 +74,9 @@ def test_skipped_update_leaves_weights_and_state_bitwise_equal(name: str) -> Non
     assert same(before, snapshot(model, opt))
     # NaN in the first layer's weight gradient, the other layer finite
     backward(model, 6)
-    model[0].weight.grad[0, 0] = float("nan")  # type: ignore[index]
+    grad = linear_at(model, 0).weight.grad
+    assert grad is not None
+    grad[0, 0] = float("nan")
     assert guard.check_and_skip() is True
     assert guard.nonfinite_layers == [0]
     assert guard.skipped == 2

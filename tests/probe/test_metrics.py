@@ -114,7 +114,7 @@ def test_samples_and_tokens_that_are_not_counts_are_reported_once_not_recorded(
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)
     reader = probe_reader(probe)
-    bad = [
+    bad: list[dict[str, Any]] = [
         {"samples": "x", "tokens": 64},
         {"samples": 32, "tokens": -5},
         {"samples": float("nan"), "tokens": torch.ones(3)},

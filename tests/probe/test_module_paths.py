@@ -38,9 +38,12 @@ def test_wrapper_segments_are_left_out_of_layer_names() -> None:
         torch.compile(nn.DataParallel(_model()), backend="eager"),
     ]
     for model in wrapped:
+        assert isinstance(model, nn.Module), type(model)  # torch.compile's module is one
         assert [layer.name for layer in find_layers(model, "model")] == plain, type(model)
     # A compiled bare layer: its parameters are the root layer, named after the model.
-    assert [layer.name for layer in find_layers(torch.compile(nn.Linear(2, 2)), "net")] == ["net"]
+    compiled = torch.compile(nn.Linear(2, 2))
+    assert isinstance(compiled, nn.Module)
+    assert [layer.name for layer in find_layers(compiled, "net")] == ["net"]
     # Not a wrapper: a user's child named "module" keeps its name.
     assert [layer.name for layer in find_layers(_Holder(), "m")] == ["module", "head"]
     # A user's class named like a wrapper, with more than the wrapped child: names as they are.
@@ -73,6 +76,7 @@ def test_a_watched_compiled_model_shows_the_layers_and_norms_of_the_plain_one(
         model = _model()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         net = torch.compile(model, backend="eager") if compiled else model
+        assert isinstance(net, nn.Module)
         probe = tdbg.watch(net, opt, grad_every=1)
         reader = reader_on(probe)
         x, y = torch.randn(16, 4), torch.randn(16, 1)

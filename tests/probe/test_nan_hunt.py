@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import OpenReader, dive_context, wait_until
+from conftest import OpenReader, dive_context, linear_at, wait_until
 from torch import nn
 
 import tdbg
@@ -194,8 +194,8 @@ def test_nan_weights_are_named_with_their_count() -> None:
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
     x = torch.randn(BATCH, 8)
     with torch.no_grad():
-        model[2].weight[0, 0] = NAN
-        model[2].weight[1, 3] = math.inf
+        linear_at(model, 2).weight[0, 0] = NAN
+        linear_at(model, 2).weight[1, 3] = math.inf
     _, result = hunt(model, trainer(model, x, lr=0.0), trigger="auto")
     assert (result["found"], result["phase"], result["module"]) == (True, "forward", "2")
     assert result["params_nonfinite"] == 2
@@ -311,6 +311,7 @@ def test_backward_inf_from_sqrt_of_zero_is_named() -> None:
             super().__init__()
             gate = torch.ones(width)
             gate[:2] = 0.0
+            self.gate: torch.Tensor
             self.register_buffer("gate", gate)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -623,7 +624,7 @@ def test_an_origin_passed_to_the_dive_names_a_forward_module() -> None:
 
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
     with torch.no_grad():
-        model[0].weight.fill_(NAN)
+        linear_at(model, 0).weight.fill_(NAN)
     ctx = dive_context(model)
     origin = Origin(
         9, "forward", "1", "forward of 1 (ReLU) made 4 non-finite value(s)", 8, "ReLU", 4
@@ -649,8 +650,10 @@ def test_a_loss_only_origin_keeps_a_finding_made_with_finite_weights() -> None:
     from tdbg.probe.nan_origin import Origin
 
     model = nn.Sequential(nn.Linear(8, 8), Poison(8), nn.Linear(8, 4))
-    model[1].on = {1}
-    model[1].step = 1
+    poison = model[1]
+    assert isinstance(poison, Poison)
+    poison.on = {1}
+    poison.step = 1
     ctx = dive_context(model)
     ctx.nan_origin = Origin(3, "loss", None, "loss is nan at step 3")
     dive = NanHuntDive(ctx, 10, {"steps": 1}, "auto")

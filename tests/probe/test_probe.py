@@ -164,11 +164,11 @@ def test_watch_rejects_what_is_not_a_module() -> None:
     with pytest.raises(
         TypeError, match=r"torch\.nn\.Module \(or a list or dict of them\), not str"
     ):
-        tdbg.watch([nn.Linear(1, 1), "head"])
+        tdbg.watch([nn.Linear(1, 1), "head"])  # type: ignore[list-item]  # what it refuses
     with pytest.raises(TypeError, match="no model"):
         tdbg.watch([])
     with pytest.raises(TypeError, match=r"names must be strings"):
-        tdbg.watch({1: nn.Linear(1, 1)})
+        tdbg.watch({1: nn.Linear(1, 1)})  # type: ignore[dict-item]  # what it refuses
     with pytest.raises(TypeError, match="Optimizer"):
         tdbg.watch(nn.Linear(1, 1), optimizer="sgd")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="grad_every"):

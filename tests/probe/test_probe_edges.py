@@ -327,7 +327,7 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
     try:
         monkeypatch.setattr(taps, "_scalar", counted(taps._scalar))
         monkeypatch.setattr(probe._sampler, "on_backward", counted(probe._sampler.on_backward))
-        losses = []
+        losses: list[float] = []
         for _ in range(2):
             loss = loop.loss()
             loss.backward()
@@ -473,9 +473,12 @@ def test_the_optimizer_tap_tells_the_probe_of_each_optimizer_once(
     probe = tdbg.watch(model, opt, name="told-once", grad_every=10**9)
     heard: list[object] = []
     hear = probe._sampler.on_any_optimizer_step
-    monkeypatch.setattr(
-        probe._sampler, "on_any_optimizer_step", lambda o: (heard.append(o), hear(o))
-    )
+
+    def heard_of(optimizer: object) -> None:
+        heard.append(optimizer)
+        hear(optimizer)
+
+    monkeypatch.setattr(probe._sampler, "on_any_optimizer_step", heard_of)
 
     def train(optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad()

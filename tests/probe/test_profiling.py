@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import Loop, OpenReader, Reader, wait_until
+from conftest import Loop, OpenReader, Reader, run_info, wait_until
 
 import tdbg
 from tdbg.connect.runtime import RuntimeDirError
@@ -24,7 +24,7 @@ from tdbg.probe.dives import profiling
 from tdbg.probe.dives.base import DiveContext, DiveRunner
 from tdbg.probe.dives.profiling import ANOTHER_PROFILER, ProfileDive, profiler_active
 
-RUN = {"name": "unit", "pid": 4242, "rank": 0}
+RUN = run_info(pid=4242)
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,7 @@ def context(
         model=model,
         optimizer=None,
         cuda_device=None,
-        run_info=dict(RUN),
+        run_info=RUN,
         artifacts=(lambda: artifacts.artifact_dir(base)) if base is not None else (lambda: None),
         submit=submit or (lambda fn: fn()),
         side_alerts=deque(),
@@ -282,11 +282,12 @@ def test_artifact_dir_is_private_and_refuses_a_symlink(base: Path) -> None:
 
 def test_artifact_names_are_built_by_the_probe_and_sanitised() -> None:
     name = artifacts.artifact_name(
-        {"name": "../../etc/my run", "pid": 12, "rank": 3}, "profile", 5, 9, ".json"
+        run_info(name="../../etc/my run", pid=12, rank=3), "profile", 5, 9, ".json"
     )
     assert "/" not in name and not name.startswith(".")
     assert name.endswith("-r3-p12-profile-steps5-9.json")
-    assert artifacts.artifact_name({}, "snapshot", 1, 1, ".pickle").startswith("run-r0-p")
+    nameless = artifacts.artifact_name({}, "snapshot", 1, 1, ".pickle")  # type: ignore[typeddict-item]  # a run that says nothing of itself
+    assert nameless.startswith("run-r0-p")
 
 
 def test_finalize_hashes_sets_0600_and_never_replaces_an_older_file(base: Path) -> None:

@@ -4,6 +4,7 @@ schedules, accumulation, several models) — each test fails on the probe before
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import pickle
 import threading
@@ -80,13 +81,15 @@ def test_a_copied_probe_hook_is_inert_and_holds_nothing() -> None:
     for inert in (copy.deepcopy(hook), copy.copy(hook), pickle.loads(pickle.dumps(hook))):  # noqa: S301
         # functools.partial(sys.audit, INERT_EVENT): stdlib only, any arguments, returns None
         assert inert(1, 2, {"k": 3}) is None and target.calls == 1  # hooks get positionals
-        assert inert.args == (INERT_EVENT,)
+        assert isinstance(inert, functools.partial) and inert.args == (INERT_EVENT,)
     del target
     assert hook(1) is None  # the probe's object is gone: nothing kept it alive
 
 
 def _norms(params: list[torch.nn.Parameter]) -> float:
-    return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)))  # type: ignore[union-attr, arg-type]
+    grads = [p.grad for p in params if p.grad is not None]
+    assert len(grads) == len(params), "every parameter has its gradient"
+    return float(torch.sqrt(torch.stack([(g.double() ** 2).sum() for g in grads]).sum()))
 
 
 def test_closure_steps_report_the_gradients_the_update_used(
@@ -700,7 +703,7 @@ def test_a_layer_with_its_own_optimizer_added_mid_step_keeps_every_row(
     for step in range(6):
         if step == 3:
             model.add_module("extra", torch.nn.Linear(1, 1))
-            opts.append(torch.optim.SGD(model.extra.parameters(), lr=0.05))
+            opts.append(torch.optim.SGD(model.get_submodule("extra").parameters(), lr=0.05))
         for o in opts:
             o.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
@@ -766,7 +769,8 @@ def test_clipping_without_an_optimizer_shows_the_same_pre_clip_norm(
         returned.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
         with torch.no_grad():
             for p in model.parameters():
-                p -= 0.01 * p.grad  # type: ignore[operator]
+                assert p.grad is not None
+                p.sub_(0.01 * p.grad)
         probe.step(loss)
     reader.wait(lambda r: len(r.records()) >= 3)
     for record, total in zip(reader.records(), returned, strict=True):
@@ -914,11 +918,21 @@ class BadGrad(torch.nn.Module):
         return InfBackward.apply(x) if self.armed else x
 
 
-def _origin_net() -> torch.nn.Module:
+class OriginNet(torch.nn.Sequential):
+    """fc1, boom, bad, act, fc2 in a row, each reachable (and typed) by its name."""
+
+    fc1: torch.nn.Linear
+    boom: Boom
+    bad: BadGrad
+    act: torch.nn.Tanh
+    fc2: torch.nn.Linear
+
+
+def _origin_net() -> OriginNet:
     from collections import OrderedDict
 
     torch.manual_seed(0)
-    return torch.nn.Sequential(
+    return OriginNet(
         OrderedDict(
             fc1=torch.nn.Linear(4, 16),
             boom=Boom(),
@@ -1121,7 +1135,9 @@ def test_an_amp_skipped_update_shows_its_own_loss_not_one_aside(runtime_dir: Pat
         opt.zero_grad()
         scaler.scale(loss).backward()
         if step == 2:
-            model.weight.grad[0, 0] = float("inf")  # the scaler skips this update
+            grad = model.get_parameter("weight").grad
+            assert grad is not None
+            grad[0, 0] = float("inf")  # the scaler skips this update
         scaler.step(opt)
         scaler.update()
         probe.step()

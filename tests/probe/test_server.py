@@ -731,11 +731,12 @@ def test_close_does_not_wait_for_a_stalled_client(runtime_dir: Path, small_limit
     x = torch.randn(4, 2)
     conn = probe._server._clients[0]
 
-    def step() -> None:
+    def step() -> bool:
         loss = model(x).pow(2).mean()
         loss.backward()
         opt.step()
         probe.step(loss)
+        return False  # one step more: the condition after `or` decides
 
     # bytes left over after a flush: the kernel's buffer is full
     wait_until(lambda: step() or conn.outbuf, what="the stalled client backed up")
@@ -863,13 +864,14 @@ def test_a_client_that_never_reads_is_dropped_with_a_goodbye_that_says_why(
     x = torch.randn(4, 2)
     n = 0
 
-    def step() -> None:
+    def step() -> bool:
         nonlocal n
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
         probe.step()
         n += 1
+        return False  # one step more: the condition after `or` decides
 
     wait_until(
         lambda: step() or not any(c.peer_pid == os.getpid() for c in probe._server._clients),
@@ -895,11 +897,12 @@ def test_tdbg_dump_says_why_the_probe_dropped_it(runtime_dir: Path, small_limits
     assert path is not None
     x = torch.randn(4, 2)
 
-    def step() -> None:
+    def step() -> bool:
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
         probe.step()
+        return False  # one step more: the condition after `or` decides
 
     def attached() -> bool:
         return any(c.peer_pid == dump.pid for c in probe._server._clients)

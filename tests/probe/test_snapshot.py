@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import run_info
 
 import tdbg
 from tdbg.probe import artifacts
@@ -29,7 +30,7 @@ from tdbg.probe.dives.snapshot import (
     write_snapshot,
 )
 
-RUN = {"name": "unit", "pid": 4242, "rank": 0}
+RUN = run_info(pid=4242)
 MB = 1 << 20
 
 
@@ -179,7 +180,7 @@ def context(device: torch.device | None, base: Path | None) -> DiveContext:
         model=torch.nn.Linear(2, 2),
         optimizer=None,
         cuda_device=device,
-        run_info=dict(RUN),
+        run_info=RUN,
         artifacts=(lambda: artifacts.artifact_dir(base)) if base is not None else (lambda: None),
         submit=lambda fn: fn(),
         side_alerts=deque(),

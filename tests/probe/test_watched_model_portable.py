@@ -370,7 +370,7 @@ def test_the_activations_dive_on_a_compiled_model_says_it_saw_nothing(
     ), job["message"]
     assert reader.of("activations") == []  # no sample of numbers that were never seen
     assert probe.errors == 0
-    assert all(not leaf._forward_hooks for leaf in model)  # the dive's hooks: released
+    assert all(not leaf._forward_hooks for leaf in model.children())  # the dive's hooks: released
     reader.close()
 
 

@@ -160,6 +160,7 @@ def test_random_bytes_never_kill_a_live_probe(
     assert isinstance(probe, tdbg.Probe)
     assert probe._server.serving and probe.errors == 0
     assert all(t.is_alive() for t in probe._server._threads)
+    assert probe.socket_path is not None
     client = ProbeClient.connect(probe.socket_path)  # a proper client is still served
     assert client.welcome["run"]["name"] == "fuzzed"
     client.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import pickle
 import struct
+from typing import Any
 
 import msgpack
 import pytest
@@ -44,7 +45,7 @@ CLIENT_MESSAGES = [
     client_message("ping", 7),
     client_message("bye", 8),
 ]
-SERVER_MESSAGES = [
+SERVER_MESSAGES: list[dict[str, Any]] = [
     {"type": "welcome", "proto": 1, "server_version": "0.1.0", "run": RUN},
     {"type": "layers", "names": ["fc1", "fc2"], "numel": [40, 9]},
     pack_steps(
@@ -79,7 +80,7 @@ SERVER_MESSAGES = [
     {"type": "error", "code": ErrorCode.BUSY, "id": 0, "message": "busy"},
     {"type": "bye", "reason": "shutdown"},
 ]
-ALL_MESSAGES = CLIENT_MESSAGES + SERVER_MESSAGES
+ALL_MESSAGES: list[dict[str, Any]] = [*CLIENT_MESSAGES, *SERVER_MESSAGES]
 
 
 def stream(messages: list[dict], max_frame: int = MAX_OUTBOUND_FRAME) -> bytes:

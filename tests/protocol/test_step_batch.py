@@ -115,7 +115,7 @@ def test_each_step_shows_its_own_learning_rates_live_and_in_replay(tmp_path: Pat
         assert live.latest_lr() == as_lr(LRS[i]), f"live, step {i}"
 
     path = tmp_path / "lr.tdbgrec"
-    recorder = Recorder(path, dict(RUN), layer_names(3), [1, 1, 1])
+    recorder = Recorder(path, RUN, layer_names(3), [1, 1, 1])
     assert recorder.open()
     msg = pack_steps(recs, 3)  # one batch: every row padded to three groups
     recorder.add_steps(msg, pack(msg))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Loop, OpenReader, inject_fault, wait_until
+from conftest import Loop, OpenReader, Reader, inject_fault, wait_until
 from test_cli import events, run_cli
 
 from tdbg.probe import recorder as recorder_module
@@ -34,7 +34,7 @@ def synthetic_recording(
     """A recording written by the real Recorder from synthetic batches: one flush per batch,
     alerts at ALERT_STEPS (150: the loss turns NaN), a probe report per batch and a NaN-hunt
     job that finishes one step after the NaN."""
-    rec = Recorder(path, dict(RUN), layer_names(n_layers), [100] * n_layers)
+    rec = Recorder(path, RUN, layer_names(n_layers), [100] * n_layers)
     assert rec.open()
     for start in range(0, steps, batch):
         msg = pack_steps(step_records(start, batch, n_layers, nan_at=150), n_layers)
@@ -532,7 +532,7 @@ def long_run(
 ) -> tuple[Recorder, list[int]]:
     """A long run through the real Recorder with compactions inline; returns the recorder and
     the file size after every flush."""
-    rec = Recorder(path, dict(RUN), layer_names(n_layers), [1] * n_layers, bounds)
+    rec = Recorder(path, RUN, layer_names(n_layers), [1] * n_layers, bounds)
     assert rec.open()
     sizes = []
     for start in range(0, steps, batch):
@@ -614,7 +614,7 @@ def test_compaction_keeps_what_is_appended_meanwhile_and_a_kill_keeps_the_old_fi
     path = tmp_path / "c.tdbgrec"
     bounds = Bounds(grads=4 << 10, compact_at=10**12)  # compactions only when asked
     queued: list[Any] = []
-    rec = Recorder(path, dict(RUN), layer_names(n_layers), [1] * n_layers, bounds, queued.append)
+    rec = Recorder(path, RUN, layer_names(n_layers), [1] * n_layers, bounds, queued.append)
     assert rec.open()
 
     def steps(start: int, n: int) -> None:
@@ -658,7 +658,7 @@ def test_a_temp_file_left_by_a_killed_compaction_is_removed_by_the_next_run(
     stale.write_bytes(b"half a compaction")
     alive = tmp_path / f".run.tdbgrec.{os.getpid()}.compacting"
     alive.write_bytes(b"a compaction in flight")
-    rec = Recorder(path, dict(RUN), layer_names(2), [1, 1])
+    rec = Recorder(path, RUN, layer_names(2), [1, 1])
     assert rec.open() and rec.path == tmp_path / "run.1.tdbgrec"
     rec.close()
     assert not stale.exists() and alive.exists()
@@ -684,9 +684,13 @@ def test_recording_while_a_client_reads_keeps_live_frames_unchanged(
     reader.wait(lambda r: r.of("synced"))
     for burst in range(1, 9):
         loop.run(40, probe)
+
         # The probe thread has written this burst (clients and the recorder get the same
         # frames) before the next: eight separate writes, each able to trigger a compaction.
-        reader.wait(lambda r, n=40 * burst: len(r.records()) == n)
+        def written(r: Reader, n: int = 40 * burst) -> bool:
+            return len(r.records()) == n
+
+        reader.wait(written)
     probe.close()
     reader.close()
     assert recorder.compactions >= 1, recorder.written
@@ -718,7 +722,7 @@ def test_deep_dive_commands_on_a_recording_or_a_plain_file_say_why_not(tmp_path:
 def test_a_leftover_temp_with_our_own_pid_does_not_block_compaction(tmp_path: Path) -> None:
     # Containers give the training process the same pid run after run: a temp file a killed
     # run left under our pid must not make every compaction of this run fail.
-    rec = Recorder(tmp_path / "again.tdbgrec", dict(RUN), layer_names(2), [1, 1])
+    rec = Recorder(tmp_path / "again.tdbgrec", RUN, layer_names(2), [1, 1])
     assert rec.open()
     stale = tmp_path / f".again.tdbgrec.{os.getpid()}.compacting"
     stale.write_bytes(b"left by a killed run with our pid")

@@ -201,7 +201,11 @@ async def test_profile_table_sorts_by_any_column() -> None:
             values = [next(r for r in result["rows"] if r["name"] == n)[column] for n in names]
             assert values == sorted(values, reverse=True), key
             caption = (f"sort {key}", table.sort_caption())  # shown once Sorted is handled
-            await wait_for(pilot, lambda c=caption: any(s in screen_text(app) for s in c), key)
+
+            def sorted_shown(shown: tuple[str, str] = caption) -> bool:
+                return any(s in screen_text(app) for s in shown)
+
+            await wait_for(pilot, sorted_shown, key)
         assert set(seen) == set(table.columns_shown)
         # "[" goes back; a header click sorts by that column, a second click reverses it.
         await pilot.press("left_square_bracket")
@@ -501,7 +505,11 @@ async def test_help_lists_the_deep_dive_keys() -> None:
             if "escape or ? closes it" in text:
                 break
             await pilot.press("pagedown")
-            page = await wait_for(pilot, lambda s=page: _screen_unlike(app, s), "the next page")
+
+            def next_page(shown: str = page) -> str:
+                return _screen_unlike(app, shown)
+
+            page = await wait_for(pilot, next_page, "the next page")
             text += page
         for line in ("profile the next steps", "memory snapshot", "NaN hunt", "anomaly mode"):
             assert line in text

@@ -69,7 +69,9 @@ async def test_smallest_layer_keeps_a_bar() -> None:
         await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
         bar = str(table.get_cell(str(VANISHED), "bar"))
         assert bar.startswith("█") and bar[1:].strip() == ""  # the floor: one cell
-        largest = int(np.nanargmax(app.state.grads.latest()))
+        latest = app.state.grads.latest()
+        assert latest is not None
+        largest = int(np.nanargmax(latest))
         assert str(table.get_cell(str(largest), "bar")) == "█" * 8
 
 
@@ -81,7 +83,9 @@ async def test_t_puts_every_trend_on_one_scale() -> None:
         await wait_for(pilot, lambda: table.row_count == 8, "the table's rows")
         await focus_gradients(pilot, app)
         assert "trend: row (t)" in frame_headings(app)
-        largest = str(int(np.nanargmax(app.state.grads.latest())))
+        latest = app.state.grads.latest()
+        assert latest is not None
+        largest = str(int(np.nanargmax(latest)))
         await pilot.press("t")
         await wait_for(pilot, lambda: "trend: all (t)" in frame_headings(app), "shared")
         # On one scale the vanished layer lies flat at the bottom, the largest near the top.

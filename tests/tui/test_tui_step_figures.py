@@ -209,7 +209,7 @@ async def test_a_replay_shows_metrics_as_they_stood_at_the_cursor(tmp_path: Path
     from tdbg.probe.recorder import Recorder  # the real writer: what a run records
 
     path = tmp_path / "run.tdbg"
-    rec = Recorder(path, dict(RUN), layer_names(4), [100] * 4)
+    rec = Recorder(path, RUN, layer_names(4), [100] * 4)
     assert rec.open()
     for start in range(0, 200, 50):
         msg = pack_steps(step_records(start, 50, 4), 4)

@@ -26,8 +26,9 @@ async def test_r_opens_the_picker_with_each_run_s_figures_and_switches(runtime_d
             await wait_for(pilot, lambda: app.state.n_steps > 10, what="the first run's steps")
             await pilot.press("r")
             await wait_for(pilot, lambda: isinstance(app.screen, RunPickerScreen), "the picker")
-            picker = app.screen
-            assert isinstance(picker, RunPickerScreen)
+            screen = app.screen
+            assert isinstance(screen, RunPickerScreen)
+            picker: RunPickerScreen = screen
             assert {e.name for e in picker.entries} == {"first", "second"}
             await wait_for(pilot, lambda: len(picker.glances) == 2, what="both rows peeked")
             for glance in picker.glances.values():
@@ -44,8 +45,9 @@ async def test_r_opens_the_picker_with_each_run_s_figures_and_switches(runtime_d
 
             await pilot.press("r")
             await wait_for(pilot, lambda: isinstance(app.screen, RunPickerScreen), "the picker")
-            picker = app.screen
-            assert isinstance(picker, RunPickerScreen)
+            screen = app.screen
+            assert isinstance(screen, RunPickerScreen)
+            picker = screen
             index = [e.name for e in picker.entries].index("second")
             picker.query_one(OptionList).highlighted = index
             await pilot.press("enter")

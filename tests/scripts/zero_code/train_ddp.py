@@ -50,7 +50,9 @@ def main() -> None:
         loss.backward()
         if diverge:
             with torch.no_grad():
-                net[2].weight.grad.add_(0.5)  # type: ignore[union-attr]
+                last = net[2]
+                assert isinstance(last, nn.Linear) and last.weight.grad is not None
+                last.weight.grad.add_(0.5)
         opt.step()
     dist.destroy_process_group()
 

@@ -19,7 +19,8 @@ def main() -> None:
         loss.backward()
         with torch.no_grad():
             for p in model.parameters():
-                p -= 0.1 * p.grad
+                assert p.grad is not None
+                p.sub_(0.1 * p.grad)
         if probe is not None:
             probe.step(loss)
     print(f"final loss {loss.item():.6f}")

@@ -78,7 +78,11 @@ def main() -> None:
             float(
                 torch.linalg.vector_norm(
                     torch.stack(
-                        [torch.linalg.vector_norm(p.grad.detach()) for p in model.parameters()]
+                        [
+                            torch.linalg.vector_norm(p.grad.detach())
+                            for p in model.parameters()
+                            if p.grad is not None
+                        ]
                     )
                 )
             )
