@@ -149,6 +149,11 @@ class ProbeServer:
         # the training thread nor the socket loop waits on it.
         self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
 
+    @property
+    def clients(self) -> list[Connection]:
+        """The attached clients (the probe thread's list, copied: read from any thread)."""
+        return list(self._clients)
+
     def relayout(
         self,
         names: list[str],

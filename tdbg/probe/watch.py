@@ -21,6 +21,7 @@ from torch import nn
 from tdbg.probe import script_tap, taps
 from tdbg.probe.alerts import alert
 from tdbg.probe.commands import CommandDesk
+from tdbg.probe.connection import Connection
 from tdbg.probe.dives.base import DiveContext, DiveRunner
 from tdbg.probe.dives.registry import DIVES
 from tdbg.probe.gradients import Layer, find_layers
@@ -254,6 +255,12 @@ class Probe:
     def socket_path(self) -> str | None:
         """Where the probe serves, or None when it does not (see stderr for why)."""
         return self._server.socket_path if self._server.serving else None
+
+    @property
+    def clients(self) -> tuple[Connection, ...]:
+        """The clients attached now, as the probe thread last left them (a copy). Internal, for
+        tests and diagnostics: which readers the probe serves, and how far behind each is."""
+        return tuple(self._server.clients)
 
     @property
     def grad_interval(self) -> int:

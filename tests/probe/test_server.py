@@ -99,7 +99,7 @@ def serving(loop: Loop, **kwargs: object) -> tuple[tdbg.Probe, str]:
 def shrink_send_buffer(probe: tdbg.Probe) -> None:
     """Make the kernel absorb ~4 KiB instead of ~200 KiB for each attached client, so a
     stalled client backs up into the probe's own buffer within a few steps."""
-    for conn in list(probe._server._clients):
+    for conn in list(probe.clients):
         conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
 
 
@@ -146,7 +146,7 @@ def test_a_ninth_client_gets_busy(runtime_dir: Path) -> None:
     for r in readers:
         r.wait(lambda r: len(r.records()) >= 3)
     readers[0].close()
-    wait_until(lambda: len(probe._server._clients) < server.MAX_CLIENTS)
+    wait_until(lambda: len(probe.clients) < server.MAX_CLIENTS)
     late = Reader(path)
     late.wait(lambda r: len(r.records()) >= 3)
     for r in [late, *readers[1:]]:
@@ -176,14 +176,14 @@ def test_client_killed_mid_frame_does_not_disturb_others(runtime_dir: Path) -> N
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "ready"
-        wait_until(lambda: len(probe._server._clients) == 2, what="victim attached")
+        wait_until(lambda: len(probe.clients) == 2, what="victim attached")
         loop.run(5, probe)
         child.send_signal(signal.SIGKILL)
         child.wait(TIMEOUT)
         loop.run(5, probe)
         healthy.wait(lambda r: len(r.records()) >= 10)
         assert [x.loss for x in healthy.records()] == loop.losses
-        wait_until(lambda: len(probe._server._clients) == 1, what="victim dropped")
+        wait_until(lambda: len(probe.clients) == 1, what="victim dropped")
         assert probe.errors == 0
     finally:
         if child.poll() is None:
@@ -236,9 +236,9 @@ def test_a_stalled_client_never_blocks_training_and_is_dropped(
         opt.step()
         probe.step(loss)
         n += 1
-        conns = [c for c in probe._server._clients if c.peer_pid == os.getpid()]
+        conns = [c for c in probe.clients if c.peer_pid == os.getpid()]
         max_queued = max([max_queued] + [len(c.outbuf) for c in conns])
-        return n >= 20 and len(probe._server._clients) == 1  # the stalled one is gone
+        return n >= 20 and len(probe.clients) == 1  # the stalled one is gone
 
     wait_until(step_until_dropped, what="the stalled client dropped")
     # bounded: the hard limit plus at most one tick's worth of frames
@@ -263,7 +263,7 @@ def test_training_goes_on_with_a_stalled_client_attached(runtime_dir: Path) -> N
     loop.run(300, probe)
     healthy.wait(lambda r: len(r.records()) >= 300, what="all 300 steps at the healthy client")
     assert [r.step for r in healthy.records()] == list(range(300))
-    assert len(probe._server._clients) == 2  # both still attached
+    assert len(probe.clients) == 2  # both still attached
     healthy.close()
     stalled.close()
 
@@ -729,7 +729,7 @@ def test_close_does_not_wait_for_a_stalled_client(runtime_dir: Path, small_limit
     stalled.handshake()
     shrink_send_buffer(probe)
     x = torch.randn(4, 2)
-    conn = probe._server._clients[0]
+    conn = probe.clients[0]
 
     def step() -> bool:
         loss = model(x).pow(2).mean()
@@ -844,7 +844,7 @@ def test_dataloader_workers_neither_serve_nor_disturb_the_probe(
     reader.wait(lambda r: len(r.records()) >= n)
     socks = [p for p in os.listdir(runtime_dir) if p.endswith(".sock")]
     assert socks == [Path(path).name]
-    assert len(probe._server._clients) == 1
+    assert len(probe.clients) == 1
     reader.close()
 
 
@@ -874,7 +874,7 @@ def test_a_client_that_never_reads_is_dropped_with_a_goodbye_that_says_why(
         return False  # one step more: the condition after `or` decides
 
     wait_until(
-        lambda: step() or not any(c.peer_pid == os.getpid() for c in probe._server._clients),
+        lambda: step() or not any(c.peer_pid == os.getpid() for c in probe.clients),
         30.0,
         "the stalled client dropped",
     )
@@ -905,7 +905,7 @@ def test_tdbg_dump_says_why_the_probe_dropped_it(runtime_dir: Path, small_limits
         return False  # one step more: the condition after `or` decides
 
     def attached() -> bool:
-        return any(c.peer_pid == dump.pid for c in probe._server._clients)
+        return any(c.peer_pid == dump.pid for c in probe.clients)
 
     dump = subprocess.Popen(
         [sys.executable, "-m", "tdbg.cli", "dump", path],
