@@ -162,6 +162,9 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
         return replay_main(extra)
     from tdbg.cli.launch import launch, launch_job, launch_nodes  # textual: for the TUI only
 
+    if getattr(args, "no_bell", False):
+        os.environ["TDBG_BELL"] = "0"  # the app reads it (tdbg.tui.ringer), whichever app runs
+
     recordings = _job_recordings(args.job, [str(args.target or ""), *map(str, extra)])
     if recordings:  # `--job DIR` or `--job A.rank0.tdbg B.rank1.tdbg`: a job replayed
         from tdbg.cli.launch import launch_job_replay
@@ -234,6 +237,12 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the nodes, one a line ([user@]host[:port] or ssh:// URL; # comments; braces "
         "like gpu{01..08} expand)",
+    )
+    parser.add_argument(
+        "--no-bell",
+        action="store_true",
+        help="no terminal bell (nor desktop notification) on the first alert of each kind "
+        "(or TDBG_BELL=0)",
     )
     add_remote_options(parser)
 

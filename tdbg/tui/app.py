@@ -23,6 +23,7 @@ from tdbg.connect.runtime import RunEntry, discover, runtime_dir
 from tdbg.model.run_state import RunState
 from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.palette import palette_commands
+from tdbg.tui.ringer import AlertRinger
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
@@ -92,6 +93,8 @@ class TdbgApp(TdbgBaseApp):
         # Every notification shown, oldest first: what the user was told, for tests and for
         # anyone who missed a toast.
         self.notices: list[str] = []
+        self.rings: list[str] = []  # the alert kinds rung for, in order (tests read it)
+        self.ringer = AlertRinger()  # the bell on the first alert of each kind (TDBG_BELL=0: off)
 
     def get_default_screen(self) -> Screen[Any]:
         return MonitorScreen(id="monitor")
@@ -271,6 +274,17 @@ class TdbgApp(TdbgBaseApp):
                 return  # panels not mounted yet: the next tick tries again
         self._painted = self.state.revision
         self._painted_at = now
+        self._ring()
+
+    def _ring(self) -> None:
+        """The bell (and a desktop notification where the terminal shows one) for each alert
+        kind's first alert this viewer sees arrive."""
+        for alert in self.ringer.new(self.state):
+            self.rings.append(alert.kind)
+            sequence = self.ringer.sequence(alert, str(self.state.run.get("name") or "run"))
+            driver = getattr(self, "_driver", None)  # what App.bell() writes through
+            if sequence and driver is not None and not self.is_headless:
+                driver.write(sequence)
 
     @staticmethod
     def _clock() -> float:
