@@ -75,7 +75,12 @@ def test_a_finding_that_arises_while_following_is_printed_live(runtime_dir: Path
         )
         stack.callback(dump.kill)
         lines: queue.Queue[str] = queue.Queue()
-        reader = threading.Thread(target=lambda: all(map(lines.put, dump.stdout or ())))
+
+        def read_lines() -> None:
+            for line in dump.stdout or ():
+                lines.put(line)
+
+        reader = threading.Thread(target=read_lines)
         reader.daemon = True
         reader.start()
         seen: list[dict[str, Any]] = []
