@@ -209,7 +209,8 @@ def hook_counts(model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple[in
 def test_hooks_socket_and_metadata_are_gone_after_close(runtime_dir: Path) -> None:
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
-    sock = Path(probe.socket_path)  # type: ignore[arg-type]
+    assert probe.socket_path is not None
+    sock = Path(probe.socket_path)
     # One forward pre-hook (the forward's end is the backward tap's), the step pre/post hooks.
     assert hook_counts(loop.model, loop.opt) == (0, 1, 1, 1)
     assert sock.exists() and sock.with_suffix(".json").exists()

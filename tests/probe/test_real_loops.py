@@ -18,10 +18,11 @@ import torch
 from changed_runs import changed_run, replaced_head_run
 from changed_runs import fixed_batch as _data
 from changed_runs import small_model as _model
-from conftest import Loop, OpenReader, Reader, reader_on, wait_until
+from conftest import Loop, OpenReader, Reader, inject_fault, reader_on, wait_until
 from waiting import TIMEOUT
 
 import tdbg
+from tdbg.probe import faults
 
 
 def test_a_watched_model_saves_copies_and_pickles_as_without_tdbg(
@@ -1160,7 +1161,7 @@ def test_a_backward_aside_that_raises_is_taken_back(
     loop.step(probe)
     with pytest.raises(RuntimeError):
         torch.tensor(3.0).backward()
-    loop.opt.step()  # type: ignore[union-attr]
+    loop.optimizer.step()
     probe.step()
     reader.wait(lambda r: len(r.records()) >= 2)
     last = reader.records()[-1]
@@ -1318,7 +1319,7 @@ def test_skip_nonfinite_keeps_the_model_intact_and_names_the_origin(
 
 
 def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(
-    runtime_dir: Path, probe_reader: OpenReader
+    runtime_dir: Path, probe_reader: OpenReader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Skipped updates resolved by the probe thread in one go (a fast loop: many steps a tick)
     each say how many were skipped up to and including their own step, not the count when the
@@ -1328,15 +1329,14 @@ def test_each_skipped_update_s_alert_counts_the_skips_up_to_it(
     x, y = _data()
     probe = tdbg.watch(net, opt, grad_every=1, skip_nonfinite=True)
     reader = probe_reader(probe)
-    server = probe._server
     hold = threading.Event()
-    tick = server._tick
+    tick = faults.original(probe, "server_tick")
 
     def held_tick(now: float) -> None:  # the probe thread resolves nothing until released
         hold.wait(TIMEOUT)
         tick(now)
 
-    server._tick = held_tick  # type: ignore[method-assign]
+    inject_fault(monkeypatch, probe, "server_tick", held_tick)
     skipped_at = [3, 4, 6, 7, 8]
     for step in range(10):
         net.boom.armed = step in skipped_at

@@ -268,11 +268,11 @@ def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Pa
         torch._dynamo.utils.counters.clear()
         losses, totals = [], []
         for _ in range(4):
-            loop.opt.zero_grad()  # type: ignore[union-attr]
+            loop.optimizer.zero_grad()
             loss = ((compiled(loop.x) - loop.y) ** 2).mean()
             loss.backward()
             totals.append(reference_norms(find_layers(loop.model))[0])
-            loop.opt.step()  # type: ignore[union-attr]
+            loop.optimizer.step()
             losses.append(float(loss.detach()))
             if probe is not None:
                 probe.step(loss)
@@ -348,10 +348,10 @@ def test_the_activations_dive_on_a_compiled_model_says_it_saw_nothing(
             # The dive arms its hooks at step 0's boundary; a smaller batch from step 1 on
             # makes dynamo trace the forward again with them in place.
             rows = 16 if retrace and step > 0 else 32
-            loop.opt.zero_grad()  # type: ignore[union-attr]
+            loop.optimizer.zero_grad()
             loss = ((compiled(loop.x[:rows]) - loop.y[:rows]) ** 2).mean()
             loss.backward()
-            loop.opt.step()  # type: ignore[union-attr]
+            loop.optimizer.step()
             losses.append(float(loss.detach()))
             if probe is not None:
                 probe.step(loss)
