@@ -184,6 +184,8 @@ class Coverage:
 
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="tdbg-run-")  # mode 0700
+        # `srun tdbg run ...`: this tdbg run is one task of a job, and sees only its own ranks.
+        self.inside = any(os.environ.get(v) for v in ("RANK", "SLURM_PROCID"))
         self.first: float | None = None
         self.said = False
         self.last_read = 0.0
@@ -235,7 +237,7 @@ class Coverage:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _say_missing(self, watched: list[dict[str, Any]]) -> None:
-        for line in missing_ranks(watched):
+        for line in missing_ranks(watched, self.inside):
             self._say(line)
 
     def _say(self, line: str) -> None:
@@ -247,8 +249,10 @@ class Coverage:
             pass
 
 
-def missing_ranks(watched: list[dict[str, Any]]) -> list[str]:
-    """One line per job of which fewer ranks are watched (on this machine) than it has."""
+def missing_ranks(watched: list[dict[str, Any]], inside: bool = False) -> list[str]:
+    """One line per job of which fewer ranks are watched (on this machine) than it has.
+    ``inside``: this tdbg run is itself one task of the job (srun tdbg run): it expects only the
+    ranks a launcher it runs starts (LOCAL_WORLD_SIZE), else one."""
     jobs: dict[str, list[dict[str, Any]]] = {}
     for info in watched:
         if isinstance(info.get("world_size"), int) and info["world_size"] > 1:
@@ -258,6 +262,8 @@ def missing_ranks(watched: list[dict[str, Any]]) -> list[str]:
         world = max(r["world_size"] for r in ranks)
         seen = sorted({r["rank"] for r in ranks if isinstance(r.get("rank"), int)})
         local = max((r.get("local_world") or 0) for r in ranks)
+        if not local:
+            local = 1 if inside else max((r.get("tasks_per_node") or 0) for r in ranks)
         expected = local if 0 < local < world else world
         if len(seen) >= expected:
             continue

@@ -81,6 +81,11 @@ def _store_address() -> str:
         return ""
 
 
+def _slurm_job() -> str:
+    job, step = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_STEP_ID", "")
+    return f"slurm:{job}.{step}" if job and step else f"slurm:{job}" if job else ""
+
+
 def place() -> JobPlace:
     """Where this process sits in a distributed job; {} for a single process. Asked once, when
     a probe starts; no collective, nothing waited for. The first source that names a world of
@@ -89,10 +94,11 @@ def place() -> JobPlace:
     - ``RANK``/``WORLD_SIZE`` (torchrun, ``python -m torch.distributed.run``/``.launch``,
       ``accelerate launch``, deepspeed): the job is torchrun's run id, else MASTER_ADDR:PORT;
     - an initialised default process group (mp.spawn and friends pass rank and world size to
-      ``init_process_group``, not to the environment): MASTER_ADDR:PORT, else its TCP store's;
+      ``init_process_group``, not to the environment): MASTER_ADDR:PORT, else its TCP store's
+      (SLURM's job when srun's tasks are its ranks);
     - ``LOCAL_RANK``/``WORLD_SIZE`` on node 0 (Lightning's launcher: its ranks get no RANK);
-    - ``SLURM_PROCID``/``SLURM_NTASKS`` (srun: each task a rank): the job is SLURM_JOB_ID
-      (with the step, ``JOB.STEP``, where srun names one);
+    - ``SLURM_PROCID``/``SLURM_NTASKS`` (srun: each task a rank): the job is
+      ``slurm:JOB.STEP`` (SLURM_JOB_ID, SLURM_STEP_ID);
     - the process index and count of a rank ``tdbg run`` saw torch.multiprocessing start.
     """
     local = _env_int("LOCAL_RANK")
@@ -113,6 +119,8 @@ def place() -> JobPlace:
             info["local_rank"] = local
         elif _spawned.get("world_size") == group[1]:
             info["local_rank"] = _spawned["local_rank"]
+        if _env_int("SLURM_NTASKS") == group[1] and os.environ.get("SLURM_JOB_ID"):
+            info["job"] = _slurm_job()  # srun's tasks are the ranks: the job is SLURM's
         if not info["job"] and _spawned:
             info["job"] = _spawned["job"]
         return info
@@ -122,9 +130,7 @@ def place() -> JobPlace:
         return {"world_size": world, "job": _master(), "local_rank": local}
     tasks, task = _env_int("SLURM_NTASKS"), _env_int("SLURM_PROCID")
     if tasks is not None and tasks > 1 and task is not None:
-        job = os.environ.get("SLURM_JOB_ID", "")
-        step = os.environ.get("SLURM_STEP_ID", "")
-        info = {"world_size": tasks, "job": f"{job}.{step}" if job and step else job, "rank": task}
+        info = {"world_size": tasks, "job": _slurm_job(), "rank": task}
         slurm_local = _env_int("SLURM_LOCALID")
         if slurm_local is not None:
             info["local_rank"] = slurm_local

@@ -271,11 +271,12 @@ def _report_watched() -> None:
     try:
         from tdbg.probe import run_info
 
-        local = run_info._env_int("LOCAL_WORLD_SIZE") or run_info._env_int("SLURM_NTASKS_PER_NODE")
+        local = run_info._env_int("LOCAL_WORLD_SIZE")
         if _config.get("spawned"):
             local = run_info._spawned.get("world_size")
         fields: dict[str, Any] = {"rank": run_info.rank(), **run_info.place()}
-        report("watched", local_world=local, **fields)
+        per_node = run_info._env_int("SLURM_NTASKS_PER_NODE")
+        report("watched", local_world=local, tasks_per_node=per_node, **fields)
     except Exception:
         pass
 
@@ -297,7 +298,18 @@ class SpawnedRank:
             self._claim(index)
         except Exception as exc:
             _warn(f"tdbg run cannot watch rank {index} ({exc}); it runs unmonitored")
-        return self.fn(index, *args)
+        try:
+            return self.fn(index, *args)
+        finally:
+            # A forked rank ends in os._exit(): no atexit, so the probe closes here (its
+            # recording's last steps written, its socket removed), within its 1 s budget.
+            auto = _auto
+            probe = auto.probe if auto is not None and auto.pid == os.getpid() else None
+            if probe is not None:
+                try:
+                    probe.close()
+                except Exception:
+                    pass
 
     def _claim(self, index: int) -> None:
         global _config, _owner, _auto
