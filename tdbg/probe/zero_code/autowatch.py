@@ -635,6 +635,7 @@ class AutoWatch:
             os.environ.pop(ENV_RECORD, None)
             self.off = True
             self._dead = True
+            _report_watched()
             return
         self._start((model, optimizer))
         if self.probe is None:
