@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                 if text:
                     print(text, file=sys.stderr)
                 return 1
-            from tdbg.tui.app import launch  # after the job starts: the imports overlap
+            from tdbg.cli.launch import launch  # after the job starts: the imports overlap
 
             code = launch(str(entry.socket))
             if job.poll() not in (None, 0):

@@ -23,7 +23,9 @@ def number(value: object) -> float | None:
 
 
 def _spelled(value: float) -> str:
-    """A non-finite figure spelled out: it is the news (a NaN loss), not a missing figure."""
+    """A non-finite figure spelled out: it is the news (a NaN loss), not a missing figure. The
+    one spelling on screen: ``NaN``, ``+inf``, ``-inf`` (``tdbg dump``'s JSON encodes them as
+    the strings "nan", "inf", "-inf" instead: a documented format, read back by unfinite())."""
     return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
 
 

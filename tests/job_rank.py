@@ -3,7 +3,8 @@ its rank, world size and job id from the launcher variables torchrun sets (no pr
 those tests are about reading ranks, not about collectives).
 
 ``python tests/job_rank.py JOB RANK WORLD [NAN_AT]`` runs until killed; with ``NAN_AT`` this rank's
-loss turns NaN from that step on (the others stay finite: NaN on some ranks only)."""
+loss turns NaN from that step on (the others stay finite: NaN on some ranks only). The run's name
+is ``$RANK_NAME`` when set (torchrun's ranks all share the script's), else ``rankN``."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def main() -> None:
     torch.set_num_threads(1)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    probe = tdbg.watch(model, opt, name=f"rank{rank}")
+    probe = tdbg.watch(model, opt, name=os.environ.get("RANK_NAME") or f"rank{rank}")
     step = 0
     while True:
         time.sleep(0.005)

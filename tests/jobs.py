@@ -35,11 +35,20 @@ def _started(
 
 
 def pretend_rank(
-    runtime: Path, job: str, number: int, world: int, nan_at: int | None = None
+    runtime: Path,
+    job: str,
+    number: int,
+    world: int,
+    nan_at: int | None = None,
+    name: str | None = None,
 ) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """Rank ``number`` of job ``job`` as tests/job_rank.py plays it, serving in ``runtime``;
-    ``nan_at``: its loss is NaN from that step on."""
+    ``nan_at``: its loss is NaN from that step on; ``name``: the run's name (default ``rankN``),
+    as torchrun's ranks all share the script's."""
     argv = [sys.executable, str(RANK_SCRIPT), job, str(number), str(world)]
     if nan_at is not None:
         argv.append(str(nan_at))
-    return _started(argv, {"TDBG_RUNTIME_DIR": str(runtime)})
+    env = {"TDBG_RUNTIME_DIR": str(runtime)}
+    if name is not None:
+        env["RANK_NAME"] = name
+    return _started(argv, env)

@@ -16,7 +16,7 @@ from tdbg.cli.dump import Window, dump_events, recording_events, windowed
 from tdbg.cli.errors import CliError
 from tdbg.cli.job_targets import add_job_option, job_events
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target, target_arg
-from tdbg.connect.targets import Recording, resolve
+from tdbg.connect.targets import Job, Recording, resolve
 
 
 def webhook_url(text: str) -> str:
@@ -112,6 +112,10 @@ def _events(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         yield from job_events(args, window)
         return
     target = resolve(args.target)
+    if isinstance(target, Job):  # the name the ranks of one job share: the job, as --job
+        args.job, args.target = target.job, None
+        yield from job_events(args, window)
+        return
     if isinstance(target, Recording):
         from tdbg.recording.reader import RecordingError, open_recording
 

@@ -15,16 +15,16 @@ from typing import Any, TextIO
 
 from tdbg import __version__
 from tdbg.cli.bridge_job import serve_job
-from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_ERROR, EXIT_NO_RUN, exit_code
-from tdbg.connect.runtime import RunEntry, discover, runtime_dir
-from tdbg.connect.targets import (
-    LocalSocket,
-    Recording,
-    TargetError,
-    only_run,
-    recording_error,
-    resolve,
+from tdbg.connect.bridge_contract import (
+    ERROR_PREFIX,
+    EXIT_ERROR,
+    EXIT_NO_RUN,
+    EXIT_SEVERAL,
+    exit_code,
 )
+from tdbg.connect.runtime import RunEntry, discover, runtime_dir
+from tdbg.connect.target_errors import TargetError, recording_error, several_error
+from tdbg.connect.targets import Job, LocalSocket, Recording, only_run, resolve
 from tdbg.connect.waiting import wait_set
 from tdbg.protocol.framing import PROTO_MAX, PROTO_MIN
 
@@ -164,6 +164,8 @@ def _resolve(path: str) -> LocalSocket:
         raise BridgeError(str(exc), exit_code(exc.reason)) from None
     if isinstance(found, Recording):
         raise BridgeError(str(recording_error(path)))
+    if isinstance(found, Job):  # one socket is relayed: the ssh side names a rank
+        raise BridgeError(str(several_error(f"named {path}", found.entries)), EXIT_SEVERAL)
     if not isinstance(found, LocalSocket):  # an ssh:// URL inside the URL's path
         raise BridgeError(f"{path} names no run's socket on this host")
     return found

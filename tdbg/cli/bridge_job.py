@@ -1,6 +1,6 @@
 """``tdbg bridge --job JOB``: every rank of one job on this node over the one stdin/stdout stream.
 
-Each rank's socket becomes a numbered channel of the node stream (protocol/messages.py): the
+Each rank's socket becomes a numbered channel of the node stream (protocol/messages/node.py): the
 probe's bytes ride as opaque ``data`` chunks both ways, so this, like the one-run bridge, never
 parses a probe's frame. Ranks that start later (or restart) are found by polling discovery.
 """

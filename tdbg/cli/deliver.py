@@ -41,6 +41,9 @@ class Sink:
         self.sent = 0
         self.failed = 0
         self.dropped = 0
+        # A sink that just gave up on an alert gets one try per alert until one goes through:
+        # a dead webhook must not hold every later alert for a whole backoff.
+        self.failing = False
         self._said: set[str] = set()
         self._thread = threading.Thread(target=self._run, name=f"tdbg-sink-{name}", daemon=True)
         self._thread.start()
@@ -64,14 +67,17 @@ class Sink:
             payload = self._queue.get()
             if payload is None:
                 return
-            for attempt in range(TRIES):
+            tries = 1 if self.failing else TRIES
+            for attempt in range(tries):
                 try:
                     self._send(payload)
                     self.sent += 1
+                    self.failing = False
                     break
                 except DeliveryError as exc:
-                    if attempt == TRIES - 1:
+                    if attempt == tries - 1:
                         self.failed += 1
+                        self.failing = True
                         self._say("gave up", f"{self.name}: {exc}; gave up on this alert")
                         break
                     self._say("retrying", f"{self.name}: {exc}; retrying with backoff")

@@ -25,7 +25,7 @@ from tdbg.cli.target_args import connect_target
 from tdbg.connect.client import CommandRefused, CommandTimeout, ProbeClient
 from tdbg.format import fmt_every
 from tdbg.protocol.framing import ProtocolError
-from tdbg.protocol.messages import FINAL_STATES
+from tdbg.protocol.messages.jobs import FINAL_STATES, Job
 
 # Seconds a cancel waits for the probe's answer: milliseconds as a rule, seconds on a machine
 # whose cores are all busy (seen: 2 s was not enough for a rank mid-profile under load).
@@ -102,13 +102,14 @@ class JobWatch:
             self._synced = True
         if msg.get("history"):
             return None
-        if mtype == "job" and self.job is not None and msg.get("job") == self.job:
-            self.last = msg
-            key = (msg.get("state"), msg.get("done"))
+        job = Job.from_wire(msg, self.command) if mtype == "job" else None
+        if job is not None and self.job is not None and job.job == self.job:
+            self.last = msg  # as sent: its result goes out as the command's JSON
+            key = (job.state, job.done)
             if self.progress is not None and key != self._shown:
                 self._shown = key
                 self.progress(progress_line(msg))
-            if msg.get("state") in FINAL_STATES:
+            if job.final:
                 return msg
         elif mtype == "alert" and msg.get("kind") == "anomaly":
             self.alerts.append(msg)

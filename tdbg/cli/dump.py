@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.connect.client import ProbeClient
-from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics, read_result
-from tdbg.protocol.steps import unpack_steps
+from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
+from tdbg.protocol.messages.results import result_from_wire
+from tdbg.protocol.steps import PHASES, unpack_steps
 from tdbg.recording.reader import Recording, open_recording
 
 if TYPE_CHECKING:  # numpy: loaded by `dump --job` only, which judges the job
@@ -99,11 +100,7 @@ def step_events(
             "step_time": _seconds(rec.step_time),
             "samples": _seconds(rec.samples),
             "tokens": _seconds(rec.tokens),
-            "data_time": _seconds(rec.data_time),
-            "no_grad_time": _seconds(rec.no_grad_time),
-            "forward_time": _seconds(rec.forward_time),
-            "backward_time": _seconds(rec.backward_time),
-            "optimizer_time": _seconds(rec.optimizer_time),
+            **{phase: _seconds(getattr(rec, phase)) for phase in PHASES},
             "probe_time": _seconds(rec.probe_time),
             # What the step was (null where unknown: an older probe or recording).
             "micro_batches": _count(rec.micro_batches),
@@ -135,9 +132,10 @@ def result_event(msg: dict[str, Any]) -> dict[str, Any] | None:
     ``nan_hunt``, ``anomaly``): ``job``, ``step`` and ``time`` of the job message, then the
     result's own fields (a result's ``step``, as nan_hunt's, wins). None for other states."""
     command = str(msg.get("command"))
-    result = read_result(command, msg.get("result"))  # typed: a malformed figure is null
-    if msg.get("state") != "done" or result is None:
+    read = result_from_wire(command, msg.get("result"))  # typed: a malformed figure is null
+    if msg.get("state") != "done" or read is None:
         return None
+    result = read.to_wire()
     event: dict[str, Any] = {
         "type": command,
         "job": msg.get("job"),

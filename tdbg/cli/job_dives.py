@@ -28,6 +28,7 @@ from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.jobs import job_ranks
 from tdbg.connect.runtime import RunEntry, discover
 from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.messages.results import AnomalyResult, NanHuntResult
 
 JOIN_POLL = 0.2  # seconds: the main thread wakes this often, so Ctrl-C is taken at once
 CANCEL_GRACE = CANCEL_TIMEOUT + 5.0  # seconds the ranks get to cancel their jobs after Ctrl-C
@@ -187,9 +188,11 @@ def _found(command: str, outcome: RankOutcome) -> bool:
     """Whether a rank's result holds a finding (it is shown first)."""
     result = outcome.result or {}
     if command == "nan-hunt":
-        return bool(result.get("found"))
+        hunt = NanHuntResult.from_wire(result)
+        return hunt is not None and hunt.found
     if command == "anomaly":
-        return bool(result.get("errors"))
+        anomaly = AnomalyResult.from_wire(result)
+        return anomaly is not None and bool(anomaly.errors)
     if command == "activations":
         layers = result.get("layers") or {}
         return any((row or {}).get("nonfinite") for row in layers.values())

@@ -44,7 +44,7 @@ def print_job_profile(
         for side, row, per_step in ((slow, op.slow, op.slow_us), (fast, op.fast, op.fast_us)):
             if side is fast and fast is slow:
                 break
-            cells += [fmt(row["calls"], "d") if row else "-", fmt_us(per_step)]
+            cells += [fmt(row.calls, "d") if row else "-", fmt_us(per_step)]
         if fast is not slow:
             cells.append(op.difference_text)
         table.add_row(*cells)
@@ -55,6 +55,6 @@ def print_job_profile(
     for other in comparison.others:
         console.print(rank_line(other))
     for p in comparison.ranks:
-        trace = p.profile["trace"]
-        where = f"{trace['path']} ({fmt_bytes(trace['size'])})" if trace else "none written"
+        trace = p.profile.trace
+        where = f"{trace.path} ({fmt_bytes(trace.size)})" if trace else "none written"
         console.print(f"rank {p.rank} trace: {where}", soft_wrap=True)

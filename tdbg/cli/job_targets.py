@@ -1,5 +1,5 @@
 """``--job JOB`` for ``tdbg dump``, ``tdbg status`` and ``tdbg ls``: a job's local ranks as the
-targets, each event and line carrying its rank."""
+targets, each event and line carrying its rank; a TARGET that is the name the ranks share too."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tdbg.cli.target_args import attach_target
 from tdbg.connect.client import ConnectError
 from tdbg.connect.jobs import job_ranks
 from tdbg.connect.runtime import RunEntry, discover
-from tdbg.connect.targets import resolve
+from tdbg.connect.targets import Job, resolve
 from tdbg.connect.waiting import next_item
 from tdbg.protocol.framing import ProtocolError
 
@@ -33,6 +33,31 @@ def add_job_option(parser: argparse.ArgumentParser, what: str) -> None:
         help=f"{what} of every local rank of distributed job JOB (its id: `tdbg status` and "
         "`tdbg ls --json` show it); give no TARGET with it",
     )
+
+
+def named_job(text: str | None) -> str | None:
+    """The job that TARGET ``text`` names when it is the name the job's ranks share (``tdbg dump
+    NAME`` then means the job, as ``--job JOB``); None for any other TARGET, a mistake included
+    (the command's own resolving words it)."""
+    if text is None:
+        return None
+    try:
+        target = resolve(text)
+    except ConnectError:
+        return None
+    return target.job if isinstance(target, Job) else None
+
+
+def job_by_name(args: argparse.Namespace, texts: list[str]) -> list[str]:
+    """The TARGETs left once a shared name is taken as its job: when ``texts`` is one name that
+    the ranks of one job share and ``--job`` is not given, ``args.job`` becomes that job and no
+    TARGET is left; otherwise ``texts`` as they are."""
+    if args.job is None and len(texts) == 1:
+        job = named_job(texts[0])
+        if job is not None:
+            args.job = job
+            return []
+    return texts
 
 
 def job_entries_for(args: argparse.Namespace, targets: list[Any]) -> list[RunEntry]:

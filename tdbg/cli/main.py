@@ -35,7 +35,7 @@ from tdbg.cli.dump import Window, dump_events, job_event, windowed
 from tdbg.cli.errors import CliError
 from tdbg.cli.export import add_export_parser
 from tdbg.cli.job_dives import cmd_job_dive, rank_list
-from tdbg.cli.job_targets import add_job_option, dump_job, job_entries_for
+from tdbg.cli.job_targets import add_job_option, dump_job, job_by_name, job_entries_for
 from tdbg.cli.replay import replay_main
 from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
@@ -52,7 +52,7 @@ from tdbg.connect.client import ConnectError
 from tdbg.connect.nodes import node_targets
 from tdbg.connect.runtime import discover, runtime_dir
 from tdbg.connect.sshurl import is_ssh_url
-from tdbg.connect.targets import Recording, resolve
+from tdbg.connect.targets import Job, Recording, resolve
 from tdbg.format import fmt_span, number
 from tdbg.protocol.framing import ProtocolError
 
@@ -66,6 +66,9 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
     if args.job is not None:
         return dump_job(args, out)
     target = resolve(args.target)
+    if isinstance(target, Job):  # the name the ranks of one job share: the job, as --job
+        args.job, args.target = target.job, None
+        return dump_job(args, out)
     if isinstance(target, Recording):
         from tdbg.cli.dump import dump_recording
         from tdbg.recording.reader import RecordingError
@@ -157,13 +160,15 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     extra = list(getattr(args, "extra_targets", None) or [])
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
         return replay_main(extra)
-    from tdbg.tui.app import launch  # textual is loaded only for the TUI (and its replay)
-    from tdbg.tui.job_app import launch_job, launch_nodes
+    from tdbg.cli.launch import launch, launch_job, launch_nodes  # textual: for the TUI only
+
+    if getattr(args, "no_bell", False):
+        os.environ["TDBG_BELL"] = "0"  # the app reads it (tdbg.tui.ringer), whichever app runs
 
     recordings = _job_recordings(args.job, [str(args.target or ""), *map(str, extra)])
     if recordings:  # `--job DIR` or `--job A.rank0.tdbg B.rank1.tdbg`: a job replayed
+        from tdbg.cli.launch import launch_job_replay
         from tdbg.recording.reader import RecordingError
-        from tdbg.tui.job_app import launch_job_replay
 
         try:
             return launch_job_replay(recordings)
@@ -233,6 +238,12 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
         help="the nodes, one a line ([user@]host[:port] or ssh:// URL; # comments; braces "
         "like gpu{01..08} expand)",
     )
+    parser.add_argument(
+        "--no-bell",
+        action="store_true",
+        help="no terminal bell (nor desktop notification) on the first alert of each kind "
+        "(or TDBG_BELL=0)",
+    )
     add_remote_options(parser)
 
 
@@ -287,6 +298,8 @@ def _one_or_job(func: Callable[..., int]) -> Callable[..., int]:
     """A deep dive on its TARGET, or with ``--job`` on every chosen rank of the job."""
 
     def dive(args: argparse.Namespace, out: TextIO) -> int:
+        if args.target is not None and not job_by_name(args, [args.target]):
+            args.target = None  # the name the ranks of one job share: the job, as --job
         if args.job is not None or args.ranks is not None:
             return cmd_job_dive(args, out)
         return func(args, out)

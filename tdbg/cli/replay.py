@@ -18,6 +18,6 @@ def replay_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if not args.file.strip():
         parser.error("FILE is empty")
-    from tdbg.tui.replay_app import run_replay  # textual is loaded only for the TUI
+    from tdbg.cli.launch import run_replay  # textual is loaded only for the TUI
 
     return run_replay(args.file)

@@ -8,7 +8,12 @@ from typing import Any, TextIO
 
 from tdbg.cli.dump import unfinite
 from tdbg.format import fmt, fmt_bytes, fmt_count, fmt_percent, fmt_seconds, fmt_stat, fmt_us
-from tdbg.protocol.messages import read_anomaly, read_nan_hunt, read_profile, read_snapshot
+from tdbg.protocol.messages.results import (
+    AnomalyResult,
+    NanHuntResult,
+    ProfileResult,
+    SnapshotResult,
+)
 
 
 def _console(out: TextIO) -> Any:
@@ -33,25 +38,28 @@ PROFILE_COLUMNS = (
 )
 
 
-def _span(steps: list[int]) -> str:
+def _span(steps: tuple[int, int] | None) -> str:
     """A ``[first, last]`` pair of steps as ``first-last``."""
-    return f"{steps[0]}-{steps[-1]}" if steps else "?-?"
+    return f"{steps[0]}-{steps[1]}" if steps else "?-?"
+
+
+def _profile(result: Any) -> ProfileResult:
+    """A profile as sent, or as read already; a malformed one reads as an empty profile."""
+    if isinstance(result, ProfileResult):
+        return result
+    return ProfileResult.from_wire(result) or ProfileResult.of_ops([], device=False)
 
 
 def profile_rows(result: Any, sort: str | None = None) -> list[dict[str, Any]]:
-    """The result's rows (read as :class:`~tdbg.protocol.messages.ProfileRow`) with their
-    ``share`` of the profiled time (fraction 0-1), sorted by ``sort`` (a row field or
-    ``share``; default: the probe's own order). Numbers sort descending, names ascending."""
-    profile = read_profile(result)
+    """The result's rows (read as :class:`~tdbg.protocol.messages.results.ProfileRow`) with
+    their ``share`` of the profiled time (fraction 0-1: :meth:`ProfileResult.share`, as the TUI
+    shows it), sorted by ``sort`` (a row field or ``share``; default: the probe's own order).
+    Numbers sort descending, names ascending."""
+    profile = result if isinstance(result, ProfileResult) else ProfileResult.from_wire(result)
     if profile is None:
         return []
-    device = profile["device"]
-    total = (profile["total_self_device"] if device else profile["total_self_cpu"]) or 0.0
-    rows: list[dict[str, Any]] = []
-    for row in profile["rows"]:
-        own = (row["self_device"] if device else row["self_cpu"]) or 0.0
-        rows.append(dict(row, share=(own / total) if total else None))
-    if sort is None or sort == profile["sort"]:
+    rows = [dict(row.to_wire(), share=profile.share(row)) for row in profile.rows]
+    if sort is None or sort == profile.sort:
         return rows
     if sort == "name":
         return sorted(rows, key=lambda r: str(r["name"]))
@@ -62,13 +70,12 @@ def print_profile(result: Any, out: TextIO, sort: str | None = None, limit: int 
     """The top-ops table (device columns only on device runs), then the trace's path."""
     from rich.table import Table
 
-    profile = read_profile(result) or read_profile({})
-    assert profile is not None
-    device = profile["device"]
+    profile = _profile(result)
+    device = profile.device
     rows = profile_rows(profile, sort)
-    shown_sort = sort or profile["sort"]
+    shown_sort = sort or profile.sort
     title = (
-        f"profile of steps {_span(profile['steps'])}, {fmt_seconds(profile['wall_seconds'])}"
+        f"profile of steps {_span(profile.steps)}, {fmt_seconds(profile.wall_seconds)}"
         f" wall, sorted by {shown_sort}"
     )
     table = Table(title=title, title_justify="left")
@@ -95,7 +102,7 @@ def print_profile(result: Any, out: TextIO, sort: str | None = None, limit: int 
     notes = []
     if len(rows) > limit:
         notes.append(f"{len(rows) - limit} more ops (--rows)")
-    if profile["truncated"]:
+    if profile.truncated:
         notes.append("the probe sent its top 100 ops only")
     if not device:
         notes.append("CPU-only run: no device columns")
@@ -104,10 +111,10 @@ def print_profile(result: Any, out: TextIO, sort: str | None = None, limit: int 
         table.caption_justify = "left"
     console = _console(out)
     console.print(table)
-    trace = profile["trace"]
+    trace = profile.trace
     if trace is not None:
         # soft_wrap: a path is never broken across lines (scripts and terminals pick it up).
-        console.print(f"trace: {trace['path']} ({fmt_bytes(trace['size'])})", soft_wrap=True)
+        console.print(f"trace: {trace.path} ({fmt_bytes(trace.size)})", soft_wrap=True)
     else:
         console.print("trace: none written")
 
@@ -116,67 +123,63 @@ def print_snapshot(result: Any, out: TextIO, limit: int = 10) -> None:
     """The snapshot file and the top allocation sites by size."""
     from rich.table import Table
 
-    snapshot = read_snapshot(result) or read_snapshot({})
-    assert snapshot is not None
+    snapshot = SnapshotResult.from_wire(result) or SnapshotResult((), None, None)
     console = _console(out)
-    file = snapshot["file"]
-    where = f"{file['path']} ({fmt_bytes(file['size'])})" if file else "none written"
+    file = snapshot.file
+    where = f"{file.path} ({fmt_bytes(file.size)})" if file else "none written"
     console.print(f"snapshot: {where}", soft_wrap=True)
     console.print(
-        f"steps {_span(snapshot['steps'])}: active {fmt_bytes(snapshot['active_bytes'])}, "
-        f"reserved {fmt_bytes(snapshot['reserved_bytes'])}"
+        f"steps {_span(snapshot.steps)}: active {fmt_bytes(snapshot.active_bytes)}, "
+        f"reserved {fmt_bytes(snapshot.reserved_bytes)}"
     )
-    if snapshot["history_owner"] == "script":
+    if snapshot.history_owner == "script":
         console.print("(the script records allocator history itself: left as it was)")
-    top = snapshot["top"]
+    top = snapshot.top
     if top:
         table = Table(title="top allocation sites", title_justify="left")
         table.add_column("bytes", justify="right", no_wrap=True)
         table.add_column("count", justify="right", no_wrap=True)
         table.add_column("site", overflow="fold")
         for site in top[:limit]:
-            table.add_row(fmt_bytes(site["bytes"]), fmt(site["count"], "d"), site["site"])
+            table.add_row(fmt_bytes(site.bytes), fmt(site.count, "d"), site.site)
         console.print(table)
     console.print("open it at https://pytorch.org/memory_viz")
 
 
 def format_nan_hunt(result: Any) -> str:
     """What the hunt found, as lines of text."""
-    hunt = read_nan_hunt(result) or read_nan_hunt({})
-    assert hunt is not None
-    checked = hunt["steps_checked"]
-    if not hunt["found"]:
+    hunt = NanHuntResult.from_wire(result) or NanHuntResult()
+    checked = hunt.steps_checked
+    if not hunt.found:
         return f"no non-finite value in {checked} step{'s' if checked != 1 else ''}\n"
-    module = hunt["module"]
+    module = hunt.module
     name = "the root model" if module == "" else str(module)
     lines = [
-        f"first non-finite {hunt['phase']} value: {name} ({hunt['module_type']}) "
-        f"at step {hunt['step']}",
-        f"  non-finite elements:    {fmt(hunt['nonfinite'], 'd')} of {fmt(hunt['numel'], 'd')}",
-        f"  input min / max:        {fmt_stat(hunt['input_min'])} / {fmt_stat(hunt['input_max'])}",
-        f"  inputs already non-finite: {'yes' if hunt['input_nonfinite'] else 'no'}",
-        f"  non-finite parameters:  {fmt(hunt['params_nonfinite'], 'd')}",
+        f"first non-finite {hunt.phase} value: {name} ({hunt.module_type}) at step {hunt.step}",
+        f"  non-finite elements:    {fmt(hunt.nonfinite, 'd')} of {fmt(hunt.numel, 'd')}",
+        f"  input min / max:        {fmt_stat(hunt.input_min)} / {fmt_stat(hunt.input_max)}",
+        f"  inputs already non-finite: {'yes' if hunt.input_nonfinite else 'no'}",
+        f"  non-finite parameters:  {fmt(hunt.params_nonfinite, 'd')}",
         *(
             [
                 "  (its weights were already non-finite: an earlier optimizer step spread the NaN;"
                 " the first nonfinite_grad alert names the layer where it began)"
             ]
-            if hunt["params_nonfinite"]
+            if hunt.params_nonfinite
             else []
         ),
-        f"  steps checked: {checked} ({hunt['trigger']})",
+        f"  steps checked: {checked} ({hunt.trigger})",
     ]
     return "\n".join(lines) + "\n"
 
 
 def format_anomaly(result: Any, alerts: Sequence[dict[str, Any]]) -> str:
     """Anomaly mode's summary, then every backward error's forward traceback."""
-    anomaly = read_anomaly(result) or read_anomaly({})
-    assert anomaly is not None
-    errors = anomaly["errors"] or 0
+    anomaly = AnomalyResult.from_wire(result) or AnomalyResult(None, False, None)
+    errors = anomaly.errors or 0
     lines = [
-        f"anomaly mode done: {anomaly['steps']} steps, check_nan "
-        f"{'on' if anomaly['check_nan'] else 'off'}, "
+        f"anomaly mode done: {anomaly.steps} steps, check_nan "
+        f"{'on' if anomaly.check_nan else 'off'}, "
         f"{errors} backward error{'s' if errors != 1 else ''}"
     ]
     for alert in alerts:

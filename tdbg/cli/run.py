@@ -90,6 +90,7 @@ def child_argv(module: list[str] | None, command: list[str]) -> tuple[str, list[
         words = module + command
         if not words:
             raise CliError("-m: name a module, e.g. tdbg run -m mypkg.train")
+        _check_module_name(words[0])
         _check_module(words[0])
         return sys.executable, [sys.executable, "-m", *words]
     if command[:1] == ["--"]:
@@ -97,6 +98,8 @@ def child_argv(module: list[str] | None, command: list[str]) -> tuple[str, list[
     if not command:
         raise CliError("nothing to run; e.g. tdbg run -- python train.py ARGS, or -m module")
     first = command[0]
+    if not first.strip():
+        raise CliError("the command is empty; e.g. tdbg run -- python train.py ARGS")
     if first == "-m":
         return child_argv(command[1:], [])
     if first.startswith("-"):
@@ -109,9 +112,22 @@ def child_argv(module: list[str] | None, command: list[str]) -> tuple[str, list[
         raise CliError(f"command not found: {first}")
     if PYTHON.match(os.path.basename(first)) and len(command) > 1:
         script = command[1]
-        if not script.startswith("-"):
+        if script == "-m":  # another interpreter's path: its module is not looked for here
+            _check_module_name(command[2] if len(command) > 2 else "")
+        elif not script.startswith("-"):
             _check_script(script)
     return executable, command
+
+
+def _check_module_name(name: str) -> None:
+    """``-m NAME`` must be a module name python -m can run: not empty, not relative, no empty
+    part (python's own refusal would come from the child, exit 1, as a traceback-like line)."""
+    if not name.strip():
+        raise CliError("-m: the module name is empty; e.g. tdbg run -m mypkg.train")
+    if name.startswith("."):
+        raise CliError(f"-m: relative module names are not supported: {name}")
+    if "" in name.split(".") or name != name.strip():
+        raise CliError(f"-m: not a module name: {name!r}")
 
 
 def _check_module(name: str) -> None:
@@ -127,6 +143,8 @@ def _check_module(name: str) -> None:
 
 
 def _check_script(path: str) -> None:
+    if not path.strip():
+        raise CliError("the script's path is empty; e.g. tdbg run -- python train.py ARGS")
     if not os.path.exists(path):
         raise CliError(f"no such script: {path}")
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "__main__.py")):
@@ -142,7 +160,9 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
     # PyTorch's flight recorder (the last collectives of each process group): read by a rank's
     # probe only when it stalls, to say which collective it waits in. Left alone if set.
     env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-    if args.name:
+    if args.name is not None:
+        if not args.name.strip():
+            raise CliError("--name is empty")
         env["TDBG_NAME"] = args.name
     if args.grad_every is not None:
         env["TDBG_GRAD_EVERY"] = str(args.grad_every)

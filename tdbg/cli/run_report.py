@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
 from tdbg.cli.glance import read_state
-from tdbg.cli.job_targets import add_job_option, job_entries_for, rank_of, say_rank_failed
+from tdbg.cli.job_targets import (
+    add_job_option,
+    job_by_name,
+    job_entries_for,
+    rank_of,
+    say_rank_failed,
+)
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.client import ConnectError
 from tdbg.format import fmt_pct, fmt_us
@@ -66,6 +72,7 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.model.diagnosis import diagnose, diagnose_job
 
     report: Diagnosis | JobDiagnosis
+    args.targets = job_by_name(args, list(args.targets))  # a name one job's ranks share: --job
     recordings = _job_recordings(list(args.targets), args.job)
     if recordings:
         from tdbg.model.recordings import load_job

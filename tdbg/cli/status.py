@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
 from tdbg.cli.glance import read_state
-from tdbg.cli.job_targets import add_job_option, job_entries_for, rank_of, say_rank_failed
+from tdbg.cli.job_targets import (
+    add_job_option,
+    job_by_name,
+    job_entries_for,
+    rank_of,
+    say_rank_failed,
+)
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import discover, runtime_dir
@@ -63,7 +69,7 @@ def add_status_parser(sub: Any) -> None:
 def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
     from tdbg.model.health import assess  # numpy: loaded by this command only
 
-    texts: list[str] = list(args.targets)
+    texts = job_by_name(args, list(args.targets))  # a name one job's ranks share: as --job
     ranks: dict[str, int] = {}  # under --job: each socket's rank, to name one that gives nothing
     if args.job is not None:
         ranks = {str(e.socket): rank_of(e) for e in job_entries_for(args, texts)}

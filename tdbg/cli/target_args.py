@@ -7,7 +7,8 @@ import argparse
 from typing import TYPE_CHECKING
 
 from tdbg.connect.client import ProbeClient
-from tdbg.connect.targets import TARGET_HELP, Remote, Target, attach, empty_error, resolve
+from tdbg.connect.target_errors import empty_error
+from tdbg.connect.targets import TARGET_HELP, Remote, Target, attach, resolve
 
 if TYPE_CHECKING:
     from tdbg.connect.ssh import RemoteOptions

@@ -3,7 +3,7 @@ prefix and the exit codes that classify why the bridge could not reach a run."""
 
 from __future__ import annotations
 
-from tdbg.connect.targets import Reason
+from tdbg.connect.target_errors import Reason
 
 ERROR_PREFIX = "tdbg bridge: error: "  # the local side recognises the bridge's errors by this
 

@@ -4,9 +4,10 @@ across nodes shows: one job, or a one-line refusal when ranks of several jobs ar
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from tdbg.connect.runtime import RunEntry
-from tdbg.connect.targets import TargetError
+from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.target_errors import TargetError
 
 SHOWN = 4  # jobs named in the "several jobs" refusal
 
@@ -78,3 +79,14 @@ def job_ranks(job: str, entries: Sequence[RunEntry]) -> dict[int, RunEntry]:
         + (f"; jobs here: {there}" if there else ": no distributed job is running here"),
         "missing",
     )
+
+
+def local_job(directory: Path | None = None) -> str | None:
+    """The job id when every local run is a rank of one job (two ranks or more), else None:
+    ``tdbg-tui`` alone then shows the job screen."""
+    entries = discover(directory)
+    jobs = job_entries(entries)
+    if len(entries) < 2 or len(jobs) != 1:
+        return None
+    job, ranks = next(iter(jobs.items()))
+    return job if len(ranks) == len(entries) else None

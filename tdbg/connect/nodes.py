@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tdbg.connect.sshurl import SCHEME, SshTarget, SshUrlError, is_ssh_url, parse_ssh_url
-from tdbg.connect.targets import TargetError, not_ssh_error
+from tdbg.connect.target_errors import TargetError, not_ssh_error
 
 MAX_NODES = 4096  # an expansion past this is a typo ({1..100000}), not a cluster
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")

@@ -8,11 +8,14 @@ import os
 import socket
 import stat
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MAX_SOCKET_PATH = 100  # bytes; sun_path is 108 on Linux, 104 on macOS, 92 on some systems
+WAITING_SUFFIX = ".waiting"  # ``<pid>.waiting``: that client waits for a run to appear here
+NOTE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
 
 
 class RuntimeDirError(Exception):
@@ -177,3 +180,51 @@ def remove_stale(meta_path: Path, sock: Path) -> None:
     for path in (meta_path, Path(str(sock) + ".lock")):
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+# --- clients waiting for a run ---------------------------------------------------------------
+# Polling alone can miss a short run: a client that gets no CPU for the second the run lives
+# (a busy machine) looks only after its socket is gone. So a waiting client leaves a note, and a
+# run that ends while a note names a client that has not attached keeps serving a moment (the
+# probe's linger): the client finds it late, but whole, history and goodbye included.
+
+
+@contextlib.contextmanager
+def waiting_for_run(directory: Path | None = None) -> Iterator[None]:
+    """While the block runs, this process is noted as waiting for a run to appear in
+    ``directory`` (default: the runtime directory, made if need be). Leave the block once
+    attached, not before: the note is what holds an ending run for this client. Best effort:
+    a directory that is not ours gets no note (and is refused by discovery anyway)."""
+    where = directory or runtime_dir()
+    path: Path | None = where / f"{os.getpid()}{WAITING_SUFFIX}"
+    try:
+        make_private_dir(where, "runtime directory")
+        os.close(os.open(where / f"{os.getpid()}{WAITING_SUFFIX}", NOTE_FLAGS, 0o600))
+    except (OSError, RuntimeDirError):
+        path = None
+    try:
+        yield
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def waiting_pids(directory: Path) -> set[int]:
+    """The pids of the live clients waiting for a run in ``directory`` (``waiting_for_run``);
+    the note of one that died is removed."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return set()
+    pids: set[int] = set()
+    for name in names:
+        stem = name.removesuffix(WAITING_SUFFIX)
+        if stem == name or not stem.isdigit():
+            continue
+        if pid_alive(int(stem)):
+            pids.add(int(stem))
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(directory / name)
+    return pids

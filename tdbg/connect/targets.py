@@ -1,12 +1,13 @@
-"""What a TARGET names (``resolve``), attaching to it (``attach``), and the one wording per error.
+"""What a TARGET names (``resolve``) and attaching to it (``attach``).
 
 A TARGET is what a user types after ``tdbg dump``, ``tdbg profile``, ``tdbg-tui`` or
 ``tdbg bridge --socket``: a socket path, a run's ``.json`` metadata, a runtime directory, a
 run's name or pid (looked up in the runtime directory), a recording file, an
-``ssh://[user@]host[:port][/path]`` URL, or nothing (the only local run, or wait for one).
+``ssh://[user@]host[:port][/path]`` URL, or nothing (the only local run, or wait for one). A
+name that the ranks of one distributed job share names that job (``Job``).
 Every entry point asks ``resolve`` and dispatches on the kind it returns; every way a TARGET
-can name no run is a ``TargetError`` worded here, so the CLI, the TUI and the bridge say the
-same thing for the same mistake.
+can name no run is a ``TargetError`` worded once in ``target_errors``, so the CLI, the TUI and
+the bridge say the same thing for the same mistake.
 """
 
 from __future__ import annotations
@@ -18,11 +19,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.runtime import RunEntry, discover, runtime_dir
+from tdbg.connect.jobs import job_of
+from tdbg.connect.runtime import RunEntry, discover, runtime_dir, waiting_for_run
 from tdbg.connect.sshurl import SshTarget, SshUrlError, is_ssh_url, parse_ssh_url
+from tdbg.connect.target_errors import (
+    TargetError,
+    bad_metadata_error,
+    empty_error,
+    missing_error,
+    no_run_error,
+    not_a_run_file_error,
+    recording_error,
+    several_error,
+)
 from tdbg.recording.reader import is_recording
 
 if TYPE_CHECKING:
@@ -33,20 +45,7 @@ TARGET_HELP = (
     "or ssh://[user@]host[:port][/path]"
 )
 
-# Why a TARGET names no run; the bridge turns these into its exit codes (bridge_contract.py).
-Reason = Literal["invalid", "missing", "no_run", "several", "recording"]
-
 POLL_INTERVAL = 0.2  # seconds between looks at the runtime directory while waiting for a run
-SHOWN = 4  # runs named in a "several runs" error
-
-
-class TargetError(ConnectError):
-    """A TARGET names no run we can attach to; ``str()`` is the one line the user sees (exit
-    code 2) and ``reason`` says which case it is."""
-
-    def __init__(self, message: str, reason: Reason = "invalid") -> None:
-        super().__init__(message)
-        self.reason: Reason = reason
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,15 @@ class Remote:
 
 
 @dataclass(frozen=True)
+class Job:
+    """A bare name that the live ranks of one distributed job share (torchrun starts every
+    rank of a script under one name): the user means the job, as ``--job JOB`` names it."""
+
+    job: str
+    entries: tuple[RunEntry, ...]
+
+
+@dataclass(frozen=True)
 class Discover:
     """No TARGET: the only live run in ``directory`` (default: the runtime directory), a
     choice among several, or a wait for one to start: the caller decides which."""
@@ -81,49 +89,7 @@ class Discover:
     directory: Path | None = None
 
 
-Target = LocalSocket | Recording | Remote | Discover
-
-
-# --- the wordings: one function per error case ----------------------------------------------
-
-
-def empty_error() -> TargetError:
-    return TargetError("TARGET is empty")
-
-
-def missing_error(text: str) -> TargetError:
-    return TargetError(f"no such socket, metadata file, directory or run: {text}", "missing")
-
-
-def no_run_error(directory: Path) -> TargetError:
-    return TargetError(f"no tdbg run found in {directory} (start one with tdbg.watch)", "no_run")
-
-
-def several_error(where: str, entries: Sequence[RunEntry]) -> TargetError:
-    """``where`` is ``in DIR`` or ``named NAME``."""
-    shown = "; ".join(f"{e.socket} ({e.name}, pid {e.pid})" for e in entries[:SHOWN])
-    more = f"; and {len(entries) - SHOWN} more" if len(entries) > SHOWN else ""
-    return TargetError(f"{len(entries)} runs {where}, name one: {shown}{more}", "several")
-
-
-def bad_metadata_error(text: str, why: object) -> TargetError:
-    return TargetError(f"{text} is not a tdbg run metadata file ({why})")
-
-
-def not_a_run_file_error(text: str) -> TargetError:
-    return TargetError(f"{text} is not a tdbg recording, nor a probe's socket")
-
-
-def recording_error(text: str) -> TargetError:
-    return TargetError(
-        f"{text} is a recording: a recording cannot run commands "
-        "(tdbg dump and tdbg-tui replay read it)",
-        "recording",
-    )
-
-
-def not_ssh_error(text: str, hint: str) -> TargetError:
-    return TargetError(f"{text!r}: {hint}")
+Target = LocalSocket | Recording | Remote | Job | Discover
 
 
 # --- resolving ------------------------------------------------------------------------------
@@ -203,14 +169,17 @@ def _entry_of(socket: Path) -> RunEntry | None:
     return None
 
 
-def _by_name(text: str) -> LocalSocket:
+def _by_name(text: str) -> LocalSocket | Job:
     if text.isdigit():
         found = [e for e in discover() if e.pid == int(text)]
     else:
         found = [e for e in discover() if e.name == text]
     if len(found) == 1:
         return LocalSocket(found[0].socket, found[0])
-    if found:
+    jobs = {job_of(e) for e in found}
+    if len(jobs) == 1 and None not in jobs:  # every run of that name is a rank of one job
+        return Job(str(jobs.pop()), tuple(found))
+    if found:  # unrelated runs, or ranks of several jobs: the user names one
         raise several_error(f"named {text}", found)
     raise missing_error(text)
 
@@ -219,7 +188,7 @@ def resolve_nodes(texts: Sequence[str], hint: str) -> list[SshTarget]:
     """Several TARGETs that must all be ``ssh://`` nodes (``tdbg-tui URL URL``, ``tdbg ls
     URL``), brace ranges expanded (``ssh://gpu{01..08}``); TargetError naming the first one that
     is not, ``hint`` saying why they must be. Every one is checked before any ssh starts."""
-    from tdbg.connect.nodes import node_targets  # it words its errors with this module's
+    from tdbg.connect.nodes import node_targets  # brace ranges and hostfiles live there
 
     return node_targets(texts, hint=hint)
 
@@ -239,13 +208,34 @@ def attach(
     ``text`` is the TARGET as typed, for the error about a recording."""
     if isinstance(target, Recording):
         raise recording_error(text if text is not None else str(target.path))
+    if isinstance(target, Job):  # a command that serves a job asks before attaching
+        raise several_error(f"named {text or target.job}", target.entries)
     if isinstance(target, Remote):
         from tdbg.connect.ssh import RemoteOptions, connect  # the ssh machinery only when asked
 
         return connect(target.ssh, opts if opts is not None else RemoteOptions())
     if isinstance(target, Discover):
-        target = wait_for_run(target.directory, wait)
+        return _wait_and_attach(target.directory, wait)
     return ProbeClient.connect(target.path)
+
+
+def _wait_and_attach(directory: Path | None, wait: float | None) -> ProbeClient:
+    """The only live run, waited for up to ``wait`` seconds, attached. Noted as waiting
+    meanwhile (runtime.waiting_for_run), so that a run which ends before this process looks
+    (a busy machine) serves on until it is attached: never missed. A run that goes away
+    between being found and attached is waited past, not an error, until the deadline."""
+    if not wait:
+        return ProbeClient.connect(only_run(directory).path)
+    deadline = time.monotonic() + wait
+    with waiting_for_run(directory):
+        while True:
+            found = wait_for_run(directory, max(0.0, deadline - time.monotonic()))
+            try:
+                return ProbeClient.connect(found.path)
+            except ConnectError:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(POLL_INTERVAL)
 
 
 def wait_for_run(directory: Path | None = None, wait: float | None = None) -> LocalSocket:

@@ -6,33 +6,26 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from tdbg.protocol import messages as wire
-from tdbg.protocol.messages import (
+from tdbg.protocol.messages.jobs import FINAL_STATES, Ack, Job
+from tdbg.protocol.messages.results import (
+    PROFILE_COLUMNS,
     PROFILE_TIME_COLUMNS,
-    read_ack,
-    read_activations,
-    read_anomaly,
-    read_error,
-    read_job,
-    read_nan_hunt,
-    read_probe_commands,
-    read_profile,
-    read_result,
-    read_snapshot,
+    Activations,
+    AnomalyResult,
+    NanHuntResult,
+    ProfileResult,
+    SnapshotResult,
 )
+from tdbg.protocol.messages.run import read_error, read_probe_commands
 
 MAX_JOBS = 32  # job records kept (the probe replays its last 32 finished jobs too)
 MAX_REQUESTS = 64  # commands this client sent, kept to match their ack / error by id
 MAX_PROFILES = 4  # finished profiles kept: the newest is shown, the one before it compared
 MAX_NOTICES = 32  # notifications waiting for the app to show them
-FINAL = wire.FINAL_STATES
-ACTIVE = frozenset({"armed", "running", "analysing"})
 # Commands whose progress and result the deep-dive panel shows, in its view order.
 DIVES = ("profile", "snapshot", "nan_hunt", "anomaly")
 TIME_COLUMNS = PROFILE_TIME_COLUMNS
-OP_COLUMNS = (*TIME_COLUMNS, "cpu_memory", "device_memory")
+OP_COLUMNS = PROFILE_COLUMNS
 LABELS = {
     "profile": "profile",
     "snapshot": "memory snapshot",
@@ -69,208 +62,23 @@ class Request:
     warning: str = ""  # the ack's message (e.g. anomaly mode is global and slow)
 
 
-@dataclass(slots=True)
-class FileRef:
-    """A file the probe wrote (trace, snapshot): only its path and size travel on the wire."""
-
-    path: str
-    size: int | None
-
-    @classmethod
-    def of(cls, info: wire.FileInfo | None) -> FileRef | None:
-        return None if info is None else cls(info["path"], info["size"])
-
-
-@dataclass(slots=True, frozen=True)
-class OpRow:
-    """One op of a profile's top-ops table: its row as sent (:class:`wire.ProfileRow`: times in
-    microseconds, memory in bytes) and what the table derives from it."""
-
-    fields: wire.ProfileRow
-
-    @property
-    def name(self) -> str:
-        return self.fields["name"]
-
-    @property
-    def calls(self) -> int | None:
-        return self.fields["calls"]
-
-    def value(self, column: str) -> float | None:
-        """A numeric column by name (``calls`` included); None when missing."""
-        v = self.fields.get(column) if column in (*OP_COLUMNS, "calls") else None
-        return float(v) if isinstance(v, int | float) else None
-
-    def per_call(self, column: str) -> float | None:
-        v = self.value(column)
-        if v is None or not self.calls:
-            return None
-        return v / self.calls
-
-
-@dataclass(slots=True)
-class ProfileResult:
-    """A finished profile: the top ops (at most 100, as sent) and the trace file."""
-
-    job: int
-    rows: list[OpRow]
-    sort: str
-    device: bool
-    steps: tuple[int | None, int | None]
-    wall_seconds: float | None
-    total_self_cpu: float | None
-    total_self_device: float | None
-    trace: FileRef | None
-    truncated: bool
-
-    @classmethod
-    def of(cls, job: int, result: wire.ProfileResult) -> ProfileResult:
-        steps = result["steps"]
-        return cls(
-            job=job,
-            rows=[OpRow(row) for row in result["rows"]],
-            sort=result["sort"],
-            device=result["device"],
-            steps=(steps[0], steps[-1]) if steps else (None, None),
-            wall_seconds=result["wall_seconds"],
-            total_self_cpu=result["total_self_cpu"],
-            total_self_device=result["total_self_device"],
-            trace=FileRef.of(result["trace"]),
-            truncated=result["truncated"],
-        )
-
-    @property
-    def share_column(self) -> str:
-        """Share of profiled time is self device time on device runs, self CPU time otherwise."""
-        return "self_device" if self.device else "self_cpu"
-
-    def share(self, row: OpRow) -> float | None:
-        """The fraction of the profiled (self) time this op took; None when not measurable."""
-        total = self.total_self_device if self.device else self.total_self_cpu
-        value = row.value(self.share_column)
-        if value is None or total is None or not total > 0:
-            return None
-        return value / total
-
-
-@dataclass(slots=True)
-class SnapshotResult:
-    job: int
-    file: FileRef | None
-    steps: tuple[int | None, int | None]
-    top: list[tuple[str, int | None, int | None]]  # (site, bytes, count), largest first
-    active_bytes: int | None
-    reserved_bytes: int | None
-
-    @classmethod
-    def of(cls, job: int, result: wire.SnapshotResult) -> SnapshotResult:
-        steps = result["steps"]
-        return cls(
-            job=job,
-            file=FileRef.of(result["file"]),
-            steps=(steps[0], steps[-1]) if steps else (None, None),
-            top=[(t["site"], t["bytes"], t["count"]) for t in result["top"]],
-            active_bytes=result["active_bytes"],
-            reserved_bytes=result["reserved_bytes"],
-        )
-
-
-@dataclass(slots=True)
-class NanHuntResult:
-    job: int
-    found: bool
-    phase: str | None
-    module: str | None  # as in named_modules(); "" is the root model
-    module_type: str | None
-    step: int | None
-    nonfinite: int | None
-    numel: int | None
-    input_min: float | None
-    input_max: float | None
-    input_nonfinite: bool
-    params_nonfinite: int | None
-    steps_checked: int | None
-    trigger: str | None
-
-    @classmethod
-    def of(cls, job: int, result: wire.NanHuntResult) -> NanHuntResult:
-        return cls(job=job, **result)
-
-    @property
-    def module_label(self) -> str:
-        if self.module is None:
-            return "n/a"
-        return self.module or "(root model)"
-
-
-@dataclass(slots=True)
-class Job:
-    """The latest ``job`` message for one job number."""
-
-    job: int
-    command: str
-    state: str
-    step: int | None
-    done: int | None
-    total: int | None
-    message: str
-    args: dict[str, Any]
-    time: float | None
-    result: wire.JobResult | None  # as read by its command's type
-    history: bool
-    seq: int
-
-    @property
-    def active(self) -> bool:
-        return self.state not in FINAL
-
-    def progress(self) -> str:
-        """One line: "profile #3: running 2/5 steps", "analysing", "failed: reason"..."""
-        head = f"{label(self.command)} #{self.job}"
-        total = "?" if self.total is None else str(self.total)
-        done = "?" if self.done is None else str(self.done)
-        if self.state == "armed":
-            text = "armed, waiting for the next step"
-        elif self.state == "running":
-            text = f"running {done}/{total} steps" if self.total is not None else "running"
-            if self.step is not None:
-                text += f" (step {self.step})"
-        elif self.state == "analysing":
-            text = f"analysing {done} step{'s' if self.done != 1 else ''}"
-        elif self.state in ("failed", "cancelled"):
-            text = f"{self.state}: {self.message}" if self.message else self.state
-        else:
-            text = self.state
-        return f"{head}: {text}"
-
-
-@dataclass(slots=True)
-class Activations:
-    """Per-module output statistics of one sampled step; value arrays in ``names`` order."""
-
-    step: int | None
-    names: list[str]
-    types: list[str]
-    mean: np.ndarray
-    std: np.ndarray
-    min: np.ndarray
-    max: np.ndarray
-    zero_frac: np.ndarray
-    nonfinite: np.ndarray  # float, so a missing count can be NaN
-
-    @classmethod
-    def of(cls, message: wire.Activations) -> Activations:
-        return cls(
-            step=message["step"],
-            names=message["names"],
-            types=message["types"],
-            mean=np.array(message["mean"], dtype=float),
-            std=np.array(message["std"], dtype=float),
-            min=np.array(message["min"], dtype=float),
-            max=np.array(message["max"], dtype=float),
-            zero_frac=np.array(message["zero_frac"], dtype=float),
-            nonfinite=np.array(message["nonfinite"], dtype=float),
-        )
+def progress(job: Job) -> str:
+    """A job as one line: "profile #3: running 2/5 steps", "analysing", "failed: reason"..."""
+    head = f"{label(job.command)} #{job.job}"
+    total = "?" if job.total is None else str(job.total)
+    if job.state == "armed":
+        text = "armed, waiting for the next step"
+    elif job.state == "running":
+        text = f"running {job.done}/{total} steps" if job.total is not None else "running"
+        if job.step is not None:
+            text += f" (step {job.step})"
+    elif job.state == "analysing":
+        text = f"analysing {job.done} step{'s' if job.done != 1 else ''}"
+    elif job.state in FINAL_STATES - {"done"}:
+        text = f"{job.state}: {job.message}" if job.message else job.state
+    else:
+        text = job.state
+    return f"{head}: {text}"
 
 
 @dataclass
@@ -278,11 +86,17 @@ class DeepState:
     """What the deep-dive commands produced, folded in from ack / error / job / activations."""
 
     requests: dict[int, Request] = field(default_factory=dict)
-    jobs: dict[int, Job] = field(default_factory=dict)
-    profiles: deque[ProfileResult] = field(default_factory=lambda: deque(maxlen=MAX_PROFILES))
+    jobs: dict[int, Job] = field(default_factory=dict)  # the latest message of each job
+    job_seq: dict[int, int] = field(default_factory=dict)  # when each job last changed
+    # Finished results with their job numbers (the result itself is the protocol's type).
+    profiles: deque[tuple[int, ProfileResult]] = field(
+        default_factory=lambda: deque(maxlen=MAX_PROFILES)
+    )
     snapshot: SnapshotResult | None = None
+    snapshot_job: int | None = None
     nan_hunt: NanHuntResult | None = None
-    anomaly: wire.AnomalyResult | None = None  # the last anomaly job's result
+    nan_hunt_job: int | None = None
+    anomaly: AnomalyResult | None = None  # the last anomaly job's result
     activations: Activations | None = None
     activations_every: int | None = None  # sampling interval, when known
     activations_enabled: bool = False
@@ -314,15 +128,15 @@ class DeepState:
             self.apply_probe(message)
 
     def apply_ack(self, message: dict[str, Any]) -> None:
-        ack = read_ack(message)
+        ack = Ack.from_wire(message)
         if ack is None:
             return
-        request = self.requests.get(ack["id"])
+        request = self.requests.get(ack.id)
         if request is not None:
-            request.job = ack["job"]
-            request.warning = ack["message"]
-        if ack["message"]:
-            text = f"{label(ack['command'])} #{ack['job']}: {ack['message']}"
+            request.job = ack.job
+            request.warning = ack.message
+        if ack.message:
+            text = f"{label(ack.command)} #{ack.job}: {ack.message}"
             self.notices.append(Notice(text, "warning"))
 
     def apply_refusal(self, message: dict[str, Any]) -> bool:
@@ -341,30 +155,16 @@ class DeepState:
         return True
 
     def apply_job(self, message: dict[str, Any]) -> None:
-        read = read_job(message)
-        if read is None:
+        first = Job.from_wire(message)
+        if first is None:
             return
-        number, state, history = read["job"], read["state"], bool(read.get("history"))
-        previous = self.jobs.get(number)
-        command, result = read["command"], read["result"]
-        if not command:  # named by an earlier message of the job
-            command = previous.command if previous is not None else "?"
-            result = read_result(command, message.get("result"))
+        previous = self.jobs.get(first.job)
+        # A message without its command is named by an earlier message of the job.
+        job = Job.from_wire(message, previous.command if previous is not None else "?")
+        assert job is not None
+        number, state, history = job.job, job.state, job.history
         self.seq += 1
-        job = Job(
-            job=number,
-            command=command,
-            state=state,
-            step=read["step"],
-            done=read["done"],
-            total=read["total"],
-            message=read["message"],
-            args=read["args"],
-            time=read["time"],
-            result=result,
-            history=history,
-            seq=self.seq,
-        )
+        self.job_seq[number] = self.seq
         self.jobs.pop(number, None)  # re-insert: the dict stays in order of last update
         self.jobs[number] = job
         self._bound_jobs()
@@ -386,32 +186,28 @@ class DeepState:
         # Drop the oldest finished jobs; an active job is never forgotten.
         for number in [n for n, j in self.jobs.items() if not j.active][:excess]:
             del self.jobs[number]
+            self.job_seq.pop(number, None)
 
     def _keep_result(self, job: Job) -> None:
         result = job.result
-        if job.command == "profile":
-            profile = read_profile(result)
-            if profile is not None and all(p.job != job.job for p in self.profiles):
-                self.profiles.append(ProfileResult.of(job.job, profile))
-        elif job.command == "snapshot":
-            snapshot = read_snapshot(result)
-            if snapshot is not None:
-                self.snapshot = SnapshotResult.of(job.job, snapshot)
-        elif job.command == "nan_hunt":
-            hunt = read_nan_hunt(result)
-            if hunt is not None:
-                self.nan_hunt = NanHuntResult.of(job.job, hunt)
-        elif job.command == "anomaly":
-            self.anomaly = read_anomaly(result)
+        if isinstance(result, ProfileResult):
+            if all(number != job.job for number, _ in self.profiles):
+                self.profiles.append((job.job, result))
+        elif isinstance(result, SnapshotResult):
+            self.snapshot, self.snapshot_job = result, job.job
+        elif isinstance(result, NanHuntResult):
+            self.nan_hunt, self.nan_hunt_job = result, job.job
+        elif isinstance(result, AnomalyResult):
+            self.anomaly = result
 
     def _announce(self, job: Job) -> None:
         head = f"{label(job.command)} #{job.job}"
         if job.state != "done":
             severity = "error" if job.state == "failed" else "warning"
-            self.notices.append(Notice(job.progress(), severity))
+            self.notices.append(Notice(progress(job), severity))
             return
-        if job.command == "profile" and self.profiles and self.profiles[-1].job == job.job:
-            trace = self.profiles[-1].trace
+        if job.command == "profile" and self.profiles and self.profiles[-1][0] == job.job:
+            trace = self.profiles[-1][1].trace
             where = f": trace {trace.path}" if trace else ""
             self.notices.append(Notice(f"{head} done{where}"))
         elif job.command == "snapshot" and self.snapshot and self.snapshot.file:
@@ -428,15 +224,13 @@ class DeepState:
                 checked = hunt.steps_checked
                 self.notices.append(Notice(f"{head}: no non-finite value in {checked} step(s)"))
         elif job.command == "anomaly":
-            errors = self.anomaly["errors"] if self.anomaly is not None else None
+            errors = self.anomaly.errors if self.anomaly is not None else None
             self.notices.append(Notice(f"{head} is off again ({errors} backward error(s) seen)"))
         elif job.command != "activations":
             self.notices.append(Notice(f"{head} done"))
 
     def apply_activations(self, message: dict[str, Any]) -> None:
-        read = read_activations(message)
-        if read is not None:
-            self.activations = Activations.of(read)
+        self.activations = Activations.from_wire(message) or self.activations
 
     def apply_probe(self, message: dict[str, Any]) -> None:
         """The 1 Hz ``probe`` report: the activation interval and the active job numbers."""
@@ -478,7 +272,7 @@ class DeepState:
         if request is None or request.refused is None:
             return None
         job = self.latest_job(command)
-        if job is not None and job.seq > request.seq:
+        if job is not None and self.job_seq.get(job.job, 0) > request.seq:
             return None
         return request.refused
 
@@ -500,11 +294,20 @@ class DeepState:
 
     @property
     def profile(self) -> ProfileResult | None:
-        return self.profiles[-1] if self.profiles else None
+        return self.profiles[-1][1] if self.profiles else None
+
+    @property
+    def profile_job(self) -> int | None:
+        """The job number of :attr:`profile`."""
+        return self.profiles[-1][0] if self.profiles else None
 
     @property
     def previous_profile(self) -> ProfileResult | None:
-        return self.profiles[-2] if len(self.profiles) > 1 else None
+        return self.profiles[-2][1] if len(self.profiles) > 1 else None
+
+    @property
+    def previous_profile_job(self) -> int | None:
+        return self.profiles[-2][0] if len(self.profiles) > 1 else None
 
     @property
     def has_any(self) -> bool:

@@ -348,7 +348,7 @@ def _memory(state: RunState) -> dict[str, Any]:
     devices = []
     for d in system.get("cuda") or []:
         if isinstance(d, dict):
-            devices.append({k: d.get(k) for k in ("device", "peak", "reserved", "total")})
+            devices.append({k: d.get(k) for k in ("index", "name", "peak", "reserved")})
     host = system.get("host") or {}
     return {"cuda": devices, "host_rss": host.get("rss") if isinstance(host, dict) else None}
 
@@ -442,7 +442,7 @@ def figure_lines(d: Diagnosis) -> list[tuple[str, str]]:
     for dev in d.memory.get("cuda") or []:
         lines.append(
             (
-                f"memory {dev.get('device', 'cuda')}",
+                f"memory cuda:{dev.get('index', '?')}",
                 f"peak {fmt_bytes(dev.get('peak'))} · reserved {fmt_bytes(dev.get('reserved'))}",
             )
         )

@@ -54,7 +54,7 @@ def assess(state: RunState, now: float | None = None, by_arrival: bool = False) 
         return Health("non-finite", "bad", f"loss non-finite since step {start}", rate)
     stall = open_stall(state)
     if stall is not None and state.connection == "live":
-        return Health("stalled", "bad", stall.message.split(" — ", 1)[0], 0.0)
+        return Health("stalled", "bad", stall.headline, 0.0)
     arrived = state.steps_arrived if by_arrival and state.steps_arrived else None
     gap = now - (arrived if arrived is not None else float(state.cols["time"].values[-1]))
     limit = stall_rule(state).limit(_recent_step_seconds(state))

@@ -12,19 +12,12 @@ import numpy as np
 
 from tdbg.model.health import open_stall
 from tdbg.model.run_state import RunState
-from tdbg.protocol.steps import MAX_PHASE_GAP
+from tdbg.protocol.steps import MAX_PHASE_GAP, PHASE_WORDS, PHASES
 
 RECENT = 20  # steps a straggler is judged over
 STRAGGLER_RATIO = 1.25  # a rank this much slower than the others' median...
 STRAGGLER_MIN_SECONDS = 0.002  # ...and at least this much slower per step (noise on tiny steps)
 DIVERGENCE_RTOL = 1e-3  # DDP: the all-reduced gradients agree to this relative tolerance
-PHASE_WORDS = {
-    "data_time": "input wait",
-    "no_grad_time": "no-grad forwards (evaluation)",
-    "forward_time": "forward",
-    "backward_time": "backward",
-    "optimizer_time": "optimizer",
-}
 
 
 @dataclass(frozen=True)
@@ -193,7 +186,9 @@ class Job:
 
     def _why_slow(self, rank: int, others: list[int]) -> tuple[str | None, float]:
         best, extra = None, 0.0
-        for phase in ("data_time", "no_grad_time", "forward_time", "optimizer_time"):
+        # Not backward: under DDP it holds the gradient all-reduce, where every rank waits
+        # for the slowest one, so the ranks' backward times say little about who is slow.
+        for phase in (p for p in PHASES if p != "backward_time"):
             mine = self._recent(self.ranks[rank], phase)
             theirs = [self._recent(self.ranks[r], phase) for r in others]
             known = [t for t in theirs if t is not None]
@@ -320,9 +315,7 @@ def _still_stalled(state: RunState) -> _Stall | None:
         op=str(collective.get("op") or "collective"),
         sizes=collective.get("sizes"),
         group=str(group[0] if isinstance(group, list | tuple) and group else group or "default"),
-        where=latest.message.split(" — stuck at ", 1)[-1]
-        if " — stuck at " in latest.message
-        else "",
+        where=latest.where or "",
         stack="\n".join(latest.stack),
     )
 

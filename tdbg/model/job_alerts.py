@@ -14,7 +14,7 @@ from tdbg.model.job import (
     JobFinding,
     is_straggling,
 )
-from tdbg.protocol.messages import Alert, alert_message
+from tdbg.protocol.messages.alert import Alert
 
 # A straggler is raised after it has held this many job steps (the 20-step median already
 # needs ~11 slow steps to move: onset is named within 20 steps) ...
@@ -55,19 +55,20 @@ class JobAlert:
     def as_message(self) -> Alert:
         """The alert as the protocol's ``alert`` message, with the job fields."""
         f = self.finding
-        out = alert_message(self.kind, self.severity, self.step, self.message, f.layers, self.time)
-        out["ranks"] = list(self.ranks)
-        if self.cleared:
-            out["cleared"] = True
-        if f.phase is not None:
-            out["phase"] = PHASE_WORDS.get(f.phase, f.phase)
-        if f.slower_by is not None:
-            out["slower_by"] = f.slower_by
-        if f.collective is not None:
-            out["collective"] = dict(f.collective)
-        if f.stacks:
-            out["stacks"] = {str(r): text for r, text in f.stacks.items()}
-        return out
+        return Alert(
+            self.kind,
+            self.severity,
+            self.step,
+            self.time,
+            self.message,
+            tuple(f.layers),
+            ranks=tuple(self.ranks),
+            cleared=self.cleared,
+            phase=None if f.phase is None else PHASE_WORDS.get(f.phase, f.phase),
+            slower_by=f.slower_by,
+            collective=None if f.collective is None else dict(f.collective),
+            stacks={str(r): text for r, text in f.stacks.items()},
+        )
 
 
 @dataclass

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tdbg.model.deep import FINAL
+from tdbg.model.deep import progress
 from tdbg.model.job import Job
 from tdbg.model.rank_profiles import ProfileComparison, compare_profiles
+from tdbg.protocol.messages.jobs import FINAL_STATES
 
 
 @dataclass
@@ -51,11 +52,11 @@ class JobProfile:
             return answer
         dive = None if request.job is None else state.deep.jobs.get(request.job)
         if dive is not None:
-            answer.progress = dive.progress()
+            answer.progress = progress(dive)
             if dive.state == "done" and dive.result is not None:
                 answer.result = dive.result
-            elif dive.state in FINAL:
-                answer.error = dive.progress()
+            elif dive.state in FINAL_STATES:
+                answer.error = progress(dive)
         if not answer.settled and state.ended:
             answer.error = f"ended before its profile finished ({state.end_reason or 'closed'})"
         return answer

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from tdbg.format import fmt_seconds, fmt_us
-from tdbg.protocol.messages import ProfileResult, ProfileRow, read_profile
+from tdbg.protocol.messages.results import ProfileResult, ProfileRow
+
+EMPTY_PROFILE = ProfileResult.of_ops([], device=False)  # what a rank's malformed result reads as
 
 # The record_function names c10d gives its collectives' work, one per backend.
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:", "xccl:")
@@ -49,7 +51,7 @@ class RankProfile:
     @property
     def column(self) -> str:
         """The time column compared: device total on device runs, else CPU total."""
-        return self.profile["sort"]
+        return self.profile.sort
 
     def per_step(self, row: ProfileRow | None) -> float | None:
         """A row's compared time per step, in microseconds."""
@@ -61,22 +63,24 @@ class RankProfile:
 
 def _time(row: ProfileRow, column: str) -> float | None:
     """A row's time column (``cpu_total``, ``device_total``...) in microseconds."""
-    value = cast(Mapping[str, Any], row).get(column)
-    return None if value is None else float(value)
+    return row.value(column)
 
 
 def rank_profile(rank: int, result: Any) -> RankProfile:
     """A rank's profile result read and reduced to per-step figures."""
-    profile = read_profile(result) or read_profile({})
-    assert profile is not None
-    span = profile["steps"]
-    steps = max(1, span[-1] - span[0] + 1) if span else 1
-    wall = profile["wall_seconds"]
-    column = profile["sort"]
+    # As a rank's model read it (the TUI), or as the wire sent it (``tdbg profile --job``).
+    if isinstance(result, ProfileResult):
+        profile = result
+    else:
+        profile = ProfileResult.from_wire(result) or EMPTY_PROFILE
+    span = profile.steps
+    steps = max(1, span[1] - span[0] + 1) if span else 1
+    wall = profile.wall_seconds
+    column = profile.sort
     waited_us = sum(
         _time(row, column) or 0.0
-        for row in profile["rows"]
-        if row["name"].startswith(COLLECTIVE_PREFIXES)
+        for row in profile.rows
+        if row.name.startswith(COLLECTIVE_PREFIXES)
     )
     waited = waited_us / 1e6 / steps
     per_step_wall = None if wall is None else wall / steps
@@ -88,10 +92,10 @@ def rank_profile(rank: int, result: Any) -> RankProfile:
 def rank_line(p: RankProfile, wall: bool = True) -> str:
     """``rank 1: steps 61-65, 0.215 s wall, 41.6ms/step own, 1.4ms/step in collectives``
     (without the wall time where a line must fit 80 columns)."""
-    steps = p.profile["steps"]
-    span = f"{steps[0]}-{steps[-1]}" if steps else "?-?"
+    steps = p.profile.steps
+    span = f"{steps[0]}-{steps[1]}" if steps else "?-?"
     own = "?" if p.own is None else fmt_us(p.own * 1e6)
-    walled = f" {fmt_seconds(p.profile['wall_seconds'])} wall," if wall else ""
+    walled = f" {fmt_seconds(p.profile.wall_seconds)} wall," if wall else ""
     return (
         f"rank {p.rank}: steps {span},{walled} {own}/step own, "
         f"{fmt_us(p.waited * 1e6)}/step in collectives"
@@ -173,11 +177,11 @@ def compare_profiles(results: Mapping[int, Any], limit: int = 20) -> ProfileComp
     slow, fast = ranks[0], ranks[-1]
     names: list[str] = []
     for side in (slow, fast):
-        for row in side.profile["rows"][:limit]:
-            if row["name"] not in names:
-                names.append(row["name"])
-    slow_rows = {row["name"]: row for row in slow.profile["rows"]}
-    fast_rows = {row["name"]: row for row in fast.profile["rows"]}
+        for row in side.profile.rows[:limit]:
+            if row.name not in names:
+                names.append(row.name)
+    slow_rows = {row.name: row for row in slow.profile.rows}
+    fast_rows = {row.name: row for row in fast.profile.rows}
     ops = [
         OpPair(
             name,

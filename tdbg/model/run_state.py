@@ -7,7 +7,6 @@ import time as _time
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,10 +18,12 @@ from tdbg.model.metrics import MetricStore
 from tdbg.model.step_summaries import Clipping, StepSummaries
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
+from tdbg.protocol.messages.alert import Alert
 from tdbg.protocol.steps import (
     F64_COLUMNS,
     MAX_LR_COLUMNS,
     MAX_PHASE_GAP,
+    PHASES,
 )
 
 
@@ -38,7 +39,7 @@ class MessageFeed(Protocol):
 
 # no_grad_time: a watched model's forwards without grad before the step's own (an evaluation);
 # NaN from probes and recordings older than the column, and then left out of the bar.
-ANATOMY = ("data_time", "no_grad_time", "forward_time", "backward_time", "optimizer_time")
+ANATOMY = PHASES  # the step phases, owned by protocol/steps.py
 
 MAX_ALERTS = 500
 # Per-step scalars kept; past this the older half is thinned to every other step (again and
@@ -48,45 +49,6 @@ EMA_ALPHA = 0.05  # smoothed loss: about a 20-step memory
 RATE_WINDOW = 5.0  # seconds of recent steps that steps/s is measured over
 ANATOMY_WINDOW = 32  # steps averaged for the step-anatomy bar
 INPUT_BOUND_SHARE = 0.30  # data loading above this share of a step means the GPU waits on input
-
-
-@dataclass(frozen=True, slots=True)
-class Alert:
-    """One alert as the probe raised it."""
-
-    kind: str
-    severity: str
-    step: int | None
-    time: float | None
-    message: str
-    layers: tuple[str, ...]
-    history: bool = False
-    stack: tuple[str, ...] = ()  # ``stalled``: the training thread's stack, innermost last
-    collective: dict[str, Any] | None = None  # ``stalled`` in a job: its last collective
-
-    @classmethod
-    def from_message(cls, message: dict[str, Any]) -> Alert:
-        """An ``alert`` message as the TUI keeps it; a field of the wrong type reads as unknown."""
-        step = message.get("step")
-        when = message.get("time")
-        return cls(
-            kind=str(message.get("kind") or "alert"),
-            severity=str(message.get("severity") or "info"),
-            step=int(step) if isinstance(step, int | float) else None,
-            time=float(when) if isinstance(when, int | float) else None,
-            message=str(message.get("message") or ""),
-            layers=tuple(str(x) for x in message.get("layers") or ()),
-            history=bool(message.get("history")),
-            stack=tuple(str(x) for x in message.get("stack") or () if isinstance(x, str)),
-            collective=collective
-            if isinstance(collective := message.get("collective"), dict)
-            else None,
-        )
-
-    @property
-    def nonfinite(self) -> bool:
-        """A NaN/inf loss or gradient alert (the header counts them apart)."""
-        return self.kind.startswith("nonfinite")
 
 
 class RunState:
@@ -326,7 +288,9 @@ class RunState:
         return out
 
     def _apply_alert(self, message: dict[str, Any]) -> None:
-        alert = Alert.from_message(message)
+        alert = Alert.from_wire(message)
+        if alert is None:
+            return
         self.alerts.appendleft(alert)  # newest first
         self.alert_count += 1
         if alert.nonfinite:

@@ -87,8 +87,8 @@ class Timeline:
                 self.full.apply(msg)
             elif mtype == "metrics":
                 self.full.apply(msg)
-            elif mtype == "alert":
-                self._alerts.append((self._own_step(msg, position), Alert.from_message(msg)))
+            elif mtype == "alert" and (alert := Alert.from_wire(msg)) is not None:
+                self._alerts.append((self._own_step(msg, position), alert))
             elif mtype in ("system", "probe"):
                 steps, reports = self._reports[mtype]
                 steps.append(position)

@@ -9,15 +9,14 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tdbg.protocol.messages import Alert as AlertMessage
+from tdbg.protocol.messages.alert import Alert as AlertMessage
+from tdbg.protocol.stall import DEFAULT_STALL_RULE
 from tdbg.protocol.steps import StepRecord
 
 WINDOW = 100  # recent values a robust z-score is measured against
 MIN_HISTORY = 20  # no spike verdict before this many values
 SPIKE_Z = 8.0  # robust z-score (median/MAD) that counts as a spike
 SPIKE_RATIO = 3.0  # and the value must also be this many times the median
-STALL_FACTOR = 20.0  # a step this many times slower than the median step is a stall...
-STALL_MIN_S = 5.0  # ...and at least this long
 LR_ZERO_STEPS = 3  # lr must stay 0 this many steps (warm-up may start at 0)
 MAX_NAMED = 8  # layers named in one message
 
@@ -26,15 +25,7 @@ def alert(
     kind: str, severity: str, step: int, message: str, layers: Sequence[str] = ()
 ) -> AlertMessage:
     """An ``alert`` message, typed by the protocol's definition (what clients read)."""
-    return {
-        "type": "alert",
-        "kind": kind,
-        "severity": severity,
-        "step": step,
-        "time": time.time(),
-        "message": message,
-        "layers": list(layers),
-    }
+    return AlertMessage(kind, severity, step, time.time(), message, tuple(layers))
 
 
 def _names(layers: Sequence[str]) -> str:
@@ -233,10 +224,12 @@ class AlertRules:
         return out
 
     def check_stall(self, last_step: int, seconds_since_step: float) -> list[AlertMessage]:
-        """Called periodically by the probe thread: a loop with no step for far too long."""
-        if len(self._step_times) < 3:
+        """Called periodically by the probe thread: a loop with no step for far too long, by the
+        rule the probe announces in its hello (so every reader calls the same gap a stall)."""
+        if len(self._step_times) < 3:  # no median worth the name yet: never a stall
             return []
-        limit = max(STALL_MIN_S, STALL_FACTOR * statistics.median(self._step_times))
+        median = statistics.median(self._step_times)
+        limit = DEFAULT_STALL_RULE.limit(median)
         if seconds_since_step > limit and self.stalled_since is None:
             self.stalled_since = time.time() - seconds_since_step
             return [
@@ -245,7 +238,7 @@ class AlertRules:
                     "error",
                     last_step,
                     f"no step for {seconds_since_step:.0f} s after step {last_step} "
-                    f"(a step usually takes {statistics.median(self._step_times):.3g} s): "
+                    f"(a step usually takes {median:.3g} s): "
                     "hung dataloader, collective or deadlock?",
                 )
             ]

@@ -10,7 +10,8 @@ import stat
 from pathlib import Path
 
 from tdbg.connect.runtime import check_private_dir, make_private_dir
-from tdbg.protocol.messages import FileInfo, RunInfo
+from tdbg.protocol.messages.results import FileInfo
+from tdbg.protocol.messages.run import RunInfo
 
 HASH_CHUNK = 1 << 20  # 1 MiB reads: hashing a 100 MB snapshot costs ~0.1 s on the worker thread
 MAX_NAME_PART = 64
@@ -97,7 +98,7 @@ def finalize(tmp: Path, final: Path) -> FileInfo:
     target = _free_name(final)
     os.replace(tmp, target)
     prune(target.parent, keep=target)
-    return {"path": str(target), "size": st.st_size, "sha256": digest.hexdigest()}
+    return FileInfo(str(target), st.st_size, digest.hexdigest())
 
 
 def prune(directory: Path, keep: Path) -> list[Path]:

@@ -21,7 +21,8 @@ from typing import Any
 from tdbg.probe.dives.base import DiveRunner, as_event
 from tdbg.probe.log import warn
 from tdbg.protocol.framing import ErrorCode
-from tdbg.protocol.messages import FINAL_STATES, MUTATING, AckFields, job_message
+from tdbg.protocol.messages.commands import MUTATING
+from tdbg.protocol.messages.jobs import FINAL_STATES, Ack, Job
 
 MAX_INTENTS = 16  # guarantees: commands
 KEPT_JOBS = 32  # finished jobs replayed to late clients
@@ -83,18 +84,19 @@ class CommandDesk:
     # --- server thread ----------------------------------------------------------------------
     def submit(
         self, command: str, args: dict[str, Any], peer: tuple[int, int] | None, trigger: str
-    ) -> AckFields:
-        """Accept ``command`` (already schema-checked) and return the ack's fields, or raise
-        Refused. Every mutating command is audit-logged with its outcome (guarantees: commands)."""
+    ) -> Ack:
+        """Accept ``command`` (already schema-checked) and return its ack (id 0: the server
+        sets it), or raise Refused. Every mutating command is audit-logged with its outcome
+        (guarantees: commands)."""
         try:
             ack = self._accept(command, args, trigger)
         except Refused as exc:
             self._audit(peer, command, args, f"refused {exc.code}: {exc}", trigger)
             raise
-        self._audit(peer, command, args, f"accepted as job {ack['job']}", trigger)
+        self._audit(peer, command, args, f"accepted as job {ack.job}", trigger)
         return ack
 
-    def _accept(self, command: str, args: dict[str, Any], trigger: str) -> AckFields:
+    def _accept(self, command: str, args: dict[str, Any], trigger: str) -> Ack:
         if self.readonly and command in MUTATING:
             raise Refused(ErrorCode.READ_ONLY, "this probe is read-only (TDBG_READONLY=1)")
         if command in self.unavailable:
@@ -111,7 +113,7 @@ class CommandDesk:
                 if job not in self._in_flight:
                     raise Refused(ErrorCode.BAD_MESSAGE, f"no job {job} in flight")
                 self.runner.cancel(job)
-                return {"command": command, "job": job, "message": f"cancelling job {job}"}
+                return Ack(0, command, job, f"cancelling job {job}")
             if command != "activations" and command in self._in_flight.values():
                 busy = next(j for j, c in self._in_flight.items() if c == command)
                 raise Refused(ErrorCode.BUSY, f"a {command} is already in flight (job {busy})")
@@ -125,7 +127,7 @@ class CommandDesk:
             message = ANOMALY_WARNING.format(steps=args["steps"])
         elif command == "activations":
             self.activations_every = int(args["every"]) if args["enabled"] else None
-        armed = job_message(
+        armed = Job(
             job,
             command,
             "armed",
@@ -138,7 +140,7 @@ class CommandDesk:
         )
         self.runner.ctx.events.append(as_event(armed))
         self.runner.enqueue(command, job, args, trigger)
-        return {"command": command, "job": job, "message": message}
+        return Ack(0, command, job, message)
 
     def auto_nan_hunt(self) -> None:
         """After the run's first non-finite alert (probe thread): hunt, once, if nobody is."""

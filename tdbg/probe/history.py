@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 from tdbg.protocol.framing import MAX_OUTBOUND_FRAME
-from tdbg.protocol.messages import Alert
+from tdbg.protocol.messages.alert import Alert
 from tdbg.protocol.steps import (
     StepRecord,
     batch_bytes,
@@ -142,5 +143,5 @@ class History:
     def replay(self) -> list[dict[str, Any]]:
         """Messages a late client gets before live data: steps (oldest first), then alerts."""
         out = [dict(m, history=True) for m in (*self.chunks, *self._recent)]
-        out.extend(dict(a, history=True) for a in self.alerts)
+        out.extend(replace(a, history=True).to_wire() for a in self.alerts)
         return out

@@ -55,7 +55,6 @@ import errno
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +65,7 @@ from tdbg.probe.log import warn
 from tdbg.protocol.framing import PROTOCOL_VERSION, pack
 from tdbg.protocol.messages import Layers, RunInfo, bye_message, layers_message
 from tdbg.protocol.steps import grad_row_bytes, grad_rows, last_step
+from tdbg.recording.blocks import block, write_all
 from tdbg.recording.compaction import THINNED_KINDS, Result, Tally, compact
 from tdbg.recording.reader import FILE_HEADER, FORMAT_VERSION, REC_MAGIC
 
@@ -329,26 +329,18 @@ class Recorder:
             return
         data = bytes(self._buf)
         self._buf.clear()
-        mark = pack(
-            {
-                "type": "record_mark",
-                "crc": zlib.crc32(data),
-                "bytes": len(data),
-                "step": self.last_step,
-                "time": time.time(),
-            }
-        )
-        self._write_raw(data + mark)
+        self._write_raw(block(data, self.last_step))
 
     def _write_raw(self, data: bytes) -> None:
-        view = memoryview(data)
+        if self.fd is None:
+            return
         try:
-            while view and self.fd is not None:
-                n = os.write(self.fd, view)
-                self.written += n
-                view = view[n:]
+            write_all(self.fd, data, self._wrote)
         except OSError as exc:
             self._fail(f"cannot write the recording {self.path}: {exc.strerror or exc}")
+
+    def _wrote(self, n: int) -> None:
+        self.written += n
 
     # --- compaction ---------------------------------------------------------------------------
     def _maybe_compact(self) -> None:

@@ -11,7 +11,8 @@ from typing import TypedDict
 import torch
 from torch import nn
 
-from tdbg.protocol.messages import RunInfo, WatchedOptimizer
+from tdbg.protocol.messages.run import RunInfo, WatchedOptimizer
+from tdbg.protocol.stall import DEFAULT_STALL_RULE
 
 
 class JobPlace(TypedDict, total=False):
@@ -174,6 +175,8 @@ def describe_run(
         "models": [model_name for model_name, _ in models],
         "optimizers": [watched_optimizer(opt_name, opt) for opt_name, opt in optimizers],
         "param_groups": sum(len(opt.param_groups) for _, opt in optimizers),
+        # The rule this probe's own ``stalled`` alert follows: every reader judges a gap by it.
+        "stall": DEFAULT_STALL_RULE.to_wire(),
     }
     return run_info, unavailable
 

@@ -12,9 +12,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from tdbg import __version__
+from tdbg.connect.runtime import waiting_pids
 from tdbg.probe.alerts import AlertRules, alert
 from tdbg.probe.commands import CommandDesk, Refused
 from tdbg.probe.connection import Buckets, Connection
@@ -32,8 +34,6 @@ from tdbg.probe.system import SystemSampler
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
 from tdbg.protocol.messages import (
     COMMANDS,
-    Ack,
-    Alert,
     Layers,
     Pong,
     ProbeHealth,
@@ -49,6 +49,7 @@ from tdbg.protocol.messages import (
     validate_client_message,
     welcome_message,
 )
+from tdbg.protocol.messages.alert import STUCK_AT, Alert
 from tdbg.protocol.steps import StepRecord, pack_steps
 
 TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
@@ -66,6 +67,11 @@ GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read a
 # thread. It is generous because a thread still inside a torch call when the interpreter exits
 # aborts the whole process ("terminate called without an active exception", exit 134).
 STOP_SECONDS = 10.0
+# How long a run that ended keeps serving for a client waiting for a run here that has not
+# attached yet (its note, connect/runtime.py): a client that got no CPU for the run's whole
+# life still gets it whole. Well under STOP_SECONDS; only when such a client is waiting.
+LINGER_SECONDS = 5.0
+LINGER_LOOK_SECONDS = 0.05  # how often a lingering probe looks at the notes
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
 NONFINITE_METRIC_ALERTS = 8  # metric names alerted one by one; then a count at powers of 2
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
@@ -130,6 +136,11 @@ class ProbeServer:
         self.rejected_peers = 0
         self.serving = False
         self.bye_reason = "shutdown"  # the goodbye's reason ("exit 1: ..." when an error ends it)
+        self._attached_pids: set[int] = set()  # every client that got our welcome
+        self._waiters: set[int] = set()  # waiting clients' pids, as the notes said last
+        self._waiters_seen: set[int] = set()  # ... and any the notes named while lingering
+        self._linger_until: float | None = None
+        self._linger_look = 0.0
         self.side_alerts: deque[Alert] = deque(maxlen=64)  # from the training thread
         self.desk: CommandDesk | None = None  # deep-dive commands: see take_commands
         self.auto_nan_hunt = False
@@ -303,7 +314,7 @@ class ProbeServer:
             self.recorder.open()
         next_tick = next_stats = time.monotonic()
         next_inode = next_tick + INODE_CHECK_SECONDS
-        while not self._stop.is_set():
+        while not self._stop.is_set() or self._lingers(time.monotonic()):
             try:
                 timeout = max(0.0, next_tick - time.monotonic())
                 for key, mask in self._selector.select(timeout):
@@ -325,6 +336,25 @@ class ProbeServer:
             self._tick(time.monotonic())
             # The run's last word on the probe: closed cleanly (or switched off by errors).
             self._broadcast_stats(time.monotonic())
+
+    def _lingers(self, now: float) -> bool:
+        """Stopped, yet serving on (at most LINGER_SECONDS) while a client that waits for a run
+        where this one is listed has not attached, or has not got this run's history yet: a run
+        that ended before a starved client looked still reaches it, whole, with its goodbye."""
+        meta = self.endpoint.meta_path
+        if meta is None or self.endpoint.listener is None:
+            return False
+        if self._linger_until is None:
+            self._linger_until = now + LINGER_SECONDS
+        if now >= self._linger_until:
+            return False
+        if now >= self._linger_look:
+            self._linger_look = now + LINGER_LOOK_SECONDS
+            self._waiters = waiting_pids(meta.parent)
+            self._waiters_seen |= self._waiters
+        if self._waiters - self._attached_pids - {os.getpid()}:
+            return True
+        return any(c.wants_write and c.peer_pid in self._waiters_seen for c in self._clients)
 
     def _shutdown_connections(self) -> None:
         bye = pack(bye_message(self.bye_reason))
@@ -544,8 +574,7 @@ class ProbeServer:
             self._on_error(exc)
             self._reply_error(conn, ErrorCode.INTERNAL, mid, f"internal error: {exc}"[:300])
             return
-        accepted: Ack = {"type": "ack", "id": mid, **ack}
-        conn.queue(pack(accepted))
+        conn.queue(pack(replace(ack, id=mid).to_wire()))
         self.wake()
 
     def _welcome(self, conn: Connection, args: dict[str, Any], mid: int) -> None:
@@ -556,6 +585,7 @@ class ProbeServer:
             self._drop(conn)
             return
         conn.handshaken = True
+        self._attached_pids.add(conn.peer_pid)
         conn.append(pack(welcome_message(proto, __version__, self.endpoint.run_info)))
         replay: list[Mapping[str, Any]] = [self._layers_message(), *self.history.replay()]
         replay.extend(dict(metrics_message(c), history=True) for c in self.metrics.replay())
@@ -605,15 +635,17 @@ class ProbeServer:
         return resolved
 
     def _with_stack(self, stall: Alert) -> Alert:
-        """A stall alert with the training thread's Python stack: where it is stuck."""
+        """A stall alert with the training thread's Python stack: where it is stuck. ``where``
+        is a field readers use; the prose keeps it too, for people and older readers."""
         stack = thread_stack(self.training_thread)
-        out: Alert = {**stall}
+        out = stall
         if stack:
-            out["message"] = f"{stall['message']} — stuck at {stuck_where(stack)}"
-            out["stack"] = stack
+            where = stuck_where(stack)
+            out = replace(out, message=f"{stall.message}{STUCK_AT}{where}", where=where)
+            out = replace(out, stack=tuple(stack))
         collective = last_collective()
-        if collective is not None:
-            out["collective"] = collective  # compared across ranks by `tdbg status`
+        if collective is not None:  # compared across ranks by `tdbg status`
+            out = replace(out, collective=collective)
         return out
 
     def _drain_metrics(self) -> list[tuple[int, str, float]]:
@@ -707,11 +739,11 @@ class ProbeServer:
                     self.recorder.add(frames[-1])
         for a in alerts:
             self.history.alerts.append(a)
-            frames.append(pack(dict(a)))
+            frames.append(pack(a.to_wire()))
             if self.recorder is not None:
                 self.recorder.add(frames[-1])
         if self.desk is not None:
-            if self.auto_nan_hunt and any(a["kind"] in NONFINITE_ALERTS for a in alerts):
+            if self.auto_nan_hunt and any(a.kind in NONFINITE_ALERTS for a in alerts):
                 self.desk.auto_nan_hunt()
             events = self.desk.runner.ctx.events
             for _ in range(min(len(events), MAX_EVENTS_PER_TICK)):

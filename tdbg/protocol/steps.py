@@ -20,6 +20,32 @@ MAX_LR_COLUMNS = 64
 # them.
 MAX_PHASE_GAP = 32
 
+# The phases a step's time splits into, in the order a step runs them (StepRecord's columns),
+# and what a person reads for each: the anatomy bar's labels (long and short), and the words
+# of a straggler finding. The one owner: the TUI, the job model and ``tdbg dump`` import these.
+PHASES = ("data_time", "no_grad_time", "forward_time", "backward_time", "optimizer_time")
+PHASE_LABELS = {
+    "data_time": "data",
+    "no_grad_time": "no-grad",
+    "forward_time": "forward",
+    "backward_time": "backward",
+    "optimizer_time": "optimizer",
+}
+PHASE_SHORT_LABELS = {
+    "data_time": "data",
+    "no_grad_time": "no-grad",
+    "forward_time": "fwd",
+    "backward_time": "bwd",
+    "optimizer_time": "opt",
+}
+PHASE_WORDS = {
+    "data_time": "input wait",
+    "no_grad_time": "no-grad forwards (evaluation)",
+    "forward_time": "forward",
+    "backward_time": "backward",
+    "optimizer_time": "optimizer",
+}
+
 FLAG_HAS_LOSS = 1
 FLAG_HAS_GRADS = 2
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,10 +16,10 @@ from tdbg.protocol.steps import (
     joinable,
     last_step,
 )
+from tdbg.recording.blocks import BlockWriter
 from tdbg.recording.reader import Recording
 
 THINNED_KINDS = ("grads", "activations", "system", "probe")  # what a budget bounds, kind by kind
-BLOCK_BYTES = 1 << 20  # a record_mark every this many bytes of the rewritten file
 CHUNK_BYTES = 1 << 20  # consecutive steps batches are joined into frames of about this much
 
 
@@ -97,43 +94,6 @@ def _split(segments: list[range], k: int) -> tuple[list[range], list[range]]:
     return head, []
 
 
-class _BlockWriter:
-    """Writes frames to ``fd`` in blocks, each closed by a ``record_mark`` that checks it."""
-
-    def __init__(self, fd: int, head: bytes) -> None:
-        self.fd = fd
-        self.size = 0
-        self.last_step: int | None = None
-        self._buf = bytearray()
-        self._write(head)
-
-    def add(self, frame: bytes) -> None:
-        self._buf += frame
-        if len(self._buf) >= BLOCK_BYTES:
-            self.close_block()
-
-    def close_block(self) -> None:
-        if not self._buf:
-            return
-        data = bytes(self._buf)
-        self._buf.clear()
-        self._write(data + mark(data, self.last_step))
-
-    def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self.fd, view)
-            self.size += n
-            view = view[n:]
-
-
-def mark(data: bytes, last_step: int | None) -> bytes:
-    """The ``record_mark`` frame closing a block of ``data``."""
-    msg = {"type": "record_mark", "crc": zlib.crc32(data), "bytes": len(data)}
-    msg.update(step=last_step, time=time.time())
-    return pack(msg)
-
-
 @dataclass(slots=True)
 class Result:
     size: int  # bytes written to the new file
@@ -154,7 +114,7 @@ def compact(
         masks[kind] = None if size <= budgets[kind] else keep_newest(n, n * budgets[kind] // size)
     seen = dict.fromkeys(THINNED_KINDS, 0)
     out = Tally()
-    writer = _BlockWriter(fd, head[:12])
+    writer = BlockWriter(fd, head[:12])
     writer.add(head[12:])
     pending: list[dict[str, Any]] = []
     pending_bytes = 0

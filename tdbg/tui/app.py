@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -14,21 +14,26 @@ from rich.cells import cell_len
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
-from textual.message import Message
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
-from tdbg.connect.client import ConnectError, ProbeClient
+from tdbg.connect.client import ConnectError
 from tdbg.connect.runtime import RunEntry, discover, runtime_dir
-from tdbg.connect.targets import Discover, LocalSocket, Recording, Remote, Target, resolve
 from tdbg.model.run_state import RunState
 from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.palette import palette_commands
+from tdbg.tui.ringer import AlertRinger
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
-from tdbg.tui.sources.base import DiscoverySource, ReplaySource, SocketSource, Source
+from tdbg.tui.sources.base import (
+    DiscoverySource,
+    ReplaySource,
+    SocketSource,
+    Source,
+    SourceMessage,
+)
 
 # Seconds: new data repaints the view at most this often, and only on change. A key repaints
 # at once; 4 Hz is as fresh as a person reads a training run and halves the frames of 8 Hz.
@@ -40,7 +45,6 @@ __all__ = [
     "ReplaySource",
     "SocketSource",
     "TdbgApp",
-    "launch",
     "make_app",
     "save_screenshot",
     "screen_text",
@@ -53,39 +57,28 @@ class TdbgApp(TdbgBaseApp):
     BINDINGS = [*TdbgBaseApp.BINDINGS, Binding("r", "switch_run", "Switch run")]
     source: Source
 
-    class FromSource(Message):
-        """A message the source worker posts; ``origin`` is the source it read. After a switch
-        of runs the old worker's last posts are dropped by this, not folded into the new run."""
+    # What the reading worker posts (each carries its ``origin``: see SourceMessage). What a
+    # source itself has to say (a wait, a choice, a warning) are Source's own messages.
 
-        origin: Source | None = None
-
-    class EventsReceived(FromSource):
+    class EventsReceived(SourceMessage):
         """A batch of protocol messages arrived (one post per socket read, not per sample)."""
 
         def __init__(self, batch: list[dict[str, Any]]) -> None:
             super().__init__()
             self.batch = batch
 
-    class ProbeConnected(FromSource):
+    class ProbeConnected(SourceMessage):
         def __init__(self, run: dict[str, Any], restarted: bool) -> None:
             super().__init__()
             self.run = run
             self.restarted = restarted
 
-    class ConnectionEnded(FromSource):
+    class ConnectionEnded(SourceMessage):
         def __init__(self, reason: str | None) -> None:
             super().__init__()
             self.reason = reason
 
-    class SourceNoticed(FromSource):
-        """The source needs the user (``choices``), is ``waiting``, or has a ``warning``."""
-
-        def __init__(self, kind: str, payload: Any) -> None:
-            super().__init__()
-            self.kind = kind
-            self.payload = payload
-
-    class SourceFailed(FromSource):
+    class SourceFailed(SourceMessage):
         def __init__(self, reason: str) -> None:
             super().__init__()
             self.reason = reason
@@ -100,6 +93,8 @@ class TdbgApp(TdbgBaseApp):
         # Every notification shown, oldest first: what the user was told, for tests and for
         # anyone who missed a toast.
         self.notices: list[str] = []
+        self.rings: list[str] = []  # the alert kinds rung for, in order (tests read it)
+        self.ringer = AlertRinger()  # the bell on the first alert of each kind (TDBG_BELL=0: off)
 
     def get_default_screen(self) -> Screen[Any]:
         return MonitorScreen(id="monitor")
@@ -140,15 +135,12 @@ class TdbgApp(TdbgBaseApp):
         worker = get_current_worker()
         source = self.source
 
-        def post(message: TdbgApp.FromSource) -> None:
+        def post(message: SourceMessage) -> None:
             message.origin = source
             self.post_message(message)
 
-        def notify(kind: str, payload: Any) -> None:
-            post(self.SourceNoticed(kind, payload))
-
         try:
-            source.open(notify)
+            source.open(post)
         except ConnectError as exc:
             if not source.stopped:
                 post(self.SourceFailed(str(exc)))
@@ -159,13 +151,13 @@ class TdbgApp(TdbgBaseApp):
             for batch in source.batches():
                 post(self.EventsReceived(batch))
             post(self.ConnectionEnded(source.end_reason))
-            if worker.is_cancelled or not source.reattach(notify):
+            if worker.is_cancelled or not source.reattach(post):
                 return
             restarted = True
 
     # --- handlers: O(batch) state updates, no I/O ------------------------------------------
 
-    def _stale(self, event: FromSource) -> bool:
+    def _stale(self, event: SourceMessage) -> bool:
         """The event came from a source this app has switched away from: drop it."""
         if event.origin is not None and event.origin is not self.source:
             event.stop()
@@ -230,27 +222,36 @@ class TdbgApp(TdbgBaseApp):
             reason += "; watching for a restart"
         self.state.mark("ended", reason)
 
-    def on_tdbg_app_source_noticed(self, event: SourceNoticed) -> None:
+    # --- what the source says while it attaches: one handler per message type ----------------
+
+    def on_source_wait_started(self, event: Source.WaitStarted) -> None:
         if self._stale(event):
             return
-        if event.kind == "reconnecting":
-            self.state.mark("reconnecting")
-        elif event.kind == "waiting":
-            self.state.mark("waiting")
-            if not isinstance(self.screen, WaitingScreen):
-                self.push_screen(WaitingScreen(str(event.payload)))
-        elif event.kind == "choices":
-            entries: list[RunEntry] = list(event.payload)
+        self.state.mark("waiting")
+        if not isinstance(self.screen, WaitingScreen):
+            self.push_screen(WaitingScreen(event.where))
 
-            def chosen(entry: RunEntry | None) -> None:
-                self.source.choose(entry)
-                if entry is None:
-                    self.exit(0)
+    def on_source_runs_offered(self, event: Source.RunsOffered) -> None:
+        if self._stale(event):
+            return
 
-            local = isinstance(self.source, DiscoverySource)  # a remote run's socket is not here
-            self.push_screen(RunPickerScreen(entries, peek=local), chosen)
-        else:
-            self.notify(str(event.payload), severity="warning")
+        def chosen(entry: RunEntry | None) -> None:
+            self.source.choose(entry)
+            if entry is None:
+                self.exit(0)
+
+        local = isinstance(self.source, DiscoverySource)  # a remote run's socket is not here
+        self.push_screen(RunPickerScreen(event.entries, peek=local), chosen)
+
+    def on_source_reconnect_started(self, event: Source.ReconnectStarted) -> None:
+        if self._stale(event):
+            return
+        self.state.mark("reconnecting")
+
+    def on_source_warning_raised(self, event: Source.WarningRaised) -> None:
+        if self._stale(event):
+            return
+        self.notify(event.text, severity="warning")
 
     def on_tdbg_app_source_failed(self, event: SourceFailed) -> None:
         if self._stale(event):
@@ -273,6 +274,17 @@ class TdbgApp(TdbgBaseApp):
                 return  # panels not mounted yet: the next tick tries again
         self._painted = self.state.revision
         self._painted_at = now
+        self._ring()
+
+    def _ring(self) -> None:
+        """The bell (and a desktop notification where the terminal shows one) for each alert
+        kind's first alert this viewer sees arrive."""
+        for alert in self.ringer.new(self.state):
+            self.rings.append(alert.kind)
+            sequence = self.ringer.sequence(alert, str(self.state.run.get("name") or "run"))
+            driver = getattr(self, "_driver", None)  # what App.bell() writes through
+            if sequence and driver is not None and not self.is_headless:
+                driver.write(sequence)
 
     @staticmethod
     def _clock() -> float:
@@ -378,58 +390,3 @@ def screen_text(app: App[Any]) -> str:
                 row[k] = ""  # the right half of a wide character
             x += max(size, 1)
     return "\n".join("".join(row) for row in cells)
-
-
-def error(message: str) -> int:
-    print(f"tdbg-tui: error: {message}", file=sys.stderr)
-    return 2
-
-
-def launch(
-    target: str | None,
-    more: Sequence[str] = (),
-    ssh_options: Sequence[str] = (),
-    remote_tdbg: str = "tdbg",
-) -> int:
-    """``tdbg-tui [TARGET | URL [URL ...]]``: attach, run the app, return the exit code.
-
-    The first connection is made here, before the App starts, so that a wrong path, a socket
-    that is not tdbg or a version mismatch is one plain line on stderr and exit code 2.
-    ``ssh://`` targets (several: one per node) are listed here over ssh for the same reason.
-    A recording opens the replay.
-    """
-    source: Source
-    texts = [t for t in (target, *more) if t is not None]
-    try:
-        if len(texts) > 1:  # several: one per node, all ssh://
-            resolved: Target | None = None
-        else:
-            resolved = resolve(texts[0] if texts else None)  # --host URL alone counts too
-        if resolved is None or isinstance(resolved, Remote):
-            from tdbg.tui.sources.remote import remote_source  # ssh machinery only when asked
-
-            source = remote_source(texts, ssh_options, remote_tdbg)
-        elif isinstance(resolved, Recording):
-            from tdbg.tui.replay_app import run_replay
-
-            return run_replay(texts[0])
-        elif isinstance(resolved, Discover):
-            source = DiscoverySource(resolved.directory)
-            entries = discover(resolved.directory)
-            if len(entries) == 1:
-                try:
-                    source = SocketSource(client=ProbeClient.connect(entries[0].socket))
-                except ConnectError:
-                    pass  # it may be going away; discovery keeps looking
-        else:
-            assert isinstance(resolved, LocalSocket)
-            client = ProbeClient.connect(resolved.path)
-            source = SocketSource(client=client, directory=resolved.path.parent)
-    except ConnectError as exc:
-        return error(str(exc))
-    app = make_app(source)
-    try:
-        result = app.run()
-    finally:
-        source.close()
-    return int(result or app.return_code or 0)

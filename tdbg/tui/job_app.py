@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from textual import work
-from textual.app import App
 from textual.message import Message
 from textual.screen import Screen
 
 from tdbg.connect.client import ConnectError
-from tdbg.connect.runtime import discover
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_profile import JobProfile
-from tdbg.model.job_replay import replay_job
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages import command_args
 from tdbg.protocol.steps import concat_steps, joinable
@@ -24,8 +20,7 @@ from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.job_profile import JobProfileScreen
 from tdbg.tui.screens.waiting import WaitingScreen
-from tdbg.tui.sources.job import JobSource, RankBatches, job_entries
-from tdbg.tui.sources.job_replay import RecordedJobSource
+from tdbg.tui.sources.job import JobSource, RankBatches
 
 REPAINT_INTERVAL = 1 / 4  # seconds: new data repaints at most this often (keys act at once)
 # Seconds between judgements of the job (stragglers, divergence, hangs), when ranks sent
@@ -43,11 +38,6 @@ class JobApp(TdbgBaseApp):
         def __init__(self, batches: RankBatches) -> None:
             super().__init__()
             self.batches = batches
-
-    class SourceNoticed(Message):
-        def __init__(self, kind: str, payload: Any) -> None:
-            super().__init__()
-            self.kind, self.payload = kind, payload
 
     def __init__(self, source: JobSource, replayed: tuple[Job, JobAlerts] | None = None) -> None:
         """``replayed``: a job already folded from recordings (``state.job_replay``)."""
@@ -75,24 +65,25 @@ class JobApp(TdbgBaseApp):
     def _pump(self) -> None:
         source = self.source
 
-        def notify(kind: str, payload: Any) -> None:
-            self.post_message(self.SourceNoticed(kind, payload))
-
         try:
-            source.open(notify)
+            source.open(self.post_message)
         except ConnectError:
             return
         for batches in source.batches():
             self.post_message(self.RanksReceived(batches))
 
-    def on_job_app_source_noticed(self, event: SourceNoticed) -> None:
-        if event.kind == "waiting" and not isinstance(self.screen, WaitingScreen):
-            self.push_screen(WaitingScreen(str(event.payload)))
-        elif event.kind == "nodes":
-            self._show_nodes(list(event.payload))
-        elif event.kind != "waiting":
-            self.notices.append(str(event.payload))
-            self.notify(str(event.payload), severity="warning")
+    # --- what the source says: one handler per message type --------------------------------
+
+    def on_job_source_wait_started(self, event: JobSource.WaitStarted) -> None:
+        if not isinstance(self.screen, WaitingScreen):
+            self.push_screen(WaitingScreen(event.what))
+
+    def on_job_source_nodes_checked(self, event: JobSource.NodesChecked) -> None:
+        self._show_nodes(event.lines)
+
+    def on_job_source_warning_raised(self, event: JobSource.WarningRaised) -> None:
+        self.notices.append(event.text)
+        self.notify(event.text, severity="warning")
 
     def _show_nodes(self, lines: list[str]) -> None:
         for line in lines:
@@ -209,31 +200,6 @@ class JobApp(TdbgBaseApp):
         return mid
 
 
-def launch_nodes(
-    texts: list[str],
-    hostfile: str | None,
-    job: str | None,
-    ssh_options: list[str],
-    remote_tdbg: str,
-) -> int:
-    """``tdbg-tui ssh://node1 ssh://node2 ... | --hostfile F [--job JOB]``: the job across the
-    nodes (one ssh per node carries its ranks), or the single-run screen when the nodes' runs
-    are not one job's ranks. A bad node list, no answer or several jobs: one line, exit 2."""
-    from tdbg.tui.app import error, make_app  # the single-run app only when it is needed
-    from tdbg.tui.sources.remote_job import RemoteJobSource, remote_job_source
-
-    try:
-        source = remote_job_source(texts, hostfile, job, ssh_options, remote_tdbg)
-    except ConnectError as exc:
-        return error(str(exc))
-    app: App[int] = JobApp(source) if isinstance(source, RemoteJobSource) else make_app(source)
-    try:
-        result = app.run()
-    finally:
-        source.close()
-    return int(result or app.return_code or 0)
-
-
 def _coalesced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``messages`` in order, each run of consecutive step batches that can be joined byte-wise
     (same layers, learning-rate groups and history flag) joined into one; a malformed batch is
@@ -265,37 +231,3 @@ def _coalesced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         run.append(message)
     flush()
     return out
-
-
-def local_job(directory: Path | None = None) -> str | None:
-    """The job id when every local run is a rank of one job (two ranks or more), else None."""
-    entries = discover(directory)
-    jobs = job_entries(entries)
-    if len(entries) < 2 or len(jobs) != 1:
-        return None
-    job, ranks = next(iter(jobs.items()))
-    return job if len(ranks) == len(entries) else None
-
-
-def launch_job(job: str | None, directory: Path | None = None) -> int | None:
-    """``tdbg-tui --job JOB``: the job screen for JOB (waiting for its ranks). With ``job``
-    None (``tdbg-tui`` alone): the job screen when every local run is a rank of one job; None
-    when that is not so, and the caller goes on as for single runs."""
-    job = job if job is not None else local_job(directory)
-    if job is None:
-        return None
-    source = JobSource(job, directory)
-    app = JobApp(source)
-    try:
-        result = app.run()
-    finally:
-        source.close()
-    return int(result or app.return_code or 0)
-
-
-def launch_job_replay(paths: list[Path]) -> int:
-    """``tdbg-tui --job DIR`` or ``--job A.rank0.tdbg B.rank1.tdbg ...``: the ranks'
-    recordings replayed as one job (RecordingError for a file that is not one)."""
-    job, alerts = replay_job(paths)
-    app = JobApp(RecordedJobSource(job.job), (job, alerts))
-    return int(app.run() or app.return_code or 0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from textual.app import ComposeResult
@@ -11,7 +10,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 
 from tdbg.model.timeline import Timeline
-from tdbg.recording.reader import Recording, RecordingError
+from tdbg.recording.reader import Recording
 from tdbg.tui.app import TdbgApp
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.sources.base import Source
@@ -163,18 +162,3 @@ class ReplayApp(TdbgApp):
 def load(path: str) -> Timeline:
     """Read a recording into a Timeline; RecordingError when it is not one."""
     return Timeline(Recording(path))
-
-
-def run_replay(path: str) -> int:
-    """Show the recording at ``path`` until the user quits; one line on stderr and exit code 2
-    when it is not a recording. The caller parses the command line."""
-    try:
-        timeline = load(path)
-    except RecordingError as exc:
-        print(f"tdbg-tui: error: {exc}", file=sys.stderr)
-        return 2
-    app = ReplayApp(timeline)
-    result = app.run()
-    if timeline.note:
-        print(f"tdbg-tui: {timeline.note}", file=sys.stderr)
-    return int(result or app.return_code or 0)

@@ -22,7 +22,7 @@ from tdbg.cli.job_dives import rank_list
 from tdbg.cli.main import run
 from tdbg.connect.jobs import job_entries, job_ranks
 from tdbg.connect.runtime import discover
-from tdbg.connect.targets import TargetError
+from tdbg.connect.target_errors import TargetError
 from tdbg.model.rank_profiles import compare_profiles, rank_profile
 
 

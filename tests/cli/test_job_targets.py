@@ -41,8 +41,10 @@ def test_dump_status_and_ls_take_a_job(runtime_dir: Path) -> None:
         assert all("rank" in e for e in evs)  # whose each event is, in the merged stream
 
         status = run_cli("status", "--job", "jobA", "--json", runtime=runtime_dir)
-        assert status.returncode == 1, status.stderr  # a rank of the job cannot be read
-        assert status.returncode in (0, 1), status.stderr
+        # The pretend ranks sleep before each batch: input-bound, a warning, no trouble.
+        assert status.returncode == 0, status.stdout + status.stderr
+        strict = run_cli("status", "--job", "jobA", "--strict", runtime=runtime_dir)
+        assert strict.returncode == 1 and "input-bound" in strict.stdout, strict.stdout
         lines = [json.loads(line) for line in status.stdout.splitlines()]
         assert [line["job"] for line in lines if "findings" in line] == ["jobA"]
         assert sorted(line["rank"] for line in lines if "rank" in line) == [0, 1]
@@ -62,6 +64,52 @@ def test_dump_status_and_ls_take_a_job(runtime_dir: Path) -> None:
             assert bad.returncode == 2, (argv, bad.stderr)
             assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr, bad.stderr
             assert "job" in bad.stderr, bad.stderr
+
+
+@pytest.mark.slow
+def test_a_name_the_ranks_of_one_job_share_is_the_job(runtime_dir: Path) -> None:
+    """torchrun starts every rank under the script's name: ``tdbg dump NAME``, ``tdbg status
+    NAME``, ``tdbg report NAME`` and ``tdbg alerts NAME`` mean the job, as ``--job`` does; two
+    jobs sharing a name are still named, not mixed."""
+    with ExitStack() as stack:
+        for rank in (0, 1):
+            stack.enter_context(pretend_rank(runtime_dir, "jobA", rank, 2, name="train"))
+        for job in ("jobB", "jobC"):
+            stack.enter_context(pretend_rank(runtime_dir, job, 0, 1, name="shared"))
+        wait_until(lambda: len(discover(runtime_dir)) == 4, 120, "four probes serving")
+
+        dump = run_cli("dump", "train", "--count", "3", runtime=runtime_dir)
+        assert dump.returncode == 0, dump.stderr
+        evs = events(dump.stdout)
+        hellos = [e for e in evs if e["type"] == "hello"]
+        assert sorted(h["rank"] for h in hellos) == [0, 1]
+        assert {h["run"]["job"] for h in hellos} == {"jobA"}
+        for rank in (0, 1):
+            assert len([e for e in evs if e.get("rank") == rank and e["type"] == "step"]) == 3
+
+        status = run_cli("status", "train", "--json", runtime=runtime_dir)
+        assert status.returncode in (0, 1), status.stderr  # 1: a rank judged unhealthy
+        lines = [json.loads(line) for line in status.stdout.splitlines()]
+        assert [line["job"] for line in lines if "findings" in line] == ["jobA"]
+        assert sorted(line["rank"] for line in lines if "rank" in line) == [0, 1]
+
+        report = run_cli("report", "train", "--json", runtime=runtime_dir)
+        assert report.returncode == 0, report.stderr
+        diagnosis = json.loads(report.stdout)
+        assert diagnosis["job"] == "jobA" and sorted(diagnosis["ranks"]) == ["0", "1"]
+
+        alerts = run_cli("alerts", "train", "--timeout", "3", runtime=runtime_dir)
+        assert alerts.returncode == 0 and alerts.stderr == "", alerts.stderr  # not "2 runs named"
+
+        for argv, said in (
+            (("alerts", "shared"), "tdbg: error: 2 runs named shared, name one: "),
+            (("dump", "shared"), "tdbg: error: 2 runs named shared, name one: "),
+            (("status", "shared"), "tdbg: error: 2 runs named shared, name one: "),
+            (("dump", "--job", "jobA", "train"), "tdbg: error: --job names the runs: give no"),
+        ):
+            bad = run_cli(*argv, runtime=runtime_dir)
+            assert bad.returncode == 2, (argv, bad.stderr)
+            assert bad.stderr.startswith(said) and bad.stderr.count("\n") == 1, bad.stderr
 
 
 def _unreachable_rank(runtime: Path, like: dict, job: str, rank: int, kind: str) -> Path:

@@ -27,6 +27,8 @@ from tdbg.connect.sshurl import parse_ssh_url
 from tdbg.protocol.messages import read_node_message
 
 if TYPE_CHECKING:
+    from textual.message import Message
+
     from tdbg.connect.sshurl import SshTarget
     from tdbg.tui.sources.remote_job import RemoteJobSource
 
@@ -81,8 +83,14 @@ class WatchedSource:
     rank's hello, in the order they came."""
 
     source: RemoteJobSource
-    notices: list[tuple[str, object]] = field(default_factory=list)
+    notices: list[Message] = field(default_factory=list)
     hellos: list[tuple[int, str]] = field(default_factory=list)
+
+    def warnings(self) -> list[str]:
+        return [n.text for n in self.notices if isinstance(n, self.source.WarningRaised)]
+
+    def node_lines_said(self) -> list[list[str]]:
+        return [n.lines for n in self.notices if isinstance(n, self.source.NodesChecked)]
 
 
 @contextlib.contextmanager
@@ -103,7 +111,7 @@ def watched_source(
                 watched.hellos.extend((rank, m["node"]) for m in messages if m["type"] == "hello")
 
     try:
-        watched.source.open(lambda kind, payload: watched.notices.append((kind, payload)))
+        watched.source.open(watched.notices.append)
         threading.Thread(target=read, daemon=True).start()
         yield watched
     finally:
@@ -213,7 +221,7 @@ def test_a_job_source_reconnects_a_dropped_node_and_warns_about_a_missing_one(
     gone = parse_ssh_url(f"ssh://node2{tmp_path}/nope")
     with ranks(monkeypatch, "jobx", 2):
         with watched_source([node, gone], local_ssh, backoff=0.2) as watched:
-            source, notices, hellos = watched.source, watched.notices, watched.hellos
+            source, hellos = watched.source, watched.hellos
             wait_until(lambda: sorted(hellos) == [(0, "node1"), (1, "node1")], 60, "both ranks")
             wait_until(lambda: any("no such directory" in n for n in source.node_lines()), 30)
             assert source.rank_node == {0: "node1", 1: "node1"}
@@ -222,7 +230,7 @@ def test_a_job_source_reconnects_a_dropped_node_and_warns_about_a_missing_one(
             (pid,) = _bridges(runtime_dir)
             os.kill(pid, 9)
             wait_until(
-                lambda: any(k == "nodes" and "reconnecting" in str(p) for k, p in notices),
+                lambda: any("reconnecting" in str(lines) for lines in watched.node_lines_said()),
                 30,
                 "reconnecting said",
             )
@@ -248,7 +256,7 @@ def test_a_rank_claimed_by_two_nodes_is_shown_once_with_a_warning(
             watched_source([first, second], local_ssh) as watched,
         ):
             warned = wait_until(
-                lambda: [str(p) for k, p in watched.notices if k == "warning" and "both" in str(p)],
+                lambda: [text for text in watched.warnings() if "both" in text],
                 60,
                 "the warning",
             )

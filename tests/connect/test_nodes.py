@@ -12,7 +12,7 @@ import pytest
 from tdbg.connect.jobs import one_job
 from tdbg.connect.nodes import expand_braces, node_targets, read_hostfile
 from tdbg.connect.runtime import RunEntry
-from tdbg.connect.targets import TargetError
+from tdbg.connect.target_errors import TargetError
 
 
 def test_brace_ranges_and_lists_expand() -> None:

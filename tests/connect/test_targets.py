@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from waiting import TIMEOUT
@@ -21,12 +22,13 @@ from tdbg.cli import main as cli
 from tdbg.connect.bridge_contract import ERROR_PREFIX, EXIT_ERROR, EXIT_NO_RUN, EXIT_SEVERAL
 from tdbg.connect.runtime import RunEntry, write_private_json
 from tdbg.connect.sshurl import SshTarget
+from tdbg.connect.target_errors import TargetError
 from tdbg.connect.targets import (
     Discover,
+    Job,
     LocalSocket,
     Recording,
     Remote,
-    TargetError,
     attach,
     resolve,
     resolve_nodes,
@@ -43,13 +45,13 @@ class Runs:
     def __init__(self) -> None:
         self.servers: list[socket.socket] = []
 
-    def add(self, directory: Path, name: str, pid: int, rank: int = 0) -> RunEntry:
+    def add(self, directory: Path, name: str, pid: int, rank: int = 0, **meta: Any) -> RunEntry:
         sock_path = directory / f"{rank}-{pid}.sock"
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(str(sock_path))
         server.listen(1)
         self.servers.append(server)
-        meta = {"name": name, "pid": pid, "rank": rank, "socket": str(sock_path)}
+        meta.update(name=name, pid=pid, rank=rank, socket=str(sock_path))
         meta["start_time"] = time.time() + len(self.servers)  # discovery sorts on it
         write_private_json(directory / f"{rank}-{pid}.json", meta)
         return RunEntry(sock_path, meta)
@@ -106,6 +108,29 @@ def test_resolve_names_every_kind(runtime_dir: Path, runs: Runs, tmp_path: Path)
     ]
     for text, expected in table:
         assert resolve(text) == expected, text
+
+
+def test_a_name_the_ranks_of_one_job_share_names_the_job(runtime_dir: Path, runs: Runs) -> None:
+    """torchrun starts every rank of a script under one name: that name means the job (as
+    ``--job JOB``); two jobs, or a job's rank and another run, under one name stay ambiguous."""
+    ranks = [
+        runs.add(runtime_dir, "train", os.getpid(), rank, job="jobA", world_size=2)
+        for rank in (0, 1)
+    ]
+    assert resolve("train") == Job("jobA", tuple(ranks))
+    with pytest.raises(TargetError) as caught:
+        attach(resolve("train"), text="train")  # a command that serves no job names the ranks
+    assert str(caught.value).startswith("2 runs named train, name one: ")
+
+    runs.add(runtime_dir, "shared", os.getppid(), 0, job="jobB", world_size=1)
+    runs.add(runtime_dir, "shared", os.getppid(), 2, job="jobC", world_size=1)
+    runs.add(runtime_dir, "mixed", os.getpid(), 3, job="jobD", world_size=1)
+    runs.add(runtime_dir, "mixed", os.getppid(), 4)  # a single run, no job
+    for name in ("shared", "mixed"):
+        with pytest.raises(TargetError) as caught:
+            resolve(name)
+        assert str(caught.value).startswith(f"2 runs named {name}, name one: "), caught.value
+        assert caught.value.reason == "several" and "\n" not in str(caught.value)
 
 
 def test_every_error_has_one_wording(runtime_dir: Path, runs: Runs, tmp_path: Path) -> None:

@@ -84,7 +84,9 @@ def test_protocol_loads_nothing_of_tdbg_but_itself() -> None:
 
 
 def test_cli_and_tui_entry_points_load_no_torch() -> None:
-    loaded = modules_after("import tdbg.cli.main, tdbg.tui.app, tdbg.tui.replay_app")
+    loaded = modules_after(
+        "import tdbg.cli.main, tdbg.cli.launch, tdbg.tui.app, tdbg.tui.replay_app"
+    )
     assert "textual" in roots(loaded)  # the app's own import is real
     assert "torch" not in roots(loaded)
     assert not under(loaded, "tdbg.probe")
@@ -117,3 +119,21 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         tdbg.nope  # noqa: B018
+
+
+def test_no_import_circles_and_the_tui_layers_are_declared() -> None:
+    """No import circle anywhere in tdbg (siblings at every depth), and apps > screens > widgets
+    > sources inside the TUI: the contracts in pyproject.toml, so that lint fails on a new one."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    if not lint.exists():
+        pytest.skip("import-linter is not installed beside this Python")
+    contracts = ["--contract", "acyclic", "--contract", "tui-layers"]
+    out = subprocess.run(
+        [str(lint), "--no-cache", "--no-logo", *contracts],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 kept, 0 broken" in out.stdout, out.stdout

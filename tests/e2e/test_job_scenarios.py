@@ -58,7 +58,7 @@ def test_a_straggler_and_a_diverged_rank_raise_their_alerts(straggler_job: list[
     alerts, events = replay_as_live(straggler_job)
     raised = {(a.kind, tuple(a.ranks)): a for a in events if not a.cleared}
     assert set(raised) == {("straggler", (1,)), ("rank_divergence", (2,))}, events
-    straggler = raised["straggler", (1,)].as_message()
+    straggler = raised["straggler", (1,)].as_message().to_wire()
     assert straggler["phase"] == "input wait" and straggler["slower_by"] > 0.02
     assert raised["straggler", (1,)].step <= 20 + 20  # the first window, then within 20 steps
     divergence = raised["rank_divergence", (2,)]
@@ -102,7 +102,7 @@ async def test_a_hang_is_named_on_the_job_screen_with_its_collective_and_stacks(
             return alert if alert is not None and len(alert.finding.stacks) == 3 else None
 
         alert = await wait_for(pilot, hang, "a hang alert with every rank's stack", 150)
-        message = alert.as_message()
+        message = alert.as_message().to_wire()
         assert message["ranks"] == [1]
         collective = message["collective"]
         assert isinstance(collective["seq"], int) and "all" in str(collective["op"]).lower()

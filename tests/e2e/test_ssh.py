@@ -508,7 +508,7 @@ def test_stopping_a_remote_source_ends_its_listing(tmp_path: Path) -> None:
 
     def open_it() -> None:
         try:
-            source.open(lambda kind, data: None)
+            source.open(lambda message: None)
             outcome.append(None)
         except BaseException as exc:
             outcome.append(exc)
@@ -573,7 +573,7 @@ def test_a_dropped_run_that_ended_meanwhile_is_watched_for_a_restart(tmp_path: P
     source.run = {"name": "mlp", "pid": 5, "start_time": 1.0}
     source.end_reason = "connection lost"
     source.backoff_start = source.backoff_cap = 0.05
-    worker = threading.Thread(target=source.reattach, args=(lambda kind, data: None,))
+    worker = threading.Thread(target=source.reattach, args=(lambda message: None,))
     worker.start()
 
     def calls() -> list[str]:

@@ -23,7 +23,7 @@ from textual.widgets import Static
 from waiting import wait_for, wait_until
 
 from tdbg.connect.runtime import discover
-from tdbg.connect.targets import TargetError
+from tdbg.connect.target_errors import TargetError
 from tdbg.tui.app import screen_text
 from tdbg.tui.job_app import JobApp
 from tdbg.tui.screens.job import JobScreen, RankScreen

@@ -60,7 +60,7 @@ def test_a_straggler_is_named_within_20_steps_of_onset_with_its_phase() -> None:
     assert [a.kind for a in raised] == ["straggler"]
     alert = raised[0]
     assert alert.ranks == [2] and alert.step - onset <= 20
-    message = alert.as_message()
+    message = alert.as_message().to_wire()
     assert message["ranks"] == [2] and message["phase"] == "input wait"
     assert 0.030 < message["slower_by"] < 0.050
     assert "rank 2 holds the others up" in alert.message and "input wait" in alert.message
@@ -94,7 +94,7 @@ def test_a_straggler_is_named_from_the_few_steps_a_gpu_run_times() -> None:
     assert [a.kind for a in raised] == ["straggler"] and raised[0].ranks == [2]
     # within the ~10 timed steps the median takes to turn (about 100 steps of ~10 ms)
     assert raised[0].step - onset <= 150
-    message = raised[0].as_message()
+    message = raised[0].as_message().to_wire()
     assert message["phase"] == "input wait", message
     # named as soon as half its recent timed steps are slow (0.040 s each): the median between
     assert 0.015 < message["slower_by"] < 0.050, message
@@ -141,7 +141,7 @@ def test_noise_does_not_flap_and_recovery_clears_once() -> None:
         ("straggler", [1], True),
     ]
     cleared = events[1]
-    assert cleared.severity == "info" and cleared.as_message()["cleared"] is True
+    assert cleared.severity == "info" and cleared.as_message().to_wire()["cleared"] is True
     assert "rank 1 caught up" in cleared.message
     assert alerts.active == {} and alerts.events[0] is cleared
 
@@ -199,7 +199,7 @@ def test_a_hang_names_the_rank_behind_within_its_process_group() -> None:
     job.ranks[1].apply(stall(6, ["0", "default_pg"], "train.py:20 in load"))
     raised = alerts.update(job)
     assert [(a.kind, a.ranks) for a in raised] == [("hang", [1])]
-    message = raised[0].as_message()
+    message = raised[0].as_message().to_wire()
     assert message["collective"] == {
         "seq": 7,
         "op": "gloo:all_reduce",
@@ -240,5 +240,5 @@ def test_a_rank_slowed_by_its_evaluation_is_named_with_that_phase() -> None:
         if raised:
             break
     assert [a.kind for a in raised] == ["straggler"] and raised[0].ranks == [1]
-    assert raised[0].as_message()["phase"] == "no-grad forwards (evaluation)"
+    assert raised[0].as_message().to_wire()["phase"] == "no-grad forwards (evaluation)"
     assert "input wait" not in raised[0].message

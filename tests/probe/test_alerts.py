@@ -9,6 +9,7 @@ import pytest
 
 from tdbg.probe import alerts
 from tdbg.probe.alerts import AlertRules, robust_z
+from tdbg.protocol.stall import DEFAULT_STALL_RULE
 from tdbg.protocol.steps import StepRecord
 
 LAYERS = ["embed", "block.0", "block.1", "head"]
@@ -24,7 +25,7 @@ def grads(step: int, norms: list[float], loss: float | None = 1.0, **kw: object)
 
 
 def kinds(out: list[dict]) -> list[str]:
-    return [a["kind"] for a in out]
+    return [a.kind for a in out]
 
 
 def run(rules: AlertRules, records: list[StepRecord], missing: list[int] = ()) -> list[dict]:  # type: ignore[assignment]
@@ -39,31 +40,31 @@ def test_nan_loss_alerts_at_onset_only() -> None:
     assert run(rules, [rec(i, 1.0) for i in range(5)]) == []
     out = run(rules, [rec(5, math.nan), rec(6, math.nan), rec(7, math.inf)])
     assert kinds(out) == ["nonfinite_loss"]
-    assert out[0]["step"] == 5 and out[0]["severity"] == "error"
-    assert "nan" in out[0]["message"]
+    assert out[0].step == 5 and out[0].severity == "error"
+    assert "nan" in out[0].message
     # recovery then a new onset alerts again
     assert run(rules, [rec(8, 1.0)]) == []
     again = run(rules, [rec(9, -math.inf)])
-    assert kinds(again) == ["nonfinite_loss"] and again[0]["step"] == 9
+    assert kinds(again) == ["nonfinite_loss"] and again[0].step == 9
 
 
 def test_nan_grads_name_the_layers() -> None:
     rules = AlertRules(LAYERS)
     out = run(rules, [grads(0, [1.0, math.nan, math.inf, 1.0])])
     assert kinds(out) == ["nonfinite_grad"]
-    assert out[0]["layers"] == ["block.0", "block.1"]
-    assert "block.0" in out[0]["message"] and "block.1" in out[0]["message"]
+    assert list(out[0].layers) == ["block.0", "block.1"]
+    assert "block.0" in out[0].message and "block.1" in out[0].message
     # persisting: quiet; a different set of layers: a new alert
     assert run(rules, [grads(1, [1.0, math.nan, math.inf, 1.0])]) == []
     out = run(rules, [grads(2, [math.nan, 1.0, 1.0, 1.0])])
-    assert kinds(out) == ["nonfinite_grad"] and out[0]["layers"] == ["embed"]
+    assert kinds(out) == ["nonfinite_grad"] and list(out[0].layers) == ["embed"]
 
 
 def test_no_grad_names_the_layers() -> None:
     rules = AlertRules(LAYERS)
     out = run(rules, [grads(0, [1.0, 1.0, 0.0, 0.0])], missing=[2, 3])
     assert kinds(out) == ["no_grad"]  # missing layers are not also reported as zero
-    assert out[0]["layers"] == ["block.1", "head"]
+    assert list(out[0].layers) == ["block.1", "head"]
     assert run(rules, [grads(1, [1.0, 1.0, 0.0, 0.0])], missing=[2, 3]) == []
     # cleared, then again
     assert run(rules, [grads(2, [1.0, 1.0, 1.0, 1.0])]) == []
@@ -74,15 +75,15 @@ def test_zero_grad_names_the_layers() -> None:
     rules = AlertRules(LAYERS)
     out = run(rules, [grads(0, [0.0, 1.0, 1.0, 0.0])])
     assert kinds(out) == ["zero_grad"]
-    assert out[0]["layers"] == ["embed", "head"]
+    assert list(out[0].layers) == ["embed", "head"]
     assert run(rules, [grads(1, [0.0, 1.0, 1.0, 0.0])]) == []
 
 
 def test_many_layers_are_abbreviated_in_the_message() -> None:
     names = [f"l{i}" for i in range(12)]
     out = AlertRules(names).check_step(grads(0, [math.nan] * 12))
-    assert out[0]["layers"] == names
-    assert "and 4 more" in out[0]["message"]
+    assert list(out[0].layers) == names
+    assert "and 4 more" in out[0].message
 
 
 def noisy(n: int, center: float, spread: float, seed: int) -> list[float]:
@@ -96,7 +97,7 @@ def test_exploding_gradient_by_robust_z() -> None:
     assert run(rules, [grads(i, [v, v, v, v]) for i, v in enumerate(base)]) == []
     out = run(rules, [grads(60, [1.0, 1.0, 40.0, 1.0])])
     assert kinds(out) == ["exploding_grad"]
-    assert out[0]["layers"][0] == "block.1"  # the largest layer is named first
+    assert list(out[0].layers)[0] == "block.1"  # the largest layer is named first
 
 
 def test_loss_spike_by_robust_z() -> None:
@@ -104,7 +105,7 @@ def test_loss_spike_by_robust_z() -> None:
     assert run(rules, [rec(i, v) for i, v in enumerate(noisy(50, 2.0, 0.2, seed=2))]) == []
     out = run(rules, [rec(50, 50.0)])
     assert kinds(out) == ["loss_spike"]
-    assert out[0]["step"] == 50
+    assert out[0].step == 50
 
 
 def test_no_spike_verdict_before_enough_history() -> None:
@@ -142,8 +143,8 @@ def test_lr_zero_after_three_steps() -> None:
     rules = AlertRules(LAYERS)
     assert run(rules, [rec(0, lr=[0.0, 0.1]), rec(1, lr=[0.0, 0.1])]) == []
     out = run(rules, [rec(2, lr=[0.0, 0.1])])
-    assert kinds(out) == ["lr_zero"] and out[0]["step"] == 2
-    assert "0" in out[0]["message"]
+    assert kinds(out) == ["lr_zero"] and out[0].step == 2
+    assert "0" in out[0].message
     assert run(rules, [rec(3, lr=[0.0, 0.1]), rec(4, lr=[0.0, 0.1])]) == []
     # recovery and a relapse alert again
     assert run(rules, [rec(5, lr=[0.1, 0.1])]) == []
@@ -168,18 +169,29 @@ def test_stall_then_resumed() -> None:
     assert rules.check_resumed(10) == []  # nothing stalled yet
     assert rules.check_stall(9, 1.0) == []  # slow, but under the 5 s floor
     out = rules.check_stall(9, 6.0)
-    assert kinds(out) == ["stalled"] and out[0]["step"] == 9
+    assert kinds(out) == ["stalled"] and out[0].step == 9
     assert rules.check_stall(9, 7.0) == []  # onset only
     resumed = rules.check_resumed(10)
-    assert kinds(resumed) == ["resumed"] and resumed[0]["step"] == 10
+    assert kinds(resumed) == ["resumed"] and resumed[0].step == 10
     assert rules.check_resumed(11) == []
 
 
 def test_stall_threshold_scales_with_the_usual_step_time() -> None:
     rules = AlertRules(LAYERS)
+    run(rules, [rec(i, step_time=2.0) for i in range(10)])
+    assert rules.check_stall(9, 35.0) == []  # 20x the median step is 40 s
+    assert kinds(rules.check_stall(9, 41.0)) == ["stalled"]
+
+
+def test_the_probe_stalls_by_the_rule_it_announces() -> None:
+    """A run stepping once a second is stalled after the rule's fast cap (9 s), not 20 s: the
+    probe's alert and every reader of its hello call the same gap a stall."""
+    rules = AlertRules(LAYERS)
     run(rules, [rec(i, step_time=1.0) for i in range(10)])
-    assert rules.check_stall(9, 15.0) == []  # 20x the median step is 20 s
-    assert kinds(rules.check_stall(9, 21.0)) == ["stalled"]
+    limit = DEFAULT_STALL_RULE.limit(1.0)
+    assert limit == 9.0
+    assert rules.check_stall(9, limit - 0.5) == []
+    assert kinds(rules.check_stall(9, limit + 0.5)) == ["stalled"]
 
 
 def test_no_stall_verdict_without_step_times() -> None:
@@ -195,4 +207,4 @@ def test_layers_frozen_at_a_relayout_raise_no_zero_gradient_alert() -> None:
     rules.relayout(LAYERS, {}, frozen=[0, 1])
     assert run(rules, [grads(5, [0.0, 0.0, 1.0, 1.0])]) == []
     out = run(rules, [grads(6, [0.0, 0.0, 0.0, 1.0])])
-    assert kinds(out) == ["zero_grad"] and out[0]["layers"] == ["block.1"]
+    assert kinds(out) == ["zero_grad"] and list(out[0].layers) == ["block.1"]

@@ -63,9 +63,9 @@ def test_breaker_tripping_inside_the_optimizer_hook_never_raises_into_step(
 def test_frozen_layer_is_not_an_all_zero_gradient_alert() -> None:
     rules = AlertRules(["embed", "head"], frozen=[0])
     rec = StepRecord(step=0, time=0.0, loss=1.0, grad_total=1.0, grad_norms=[0.0, 1.0])
-    assert [a["kind"] for a in rules.check_step(rec)] == []
+    assert [a.kind for a in rules.check_step(rec)] == []
     live = AlertRules(["embed", "head"])
-    assert [a["kind"] for a in live.check_step(rec)] == ["zero_grad"]
+    assert [a.kind for a in live.check_step(rec)] == ["zero_grad"]
 
 
 def test_frozen_layer_end_to_end_no_alert(runtime_dir: Path) -> None:

@@ -299,12 +299,12 @@ def test_finalize_hashes_sets_0600_and_never_replaces_an_older_file(base: Path) 
         tmp.write_bytes(payload)
         os.chmod(tmp, 0o644)  # as a writer with a lax umask might leave it
         infos.append(artifacts.finalize(tmp, final_path))
-    assert [Path(info["path"]).name for info in infos] == ["x-steps1-2.json", "x-steps1-2-2.json"]
+    assert [Path(info.path).name for info in infos] == ["x-steps1-2.json", "x-steps1-2-2.json"]
     for info, payload in zip(infos, (b'{"a": 1}', b'{"b": 22}'), strict=True):
-        path = Path(info["path"])
+        path = Path(info.path)
         assert path.read_bytes() == payload
-        assert info["size"] == len(payload)
-        assert info["sha256"] == hashlib.sha256(payload).hexdigest()
+        assert info.size == len(payload)
+        assert info.sha256 == hashlib.sha256(payload).hexdigest()
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert sorted(os.listdir(directory)) == ["x-steps1-2-2.json", "x-steps1-2.json"]
 
@@ -398,4 +398,4 @@ def test_the_artifacts_directory_keeps_within_its_bounds(
     result = artifacts.finalize(tmp, directory / "new.json")
     left = sorted(p.name for p in directory.iterdir())
     assert left == [".in-progress.tmp", "new.json", "old3.json"]  # files bound, then bytes
-    assert result["size"] == 9_000
+    assert result.size == 9_000

@@ -803,8 +803,9 @@ def test_a_stall_alert_says_where_the_training_thread_is_stuck(
     import threading
 
     from tdbg.probe import alerts
+    from tdbg.protocol.stall import StallRule
 
-    monkeypatch.setattr(alerts, "STALL_MIN_S", 0.3)
+    monkeypatch.setattr(alerts, "DEFAULT_STALL_RULE", StallRule(min_s=0.3, fast_cap_s=0.3))
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt)
     reader = Reader(probe.socket_path)  # type: ignore[arg-type]
@@ -827,7 +828,8 @@ def test_a_stall_alert_says_where_the_training_thread_is_stuck(
         trainer.join(10)
     stalled = next(a for a in reader.of("alert") if a["kind"] == "stalled")
     assert any("next_batch_from_a_hung_loader" in line for line in stalled["stack"][-3:])
-    assert "stuck at" in stalled["message"]
+    assert "stuck at" in stalled["message"]  # the prose keeps it, for people and old readers
+    assert stalled["where"] and stalled["message"].endswith(stalled["where"])  # and a field
     assert "called from" in stalled["message"] and "test_real_loops.py" in stalled["message"]
     reader.wait(lambda r: any(a["kind"] == "resumed" for a in r.of("alert")))
     reader.close()

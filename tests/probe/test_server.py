@@ -29,6 +29,7 @@ from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.probe import connection, server
 from tdbg.protocol import framing, messages
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, ErrorCode
+from tdbg.protocol.stall import DEFAULT_STALL_RULE, StallRule
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -345,6 +346,8 @@ def test_an_overlapping_version_range_gets_welcome(runtime_dir: Path) -> None:
     raw.send(messages.hello("newer", proto_min=1, proto_max=5))
     raw.read_until(lambda: bool(raw.of("welcome")))
     assert raw.of("welcome")[0]["proto"] == 1
+    # The probe announces the stall rule its own ``stalled`` alert follows.
+    assert StallRule.from_wire(raw.of("welcome")[0]["run"]["stall"]) == DEFAULT_STALL_RULE
     assert raw.decoder.peer_versions == (framing.PROTO_MIN, framing.PROTO_MAX)
     raw.close()
 
@@ -958,3 +961,28 @@ async def test_the_tui_header_says_why_the_probe_dropped_it(
             lambda: "ended: dropped: this viewer read too slowly" in screen_text(app),
             what="the reason, in words, in the header",
         )
+
+
+def test_a_waiting_client_that_never_attaches_holds_an_ending_run_only_so_long(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client waiting for a run here (its note: tdbg dump or tdbg-tui with no TARGET) holds a
+    run that ends before it attached, so that it still gets it (tests/e2e/test_short_runs.py);
+    one that never looks holds it LINGER_SECONDS at most: the run closes all the same."""
+    monkeypatch.setattr(server, "LINGER_SECONDS", 1.0)
+    waiter = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    (runtime_dir / f"{waiter.pid}{runtime.WAITING_SUFFIX}").touch()
+    try:
+        assert runtime.waiting_pids(runtime_dir) == {waiter.pid}
+        loop = Loop()
+        probe, path = serving(loop)
+        loop.run(3, probe)
+        closing = threading.Thread(target=probe.close)
+        closing.start()
+        closing.join(TIMEOUT)
+        assert not closing.is_alive()
+        assert not os.path.exists(path) and runtime.discover(runtime_dir) == []
+    finally:
+        waiter.kill()
+        waiter.wait()
+    assert runtime.waiting_pids(runtime_dir) == set()  # a dead client's note is cleared

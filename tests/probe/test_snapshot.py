@@ -115,7 +115,7 @@ def test_site_names_the_first_frame_outside_torch_tdbg_and_the_stdlib() -> None:
 
 
 def test_summary_ranks_allocation_sites_of_the_model_device_by_bytes() -> None:
-    summary = summarize(synthetic_snapshot(), device=0, max_entries=1000)
+    summary = summarize(synthetic_snapshot(), device=0, max_entries=1000).to_wire()
     assert summary["top"] == [
         {"site": BEFORE_RECORDING, "bytes": 3 * MB, "count": 1},
         {"site": NO_PYTHON, "bytes": 2 * MB, "count": 1},
@@ -128,7 +128,7 @@ def test_summary_ranks_allocation_sites_of_the_model_device_by_bytes() -> None:
     assert summary["active_bytes"] == active  # pending-free and inactive blocks are not active
     assert summary["reserved_bytes"] == 8 * MB + 4 * MB  # device 1's segment is not ours
     # A wrapped trace (as many entries as max_entries) cannot prove "before recording".
-    wrapped = summarize(synthetic_snapshot(), device=0, max_entries=3)
+    wrapped = summarize(synthetic_snapshot(), device=0, max_entries=3).to_wire()
     assert "(no Python frame)" in {entry["site"] for entry in wrapped["top"]}
     assert BEFORE_RECORDING not in {entry["site"] for entry in wrapped["top"]}
 
@@ -149,7 +149,7 @@ def test_without_block_frames_sites_come_from_the_live_trace_allocations() -> No
             ]
         ],
     }
-    summary = summarize(snapshot, device=0)
+    summary = summarize(snapshot, device=0).to_wire()
     assert summary["top"] == [{"site": "train.py:12 in forward", "bytes": 130, "count": 2}]
     assert summary["active_bytes"] == 130 and summary["reserved_bytes"] == 4 * MB
 
@@ -159,11 +159,11 @@ def test_the_snapshot_file_is_private_and_round_trips(tmp_path: Path) -> None:
     directory.mkdir(mode=0o700)
     snapshot = synthetic_snapshot()
     info = write_snapshot(snapshot, directory, "unit-r0-p1-snapshot-steps1-3.pickle")
-    path = Path(info["path"])
+    path = Path(info.path)
     assert path == directory / "unit-r0-p1-snapshot-steps1-3.pickle"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     data = path.read_bytes()
-    assert info["size"] == len(data) and info["sha256"] == hashlib.sha256(data).hexdigest()
+    assert info.size == len(data) and info.sha256 == hashlib.sha256(data).hexdigest()
     # Loading our own file back in a test is fine; the probe never unpickles anything.
     assert pickle.loads(data) == snapshot  # noqa: S301
     assert os.listdir(directory) == [path.name]
@@ -254,7 +254,7 @@ def test_snapshot_dive_records_n_steps_then_writes_the_file(
     assert path == base / "artifacts" / "unit-r0-p4242-snapshot-steps1-2.pickle"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert pickle.loads(path.read_bytes()) == fake.snapshot  # noqa: S301
-    expected = summarize(fake.snapshot, 0, 1000)
+    expected = summarize(fake.snapshot, 0, 1000).to_wire()
     assert result["top"] == expected["top"] and result["top"][0]["site"] == BEFORE_RECORDING
     assert result["active_bytes"] == expected["active_bytes"]
     assert not runner.active and not runner.busy

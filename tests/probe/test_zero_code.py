@@ -235,6 +235,17 @@ def test_signals_are_forwarded(runtime_dir: Path) -> None:
         (["run", "--", "no-such-command-zc"], "tdbg: error: command not found: no-such"),
         (["run", "--grad-every", "0", "x.py"], "tdbg run: error: argument --grad-every"),
         (["run", "--record", "/no/such/dir/rec", "echo_args.py"], "tdbg: error: --record: no"),
+        # Empty and malformed forms: tdbg's one line, never python's own message and exit 1.
+        (["run", "-m", ""], "tdbg: error: -m: the module name is empty"),
+        (["run", "-m", " "], "tdbg: error: -m: the module name is empty"),
+        (["run", "-m", ".train"], "tdbg: error: -m: relative module names are not supported"),
+        (["run", "-m", "a..b"], "tdbg: error: -m: not a module name: 'a..b'"),
+        (["run", "--", sys.executable, "-m", ""], "tdbg: error: -m: the module name is empty"),
+        (["run", "--", sys.executable, "-m"], "tdbg: error: -m: the module name is empty"),
+        (["run", ""], "tdbg: error: the command is empty"),
+        (["run", "--", " "], "tdbg: error: the command is empty"),
+        (["run", "--", sys.executable, ""], "tdbg: error: the script's path is empty"),
+        (["run", "--name", "", "echo_args.py"], "tdbg: error: --name is empty"),
     ],
 )
 def test_bad_arguments_one_line_exit_2(args: list[str], message: str) -> None:

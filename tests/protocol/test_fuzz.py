@@ -17,14 +17,12 @@ from tdbg.protocol import messages
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, ProtocolError, pack, preamble
 from tdbg.protocol.messages import (
     COMMANDS,
-    read_ack,
-    read_activations,
     read_error,
-    read_job,
     read_probe_commands,
-    read_result,
     validate_client_message,
 )
+from tdbg.protocol.messages.jobs import Ack, Job
+from tdbg.protocol.messages.results import Activations, ProfileResult, result_from_wire
 
 FUZZ = settings(
     deadline=None, max_examples=500, suppress_health_check=[HealthCheck.too_slow], database=None
@@ -261,12 +259,12 @@ def _numbers(value: object) -> bool:
 @FUZZ_STRUCTURES
 @given(command=st.just("profile"), result=profile_like)
 def test_profile_reader_types_every_row(command: str, result: dict[str, object]) -> None:
-    read = read_result(command, result)
-    assert read is not None
-    for row in read["rows"]:  # type: ignore[typeddict-item]
-        assert isinstance(row["name"], str)
-        assert all(_numbers(row[k]) for k in ROW_KEYS[1:])
-    assert _numbers(read["wall_seconds"]) and isinstance(read["device"], bool)  # type: ignore[typeddict-item]
+    read = result_from_wire(command, result)
+    assert isinstance(read, ProfileResult)
+    for row in read.rows:
+        assert isinstance(row.name, str)
+        assert all(_numbers(getattr(row, k)) for k in ROW_KEYS[1:])
+    assert _numbers(read.wall_seconds) and isinstance(read.device, bool)
 
 
 @FUZZ_STRUCTURES
@@ -285,12 +283,15 @@ def test_readers_never_raise_and_hand_on_only_typed_values(
 ) -> None:
     """A hostile probe's result or message reads as a typed value (bad figures as None, bad
     entries dropped), never an exception and never a value of a type the definition lacks."""
-    read = read_result(command, result)
-    assert read is None or _typed(read)
-    job = read_job(dict(message, result=result, command=command))
-    assert job is None or (isinstance(job["job"], int) and _typed(job["result"]))
-    for reader in (read_ack, read_error, read_activations, read_probe_commands):
+    read = result_from_wire(command, result)
+    assert read is None or _typed(read.to_wire())
+    job = Job.from_wire(dict(message, result=result, command=command))
+    assert job is None or (isinstance(job.job, int) and _typed(job.to_wire()["result"]))
+    for reader in (read_error, read_probe_commands):
         out = reader(message)
         assert out is None or isinstance(out, dict)
-    acts = read_activations(dict(message, names=["a", "b"], mean=result))
-    assert acts is not None and len(acts["mean"]) == 2
+    for kind in (Ack, Activations):
+        typed = kind.from_wire(message)
+        assert typed is None or _typed(typed.to_wire(), number=False)
+    acts = Activations.from_wire(dict(message, names=["a", "b"], mean=result))
+    assert acts is not None and len(acts.mean) == 2

@@ -23,6 +23,7 @@ from tdbg.protocol.framing import (
     preamble,
 )
 from tdbg.protocol.messages import client_message, validate_client_message
+from tdbg.protocol.messages.results import MAX_PROFILE_ROWS, ProfileResult, ProfileRow
 from tdbg.protocol.steps import StepRecord, pack_steps, unpack_steps
 
 RUN = {
@@ -565,33 +566,25 @@ def test_step_columns_agree_with_unpack() -> None:
 # --- the builders the probe and the synthetic source share --------------------------------------
 
 
-def op(name: str, cpu_total: float, device_total: float = 0.0) -> messages.ProfileRow:
-    return {
-        "name": name,
-        "calls": 1,
-        "self_cpu": cpu_total / 2,
-        "cpu_total": cpu_total,
-        "self_device": device_total / 2,
-        "device_total": device_total,
-        "cpu_memory": 0,
-        "device_memory": 0,
-    }
+def op(name: str, cpu_total: float, device_total: float = 0.0) -> ProfileRow:
+    return ProfileRow(name, 1, cpu_total / 2, cpu_total, device_total / 2, device_total, 0, 0)
 
 
 def test_profile_table_sorts_by_the_run_s_own_total_and_keeps_totals_over_every_op() -> None:
     rows = [op("a", 10.0, 300.0), op("b", 30.0, 100.0), op("c", 20.0, 200.0), op("d", 30.0)]
-    cpu = messages.profile_table(rows, device=False)
-    assert [r["name"] for r in cpu["rows"]] == ["b", "d", "c", "a"]  # ties: by name
-    assert (cpu["sort"], cpu["device"], cpu["truncated"]) == ("cpu_total", False, False)
-    device = messages.profile_table(rows, device=True)
-    assert [r["name"] for r in device["rows"]] == ["a", "c", "b", "d"]
-    assert device["sort"] == "device_total"
-    many = [op(f"op{i:03d}", float(i)) for i in range(messages.MAX_PROFILE_ROWS + 5)]
-    cut = messages.profile_table(many, device=False)
-    assert len(cut["rows"]) == messages.MAX_PROFILE_ROWS and cut["truncated"]
+    cpu = ProfileResult.of_ops(rows, device=False)
+    assert [r.name for r in cpu.rows] == ["b", "d", "c", "a"]  # ties: by name
+    assert (cpu.sort, cpu.device, cpu.truncated) == ("cpu_total", False, False)
+    device = ProfileResult.of_ops(rows, device=True)
+    assert [r.name for r in device.rows] == ["a", "c", "b", "d"]
+    assert device.sort == "device_total"
+    many = [op(f"op{i:03d}", float(i)) for i in range(MAX_PROFILE_ROWS + 5)]
+    cut = ProfileResult.of_ops(many, device=False, steps=(1, 2), wall_seconds=1.0)
+    assert len(cut.rows) == MAX_PROFILE_ROWS and cut.truncated
     # A row's share is its self time over every op's, the ops cut from the table included.
-    assert cut["total_self_cpu"] == round(sum(r["self_cpu"] or 0.0 for r in many), 3)
-    assert messages.read_profile({**cut, "steps": [1, 2], "wall_seconds": 1.0, "trace": None})
+    assert cut.total_self_cpu == round(sum(r.self_cpu or 0.0 for r in many), 3)
+    assert cut.share(cut.rows[0]) == (cut.rows[0].self_cpu or 0.0) / cut.total_self_cpu
+    assert ProfileResult.from_wire(cut.to_wire()) == cut
 
 
 def test_layers_message_sends_its_optional_fields_only_when_they_say_something() -> None:

@@ -13,10 +13,11 @@ import pytest
 from jobs import pretend_rank
 from waiting import wait_for, wait_until
 
+from tdbg.connect.jobs import local_job
 from tdbg.connect.runtime import discover
 from tdbg.model.job_table import rank_rows
 from tdbg.tui.app import screen_text
-from tdbg.tui.job_app import JobApp, local_job
+from tdbg.tui.job_app import JobApp
 from tdbg.tui.sources.job import JobSource
 
 

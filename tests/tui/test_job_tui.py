@@ -6,11 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from jobs import pretend_rank
 from processes import torchrun_job
-from waiting import wait_for
+from waiting import wait_for, wait_until
 
+from tdbg.cli.launch import app_for
+from tdbg.connect.jobs import local_job
+from tdbg.connect.runtime import discover
 from tdbg.tui.app import screen_text
-from tdbg.tui.job_app import JobApp, local_job
+from tdbg.tui.job_app import JobApp
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.job_profile import JobProfileScreen
 from tdbg.tui.sources.job import JobSource
@@ -121,3 +125,22 @@ async def test_p_profiles_every_rank_and_puts_the_slowest_beside_the_fastest(
             assert any(op.name.startswith("aten::") for op in both), comparison.ops
             await pilot.press("escape")
             await wait_for(pilot, lambda: isinstance(app.screen, JobScreen), "back to the job")
+
+
+@pytest.mark.slow
+async def test_tdbg_tui_given_the_name_the_ranks_share_shows_the_job(runtime_dir: Path) -> None:
+    """``tdbg-tui NAME``, NAME shared by one job's ranks (torchrun names them all after the
+    script): the job screen, as ``tdbg-tui --job JOB``, not "2 runs named NAME"."""
+    with (
+        pretend_rank(runtime_dir, "jobA", 0, 2, name="train"),
+        pretend_rank(runtime_dir, "jobA", 1, 2, name="train"),
+    ):
+        wait_until(lambda: len(discover(runtime_dir)) == 2, 120, "both ranks serving")
+        app, source = app_for("train")
+        assert isinstance(app, JobApp) and source is not None
+        try:
+            async with app.run_test(size=(160, 40)) as pilot:
+                await wait_for(pilot, lambda: sorted(app.job.ranks) == [0, 1], "both ranks", 60)
+                assert app.job.job == "jobA"
+        finally:
+            source.close()

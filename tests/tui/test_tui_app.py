@@ -18,8 +18,9 @@ from textual.pilot import Pilot
 from textual.widgets import ContentSwitcher, Static
 from waiting import wait_for
 
+from tdbg.cli.launch import launch
 from tdbg.protocol import framing, messages
-from tdbg.tui.app import TdbgApp, launch, make_app, save_screenshot, screen_text
+from tdbg.tui.app import TdbgApp, make_app, save_screenshot, screen_text
 from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen, panel_of
 from tdbg.tui.screens.picker import RunPickerScreen

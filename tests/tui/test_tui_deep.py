@@ -162,7 +162,7 @@ async def test_second_profile_is_compared_with_the_first() -> None:
         text = await shows(pilot, app, "profile #2: done", "Δ/call", "prev/call", "vs profile")
         assert "vs profile #1" in text and "1 op(s) slower: aten::addmm" in text
         table = app.query_one(ProfilerTable)
-        assert table.previous is not None and table.previous.job == 1
+        assert table.previous is not None and app.state.deep.previous_profile_job == 1
         assert table.slower_ops() == ["aten::addmm"]
         cells = {str(table.get_row_at(i)[0]): table.get_row_at(i) for i in range(table.row_count)}
         assert str(cells["aten::addmm"][-1]).startswith("+60%")
@@ -529,7 +529,7 @@ def test_state_folds_jobs_results_and_refusals() -> None:
     state.apply({"type": "ack", "id": 1, "command": "profile", "job": 9, "message": ""})
     assert state.deep.requests[1].job == 9
     state.apply_many(job_messages(9, "profile", PROFILE_ARGS, profile_result()))
-    assert state.deep.profile is not None and state.deep.profile.job == 9
+    assert state.deep.profile is not None and state.deep.profile_job == 9
     assert state.deep.previous_profile is None
     state.sent(2, "profile", PROFILE_ARGS)
     state.apply({"type": "error", "id": 2, "code": "BUSY", "message": "busy"})
@@ -540,7 +540,7 @@ def test_state_folds_jobs_results_and_refusals() -> None:
     # A later job of the same kind supersedes the refusal.
     state.apply_many(job_messages(10, "profile", PROFILE_ARGS, profile_result(), start=200))
     assert state.deep.refusal("profile") is None
-    assert state.deep.previous_profile is not None and state.deep.previous_profile.job == 9
+    assert state.deep.previous_profile is not None and state.deep.previous_profile_job == 9
     notices = [n.text for n in state.deep.drain_notices()]
     assert any("refused" in n for n in notices) and any("#10 done" in n for n in notices)
     assert state.deep.drain_notices() == []
@@ -553,7 +553,7 @@ def test_state_is_bounded_and_history_is_quiet() -> None:
             deep.apply_job(message)
     assert len(deep.jobs) == MAX_JOBS
     assert min(deep.jobs) == 100 - MAX_JOBS + 1
-    assert len(deep.profiles) == 4 and deep.profiles[-1].job == 100
+    assert len(deep.profiles) == 4 and deep.profiles[-1][0] == 100
     assert deep.drain_notices() == []  # replayed history is shown, not announced
     # An active job is never dropped to make room.
     deep.apply_job(job_messages(101, "nan_hunt", {}, None, total=1)[0])
@@ -686,17 +686,19 @@ async def test_live_profile_from_the_keyboard(runtime_dir: Path) -> None:
 def test_a_hunt_that_lands_in_poisoned_weights_says_where_to_look() -> None:
     # After an optimizer step has spread a NaN into every weight, the hunt's first module is
     # merely the first layer the data meets: the view must say the damage began earlier.
-    from tdbg.model.deep import NanHuntResult
+    from tdbg.protocol.messages.results import NanHuntResult
     from tdbg.tui.widgets.nan_hunt_view import hunt_lines
 
     def hunt(params: int) -> NanHuntResult:
         result = synthetic_nan_hunt()
         result["params_nonfinite"] = params
-        return NanHuntResult.of(3, result)
+        read = NanHuntResult.from_wire(result)
+        assert read is not None
+        return read
 
-    clean = "\n".join(hunt_lines(hunt(0)))
+    clean = "\n".join(hunt_lines(hunt(0), 3))
     assert "parameters non-finite 0" in clean and "earlier update" not in clean
-    poisoned = "\n".join(hunt_lines(hunt(16640)))
+    poisoned = "\n".join(hunt_lines(hunt(16640), 3))
     assert "weights are already non-finite (16640 elements)" in poisoned
     assert "first nonfinite_grad alert" in poisoned
 
@@ -704,11 +706,13 @@ def test_a_hunt_that_lands_in_poisoned_weights_says_where_to_look() -> None:
 def test_a_hunt_without_figures_claims_none() -> None:
     # Anomaly mode names the module and phase only: no "n/a of n/a elements" beside an
     # "inputs finite" nobody measured.
-    from tdbg.model.deep import NanHuntResult
+    from tdbg.protocol.messages.results import NanHuntResult
     from tdbg.tui.widgets.nan_hunt_view import hunt_lines
 
     result = synthetic_nan_hunt()
     result.update(nonfinite=None, numel=None, input_min=None, input_max=None, params_nonfinite=None)
-    text = "\n".join(hunt_lines(NanHuntResult.of(4, result)))
+    read = NanHuntResult.from_wire(result)
+    assert read is not None
+    text = "\n".join(hunt_lines(read, 4))
     assert "first non-finite" in text and "step(s) checked" in text
     assert "n/a of" not in text and "inputs finite" not in text and "parameters" not in text

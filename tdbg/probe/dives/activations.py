@@ -18,7 +18,7 @@ from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
 from tdbg.probe.hook_refs import ForwardHook
 from tdbg.probe.log import warn
 from tdbg.probe.module_paths import user_paths
-from tdbg.protocol.messages import Activations
+from tdbg.protocol.messages.results import ACTIVATION_STATS, Activations
 
 MAX_DEPTH = 6  # how deep floating_tensors looks into nested tuples/lists/dicts
 MAX_TENSORS = 64  # and how many tensors it yields from one output: a module returning a
@@ -303,32 +303,28 @@ class ActivationsDive(Dive):
             acc[0] = total
             acc[5] += zeros
             acc[6] += bad
-        message: Activations = {
-            "type": "activations",
-            "step": step,
-            "names": [],
-            "types": [],
-            "mean": [],
-            "std": [],
-            "min": [],
-            "max": [],
-            "zero_frac": [],
-            "nonfinite": [],
-        }
+        names: list[str] = []
+        types: list[str] = []
+        columns: dict[str, list[float]] = {key: [] for key in ACTIVATION_STATS}
         for index in sorted(merged):  # named_modules() order, whatever the call order was
             count, mean, m2, low, high, zeros, bad = merged[index]
             name, type_name, _ = self._leaves[index]
-            message["names"].append(name)
-            message["types"].append(type_name)
-            message["mean"].append(mean)
+            names.append(name)
+            types.append(type_name)
+            columns["mean"].append(mean)
             # Unbiased, as x.std(); NaN for one element, as torch gives (without its warning).
             std = math.sqrt(m2 / (count - 1)) if count > 1 and m2 >= 0 else math.nan
-            message["std"].append(std)
-            message["min"].append(low)
-            message["max"].append(high)
-            message["zero_frac"].append(zeros / count)
-            message["nonfinite"].append(int(round(bad)))
-        return message
+            columns["std"].append(std)
+            columns["min"].append(low)
+            columns["max"].append(high)
+            columns["zero_frac"].append(zeros / count)
+            columns["nonfinite"].append(int(round(bad)))  # a count: sent as an integer
+        return Activations(
+            step,
+            tuple(names),
+            tuple(types),
+            **{key: tuple(values) for key, values in columns.items()},  # type: ignore[arg-type]
+        )
 
 
 def _nan_min(a: float, b: float) -> float:

@@ -10,6 +10,7 @@ import torch
 
 from tdbg.probe.alerts import alert
 from tdbg.probe.dives.base import Dive, DiveContext
+from tdbg.protocol.messages.results import AnomalyResult
 
 # torch warns with this text (python_anomaly_mode.cpp) just before backward raises: the traceback
 # of the forward call that made the failing node.
@@ -78,11 +79,7 @@ class AnomalyDive(Dive):
         self.release()
         self.done(
             step,
-            {
-                "steps": self.count,
-                "check_nan": bool(self.args.get("check_nan")),
-                "errors": self.errors,
-            },
+            AnomalyResult(self.count, bool(self.args.get("check_nan")), self.errors),
         )
 
     def release(self) -> None:

@@ -14,13 +14,16 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from tdbg.probe.log import warn
-from tdbg.protocol.messages import Activations, Alert, Job, JobResult, RunInfo, job_message
+from tdbg.protocol.messages.alert import Alert
+from tdbg.protocol.messages.jobs import FINAL_STATES, Job
+from tdbg.protocol.messages.results import Activations, JobResult, NoResult
+from tdbg.protocol.messages.run import RunInfo
 
 MAX_EVENTS = 2048  # job and activation messages waiting for the probe thread
 
@@ -81,7 +84,7 @@ class Dive:
         """Training thread: the dive's steps are over; release and (by default) finish."""
         self.stepping = False
         self.release()
-        self.done(step, {})
+        self.done(step, NoResult())
 
     def release(self) -> None:
         """Training thread (or close): give back everything the dive holds; idempotent, and
@@ -104,11 +107,11 @@ class Dive:
         if self.finished:
             return
         self.state = state
-        if state in ("done", "failed", "cancelled"):
+        if state in FINAL_STATES:
             self.finished = True
         self.ctx.events.append(
             as_event(
-                job_message(
+                Job(
                     self.job,
                     self.kind,
                     state,
@@ -158,7 +161,7 @@ def remove_handles(handles: list[Any]) -> None:
 
 def as_event(message: Job | Activations) -> dict[str, Any]:
     """A typed message as the events queue holds them (plain maps the probe thread packs)."""
-    return cast("dict[str, Any]", message)
+    return message.to_wire()
 
 
 def _reason(exc: BaseException) -> str:
@@ -217,7 +220,7 @@ class DiveRunner:
             if job in cancelled:
                 self.ctx.events.append(
                     as_event(
-                        job_message(
+                        Job(
                             job,
                             command,
                             "cancelled",

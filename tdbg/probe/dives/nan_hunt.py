@@ -18,7 +18,7 @@ from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
 from tdbg.probe.hook_refs import ForwardHook
 from tdbg.probe.module_paths import user_paths
 from tdbg.probe.nan_origin import Origin
-from tdbg.protocol.messages import NanHuntResult, nan_hunt_result
+from tdbg.protocol.messages.results import NanHuntResult
 
 # Why tensor hooks and not ``register_full_backward_hook``: a full backward hook wraps the
 # module's outputs in a ``BackwardHookFunction``, so they become views made by a custom Function,
@@ -321,7 +321,7 @@ class NanHuntDive(Dive):
         origin = self._known_origin()
         if origin is None:
             return found
-        if origin.module is None and found["found"] and not found["params_nonfinite"]:
+        if origin.module is None and found.found and not found.params_nonfinite:
             return found  # the loss alone was known, and the hunt saw finite weights: its answer
         # The probe names the origin's module class with it (a layer's, a forward re-run's):
         # its names carry a model prefix with several models, and the root layer is named
@@ -343,7 +343,7 @@ class NanHuntDive(Dive):
         )
 
     def _result(self, checked: int, **found: Any) -> NanHuntResult:
-        return nan_hunt_result(checked, self.trigger, **found)
+        return NanHuntResult(steps_checked=checked, trigger=self.trigger, **found)
 
     def _find(
         self,

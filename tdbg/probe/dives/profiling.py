@@ -13,14 +13,8 @@ from torch.profiler import ProfilerActivity
 from tdbg.probe import artifacts
 from tdbg.probe.dives.base import Dive, DiveContext
 from tdbg.probe.log import warn
-from tdbg.protocol.messages import (
-    FileInfo,
-    JobResult,
-    ProfileResult,
-    ProfileRow,
-    command_args,
-    profile_table,
-)
+from tdbg.protocol.messages.commands import command_args
+from tdbg.protocol.messages.results import FileInfo, JobResult, ProfileResult, ProfileRow
 
 MAX_NAME = 500  # CUDA kernel names can run to thousands of characters of C++ templates
 ANOTHER_PROFILER = "another torch profiler is already running in this process"
@@ -45,16 +39,16 @@ def _row(event: Any) -> ProfileRow:
     name = str(event.key)
     if len(name) > MAX_NAME:
         name = name[: MAX_NAME - 1] + "…"
-    return {
-        "name": name,
-        "calls": int(event.count),
-        "self_cpu": _us(event.self_cpu_time_total),
-        "cpu_total": _us(event.cpu_time_total),
-        "self_device": _us(event.self_device_time_total),
-        "device_total": _us(event.device_time_total),
-        "cpu_memory": int(event.self_cpu_memory_usage),
-        "device_memory": int(event.self_device_memory_usage),
-    }
+    return ProfileRow(
+        name=name,
+        calls=int(event.count),
+        self_cpu=_us(event.self_cpu_time_total),
+        cpu_total=_us(event.cpu_time_total),
+        self_device=_us(event.self_device_time_total),
+        device_total=_us(event.device_time_total),
+        cpu_memory=int(event.self_cpu_memory_usage),
+        device_memory=int(event.self_device_memory_usage),
+    )
 
 
 class ProfileDive(Dive):
@@ -180,14 +174,14 @@ class ProfileDive(Dive):
         then the trace file is written and hashed."""
         try:
             rows = [_row(event) for event in prof.key_averages()]
-            table = profile_table(rows, self.ctx.cuda_device is not None)
             trace, why = self._write_trace(prof, first, last)
-            result: ProfileResult = {
-                **table,
-                "steps": [first, last],
-                "wall_seconds": round(wall, 6),
-                "trace": trace,
-            }
+            result = ProfileResult.of_ops(
+                rows,
+                self.ctx.cuda_device is not None,
+                steps=(first, last),
+                wall_seconds=round(wall, 6),
+                trace=trace,
+            )
             if why:
                 self._note = f"{self._note}; {why}" if self._note else why
             return result

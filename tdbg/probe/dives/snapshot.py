@@ -6,6 +6,7 @@ import functools
 import os
 import pickle  # WRITING only: pytorch.org/memory_viz opens pickles; nothing here ever loads one
 import sysconfig
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import tdbg
 from tdbg.probe import artifacts
 from tdbg.probe.dives.base import Dive, DiveContext
 from tdbg.probe.log import warn
-from tdbg.protocol.messages import FileInfo, SnapshotResult, SnapshotSummary, command_args
+from tdbg.protocol.messages.commands import command_args
+from tdbg.protocol.messages.results import AllocationSite, FileInfo, SnapshotResult
 
 MAX_SITES = 50
 NO_CUDA = "memory snapshots need CUDA: this run is on cpu"
@@ -85,7 +87,7 @@ def _live_allocations(trace: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 
 def summarize(
     snapshot: dict[str, Any], device: int, max_entries: int | None = None
-) -> SnapshotSummary:
+) -> SnapshotResult:
     """``top`` allocation sites by bytes, ``active_bytes`` and ``reserved_bytes`` of one
     device from a ``torch.cuda.memory._snapshot()`` dict.
 
@@ -133,11 +135,11 @@ def summarize(
         for entry in _live_allocations(trace).values():
             add(site(entry.get("frames")) or NO_PYTHON, int(entry.get("size", 0)))
     top = sorted(sites.items(), key=lambda item: (-item[1][0], item[0]))[:MAX_SITES]
-    return {
-        "top": [{"site": where, "bytes": size, "count": count} for where, (size, count) in top],
-        "active_bytes": active,
-        "reserved_bytes": reserved,
-    }
+    return SnapshotResult(
+        top=tuple(AllocationSite(where, size, count) for where, (size, count) in top),
+        active_bytes=active,
+        reserved_bytes=reserved,
+    )
 
 
 def write_snapshot(snapshot: dict[str, Any], directory: Path, name: str) -> FileInfo:
@@ -251,4 +253,4 @@ class SnapshotDive(Dive):
         name = artifacts.artifact_name(self.ctx.run_info, self.kind, first, last, ".pickle")
         info = write_snapshot(snap, directory, name)
         owner = "script" if self._borrowed else "tdbg"
-        return {"file": info, "steps": [first, last], "history_owner": owner, **summary}
+        return replace(summary, file=info, steps=(first, last), history_owner=owner)

@@ -17,6 +17,8 @@ from textual.widgets import ContentSwitcher, DataTable, Footer, Sparkline, Stati
 from tdbg.format import fmt, fmt_loss, fmt_percent
 from tdbg.model.deep import DIVES, label
 from tdbg.model.run_state import RunState
+from tdbg.protocol.messages.commands import COMMANDS
+from tdbg.tui.screens.alert_detail import AlertDetailScreen
 from tdbg.tui.screens.profile_form import ProfileFormScreen
 from tdbg.tui.widgets.activation_table import ActivationTable
 from tdbg.tui.widgets.alert_list import AlertList
@@ -38,9 +40,6 @@ from tdbg.tui.widgets.run_header import RunHeader
 RECENT_LOSS = 200  # steps shown in the loss sparkline
 GRAD_INTERVAL = 0.5  # seconds between gradient panel updates: 1,000 rows at 8 Hz is wasted work
 CHART_INTERVAL = 0.25
-ACTIVATIONS_EVERY = 10  # steps between activation-statistics samples when s turns them on
-ANOMALY_STEPS = 10  # steps of autograd anomaly mode per press of a
-NAN_HUNT_STEPS = 1
 WIDE = 170  # columns from which activations sit left-right of the gradient norms, not below
 NARROW = 100  # columns below which the LR panel narrows so the alerts can be read
 SHORT = 30  # rows below which the layout tightens (80x24): one-line header, no loss sparkline
@@ -164,6 +163,10 @@ class MonitorScreen(Screen[None]):
 
     # --- actions --------------------------------------------------------------------------
 
+    def on_alert_list_alert_chosen(self, event: AlertList.AlertChosen) -> None:
+        event.stop()
+        self.app.push_screen(AlertDetailScreen(event.row))
+
     def action_toggle_log(self) -> None:
         self.log_scale = not self.log_scale
         self._chart_at = time.monotonic()
@@ -235,17 +238,19 @@ class MonitorScreen(Screen[None]):
         self._send("snapshot")
 
     def action_nan_hunt(self) -> None:
-        self._send("nan_hunt", steps=NAN_HUNT_STEPS)
+        # A key sends the command schema's defaults (its one owner): steps of the hunt, of
+        # anomaly mode per press of a, the activation-statistics interval when s turns them on.
+        self._send("nan_hunt", steps=COMMANDS["nan_hunt"]["steps"].default)
 
     def action_anomaly(self) -> None:
-        self._send("anomaly", steps=ANOMALY_STEPS)
+        self._send("anomaly", steps=COMMANDS["anomaly"]["steps"].default)
 
     def action_activations(self) -> None:
         state = self._state
         if state is not None and state.deep.activations_on:
             self._send("activations", enabled=False)
         else:
-            self._send("activations", every=ACTIVATIONS_EVERY, enabled=True)
+            self._send("activations", every=COMMANDS["activations"]["every"].default, enabled=True)
 
     def action_cancel_job(self) -> None:
         """Cancel the active dive shown in the deep-dive panel, else the newest active dive."""

@@ -17,18 +17,29 @@ import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from textual.message import Message
+
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.runtime import RunEntry, discover
+from tdbg.connect.runtime import RunEntry, discover, waiting_for_run
 from tdbg.protocol.framing import ProtocolError
 
 POLL_INTERVAL = 0.5  # seconds between discovery polls while waiting for a run
 MAX_BATCH = 4096  # messages handed to the UI at once; a full replay arrives in a few batches
 
-Notify = Callable[[str, Any], None]
+
+class SourceMessage(Message):
+    """A message about a source, posted from the app's reading worker. ``origin`` is the source
+    it came from (that worker sets it): after a switch of runs, what the old source's worker
+    still posts is dropped by it, not folded into the new run."""
+
+    origin: Source | None = None
+
+
+Notify = Callable[[SourceMessage], object]  # how a source's blocking calls tell the app something
 
 
 class Stoppable:
@@ -50,7 +61,40 @@ class Stoppable:
 
 
 class Source(Stoppable):
-    """The interface the app's worker drives. Subclasses override what they support."""
+    """The interface the app's worker drives. Subclasses override what they support.
+
+    What a source has to tell the app while it attaches or reattaches, it passes to ``notify``
+    as one of the messages below; the app handles each by its type.
+    """
+
+    class WaitStarted(SourceMessage):
+        """No run to attach to yet: the source waits for one to start ``where``."""
+
+        def __init__(self, where: str) -> None:
+            super().__init__()
+            self.where = where
+
+    class RunsOffered(SourceMessage):
+        """Several runs are there: the user picks one (``Source.choose``), or none."""
+
+        def __init__(self, entries: Sequence[RunEntry]) -> None:
+            super().__init__()
+            self.entries = list(entries)
+
+    class ReconnectStarted(SourceMessage):
+        """The run came back (or the link dropped): the source is attaching to ``run`` again."""
+
+        def __init__(self, run: str) -> None:
+            super().__init__()
+            self.run = run
+
+    class WarningRaised(SourceMessage):
+        """Something the user should know that does not stop the source (a run that went away
+        before it could be attached, a node that did not answer)."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
 
     watches_for_restart = False  # True when reattach() waits for a restarted run
     read_only_reason: str | None = "this source is read-only (a replay): it cannot send commands"
@@ -82,7 +126,7 @@ class Source(Stoppable):
         return None
 
     def open(self, notify: Notify) -> None:
-        """Attach (blocking). ``notify(kind, payload)`` reports ``waiting`` / ``choices``."""
+        """Attach (blocking); ``notify`` tells the app of a wait, a choice or a warning."""
 
     def batches(self) -> Iterator[list[dict[str, Any]]]:
         """Yield message batches until the connection ends."""
@@ -97,7 +141,7 @@ class Source(Stoppable):
         self._choice.put(entry)
 
     def _await_choice(self) -> RunEntry | None:
-        """Block (in the worker) until the user picks a run after a ``choices`` notice; None
+        """Block (in the worker) until the user picks a run after ``RunsOffered``; None
         when they gave up (the source is then stopped) or the source was stopped meanwhile."""
         while not self.stopped:
             try:
@@ -262,7 +306,7 @@ class SocketSource(Source):
                 new = (entry.meta.get("pid"), entry.meta.get("start_time"))
                 if new == old and not same_process_may_return:
                     continue
-                notify("reconnecting", entry.describe())
+                notify(self.ReconnectStarted(entry.describe()))
                 try:
                     client = ProbeClient.connect(entry.socket)
                 except ConnectError:
@@ -292,6 +336,12 @@ class DiscoverySource(SocketSource):
         self.label = "discovery"
 
     def open(self, notify: Notify) -> None:
+        # Noted as waiting until attached: a run that ends before the next look (a busy
+        # machine) serves on until this source attaches it (connect/runtime.py).
+        with waiting_for_run(self.directory):
+            self._open(notify)
+
+    def _open(self, notify: Notify) -> None:
         announced: list[str] | None = None
         while not self.stopped:
             entries = self._candidates()
@@ -300,7 +350,7 @@ class DiscoverySource(SocketSource):
                     self._attach(ProbeClient.connect(entries[0].socket))
                     return
             elif len(entries) > 1:
-                notify("choices", entries)
+                notify(self.RunsOffered(entries))
                 entry = self._await_choice()
                 if entry is None:
                     return  # gave up or stopped: the worker ends quietly either way
@@ -308,11 +358,11 @@ class DiscoverySource(SocketSource):
                     self._attach(ProbeClient.connect(entry.socket))
                     return
                 except ConnectError as exc:
-                    notify("warning", str(exc))
+                    notify(self.WarningRaised(str(exc)))
                 announced = None
                 continue
             if announced is None:
-                notify("waiting", str(self.directory or ""))
+                notify(self.WaitStarted(str(self.directory or "")))
                 announced = []
             self._stop.wait(POLL_INTERVAL)
         raise ConnectError("stopped while waiting for a run")

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from textual.message import Message
+
 from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.exit_status import exit_status
 from tdbg.connect.jobs import job_entries
@@ -25,14 +27,41 @@ from tdbg.tui.sources.base import Stoppable
 POLL_INTERVAL = 0.5  # seconds between looks for ranks that started later
 MAX_BATCH = 4096  # messages handed to the UI at once
 
-Notify = Callable[[str, Any], None]
+Notify = Callable[[Message], object]  # how the source's threads tell the app something
 RankBatches = dict[int, list[dict[str, Any]]]
 
 __all__ = ["JobSource", "Notify", "RankBatches", "job_entries"]
 
 
 class JobSource(Stoppable):
-    """The ranks of job ``job`` (None: the only job found, or the one with most ranks)."""
+    """The ranks of job ``job`` (None: the only job found, or the one with most ranks).
+
+    What it has to tell the app, it passes to ``notify`` as one of the messages below; the app
+    handles each by its type.
+    """
+
+    class WaitStarted(Message):
+        """No rank of the job is there yet: the source waits for ``what``."""
+
+        def __init__(self, what: str) -> None:
+            super().__init__()
+            self.what = what
+
+    class NodesChecked(Message):
+        """The nodes that are not read (and a tdbg version mismatch), one line each; sent
+        whenever the lines change, an empty list once every node is read."""
+
+        def __init__(self, lines: list[str]) -> None:
+            super().__init__()
+            self.lines = lines
+
+    class WarningRaised(Message):
+        """Something the user should know that does not stop the source (a rank that could
+        not be attached, a node's notice)."""
+
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
 
     def __init__(self, job: str | None = None, directory: Path | None = None) -> None:
         super().__init__()
@@ -58,7 +87,11 @@ class JobSource(Stoppable):
             if self._attach_new(notify):
                 return
             if not announced:
-                notify("waiting", f"a rank of job {self.job}" if self.job else "a distributed job")
+                notify(
+                    self.WaitStarted(
+                        f"a rank of job {self.job}" if self.job else "a distributed job"
+                    )
+                )
                 announced = True
             self._stop.wait(POLL_INTERVAL)
         raise ConnectError("stopped while waiting for the job's ranks")
@@ -72,7 +105,7 @@ class JobSource(Stoppable):
             now = time.monotonic()
             if now >= next_look:
                 next_look = now + POLL_INTERVAL
-                self._attach_new(lambda kind, payload: None)
+                self._attach_new(lambda message: None)
             try:
                 rank, message = self._inbox.get(timeout=0.2)
             except queue.Empty:
@@ -109,7 +142,7 @@ class JobSource(Stoppable):
             try:
                 client = ProbeClient.connect(entry.socket)
             except ConnectError as exc:
-                notify("warning", f"rank {rank}: {exc}")
+                notify(self.WarningRaised(f"rank {rank}: {exc}"))
                 continue
             self._register(rank, client)
             threading.Thread(

@@ -165,7 +165,7 @@ class RemoteSource(SocketSource):
 
     def open(self, notify: Notify) -> None:
         for warning in self._warnings:
-            notify("warning", warning)
+            notify(self.WarningRaised(warning))
         if self.client is not None:
             return
         delay = self.backoff_start
@@ -176,7 +176,7 @@ class RemoteSource(SocketSource):
             else:
                 entries, errors = list_nodes(self.targets, self.opts, self._ssh)
                 for error in errors:
-                    notify("warning", error)
+                    notify(self.WarningRaised(error))
             if len(entries) == 1:
                 self._connect(entries[0].target)  # its error ends the app's worker, shown
                 return
@@ -185,7 +185,7 @@ class RemoteSource(SocketSource):
                     return
                 continue
             if not announced:
-                notify("waiting", self.label)
+                notify(self.WaitStarted(self.label))
                 announced = True
             self._stop.wait(delay)
             delay = min(delay * 2, self.backoff_cap)
@@ -193,7 +193,7 @@ class RemoteSource(SocketSource):
 
     def _pick(self, entries: list[RemoteRunEntry], notify: Notify) -> bool:
         """Show the picker; True once attached to the chosen run."""
-        notify("choices", entries)
+        notify(self.RunsOffered(entries))
         entry = self._await_choice()
         if entry is None:
             return False
@@ -202,7 +202,7 @@ class RemoteSource(SocketSource):
             self._connect(entry.target)
             return True
         except ConnectError as exc:
-            notify("warning", str(exc))
+            notify(self.WarningRaised(str(exc)))
             return False
 
     # --- reading and reconnecting -----------------------------------------------------------
@@ -227,7 +227,7 @@ class RemoteSource(SocketSource):
         warned = False
         while not self.stopped:
             if lost:
-                notify("reconnecting", self.remote.url())
+                notify(self.ReconnectStarted(self.remote.url()))
                 try:
                     self._connect(self.remote)
                     if (self.run.get("pid"), self.run.get("start_time")) == old:
@@ -237,14 +237,14 @@ class RemoteSource(SocketSource):
                     if exc.no_run:
                         lost = False  # the run ended while we were away: watch for a restart
                     elif not warned:
-                        notify("warning", f"reconnecting: {exc}")
+                        notify(self.WarningRaised(f"reconnecting: {exc}"))
                         warned = True
                 except ConnectError:
                     pass
             else:
                 entry = self._restarted(name, old)
                 if entry is not None:
-                    notify("reconnecting", entry.describe())
+                    notify(self.ReconnectStarted(entry.describe()))
                     with contextlib.suppress(ConnectError):
                         self._connect(entry.target)
                         return True

@@ -57,7 +57,7 @@ class RemoteJobSource(JobSource):
         self.versions: dict[str, str] = dict(versions or {})  # node -> its tdbg version
         self.rank_node: dict[int, str] = {}  # rank -> the node it was reached on
         self._ssh = SshGroup()
-        self._notify: Notify = lambda kind, payload: None
+        self._notify: Notify = lambda message: None
         self._said: list[str] | None = None  # the node lines last shown
         self._threads: list[threading.Thread] = []
 
@@ -77,7 +77,7 @@ class RemoteJobSource(JobSource):
             if self._clients:
                 return
             if not announced:
-                notify("waiting", f"a rank of job {self.job} on {len(self.targets)} nodes")
+                notify(self.WaitStarted(f"a rank of job {self.job} on {len(self.targets)} nodes"))
                 announced = True
             self._stop.wait(0.1)
         raise ConnectError("stopped while waiting for the job's ranks")
@@ -97,7 +97,7 @@ class RemoteJobSource(JobSource):
         lines = self.node_lines()
         if lines != self._said:
             self._said = lines
-            self._notify("nodes", lines)
+            self._notify(self.NodesChecked(lines))
 
     def _problem(self, node: str, why: str) -> None:
         self.problems[node] = why
@@ -141,7 +141,7 @@ class RemoteJobSource(JobSource):
 
     def _drain_notices(self, link: NodeLink) -> None:
         while not link.notices.empty():
-            self._notify("warning", f"{link.target.node}: {link.notices.get()}")
+            self._notify(self.WarningRaised(f"{link.target.node}: {link.notices.get()}"))
 
     def _serve_rank(self, channel: Channel) -> None:
         """Handshake with the rank's probe over its channel, then read it like a local rank."""
@@ -151,16 +151,17 @@ class RemoteJobSource(JobSource):
             client = ProbeClient.handshake(channel.sock, label, HANDSHAKE_TIMEOUT)
         except ConnectError as exc:
             channel.sock.close()
-            self._notify("warning", f"{node}: rank {channel.run.get('rank', '?')}: {exc}")
+            self._notify(self.WarningRaised(f"{node}: rank {channel.run.get('rank', '?')}: {exc}"))
             return
         rank = int(client.run.get("rank") or 0)
         other = self.rank_node.get(rank)
         current = self._clients.get(rank)
         if other is not None and other != node and current is not None and not current.peer_closed:
             self._notify(
-                "warning",
-                f"rank {rank} is on both {other} and {node}: two jobs with one id? "
-                f"showing {other}'s",
+                self.WarningRaised(
+                    f"rank {rank} is on both {other} and {node}: two jobs with one id? "
+                    f"showing {other}'s"
+                )
             )
             client.close()
             return

@@ -12,26 +12,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from tdbg.protocol.messages import (
-    Activations,
-    Alert,
-    Job,
-    JobResult,
     Metrics,
-    NanHuntResult,
     ProbeHealth,
-    ProfileResult,
-    ProfileRow,
     RunInfo,
-    SnapshotResult,
     Synced,
     System,
     alert_message,
-    job_message,
     layers_message,
     metrics_message,
-    nan_hunt_result,
-    profile_table,
 )
+from tdbg.protocol.messages.jobs import Job
+from tdbg.protocol.messages.results import FileInfo, NanHuntResult, ProfileResult, ProfileRow
 from tdbg.protocol.steps import StepRecord, pack_steps
 
 START_TIME = 1_700_000_000.0
@@ -259,7 +250,7 @@ def synthetic_run(
                 metric_points(start, count, nan_at, extra_metrics, models)
             )
             msgs.append(dict(batch_metrics))
-    alerts: list[Alert] = [
+    alerts: list[dict[str, Any]] = [
         alert_message(
             "loss_spike",
             "warning",
@@ -342,46 +333,49 @@ def profile_result(
     slower: dict[str, float] | None = None,
     device: bool = False,
     trace: str | None = "/tmp/tdbg-run/profile-step100.pt.trace.json",
-) -> ProfileResult:
+) -> dict[str, Any]:
     """A ``profile`` job's result; ``slower`` scales some ops' times (for comparisons)."""
     n = steps[1] - steps[0] + 1
     rows: list[ProfileRow] = []
     for name, calls, self_us, total_us in OPS:
         k = (slower or {}).get(name, 1.0)
-        row: ProfileRow = {
-            "name": name,
-            "calls": calls * n,
-            "self_cpu": self_us * calls * n * k,
-            "cpu_total": total_us * calls * n * k,
-            "self_device": self_us * calls * n * k * 0.4 if device else 0.0,
-            "device_total": total_us * calls * n * k * 0.4 if device else 0.0,
-            "cpu_memory": 4096 * calls * n,
-            "device_memory": 8192 * calls * n if device else 0,
-        }
+        row = ProfileRow(
+            name=name,
+            calls=calls * n,
+            self_cpu=self_us * calls * n * k,
+            cpu_total=total_us * calls * n * k,
+            self_device=self_us * calls * n * k * 0.4 if device else 0.0,
+            device_total=total_us * calls * n * k * 0.4 if device else 0.0,
+            cpu_memory=4096 * calls * n,
+            device_memory=8192 * calls * n if device else 0,
+        )
         rows.append(row)
-    return {
-        **profile_table(rows, device),
-        "steps": [steps[0], steps[1]],
-        "wall_seconds": 0.0123 * n,
-        "trace": None if trace is None else {"path": trace, "size": 1_234_567, "sha256": "0" * 64},
-    }
+    return ProfileResult.of_ops(
+        rows,
+        device,
+        steps=steps,
+        wall_seconds=0.0123 * n,
+        trace=None if trace is None else FileInfo(trace, 1_234_567, "0" * 64),
+    ).to_wire()
 
 
 def job_messages(
     job: int,
     command: str,
     args: dict[str, Any],
-    result: JobResult | None,
+    result: dict[str, Any] | None,
     total: int | None = 5,
     start: int = 100,
     final: str = "done",
     message: str = "",
     history: bool = False,
-) -> list[Job]:
+) -> list[dict[str, Any]]:
     """A job's progress from armed to ``final`` (done with ``result``, failed, cancelled)."""
 
-    def msg(state: str, step: int | None, done: int, res: JobResult | None = None) -> Job:
-        out = job_message(
+    def msg(
+        state: str, step: int | None, done: int, res: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        out = Job(
             job,
             command,
             state,
@@ -391,10 +385,9 @@ def job_messages(
             total=total,
             message=message if state in ("failed", "cancelled") else "",
             args=args,
-            result=res,
-        )
-        if history:
-            out["history"] = True
+            history=history,
+        ).to_wire()
+        out["result"] = res  # as given: a test may hand the reader a malformed result
         return out
 
     out = [msg("armed", None, 0)]
@@ -408,12 +401,12 @@ def job_messages(
     return out
 
 
-def synthetic_nan_hunt(found: bool = True) -> NanHuntResult:
+def synthetic_nan_hunt(found: bool = True) -> dict[str, Any]:
     if not found:
-        return nan_hunt_result(1, "manual")
-    return nan_hunt_result(
-        1,
-        "manual",
+        return NanHuntResult(steps_checked=1, trigger="manual").to_wire()
+    return NanHuntResult(
+        steps_checked=1,
+        trigger="manual",
         found=True,
         phase="forward",
         module="body.1",
@@ -423,10 +416,10 @@ def synthetic_nan_hunt(found: bool = True) -> NanHuntResult:
         numel=4096,
         input_min=-3.25,
         input_max=4.5,
-    )
+    ).to_wire()
 
 
-def snapshot_result() -> SnapshotResult:
+def snapshot_result() -> dict[str, Any]:
     return {
         "file": {"path": "/tmp/tdbg-run/snapshot-step100.pickle", "size": 3_456_789, "sha256": ""},
         "steps": [100, 102],
@@ -453,7 +446,7 @@ def snapshot_result() -> SnapshotResult:
     }
 
 
-def activations_message(step: int = 110, n_modules: int = 8) -> Activations:
+def activations_message(step: int = 110, n_modules: int = 8) -> dict[str, Any]:
     """Per-module output statistics: one dead ReLU (all zeros) and one module with NaN outputs."""
     names = [f"blocks.{i // 2}.{'fc' if i % 2 == 0 else 'act'}" for i in range(n_modules)]
     types = ["Linear" if i % 2 == 0 else "ReLU" for i in range(n_modules)]

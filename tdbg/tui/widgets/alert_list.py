@@ -1,17 +1,17 @@
 """AlertList: the alerts, root cause first (the first of each kind), repeats folded; keys scroll
-and enter opens one alert in full."""
+and enter asks for one alert in full (``AlertChosen``; the screen opens it)."""
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
 from rich.text import Text
+from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from tdbg.model.alert_view import AlertDigest, AlertRow
 from tdbg.model.run_state import RunState
-from tdbg.tui.screens.alert_detail import AlertDetailScreen
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 
 LATER = "later"  # the separator's id: the rows below it came after the first of their kind
@@ -19,7 +19,15 @@ LATER = "later"  # the separator's id: the rows below it came after the first of
 
 class AlertList(OptionList):
     """Call ``show(state)``; it redraws only when an alert arrived. Its keys (OptionList's):
-    ↑ ↓ PgUp PgDn Home End move the cursor, enter opens the alert under it."""
+    ↑ ↓ PgUp PgDn Home End move the cursor, enter posts ``AlertChosen`` for the alert under it
+    (a widget posts, its screen pushes the detail screen)."""
+
+    class AlertChosen(Message):
+        """The user chose an alert to read in full."""
+
+        def __init__(self, row: AlertRow) -> None:
+            super().__init__()
+            self.row = row
 
     COMPONENT_CLASSES: ClassVar[set[str]] = OptionList.COMPONENT_CLASSES | {
         "alert-list--error",
@@ -112,4 +120,4 @@ class AlertList(OptionList):
         event.stop()
         row = self._rows.get(event.option_id or "")
         if row is not None:
-            self.app.push_screen(AlertDetailScreen(row))
+            self.post_message(self.AlertChosen(row))

@@ -7,25 +7,13 @@ from typing import ClassVar
 from rich.text import Text
 
 from tdbg.format import fmt
-from tdbg.model.run_state import ANATOMY, RunState
+from tdbg.model.run_state import RunState
+from tdbg.protocol.steps import PHASE_LABELS, PHASE_SHORT_LABELS
+from tdbg.protocol.steps import PHASES as ANATOMY
 from tdbg.tui.widgets.steady import SteadyStatic
 
-LABELS = {
-    "data_time": "data",
-    "no_grad_time": "no-grad",
-    "forward_time": "forward",
-    "backward_time": "backward",
-    "optimizer_time": "optimizer",
-}
-
-
-SHORT_LABELS = {
-    "data_time": "data",
-    "no_grad_time": "no-grad",
-    "forward_time": "fwd",
-    "backward_time": "bwd",
-    "optimizer_time": "opt",
-}
+LABELS = PHASE_LABELS
+SHORT_LABELS = PHASE_SHORT_LABELS
 
 
 class AnatomyBar(SteadyStatic):

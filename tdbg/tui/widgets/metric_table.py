@@ -14,19 +14,11 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
-from tdbg.format import fmt
+from tdbg.format import fmt, fmt_loss
 from tdbg.model.metrics import MetricSeries, MetricStore, loss_like
 from tdbg.tui.widgets.glyphs import spark
 
 TREND = 12
-
-
-def fmt_value(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return fmt(value, ".4g")
 
 
 class MetricTable(DataTable[Any]):
@@ -120,10 +112,10 @@ class MetricTable(DataTable[Any]):
         if series.nonfinite:
             name.append(" !", bad)
         nonfinite = last is not None and not math.isfinite(last)
-        value = Text(f"{fmt_value(last):>10}", style=bad if nonfinite else "")
+        value = Text(f"{fmt_loss(last):>10}", style=bad if nonfinite else "")
         step = Text(f"{fmt(series.last_step, 'd'):>7}", style=dim)
-        lo = Text(f"{fmt_value(None if math.isnan(series.lo) else series.lo):>10}")
-        hi = Text(f"{fmt_value(None if math.isnan(series.hi) else series.hi):>10}")
+        lo = Text(f"{fmt_loss(None if math.isnan(series.lo) else series.lo):>10}")
+        hi = Text(f"{fmt_loss(None if math.isnan(series.hi) else series.hi):>10}")
         _, values = series.step_values
         trend = Text(spark(values[-TREND:], TREND), style=dim)
         return name, value, step, lo, hi, trend

@@ -8,7 +8,8 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_stat
-from tdbg.model.deep import DeepState, NanHuntResult
+from tdbg.model.deep import DeepState, progress
+from tdbg.protocol.messages.results import NanHuntResult
 
 NONE_YET = (
     "No NaN hunt yet. Press n: for the next step the probe watches every module's output and"
@@ -16,12 +17,12 @@ NONE_YET = (
 )
 
 
-def hunt_lines(hunt: NanHuntResult) -> list[str]:
+def hunt_lines(hunt: NanHuntResult, job: int | None) -> list[str]:
     """The NaN hunt's answer in a few lines, as the user reads it."""
     checked = fmt(hunt.steps_checked, "d")
     trigger = f" · {hunt.trigger}" if hunt.trigger else ""
     if not hunt.found:
-        return [f"NaN hunt #{hunt.job}: no non-finite value in {checked} step(s) checked{trigger}"]
+        return [f"NaN hunt #{job}: no non-finite value in {checked} step(s) checked{trigger}"]
     where = f"{hunt.phase or 'n/a'}"
     at = f" at step {hunt.step}" if hunt.step is not None else ""
     # What was measured only (anomaly mode names the module, not its figures): a row of
@@ -36,7 +37,7 @@ def hunt_lines(hunt: NanHuntResult) -> list[str]:
             f"input min {fmt_stat(hunt.input_min)} max {fmt_stat(hunt.input_max)} · inputs finite"
         )
     lines = [
-        f"NaN hunt #{hunt.job}: first non-finite {'gradient' if where == 'backward' else 'output'}"
+        f"NaN hunt #{job}: first non-finite {'gradient' if where == 'backward' else 'output'}"
         f" in {hunt.module_label} ({hunt.module_type or 'n/a'}) · {where}{at}",
     ]
     if figures:
@@ -77,11 +78,11 @@ class NanHuntView(Static):
         hunt = deep.nan_hunt
         if refusal is not None:
             text.append(f"NaN hunt refused — {refusal}\n", status)
-        elif job is not None and (hunt is None or hunt.job != job.job):
-            text.append(job.progress() + "\n", status)
+        elif job is not None and (hunt is None or deep.nan_hunt_job != job.job):
+            text.append(progress(job) + "\n", status)
         if hunt is not None:
             style = self.get_component_rich_style("nan-hunt-view--found") if hunt.found else ""
-            for i, line in enumerate(hunt_lines(hunt)):
+            for i, line in enumerate(hunt_lines(hunt, deep.nan_hunt_job)):
                 text.append(line + "\n", style if i == 0 else "")
         self._anomaly(deep, text)
         if not text.plain.strip():
@@ -101,7 +102,7 @@ class NanHuntView(Static):
             )
         elif job is not None and job.active:
             warning = self.get_component_rich_style("nan-hunt-view--warning")
-            text.append(job.progress() + " — global and slow while on\n", warning)
+            text.append(progress(job) + " — global and slow while on\n", warning)
         elif job is not None:
-            errors = fmt((deep.anomaly or {}).get("errors"), "d") if deep.anomaly else "n/a"
-            text.append(f"{job.progress()} · backward errors seen: {errors}\n")
+            errors = fmt(deep.anomaly.errors, "d") if deep.anomaly else "n/a"
+            text.append(f"{progress(job)} · backward errors seen: {errors}\n")

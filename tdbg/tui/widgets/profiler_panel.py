@@ -8,7 +8,8 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from tdbg.format import fmt_bytes, fmt_seconds
-from tdbg.model.deep import DeepState, ProfileResult
+from tdbg.model.deep import DeepState, progress
+from tdbg.protocol.messages.results import ProfileResult
 from tdbg.tui.widgets.profiler_table import TITLES, ProfilerTable
 
 HINT = (
@@ -18,10 +19,10 @@ HINT = (
 STATES = ("idle", "active", "done", "failed", "refused")
 
 
-def steps_text(steps: tuple[int | None, int | None]) -> str:
-    first, last = steps
-    if first is None:
+def steps_text(steps: tuple[int, int] | None) -> str:
+    if steps is None:
         return "steps n/a"
+    first, last = steps
     return f"step {first}" if last in (None, first) else f"steps {first}–{last}"
 
 
@@ -58,13 +59,13 @@ class ProfilerPanel(Vertical):
             state = {"done": "done", "failed": "failed", "cancelled": "failed"}.get(
                 job.state, "active"
             )
-            status = job.progress()
-            if profile is not None and profile.job == job.job:
+            status = progress(job)
+            if profile is not None and deep.profile_job == job.job:
                 status += f" · {summary(profile)}"
         else:
             state, status = "idle", HINT
-        if profile is not None and (job is None or job.job != profile.job):
-            status += f"  (table: profile #{profile.job}, {summary(profile)})"
+        if profile is not None and (job is None or job.job != deep.profile_job):
+            status += f"  (table: profile #{deep.profile_job}, {summary(profile)})"
         for name in STATES:
             self.set_class(state == name, f"-{name}")
         self.set_class(profile is None, "-empty")
@@ -90,7 +91,7 @@ class ProfilerPanel(Vertical):
             slower = table.slower_ops()
             metric = TITLES.get(table.metric, table.metric)
             compare = (
-                f"Δ/call: {metric} per call vs profile #{previous.job}"
+                f"Δ/call: {metric} per call vs profile #{deep.previous_profile_job}"
                 f" ({steps_text(previous.steps)}) · {len(slower)} op(s) slower"
             )
             if slower:

@@ -10,7 +10,9 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from tdbg.format import fmt, fmt_bytes, fmt_us
-from tdbg.model.deep import TIME_COLUMNS, OpRow, ProfileResult
+from tdbg.model.deep import TIME_COLUMNS
+from tdbg.protocol.messages.results import ProfileResult
+from tdbg.protocol.messages.results import ProfileRow as OpRow
 
 NAME_WIDTH = (
     34  # op names are long (aten::_scaled_dot_product_...): cut, the full name is in the trace
@@ -99,7 +101,7 @@ class ProfilerTable(DataTable[Any]):
 
     def show(self, profile: ProfileResult | None, previous: ProfileResult | None) -> None:
         """Show ``profile``; with ``previous``, add its per-call value and the change."""
-        if profile is not None and previous is not None and previous.job == profile.job:
+        if previous is profile:
             previous = None
         self.profile, self.previous = profile, previous
         self._rebuild()
@@ -164,8 +166,8 @@ class ProfilerTable(DataTable[Any]):
         profile, previous = self.profile, self.previous
         shown = (
             self.device,
-            None if profile is None else profile.job,
-            None if previous is None else previous.job,
+            id(profile),  # kept results are frozen: the same object is the same profile
+            id(previous),
             self.sort_key,
             self.descending,
             self.metric,
@@ -195,14 +197,14 @@ class ProfilerTable(DataTable[Any]):
 
         name = row.name if len(row.name) <= NAME_WIDTH else row.name[: NAME_WIDTH - 1] + "…"
         device = profile.device
-        cells = [Text(name), num(fmt(row.calls, "d")), num(fmt_us(row.fields["self_cpu"]))]
-        cells.append(num(fmt_us(row.fields["cpu_total"])))
+        cells = [Text(name), num(fmt(row.calls, "d")), num(fmt_us(row.self_cpu))]
+        cells.append(num(fmt_us(row.cpu_total)))
         if self.device:
-            cells.append(num(fmt_us(row.fields["self_device"]) if device else "n/a"))
-            cells.append(num(fmt_us(row.fields["device_total"]) if device else "n/a"))
-        cells.append(num(fmt_bytes(row.fields["cpu_memory"])))
+            cells.append(num(fmt_us(row.self_device) if device else "n/a"))
+            cells.append(num(fmt_us(row.device_total) if device else "n/a"))
+        cells.append(num(fmt_bytes(row.cpu_memory)))
         if self.device:
-            cells.append(num(fmt_bytes(row.fields["device_memory"]) if device else "n/a"))
+            cells.append(num(fmt_bytes(row.device_memory) if device else "n/a"))
         share = profile.share(row)
         cells.append(
             Text(

@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_bytes
-from tdbg.model.deep import DeepState
+from tdbg.model.deep import DeepState, progress
 from tdbg.tui.widgets.profiler_panel import steps_text
 
 TOP_SITES = 10
@@ -35,7 +35,7 @@ class SnapshotView(Static):
         if refusal is not None:
             text.append(f"memory snapshot refused — {refusal}\n", status_style)
         elif job is not None:
-            text.append(job.progress() + "\n", status_style)
+            text.append(progress(job) + "\n", status_style)
         elif unavailable:
             text.append(f"memory snapshot unavailable: {unavailable}\n", status_style)
         if result is None:
@@ -45,7 +45,7 @@ class SnapshotView(Static):
             self.update(text)
             return
         text.append(
-            f"snapshot #{result.job} · {steps_text(result.steps)}"
+            f"snapshot #{deep.snapshot_job} · {steps_text(result.steps)}"
             f" · active {fmt_bytes(result.active_bytes)}"
             f" · reserved {fmt_bytes(result.reserved_bytes)}\n"
         )
@@ -53,8 +53,8 @@ class SnapshotView(Static):
             text.append(f"file {result.file.path} ({fmt_bytes(result.file.size)})")
             text.append(" — open in pytorch.org/memory_viz\n", dim)
         text.append("top allocation sites by size:\n", dim)
-        for site, size, count in result.top[:TOP_SITES]:
-            text.append(f"  {fmt_bytes(size):>10}  ×{fmt(count, 'd'):<6} {site}\n")
+        for top in result.top[:TOP_SITES]:
+            text.append(f"  {fmt_bytes(top.bytes):>10}  ×{fmt(top.count, 'd'):<6} {top.site}\n")
         if not result.top:
             text.append("  n/a (no allocation recorded)\n", dim)
         text.rstrip()

@@ -1,0 +1,327 @@
+"""Probe -> client messages about the run: welcome, layers, steps, system, probe health, metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
+
+from tdbg.protocol.messages.tolerant import as_dict, as_float, as_int, as_list, as_str
+
+if TYPE_CHECKING:  # typing.NotRequired is 3.11+; only the type checker needs it
+    from typing import NotRequired
+
+#
+# A figure that cannot be measured is None ("not measured"); readers (the ``read_*`` functions
+# below) turn a malformed figure into None as well, so the same types describe what the probe
+# builds and what a client may rely on after reading.
+
+
+class WatchedOptimizer(TypedDict):
+    name: str
+    type: str  # the optimizer's class name
+    groups: int  # its param groups: its lr columns follow the previous optimizers' ones
+
+
+class RunInfo(TypedDict):
+    """Who the run is: built by the probe at watch(), completed when its socket is bound."""
+
+    name: str
+    pid: int
+    rank: int
+    host: str
+    argv: list[str]
+    start_time: float
+    cwd: str
+    torch: str
+    device: str  # "cpu", "cuda:0", ...
+    commands: dict[str, str]  # deep-dive commands this run cannot serve -> why
+    # A rank of a distributed job (from the launcher's environment; absent for one process).
+    world_size: NotRequired[int]
+    local_rank: NotRequired[int]
+    job: NotRequired[str]  # the job's id (torchrun's run id, else MASTER_ADDR:PORT)
+    # What is watched: model names (layers say which is theirs), optimizers in lr column order.
+    models: NotRequired[list[str]]
+    optimizers: NotRequired[list[WatchedOptimizer]]
+    param_groups: NotRequired[int]  # all optimizers' groups (lr columns are capped: MAX_LR_COLUMNS)
+    socket: NotRequired[str]  # set once the socket is bound (absent for a recording-only probe)
+    proto_min: NotRequired[int]
+    proto_max: NotRequired[int]
+    stall: NotRequired[dict[str, float]]  # the probe's StallRule.to_wire(): when a gap is a stall
+
+
+class Welcome(TypedDict):
+    type: Literal["welcome"]
+    proto: int
+    server_version: str
+    run: RunInfo
+
+
+def welcome_message(proto: int, server_version: str, run: RunInfo) -> Welcome:
+    return {"type": "welcome", "proto": proto, "server_version": server_version, "run": run}
+
+
+class Layers(TypedDict):
+    """The watched layers, in the order of every ``grad_norms`` array; sent before any step."""
+
+    type: Literal["layers"]
+    names: list[str]
+    numel: list[int]
+    model: NotRequired[list[int]]  # per layer: its model's index in ``models``
+    models: NotRequired[list[str]]  # the watched models' names (as RunInfo.models, kept current)
+    gone: NotRequired[list[int]]  # layers whose parameters left the model: no norms from then on
+    # Per layer, the first step that can have its norm (a layer added mid-run: 0 for the
+    # others). A NaN norm before it, or from a gone layer's ``gone_at`` on, is no norm at all
+    # (the row was read before the layer came, or after it went), not a non-finite one.
+    since: NotRequired[list[int]]
+    gone_at: NotRequired[list[int]]  # per ``gone`` layer, the first step without its norm
+
+
+def layers_message(
+    names: list[str],
+    numel: list[int],
+    *,
+    model: list[int] | None = None,
+    models: list[str] | None = None,
+    gone: list[int] | None = None,
+    since: list[int] | None = None,
+    gone_at: list[int] | None = None,
+) -> Layers:
+    """The ``layers`` message; ``model`` only with several models, ``gone`` only when not empty,
+    ``since`` only when a layer came mid-run."""
+    layers: Layers = {"type": "layers", "names": names, "numel": numel}
+    if model is not None:
+        layers["model"] = model
+    if gone:
+        layers["gone"] = gone
+        if gone_at is not None and len(gone_at) == len(gone):
+            layers["gone_at"] = gone_at
+    if since and any(since):
+        layers["since"] = since
+    if models is not None:
+        layers["models"] = models
+    return layers
+
+
+MAX_STEP = 1 << 62  # a step number a reader keeps (larger, negative or not an int: ignored)
+
+
+@dataclass(frozen=True)
+class LayerPresence:
+    """Which norms of a run's rows are no norm at all, from its latest ``layers`` message:
+    layer ``i``'s before ``since[i]`` and, for a gone layer, from ``gone_at[i]`` on."""
+
+    since: tuple[int, ...] = ()  # per layer (empty: none came mid-run)
+    gone_at: Mapping[int, int] = field(default_factory=dict)  # gone layer -> first step without
+
+    def __bool__(self) -> bool:
+        return bool(self.since) or bool(self.gone_at)
+
+    def window(self, n_layers: int) -> tuple[list[int], list[int]]:
+        """Per layer of ``n_layers``, the steps that can have its norm: from ``first`` to
+        before ``until`` (MAX_STEP: not gone). A NaN outside them is no norm at all."""
+        first = list(self.since) if len(self.since) == n_layers else [0] * n_layers
+        until = [MAX_STEP] * n_layers
+        for i, step in self.gone_at.items():
+            if i < n_layers:
+                until[i] = step
+        return first, until
+
+
+def read_layer_presence(message: Any, n_layers: int) -> LayerPresence:
+    """A ``layers`` message's ``since``, ``gone`` and ``gone_at``, what is well-formed of them
+    (never raises). A gone layer without a ``gone_at`` (an older probe) has no norm at any
+    step where it reads NaN."""
+    if not isinstance(message, dict):
+        return LayerPresence()
+
+    def step(value: Any) -> int | None:
+        return value if type(value) is int and 0 <= value < MAX_STEP else None
+
+    raw_since = message.get("since")
+    since: tuple[int, ...] = ()
+    if isinstance(raw_since, list) and len(raw_since) == n_layers:
+        since = tuple(step(v) or 0 for v in raw_since)
+    gone, at = message.get("gone"), message.get("gone_at")
+    gone_at: dict[int, int] = {}
+    if isinstance(gone, list):
+        ats = at if isinstance(at, list) and len(at) == len(gone) else [0] * len(gone)
+        for i, first in zip(gone, ats, strict=True):
+            if type(i) is int and 0 <= i < n_layers:
+                gone_at[i] = step(first) or 0
+    return LayerPresence(since, gone_at)
+
+
+class StepsHeader(TypedDict):
+    """The header of a ``steps`` batch. Its columns (little-endian binary arrays, one per
+    :class:`~tdbg.protocol.steps.StepRecord` field) are owned by :mod:`tdbg.protocol.steps`:
+    build and read them only with ``pack_steps`` / ``unpack_steps``."""
+
+    type: Literal["steps"]
+    n: int  # records in the batch
+    layers: int  # per-layer norms in each row with gradients
+    lr_groups: int
+    history: bool
+
+
+class HostStats(TypedDict):
+    rss: int  # bytes
+    cpu_percent: float
+    ram_used: int
+    ram_total: int
+
+
+class CudaStats(TypedDict):
+    """The CUDA caching allocator's figures for one device in use (bytes, counts)."""
+
+    index: int
+    name: str
+    allocated: int
+    reserved: int
+    peak: int
+    retries: int
+    ooms: int
+
+
+class GpuStats(TypedDict):
+    """One GPU as NVML sees it; any figure NVML would not give is None."""
+
+    index: int
+    name: str | None
+    util: float | None  # percent
+    mem_used: int | None  # bytes
+    mem_total: int | None
+    temp: float | None  # degrees C
+    power: float | None  # W
+    power_limit: float | None
+    sm_clock: int | None  # MHz
+
+
+class System(TypedDict):
+    type: Literal["system"]
+    time: float
+    host: HostStats
+    cuda: list[CudaStats]
+    gpus: list[GpuStats]
+    missing: list[str]  # why a figure is absent (no CUDA, no NVML, ...)
+
+
+class ProbeStats(TypedDict):
+    """The probe's own figures, as the training side reports them."""
+
+    grad_interval: int
+    grad_mode: str  # "auto" | "fixed"
+    overhead_budget: float
+    errors: int
+    last_error: str | None
+    steps_seen: int
+    disabled: bool  # switched off by the error breaker (not: closed at the end of the run)
+    closed: NotRequired[bool]  # the run ended and the probe closed cleanly
+    total_steps: NotRequired[int | None]  # optimizer steps the run will take, where known
+    skipped_steps: NotRequired[int]  # updates skipped by watch(skip_nonfinite=True)
+    amp_skipped_steps: NotRequired[int]  # updates AMP's GradScaler skipped (routine: no alert)
+
+
+class ProbeHealth(ProbeStats):
+    """The 1 Hz ``probe`` message: the probe's health and cost."""
+
+    type: Literal["probe"]
+    time: float
+    clients: int
+    dropped: int
+    rejected_peers: int
+    history_bytes: int
+    cost_fraction: float | None
+    activations_every: NotRequired[int | None]  # only where the probe takes commands
+    jobs: NotRequired[list[int]]  # job numbers in flight
+
+
+class Synced(TypedDict):
+    type: Literal["synced"]
+
+
+class Pong(TypedDict):
+    type: Literal["pong"]
+    id: int
+
+
+class Error(TypedDict):
+    type: Literal["error"]
+    code: str  # an ErrorCode
+    id: int  # the refused message's id; 0 when it answers no message
+    message: str
+
+
+def error_message(code: str, mid: int, message: str) -> Error:
+    return {"type": "error", "code": code, "id": mid, "message": message}
+
+
+class Bye(TypedDict):
+    type: Literal["bye"]
+    reason: str  # "shutdown" | "slow_consumer" | "exit 1: <the uncaught exception>"
+
+
+def bye_message(reason: str) -> Bye:
+    return {"type": "bye", "reason": reason}
+
+
+def read_error(message: Any) -> Error:
+    """An ``error``; ``id`` 0 when it answers no message (a protocol error)."""
+    data = as_dict(message)
+    return {
+        "type": "error",
+        "code": str(data.get("code") or "ERROR"),
+        "id": as_int(data.get("id")) or 0,
+        "message": str(data.get("message") or ""),
+    }
+
+
+class Metrics(TypedDict):
+    """User metrics (``tdbg.log``, framework logs, per-optimizer losses) as points
+    ``[step, name, value]``; a value that is not finite is kept (and alerted on)."""
+
+    type: Literal["metrics"]
+    points: list[tuple[int, str, float]]
+    history: NotRequired[bool]
+
+
+MAX_METRIC_NAME = 64  # characters of a metric's name kept (longer names are cut)
+
+
+def metrics_message(points: Sequence[tuple[int, str, float]]) -> Metrics:
+    """A ``metrics`` message of ``(step, name, value)`` points, in the order given."""
+    return {"type": "metrics", "points": [(int(s), str(n), float(v)) for s, n, v in points]}
+
+
+def read_metrics(message: Any) -> list[tuple[int, str, float]]:
+    """A ``metrics`` message's points; a malformed point (no step, no name, not a number) is
+    dropped, a non-finite value is kept."""
+    out: list[tuple[int, str, float]] = []
+    for point in as_list(as_dict(message).get("points")):
+        fields = as_list(point)
+        if len(fields) != 3:
+            continue
+        step, name, value = as_int(fields[0]), as_str(fields[1]), as_float(fields[2])
+        if step is None or not name or value is None:
+            continue
+        out.append((step, name[:MAX_METRIC_NAME], value))
+    return out
+
+
+class ProbeCommandState(TypedDict, total=False):
+    """What a ``probe`` message says about commands, where it says it."""
+
+    activations_every: int | None
+    jobs: list[int]
+
+
+def read_probe_commands(message: Any) -> ProbeCommandState:
+    """The activation interval and the jobs in flight from a ``probe`` message (each only when
+    the message carries it)."""
+    data = as_dict(message)
+    out: ProbeCommandState = {}
+    if "activations_every" in data:
+        out["activations_every"] = as_int(data.get("activations_every"))
+    if "jobs" in data:
+        out["jobs"] = [j for j in map(as_int, as_list(data.get("jobs"))) if j is not None]
+    return out

@@ -1,0 +1,77 @@
+"""The terminal bell (and a desktop notification where the terminal shows one) on the first
+alert of each kind, so a run going bad reaches someone whose eyes are on another window."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from itertools import islice
+
+from tdbg.model.run_state import RunState
+from tdbg.protocol.messages.alert import Alert
+
+RING_SEVERITIES = frozenset({"warning", "error"})
+OFF_WORDS = frozenset({"0", "off", "no", "false"})
+# Terminals that show OSC 9 (iTerm2, WezTerm, Ghostty) or OSC 777 (urxvt, foot) notifications;
+# elsewhere the sequence would be ignored at best, so it is not sent (tmux swallows both).
+OSC9_PROGRAMS = frozenset({"iTerm.app", "WezTerm", "ghostty"})
+OSC777_TERMS = ("rxvt", "foot")
+
+
+class AlertRinger:
+    """Which newly arrived alerts ring: a warning or an error of a kind not rung before in
+    this run, not one replayed from before this viewer attached (``history``)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self.enabled = env.get("TDBG_BELL", "1").strip().lower() not in OFF_WORDS
+        self.notify_with = notification_kind(env)
+        self.rung: set[str] = set()
+        self.heard = 0  # state.alert_count already looked at
+
+    def new(self, state: RunState) -> list[Alert]:
+        """The alerts to ring for since the last call, oldest first (each kind once)."""
+        fresh = state.alert_count - self.heard
+        self.heard = state.alert_count
+        if fresh <= 0:
+            return []
+        out = []
+        for alert in reversed(list(islice(state.alerts, min(fresh, len(state.alerts))))):
+            if alert.history or alert.severity not in RING_SEVERITIES or alert.kind in self.rung:
+                continue
+            self.rung.add(alert.kind)
+            out.append(alert)
+        return out
+
+    def sequence(self, alert: Alert, run_name: str) -> str:
+        """What to write to the terminal for ``alert``: the bell, and a notification where the
+        terminal is known to show one."""
+        if not self.enabled:
+            return ""
+        body = _clean(f"{alert.kind}: {alert.headline}")[:200]
+        title = _clean(f"tdbg · {run_name}")[:60]
+        if self.notify_with == "osc9":
+            return f"\x1b]9;{title}: {body}\x07\x07"
+        if self.notify_with == "osc777":
+            return f"\x1b]777;notify;{title};{body}\x07\x07"
+        return "\x07"
+
+
+def notification_kind(env: Mapping[str, str]) -> str | None:
+    """``osc9``, ``osc777`` or None: from ``TDBG_NOTIFY`` when set, else from the terminal."""
+    chosen = env.get("TDBG_NOTIFY", "").strip().lower()
+    if chosen in ("osc9", "osc777"):
+        return chosen
+    if chosen in OFF_WORDS or env.get("TMUX"):
+        return None
+    if env.get("TERM_PROGRAM") in OSC9_PROGRAMS:
+        return "osc9"
+    if env.get("TERM", "").startswith(OSC777_TERMS):
+        return "osc777"
+    return None
+
+
+def _clean(text: str) -> str:
+    """No control characters (an alert's text must not end the escape sequence early), no ';'
+    (OSC 777's separator)."""
+    return "".join(c if c.isprintable() else " " for c in text).replace(";", ",")
