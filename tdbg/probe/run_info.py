@@ -36,11 +36,15 @@ def set_spawned(index: int, nprocs: int, job: str) -> None:
 
 
 def rank() -> int:
-    """This process's rank: the job's (see :func:`place`), else LOCAL_RANK, else 0."""
+    """This process's rank: the job's (see :func:`place`), else RANK, else LOCAL_RANK, else 0."""
     found = place().get("rank")
     if found is not None:
         return found
-    return _env_int("LOCAL_RANK") or 0
+    for var in ("RANK", "LOCAL_RANK"):
+        value = _env_int(var)
+        if value is not None:
+            return value
+    return 0
 
 
 def _env_int(var: str) -> int | None:
