@@ -116,6 +116,39 @@ def test_mp_spawn_watches_every_rank_and_no_other_child(
 
 
 @pytest.mark.slow
+def test_mp_spawn_ranks_are_shown_live_as_one_job(tmp_path: Path, runtime_dir: Path) -> None:
+    """While the mp.spawn job runs, `tdbg ls` lists both ranks, one job (it said "no tdbg
+    runs")."""
+    from conftest import wait_until
+
+    hold = tmp_path / "hold"
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), LAUNCH_HOLD=str(hold))
+    env["LAUNCH_PORT"] = str(next(_ports))
+    proc = subprocess.Popen(
+        [*TDBG, "run", PY, "spawn_ddp.py"],
+        cwd=SCRIPTS,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def listed() -> list[dict[str, Any]]:
+        ls = subprocess.run([*TDBG, "ls", "--json"], env=env, capture_output=True, text=True)
+        runs = [json.loads(line) for line in ls.stdout.splitlines() if line.strip()]
+        return runs if len(runs) == 2 else []
+
+    try:
+        runs = wait_until(listed, 120, "both ranks listed")
+        assert sorted(r["rank"] for r in runs) == [0, 1]
+        assert len({r["job"] for r in runs}) == 1 and runs[0]["job"]
+        hold.touch()
+        assert proc.wait(120) == 0
+    finally:
+        kill_tree(proc)
+
+
+@pytest.mark.slow
 def test_mp_spawn_exit_codes_are_the_jobs_own_run_after_run(
     records: Path, runtime_dir: Path
 ) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import torch
 from torch import nn
@@ -41,6 +42,15 @@ def evaluate_in_a_subprocess() -> None:
         "for _ in range(2):\n    m(torch.ones(1, 2)).sum().backward(); o.step()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def hold() -> None:
+    """LAUNCH_HOLD=PATH: wait (up to 2 minutes) for PATH to exist, the job still live."""
+    path = os.environ.get("LAUNCH_HOLD")
+    for _ in range(1200):
+        if not path or os.path.exists(path):
+            return
+        time.sleep(0.1)
 
 
 def done(rank: int, losses: list[float]) -> None:

@@ -31,6 +31,7 @@ def work(rank: int, world: int, port: str) -> None:
         losses.append(loss.item())
     if rank == 0:
         common.evaluate_in_a_subprocess()
+    common.hold()
     dist.destroy_process_group()
     common.done(rank, losses)
 
