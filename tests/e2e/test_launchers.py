@@ -83,7 +83,7 @@ def outputs(out: str) -> dict[int, list[float]]:
 
 
 def no_tdbg_warning(err: str) -> None:
-    assert "tdbg run:" not in err and "tdbg: warning" not in err, err
+    assert "tdbg run:" not in err and "tdbg: w" not in err, err  # warning, watching from
 
 
 @pytest.fixture
@@ -164,10 +164,13 @@ def test_mp_spawn_exit_codes_are_the_jobs_own_run_after_run(
 
 
 @pytest.mark.slow
-def test_lightning_ddp_watches_rank_1_too(records: Path, runtime_dir: Path) -> None:
-    """Lightning's DDP launcher re-runs the script for rank 1 with LOCAL_RANK=1: it is watched
-    as rank 0 is, in the same job (the 6 batches shared: 3 steps each)."""
-    done = launch(tdbg_run(records / "job.tdbg", PY, "lightning_ddp.py"), runtime_dir)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
+def test_lightning_ddp_watches_rank_1_too(strategy: str, records: Path, runtime_dir: Path) -> None:
+    """Lightning's DDP launcher re-runs the script for rank 1 with LOCAL_RANK=1 (ddp), or
+    starts both ranks through start_processes (ddp_spawn, ddp_fork): rank 1 is watched as rank
+    0 is, in the same job (the 6 batches shared: 3 steps each)."""
+    command = tdbg_run(records / "job.tdbg", PY, "lightning_ddp.py")
+    done = launch(command, runtime_dir, LAUNCH_STRATEGY=strategy)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_one_job(ranks_recorded(records), 3)
     no_tdbg_warning(done.stderr)
