@@ -13,6 +13,8 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -179,9 +181,122 @@ def cmd_run(args: argparse.Namespace, out: TextIO) -> int:
     if not (PRELOAD_DIR / "sitecustomize.py").is_file():
         raise CliError(f"the preload is missing from this install ({PRELOAD_DIR})")
     env = child_env(args)
-    if hasattr(signal, "sigtimedwait"):
-        return _run_forwarding(executable, argv, env)
-    return _run_with_handlers(executable, argv, env)  # macOS: no sigtimedwait
+    coverage = Coverage()
+    env["TDBG_RUN_REPORT"] = coverage.directory
+    try:
+        if hasattr(signal, "sigtimedwait"):
+            return _run_forwarding(executable, argv, env, coverage.tick)
+        return _run_with_handlers(executable, argv, env)  # macOS: no sigtimedwait
+    finally:
+        coverage.finish()
+
+
+class Coverage:
+    """What the job's processes said they watch, so that a rank left unwatched, or a run where
+    no model was found, is said once on stderr rather than silently.
+
+    Each process the preload arms writes a small file in a private directory (``TDBG_RUN_REPORT``):
+    ``PID.armed`` (torch imported), ``PID.watched`` (its probe started: rank, world size, job,
+    local world size), ``PID.unwatched`` (it gave up and said so). Read here about once a second
+    while the job runs, and at its end; removed with the directory at the end."""
+
+    GRACE = 30.0  # s after the first rank's probe: the others start theirs at the same update
+
+    def __init__(self) -> None:
+        self.directory = tempfile.mkdtemp(prefix="tdbg-run-")  # mode 0700
+        # `srun tdbg run ...`: this tdbg run is one task of a job, and sees only its own ranks.
+        self.inside = any(os.environ.get(v) for v in ("RANK", "SLURM_PROCID"))
+        self.first: float | None = None
+        self.said = False
+        self.last_read = 0.0
+
+    def _read(self) -> dict[str, list[dict[str, Any]]]:
+        import json
+
+        found: dict[str, list[dict[str, Any]]] = {"armed": [], "watched": [], "unwatched": []}
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return found
+        for name in names:
+            kind = name.rpartition(".")[2]
+            if kind not in found:
+                continue
+            try:
+                with open(os.path.join(self.directory, name)) as f:
+                    found[kind].append(json.load(f))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.said or now - self.last_read < 1.0:
+            return
+        self.last_read = now
+        found = self._read()
+        if not any(w.get("world_size", 0) > 1 for w in found["watched"]):
+            return
+        if self.first is None:
+            self.first = now
+        if now - self.first >= self.GRACE:
+            self._say_missing(found["watched"])
+
+    def finish(self) -> None:
+        try:
+            found = self._read()
+            if not self.said:
+                if found["watched"]:
+                    self._say_missing(found["watched"])
+                elif found["armed"] and not found["unwatched"]:
+                    self._say(
+                        "tdbg run: no model was found (no backward reached a module's "
+                        "parameters): nothing was watched"
+                    )
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _say_missing(self, watched: list[dict[str, Any]]) -> None:
+        for line in missing_ranks(watched, self.inside):
+            self._say(line)
+
+    def _say(self, line: str) -> None:
+        self.said = True
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def missing_ranks(watched: list[dict[str, Any]], inside: bool = False) -> list[str]:
+    """One line per job of which fewer ranks are watched (on this machine) than it has.
+    ``inside``: this tdbg run is itself one task of the job (srun tdbg run): it expects only the
+    ranks a launcher it runs starts (LOCAL_WORLD_SIZE), else one."""
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    for info in watched:
+        if isinstance(info.get("world_size"), int) and info["world_size"] > 1:
+            jobs.setdefault(str(info.get("job") or "?"), []).append(info)
+    lines = []
+    for job, ranks in sorted(jobs.items()):
+        world = max(r["world_size"] for r in ranks)
+        seen = sorted({r["rank"] for r in ranks if isinstance(r.get("rank"), int)})
+        local = max((r.get("local_world") or 0) for r in ranks)
+        if not local:
+            local = 1 if inside else max((r.get("tasks_per_node") or 0) for r in ranks)
+        expected = local if 0 < local < world else world
+        if len(seen) >= expected:
+            continue
+        where = "on this machine " if expected < world else ""
+        line = (
+            f"tdbg run: {len(seen)} of {expected} ranks of job {job} {where}watched "
+            f"(rank {', '.join(map(str, seen))})"
+        )
+        if expected == world:
+            unseen = [str(r) for r in range(world) if r not in seen]
+            line += f"; not watched: rank {', '.join(unseen)}"
+        lines.append(line + " (launchers tdbg run follows: docs/distributed.md)")
+    return lines
 
 
 def _exit_code(status: int) -> int:
@@ -194,7 +309,7 @@ def _exit_code(status: int) -> int:
 _RESTORED = tuple(getattr(signal, n) for n in ("SIGPIPE", "SIGXFSZ") if hasattr(signal, n))
 
 
-def _run_forwarding(executable: str, argv: list[str], env: dict[str, str]) -> int:
+def _run_forwarding(executable: str, argv: list[str], env: dict[str, str], tick: Any = None) -> int:
     """Start the child with the forwarded signals blocked here and waited for synchronously.
 
     ``sigtimedwait`` tells who sent a signal: one the terminal sent to the foreground process
@@ -212,6 +327,11 @@ def _run_forwarding(executable: str, argv: list[str], env: dict[str, str]) -> in
             raise CliError(f"cannot start {argv[0]}: {exc.strerror}") from None
         while True:
             info = signal.sigtimedwait(waited, 1.0)
+            if tick is not None:
+                try:
+                    tick()
+                except Exception:  # telling what is watched never stops the job
+                    pass
             if info is None or info.si_signo == signal.SIGCHLD:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done == pid:

@@ -24,12 +24,26 @@ class JobPlace(TypedDict, total=False):
     rank: int
 
 
+# Set by `tdbg run` in a rank that torch.multiprocessing started (mp.spawn, start_processes):
+# the process index, the number of processes and a job id, for when neither the environment nor
+# an initialised process group says where the process sits (see place()).
+_spawned: JobPlace = {}
+
+
+def set_spawned(index: int, nprocs: int, job: str) -> None:
+    """This process is process ``index`` of ``nprocs`` that torch.multiprocessing started."""
+    _spawned.update({"rank": index, "local_rank": index, "world_size": nprocs, "job": job})
+
+
 def rank() -> int:
+    """This process's rank: the job's (see :func:`place`), else RANK, else LOCAL_RANK, else 0."""
+    found = place().get("rank")
+    if found is not None:
+        return found
     for var in ("RANK", "LOCAL_RANK"):
-        try:
-            return int(os.environ[var])
-        except (KeyError, ValueError):
-            continue
+        value = _env_int(var)
+        if value is not None:
+            return value
     return 0
 
 
@@ -52,29 +66,90 @@ def _process_group() -> tuple[int, int] | None:
     return None
 
 
-def job_info() -> JobPlace:
-    """Where this process sits in a distributed job, from the launcher's environment (torchrun,
-    torch.distributed.run, mpirun-style RANK/WORLD_SIZE); {} for a single process."""
-    world = _env_int("WORLD_SIZE")
-    if world is None:
-        group = _process_group()
-        if group is not None and group[1] > 1:
-            # mp.spawn and friends pass rank and world size to init_process_group, not the
-            # environment: read them from torch.distributed (local calls, no collective).
-            master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-            job = ":".join(master) if all(master) else ""
-            return {"world_size": group[1], "job": job, "rank": group[0]}
-    if world is None or world < 2:
-        return {}
-    job = os.environ.get("TORCHELASTIC_RUN_ID") or ""
-    if not job or job == "none":
-        master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-        job = ":".join(master) if all(master) else ""
-    info: JobPlace = {"world_size": world, "job": job}
+def _master() -> str:
+    master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return ":".join(master) if all(master) else ""
+
+
+def _store_address() -> str:
+    """host:port of the default process group's TCP store (``init_method="tcp://..."``): what
+    every rank of the job shares when the environment names no master. Local reads only."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        store = distributed_c10d._get_default_store()
+        while hasattr(store, "underlying_store"):  # PrefixStore
+            store = store.underlying_store
+        host, port = getattr(store, "host", ""), getattr(store, "port", 0)
+        return f"{host}:{port}" if host and port else ""
+    except Exception:
+        return ""
+
+
+def _slurm_job() -> str:
+    job, step = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_STEP_ID", "")
+    return f"slurm:{job}.{step}" if job and step else f"slurm:{job}" if job else ""
+
+
+def place() -> JobPlace:
+    """Where this process sits in a distributed job; {} for a single process. Asked once, when
+    a probe starts; no collective, nothing waited for. The first source that names a world of
+    2 or more processes wins:
+
+    - ``RANK``/``WORLD_SIZE`` (torchrun, ``python -m torch.distributed.run``/``.launch``,
+      ``accelerate launch``, deepspeed): the job is torchrun's run id, else MASTER_ADDR:PORT;
+    - an initialised default process group (mp.spawn and friends pass rank and world size to
+      ``init_process_group``, not to the environment): MASTER_ADDR:PORT, else its TCP store's
+      (SLURM's job when srun's tasks are its ranks);
+    - ``LOCAL_RANK``/``WORLD_SIZE`` on node 0 (Lightning's launcher: its ranks get no RANK);
+    - ``SLURM_PROCID``/``SLURM_NTASKS`` (srun: each task a rank): the job is
+      ``slurm:JOB.STEP`` (SLURM_JOB_ID, SLURM_STEP_ID);
+    - the process index and count of a rank ``tdbg run`` saw torch.multiprocessing start.
+    """
     local = _env_int("LOCAL_RANK")
-    if local is not None:
-        info["local_rank"] = local
-    return info
+    world = _env_int("WORLD_SIZE")
+    env_rank = _env_int("RANK")
+    if world is not None and world > 1 and env_rank is not None:
+        job = os.environ.get("TORCHELASTIC_RUN_ID") or ""
+        if not job or job == "none":
+            job = _master()
+        info: JobPlace = {"world_size": world, "job": job, "rank": env_rank}
+        if local is not None:
+            info["local_rank"] = local
+        return info
+    group = _process_group()
+    if group is not None and group[1] > 1:
+        info = {"world_size": group[1], "job": _master() or _store_address(), "rank": group[0]}
+        if local is not None:
+            info["local_rank"] = local
+        elif _spawned.get("world_size") == group[1]:
+            info["local_rank"] = _spawned["local_rank"]
+        if _env_int("SLURM_NTASKS") == group[1] and os.environ.get("SLURM_JOB_ID"):
+            info["job"] = _slurm_job()  # srun's tasks are the ranks: the job is SLURM's
+        if not info["job"] and _spawned:
+            info["job"] = _spawned["job"]
+        return info
+    if world is not None and world > 1 and local is not None:
+        if (_env_int("NODE_RANK") or 0) == 0:
+            return {"world_size": world, "job": _master(), "rank": local, "local_rank": local}
+        return {"world_size": world, "job": _master(), "local_rank": local}
+    tasks, task = _env_int("SLURM_NTASKS"), _env_int("SLURM_PROCID")
+    if tasks is not None and tasks > 1 and task is not None:
+        info = {"world_size": tasks, "job": _slurm_job(), "rank": task}
+        slurm_local = _env_int("SLURM_LOCALID")
+        if slurm_local is not None:
+            info["local_rank"] = slurm_local
+        return info
+    if _spawned.get("world_size", 0) > 1:
+        return JobPlace(**_spawned)
+    if world is not None and world > 1:
+        return {"world_size": world, "job": _master()}
+    return {}
+
+
+def job_info() -> JobPlace:
+    """:func:`place` (kept by this name: the recording's path asks whether there is a job)."""
+    return place()
 
 
 def describe_run(
@@ -93,7 +168,7 @@ def describe_run(
         "name": name,
         "pid": os.getpid(),
         "rank": rank(),
-        **job_info(),
+        **place(),
         "host": socket.gethostname(),
         "argv": [str(a)[:200] for a in sys.argv[:32]],
         "start_time": time.time(),

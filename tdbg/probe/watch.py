@@ -28,7 +28,13 @@ from tdbg.probe.gradients import Layer, find_layers
 from tdbg.probe.hooks import PhaseHooks, perf
 from tdbg.probe.log import warn
 from tdbg.probe.metrics import MetricsDesk
-from tdbg.probe.run_info import describe_run, rank, schedule_length, watched_optimizer
+from tdbg.probe.run_info import (
+    describe_run,
+    place,
+    rank,
+    schedule_length,
+    watched_optimizer,
+)
 from tdbg.probe.sampler import StepSampler
 from tdbg.probe.server import ProbeServer
 from tdbg.probe.watch_args import (
@@ -230,7 +236,9 @@ class Probe:
         script_tap.install()  # torch.jit.script(model) works watched, as it does unwatched
         self._created = time.monotonic()
         if opts.serve or record is not None:
-            if opts.serve and multiprocessing.parent_process() is not None:
+            # A rank of a job that mp.spawn started is expected to serve its own: not said.
+            child = multiprocessing.parent_process() is not None
+            if opts.serve and child and not place():
                 warn("tdbg: watching from a multiprocessing child: serving its own socket")
             if self._server.start(listen=opts.serve):
                 self._after_start(desk, opts.activations_every)

@@ -22,6 +22,25 @@ ENV_ACTIVE = "TDBG_AUTOWATCH"  # "1": set by `tdbg run` for the process it start
 ENV_NAME = "TDBG_NAME"
 ENV_GRAD_EVERY = "TDBG_GRAD_EVERY"
 ENV_RECORD = "TDBG_RECORD"  # read by watch() itself; removed once this process's probe has it
+ENV_REPORT = (
+    "TDBG_RUN_REPORT"  # `tdbg run`'s directory where each watched process says where it sits
+)
+PRELOAD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preload")
+# Launchers: they train nothing and start the ranks, which watch themselves (the launcher keeps
+# the settings in its environment for them). By how they are started (sys.orig_argv).
+LAUNCHER_COMMANDS = ("torchrun", "accelerate", "accelerate-launch", "deepspeed")
+LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "accelerate.commands.launch",
+    "accelerate.commands.accelerate_cli",
+    "deepspeed.launcher.runner",
+    "deepspeed.launcher.launch",
+)
+# The variables that tell a rank from its parent: a child started with other values than its
+# parent's (Lightning's launcher re-running the script with LOCAL_RANK=1) is another rank.
+RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID")
+WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS")
 MAX_MISSES = 10  # backward calls reaching no module's parameters before giving up
 DISCOVERY_STEPS = 20  # steps after the start during which more models/optimizers are looked for
 
@@ -53,7 +72,7 @@ def install() -> None:
     global _config, _owner
     _config = _read_config()
     _owner = os.getpid()  # a raw os.fork() before `import torch` is not the owner either
-    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY):
+    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT):
         os.environ.pop(var, None)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):
@@ -67,10 +86,10 @@ def is_launcher() -> bool:
     # sys.orig_argv: at start-up (where this runs) `python -m X` has not set sys.argv[0] yet.
     argv = list(getattr(sys, "orig_argv", None) or sys.argv)
     for i, word in enumerate(argv[:4]):
-        if os.path.basename(word) == "torchrun":
+        if os.path.basename(word) in LAUNCHER_COMMANDS:
             return True
         if word == "-m" and i + 1 < len(argv):
-            return argv[i + 1] in ("torch.distributed.run", "torch.distributed.launch")
+            return argv[i + 1] in LAUNCHER_MODULES
     return False
 
 
@@ -125,11 +144,186 @@ def _activate(torch: ModuleType) -> None:
         # with the memory) never claim the probe.
         if os.getpid() != _owner or multiprocessing.parent_process() is not None:
             return
-        global _auto
-        _auto = AutoWatch(torch, _config)
-        _auto.install()
+        _claim(torch)
     except Exception as exc:
         _warn(f"tdbg run could not install its hooks ({exc}); the script runs unmonitored")
+
+
+def _claim(torch: ModuleType) -> None:
+    """This process is watched: discovery hooks, and the ranks it starts watched too."""
+    global _auto
+    _auto = AutoWatch(torch, _config)
+    _auto.install()
+    _follow_ranks(torch)
+    report("armed")
+
+
+def report(kind: str, **fields: Any) -> None:
+    """Tell `tdbg run` (its report directory, when it gave one) what this process is: ``armed``
+    (torch imported, looking for a model), ``watched`` (a probe runs: rank, world size, job),
+    ``unwatched`` (gave up: no model). One small file per process and kind, written once;
+    never raises."""
+    directory = _config.get("report")
+    if not directory:
+        return
+    try:
+        import json
+
+        path = os.path.join(directory, f"{os.getpid()}.{kind}")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(dict(fields, pid=os.getpid()), out)
+    except Exception:
+        pass
+
+
+def _follow_ranks(torch: ModuleType) -> None:
+    """The ranks this process starts are watched as it is: those torch.multiprocessing starts
+    (mp.spawn, start_processes: their function is wrapped, see :class:`SpawnedRank`), and the
+    subprocesses started with another rank than this process's own (Lightning's launcher
+    re-runs the script with LOCAL_RANK=1; a launcher script of one's own): they get the preload
+    and the settings. Other children (DataLoader workers, an evaluation script, compile
+    workers) stay inert. Both wrappers run when a process starts, never on a training step."""
+    spawn_module = sys.modules.get("torch.multiprocessing.spawn")
+    original_start = getattr(spawn_module, "start_processes", None)
+    if spawn_module is not None and original_start is not None:
+
+        @functools.wraps(original_start)
+        def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kw: Any) -> Any:
+            try:
+                wrapped = SpawnedRank(fn, nprocs, _config, _spawn_job())
+            except Exception:
+                wrapped = fn
+            return original_start(wrapped, args, nprocs, *rest, **kw)
+
+        spawn_module.start_processes = start_processes  # type: ignore[attr-defined]
+        package = sys.modules.get("torch.multiprocessing")
+        if getattr(package, "start_processes", None) is original_start:
+            package.start_processes = start_processes  # type: ignore[union-attr]
+
+    import subprocess
+
+    original_init = subprocess.Popen.__init__
+
+    @functools.wraps(original_init)
+    def popen_init(popen: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+        env = kwargs.get("env")
+        if env is not None:
+            try:
+                if _another_rank(env):
+                    kwargs["env"] = _rank_env(env)
+            except Exception:
+                pass
+        original_init(popen, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign,assignment]
+
+
+def _spawn_job() -> str:
+    """A job id for the ranks mp.spawn starts from here, should neither their environment nor
+    their process group name one: this host and pid."""
+    import socket
+
+    master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return ":".join(master) if all(master) else f"spawn:{socket.gethostname()}:{os.getpid()}"
+
+
+def _another_rank(env: Any) -> bool:
+    """A child's environment names a rank of a job of 2 or more, not this process's own."""
+    if env.get(ENV_ACTIVE):
+        return False  # handed on by the script itself
+    worlds = [env.get(var) for var in WORLD_VARS]
+    if not any(w and w.isdigit() and int(w) > 1 for w in worlds):
+        return False
+    mine = [os.environ.get(var) for var in RANK_VARS]
+    theirs = [env.get(var) for var in RANK_VARS]
+    return any(theirs) and theirs != mine
+
+
+def _rank_env(env: Any) -> dict[str, str]:
+    """A rank's environment: the preload first on its PYTHONPATH, tdbg run's settings."""
+    out = dict(env)
+    previous = out.get("PYTHONPATH")
+    out["PYTHONPATH"] = PRELOAD_DIR + (os.pathsep + previous if previous else "")
+    out[ENV_ACTIVE] = "1"
+    for var, key in ((ENV_NAME, "name"), (ENV_REPORT, "report"), (ENV_RECORD, "record")):
+        if _config.get(key):
+            out[var] = str(_config[key])
+    if _config.get("grad_every"):
+        out[ENV_GRAD_EVERY] = str(_config["grad_every"])
+    return out
+
+
+def _spawned_record(config: dict[str, Any]) -> str | None:
+    """A rank torch.multiprocessing started records where tdbg run said, one file per rank
+    (watch() itself reads TDBG_RECORD only in a process multiprocessing did not start)."""
+    path = config.get("record")
+    if not config.get("spawned") or not path:
+        return None
+    if "{rank}" in path:
+        return str(path)
+    root, ext = os.path.splitext(path)
+    return f"{root}.rank{{rank}}{ext}"
+
+
+def _report_watched() -> None:
+    """Say to `tdbg run` where this process's probe sits in the job (never raises)."""
+    try:
+        from tdbg.probe import run_info
+
+        local = run_info._env_int("LOCAL_WORLD_SIZE")
+        if _config.get("spawned"):
+            local = run_info._spawned.get("world_size")
+        fields: dict[str, Any] = {"rank": run_info.rank(), **run_info.place()}
+        per_node = run_info._env_int("SLURM_NTASKS_PER_NODE")
+        report("watched", local_world=local, tasks_per_node=per_node, **fields)
+    except Exception:
+        pass
+
+
+class SpawnedRank:
+    """A rank's function as torch.multiprocessing starts it under `tdbg run`: in the child, it
+    claims the probe for that process (watched from its first backward, as the process `tdbg
+    run` started is), then runs the function. Pickled by reference to this class: the child
+    imports tdbg from the sys.path multiprocessing hands it."""
+
+    def __init__(self, fn: Any, nprocs: int, config: dict[str, Any], job: str) -> None:
+        self.fn = fn
+        self.nprocs = nprocs
+        self.config = dict(config)
+        self.job = job
+
+    def __call__(self, index: int, *args: Any) -> Any:
+        try:
+            self._claim(index)
+        except Exception as exc:
+            _warn(f"tdbg run cannot watch rank {index} ({exc}); it runs unmonitored")
+        try:
+            return self.fn(index, *args)
+        finally:
+            # A forked rank ends in os._exit(): no atexit, so the probe closes here (its
+            # recording's last steps written, its socket removed), within its 1 s budget.
+            auto = _auto
+            probe = auto.probe if auto is not None and auto.pid == os.getpid() else None
+            if probe is not None:
+                try:
+                    probe.close()
+                except Exception:
+                    pass
+
+    def _claim(self, index: int) -> None:
+        global _config, _owner, _auto
+        import torch
+
+        from tdbg.probe import run_info
+
+        run_info.set_spawned(index, int(self.nprocs), self.job)
+        if _auto is not None:  # forked from a watched process: its copy goes first
+            _auto.shutdown()
+            _auto = None
+        _config = dict(self.config, spawned=True)
+        _owner = os.getpid()
+        _claim(torch)
 
 
 def _read_config() -> dict[str, Any]:
@@ -140,12 +334,17 @@ def _read_config() -> dict[str, Any]:
             grad_every = max(1, int(text))
         except ValueError:
             _warn(f"{ENV_GRAD_EVERY}={text!r} is not an integer: gradient sampling is automatic")
-    return {"name": os.environ.get(ENV_NAME) or None, "grad_every": grad_every}
+    return {
+        "name": os.environ.get(ENV_NAME) or None,
+        "grad_every": grad_every,
+        "record": os.environ.get(ENV_RECORD) or None,  # for the ranks this process starts
+        "report": os.environ.get(ENV_REPORT) or None,
+    }
 
 
 _auto: AutoWatch | None = None
 _owner: int | None = None  # the pid that ran install(): the only one that may claim the probe
-_config: dict[str, Any] = {"name": None, "grad_every": None}
+_config: dict[str, Any] = {"name": None, "grad_every": None, "record": None, "report": None}
 
 
 class AutoWatch:
@@ -436,6 +635,7 @@ class AutoWatch:
             os.environ.pop(ENV_RECORD, None)
             self.off = True
             self._dead = True
+            _report_watched()
             return
         self._start((model, optimizer))
         if self.probe is None:
@@ -550,6 +750,7 @@ class AutoWatch:
             # model would close it.
             os.environ.pop(ENV_RECORD, None)  # its probe has read it (see below)
             self.shutdown()
+            _report_watched()
             return
         model, optimizer = chosen if chosen is not None else self._choose()
         if model is None:
@@ -559,6 +760,7 @@ class AutoWatch:
                     "tdbg run: no module called with torch.nn.Module.__call__ received gradients "
                     f"in {MAX_MISSES} backward calls; the script runs unmonitored"
                 )
+                report("unwatched")
                 self.shutdown()
             return
         import tdbg
@@ -575,8 +777,13 @@ class AutoWatch:
         loader = self._restore_loader_iter()
         try:
             self.probe = tdbg.watch(
-                model, optimizer, name=self.config["name"], grad_every=self.config["grad_every"]
+                model,
+                optimizer,
+                name=self.config["name"],
+                grad_every=self.config["grad_every"],
+                record=_spawned_record(self.config),
             )
+            _report_watched()
         finally:
             # The recording is this process's: a script's child that calls watch() itself must
             # not write a second one (watch() reads TDBG_RECORD, which children inherit).

@@ -1,0 +1,268 @@
+"""`tdbg run` under every launcher a multi-process job is started by (issue 38): each rank
+watched with its rank, world size and job, its own recording; the children that are not ranks
+inert; exit codes unchanged; and a job not wholly watched said on stderr. Real launchers on the
+CPU (gloo), two ranks each."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from processes import kill_tree
+
+from tdbg.cli.run import missing_ranks
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "launchers"
+PY = sys.executable
+TDBG = [PY, "-m", "tdbg.cli"]
+_ports = iter(range(29610 + (os.getpid() % 200) * 10, 65000))
+
+
+def launch(command: list[str], runtime: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``command`` (argv after tdbg run's own options; a leading "tdbg" is `tdbg run`) to its
+    end, in a session of its own, killed whole should it outlive 4 minutes."""
+    full = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime), LAUNCH_PORT=str(next(_ports)), **env)
+    full["PATH"] = f"{SCRIPTS}{os.pathsep}{full.get('PATH', '')}"  # the srun stand-in
+    proc = subprocess.Popen(
+        command,
+        cwd=SCRIPTS,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        kill_tree(proc)
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+def tdbg_run(record: Path, *command: str) -> list[str]:
+    return [*TDBG, "run", "--record", str(record), "--grad-every", "1", "--", *command]
+
+
+def ranks_recorded(directory: Path, stem: str = "job") -> dict[int, tuple[dict[str, Any], int]]:
+    """rank -> (its recording's run info, steps recorded), for every file in ``directory``
+    (which must all be ``STEM.rankN.tdbg``)."""
+    from tdbg.protocol.steps import unpack_steps
+    from tdbg.recording.reader import Recording
+
+    found = {}
+    for path in sorted(directory.iterdir()):
+        assert path.name.startswith(f"{stem}.rank") and path.suffix == ".tdbg", path.name
+        recording = Recording(path)
+        steps = [
+            r for m in recording.messages() if m.get("type") == "steps" for r in unpack_steps(m)
+        ]
+        run = recording.run
+        assert path.name == f"{stem}.rank{run['rank']}.tdbg"
+        found[run["rank"]] = (run, len(steps))
+    return found
+
+
+def assert_one_job(found: dict[int, tuple[dict[str, Any], int]], steps: int) -> str:
+    assert sorted(found) == [0, 1], found
+    runs = [run for run, _ in found.values()]
+    assert {run["world_size"] for run in runs} == {2}
+    jobs = {run["job"] for run in runs}
+    assert len(jobs) == 1 and "" not in jobs, jobs
+    assert [n for _, n in found.values()] == [steps, steps]
+    return jobs.pop()
+
+
+def outputs(out: str) -> dict[int, list[float]]:
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
+    return {line["rank"]: line["losses"] for line in lines}
+
+
+def no_tdbg_warning(err: str) -> None:
+    assert "tdbg run:" not in err and "tdbg: w" not in err, err  # warning, watching from
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Path:
+    path = tmp_path / "records"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["spawn", "fork", "tcp"])
+def test_mp_spawn_watches_every_rank_and_no_other_child(
+    how: str, records: Path, runtime_dir: Path
+) -> None:
+    """mp.spawn (and start_processes with fork; an init_method tcp:// without MASTER_*): both
+    ranks recorded as one job; rank 0's DataLoader worker and evaluation subprocess (which
+    trains a model of its own) stay inert."""
+    env = {"LAUNCH_WORKERS": "1", "LAUNCH_EVAL": "1"}
+    if how == "fork":
+        env["LAUNCH_START_METHOD"] = "fork"
+    if how == "tcp":
+        env["LAUNCH_INIT"] = "tcp"
+    done = launch(tdbg_run(records / "job.tdbg", PY, "spawn_ddp.py"), runtime_dir, **env)
+    assert done.returncode == 0, done.stderr
+    job = assert_one_job(ranks_recorded(records), 6)
+    if how != "tcp":
+        assert job == f"127.0.0.1:{job.rsplit(':', 1)[1]}"
+    assert sorted(outputs(done.stdout)) == [0, 1]
+    no_tdbg_warning(done.stderr)
+
+
+@pytest.mark.slow
+def test_mp_spawn_ranks_are_shown_live_as_one_job(tmp_path: Path, runtime_dir: Path) -> None:
+    """While the mp.spawn job runs, `tdbg ls` lists both ranks, one job (it said "no tdbg
+    runs")."""
+    from conftest import wait_until
+
+    hold = tmp_path / "hold"
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), LAUNCH_HOLD=str(hold))
+    env["LAUNCH_PORT"] = str(next(_ports))
+    proc = subprocess.Popen(
+        [*TDBG, "run", PY, "spawn_ddp.py"],
+        cwd=SCRIPTS,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def listed() -> list[dict[str, Any]]:
+        ls = subprocess.run([*TDBG, "ls", "--json"], env=env, capture_output=True, text=True)
+        runs = [json.loads(line) for line in ls.stdout.splitlines() if line.strip()]
+        return runs if len(runs) == 2 else []
+
+    try:
+        runs = wait_until(listed, 120, "both ranks listed")
+        assert sorted(r["rank"] for r in runs) == [0, 1]
+        assert len({r["job"] for r in runs}) == 1 and runs[0]["job"]
+        hold.touch()
+        assert proc.wait(120) == 0
+    finally:
+        kill_tree(proc)
+
+
+@pytest.mark.slow
+def test_mp_spawn_exit_codes_are_the_jobs_own_run_after_run(
+    records: Path, runtime_dir: Path
+) -> None:
+    """The mp.spawn job ends as it does without tdbg, several times over (a SIGABRT at a
+    child's exit was reported once in six runs): exit 0 and both recordings every time."""
+    for attempt in range(4):
+        for old in records.iterdir():
+            old.unlink()
+        done = launch(tdbg_run(records / "job.tdbg", PY, "spawn_ddp.py"), runtime_dir)
+        assert done.returncode == 0, (attempt, done.stderr)
+        assert "terminate called" not in done.stderr
+        assert_one_job(ranks_recorded(records), 6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
+def test_lightning_ddp_watches_rank_1_too(strategy: str, records: Path, runtime_dir: Path) -> None:
+    """Lightning's DDP launcher re-runs the script for rank 1 with LOCAL_RANK=1 (ddp), or
+    starts both ranks through start_processes (ddp_spawn, ddp_fork): rank 1 is watched as rank
+    0 is, in the same job (the 6 batches shared: 3 steps each)."""
+    command = tdbg_run(records / "job.tdbg", PY, "lightning_ddp.py")
+    done = launch(command, runtime_dir, LAUNCH_STRATEGY=strategy)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_one_job(ranks_recorded(records), 3)
+    no_tdbg_warning(done.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"],
+        ["-m", "torch.distributed.run", "--nproc_per_node=2"],
+    ],
+    ids=["accelerate-launch", "torch.distributed.run"],
+)
+def test_accelerate_and_torch_distributed_run_watch_every_rank(
+    launcher: list[str], records: Path, runtime_dir: Path
+) -> None:
+    """`accelerate launch` (its torchrun in its own process) and `python -m
+    torch.distributed.run`, an Accelerate loop on the CPU: both ranks, one job."""
+    port = ["--main_process_port" if "accelerate" in launcher[1] else "--master_port", "0"]
+    if "accelerate" in launcher[1]:
+        port[1] = str(next(_ports))
+        launcher = [*launcher, "--num_machines", "1", "--mixed_precision", "no"]
+        launcher = [*launcher, "--dynamo_backend", "no"]
+    else:
+        port = [f"--master_port={next(_ports)}"]
+    command = tdbg_run(records / "job.tdbg", PY, *launcher, *port, "accelerate_train.py")
+    done = launch(command, runtime_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_one_job(ranks_recorded(records), 3)
+    assert sorted(outputs(done.stdout)) == [0, 1]
+    no_tdbg_warning(done.stderr)
+
+
+@pytest.mark.slow
+def test_accelerate_launch_cpu_is_one_process_watched(records: Path, runtime_dir: Path) -> None:
+    """`accelerate launch --cpu --num_processes 2` runs one process (without mpirun): that
+    process is watched (it was not: the launcher kept nothing for it)."""
+    command = [*TDBG, "run", "--record", str(records / "one.tdbg"), "--", PY]
+    command += ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    done = launch([*command, "accelerate_train.py"], runtime_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [p.name for p in records.iterdir()] == ["one.tdbg"]
+    no_tdbg_warning(done.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["tdbg-run-outside", "tdbg-run-inside"])
+def test_srun_tasks_are_ranks(where: str, records: Path, runtime_dir: Path) -> None:
+    """SLURM's srun, simulated (a stand-in sets SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_ID for
+    each task): `tdbg run -- srun ...` and `srun tdbg run -- ...` both watch each task as a
+    rank of the SLURM job."""
+    if where == "tdbg-run-outside":
+        command = tdbg_run(records / "job.tdbg", "srun", PY, "slurm_train.py")
+    else:
+        command = ["srun", *tdbg_run(records / "job.tdbg", PY, "slurm_train.py")]
+    done = launch(command, runtime_dir, SLURM_JOB_ID="777")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert assert_one_job(ranks_recorded(records), 6) == "slurm:777.0"
+    no_tdbg_warning(done.stderr)
+
+
+@pytest.mark.slow
+def test_ranks_tdbg_run_cannot_follow_are_said(tmp_path: Path, runtime_dir: Path) -> None:
+    """Ranks started by multiprocessing.Process (not followed): nothing is watched, and tdbg
+    run says so once rather than silently; the job's exit code is its own."""
+    script = tmp_path / "plain_mp.py"
+    script.write_text(
+        "import multiprocessing as mp, torch\n"
+        "def work(rank):\n"
+        "    m = torch.nn.Linear(2, 1); m(torch.ones(1, 2)).sum().backward()\n"
+        "if __name__ == '__main__':\n"
+        "    ps = [mp.get_context('spawn').Process(target=work, args=(r,)) for r in range(2)]\n"
+        "    [p.start() for p in ps]; [p.join() for p in ps]\n"
+        "    raise SystemExit(3)\n"
+    )
+    done = launch([*TDBG, "run", str(script)], runtime_dir)
+    assert done.returncode == 3
+    assert done.stderr.count("tdbg run: no model was found") == 1, done.stderr
+
+
+def test_missing_ranks_names_them() -> None:
+    one = {"rank": 0, "world_size": 2, "job": "h:1", "local_world": None}
+    assert missing_ranks([one]) == [
+        "tdbg run: 1 of 2 ranks of job h:1 watched (rank 0); not watched: rank 1 "
+        "(launchers tdbg run follows: docs/distributed.md)"
+    ]
+    assert missing_ranks([one, dict(one, rank=1)]) == []
+    # A node of a bigger job: only its local ranks are expected here.
+    local = dict(one, world_size=8, local_world=2)
+    assert missing_ranks([local, dict(local, rank=1)]) == []
+    assert "1 of 2 ranks of job h:1 on this machine" in missing_ranks([local])[0]
+    # `srun tdbg run`: this tdbg run is one task, one rank.
+    assert missing_ranks([one], inside=True) == []
