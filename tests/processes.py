@@ -48,7 +48,7 @@ def torchrun_job(
         kill_tree(proc)
 
 
-def kill_tree(proc: subprocess.Popen[bytes]) -> None:
+def kill_tree(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
     """SIGKILL ``proc``'s process group and every process below it, then reap ``proc``.
 
     Killing the launcher's group is not enough for torchrun: its elastic agent starts each rank
