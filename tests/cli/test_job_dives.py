@@ -180,6 +180,6 @@ def test_ctrl_c_cancels_the_dive_on_every_rank(runtime_dir: Path) -> None:
             dive.send_signal(signal.SIGINT)
             assert dive.wait(60) == 130
         finally:
-            kill_tree(dive)  # type: ignore[arg-type]  # a text-mode Popen
+            kill_tree(dive)
             reader.join(10)
         assert "tdbg: interrupted: cancelled on ranks [0, 1]\n" in lines, "".join(lines)
