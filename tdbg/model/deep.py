@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tdbg.protocol.messages.jobs import FINAL_STATES, Ack, Job
+from tdbg.protocol.messages.reports import ProbeHealth
 from tdbg.protocol.messages.results import (
     PROFILE_COLUMNS,
     PROFILE_TIME_COLUMNS,
@@ -16,7 +17,7 @@ from tdbg.protocol.messages.results import (
     ProfileResult,
     SnapshotResult,
 )
-from tdbg.protocol.messages.run import read_error, read_probe_commands
+from tdbg.protocol.messages.run import read_error
 
 MAX_JOBS = 32  # job records kept (the probe replays its last 32 finished jobs too)
 MAX_REQUESTS = 64  # commands this client sent, kept to match their ack / error by id
@@ -125,7 +126,7 @@ class DeepState:
         elif mtype == "activations":
             self.apply_activations(message)
         elif mtype == "probe":
-            self.apply_probe(message)
+            self.apply_probe(ProbeHealth.from_wire(message))
 
     def apply_ack(self, message: dict[str, Any]) -> None:
         ack = Ack.from_wire(message)
@@ -232,15 +233,14 @@ class DeepState:
     def apply_activations(self, message: dict[str, Any]) -> None:
         self.activations = Activations.from_wire(message) or self.activations
 
-    def apply_probe(self, message: dict[str, Any]) -> None:
-        """The 1 Hz ``probe`` report: the activation interval and the active job numbers."""
-        read = read_probe_commands(message)
-        if "activations_every" in read:
-            every = read["activations_every"]
+    def apply_probe(self, report: ProbeHealth) -> None:
+        """The 1 Hz ``probe`` report: the activation interval and the active job numbers (a
+        probe that takes no commands says neither)."""
+        if report.takes_commands:
+            every = report.activations_every
             self.activations_enabled = every is not None
             self.activations_every = every or self.activations_every
-        if "jobs" in read:
-            self.active_jobs = read["jobs"]
+            self.active_jobs = list(report.jobs)
 
     def drain_notices(self) -> list[Notice]:
         out = list(self.notices)

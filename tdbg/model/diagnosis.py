@@ -339,18 +339,19 @@ def _throughput(state: RunState, column: str) -> float | None:
 
 
 def _probe_cost(state: RunState) -> float | None:
-    cost = (state.probe or {}).get("cost_fraction")
-    return float(cost) if isinstance(cost, int | float) and math.isfinite(cost) else None
+    cost = state.probe.cost_fraction if state.probe is not None else None
+    return cost if cost is not None and math.isfinite(cost) else None
 
 
 def _memory(state: RunState) -> dict[str, Any]:
-    system = state.system or {}
-    devices = []
-    for d in system.get("cuda") or []:
-        if isinstance(d, dict):
-            devices.append({k: d.get(k) for k in ("index", "name", "peak", "reserved")})
-    host = system.get("host") or {}
-    return {"cuda": devices, "host_rss": host.get("rss") if isinstance(host, dict) else None}
+    system = state.system
+    if system is None:
+        return {"cuda": [], "host_rss": None}
+    devices = [
+        {"index": d.index, "name": d.name, "peak": d.peak, "reserved": d.reserved}
+        for d in system.cuda
+    ]
+    return {"cuda": devices, "host_rss": system.host.rss}
 
 
 def _top_ops(state: RunState) -> list[dict[str, Any]]:

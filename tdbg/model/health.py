@@ -37,11 +37,10 @@ def assess(state: RunState, now: float | None = None, by_arrival: bool = False) 
     (a replayed stream or another machine's clock cannot fake a stall); the probe's own
     ``stalled`` alert (with no ``resumed`` after it) says stalled either way."""
     now = time.time() if now is None else now
-    probe = state.probe or {}
     rate = state.steps_per_sec()
-    if probe.get("disabled"):
+    if state.probe_disabled:
         return Health("probe off", "bad", "the probe switched itself off after errors", None)
-    if state.ended or probe.get("closed"):
+    if state.ended or state.probe_closed:
         last = state.last_step
         at = f" at step {last}" if last is not None else ""
         how = ending(state.end_reason)

@@ -86,29 +86,24 @@ def _row(rank: int, state: RunState, alerts: list[str], now: float | None) -> Ra
 
 
 def _memory(state: RunState) -> int | None:
-    system = state.system or {}
-    peaks = [
-        p
-        for d in system.get("cuda") or []
-        if isinstance(d, dict) and isinstance(p := d.get("peak"), int)
-    ]
-    if peaks:
-        return max(peaks)
-    rss = (system.get("host") or {}).get("rss")
-    return rss if isinstance(rss, int) else None
+    system = state.system
+    if system is None:
+        return None
+    peaks = [d.peak for d in system.cuda if d.peak is not None]
+    return max(peaks) if peaks else system.host.rss
 
 
 def _gpu_util(state: RunState) -> float | None:
     """NVML's utilisation of the rank's GPU: NVML's device of the index in the rank's
     ``cuda:K`` (the same index unless CUDA_VISIBLE_DEVICES renumbers them), or the only one."""
     device = str(state.run.get("device") or "")
-    gpus = [g for g in (state.system or {}).get("gpus") or [] if isinstance(g, dict)]
+    gpus = state.system.gpus if state.system is not None else ()
     if not device.startswith("cuda") or not gpus:
         return None
     index = int(device.partition(":")[2]) if device.partition(":")[2].isdigit() else 0
-    mine = next((g for g in gpus if g.get("index") == index), gpus[0] if len(gpus) == 1 else None)
-    util = None if mine is None else mine.get("util")
-    return float(util) if isinstance(util, int | float) and math.isfinite(util) else None
+    mine = next((g for g in gpus if g.index == index), gpus[0] if len(gpus) == 1 else None)
+    util = None if mine is None else mine.util
+    return util if util is not None and math.isfinite(util) else None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from tdbg.model.step_summaries import Clipping, StepSummaries
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.messages.alert import Alert
+from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.protocol.steps import (
     F64_COLUMNS,
     MAX_LR_COLUMNS,
@@ -94,8 +95,8 @@ class RunState:
         self.alert_count = 0
         self.thinned_steps = 0  # times the older half of the scalar history was thinned
         self.nonfinite_alerts = 0
-        self.system: dict[str, Any] | None = None
-        self.probe: dict[str, Any] | None = None
+        self.system: System | None = None  # the latest ``system`` report
+        self.probe: ProbeHealth | None = None  # the latest ``probe`` report
         self.errors: list[str] = []  # ``error`` messages from the probe, and bad frames
         self.deep = DeepState()  # deep-dive commands: requests, jobs, results, activations
         self._ema: float | None = None
@@ -137,10 +138,10 @@ class RunState:
         elif mtype == "alert":
             self._apply_alert(message)
         elif mtype == "system":
-            self.system = message
+            self.system = System.from_wire(message)
         elif mtype == "probe":
-            self.probe = message
-            self.deep.apply(message)
+            self.probe = ProbeHealth.from_wire(message)
+            self.deep.apply_probe(self.probe)
         elif mtype in ("job", "ack", "activations"):
             try:
                 self.deep.apply(message)
@@ -545,25 +546,21 @@ class RunState:
     @property
     def planned_steps(self) -> int | None:
         """The optimizer steps the run will take, where the probe knows (the ETA's basis)."""
-        value = (self.probe or {}).get("total_steps")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-        return None
+        return self.probe.total_steps if self.probe is not None else None
 
     @property
     def skipped_steps(self) -> int:
-        value = (self.probe or {}).get("skipped_steps")
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+        return self.probe.skipped_steps if self.probe is not None else 0
 
     @property
     def probe_closed(self) -> bool:
         """The run ended and its probe closed cleanly (not an error)."""
-        return bool((self.probe or {}).get("closed"))
+        return self.probe is not None and self.probe.closed
 
     @property
     def probe_disabled(self) -> bool:
         """The probe switched itself off after too many errors (the error breaker)."""
-        return bool((self.probe or {}).get("disabled"))
+        return self.probe is not None and self.probe.disabled
 
     def progress(self) -> float | None:
         """The share of ``planned_steps`` done (the last step's number + 1 over the total)."""

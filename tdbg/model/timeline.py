@@ -31,6 +31,7 @@ from tdbg.model.deep import DeepState
 from tdbg.model.grad_history import GradHistory
 from tdbg.model.run_state import MAX_ALERTS, Alert, RunState
 from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.recording.reader import Recording
 
 DEEP_CHECKPOINT = 128  # deep-dive messages between DeepState checkpoints
@@ -178,8 +179,7 @@ class Timeline:
         if not len(self):
             state.grads = GradHistory(len(full.layer_names))
             state.deep = self._deep_at(-1)
-            state.system = self._report_at("system", -1)
-            state.probe = self._report_at("probe", -1)
+            state.system, state.probe = self._reports_at(-1)
             self._put_alerts(state, -1)
             return state
         index = self.clamp(index)
@@ -192,8 +192,7 @@ class Timeline:
             len(full.layer_names), self.grad_steps[:g], self.grad_rows[:g]
         )
         self._put_alerts(state, step)
-        state.system = self._report_at("system", step)
-        state.probe = self._report_at("probe", step)
+        state.system, state.probe = self._reports_at(step)
         state.deep = self._deep_at(step)
         return state
 
@@ -203,6 +202,14 @@ class Timeline:
         state.nonfinite_alerts = int(self._alert_nonfinite[shown].sum())
         newest_first = [self._alerts[i][1] for i in shown[-MAX_ALERTS:][::-1]]
         state.alerts = deque(newest_first, maxlen=MAX_ALERTS)
+
+    def _reports_at(self, step: int) -> tuple[System | None, ProbeHealth | None]:
+        """The latest ``system`` and ``probe`` reports at or before ``step``, decoded."""
+        system, probe = self._report_at("system", step), self._report_at("probe", step)
+        return (
+            None if system is None else System.from_wire(system),
+            None if probe is None else ProbeHealth.from_wire(probe),
+        )
 
     def _report_at(self, kind: str, step: int) -> dict[str, Any] | None:
         steps, reports = self._reports[kind]

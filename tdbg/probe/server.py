@@ -598,7 +598,7 @@ class ProbeServer:
             replay.extend(self.desk.replay())
         for latest in (self.latest_system, self._probe_message()):
             if latest is not None:
-                replay.append(latest)
+                replay.append(latest.to_wire())
         synced: Synced = {"type": "synced"}
         replay.append(synced)
         conn.start_replay(replay)
@@ -810,26 +810,35 @@ class ProbeServer:
     def _probe_message(self) -> ProbeHealth:
         costs = [(p, s) for p, s in self.recent_costs if p == p and s == s]
         probe_sum, step_sum = sum(p for p, _ in costs), sum(s for _, s in costs)
-        msg: ProbeHealth = {
-            "type": "probe",
-            "time": time.time(),
-            "clients": len(self._clients),
-            "dropped": self.dropped(),
-            "rejected_peers": self.rejected_peers,
-            "history_bytes": self.history.bytes,
-            "cost_fraction": probe_sum / step_sum if step_sum > 0 else None,
-            **self._stats(),
-        }
-        if self.desk is not None:
-            msg["activations_every"] = self.desk.activations_every
-            msg["jobs"] = self.desk.in_flight()
-        return msg
+        stats = self._stats()
+        return ProbeHealth(
+            time=time.time(),
+            clients=len(self._clients),
+            dropped=self.dropped(),
+            rejected_peers=self.rejected_peers,
+            history_bytes=self.history.bytes,
+            cost_fraction=probe_sum / step_sum if step_sum > 0 else None,
+            grad_interval=stats["grad_interval"],
+            grad_mode=stats["grad_mode"],
+            overhead_budget=stats["overhead_budget"],
+            errors=stats["errors"],
+            last_error=stats["last_error"],
+            steps_seen=stats["steps_seen"],
+            disabled=stats["disabled"],
+            closed=stats.get("closed", False),
+            total_steps=stats.get("total_steps"),
+            skipped_steps=stats.get("skipped_steps", 0),
+            amp_skipped_steps=stats.get("amp_skipped_steps", 0),
+            takes_commands=self.desk is not None,
+            activations_every=self.desk.activations_every if self.desk is not None else None,
+            jobs=tuple(self.desk.in_flight()) if self.desk is not None else (),
+        )
 
     def _broadcast_stats(self, now: float) -> None:
-        frames = [pack(self._probe_message())]
+        frames = [pack(self._probe_message().to_wire())]
         self._record("probe", frames[-1])
         if self.latest_system is not None:
-            frames.append(pack(self.latest_system))
+            frames.append(pack(self.latest_system.to_wire()))
             self._record("system", frames[-1])
         self._fan_out(frames, now)
 

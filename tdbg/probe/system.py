@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-from tdbg.protocol.messages import CudaStats, GpuStats, HostStats, System
+from tdbg.protocol.messages.reports import CudaStats, GpuStats, HostStats, System
 
 
 class NvmlReader:
@@ -48,17 +48,17 @@ class NvmlReader:
             limit = _try(lambda h=handle: nv.nvmlDeviceGetEnforcedPowerLimit(h))
             clock = _try(lambda h=handle: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
             gpus.append(
-                {
-                    "index": index,
-                    "name": name,
-                    "util": None if util is None else float(util.gpu),
-                    "mem_used": None if mem is None else int(mem.used),
-                    "mem_total": None if mem is None else int(mem.total),
-                    "temp": None if temp is None else float(temp),
-                    "power": None if power is None else power / 1000.0,  # mW -> W
-                    "power_limit": None if limit is None else limit / 1000.0,
-                    "sm_clock": None if clock is None else int(clock),
-                }
+                GpuStats(
+                    index=index,
+                    name=name,
+                    util=None if util is None else float(util.gpu),
+                    mem_used=None if mem is None else int(mem.used),
+                    mem_total=None if mem is None else int(mem.total),
+                    temp=None if temp is None else float(temp),
+                    power=None if power is None else power / 1000.0,  # mW -> W
+                    power_limit=None if limit is None else limit / 1000.0,
+                    sm_clock=None if clock is None else int(clock),
+                )
             )
         return gpus
 
@@ -124,15 +124,15 @@ def cuda_allocator_stats() -> tuple[list[CudaStats], str | None]:
         if not stats:
             continue
         out.append(
-            {
-                "index": index,
-                "name": torch.cuda.get_device_name(index),
-                "allocated": int(stats.get("allocated_bytes.all.current", 0)),
-                "reserved": int(stats.get("reserved_bytes.all.current", 0)),
-                "peak": int(stats.get("allocated_bytes.all.peak", 0)),
-                "retries": int(stats.get("num_alloc_retries", 0)),
-                "ooms": int(stats.get("num_ooms", 0)),
-            }
+            CudaStats(
+                index=index,
+                name=torch.cuda.get_device_name(index),
+                allocated=int(stats.get("allocated_bytes.all.current", 0)),
+                reserved=int(stats.get("reserved_bytes.all.current", 0)),
+                peak=int(stats.get("allocated_bytes.all.peak", 0)),
+                retries=int(stats.get("num_alloc_retries", 0)),
+                ooms=int(stats.get("num_ooms", 0)),
+            )
         )
     return out, None
 
@@ -150,23 +150,16 @@ class SystemSampler:
             self._nvml = NvmlReader()  # lazily, in the probe's thread: nvmlInit can take 100s of ms
         missing: list[str] = []
         ram = psutil.virtual_memory()
-        host: HostStats = {
-            "rss": int(self._process.memory_info().rss),
-            "cpu_percent": float(self._process.cpu_percent(None)),
-            "ram_used": int(ram.total - ram.available),
-            "ram_total": int(ram.total),
-        }
+        host = HostStats(
+            rss=int(self._process.memory_info().rss),
+            cpu_percent=float(self._process.cpu_percent(None)),
+            ram_used=int(ram.total - ram.available),
+            ram_total=int(ram.total),
+        )
         cuda, why = cuda_allocator_stats()
         if why:
             missing.append(why)
         gpus = self._nvml.read()
         if self._nvml.problem:
             missing.append(self._nvml.problem)
-        return {
-            "type": "system",
-            "time": time.time(),
-            "host": host,
-            "cuda": cuda,
-            "gpus": gpus,
-            "missing": missing,
-        }
+        return System(time.time(), host, tuple(cuda), tuple(gpus), tuple(missing))

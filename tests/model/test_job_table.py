@@ -62,7 +62,7 @@ def test_gpu_util_is_the_ranks_own_gpu_and_na_on_cpu(monkeypatch: pytest.MonkeyP
     job.ranks[0].run["device"] = "cuda:1"
     job.ranks[1].run["device"] = "cpu"
     for state in job.ranks.values():
-        state.apply(dict(system))
+        state.apply(system.to_wire())
     rows = {r.rank: r for r in rank_rows(job, JobAlerts())}
     assert (rows[0].on_gpu, rows[0].gpu_util) == (True, 90.0)
     assert (rows[1].on_gpu, rows[1].gpu_util) == (False, None)

@@ -139,8 +139,8 @@ def test_input_bound_detection() -> None:
 
 def test_system_probe_and_protocol_errors_are_kept() -> None:
     state = state_with()
-    assert state.system is not None and "CUDA: not in use" in state.system["missing"]
-    assert state.probe is not None and state.probe["cost_fraction"] == 0.006
+    assert state.system is not None and "CUDA: not in use" in state.system.missing
+    assert state.probe is not None and state.probe.cost_fraction == 0.006
     assert state.synced
     before = state.n_steps
     state.apply({"type": "steps", "n": 3, "layers": 0, "lr_groups": 0})

@@ -16,8 +16,9 @@ from tdbg.probe.system import NvmlReader, SystemSampler
 
 def test_nvml_figures_in_the_documented_units(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=2))
-    msg = SystemSampler().sample()
-    assert [g["index"] for g in msg["gpus"]] == [0, 1]
+    report = SystemSampler().sample()
+    assert [g.index for g in report.gpus] == [0, 1]
+    msg = report.to_wire()  # as it goes on the wire, and as docs/dump.md spells it
     gpu = msg["gpus"][0]
     assert gpu == {
         "index": 0,
@@ -37,9 +38,9 @@ def test_nvml_figures_in_the_documented_units(monkeypatch: pytest.MonkeyPatch) -
 def test_one_unsupported_nvml_call_costs_only_that_figure(monkeypatch: pytest.MonkeyPatch) -> None:
     broken = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperature"}
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1, broken=broken))
-    gpu = SystemSampler().sample()["gpus"][0]
-    assert gpu["power"] is None and gpu["temp"] is None
-    assert gpu["util"] == 87.0 and gpu["mem_used"] == 30 << 30
+    gpu = SystemSampler().sample().gpus[0]
+    assert gpu.power is None and gpu.temp is None
+    assert gpu.util == 87.0 and gpu.mem_used == 30 << 30
 
 
 def test_memory_used_is_nvidia_smi_s_without_the_driver_s_reserve(
@@ -50,15 +51,15 @@ def test_memory_used_is_nvidia_smi_s_without_the_driver_s_reserve(
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1, memory_v2=True))
     sampler = SystemSampler()
     for _ in range(2):
-        assert sampler.sample()["gpus"][0]["mem_used"] == (30 << 30) - (600 << 20)
+        assert sampler.sample().gpus[0].mem_used == (30 << 30) - (600 << 20)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1, memory_v2="missing"))
     sampler = SystemSampler()
     for _ in range(2):
-        assert sampler.sample()["gpus"][0]["mem_used"] == 30 << 30
+        assert sampler.sample().gpus[0].mem_used == 30 << 30
     # A passing failure costs that one reading (version 1's figure), not version 2 for good.
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus=1, memory_v2="flaky"))
     sampler = SystemSampler()
-    used = [sampler.sample()["gpus"][0]["mem_used"] for _ in range(3)]
+    used = [sampler.sample().gpus[0].mem_used for _ in range(3)]
     assert used == [30 << 30, (30 << 30) - (600 << 20), (30 << 30) - (600 << 20)]
 
 

@@ -273,3 +273,35 @@ def test_the_run_info_announces_the_stall_rule() -> None:
         "stall": DEFAULT_STALL_RULE.to_wire(),
     }
     assert StallRule.from_wire(_through_msgpack(dict(run))["stall"]) == DEFAULT_STALL_RULE
+
+
+def test_the_system_and_probe_reports_round_trip_and_read_malformed_figures_as_none() -> None:
+    from tdbg.protocol.messages.reports import CudaStats, GpuStats, HostStats, ProbeHealth, System
+
+    system = System(
+        12.5,
+        HostStats(rss=1 << 30, cpu_percent=101.5, ram_used=8 << 30, ram_total=64 << 30),
+        (CudaStats(0, "H200", 1, 2, 3, 0, 0),),
+        (GpuStats(0, "NVIDIA H200", 97.0, 5, 10, 60.0, 500.0, 700.0, 1980),),
+        ("nothing",),
+    )
+    wire = msgpack.unpackb(msgpack.packb(system.to_wire()))
+    assert list(wire) == ["type", "time", "host", "cuda", "gpus", "missing"]  # the old order
+    assert System.from_wire(wire) == system
+    probe = ProbeHealth(time=1.0, clients=2, cost_fraction=0.01, total_steps=100)
+    assert ProbeHealth.from_wire(msgpack.unpackb(msgpack.packb(probe.to_wire()))) == probe
+    served = ProbeHealth(time=1.0, takes_commands=True, activations_every=None, jobs=(4, 5))
+    assert ProbeHealth.from_wire(served.to_wire()) == served
+    assert "jobs" not in probe.to_wire() and served.to_wire()["jobs"] == [4, 5]
+    bad = System.from_wire(
+        {"time": "x", "host": [1], "cuda": [{"index": "0", "peak": 1.5e300}, 7], "gpus": None}
+    )
+    assert bad.time is None and bad.host == HostStats() and bad.gpus == ()
+    assert bad.cuda == (CudaStats(index=None, peak=int(1.5e300)),)
+    odd = ProbeHealth.from_wire({"disabled": "yes", "total_steps": -3, "jobs": ["a", 2]})
+    assert (odd.disabled, odd.total_steps, odd.jobs, odd.takes_commands) == (
+        False,
+        None,
+        (2,),
+        True,
+    )

@@ -107,8 +107,8 @@ async def test_panels_follow_the_cursor_into_the_nan(tmp_path: Path) -> None:
         assert app.state.deep.nan_hunt is None  # its job finished at 151
         await press(pilot, app, "right")
         assert app.state.deep.nan_hunt is not None
-        probe = app.state.probe or {}
-        assert probe.get("clients") == 140  # the last report written before step 151 was
+        probe = app.state.probe
+        assert probe is not None and probe.clients == 140  # the last report before step 151
         assert math.isnan(app.state.last_loss or 0.0)
 
 

@@ -116,6 +116,13 @@ from tdbg.protocol.messages.node import (
     node_notice,
     read_node_message,
 )
+from tdbg.protocol.messages.reports import (
+    CudaStats,
+    GpuStats,
+    HostStats,
+    ProbeHealth,
+    System,
+)
 from tdbg.protocol.messages.results import (
     MAX_PROFILE_ROWS,
     PROFILE_TIME_COLUMNS,
@@ -135,20 +142,15 @@ from tdbg.protocol.messages.run import (
     MAX_METRIC_NAME,
     MAX_STEP,
     Bye,
-    CudaStats,
     Error,
-    GpuStats,
-    HostStats,
     LayerPresence,
     Layers,
     Metrics,
     Pong,
-    ProbeHealth,
     ProbeStats,
     RunInfo,
     StepsHeader,
     Synced,
-    System,
     WatchedOptimizer,
     Welcome,
     bye_message,
@@ -158,7 +160,6 @@ from tdbg.protocol.messages.run import (
     read_error,
     read_layer_presence,
     read_metrics,
-    read_probe_commands,
     welcome_message,
 )
 
@@ -232,7 +233,6 @@ __all__ = [
     "read_layer_presence",
     "read_metrics",
     "read_node_message",
-    "read_probe_commands",
     "result_from_wire",
     "validate_client_message",
     "welcome_message",

@@ -164,50 +164,9 @@ class StepsHeader(TypedDict):
     history: bool
 
 
-class HostStats(TypedDict):
-    rss: int  # bytes
-    cpu_percent: float
-    ram_used: int
-    ram_total: int
-
-
-class CudaStats(TypedDict):
-    """The CUDA caching allocator's figures for one device in use (bytes, counts)."""
-
-    index: int
-    name: str
-    allocated: int
-    reserved: int
-    peak: int
-    retries: int
-    ooms: int
-
-
-class GpuStats(TypedDict):
-    """One GPU as NVML sees it; any figure NVML would not give is None."""
-
-    index: int
-    name: str | None
-    util: float | None  # percent
-    mem_used: int | None  # bytes
-    mem_total: int | None
-    temp: float | None  # degrees C
-    power: float | None  # W
-    power_limit: float | None
-    sm_clock: int | None  # MHz
-
-
-class System(TypedDict):
-    type: Literal["system"]
-    time: float
-    host: HostStats
-    cuda: list[CudaStats]
-    gpus: list[GpuStats]
-    missing: list[str]  # why a figure is absent (no CUDA, no NVML, ...)
-
-
 class ProbeStats(TypedDict):
-    """The probe's own figures, as the training side reports them."""
+    """The probe's own figures, as the training side hands them to the probe thread (which
+    sends them in its ``probe`` report, :class:`~tdbg.protocol.messages.reports.ProbeHealth`)."""
 
     grad_interval: int
     grad_mode: str  # "auto" | "fixed"
@@ -220,20 +179,6 @@ class ProbeStats(TypedDict):
     total_steps: NotRequired[int | None]  # optimizer steps the run will take, where known
     skipped_steps: NotRequired[int]  # updates skipped by watch(skip_nonfinite=True)
     amp_skipped_steps: NotRequired[int]  # updates AMP's GradScaler skipped (routine: no alert)
-
-
-class ProbeHealth(ProbeStats):
-    """The 1 Hz ``probe`` message: the probe's health and cost."""
-
-    type: Literal["probe"]
-    time: float
-    clients: int
-    dropped: int
-    rejected_peers: int
-    history_bytes: int
-    cost_fraction: float | None
-    activations_every: NotRequired[int | None]  # only where the probe takes commands
-    jobs: NotRequired[list[int]]  # job numbers in flight
 
 
 class Synced(TypedDict):
@@ -305,23 +250,4 @@ def read_metrics(message: Any) -> list[tuple[int, str, float]]:
         if step is None or not name or value is None:
             continue
         out.append((step, name[:MAX_METRIC_NAME], value))
-    return out
-
-
-class ProbeCommandState(TypedDict, total=False):
-    """What a ``probe`` message says about commands, where it says it."""
-
-    activations_every: int | None
-    jobs: list[int]
-
-
-def read_probe_commands(message: Any) -> ProbeCommandState:
-    """The activation interval and the jobs in flight from a ``probe`` message (each only when
-    the message carries it)."""
-    data = as_dict(message)
-    out: ProbeCommandState = {}
-    if "activations_every" in data:
-        out["activations_every"] = as_int(data.get("activations_every"))
-    if "jobs" in data:
-        out["jobs"] = [j for j in map(as_int, as_list(data.get("jobs"))) if j is not None]
     return out

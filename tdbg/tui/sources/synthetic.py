@@ -13,15 +13,14 @@ from typing import Any
 
 from tdbg.protocol.messages import (
     Metrics,
-    ProbeHealth,
     RunInfo,
     Synced,
-    System,
     alert_message,
     layers_message,
     metrics_message,
 )
 from tdbg.protocol.messages.jobs import Job
+from tdbg.protocol.messages.reports import CudaStats, GpuStats, HostStats, ProbeHealth, System
 from tdbg.protocol.messages.results import FileInfo, NanHuntResult, ProfileResult, ProfileRow
 from tdbg.protocol.steps import StepRecord, pack_steps
 
@@ -126,47 +125,17 @@ def step_records(
     return out
 
 
-def system_message(gpu: bool = False) -> System:
-    msg: System = {
-        "type": "system",
-        "time": START_TIME,
-        "host": {
-            "rss": int(2.5 * 2**30),
-            "cpu_percent": 103.0,
-            "ram_used": 30 * 2**30,
-            "ram_total": 128 * 2**30,
-        },
-        "cuda": [],
-        "gpus": [],
-        "missing": ["GPU: NVML not available (no driver)", "CUDA: not in use"],
-    }
-    if gpu:
-        msg["cuda"] = [
-            {
-                "index": 0,
-                "name": "H100",
-                "allocated": 12 * 2**30,
-                "reserved": 14 * 2**30,
-                "peak": 13 * 2**30,
-                "retries": 0,
-                "ooms": 0,
-            }
-        ]
-        msg["gpus"] = [
-            {
-                "index": 0,
-                "name": "NVIDIA H100",
-                "util": 87.0,
-                "mem_used": 15 * 2**30,
-                "mem_total": 80 * 2**30,
-                "temp": 61.0,
-                "power": 412.0,
-                "power_limit": 700.0,
-                "sm_clock": 1980,
-            }
-        ]
-        msg["missing"] = []
-    return msg
+def system_message(gpu: bool = False) -> dict[str, Any]:
+    """A ``system`` report as the probe sends it: a CPU run, or one on an H100 (``gpu``)."""
+    host = HostStats(
+        rss=int(2.5 * 2**30), cpu_percent=103.0, ram_used=30 * 2**30, ram_total=128 * 2**30
+    )
+    if not gpu:
+        missing = ("GPU: NVML not available (no driver)", "CUDA: not in use")
+        return System(START_TIME, host, missing=missing).to_wire()
+    cuda = CudaStats(0, "H100", 12 * 2**30, 14 * 2**30, 13 * 2**30, 0, 0)
+    nvml = GpuStats(0, "NVIDIA H100", 87.0, 15 * 2**30, 80 * 2**30, 61.0, 412.0, 700.0, 1980)
+    return System(START_TIME, host, (cuda,), (nvml,)).to_wire()
 
 
 def metric_points(
@@ -273,8 +242,8 @@ def synthetic_run(
             alert_message("nonfinite_loss", "error", nan_at, "loss is NaN", names[:1], START_TIME)
         )
     msgs.extend(dict(a) for a in alerts)
-    msgs.append(dict(system_message(gpu)))
-    msgs.extend([dict(probe_message(steps, grad_every, total_steps, skipped_steps, closed))])
+    msgs.append(system_message(gpu))
+    msgs.append(probe_message(steps, grad_every, total_steps, skipped_steps, closed))
     synced: Synced = {"type": "synced"}
     msgs.append(dict(synced))
     return msgs
@@ -288,28 +257,26 @@ def probe_message(
     closed: bool = False,
     disabled: bool = False,
     errors: int = 0,
-) -> ProbeHealth:
+) -> dict[str, Any]:
     """The probe's 1 Hz health message."""
-    probe: ProbeHealth = {
-        "type": "probe",
-        "time": START_TIME,
-        "cost_fraction": 0.006,
-        "grad_interval": grad_every,
-        "grad_mode": "fixed",
-        "overhead_budget": 0.02,
-        "errors": errors,
-        "last_error": "RuntimeError: boom" if errors else None,
-        "dropped": 0,
-        "clients": 1,
-        "steps_seen": steps,
-        "disabled": disabled,
-        "closed": closed,
-        "total_steps": total_steps,
-        "skipped_steps": skipped_steps,
-        "rejected_peers": 0,
-        "history_bytes": 0,
-    }
-    return probe
+    return ProbeHealth(
+        time=START_TIME,
+        clients=1,
+        dropped=0,
+        rejected_peers=0,
+        history_bytes=0,
+        cost_fraction=0.006,
+        grad_interval=grad_every,
+        grad_mode="fixed",
+        overhead_budget=0.02,
+        errors=errors,
+        last_error="RuntimeError: boom" if errors else None,
+        steps_seen=steps,
+        disabled=disabled,
+        closed=closed,
+        total_steps=total_steps,
+        skipped_steps=skipped_steps,
+    ).to_wire()
 
 
 # --- deep dives: jobs and results as the wire contract types them -----------------------------

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from tdbg.format import fmt, fmt_bytes
 from tdbg.model.run_state import RunState
+from tdbg.protocol.messages.reports import GpuStats, System
 from tdbg.tui.widgets.glyphs import gauge
 from tdbg.tui.widgets.steady import SteadyStatic
 
@@ -20,11 +21,16 @@ def _ratio(a: Any, b: Any) -> float | None:
     return None
 
 
+def _index(index: int | None) -> str:
+    return "?" if index is None else str(index)
+
+
 def cpu_run(state: RunState) -> bool:
     """No GPU reported and the run's device is not CUDA: GPU figures are not expected."""
-    system = state.system or {}
+    system = state.system
     device = str(state.run.get("device") or "")
-    return not system.get("gpus") and not system.get("cuda") and not device.startswith("cuda")
+    reported = system is not None and (system.gpus or system.cuda)
+    return not reported and not device.startswith("cuda")
 
 
 class MemoryPanel(SteadyStatic):
@@ -45,34 +51,34 @@ class MemoryPanel(SteadyStatic):
             self.update(self._one_line(state, system))
             return
         lines: list[Text] = []
-        for gpu in system.get("gpus") or []:
+        for gpu in system.gpus:
             lines.append(self._gpu(gpu))
-        for dev in system.get("cuda") or []:
+        for dev in system.cuda:
             line = Text(no_wrap=True, overflow="ellipsis")
-            line.append(f"cuda:{dev.get('index', '?')} ")
+            line.append(f"cuda:{_index(dev.index)} ")
             line.append(
-                f"alloc {fmt_bytes(dev.get('allocated'))}"
-                f"  reserved {fmt_bytes(dev.get('reserved'))}"
-                f"  peak {fmt_bytes(dev.get('peak'))}"
-                f"\n        retries {fmt(dev.get('retries'), 'd')}"
-                f"  ooms {fmt(dev.get('ooms'), 'd')}"
+                f"alloc {fmt_bytes(dev.allocated)}"
+                f"  reserved {fmt_bytes(dev.reserved)}"
+                f"  peak {fmt_bytes(dev.peak)}"
+                f"\n        retries {fmt(dev.retries, 'd')}"
+                f"  ooms {fmt(dev.ooms, 'd')}"
             )
             lines.append(line)
-        host = system.get("host") or {}
+        host = system.host
         line = Text(no_wrap=True, overflow="ellipsis")
-        ram = _ratio(host.get("ram_used"), host.get("ram_total"))
+        ram = _ratio(host.ram_used, host.ram_total)
         line.append("host  RAM ")
         line.append(gauge(ram, GAUGE), self._gauge_style(ram))
-        line.append(f" {fmt_bytes(host.get('ram_used'))}/{fmt_bytes(host.get('ram_total'))}")
-        line.append(f"  CPU {fmt(host.get('cpu_percent'), '.0f', '%')}")
-        line.append(f"\n      RSS {fmt_bytes(host.get('rss'))}")
+        line.append(f" {fmt_bytes(host.ram_used)}/{fmt_bytes(host.ram_total)}")
+        line.append(f"  CPU {fmt(host.cpu_percent, '.0f', '%')}")
+        line.append(f"\n      RSS {fmt_bytes(host.rss)}")
         lines.append(line)
         if cpu_run(state):
             # On a CPU run "no NVML" and "CUDA not in use" are expected, not warnings: one line.
             lines.append(Text("CPU run · no GPU", style=self._dim))
         else:
             missing_style = self.get_component_rich_style("memory-panel--missing")
-            for reason in system.get("missing") or []:
+            for reason in system.missing:
                 lines.append(Text(f"n/a: {reason}", style=missing_style))
         self.update(Text("\n", no_wrap=True).join(lines))
 
@@ -80,32 +86,32 @@ class MemoryPanel(SteadyStatic):
     def _dim(self) -> Any:
         return self.get_component_rich_style("memory-panel--dim")
 
-    def _one_line(self, state: RunState, system: dict[str, Any]) -> Text:
+    def _one_line(self, state: RunState, system: System) -> Text:
         """``Memory  GPU0 97% 30 GiB/80 GiB · cuda:0 peak 25 GiB · RAM 30 GiB/128 GiB ...``"""
         title = "Memory (CPU run, no GPU) " if cpu_run(state) else "Memory "
         text = Text(title, style=self._dim, no_wrap=True, overflow="ellipsis")
         parts: list[tuple[str, Any]] = []
-        for gpu in system.get("gpus") or []:
-            mem = _ratio(gpu.get("mem_used"), gpu.get("mem_total"))
-            figures = f"{fmt_bytes(gpu.get('mem_used'))}/{fmt_bytes(gpu.get('mem_total'))}"
+        for gpu in system.gpus:
+            mem = _ratio(gpu.mem_used, gpu.mem_total)
+            figures = f"{fmt_bytes(gpu.mem_used)}/{fmt_bytes(gpu.mem_total)}"
             parts.append(
                 (
-                    f"GPU{gpu.get('index', '?')} {fmt(gpu.get('util'), '.0f', '%')} {figures}",
+                    f"GPU{_index(gpu.index)} {fmt(gpu.util, '.0f', '%')} {figures}",
                     self._gauge_style(mem) if mem is not None and mem > 0.9 else None,
                 )
             )
-        for dev in system.get("cuda") or []:
-            parts.append((f"cuda:{dev.get('index', '?')} peak {fmt_bytes(dev.get('peak'))}", None))
-        host = system.get("host") or {}
-        ram = _ratio(host.get("ram_used"), host.get("ram_total"))
+        for dev in system.cuda:
+            parts.append((f"cuda:{_index(dev.index)} peak {fmt_bytes(dev.peak)}", None))
+        host = system.host
+        ram = _ratio(host.ram_used, host.ram_total)
         parts.append(
             (
-                f"RAM {fmt_bytes(host.get('ram_used'))}/{fmt_bytes(host.get('ram_total'))}",
+                f"RAM {fmt_bytes(host.ram_used)}/{fmt_bytes(host.ram_total)}",
                 self._gauge_style(ram) if ram is not None and ram > 0.9 else None,
             )
         )
-        parts.append((f"RSS {fmt_bytes(host.get('rss'))}", None))
-        parts.append((f"CPU {fmt(host.get('cpu_percent'), '.0f', '%')}", None))
+        parts.append((f"RSS {fmt_bytes(host.rss)}", None))
+        parts.append((f"CPU {fmt(host.cpu_percent, '.0f', '%')}", None))
         for k, (part, style) in enumerate(parts):
             if k:
                 text.append(" · ", self._dim)
@@ -116,20 +122,20 @@ class MemoryPanel(SteadyStatic):
         hot = fraction is not None and fraction > 0.9
         return self.get_component_rich_style("memory-panel--hot" if hot else "memory-panel--gauge")
 
-    def _gpu(self, gpu: dict[str, Any]) -> Text:
-        util = gpu.get("util")
-        util_f = util / 100 if isinstance(util, int | float) else None
-        mem = _ratio(gpu.get("mem_used"), gpu.get("mem_total"))
+    def _gpu(self, gpu: GpuStats) -> Text:
+        util = gpu.util
+        util_f = util / 100 if util is not None else None
+        mem = _ratio(gpu.mem_used, gpu.mem_total)
         line = Text(no_wrap=True, overflow="ellipsis")
-        line.append(f"GPU{gpu.get('index', '?')} {str(gpu.get('name') or '')[:24]}\n")
+        line.append(f"GPU{_index(gpu.index)} {str(gpu.name or '')[:24]}\n")
         line.append("  util ")
         line.append(gauge(util_f, GAUGE), self._gauge_style(util_f))
         line.append(f" {fmt(util, '.0f', '%'):>4}  mem ")
         line.append(gauge(mem, GAUGE), self._gauge_style(mem))
-        line.append(f" {fmt_bytes(gpu.get('mem_used'))} / {fmt_bytes(gpu.get('mem_total'))}")
+        line.append(f" {fmt_bytes(gpu.mem_used)} / {fmt_bytes(gpu.mem_total)}")
         line.append(
-            f"\n  {fmt(gpu.get('temp'), '.0f', '°C')}  {fmt(gpu.get('power'), '.0f')}"
-            f"/{fmt(gpu.get('power_limit'), '.0f', ' W')}"
-            f"  {fmt(gpu.get('sm_clock'), '.0f', ' MHz')}"
+            f"\n  {fmt(gpu.temp, '.0f', '°C')}  {fmt(gpu.power, '.0f')}"
+            f"/{fmt(gpu.power_limit, '.0f', ' W')}"
+            f"  {fmt(gpu.sm_clock, '.0f', ' MHz')}"
         )
         return line

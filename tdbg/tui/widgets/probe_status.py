@@ -6,6 +6,7 @@ from rich.text import Text
 
 from tdbg.format import fmt, fmt_every
 from tdbg.model.run_state import RunState
+from tdbg.protocol.messages.reports import ProbeHealth
 from tdbg.tui.widgets.steady import SteadyStatic
 
 
@@ -14,42 +15,38 @@ class ProbeStatus(SteadyStatic):
     updates skipped by the non-finite guard), then its cost and counters."""
 
     def show(self, state: RunState) -> None:
-        probe = state.probe or {}
-        cost = probe.get("cost_fraction")
+        probe = state.probe or ProbeHealth(time=None)
+        cost = probe.cost_fraction
         parts = []
         if state.probe_disabled:
-            parts.append(f"PROBE OFF: error breaker after {fmt(probe.get('errors'), 'd')} errors")
+            parts.append(f"PROBE OFF: error breaker after {fmt(probe.errors, 'd')} errors")
         elif state.probe_closed:
             parts.append("run ended · probe closed")
         if state.skipped_steps:
             n = state.skipped_steps
             parts.append(f"skipped {n} non-finite update{'s' if n != 1 else ''}")
-        budget = probe.get("overhead_budget")
+        budget = probe.overhead_budget
         cost_text = f"probe {fmt(None if cost is None else cost * 100, '.1f', '%')}"
         # Over its budget when its fixed per-step work alone costs more (a very short step, a
         # busy host): said here, as it is measured, rather than hidden.
         over = False
-        if (
-            isinstance(cost, (int, float))
-            and isinstance(budget, (int, float))
-            and 0 < budget < cost
-        ):
+        if cost is not None and budget is not None and 0 < budget < cost:
             over = True
             cost_text += f" > {fmt(budget * 100, 'g', '%')} budget"
         parts += [
             cost_text,
-            f"grads {fmt_every(probe.get('grad_interval'))}",
-            f"dropped {fmt(probe.get('dropped'), 'd')}",
-            f"errors {fmt(probe.get('errors'), 'd')}",
-            f"clients {fmt(probe.get('clients'), 'd')}",
+            f"grads {fmt_every(probe.grad_interval)}",
+            f"dropped {fmt(probe.dropped, 'd')}",
+            f"errors {fmt(probe.errors, 'd')}",
+            f"clients {fmt(probe.clients, 'd')}",
         ]
         deep = state.deep
         if deep.activations_on:
             parts.append(f"activations every {fmt(deep.activations_every, 'd')} steps")
         if deep.active_jobs:
             parts.append("jobs " + " ".join(f"#{j}" for j in deep.active_jobs))
-        if probe.get("last_error"):
-            parts.append(f"last error: {probe['last_error']}")
+        if probe.last_error:
+            parts.append(f"last error: {probe.last_error}")
         if state.errors:
             parts.append(f"protocol: {state.errors[-1]}")
         self.set_class(state.probe_disabled, "-disabled")
