@@ -13,8 +13,9 @@ from tdbg.connect.jobs import local_job
 from tdbg.connect.runtime import discover
 from tdbg.connect.targets import Discover, Job, LocalSocket, Recording, Remote, Target, resolve
 from tdbg.model.job_replay import replay_job
+from tdbg.model.recordings import load_run
 from tdbg.recording.reader import RecordingError
-from tdbg.tui.app import make_app
+from tdbg.tui.app import TdbgApp, make_app
 from tdbg.tui.job_app import JobApp
 from tdbg.tui.replay_app import ReplayApp, load
 from tdbg.tui.sources.base import DiscoverySource, SocketSource, Source, Stoppable
@@ -86,13 +87,22 @@ def launch(
     more: Sequence[str] = (),
     ssh_options: Sequence[str] = (),
     remote_tdbg: str = "tdbg",
+    compare: Sequence[str] = (),
 ) -> int:
-    """``tdbg-tui [TARGET | URL [URL ...]]``: the app for the TARGETs (``app_for``) until the
-    user quits; its exit code, or one line on stderr and exit code 2 when it cannot start."""
+    """``tdbg-tui [TARGET | URL [URL ...]] [--compare FILE ...]``: the app for the TARGETs
+    (``app_for``), with the recordings to compare drawn under its loss, until the user quits;
+    its exit code, or one line on stderr and exit code 2 when it cannot start."""
     try:
+        baselines = [(Path(path).name, load_run(path)) for path in compare]
         app, source = app_for(target, more, ssh_options, remote_tdbg)
     except (ConnectError, RecordingError) as exc:
         return error(str(exc))
+    if baselines:
+        if not isinstance(app, TdbgApp):
+            if source is not None:
+                source.close()
+            return error("--compare draws under one run's loss: not on a job's screen")
+        app.compare_with(baselines)
     code = _run(app, source)
     if isinstance(app, ReplayApp) and app.timeline.note:
         print(f"tdbg-tui: {app.timeline.note}", file=sys.stderr)

@@ -165,6 +165,11 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     if getattr(args, "no_bell", False):
         os.environ["TDBG_BELL"] = "0"  # the app reads it (tdbg.tui.ringer), whichever app runs
 
+    compare = list(getattr(args, "compare", None) or [])
+    if args.job is None and extra and _all_recordings([str(args.target), *extra]):
+        # `tdbg-tui A.tdbg B.tdbg ...`: A replayed, the others drawn under its loss.
+        compare, extra = [*extra, *compare], []
+        args.extra_targets = []
     recordings = _job_recordings(args.job, [str(args.target or ""), *map(str, extra)])
     if recordings:  # `--job DIR` or `--job A.rank0.tdbg B.rank1.tdbg`: a job replayed
         from tdbg.cli.launch import launch_job_replay
@@ -188,7 +193,14 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
         [*getattr(args, "extra_targets", []), *(getattr(args, "hosts", None) or [])],
         ssh_options=args.ssh_options,
         remote_tdbg=args.remote_tdbg,
+        compare=compare,
     )
+
+
+def _all_recordings(texts: list[str]) -> bool:
+    from tdbg.recording.reader import is_recording
+
+    return all(Path(t).is_file() and is_recording(t) for t in texts)
 
 
 def _job_recordings(job: str | None, targets: list[str]) -> list[Path]:
@@ -237,6 +249,13 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the nodes, one a line ([user@]host[:port] or ssh:// URL; # comments; braces "
         "like gpu{01..08} expand)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="append",
+        metavar="FILE",
+        help="a recording to draw under this run's loss, up to its step (repeatable); "
+        "`tdbg-tui A.tdbg B.tdbg` replays A with B under it",
     )
     parser.add_argument(
         "--no-bell",

@@ -93,6 +93,7 @@ class TdbgApp(TdbgBaseApp):
         # Every notification shown, oldest first: what the user was told, for tests and for
         # anyone who missed a toast.
         self.notices: list[str] = []
+        self.baselines: list[tuple[str, RunState]] = []
         self.rings: list[str] = []  # the alert kinds rung for, in order (tests read it)
         self.ringer = AlertRinger()  # the bell on the first alert of each kind (TDBG_BELL=0: off)
 
@@ -105,7 +106,13 @@ class TdbgApp(TdbgBaseApp):
         assert isinstance(screen, MonitorScreen)
         return screen
 
+    def compare_with(self, baselines: list[tuple[str, RunState]]) -> None:
+        """Other runs (recordings loaded into the model) to draw under this one's loss, each
+        named in the legend; set before the app runs."""
+        self.baselines = list(baselines)
+
     def on_mount(self) -> None:
+        self.monitor.baselines = self.baselines
         self.monitor.show(self.state)
         self.set_interval(REPAINT_INTERVAL, self._repaint)
         self.start_reading()

@@ -99,6 +99,7 @@ class ReplayApp(TdbgApp):
         """Nothing to read: the recording was loaded before the app started."""
 
     def on_mount(self) -> None:
+        self.monitor.baselines = self.baselines
         self.show_cursor()
         if self.timeline.note:
             self.notify(self.timeline.note, severity="warning", timeout=10)

@@ -47,6 +47,9 @@ TINY = 22  # rows below which only the verdict, the loss, the gradients and the 
 CRAMPED = 40
 TALL = 50  # rows from which the metrics table shows more names before it scrolls
 MAX_OVERLAID = 6  # loss-like metrics drawn over the loss chart
+# Other runs drawn under this one (``tdbg-tui RUN --compare OLD.tdbg``): their smoothed loss, each
+# in its own colour kept for the session, apart from the metrics' palette.
+BASELINE_COLOURS = ((150, 150, 150), (200, 120, 220), (90, 200, 200), (230, 200, 90))
 
 
 def _rgb(colour: tuple[int, int, int]) -> str:
@@ -108,10 +111,13 @@ class MonitorScreen(Screen[None]):
         self.heatmap = False
         self._grads_at = 0.0
         self._chart_at = 0.0
+        self._chart_revision = -1  # the state's revision the charts last showed
         self._grad_revision = -1
         self._state: RunState | None = None
         self._acts_shown: object = None
         self.chart_metric: str | None = None  # a metric charted in the loss panel (enter)
+        # Other runs' states to overlay on the loss chart, with the names their legend shows.
+        self.baselines: list[tuple[str, RunState]] = []
         # The newest dive when x closed the deep-dive panel: it stays closed until a newer one.
         self._deep_closed: object = None
 
@@ -352,15 +358,16 @@ class MonitorScreen(Screen[None]):
         self.set_class(state.input_bound, "-input-bound")
         short = self.size.height < SHORT
         self.query_one(RunHeader).show(state, two_lines=not short)
+        charts_due = now - self._chart_at >= CHART_INTERVAL
         if clock_only and not force:
+            # Data that came within CHART_INTERVAL of the last chart paint (a run's last batch)
+            # is drawn at the next tick, not left off the charts until more data comes.
+            if charts_due and self._chart_revision != state.revision:
+                self._paint_charts(state, now)
             return True
         self.query_one(AnatomyBar).show(state, compact=short)
-        if force or now - self._chart_at >= CHART_INTERVAL:
-            self._chart_at = now
-            self._paint_loss(state)
-            self._paint_metrics(state)
-            # Every step's clip figures, not only the sampled steps' norms: at the chart rate.
-            self._paint_grad_summary(state)
+        if force or charts_due:
+            self._paint_charts(state, now)
         self.query_one(LearningRates).show(state)
         lr_panel = self.query_one("#lr-panel")
         groups = state.param_groups
@@ -380,6 +387,14 @@ class MonitorScreen(Screen[None]):
             self._grad_revision = state.grads.total_rows
             self._paint_grads(state)
         return True
+
+    def _paint_charts(self, state: RunState, now: float) -> None:
+        self._chart_at = now
+        self._chart_revision = state.revision
+        self._paint_loss(state)
+        self._paint_metrics(state)
+        # Every step's clip figures, not only the sampled steps' norms: at the chart rate.
+        self._paint_grad_summary(state)
 
     def _paint_deep(self, state: RunState) -> None:
         deep = state.deep
@@ -452,6 +467,15 @@ class MonitorScreen(Screen[None]):
             return
         overlaid = [s for s in state.metrics.loss_like()][:MAX_OVERLAID]
         extra = [(*s.step_values, PALETTE[k % len(PALETTE)]) for k, s in enumerate(overlaid)]
+        # Other runs up to this run's step: the case is a live run against yesterday's
+        # recording at the same step (what lies ahead of it would stretch this run's axis).
+        last = state.last_step
+        fitted = []
+        for k, (_, other) in enumerate(self.baselines):
+            steps, ema = other.steps.values, other.loss_ema.values
+            upto = int(np.searchsorted(steps, last, side="right")) if last is not None else 0
+            colour = BASELINE_COLOURS[k % len(BASELINE_COLOURS)]
+            fitted.append((steps[:upto], ema[:upto], colour))
         chart.replot(
             state.steps.values,
             state.loss.values,
@@ -460,11 +484,14 @@ class MonitorScreen(Screen[None]):
             extra,
             present=state.has_loss.values,
             step_time=state.cols["step_time"].values,
+            fitted=fitted,
         )
         parts = [("━ loss ", chart.color_style("loss-chart--raw"))]
         parts.append(("━ smoothed ", chart.color_style("loss-chart--smoothed")))
         for k, s in enumerate(overlaid):
             parts.append((f"━ {s.name} ", _rgb(PALETTE[k % len(PALETTE)])))
+        for k, (name, _) in enumerate(self.baselines):
+            parts.append((f"━ {name} ", _rgb(BASELINE_COLOURS[k % len(BASELINE_COLOURS)])))
         legend.update(Text.assemble(*parts, no_wrap=True, overflow="ellipsis"))
         panel.border_title = "Loss"
         recent = state.loss.values[-RECENT_LOSS:]

@@ -125,6 +125,7 @@ class _Data:
     extra: Sequence[Extra]
     present: np.ndarray | None
     step_time: np.ndarray | None
+    fitted: Sequence[Extra] = ()  # other runs drawn under the loss: the y-range takes them in
 
 
 class LossChart(Static, can_focus=True):
@@ -222,12 +223,15 @@ class LossChart(Static, can_focus=True):
         extra: Sequence[Extra] = (),
         present: np.ndarray | None = None,
         step_time: np.ndarray | None = None,
+        fitted: Sequence[Extra] = (),
     ) -> None:
         """Draw the loss (raw and smoothed) and ``extra`` series ``(steps, values, rgb)``:
         metrics that belong with the loss (val_loss, loss/NAME) on the same axes. ``present``
         marks the steps that reported a loss (a NaN elsewhere is a missing value); with
-        ``step_time`` (seconds, per step) v shows it instead of the loss."""
-        self._data = _Data(steps, loss, smoothed, log, extra, present, step_time)
+        ``step_time`` (seconds, per step) v shows it instead of the loss. ``fitted``: series
+        drawn like ``extra`` whose values the y-range takes in (another run compared with
+        this one: its curve must not leave the chart where it parts from this one's)."""
+        self._data = _Data(steps, loss, smoothed, log, extra, present, step_time, fitted)
         self._draw()
 
     def caption(self) -> Text:
@@ -287,7 +291,8 @@ class LossChart(Static, can_focus=True):
         self.nan_step = first_nonfinite(data.steps, data.loss, data.present)
         x = data.steps.astype(np.float64)
         y, ys = self._series(data)
-        extra = () if self._showing_step_times() else data.extra
+        extra = () if self._showing_step_times() else (*data.extra, *data.fitted)
+        fitted = () if self._showing_step_times() else data.fitted
         if data.log:
             y = np.where(y > 0, y, np.nan)
             ys = np.where(ys > 0, ys, np.nan)
@@ -310,7 +315,13 @@ class LossChart(Static, can_focus=True):
         lo, hi = self.window.bounds(*span)
         inside = (data.steps >= lo) & (data.steps <= hi)
         x, y, ys = x[inside], y[inside], ys[inside] if len(ys) == len(inside) else ys
-        limits = y_range(y, robust=not self.full_range, log=data.log)
+        fit = [y]
+        for fx, fy, _ in fitted:
+            fit.append(fy[(fx >= lo) & (fx <= hi)])
+        fit_y = np.concatenate(fit) if len(fit) > 1 else y
+        if data.log:
+            fit_y = np.where(fit_y > 0, fit_y, np.nan)
+        limits = y_range(fit_y, robust=not self.full_range, log=data.log)
         points = max(8, 2 * width)  # braille: two dots per cell across
         fig = plt.figure
         fig.clear()
