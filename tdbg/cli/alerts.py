@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any, TextIO
 
 from tdbg.cli.alert_fold import REARM_STEPS, AlertFold
 from tdbg.cli.args import positive_float, positive_int
-from tdbg.cli.deliver import EXEC_TIMEOUT_S, Sink, exec_sink, webhook_sink
+from tdbg.cli.deliver import EXEC_TIMEOUT_S, Sink, close_all, exec_sink, webhook_sink
 from tdbg.cli.dump import Window, dump_events, recording_events, windowed
 from tdbg.cli.errors import CliError
 from tdbg.cli.job_targets import add_job_option, job_events
@@ -23,8 +24,8 @@ def webhook_url(text: str) -> str:
     """argparse type of ``--webhook``: an http(s) URL with a host (urllib would also read
     file:// and ftp:// URLs, which are no webhooks)."""
     parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError("--webhook: not an http:// or https:// URL with a host")
     return text
 
 
@@ -66,7 +67,8 @@ def add_alerts_parser(sub: Any) -> None:
         "--webhook",
         type=webhook_url,
         metavar="URL",
-        help="POST each alert as JSON to URL ({text, content, alert}: Slack and Discord show it)",
+        help="POST each alert as JSON to URL ({text, content, alert}: Slack and Discord show it); "
+        "or set TDBG_WEBHOOK (a webhook's URL is its secret: kept out of argv, printed redacted)",
     )
     p.add_argument(
         "--rearm",
@@ -88,8 +90,12 @@ def cmd_alerts(args: argparse.Namespace, out: TextIO) -> int:
     sinks: list[Sink] = []
     if args.exec_command:
         sinks.append(exec_sink(args.exec_command, args.exec_timeout))
-    if args.webhook:
-        sinks.append(webhook_sink(args.webhook))
+    url = args.webhook or os.environ.get("TDBG_WEBHOOK")
+    if url:
+        try:
+            sinks.append(webhook_sink(webhook_url(url)))
+        except argparse.ArgumentTypeError as exc:
+            raise CliError(str(exc)) from None
     fold = AlertFold(rearm=args.rearm)
     try:
         for event in _events(args):
@@ -100,8 +106,7 @@ def cmd_alerts(args: argparse.Namespace, out: TextIO) -> int:
                 for sink in sinks:
                     sink.put({"line": notice.line, "alert": alert})
     finally:
-        for sink in sinks:  # what is queued goes out (each sink bounded by its drain time)
-            sink.close()
+        close_all(sinks)  # what is queued goes out, within one bounded drain
     return 0
 
 

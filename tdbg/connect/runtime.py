@@ -189,25 +189,46 @@ def remove_stale(meta_path: Path, sock: Path) -> None:
 # probe's linger): the client finds it late, but whole, history and goodbye included.
 
 
-@contextlib.contextmanager
-def waiting_for_run(directory: Path | None = None) -> Iterator[None]:
-    """While the block runs, this process is noted as waiting for a run to appear in
-    ``directory`` (default: the runtime directory, made if need be). Leave the block once
-    attached, not before: the note is what holds an ending run for this client. Best effort:
-    a directory that is not ours gets no note (and is refused by discovery anyway)."""
-    where = directory or runtime_dir()
-    path: Path | None = where / f"{os.getpid()}{WAITING_SUFFIX}"
-    try:
-        make_private_dir(where, "runtime directory")
-        os.close(os.open(where / f"{os.getpid()}{WAITING_SUFFIX}", NOTE_FLAGS, 0o600))
-    except (OSError, RuntimeDirError):
-        path = None
-    try:
-        yield
-    finally:
-        if path is not None:
+class WaitingNote:
+    """This process's note that it waits for a run to appear in ``directory`` (default: the
+    runtime directory, made if need be): ``put()`` while waiting, ``take()`` once attached (or
+    while not waiting: a person choosing among runs); both idempotent. Best effort: a
+    directory that is not ours gets no note (and is refused by discovery anyway)."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory
+        self.path: Path | None = None
+
+    def put(self) -> None:
+        if self.path is not None:
+            return
+        where = self.directory or runtime_dir()
+        path = where / f"{os.getpid()}{WAITING_SUFFIX}"
+        try:
+            make_private_dir(where, "runtime directory")
+            os.close(os.open(path, NOTE_FLAGS, 0o600))
+        except (OSError, RuntimeDirError):
+            return
+        self.path = path
+
+    def take(self) -> None:
+        if self.path is not None:
             with contextlib.suppress(OSError):
-                os.unlink(path)
+                os.unlink(self.path)
+            self.path = None
+
+
+@contextlib.contextmanager
+def waiting_for_run(directory: Path | None = None) -> Iterator[WaitingNote]:
+    """While the block runs, this process is noted as waiting for a run to appear in
+    ``directory``. Leave the block once attached, not before: the note is what holds an
+    ending run for this client."""
+    note = WaitingNote(directory)
+    note.put()
+    try:
+        yield note
+    finally:
+        note.take()
 
 
 def waiting_pids(directory: Path) -> set[int]:

@@ -69,8 +69,9 @@ GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read a
 STOP_SECONDS = 10.0
 # How long a run that ended keeps serving for a client waiting for a run here that has not
 # attached yet (its note, connect/runtime.py): a client that got no CPU for the run's whole
-# life still gets it whole. Well under STOP_SECONDS; only when such a client is waiting.
-LINGER_SECONDS = 5.0
+# life still gets it whole. Within the 1 s an exit may take (R54), and only while such a
+# client is waiting (a person picking among runs leaves no note).
+LINGER_SECONDS = 1.0
 LINGER_LOOK_SECONDS = 0.05  # how often a lingering probe looks at the notes
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
 NONFINITE_METRIC_ALERTS = 8  # metric names alerted one by one; then a count at powers of 2

@@ -171,3 +171,65 @@ def test_a_live_run_s_alerts_as_they_start_then_the_end(runtime_dir: Path, tmp_p
     kinds = [line.split()[1] for line in lines]
     assert "nonfinite_loss" in kinds and kinds.count("nonfinite_loss") == 1, lines
     assert [json.loads(x)["kind"] for x in sink.read_text().splitlines()] == kinds
+
+
+class _Redirects(BaseHTTPRequestHandler):
+    seen: list[str] = []
+
+    def do_POST(self) -> None:
+        type(self).seen.append(f"POST {self.path}")
+        self.send_response(302)
+        self.send_header("Location", "/elsewhere")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        type(self).seen.append(f"GET {self.path}")
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_webhook_that_redirects_is_refused_not_followed(nan_run: Path) -> None:
+    # urllib would re-send the POST as a GET without its body: the alert lost, counted as sent.
+    handler = type("Redirects", (_Redirects,), {"seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = alerts(str(nan_run), "--webhook", f"http://127.0.0.1:{server.server_port}/hook")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 0
+    assert handler.seen and all(s == "POST /hook" for s in handler.seen)  # no GET /elsewhere
+    assert "HTTP 302: redirected to" in out.stderr and "/hook" not in out.stderr  # redacted
+
+
+def test_a_command_that_leaves_a_child_behind_is_delivered_once(
+    nan_run: Path, tmp_path: Path
+) -> None:
+    # The command is done when it exits; a child it leaves in the background (`notify-send &`)
+    # must not make the try time out, be killed and be run again.
+    sink = tmp_path / "got.jsonl"
+    out = alerts(
+        str(nan_run), "--exec", f"cat >> {sink}; (sleep 30) & exit 0", "--exec-timeout", "5"
+    )
+    assert out.returncode == 0, out.stderr
+    kinds = [json.loads(line)["kind"] for line in sink.read_text().splitlines()]
+    assert kinds == [line.split()[1] for line in out.stdout.splitlines()]  # each once
+    assert "killed" not in out.stderr
+
+
+def test_what_a_sink_could_not_deliver_by_the_end_is_said(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tdbg.cli.deliver import Sink, close_all
+
+    release = threading.Event()
+    stuck = Sink("--webhook test", lambda payload: release.wait(30))
+    for n in range(3):
+        stuck.put({"line": f"alert {n}", "alert": {}})
+    close_all([stuck], drain=0.3)
+    release.set()
+    assert "--webhook test: 3 alerts not delivered when the stream ended" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from typing import Any
 from textual.message import Message
 
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.runtime import RunEntry, discover, waiting_for_run
+from tdbg.connect.runtime import RunEntry, WaitingNote, discover, waiting_for_run
 from tdbg.protocol.framing import ProtocolError
 
 POLL_INTERVAL = 0.5  # seconds between discovery polls while waiting for a run
@@ -336,12 +336,13 @@ class DiscoverySource(SocketSource):
         self.label = "discovery"
 
     def open(self, notify: Notify) -> None:
-        # Noted as waiting until attached: a run that ends before the next look (a busy
-        # machine) serves on until this source attaches it (connect/runtime.py).
-        with waiting_for_run(self.directory):
-            self._open(notify)
+        # Noted as waiting until attached (connect/runtime.py): a run that ends before the next
+        # look (a busy machine) serves on a moment for this source. Not while the picker is
+        # up: a person choosing among runs must not hold every run's exit.
+        with waiting_for_run(self.directory) as note:
+            self._open(notify, note)
 
-    def _open(self, notify: Notify) -> None:
+    def _open(self, notify: Notify, note: WaitingNote) -> None:
         announced: list[str] | None = None
         while not self.stopped:
             entries = self._candidates()
@@ -350,6 +351,7 @@ class DiscoverySource(SocketSource):
                     self._attach(ProbeClient.connect(entries[0].socket))
                     return
             elif len(entries) > 1:
+                note.take()  # no note while the person picks
                 notify(self.RunsOffered(entries))
                 entry = self._await_choice()
                 if entry is None:
@@ -359,6 +361,7 @@ class DiscoverySource(SocketSource):
                     return
                 except ConnectError as exc:
                     notify(self.WarningRaised(str(exc)))
+                note.put()  # waiting again
                 announced = None
                 continue
             if announced is None:
