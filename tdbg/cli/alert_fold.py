@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # What clears an open kind besides its own ``cleared`` (job alerts): the loop resumed after a
-# stall; a finite loss after a non-finite one.
+# stall; a finite loss after a non-finite one; a step whose gradients were measured finite
+# after non-finite gradients (a finite loss alone says nothing of them: fp16 without a scaler).
 CLEARED_BY_RESUMED = frozenset({"stalled"})
-CLEARED_BY_FINITE_LOSS = frozenset({"nonfinite_loss", "nonfinite_grad", "nonfinite_origin"})
+CLEARED_BY_FINITE_LOSS = frozenset({"nonfinite_loss"})
+CLEARED_BY_FINITE_GRADS = frozenset({"nonfinite_grad", "nonfinite_origin"})
 REARM_STEPS = 100  # a kind quiet this many steps since its last repeat is news again
 SEVERITY_WORDS = {"error": "error", "warning": "warning", "info": "info"}
 
@@ -95,16 +97,27 @@ class AlertFold:
         return [Notice(event, key)]
 
     def _step(self, event: dict[str, Any]) -> list[Notice]:
-        loss = event.get("loss")
-        if not isinstance(loss, int | float) or not math.isfinite(loss):
-            return []
         rank = event.get("rank")
         out = []
-        for kind in CLEARED_BY_FINITE_LOSS:
+        if _finite(event.get("loss")):
+            out += self._clear(rank, CLEARED_BY_FINITE_LOSS, event, "the loss is finite again")
+        if _finite(event.get("grad_norm")):  # null on a step whose gradients were not measured
+            words = "the gradients are finite again"
+            out += self._clear(rank, CLEARED_BY_FINITE_GRADS, event, words)
+        return out
+
+    def _clear(
+        self, rank: Any, kinds: frozenset[str], event: dict[str, Any], words: str
+    ) -> list[Notice]:
+        out = []
+        for kind in sorted(kinds):
             if self.open.pop((rank, kind), None) is not None:
-                words = "the loss is finite again"
                 cleared = {"type": "alert", "kind": kind, "step": event.get("step")}
                 if rank is not None:
                     cleared["rank"] = rank
                 out.append(Notice(dict(cleared, message=words), (rank, kind), cleared=True))
         return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

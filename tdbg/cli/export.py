@@ -5,9 +5,12 @@ series — from a recording, or from a live run (``--follow`` keeps writing as i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import itertools
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,6 +37,7 @@ STEP_SERIES = (
 )
 MEMORY_FIELDS = ("allocated", "reserved", "peak")
 FORMATS = ("tensorboard", "csv")
+OPEN_FILES = 256  # CSV files kept open at once
 FLUSH_EVERY = 200  # steps between flushes of a live export (and at the end)
 
 
@@ -77,20 +81,25 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     form, where = args.to
     if form not in FORMATS:
         raise CliError(f"--to {form}: not a format (one of: {', '.join(FORMATS)})")
+    events = _events(args)
+    first = next(events, None)  # the TARGET resolved (and attached) before DIR is made
     directory = _prepare(Path(where), args.force)
     writer: SeriesWriter = (
         TensorBoardWriter(directory) if form == "tensorboard" else CsvWriter(directory)
     )
     counts = {"steps": 0, "points": 0}
     try:
-        for event in _events(args):
+        for event in itertools.chain([first] if first is not None else [], events):
             counts["points"] += _export(event, writer)
             if event["type"] == "step":
                 counts["steps"] += 1
                 if counts["steps"] % FLUSH_EVERY == 0:
                     writer.flush()
+    except OSError as exc:  # a full disk, a file made unwritable meanwhile: one line
+        raise CliError(f"{directory}: {exc.strerror or exc}") from None
     finally:
-        writer.close()
+        with contextlib.suppress(OSError):
+            writer.close()
     out.write(f"tdbg: {counts['steps']} steps, {counts['points']} values written to {directory}\n")
     out.flush()
     return 0
@@ -187,20 +196,45 @@ def _number(value: Any) -> float | None:
 
 
 class CsvWriter(SeriesWriter):
-    """One CSV file per series (``step,time,value``), alerts in ``alerts.csv``."""
+    """One CSV file per series (``step,time,value``), alerts in ``alerts.csv``. At most
+    OPEN_FILES are open at once (a model with thousands of layers must not run into the
+    process's file limit): the least recently written is closed and reopened to append."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.files: dict[str, tuple[TextIO, Any]] = {}
+        self.files: OrderedDict[str, tuple[TextIO, Any]] = OrderedDict()
+        self.paths: dict[str, Path] = {}  # series -> its file, each file one series'
+        self.written: set[Path] = set()
+
+    def _path(self, name: str) -> Path:
+        path = self.paths.get(name)
+        if path is None:
+            taken = set(self.paths.values())
+            base = _safe(name)
+            path = self.directory / f"{base}.csv"
+            n = 2
+            while path in taken:  # `a/b` and `a.b` spell one file name: the second gets `-2`
+                path = self.directory / f"{base}-{n}.csv"
+                n += 1
+            self.paths[name] = path
+        return path
 
     def _file(self, name: str, header: list[str]) -> Any:
-        if name not in self.files:
-            path = self.directory / f"{_safe(name)}.csv"
-            handle = path.open("w", newline="", encoding="utf-8")
-            writer = csv.writer(handle)
+        if name in self.files:
+            self.files.move_to_end(name)
+            return self.files[name][1]
+        if len(self.files) >= OPEN_FILES:
+            _, (oldest, _) = self.files.popitem(last=False)
+            oldest.close()
+        path = self._path(name)
+        new = path not in self.written  # this export's first write: over what was there
+        self.written.add(path)
+        handle = path.open("w" if new else "a", newline="", encoding="utf-8")
+        writer = csv.writer(handle)
+        if new:
             writer.writerow(header)
-            self.files[name] = (handle, writer)
-        return self.files[name][1]
+        self.files[name] = (handle, writer)
+        return writer
 
     def scalar(self, tag: str, step: int | None, time: Any, value: Any) -> int:
         number = _number(value)

@@ -62,12 +62,16 @@ def compare(states: list[RunState], sources: list[str]) -> Comparison:
     curves = [_curve(s, "step") for s in states]
     axis = "step"
     common = _common(curves)
-    if common is None:
+    lossless = [i for i, (x, _) in enumerate(curves) if len(x) < 2]
+    if lossless:  # no curve to compare, whatever the steps: say so, not "no shared steps"
+        letters = ", ".join(chr(ord("A") + i) for i in lossless)
+        notes.append(f"no finite loss to compare in run {letters}")
+    elif common is None:
         curves = [_curve(s, "time") for s in states]
         common = _common(curves)
         axis = "time"
         notes.append("the runs share no steps: compared by time since each started")
-    if common is None:
+    if common is None and not lossless:
         notes.append("the runs share neither steps nor a stretch of time with losses")
     ahead, ahead_by, charts = None, None, []
     parted = None

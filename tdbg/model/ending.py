@@ -46,7 +46,9 @@ class Ending:
 def ending(reason: str | None) -> Ending:
     """The ending that ``reason`` says (None: the probe closed without saying why)."""
     core, _, tail = (reason or "").partition("; ")
-    if core.startswith(("exit ", "killed")):  # an exit status, a signal, a recording cut short
+    if core == "exit 0" or core.startswith("exit 0:"):
+        kind = "clean"  # exited normally, without its probe's goodbye
+    elif core.startswith(("exit ", "killed")):  # an error exit, a signal, a recording cut short
         kind = "dead"
     elif core.startswith("connection"):
         kind = "lost"

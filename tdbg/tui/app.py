@@ -204,6 +204,7 @@ class TdbgApp(TdbgBaseApp):
             # run (a dropped ssh), the probe replays its whole history: start empty as well,
             # so the gap is refilled and nothing is counted twice.
             self.state = RunState(event.run)
+            self.ringer = AlertRinger()  # a restarted run's first alerts are news again
             self.monitor.show(self.state)
             if same:
                 self.notify(f"reconnected to run {event.run.get('name')}: history restored")
@@ -285,7 +286,9 @@ class TdbgApp(TdbgBaseApp):
 
     def _ring(self) -> None:
         """The bell (and a desktop notification where the terminal shows one) for each alert
-        kind's first alert this viewer sees arrive."""
+        kind's first alert this viewer sees arrive (nothing when it is off, or a replay)."""
+        if not self.ringer.enabled:
+            return
         for alert in self.ringer.new(self.state):
             self.rings.append(alert.kind)
             sequence = self.ringer.sequence(alert, str(self.state.run.get("name") or "run"))
@@ -345,6 +348,7 @@ class TdbgApp(TdbgBaseApp):
         self.source = SocketSource(path=entry.socket, directory=directory or entry.socket.parent)
         old.close()
         self.state = RunState(dict(entry.meta))
+        self.ringer = AlertRinger()  # another run: its kinds ring anew
         self._painted = -1
         self.monitor.show(self.state)
         self.notify(f"switched to run {entry.name} (pid {entry.pid})")

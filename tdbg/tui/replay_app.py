@@ -99,6 +99,7 @@ class ReplayApp(TdbgApp):
         """Nothing to read: the recording was loaded before the app started."""
 
     def on_mount(self) -> None:
+        self.ringer.enabled = False  # a recording is looked back at: nothing to ring for
         self.monitor.baselines = self.baselines
         self.show_cursor()
         if self.timeline.note:

@@ -124,3 +124,31 @@ def test_a_directory_with_other_files_is_refused_unless_forced(
         assert run(["export", str(path), *args]) == 2
         err = capsys.readouterr().err
         assert err.startswith("tdbg: error:") and len(err.strip().splitlines()) == 1
+
+
+def test_many_series_stay_under_the_file_limit_and_names_stay_apart(tmp_path: Path) -> None:
+    from tdbg.cli import export
+
+    writer = export.CsvWriter(tmp_path)
+    export.OPEN_FILES, before = 4, export.OPEN_FILES
+    try:
+        for step in range(3):
+            for k in range(10):  # ten series through four open files
+                writer.scalar(f"grad_norm/layer/l{k}", step, 1.0, float(k + step))
+        writer.scalar("metric/a/b", 0, None, 1.0)
+        writer.scalar("metric/a.b", 0, None, 2.0)  # the same file name once spelled safely
+    finally:
+        export.OPEN_FILES = before
+        writer.close()
+    with (tmp_path / "grad_norm.layer.l7.csv").open() as f:
+        assert [r["value"] for r in csv.DictReader(f)] == ["7.0", "8.0", "9.0"]
+    assert (tmp_path / "metric.a.b.csv").read_text().splitlines()[1].endswith(",1.0")
+    assert (tmp_path / "metric.a.b-2.csv").read_text().splitlines()[1].endswith(",2.0")
+
+
+def test_a_bad_target_leaves_no_directory_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "never"
+    assert run(["export", str(tmp_path / "nothing.tdbg"), "--to", "csv", str(out)]) == 2
+    assert not out.exists() and capsys.readouterr().err.startswith("tdbg: error:")
