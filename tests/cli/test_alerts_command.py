@@ -233,3 +233,15 @@ def test_what_a_sink_could_not_deliver_by_the_end_is_said(
     close_all([stuck], drain=0.3)
     release.set()
     assert "--webhook test: 3 alerts not delivered when the stream ended" in capsys.readouterr().err
+
+
+def test_a_gradient_alert_clears_on_finite_gradients_not_on_a_finite_loss() -> None:
+    fold = AlertFold()
+    grad = {"type": "alert", "kind": "nonfinite_grad", "step": 3, "message": "inf gradient"}
+    assert len(fold.feed(grad)) == 1
+    # fp16 without a scaler: the loss is finite, the gradients are not (or not measured).
+    assert not fold.feed({"type": "step", "step": 4, "loss": 0.5, "grad_norm": "inf"})
+    assert not fold.feed({"type": "step", "step": 5, "loss": 0.5, "grad_norm": None})
+    assert not fold.feed(dict(grad, step=6))  # still the same trouble: folded
+    cleared = fold.feed({"type": "step", "step": 7, "loss": 0.5, "grad_norm": 1.2})
+    assert [n.cleared for n in cleared] == [True] and "gradients are finite" in cleared[0].line

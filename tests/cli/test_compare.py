@@ -84,3 +84,10 @@ def test_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert run(["compare", *args]) == 2
         err = capsys.readouterr().err
         assert err.startswith("tdbg: error:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_run_without_a_finite_loss_is_named_as_such() -> None:
+    a, b = _timed(100.0, 0, 50, 0.01), RunState({"name": "nan"})
+    b.apply(pack_steps([StepRecord(step=i, time=1.0 + i, loss=float("nan")) for i in range(50)], 0))
+    result = compare([a, b], ["a", "b"])
+    assert result.notes == ["no finite loss to compare in run B"] and result.ahead is None

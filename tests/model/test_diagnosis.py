@@ -78,3 +78,15 @@ def test_clipping_and_memory_in_the_evidence() -> None:
     figures = dict(figure_lines(d))
     assert figures["memory cuda:0"] == "peak 3 GiB · reserved 4 GiB"
     assert figures["host memory"] == "1 GiB resident"
+
+
+def test_how_a_run_ended_reads_once_for_the_header_and_the_row() -> None:
+    from tdbg.model.ending import ending
+
+    assert (ending("exit 0").kind, ending("exit 0").row) == ("clean", "ended (exit 0)")
+    assert (ending("exit 1: boom").kind, ending("exit 1: boom").row) == (
+        "dead",
+        "dead: exit 1: boom",
+    )
+    assert ending("killed by SIGKILL").kind == ending("killed").kind == "dead"
+    assert (ending("connection closed").kind, ending(None).words) == ("lost", "probe closed")
