@@ -78,8 +78,16 @@ def assert_one_job(found: dict[int, tuple[dict[str, Any], int]], steps: int) -> 
 
 
 def outputs(out: str) -> dict[int, list[float]]:
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
-    return {line["rank"]: line["losses"] for line in lines}
+    """Each rank's ``{"rank": R, "losses": [...]}`` line; two ranks writing to one pipe through
+    a launcher can run their lines together, so each object is found where it starts."""
+    decoder = json.JSONDecoder()
+    found: dict[int, list[float]] = {}
+    at = out.find('{"rank"')
+    while at >= 0:
+        obj, end = decoder.raw_decode(out, at)
+        found[obj["rank"]] = obj["losses"]
+        at = out.find('{"rank"', end)
+    return found
 
 
 def no_tdbg_warning(err: str) -> None:
