@@ -193,7 +193,10 @@ class _Redirects(BaseHTTPRequestHandler):
 
 def test_a_webhook_that_redirects_is_refused_not_followed(nan_run: Path) -> None:
     # urllib would re-send the POST as a GET without its body: the alert lost, counted as sent.
-    handler = type("Redirects", (_Redirects,), {"seen": []})
+    class Handler(_Redirects):
+        seen: list[str] = []  # this test's own
+
+    handler = Handler
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -213,7 +216,7 @@ def test_a_command_that_leaves_a_child_behind_is_delivered_once(
     # must not make the try time out, be killed and be run again.
     sink = tmp_path / "got.jsonl"
     out = alerts(
-        str(nan_run), "--exec", f"cat >> {sink}; (sleep 30) & exit 0", "--exec-timeout", "5"
+        str(nan_run), "--exec", f"cat >> {sink}; (sleep 8) & exit 0", "--exec-timeout", "5"
     )
     assert out.returncode == 0, out.stderr
     kinds = [json.loads(line)["kind"] for line in sink.read_text().splitlines()]
@@ -227,7 +230,11 @@ def test_what_a_sink_could_not_deliver_by_the_end_is_said(
     from tdbg.cli.deliver import Sink, close_all
 
     release = threading.Event()
-    stuck = Sink("--webhook test", lambda payload: release.wait(30))
+
+    def hang(payload: dict[str, Any]) -> None:
+        release.wait(30)
+
+    stuck = Sink("--webhook test", hang)
     for n in range(3):
         stuck.put({"line": f"alert {n}", "alert": {}})
     close_all([stuck], drain=0.3)
