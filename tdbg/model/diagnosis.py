@@ -355,34 +355,17 @@ def _memory(state: RunState) -> dict[str, Any]:
 
 
 def _top_ops(state: RunState) -> list[dict[str, Any]]:
-    profiles = state.deep.profiles
-    if not profiles:
+    """The last profile's ops with the most self time, and each one's share (the profile's own
+    definition of it, as the TUI's table prints it)."""
+    profile = state.deep.profile
+    if profile is None:
         return []
-    profile = profiles[-1]
-    rows = list(getattr(profile, "rows", []) or [])
-    device = bool(getattr(profile, "device", False))
-    key = "self_device" if device else "self_cpu"
-    total = float(getattr(profile, f"total_{key}", 0.0) or 0.0)
-    out = []
-    for row in sorted(rows, key=lambda r: -_get(r, key))[:TOP_OPS]:
-        own = _get(row, key)
-        out.append(
-            {
-                "name": str(_get_any(row, "name")),
-                "self_us": own,
-                "share": own / total if total > 0 else None,
-            }
-        )
-    return out
-
-
-def _get(row: Any, key: str) -> float:
-    value = _get_any(row, key)
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
-
-
-def _get_any(row: Any, key: str) -> Any:
-    return row.get(key) if isinstance(row, dict) else getattr(row, key, None)
+    column = profile.share_column
+    ranked = sorted(profile.rows, key=lambda r: -(r.value(column) or 0.0))[:TOP_OPS]
+    return [
+        {"name": row.name, "self_us": row.value(column), "share": profile.share(row)}
+        for row in ranked
+    ]
 
 
 def _chart(values: np.ndarray) -> list[float]:

@@ -90,3 +90,17 @@ def test_how_a_run_ended_reads_once_for_the_header_and_the_row() -> None:
     )
     assert ending("killed by SIGKILL").kind == ending("killed").kind == "dead"
     assert (ending("connection closed").kind, ending(None).words) == ("lost", "probe closed")
+
+
+def test_the_last_profile_s_top_ops_with_the_profile_s_own_share() -> None:
+    from tdbg.tui.sources.synthetic import OPS, job_messages, profile_result
+
+    state = _run()
+    state.apply_many(job_messages(1, "profile", {"steps": 5}, profile_result()))
+    d = diagnose(state)
+    assert d.top_ops and len(d.top_ops) == min(5, len(OPS))
+    profile = state.deep.profile
+    assert profile is not None
+    first = max(profile.rows, key=lambda r: r.self_cpu or 0.0)
+    assert d.top_ops[0]["name"] == first.name and d.top_ops[0]["share"] == profile.share(first)
+    assert [label for label, _ in figure_lines(d)].count("time went to") == 1
