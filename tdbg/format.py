@@ -10,6 +10,7 @@ three significant digits; units follow the number without a space for durations 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 NA = "n/a"
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -176,3 +177,56 @@ def fmt_every(value: object, noun: str = "step") -> str:
     if v is not None and math.isfinite(v) and round(v) == 1:
         return f"every {noun}"
     return f"every {fmt_count(value, noun)}"
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def spark_bars(series: list[list[float]]) -> tuple[list[str], bool]:
+    """Sparklines of one or more series on one scale, so heights compare across them (a log
+    scale when every value is positive and they span over two decades; a non-finite point is
+    ``×``), and whether the scale is log. ``tdbg report`` and ``tdbg compare`` draw with it."""
+    finite = [v for values in series for v in values if math.isfinite(v)]
+    if not finite:
+        return ["×" * len(values) for values in series], False
+    log = min(finite) > 0 and max(finite) / min(finite) > 100
+    scaled = [[math.log10(v) if log and math.isfinite(v) else v for v in s] for s in series]
+    low = min(math.log10(v) if log else v for v in finite)
+    span = max(math.log10(v) if log else v for v in finite) - low or 1.0
+    top = len(SPARKS) - 1
+    bars = [
+        "".join(
+            SPARKS[min(top, int((v - low) / span * len(SPARKS)))] if math.isfinite(v) else "×"
+            for v in values
+        )
+        for values in scaled
+    ]
+    return bars, log
+
+
+# --- JSON (tdbg dump, --json): it has no NaN/Infinity ---------------------------------------
+
+
+def finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity: non-finite numbers become the strings "nan", "inf", "-inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def unfinite(value: Any) -> Any:
+    """The inverse of :func:`finite`: "nan", "inf" and "-inf" back to floats."""
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return value
+
+
+def finite_tree(value: Any) -> Any:
+    """:func:`finite` through nested maps and lists (command results, activation stats)."""
+    if isinstance(value, dict):
+        return {str(k): finite_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_tree(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return finite(value)

@@ -12,17 +12,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
-from tdbg.cli.glance import read_state
+from tdbg.cli.glance import SYNC_SECONDS, read_state
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.client import ConnectError
-from tdbg.format import fmt, fmt_loss, fmt_pct, fmt_seconds
+from tdbg.format import fmt, fmt_loss, fmt_pct, fmt_seconds, spark_bars
 from tdbg.protocol.framing import ProtocolError
 
 if TYPE_CHECKING:
     from tdbg.model.comparison import Comparison
-
-SYNC_SECONDS = 5.0
-SPARKS = "▁▂▃▄▅▆▇█"
 
 
 def add_compare_parser(sub: Any) -> None:
@@ -153,21 +150,10 @@ def _verdicts(c: Comparison, letters: list[str], unit: str) -> list[str]:
 
 
 def overlay(charts: list[list[float]]) -> list[str]:
-    """Sparklines of several series on one scale (log where they are positive and span over two
-    decades), so heights compare across runs."""
-    finite = [v for chart in charts for v in chart if math.isfinite(v)]
-    if not finite:
-        return ["" for _ in charts]
-    log = min(finite) > 0 and max(finite) / min(finite) > 100
-    f = (lambda v: math.log10(v)) if log else (lambda v: v)
-    low, high = f(min(finite)), f(max(finite))
-    span = high - low or 1.0
-    top = len(SPARKS) - 1
+    """Sparklines of several series on one scale (format.spark_bars), each with its last value,
+    so heights compare across runs."""
+    bars, _ = spark_bars(charts)
     return [
-        "".join(
-            SPARKS[min(top, int((f(v) - low) / span * len(SPARKS)))] if math.isfinite(v) else "×"
-            for v in chart
-        )
-        + (f"  {chart[-1]:.4g}" if chart and math.isfinite(chart[-1]) else "")
-        for chart in charts
+        line + (f"  {chart[-1]:.4g}" if chart and math.isfinite(chart[-1]) else "")
+        for line, chart in zip(bars, charts, strict=True)
     ]

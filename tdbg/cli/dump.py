@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.connect.client import ProbeClient
+from tdbg.format import finite as finite
+from tdbg.format import finite_tree as finite_tree
+from tdbg.format import unfinite as unfinite
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.messages.results import result_from_wire
 from tdbg.protocol.steps import PHASES, unpack_steps
@@ -18,31 +21,6 @@ from tdbg.recording.reader import Recording, open_recording
 
 if TYPE_CHECKING:  # numpy: loaded by `dump --job` only, which judges the job
     from tdbg.model.job_alerts import JobAlert
-
-
-def finite(value: Any) -> Any:
-    """JSON has no NaN/Infinity: non-finite numbers become the strings "nan", "inf", "-inf"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def unfinite(value: Any) -> Any:
-    """The inverse of :func:`finite`: "nan", "inf" and "-inf" back to floats."""
-    if value in ("nan", "inf", "-inf"):
-        return float(value)
-    return value
-
-
-def finite_tree(value: Any) -> Any:
-    """:func:`finite` through nested maps and lists (command results, activation stats)."""
-    if isinstance(value, dict):
-        return {str(k): finite_tree(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_tree(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return finite(value)
 
 
 def _seconds(value: float) -> float | None:

@@ -13,6 +13,8 @@ from tdbg.connect.targets import Recording, resolve
 if TYPE_CHECKING:
     from tdbg.model.run_state import RunState
 
+SYNC_SECONDS = 5.0  # how long a live run may take to send its history (the --timeout default)
+
 
 def read_state(text: str, args: argparse.Namespace) -> RunState:
     """A run's state from its history (a live run: until ``synced``; a recording: whole)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
-from tdbg.cli.glance import read_state
+from tdbg.cli.glance import SYNC_SECONDS, read_state
 from tdbg.cli.job_targets import (
     add_job_option,
     job_by_name,
@@ -24,16 +24,14 @@ from tdbg.cli.job_targets import (
 )
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.client import ConnectError
-from tdbg.format import fmt_pct, fmt_us
+from tdbg.format import fmt_pct, fmt_us, spark_bars
 from tdbg.protocol.framing import ProtocolError
 
 if TYPE_CHECKING:
     from tdbg.model.diagnosis import Diagnosis, JobDiagnosis
 
-SYNC_SECONDS = 5.0  # how long a live run may take to send its history
 MARKS = {"bad": "✗", "warn": "!", "ok": "✓"}
 WORDS = {"bad": "TROUBLE", "warn": "WARNINGS", "ok": "OK"}
-SPARKS = "▁▂▃▄▅▆▇█"
 
 
 def add_report_parser(sub: Any) -> None:
@@ -248,23 +246,9 @@ def colour(text: str) -> str:
 
 
 def spark(values: list[float]) -> str:
-    """A sparkline of ``values`` (a log scale when they span over two decades and are positive;
-    a non-finite point is ``×``), first and last value beside it."""
-    finite = [v for v in values if math.isfinite(v)]
-    if not finite:
-        return "× " * min(len(values), 10)
-    log = min(finite) > 0 and max(finite) / min(finite) > 100
-    scaled = [math.log10(v) if log and math.isfinite(v) else v for v in values]
-    ok = [v for v in scaled if math.isfinite(v)]
-    low, high = min(ok), max(ok)
-    span = high - low or 1.0
-    chars = "".join(
-        SPARKS[min(len(SPARKS) - 1, int((v - low) / span * len(SPARKS)))]
-        if math.isfinite(v)
-        else "×"
-        for v in scaled
-    )
-    first = next(v for v in values if math.isfinite(v))
-    last = values[-1]
-    scale = " (log)" if log else ""
-    return f"{chars}  {first:.4g} → {last:.4g}{scale}"
+    """A sparkline of ``values`` (format.spark_bars), first and last value beside it."""
+    (bars,), log = spark_bars([values])
+    first = next((v for v in values if math.isfinite(v)), None)
+    if first is None:
+        return bars
+    return f"{bars}  {first:.4g} → {values[-1]:.4g}" + (" (log)" if log else "")

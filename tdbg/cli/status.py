@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
-from tdbg.cli.glance import read_state
+from tdbg.cli.glance import SYNC_SECONDS, read_state
 from tdbg.cli.job_targets import (
     add_job_option,
     job_by_name,
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 EXIT_UNHEALTHY = 1
 EXIT_USAGE = 2
-SYNC_SECONDS = 5.0  # how long a run may take to send its history
 
 
 def add_status_parser(sub: Any) -> None:

@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from tdbg.model.run_state import ANATOMY, RunState
+from tdbg.format import finite_tree
+from tdbg.model.diagnosis import loss_figures, median_of, run_phases, steps_per_second
+from tdbg.model.run_state import RunState
 
 PART_WINDOW = 20  # steps a curve's noise is measured over (its rolling standard deviation)
 PART_SIGMAS = 3.0  # curves part where their smoothed gap exceeds this many noises...
@@ -53,7 +55,7 @@ class Comparison:
     notes: list[str] = field(default_factory=list)  # why something could not be compared
 
     def to_json(self) -> dict[str, Any]:
-        return _finite_tree(asdict(self))
+        return finite_tree(asdict(self))
 
 
 def compare(states: list[RunState], sources: list[str]) -> Comparison:
@@ -208,38 +210,21 @@ def _started(states: list[RunState]) -> dict[str, list[Any]]:
 
 
 def _summary(state: RunState, source: str) -> RunSummary:
+    """One run's figures, computed as ``tdbg report`` computes them (tdbg.model.diagnosis)."""
     ema = state.loss_ema.values
     finite = np.flatnonzero(np.isfinite(ema))
-    loss = state.loss.values
-    ok = np.flatnonzero(np.isfinite(loss) & state.has_loss.values)
-    best = int(ok[np.argmin(loss[ok])]) if ok.size else None
-    times = state.cols["time"].values
-    steps = state.steps.values
-    rate = (
-        float((steps[-1] - steps[0]) / (times[-1] - times[0]))
-        if len(steps) > 1 and times[-1] > times[0]
-        else None
-    )
-    step_times = state.cols["step_time"].values
-    st = step_times[np.isfinite(step_times)]
-    total = state.cols["step_time"].values
-    phases: dict[str, float | None] = {}
-    for name in ANATOMY:
-        part = state.cols[name].values
-        timed = np.isfinite(part) & np.isfinite(total)
-        denom = total[timed].sum()
-        phases[name] = float(part[timed].sum() / denom) if timed.any() and denom > 0 else None
+    _, best, best_step, _ = loss_figures(state)
     return RunSummary(
         name=str(state.run.get("name") or "?"),
         source=source,
         steps=state.n_steps,
         last_step=state.last_step,
         loss_final=float(ema[finite[-1]]) if finite.size else None,
-        loss_best=float(loss[best]) if best is not None else None,
-        loss_best_step=int(steps[best]) if best is not None else None,
-        steps_per_sec=rate,
-        step_time=float(np.median(st)) if st.size else None,
-        phases=phases,
+        loss_best=best,
+        loss_best_step=best_step,
+        steps_per_sec=steps_per_second(state.steps.values, state.cols["time"].values),
+        step_time=median_of(state.cols["step_time"].values),
+        phases=run_phases(state),
         metrics_final=_metrics_final(state),
     )
 
@@ -251,13 +236,3 @@ def _metrics_final(state: RunState) -> dict[str, float]:
         if len(values):
             out[name] = float(values[-1])
     return out
-
-
-def _finite_tree(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _finite_tree(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_tree(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value

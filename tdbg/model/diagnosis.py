@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tdbg.format import fmt_bytes, fmt_loss, fmt_pct, fmt_seconds, fmt_span
+from tdbg.format import finite_tree, fmt_bytes, fmt_loss, fmt_pct, fmt_seconds, fmt_span
 from tdbg.model.ending import ending
 from tdbg.model.health import Health, assess
 from tdbg.model.job import PHASE_WORDS, Job
@@ -76,7 +76,7 @@ class Diagnosis:
         out = asdict(self)
         out["health"] = asdict(self.health)
         out["level"] = self.level
-        return _finite_tree(out)
+        return finite_tree(out)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class JobDiagnosis:
             "job": self.job,
             "world_size": self.world_size,
             "level": self.level,
-            "findings": [_finite_tree(asdict(v)) for v in self.findings],
+            "findings": [finite_tree(asdict(v)) for v in self.findings],
             "ranks": {str(r): d.to_json() for r, d in self.ranks.items()},
         }
 
@@ -108,7 +108,7 @@ def diagnose(state: RunState) -> Diagnosis:
     steps = state.steps.values
     last_time = float(state.cols["time"].values[-1]) if state.n_steps else None
     health = assess(state, now=last_time)
-    loss_first, loss_best, best_step, loss_last = _loss_figures(state)
+    loss_first, loss_best, best_step, loss_last = loss_figures(state)
     return Diagnosis(
         name=str(state.run.get("name") or "?"),
         run=dict(state.run),
@@ -121,9 +121,9 @@ def diagnose(state: RunState) -> Diagnosis:
         loss_best=loss_best,
         loss_best_step=best_step,
         loss_last=loss_last,
-        phases=_phases(state),
-        step_time=_median(state.cols["step_time"].values),
-        steps_per_sec=_rate(steps, state.cols["time"].values),
+        phases=run_phases(state),
+        step_time=median_of(state.cols["step_time"].values),
+        steps_per_sec=steps_per_second(steps, state.cols["time"].values),
         samples_per_sec=_throughput(state, "samples"),
         probe_cost=_probe_cost(state),
         memory=_memory(state),
@@ -248,7 +248,7 @@ def _repeated(kind: str, alerts: list[Alert]) -> Verdict:
 
 
 def _time_verdicts(state: RunState) -> list[Verdict]:
-    phases = _phases(state)
+    phases = run_phases(state)
     data = phases.get("data_time")
     if data is None or not data > INPUT_BOUND_SHARE:
         return []
@@ -286,7 +286,7 @@ def _cleared_after(alert: Any, alerts: JobAlerts) -> list[str]:
 # --- figures ------------------------------------------------------------------------------------
 
 
-def _loss_figures(
+def loss_figures(
     state: RunState,
 ) -> tuple[float | None, float | None, int | None, float | None]:
     has = state.has_loss.values
@@ -306,7 +306,7 @@ def _loss_figures(
     )
 
 
-def _phases(state: RunState) -> dict[str, float | None]:
+def run_phases(state: RunState) -> dict[str, float | None]:
     """Each phase's share of the step time over the whole run (the steps that timed it)."""
     total = state.cols["step_time"].values
     out: dict[str, float | None] = {}
@@ -321,12 +321,12 @@ def _phases(state: RunState) -> dict[str, float | None]:
     return out
 
 
-def _median(values: np.ndarray) -> float | None:
+def median_of(values: np.ndarray) -> float | None:
     finite = values[np.isfinite(values)]
     return float(np.median(finite)) if finite.size else None
 
 
-def _rate(steps: np.ndarray, times: np.ndarray) -> float | None:
+def steps_per_second(steps: np.ndarray, times: np.ndarray) -> float | None:
     if len(steps) < 2 or not times[-1] > times[0]:
         return None
     return float((steps[-1] - steps[0]) / (times[-1] - times[0]))
@@ -378,16 +378,6 @@ def _chart(values: np.ndarray) -> list[float]:
         finite = chunk[np.isfinite(chunk)]
         out.append(float(finite.mean()) if finite.size else math.nan)
     return out
-
-
-def _finite_tree(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _finite_tree(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_tree(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
 
 
 # --- words for a figure (shared by the text and the HTML report) ------------------------------
