@@ -49,7 +49,7 @@ from thread_cpu import add_pace, chosen_models, run_models  # noqa: E402
 from torch.optim import optimizer as optimizer_mod  # noqa: E402
 
 import tdbg  # noqa: E402
-from tdbg.probe.budget import FIXED_UNTIMED  # noqa: E402
+from tdbg.probe.training.budget import FIXED_UNTIMED  # noqa: E402
 
 SPANS = ("forward", "backward", "optimizer pre", "optimizer post", "probe.step()")
 clock = time.perf_counter_ns

@@ -131,7 +131,7 @@ def lone_loss(device: torch.device) -> None:
     data gap finite and >= 0 on the steps whose phases were timed (these short steps: one in a
     few, under MAX_PHASE_GAP apart), NaN on the others; and with every step timed (the
     probe's rule for steps of 20 ms or more), every step's."""
-    from tdbg.probe import sampler
+    from tdbg.probe.training import sampler
 
     for dtype in (torch.float32, torch.bfloat16):
         lone_loss_of(device, dtype, every_step=False)

@@ -61,8 +61,8 @@ from thread_cpu import (  # noqa: E402
 )
 
 import tdbg  # noqa: E402
-from tdbg.probe import sampler as sampler_module  # noqa: E402
-from tdbg.probe.hooks import marker  # noqa: E402
+from tdbg.probe.training import sampler as sampler_module  # noqa: E402
+from tdbg.probe.training.hooks import marker  # noqa: E402
 
 PAUSED, NO_MARKS = "watched, thread paused", "watched, no marks"
 EVERY_MARK = "watched, every step timed"

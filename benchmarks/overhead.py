@@ -28,8 +28,8 @@ from models import MAKERS, Batch, Task, parameter_count  # noqa: E402
 
 import tdbg  # noqa: E402
 from tdbg.connect.client import ProbeClient  # noqa: E402
-from tdbg.probe.budget import FIXED_UNTIMED  # noqa: E402
-from tdbg.probe.gradients import GradientStats, find_layers  # noqa: E402
+from tdbg.probe.training.budget import FIXED_UNTIMED  # noqa: E402
+from tdbg.probe.training.gradients import GradientStats, find_layers  # noqa: E402
 
 BASELINE = "baseline"
 NOISE = "baseline-again"

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tdbg
 from tdbg.model.timeline import Timeline
-from tdbg.probe.recorder import Recorder
+from tdbg.probe.serving.recorder import Recorder
 from tdbg.recording.reader import Recording
 
 ARMS = ("probe", "probe again", "probe + record")

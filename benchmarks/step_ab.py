@@ -3,7 +3,7 @@
 ``entry_cost.py`` times ``probe.step()`` to +-0.3 us within a run, but from one run to the
 next this VM moves it by several microseconds (other tenants' load), more than a change to
 its few lines. Here one watched cnn-demo loop (``grad_every=10**9``: the fixed per-step work)
-runs ``StepSampler.step`` as found in two git revisions (``tdbg/probe/sampler.py`` at each,
+runs ``StepSampler.step`` as found in two git revisions (``tdbg/probe/training/sampler.py`` at each,
 loaded as modules of their own), alternating per step in A B B A order, and times the whole
 ``probe.step()`` call of each. Both run against the working tree's other modules (the hooks,
 the server), so the revisions' samplers must share their interfaces. The loop's graph is
@@ -37,7 +37,11 @@ from overhead import POOL  # noqa: E402
 
 import tdbg  # noqa: E402
 
-SAMPLER = "tdbg/probe/sampler.py"
+SAMPLER = "tdbg/probe/training/sampler.py"
+# Where the sampler lived before the probe was split into its training and serving sides (a
+# revision from before the split imports modules that have moved: only revisions on one side
+# of the split can be compared).
+OLD_SAMPLER = "tdbg/probe/sampler.py"
 
 
 def step_of(revision: str, directory: Path) -> Callable[..., None]:
@@ -45,13 +49,18 @@ def step_of(revision: str, directory: Path) -> Callable[..., None]:
     if revision == "worktree":
         source = (ROOT / SAMPLER).read_text()
     else:
-        source = subprocess.run(
-            ["git", "show", f"{revision}:{SAMPLER}"],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:{SAMPLER}"], cwd=ROOT, capture_output=True, text=True
+        )
+        if shown.returncode != 0:
+            shown = subprocess.run(
+                ["git", "show", f"{revision}:{OLD_SAMPLER}"],
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+        source = shown.stdout
     name = f"sampler_at_{len(list(directory.iterdir()))}"
     path = directory / f"{name}.py"
     path.write_text(source)

@@ -46,7 +46,7 @@ from models import MAKERS, Batch, Task  # noqa: E402
 from overhead import POOL, PROBE_THREADS, thread_cpu  # noqa: E402
 
 import tdbg  # noqa: E402
-from tdbg.probe import taps  # noqa: E402
+from tdbg.probe.training import taps  # noqa: E402
 
 UNWATCHED, AGAIN, WATCHED = "unwatched", "unwatched again", "watched"
 ARMS = (UNWATCHED, AGAIN, WATCHED)

@@ -1,4 +1,4 @@
-"""Small models on synthetic data for the demos and benchmarks: MLP, Transformer, CNN."""
+"""Small models on synthetic data for the demos and benchmarks: tiny, MLP, Transformer, CNN."""
 
 from __future__ import annotations
 
@@ -253,7 +253,24 @@ def make_cnn(
     return Task("cnn", model, optimizer, batch, F.cross_entropy, batch_size)
 
 
+def make_tiny(*, batch_size: int = 8, width: int = 32, lr: float = 1e-2, seed: int = 0) -> Task:
+    """Four ``Linear(32, 32)`` at batch 8 (a ~0.3 ms CPU step): the short steps of small models,
+    RL and tabular nets, where a probe's fixed microseconds are a large share of the step."""
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(4)))
+    target = torch.randn(width, width, generator=generator) / math.sqrt(width)
+
+    def batch() -> Batch:
+        x = torch.randn(batch_size, width, generator=generator)
+        return x, x @ target
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    return Task("tiny", model, optimizer, batch, F.mse_loss, batch_size)
+
+
 MAKERS: dict[str, Callable[..., Task]] = {
+    "tiny": make_tiny,
     "mlp": make_mlp,
     "transformer": make_transformer,
     "cnn": make_cnn,

@@ -135,7 +135,7 @@ def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     sent: list[Any] = []
     server = probe._server
 
-    from tdbg.probe.pending import usual_step
+    from tdbg.probe.training.pending import usual_step
 
     class Recording(deque):
         def append(self, pending: Any) -> None:
@@ -147,7 +147,9 @@ def handed_over(probe: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     # Swapped while nothing waits in it (right after watch()): a step the probe thread is
     # taking from the old deque meanwhile would be taken twice.
     assert not server.inbox, "handed_over: call it before the first step"
-    monkeypatch.setattr(server, "inbox", Recording(maxlen=server.inbox.maxlen))
+    recording = Recording(maxlen=server.inbox.maxlen)
+    monkeypatch.setattr(server.handoff, "steps", recording)  # where the training side appends
+    monkeypatch.setattr(server, "inbox", recording)  # where the probe thread takes them
     return sent
 
 
@@ -233,7 +235,7 @@ class Loop:
     def step(self, probe: object = None, reference: bool = False) -> float:
         from norm_oracle import reference_norms
 
-        from tdbg.probe.gradients import find_layers
+        from tdbg.probe.training.gradients import find_layers
 
         self.model.zero_grad(set_to_none=True)
         loss = self.loss()

@@ -18,16 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from tdbg.probe import script_tap, taps
 from tdbg.probe.alerts import alert
-from tdbg.probe.commands import CommandDesk
-from tdbg.probe.connection import Connection
 from tdbg.probe.dives.base import DiveContext, DiveRunner
 from tdbg.probe.dives.registry import DIVES
-from tdbg.probe.gradients import Layer, find_layers
-from tdbg.probe.hooks import PhaseHooks, perf
 from tdbg.probe.log import warn
-from tdbg.probe.metrics import MetricsDesk
 from tdbg.probe.run_info import (
     describe_run,
     place,
@@ -35,8 +29,14 @@ from tdbg.probe.run_info import (
     schedule_length,
     watched_optimizer,
 )
-from tdbg.probe.sampler import StepSampler
-from tdbg.probe.server import ProbeServer
+from tdbg.probe.serving.commands import CommandDesk
+from tdbg.probe.serving.connection import Connection
+from tdbg.probe.serving.server import ProbeServer
+from tdbg.probe.training import script_tap, taps
+from tdbg.probe.training.gradients import Layer, find_layers
+from tdbg.probe.training.hooks import PhaseHooks, perf
+from tdbg.probe.training.metrics import MetricsDesk
+from tdbg.probe.training.sampler import StepSampler
 from tdbg.probe.watch_args import (
     ProbeOptions,
     caller_names,
@@ -145,7 +145,7 @@ class Probe:
         numels = [layer.numel for layer in self._layers]
         recorder = None
         if record is not None:
-            from tdbg.probe.recorder import Recorder
+            from tdbg.probe.serving.recorder import Recorder
 
             recorder = Recorder(record, run_info, names, numels)
         several = len(self._models) > 1
@@ -172,7 +172,7 @@ class Probe:
             self._layers,
             optimizers,
             self._cuda_device,
-            self._server,
+            self._server.handoff,
             grad_every=opts.grad_every,
             overhead_budget=float(opts.overhead_budget),
             count_error=self._count_error,
@@ -658,7 +658,7 @@ def watch(model: Models, optimizer: Optimizers | None = None, **options: Any) ->
 
     ``record=PATH`` (or ``$TDBG_RECORD`` in the main process) appends the probe's stream to a
     crash-safe recording for ``tdbg-tui replay PATH`` / ``tdbg dump PATH`` (see
-    :mod:`tdbg.probe.recorder`); with ``serve=False`` it records without a socket. The first
+    :mod:`tdbg.probe.serving.recorder`); with ``serve=False`` it records without a socket. The first
     watch() that uses ``$TDBG_RECORD`` removes it from ``os.environ``: subprocesses started
     afterwards do not inherit it and record nothing unless given ``record=``.
     """

@@ -1,6 +1,6 @@
 """Recording files: the format, and a reader that loads a damaged file up to the damage.
 
-A recording (written by :mod:`tdbg.probe.recorder`) is::
+A recording (written by :mod:`tdbg.probe.serving.recorder`) is::
 
     b"TDBG-REC"  u16 format version  u16 protocol version      (12 bytes, big-endian)
     frame: {"type": "recording", "format", "proto", "tdbg", "created", "run": RunInfo}

@@ -77,7 +77,7 @@ def private(path: Path) -> Path:
 
 def a_recording(path: Path) -> Path:
     """A real recording, as the probe's recorder writes one (no steps: still a valid file)."""
-    from tdbg.probe.recorder import Recorder
+    from tdbg.probe.serving.recorder import Recorder
 
     info = run_info(name="rec")
     info["host"] = "h"

@@ -14,7 +14,7 @@ from tdbg.model.health import assess
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_table import rank_rows, summarize
-from tdbg.probe.system import SystemSampler
+from tdbg.probe.serving.system import SystemSampler
 from tdbg.protocol.messages import alert_message
 from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.widgets.rank_table import COLUMNS, RankTable

@@ -10,7 +10,7 @@ import pytest
 from conftest import Loop, handed_over, reader_on
 
 import tdbg
-from tdbg.probe.budget import MAX_AUTO_INTERVAL, gradient_interval
+from tdbg.probe.training.budget import MAX_AUTO_INTERVAL, gradient_interval
 
 MS = 1e-3
 
@@ -131,7 +131,8 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     and the taps; returned for a probe's marks."""
     import threading
 
-    from tdbg.probe import hooks, sampler, taps, watch
+    from tdbg.probe import watch
+    from tdbg.probe.training import hooks, sampler, taps
 
     ticks = [0.0]
     training = threading.get_ident()
@@ -155,7 +156,7 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
     # has (interleaved.py: the fixed work costs the training thread 2.4 times what the probe
     # times of it): the step's probe_time, which the interval and cost_fraction go by, counts
     # the fixed work at that. The fake clock makes the timed part exact.
-    from tdbg.probe import budget, sampler
+    from tdbg.probe.training import budget, sampler
 
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
@@ -180,7 +181,7 @@ def test_work_the_probe_times_whole_is_not_scaled(
     # The 2.4x is for the hooks' few cold lines, not for work whose timers see all of it: the
     # skip_nonfinite guard's read of every gradient (here made to take 1 ms of the fake clock)
     # is counted once, with or without the factor.
-    from tdbg.probe import guard, sampler
+    from tdbg.probe.training import guard, sampler
 
     check = guard.NonfiniteGuard.check_and_skip
 
@@ -213,7 +214,7 @@ def test_the_interval_s_cost_model_is_the_cost_the_probe_reports(
     # and the probe settled over its budget (1.2-1.3 % for 1 % on the cnn demo's paced steps).
     # With an exact clock and a pass made to take 1 ms: the model's mean cost over a cycle of
     # k steps is the mean of the probe_time the steps report, to the microsecond.
-    from tdbg.probe.gradients import GradientStats
+    from tdbg.probe.training.gradients import GradientStats
 
     compute = GradientStats.compute
 

@@ -306,7 +306,7 @@ def test_a_refusal_flood_is_folded_in_the_audit_log_and_the_log_rotates(
     session: Session, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_reader: OpenReader
 ) -> None:
     """Reconnecting to retry gets neither a fresh rate limit nor an unbounded audit log."""
-    from tdbg.probe import commands
+    from tdbg.probe.serving import commands
 
     first = session.answer(session.send("anomaly", steps=1))
     assert first["type"] == "ack"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tdbg.probe import device_copy
-from tdbg.probe.pending import PendingStep
+from tdbg.probe.training.pending import PendingStep
 
 
 class FakeStream:

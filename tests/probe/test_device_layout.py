@@ -24,7 +24,7 @@ from test_gradients import Mixed, backward
 from test_real_loops import K, _data, _first_error, _model, _nan_run, _norms
 
 import tdbg
-from tdbg.probe.gradients import GradientStats, GradSample, find_layers
+from tdbg.probe.training.gradients import GradientStats, GradSample, find_layers
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from conftest import linear_at
 from norm_oracle import reference_norms
 from torch import nn
 
-from tdbg.probe.gradients import GradientStats, find_layers
+from tdbg.probe.training.gradients import GradientStats, find_layers
 
 
 def backward(model: nn.Module, x: torch.Tensor) -> None:
@@ -216,7 +216,7 @@ def test_non_finite_gradients_show_as_non_finite() -> None:
 def test_the_gradient_pass_also_flags_non_finite_weights() -> None:
     """Weights are normed in the same fused call: a layer whose weights hold a NaN is named,
     on the host and after the device-layout join of several optimizers' samples."""
-    from tdbg.probe.gradients import GradientStats, GradSample, find_layers
+    from tdbg.probe.training.gradients import GradientStats, GradSample, find_layers
 
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     model(torch.randn(5, 3)).sum().backward()
@@ -239,7 +239,7 @@ def test_the_gradient_pass_also_flags_non_finite_weights() -> None:
 def test_an_ordinary_pass_reads_no_weights_and_they_can_be_added_after() -> None:
     """The common pass norms the gradients only (half the bytes); a step found non-finite gets
     the weights' norms added, in the same order, the gradient norms unchanged."""
-    from tdbg.probe.gradients import GradientStats, find_layers
+    from tdbg.probe.training.gradients import GradientStats, find_layers
 
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     model(torch.randn(5, 3)).sum().backward()

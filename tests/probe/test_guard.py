@@ -12,7 +12,7 @@ import torch
 from conftest import linear_at
 from torch import nn
 
-from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
+from tdbg.probe.training.guard import NonfiniteGuard, find_forward_origin
 
 OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tdbg.probe.history import History
+from tdbg.probe.serving.history import History
 from tdbg.protocol.steps import StepRecord, batch_bytes, grad_rows, pack_steps, unpack_steps
 
 

@@ -14,7 +14,7 @@ import torch
 from conftest import Loop, OpenReader
 
 import tdbg
-from tdbg.probe.metrics import MetricsDesk
+from tdbg.probe.training.metrics import MetricsDesk
 
 
 class Reports:

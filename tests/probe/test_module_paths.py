@@ -11,8 +11,8 @@ from conftest import reader_on
 from torch import nn
 
 import tdbg
-from tdbg.probe.gradients import find_layers
 from tdbg.probe.module_paths import user_paths
+from tdbg.probe.training.gradients import find_layers
 
 
 def _model() -> nn.Sequential:

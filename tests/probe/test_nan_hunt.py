@@ -588,7 +588,7 @@ def test_nan_hunt_through_the_probe_and_its_socket(
 def test_a_known_origin_heads_the_answer_not_the_nan_everywhere_model() -> None:
     """After one update spread NaN into every weight the hunt alone would name the first module;
     the origin the probe found (weights of "2" at step 3) is the answer's headline."""
-    from tdbg.probe.nan_origin import Origin
+    from tdbg.probe.origin import Origin
 
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
@@ -620,7 +620,7 @@ def test_a_known_origin_heads_the_answer_not_the_nan_everywhere_model() -> None:
 
 
 def test_an_origin_passed_to_the_dive_names_a_forward_module() -> None:
-    from tdbg.probe.nan_origin import Origin
+    from tdbg.probe.origin import Origin
 
     model = nn.Sequential(nn.Linear(8, 4), nn.ReLU())
     with torch.no_grad():
@@ -647,7 +647,7 @@ def test_an_origin_passed_to_the_dive_names_a_forward_module() -> None:
 def test_a_loss_only_origin_keeps_a_finding_made_with_finite_weights() -> None:
     """Known: the loss went NaN at step 3, no module. The hunt (weights intact, the guard skipped
     the update) finds the module itself: its answer stands."""
-    from tdbg.probe.nan_origin import Origin
+    from tdbg.probe.origin import Origin
 
     model = nn.Sequential(nn.Linear(8, 8), Poison(8), nn.Linear(8, 4))
     poison = model[1]

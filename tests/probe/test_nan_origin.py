@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tdbg.probe.gradients import find_layers
-from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
-from tdbg.probe.nan_origin import KIND, NanOrigin, Origin
+from tdbg.probe.serving.nan_origin import KIND, NanOrigin, Origin
+from tdbg.probe.training.gradients import find_layers
+from tdbg.probe.training.guard import NonfiniteGuard, find_forward_origin
 from tdbg.protocol.messages.alert import Alert
 
 K = 4  # the step where it goes wrong
@@ -178,7 +178,7 @@ def test_unmeasured_steps_count_as_finite_by_what_was_seen() -> None:
 
 
 def test_skipped_alert_names_layers_and_count() -> None:
-    from tdbg.probe.nan_origin import SKIPPED_KIND, skipped_alert
+    from tdbg.probe.serving.nan_origin import SKIPPED_KIND, skipped_alert
 
     event = skipped_alert(5, ["fc1", "fc2"], [1], 2)
     assert event.kind == SKIPPED_KIND and event.severity == "warning"
@@ -239,7 +239,7 @@ def test_the_guard_s_skipped_layers_name_a_backward_on_an_unsampled_step() -> No
 
 
 def test_changed_layers_tell_other_code_from_the_optimizer() -> None:
-    from tdbg.probe.gradients import GradientStats
+    from tdbg.probe.training.gradients import GradientStats
 
     torch.manual_seed(0)
     model = Net()

@@ -15,8 +15,8 @@ import torch
 from conftest import Loop, handed_over
 
 import tdbg
-from tdbg.probe import sampler as sampler_module
-from tdbg.probe.hooks import CudaMark
+from tdbg.probe.training import sampler as sampler_module
+from tdbg.probe.training.hooks import CudaMark
 from tdbg.protocol.steps import MAX_PHASE_GAP
 
 PHASES = ("data_time", "forward_time", "backward_time", "optimizer_time")

@@ -14,7 +14,7 @@ from torch import nn
 
 import tdbg
 from tdbg.probe import watch as watch_module
-from tdbg.probe.gradients import GradientStats
+from tdbg.probe.training.gradients import GradientStats
 
 
 def consumed(probe: tdbg.Probe, n: int) -> None:

@@ -23,7 +23,7 @@ import tdbg
 from tdbg.probe import faults
 from tdbg.probe import watch as watch_module
 from tdbg.probe.alerts import AlertRules
-from tdbg.probe.gradients import GradientStats, find_layers
+from tdbg.probe.training.gradients import GradientStats, find_layers
 from tdbg.protocol import framing, messages
 from tdbg.protocol.steps import StepRecord
 
@@ -309,7 +309,7 @@ def test_a_backward_costs_the_probe_no_torch_call_until_the_update(
     with it after dispatches nothing (under gradient accumulation the later micro-batches are
     summed as they come). The loss and the micro-batch count still come out right (two
     micro-batches: their sum)."""
-    from tdbg.probe import taps
+    from tdbg.probe.training import taps
 
     calls: list[str] = []
 

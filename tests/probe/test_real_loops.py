@@ -67,7 +67,7 @@ def test_a_watched_model_compiles(runtime_dir: Path) -> None:
 
 
 def test_a_copied_probe_hook_is_inert_and_holds_nothing() -> None:
-    from tdbg.probe.hook_refs import INERT_EVENT, WeakHook
+    from tdbg.probe.training.hook_refs import INERT_EVENT, WeakHook
 
     class Target:
         calls = 0
@@ -186,7 +186,7 @@ def test_a_step_pre_hook_registered_before_watch_runs_before_the_probe_reads(
     ones (a review found the probe reading first, so every one of these wrong)."""
     from norm_oracle import reference_norms
 
-    from tdbg.probe.gradients import find_layers
+    from tdbg.probe.training.gradients import find_layers
 
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)

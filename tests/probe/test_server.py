@@ -26,7 +26,7 @@ from waiting import TIMEOUT
 import tdbg
 from tdbg.connect import runtime
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.probe import connection, server
+from tdbg.probe.serving import connection, server
 from tdbg.protocol import framing, messages
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, ErrorCode
 from tdbg.protocol.stall import DEFAULT_STALL_RULE, StallRule
@@ -688,7 +688,7 @@ def test_a_file_that_got_the_freed_socket_s_inode_number_is_not_ours(runtime_dir
     anew, may carry the socket's old number. It is not the probe's, and closing the probe
     leaves it (the race of the test above, made certain: the probe's check compared the inode
     number alone, and unlinked the file)."""
-    from tdbg.probe.endpoint import Endpoint
+    from tdbg.probe.serving.endpoint import Endpoint
 
     endpoint = Endpoint(0, {"name": "inode-reuse"}, runtime_dir)  # type: ignore[typeddict-item]
     endpoint.open()

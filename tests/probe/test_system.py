@@ -11,7 +11,7 @@ from conftest import Loop, OpenReader
 from fake_nvml import fake_pynvml
 
 import tdbg
-from tdbg.probe.system import NvmlReader, SystemSampler
+from tdbg.probe.serving.system import NvmlReader, SystemSampler
 
 
 def test_nvml_figures_in_the_documented_units(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -258,7 +258,7 @@ def test_a_watched_model_compiles_with_fullgraph_and_trains_true(runtime_dir: Pa
     absorbs. The run's losses and gradient norms are those of the same run unwatched."""
     from norm_oracle import reference_norms
 
-    from tdbg.probe.gradients import find_layers
+    from tdbg.probe.training.gradients import find_layers
 
     def train(watch: bool) -> tuple[list[float], list[float], Reader | None]:
         loop = Loop()
@@ -450,7 +450,7 @@ def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir
 
     from torch.jit import _recursive
 
-    from tdbg.probe.hook_refs import INERT_EVENT
+    from tdbg.probe.training.hook_refs import INERT_EVENT
 
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=1)

@@ -11,7 +11,7 @@ import numpy as np
 from tdbg.model.columns import StepBatch
 from tdbg.model.run_state import RunState
 from tdbg.model.timeline import Timeline
-from tdbg.probe.recorder import Recorder
+from tdbg.probe.serving.recorder import Recorder
 from tdbg.protocol.framing import pack
 from tdbg.protocol.steps import (
     COLUMNS,

@@ -17,8 +17,8 @@ import pytest
 from conftest import Loop, OpenReader, Reader, inject_fault, wait_until
 from test_cli import events, run_cli
 
-from tdbg.probe import recorder as recorder_module
-from tdbg.probe.recorder import Bounds, Recorder, temp_path
+from tdbg.probe.serving import recorder as recorder_module
+from tdbg.probe.serving.recorder import Bounds, Recorder, temp_path
 from tdbg.protocol.framing import pack
 from tdbg.protocol.steps import pack_steps, unpack_steps
 from tdbg.recording.compaction import keep_newest
@@ -286,7 +286,7 @@ def test_a_crashing_probe_loop_still_writes_the_end_marker(
     runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import tdbg
-    from tdbg.probe.server import ProbeServer
+    from tdbg.probe.serving.server import ProbeServer
 
     path = tmp_path / "crash.tdbgrec"
     loop = Loop()

@@ -206,7 +206,7 @@ async def test_200x60_has_room_for_everything() -> None:
 
 
 async def test_a_replay_shows_metrics_as_they_stood_at_the_cursor(tmp_path: Path) -> None:
-    from tdbg.probe.recorder import Recorder  # the real writer: what a run records
+    from tdbg.probe.serving.recorder import Recorder  # the real writer: what a run records
 
     path = tmp_path / "run.tdbg"
     rec = Recorder(path, RUN, layer_names(4), [100] * 4)

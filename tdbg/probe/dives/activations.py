@@ -12,12 +12,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe import state_tap
 from tdbg.probe.device_copy import host_copy
 from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
-from tdbg.probe.hook_refs import ForwardHook
 from tdbg.probe.log import warn
 from tdbg.probe.module_paths import user_paths
+from tdbg.probe.training import state_tap
+from tdbg.probe.training.hook_refs import ForwardHook
 from tdbg.protocol.messages.results import ACTIVATION_STATS, Activations
 
 MAX_DEPTH = 6  # how deep floating_tensors looks into nested tuples/lists/dicts

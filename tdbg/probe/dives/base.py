@@ -44,7 +44,7 @@ class DiveContext:
     step: int = 0  # the current step count, updated by the runner at each boundary
     # Count an exception raised inside a dive's hook (the hook then does nothing more).
     on_error: Callable[[BaseException], None] | None = None
-    # Where the run first went non-finite (tdbg.probe.nan_origin.Origin), set by the probe
+    # Where the run first went non-finite (tdbg.probe.origin.Origin), set by the probe
     # thread before it starts the automatic NaN hunt: the hunt's headline then names it.
     nan_origin: Any = None
 

@@ -12,12 +12,12 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe import state_tap
 from tdbg.probe.dives.activations import HostCopy, floating_tensors, nonfinite
 from tdbg.probe.dives.base import Dive, DiveContext, remove_handles
-from tdbg.probe.hook_refs import ForwardHook
 from tdbg.probe.module_paths import user_paths
-from tdbg.probe.nan_origin import Origin
+from tdbg.probe.origin import Origin
+from tdbg.probe.training import state_tap
+from tdbg.probe.training.hook_refs import ForwardHook
 from tdbg.protocol.messages.results import NanHuntResult
 
 # Why tensor hooks and not ``register_full_backward_hook``: a full backward hook wraps the
@@ -88,7 +88,7 @@ class NanHuntDive(Dive):
     (``recurse=False``) — their values for a forward finding (the optimizer made them so),
     their gradients for a backward one.
 
-    The origin, when the probe already knows it (:class:`tdbg.probe.nan_origin.Origin`, from
+    The origin, when the probe already knows it (:class:`tdbg.probe.origin.Origin`, from
     the first non-finite step: a weight, a forward re-run, a backward): the hunt runs a step
     AFTER that, when an update has usually spread NaN into every weight and the first module
     it sees is no answer. So the result's headline (``phase``, ``module``, ``module_type``,

@@ -409,7 +409,7 @@ class AutoWatch:
     def _scaled_losses(self) -> Any:
         """GradScaler's scaled tensors and their losses, for a backward of several at once."""
         if self._scaled_many is None:
-            from tdbg.probe.taps import ScaledLosses
+            from tdbg.probe.training.taps import ScaledLosses
 
             self._scaled_many = ScaledLosses()
         return self._scaled_many
@@ -619,7 +619,7 @@ class AutoWatch:
     def _start_pending(self) -> None:
         """The second update without backward: watch what the first showed. Inside torch's
         loop over the global step pre-hooks: nothing here may add or remove one."""
-        from tdbg.probe import taps
+        from tdbg.probe.training import taps
 
         if not taps.installed():
             return  # the last update raised before its end installed them: at the next one
@@ -655,7 +655,7 @@ class AutoWatch:
             try:
                 # The probe's taps add a global step pre-hook: added now (torch is iterating
                 # the post-hooks), not while the next update's pre-hooks are being iterated.
-                from tdbg.probe import taps
+                from tdbg.probe.training import taps
 
                 taps.install_early()
             except Exception as exc:
@@ -669,7 +669,7 @@ class AutoWatch:
                 if not isinstance(tensor, list | tuple) or not tensor:
                     return
                 if len(tensor) > 1:
-                    from tdbg.probe.taps import summed_scalars
+                    from tdbg.probe.training.taps import summed_scalars
 
                     # backward([a, b]) of a multi-task loop: one backward of their sum (of
                     # the losses GradScaler scaled, where it did).
@@ -823,7 +823,7 @@ class AutoWatch:
             pass
 
     def _hook_optimizer(self, optimizer: Any) -> None:
-        from tdbg.probe.hook_refs import WeakHook
+        from tdbg.probe.training.hook_refs import WeakHook
 
         self._watched.append(optimizer)
         self._own.append(optimizer.register_step_pre_hook(WeakHook(self._on_own_step_pre)))

@@ -7,8 +7,8 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
-from tdbg.probe.gradients import GradSample
-from tdbg.probe.hooks import Mark, StepTimeline, host_time, perf, span
+from tdbg.probe.training.gradients import GradSample
+from tdbg.probe.training.hooks import Mark, StepTimeline, host_time, perf, span
 from tdbg.protocol.steps import NAN, StepRecord
 
 # The usual step of a CPU run as the training thread hands it over (StepSampler.step), its

@@ -18,19 +18,19 @@ from typing import Any
 from tdbg import __version__
 from tdbg.connect.runtime import waiting_pids
 from tdbg.probe.alerts import AlertRules, alert
-from tdbg.probe.commands import CommandDesk, Refused
-from tdbg.probe.connection import Buckets, Connection
-from tdbg.probe.endpoint import Endpoint, EndpointError, peer_credentials
-from tdbg.probe.history import History
 from tdbg.probe.log import warn
-from tdbg.probe.metrics import MAX_PENDING as MAX_PENDING_METRICS
-from tdbg.probe.metrics import MetricsHistory, PendingMetrics
-from tdbg.probe.nan_origin import KIND as ORIGIN_KIND
-from tdbg.probe.nan_origin import NanOrigin, skipped_alert
-from tdbg.probe.pending import PendingStep, UsualStep, usual_step
-from tdbg.probe.recorder import Recorder
-from tdbg.probe.stacks import last_collective, stuck_where, thread_stack
-from tdbg.probe.system import SystemSampler
+from tdbg.probe.serving.commands import CommandDesk, Refused
+from tdbg.probe.serving.connection import Buckets, Connection
+from tdbg.probe.serving.endpoint import Endpoint, EndpointError, peer_credentials
+from tdbg.probe.serving.history import History
+from tdbg.probe.serving.nan_origin import KIND as ORIGIN_KIND
+from tdbg.probe.serving.nan_origin import NanOrigin, skipped_alert
+from tdbg.probe.serving.recorder import Recorder
+from tdbg.probe.serving.stacks import last_collective, stuck_where, thread_stack
+from tdbg.probe.serving.system import SystemSampler
+from tdbg.probe.training.inbox import Inbox
+from tdbg.probe.training.metrics import MetricsHistory, PendingMetrics
+from tdbg.probe.training.pending import PendingStep, UsualStep, usual_step
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
 from tdbg.protocol.messages import (
     COMMANDS,
@@ -56,7 +56,6 @@ TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
 STATS_SECONDS = 1.0  # system and probe messages
 INODE_CHECK_SECONDS = 10.0
 MAX_CLIENTS = 8
-INBOX_SIZE = 4096  # pending steps the training thread may run ahead of the probe thread
 MAX_RESOLVE_PER_TICK = 2000
 MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dropped
 LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
@@ -80,7 +79,7 @@ NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
 
 class ProbeServer:
     """Owns the socket, the history and the probe thread(s); the training thread only appends
-    to ``inbox`` (a bounded deque: appending never blocks, the oldest is dropped when full)."""
+    to ``handoff`` (:class:`Inbox`: bounded deques, appending never blocks)."""
 
     def __init__(
         self,
@@ -97,15 +96,15 @@ class ProbeServer:
         layer_models: list[int] | None = None,
         layer_types: list[str] | None = None,
     ) -> None:
-        self.inbox: deque[PendingStep | UsualStep] = deque(maxlen=INBOX_SIZE)
-        self.appended = 0  # written by the training thread only
+        # The one hand-off from the training thread; its queues by the names this thread reads.
+        self.handoff = Inbox()
+        self.inbox: deque[PendingStep | UsualStep] = self.handoff.steps
         self.consumed = 0  # written by the probe thread only
         self.layer_names = layer_names
         self.layer_numel = layer_numel
         self.layer_models = layer_models  # per layer, its model's index (several models)
         # From MetricsDesk (training thread): tdbg.log() batches, read off the training thread.
-        # From probe.log() on the training thread, as steps come through ``inbox``.
-        self.metrics_inbox: deque[PendingMetrics] = deque(maxlen=MAX_PENDING_METRICS)
+        self.metrics_inbox: deque[PendingMetrics] = self.handoff.metrics
         self.metrics = MetricsHistory()
         self._step_points: list[tuple[int, str, float]] = []
         self._layout: tuple[Any, ...] | None = None  # from relayout(), for the probe thread
@@ -135,20 +134,33 @@ class ProbeServer:
         self.last_step_time = time.monotonic()
         self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
         self.rejected_peers = 0
-        self.serving = False
         self.bye_reason = "shutdown"  # the goodbye's reason ("exit 1: ..." when an error ends it)
         self._attached_pids: set[int] = set()  # every client that got our welcome
         self._waiters: set[int] = set()  # waiting clients' pids, as the notes said last
         self._waiters_seen: set[int] = set()  # ... and any the notes named while lingering
         self._linger_until: float | None = None
         self._linger_look = 0.0
-        self.side_alerts: deque[Alert] = deque(maxlen=64)  # from the training thread
+        self.side_alerts: deque[Alert] = self.handoff.alerts  # from the training thread
         self.desk: CommandDesk | None = None  # deep-dive commands: see take_commands
         self.auto_nan_hunt = False
         self.recorder = recorder  # watch(record=...): a sink beside the clients
         # Slow work for the sampler thread (profiler tables, snapshot files), so that neither
         # the training thread nor the socket loop waits on it.
         self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+
+    @property
+    def serving(self) -> bool:
+        """Something reads what the training thread hands over (the handoff is open)."""
+        return self.handoff.open
+
+    @serving.setter
+    def serving(self, value: bool) -> None:
+        self.handoff.open = value
+
+    @property
+    def appended(self) -> int:
+        """Steps the training thread handed over, ever."""
+        return self.handoff.appended
 
     @property
     def clients(self) -> list[Connection]:

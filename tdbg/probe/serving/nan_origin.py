@@ -15,7 +15,7 @@ non-finite event names where it began:
   the update of step K applied non-finite gradients; the layer nearest the loss among those
   it reached is named, and the message says the gradients were not measured.
 - ``forward``: the loss is non-finite with finite weights and a forward origin was found on the
-  spot (:func:`tdbg.probe.guard.find_forward_origin`, passed as ``forward``).
+  spot (:func:`tdbg.probe.training.guard.find_forward_origin`, passed as ``forward``).
 - ``loss``: the loss is non-finite and no forward origin is known: the forward or the loss
   overflowed. "With finite weights" is said only when the weights were measured at that step;
   otherwise the alert says they were not, and which setting would have measured them.
@@ -32,29 +32,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from tdbg.probe.alerts import alert
+from tdbg.probe.origin import Origin
 from tdbg.protocol.messages import Alert as AlertMessage
 
 KIND = "nonfinite_origin"
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where the first non-finite value came from."""
-
-    step: int  # the step whose forward/backward made it, or whose forward used the bad weights
-    phase: str  # "weights" | "forward" | "backward" | "loss"
-    module: str | None  # as in named_modules(); None when not known ("loss" without a hunt)
-    detail: str  # one line for people, the alert's message
-    last_finite: int | None = None  # the last step where everything measured was finite
-    module_type: str | None = None
-    nonfinite: int | None = None  # non-finite values in what was named, when known
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _finite(value: float | None) -> bool:

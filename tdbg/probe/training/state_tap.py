@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from tdbg.probe.hook_refs import is_tdbg_hook
+from tdbg.probe.training.hook_refs import is_tdbg_hook
 
 # The module hook dicts tdbg registers in, and the dicts torch keys by those hooks' ids.
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")

@@ -13,16 +13,16 @@ from typing import Any
 
 import torch
 
-from tdbg.probe import taps
 from tdbg.probe.alerts import alert
-from tdbg.probe.budget import FIXED_UNTIMED, gradient_interval
 from tdbg.probe.device_copy import host_copy
-from tdbg.probe.gradients import GradientStats, GradSample, Layer
-from tdbg.probe.guard import NonfiniteGuard, find_forward_origin
-from tdbg.probe.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, marker, perf
 from tdbg.probe.log import warn
-from tdbg.probe.pending import PendingStep, SkippedUpdate, UsualStep
-from tdbg.probe.server import ProbeServer
+from tdbg.probe.training import taps
+from tdbg.probe.training.budget import FIXED_UNTIMED, gradient_interval
+from tdbg.probe.training.gradients import GradientStats, GradSample, Layer
+from tdbg.probe.training.guard import NonfiniteGuard, find_forward_origin
+from tdbg.probe.training.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, marker, perf
+from tdbg.probe.training.inbox import Inbox
+from tdbg.probe.training.pending import PendingStep, SkippedUpdate, UsualStep
 from tdbg.protocol.steps import MAX_LR_COLUMNS, MAX_PHASE_GAP
 
 NAN = float("nan")
@@ -110,7 +110,7 @@ class StepSampler:
     update uses (before any clipping); the step goes to the probe thread's inbox with its one
     device-to-host copy in flight. O(1) Python, no sync.
 
-    It also listens to the process-wide taps (:mod:`tdbg.probe.taps`): the scalars
+    It also listens to the process-wide taps (:mod:`tdbg.probe.training.taps`): the scalars
     backpropagated since the last update (summed: gradient accumulation; the first inside a
     closure), ``clip_grad_norm_`` calls (their max_norm and measured norm, and a chance to read
     the gradients before they are scaled) and DataLoader passes (the epoch).
@@ -169,7 +169,7 @@ class StepSampler:
         "_rest",
         "_rest_sample",
         "_sample_now",
-        "_server",
+        "_handoff",
         "_skipped_layers",
         "_slots",
         "_spent_probe",
@@ -207,7 +207,7 @@ class StepSampler:
         layers: list[Layer],
         optimizers: list[tuple[str, torch.optim.Optimizer]],
         cuda_device: torch.device | None,
-        server: ProbeServer,
+        handoff: Inbox,
         *,
         grad_every: int | None,
         overhead_budget: float,
@@ -256,7 +256,7 @@ class StepSampler:
         # point of a periodic pattern (a DataLoader's workers delivering in lockstep: one long
         # wait every W steps) and read it as always or never there.
         self._mark_rng = random.Random(0x7D6)
-        self._server = server
+        self._handoff = handoff
         self._count_error = count_error
         self.grad_every = grad_every
         self.overhead_budget = overhead_budget
@@ -406,7 +406,7 @@ class StepSampler:
 
     def _tell(self, message: str) -> None:
         warn(f"tdbg: {message}")
-        self._server.side_alerts.append(alert("probe_error", "warning", self.step_count, message))
+        self._handoff.alerts.append(alert("probe_error", "warning", self.step_count, message))
 
     # --- optimizer hooks (hooks.OptimizerEvents) ------------------------------------------------
     def on_optimizer_pre(self, key: int, grads_ready: bool = False) -> None:
@@ -914,7 +914,7 @@ class StepSampler:
         the probe's cost and of the step's time."""
         if self._iterating is not None:
             self._note_loader()
-        if not self._server.serving:
+        if not self._handoff.open:
             # Nobody can ever read what this step would record: keep nothing, compute nothing.
             self.step_count += 1
             self._sample_now = False
@@ -1181,7 +1181,7 @@ class StepSampler:
             )
         self._sample_now = since >= self.grad_interval
         # To the probe thread: a bounded deque, never blocks (the oldest dropped when full).
-        server = self._server
+        handoff = self._handoff
         if usual:
             handed: UsualStep = (
                 self.step_count - 1,
@@ -1197,11 +1197,11 @@ class StepSampler:
                 self.epoch,
                 probe_time,
             )
-            server.inbox.append(handed)
+            handoff.steps.append(handed)
         else:
             pending.probe_time = probe_time
-            server.inbox.append(pending)
-        server.appended += 1
+            handoff.steps.append(pending)
+        handoff.appended += 1
         # The last scalar backpropagated, released after the probe timed itself: where the
         # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
         self._last_held = None

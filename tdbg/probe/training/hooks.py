@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from tdbg.probe import state_tap
 from tdbg.probe.device_copy import recorded_event
-from tdbg.probe.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
+from tdbg.probe.training import state_tap
+from tdbg.probe.training.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
 
 perf = time.perf_counter
 _thread_id = threading.get_ident

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from tdbg.probe.hook_refs import is_compiling
+from tdbg.probe.training.hook_refs import is_compiling
 
 
 class Listener(Protocol):

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from tdbg.probe.hook_refs import is_tdbg_hook
+from tdbg.probe.training.hook_refs import is_tdbg_hook
 
 # The module hook dicts TorchScript compiles into a scripted module (it ignores the others).
 _SCRIPTED_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")

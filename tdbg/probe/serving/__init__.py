@@ -1,0 +1,1 @@
+"""The probe thread's side: the socket, resolving steps, alerts, recording."""
