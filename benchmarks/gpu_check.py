@@ -131,16 +131,16 @@ def lone_loss(device: torch.device) -> None:
     data gap finite and >= 0 on the steps whose phases were timed (these short steps: one in a
     few, under MAX_PHASE_GAP apart), NaN on the others; and with every step timed (the
     probe's rule for steps of 20 ms or more), every step's."""
-    from tdbg.probe.training import sampler
+    from tdbg.probe.training import cost_model
 
     for dtype in (torch.float32, torch.bfloat16):
         lone_loss_of(device, dtype, every_step=False)
-    timed_from = sampler.MARK_EVERY_STEP_FROM
-    sampler.MARK_EVERY_STEP_FROM = 0.0  # steps of any length: every one timed
+    timed_from = cost_model.MARK_EVERY_STEP_FROM
+    cost_model.MARK_EVERY_STEP_FROM = 0.0  # steps of any length: every one timed
     try:
         lone_loss_of(device, torch.float32, every_step=True)
     finally:
-        sampler.MARK_EVERY_STEP_FROM = timed_from
+        cost_model.MARK_EVERY_STEP_FROM = timed_from
 
 
 def lone_loss_of(device: torch.device, dtype: torch.dtype, every_step: bool) -> None:

@@ -61,12 +61,12 @@ from thread_cpu import (  # noqa: E402
 )
 
 import tdbg  # noqa: E402
-from tdbg.probe.training import sampler as sampler_module  # noqa: E402
+from tdbg.probe.training import cost_model  # noqa: E402
 from tdbg.probe.training.hooks import marker  # noqa: E402
 
 PAUSED, NO_MARKS = "watched, thread paused", "watched, no marks"
 EVERY_MARK = "watched, every step timed"
-TIMED_FROM = sampler_module.MARK_EVERY_STEP_FROM
+TIMED_FROM = cost_model.MARK_EVERY_STEP_FROM
 NAN = float("nan")
 
 
@@ -104,7 +104,7 @@ def arrange(probe: tdbg.Probe, arm: str) -> tdbg.Probe | None:
         sampler._cuda_mark = probe._hooks._mark = marker(sampler._cuda_device)
         sampler.use_marks(probe._hooks, sampler._marked)
     # Steps of any length have their phases timed: every step's (0.0), or the probe's own rule.
-    sampler_module.MARK_EVERY_STEP_FROM = 0.0 if arm == EVERY_MARK else TIMED_FROM
+    cost_model.MARK_EVERY_STEP_FROM = 0.0 if arm == EVERY_MARK else TIMED_FROM
     return probe if watched else None
 
 

@@ -132,7 +132,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     import threading
 
     from tdbg.probe import watch
-    from tdbg.probe.training import hooks, sampler, taps
+    from tdbg.probe.training import cost_model, grad_passes, hooks, sampler, step_values, taps
 
     ticks = [0.0]
     training = threading.get_ident()
@@ -142,7 +142,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
             ticks[0] += 1e-6
         return ticks[0]
 
-    for module in (hooks, sampler, watch):
+    for module in (hooks, sampler, watch, cost_model, grad_passes, step_values):
         monkeypatch.setattr(module, "perf", clock)
     monkeypatch.setattr(taps, "_perf", clock)
     clock.ticks = ticks  # type: ignore[attr-defined]
@@ -156,7 +156,7 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
     # has (interleaved.py: the fixed work costs the training thread 2.4 times what the probe
     # times of it): the step's probe_time, which the interval and cost_fraction go by, counts
     # the fixed work at that. The fake clock makes the timed part exact.
-    from tdbg.probe.training import budget, sampler
+    from tdbg.probe.training import budget, cost_model
 
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
@@ -165,7 +165,7 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
         sent = handed_over(probe, monkeypatch)
         loop.run(6, probe)
         counted = [p.probe_time for p in sent[2:]]
-        monkeypatch.setattr(sampler, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(cost_model, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
         loop.run(6, probe)
         timed = [p.probe_time for p in sent[8:]]
     finally:
@@ -181,7 +181,7 @@ def test_work_the_probe_times_whole_is_not_scaled(
     # The 2.4x is for the hooks' few cold lines, not for work whose timers see all of it: the
     # skip_nonfinite guard's read of every gradient (here made to take 1 ms of the fake clock)
     # is counted once, with or without the factor.
-    from tdbg.probe.training import guard, sampler
+    from tdbg.probe.training import cost_model, guard
 
     check = guard.NonfiniteGuard.check_and_skip
 
@@ -196,7 +196,7 @@ def test_work_the_probe_times_whole_is_not_scaled(
         probe._hooks._mark = probe._sampler._mark = fake_clock
         sent = handed_over(probe, monkeypatch)
         loop.run(4, probe)
-        monkeypatch.setattr(sampler, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(cost_model, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
         loop.run(4, probe)
     finally:
         probe.close()

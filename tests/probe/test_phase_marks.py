@@ -15,7 +15,7 @@ import torch
 from conftest import Loop, handed_over
 
 import tdbg
-from tdbg.probe.training import sampler as sampler_module
+from tdbg.probe.training import cost_model
 from tdbg.probe.training.hooks import CudaMark
 from tdbg.protocol.steps import MAX_PHASE_GAP
 
@@ -56,7 +56,7 @@ def on_a_fake_gpu(probe: Any) -> None:
 def run_steps(monkeypatch: pytest.MonkeyPatch, steps: int, timed_from: float) -> list[Any]:
     """The records of ``steps`` steps of a real loop watched as on a GPU, every step of which
     is shorter than ``timed_from`` seconds or not, as the test sets it; and the loop's losses."""
-    monkeypatch.setattr(sampler_module, "MARK_EVERY_STEP_FROM", timed_from)
+    monkeypatch.setattr(cost_model, "MARK_EVERY_STEP_FROM", timed_from)
     loop = Loop(seed=3)
     probe = tdbg.watch(loop.model, loop.opt, name="marks", grad_every=5)
     on_a_fake_gpu(probe)
@@ -144,8 +144,8 @@ def test_the_gap_follows_the_step_length(runtime_dir: Path) -> None:
     """One step in ceil(threshold / step time) is timed on average: 5 ms steps under the 20 ms
     threshold, one in 4, at most 7 apart; steps far shorter, one in MAX_MEAN_GAP, under
     MAX_PHASE_GAP apart; steps of the threshold or longer, every one."""
-    assert sampler_module.MARK_EVERY_STEP_FROM == 0.02
-    for step, mean, longest in ((0.005, 4, 7), (1e-6, sampler_module.MAX_MEAN_GAP, 31)):
+    assert cost_model.MARK_EVERY_STEP_FROM == 0.02
+    for step, mean, longest in ((0.005, 4, 7), (1e-6, cost_model.MAX_MEAN_GAP, 31)):
         timed = planned(step, 4000)
         distances = [b - a for a, b in zip(timed, timed[1:], strict=False)]
         assert max(distances) == longest < MAX_PHASE_GAP
@@ -171,7 +171,7 @@ def test_a_gpu_bound_step_costs_what_the_probe_adds_to_the_device(
     device's: a step costs what the probe adds to the device (a gradient pass's device time),
     not its host time, and the cost the probe reports says so. Where the device keeps up
     (launch-bound), the host time is the cost, as on the CPU."""
-    monkeypatch.setattr(sampler_module, "MARK_EVERY_STEP_FROM", 0.0)  # every step's end a mark
+    monkeypatch.setattr(cost_model, "MARK_EVERY_STEP_FROM", 0.0)  # every step's end a mark
 
     def run(busy: bool) -> list[Any]:
         loop = Loop(seed=5)
@@ -203,7 +203,7 @@ def test_passes_on_gpu_bound_steps_are_not_free_to_the_interval(
     measured its host time is what the step reports, and the interval always goes by a pass's
     host time (how much room the host has behind the device is not known). Before, the
     interval collapsed to a pass every step, each reported as costing nothing."""
-    monkeypatch.setattr(sampler_module, "MARK_EVERY_STEP_FROM", 0.0)
+    monkeypatch.setattr(cost_model, "MARK_EVERY_STEP_FROM", 0.0)
     loop = Loop(seed=6)
     probe = tdbg.watch(loop.model, loop.opt, name="bound-auto")  # the adaptive interval
     on_a_fake_gpu(probe)
@@ -239,7 +239,7 @@ def evaluate(loop: Loop) -> None:
 def eval_run(monkeypatch: pytest.MonkeyPatch, gpu: bool) -> list[Any]:
     """Ten steps of a real loop, validated before step 4's forward and (a forward without
     grad after the update, before probe.step()) inside step 7; the records."""
-    monkeypatch.setattr(sampler_module, "MARK_EVERY_STEP_FROM", 0.0)  # every step timed
+    monkeypatch.setattr(cost_model, "MARK_EVERY_STEP_FROM", 0.0)  # every step timed
     loop = Loop(seed=6)
     probe = tdbg.watch(loop.model, loop.opt, name="eval", grad_every=5)
     if gpu:

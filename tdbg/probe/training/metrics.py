@@ -114,7 +114,7 @@ class MetricsDesk:
             if value.device.type == "cpu":
                 return float(value.detach())  # float64 and ints read as they are
             return value.detach().reshape(1).float()
-        number = _number(value)
+        number = as_number(value)
         if number is _COMPLEX:
             self._complex(name, f"a {type(value).__name__} value")
             return None
@@ -164,8 +164,8 @@ class MetricsDesk:
         return True
 
 
-_COMPLEX = object()  # _number: a complex value
-_OVERFLOW = object()  # _number: an integer past float's range
+_COMPLEX = object()  # as_number: a complex value
+_OVERFLOW = object()  # as_number: an integer past float's range
 
 
 def _short(value: Any) -> str:
@@ -173,7 +173,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _number(value: Any) -> Any:
+def as_number(value: Any) -> Any:
     """A float, or _COMPLEX / _OVERFLOW, or None (not a number). bool, int, float, NumPy
     scalars and one-element arrays, and any ``numbers.Real``."""
     if isinstance(value, bool):
@@ -190,7 +190,7 @@ def _number(value: Any) -> Any:
 
         if isinstance(value, np.ndarray | np.generic) and np.size(value) == 1:
             item = np.asarray(value).reshape(()).item()
-            return None if isinstance(item, np.ndarray | np.generic) else _number(item)
+            return None if isinstance(item, np.ndarray | np.generic) else as_number(item)
     except ImportError:
         pass
     return None

@@ -143,7 +143,7 @@ class PendingStep:
             self.grad_device_time = grad_time
         grad_total: float | None = None
         grad_norms: array | None = None
-        # The loss alone is copied as it is, in its own shape and dtype (see _stage_values).
+        # The loss alone is copied as it is, in its own shape and dtype (see stage_values).
         host = None if self.values is None else self.values.reshape(-1).float()
         scalars = {name: float(value) for name, value in (self.host_scalars or {}).items()}
         if host is not None and self.device_scalars:

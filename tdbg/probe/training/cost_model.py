@@ -1,0 +1,149 @@
+"""What the probe costs the loop, step by step, and the gradient interval keeping it in budget."""
+
+from __future__ import annotations
+
+import math
+
+from tdbg.probe.training.budget import FIXED_UNTIMED, gradient_interval
+from tdbg.probe.training.gradients import GradSample
+from tdbg.probe.training.hooks import PhaseHooks, perf
+from tdbg.probe.training.sampler_state import NAN, SamplerState
+from tdbg.protocol.steps import MAX_PHASE_GAP
+
+_FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
+EMA = 0.1  # weight of the newest value in the running averages of step time and costs
+# Weight of the newest step in the probe's spent fraction (its time over the step's): ~100
+# steps' memory, like the 200-step window of the cost_fraction it reports.
+SPENT_EMA = 0.01
+# A GPU run's steps at least this long (seconds) each have their phases timed with CUDA events;
+# shorter ones one step in ceil(this / step) on average, at most MAX_PHASE_GAP apart: the ~5
+# events a timed step records cost tens of microseconds of host time, several percent of a
+# 2 ms launch-bound step (benchmarks/HISTORY.md, "On a GPU").
+MARK_EVERY_STEP_FROM = 0.02
+# The mean distance between timed steps is at most this: random distances up to twice it
+# less one stay within MAX_PHASE_GAP.
+MAX_MEAN_GAP = MAX_PHASE_GAP // 2
+
+
+class CostModel(SamplerState):
+    """Running averages of the step, the fixed work and a gradient pass; the interval from them."""
+
+    __slots__ = ()
+
+    def _account(
+        self,
+        t0: float,
+        hooks: PhaseHooks,
+        step_time: float,
+        sample: GradSample | None,
+        hidden: bool,
+        micro: int,
+    ) -> float:
+        """Count the step just handed over: what the probe cost it (returned: its probe_time),
+        the running averages the gradient interval goes by, and whether the next step samples.
+        ``t0``: when probe.step() began; ``hidden``: a GPU-bound step whose host work the
+        device hides; ``micro``: its micro-batches."""
+        self._pass_batches += micro or 1
+        self.step_count += 1
+        # The gradient pass is counted once: in this call or in the hook that ran it. The taps'
+        # time (backward, optimizer steps) is the probe's cost too.
+        hook_seconds, hooks.seconds = hooks.seconds, 0.0
+        tap_seconds = self._tap_seconds  # taps.take_seconds(), written out
+        timed = (perf() - t0) + hook_seconds + tap_seconds[0]
+        tap_seconds[0] = 0.0
+        # What the fixed work (the hooks' and this call's few lines) costs the loop, not only
+        # what the probe timed of it: torch's calls into the hooks and their cold entry,
+        # outside any timer (budget.FIXED_UNTIMED). Work timed whole is counted as timed.
+        # (A conditional, not max(): a builtin's first call here costs microseconds.)
+        untimed = timed - self._grad_seconds
+        fixed = untimed * _FIXED_SCALE if untimed > 0.0 else 0.0
+        probe_time = host_time = self._grad_seconds + fixed
+        if hidden and (sample is None or self._grad_device_cost > 0.0):
+            # A GPU-bound step: the host's work costs the step nothing (the device sets its
+            # pace); what the probe adds is its kernels' device time, a gradient pass's (as
+            # measured of the recent ones: until one is, its host time counts). Measured on an
+            # H200 at batch 8192: +0.03-0.15 % where the host times read 2.6-4.6 %
+            # (benchmarks/README.md).
+            probe_time = self._grad_device_cost if sample is not None else 0.0
+        self._grad_seconds = 0.0
+        # The interval's model of the cost: what every step pays (the running average over
+        # steps without a gradient pass) plus, every k steps, what a step with one pays on top
+        # of that: the pass and all that comes with it (its staging, its share of the fixed
+        # work, the weights where a NaN was found), so that the model's cost is the one the
+        # probe reports. (The pass's own time alone left out the rest: 1.2-1.3 % measured for
+        # a 1 % budget on the cnn demo's paced steps.)
+        if sample is None:
+            self._fixed_cost = (
+                probe_time
+                if self._fixed_cost == 0.0
+                else ((1 - EMA) * self._fixed_cost + EMA * probe_time)
+            )
+        elif not self._replanned:
+            # A pass's host time, hidden or not: how much room the host has left behind the
+            # device is not known, and passes as often as their device time alone allows could
+            # make the host the bottleneck (then its work counts again, and the interval would
+            # swing between the two).
+            surplus = max(0.0, host_time - self._fixed_cost)
+            cost = self._grad_cost
+            self._grad_cost = surplus if cost == 0.0 else (1 - EMA) * cost + EMA * surplus
+        self._replanned = False
+        # The running averages the interval goes by, written out (this runs after the update,
+        # where each function entered costs microseconds); the interval itself is worked out
+        # when a pass may be due, after one, and every 8 steps (an interval that the costs
+        # have since shortened takes effect within 8 steps).
+        if sample is not None:
+            self._last_sampled = self.step_count - 1
+        if step_time == step_time and step_time > 0:
+            ema = self._step_ema
+            self._step_ema = step_time if ema == 0.0 else (1 - EMA) * ema + EMA * step_time
+            # Every step's whole probe time, the gradient passes and what each step pays,
+            # against the step's: the cost the budget is about, as the probe reports it.
+            self._spent_probe = (1 - SPENT_EMA) * self._spent_probe + SPENT_EMA * probe_time
+            self._spent_step = (1 - SPENT_EMA) * self._spent_step + SPENT_EMA * step_time
+        since = self.step_count - self._last_sampled
+        if self.grad_every is not None:
+            self.grad_interval = self.grad_every
+        elif since >= self.grad_interval or sample is not None or self.step_count % 8 == 0:
+            step, grad, fixed_cost, spent = self.measured_costs()
+            self.grad_interval = gradient_interval(
+                step, grad, fixed_cost, self.overhead_budget, spent
+            )
+        self._sample_now = since >= self.grad_interval
+        return probe_time
+
+    def _plan_marks(self, hooks: PhaseHooks) -> None:
+        """Whether the next step of a GPU run has its phases timed (CUDA events) or marked
+        with the host clock only (its phase columns NaN): every step when steps take
+        MARK_EVERY_STEP_FROM or more (or are not known yet), else one in ``gap`` on average,
+        ``gap`` = ceil(MARK_EVERY_STEP_FROM / step) <= MAX_MEAN_GAP, each distance drawn
+        uniformly from 1 .. 2 * gap - 1."""
+        step = self._step_ema
+        gap = 1
+        if 0.0 < step < MARK_EVERY_STEP_FROM:
+            gap = min(MAX_MEAN_GAP, math.ceil(MARK_EVERY_STEP_FROM / step))
+        marked = self.step_count >= self._next_marked or gap == 1
+        if marked:
+            self._next_marked = self.step_count + 1 + int(self._mark_rng.random() * (2 * gap - 1))
+        self.use_marks(hooks, marked)
+
+    def use_marks(self, hooks: PhaseHooks, timed: bool) -> None:
+        """Mark the next step of a GPU run with CUDA events (``timed``: its phases timed) or
+        with the host clock alone, the sampler and ``hooks`` alike."""
+        self._marked = timed
+        self._mark = self._cuda_mark if timed else perf
+        hooks.host_marks = not timed
+
+    def on_grad_device_time(self, seconds: float) -> None:
+        """From the probe thread: a resolved gradient pass's device time (one float store)."""
+        if seconds == seconds and seconds > 0:
+            cost = self._grad_device_cost
+            self._grad_device_cost = seconds if cost == 0.0 else (1 - EMA) * cost + EMA * seconds
+
+    def measured_costs(self) -> tuple[float, float, float, float]:
+        """What the adaptive interval goes by (running averages, seconds): a step; what a step
+        with a gradient pass costs the loop on top of one without (or the pass's device time,
+        where larger); the probe's cost on a step without one; and the fraction of step time
+        the probe spent over its recent steps (NaN until known)."""
+        spent = self._spent_probe / self._spent_step if self._spent_step > 0 else NAN
+        grad = max(self._grad_cost, self._grad_device_cost)
+        return self._step_ema, grad, self._fixed_cost, spent
