@@ -162,6 +162,19 @@ def fmt_rate(value: object) -> str:
     return f"{v:.2g}"
 
 
+def fmt_params(value: object) -> str:
+    """A count of parameters (or elements): whole below 10,000 (``4128``), then with k/M/G and
+    three significant digits (``33k``, ``1.25M``, ``7.24G``)."""
+    v = number(value)
+    if v is None or not math.isfinite(v):
+        return NA
+    if abs(v) >= 1e4:
+        for scale, suffix in _SI:
+            if abs(v) >= scale:
+                return f"{v / scale:.3g}{suffix}"
+    return f"{v:.0f}"
+
+
 def fmt_count(value: object, noun: str) -> str:
     """A whole count with its noun, singular for one: ``1 step``, ``10 steps``, ``n/a steps``."""
     v = number(value)

@@ -16,6 +16,7 @@ from tdbg.format import finite_tree as finite_tree
 from tdbg.format import unfinite as unfinite
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.messages.results import result_from_wire
+from tdbg.protocol.messages.run import read_layer_facts
 from tdbg.protocol.steps import PHASES, unpack_steps
 from tdbg.recording.reader import Recording, open_recording
 
@@ -229,6 +230,8 @@ def message_events(
                 watched["gone_at"] = [presence.gone_at[i] for i in watched["gone"]]
             if presence.since:
                 watched["since"] = list(presence.since)
+            # The model summary's columns, as read (whole and well typed only).
+            watched.update(read_layer_facts(msg, len(layers)))
             if hello:
                 hello["numel"] = msg.get("numel", [])
                 hello.update(watched)

@@ -36,3 +36,17 @@ def read_state(text: str, args: argparse.Namespace) -> RunState:
     finally:
         client.close()
     return state
+
+
+def the_only_run() -> str:
+    """The one local run's socket, for a command given no TARGET; else a one-line error."""
+    from tdbg.connect.runtime import discover, runtime_dir
+
+    entries = discover()
+    if len(entries) != 1:
+        raise CliError(
+            f"no tdbg runs in {runtime_dir()}"
+            if not entries
+            else f"{len(entries)} runs here: name one (tdbg ls lists them)"
+        )
+    return str(entries[0].socket)

@@ -41,6 +41,7 @@ from tdbg.cli.report import PROFILE_COLUMNS
 from tdbg.cli.run import add_run_parser
 from tdbg.cli.run_report import add_report_parser
 from tdbg.cli.status import add_status_parser
+from tdbg.cli.summary import add_summary_parser
 from tdbg.cli.target_args import (
     TARGET_HELP,
     add_remote_options,
@@ -390,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_status_parser(sub)
     add_report_parser(sub)
+    add_summary_parser(sub)
     add_alerts_parser(sub)
     add_compare_parser(sub)
     add_export_parser(sub)

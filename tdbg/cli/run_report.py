@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
-from tdbg.cli.glance import SYNC_SECONDS, read_state
+from tdbg.cli.glance import SYNC_SECONDS, read_state, the_only_run
 from tdbg.cli.job_targets import (
     add_job_option,
     job_by_name,
@@ -86,18 +86,7 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     else:
         if len(args.targets) > 1:
             raise CliError("report takes one run (or the recordings of one job's ranks)")
-        text = args.targets[0] if args.targets else None
-        if text is None:
-            from tdbg.connect.runtime import discover, runtime_dir
-
-            entries = discover()
-            if len(entries) != 1:
-                raise CliError(
-                    f"no tdbg runs in {runtime_dir()}"
-                    if not entries
-                    else f"{len(entries)} runs here: name one (tdbg ls lists them)"
-                )
-            text = str(entries[0].socket)
+        text = args.targets[0] if args.targets else the_only_run()
         report = diagnose(read_state(text, args))
     if args.html:
         from tdbg.cli.report_html import write_html

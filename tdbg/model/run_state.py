@@ -20,6 +20,7 @@ from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.messages.alert import Alert
 from tdbg.protocol.messages.reports import ProbeHealth, System
+from tdbg.protocol.messages.run import read_layer_facts
 from tdbg.protocol.steps import (
     F64_COLUMNS,
     MAX_LR_COLUMNS,
@@ -73,6 +74,8 @@ class RunState:
         self.layer_numel: list[int] = []
         self.layer_model: list[int] = []  # per layer, its model's index in ``models``
         self.layer_models: list[str] | None = None  # the ``layers`` message's models, if sent
+        # The model summary's columns the ``layers`` message carried (model_summary.py).
+        self.layer_facts: dict[str, list[Any]] = {}
         self.metrics = MetricStore()
         self.steps = GrowArray(np.int64)
         self.has_loss = GrowArray(np.bool_)
@@ -165,6 +168,7 @@ class RunState:
         names = [str(n) for n in message.get("names") or []]
         numel = [int(n) for n in message.get("numel") or []]
         self.presence = read_layer_presence(message, len(names))
+        self.layer_facts = read_layer_facts(message, len(names))
         models = message.get("models")
         if isinstance(models, list) and models:
             self.layer_models = [str(m) for m in models]

@@ -173,6 +173,7 @@ class Timeline:
         state.layer_model = list(full.layer_model)
         state.layer_models = full.layer_models
         state.presence = full.presence
+        state.layer_facts = full.layer_facts
         state.synced = True
         state.total_steps = len(self)
         state.end_reason = "replay"

@@ -35,6 +35,7 @@ from tdbg.probe.serving.server import ProbeServer
 from tdbg.probe.training import script_tap, taps
 from tdbg.probe.training.gradients import Layer, find_layers
 from tdbg.probe.training.hooks import PhaseHooks, perf
+from tdbg.probe.training.layer_facts import layer_facts
 from tdbg.probe.training.metrics import MetricsDesk
 from tdbg.probe.training.sampler import StepSampler
 from tdbg.probe.watch_args import (
@@ -162,6 +163,7 @@ class Probe:
             recorder=recorder,
             layer_models=self._layer_models if several else None,
             layer_types=[layer.module_type for layer in self._layers],
+            layer_facts=layer_facts(self._layers, [opt for _, _, opt in self._optimizers]),
         )
 
     def _make_sampler(
@@ -632,6 +634,7 @@ class Probe:
             [gone_at[i] for i in gone],
             # Frozen now (a backbone frozen with its head replaced): a zero norm is expected.
             [i for i, layer in enumerate(layers) if layer.params and not layer.trainable],
+            layer_facts(layers, [opt for _, _, opt in optimizers]),
         )
 
     def _after_fork_in_child(self) -> None:

@@ -95,6 +95,7 @@ class ProbeServer:
         recorder: Recorder | None = None,
         layer_models: list[int] | None = None,
         layer_types: list[str] | None = None,
+        layer_facts: Mapping[str, list[str] | list[int]] | None = None,
     ) -> None:
         # The one hand-off from the training thread; its queues by the names this thread reads.
         self.handoff = Inbox()
@@ -103,6 +104,7 @@ class ProbeServer:
         self.layer_names = layer_names
         self.layer_numel = layer_numel
         self.layer_models = layer_models  # per layer, its model's index (several models)
+        self.layer_facts = layer_facts  # the model summary's columns (layer_facts.py)
         # From MetricsDesk (training thread): tdbg.log() batches, read off the training thread.
         self.metrics_inbox: deque[PendingMetrics] = self.handoff.metrics
         self.metrics = MetricsHistory()
@@ -147,6 +149,10 @@ class ProbeServer:
         # Slow work for the sampler thread (profiler tables, snapshot files), so that neither
         # the training thread nor the socket loop waits on it.
         self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        if recorder is not None:
+            # A recording starts with the layers as clients get them (several models' owners,
+            # the model summary), not only their names.
+            recorder.layers = self._layers_message()
 
     @property
     def serving(self) -> bool:
@@ -179,6 +185,7 @@ class ProbeServer:
         since: list[int],
         gone_at: list[int],
         frozen: list[int],
+        facts: Mapping[str, list[str] | list[int]] | None = None,
     ) -> None:
         """From the training thread: the watched layers changed (names only grow). The probe
         thread applies it before the next steps it sends (one reference swap: no lock)."""
@@ -194,6 +201,7 @@ class ProbeServer:
             since,
             gone_at,
             frozen,
+            facts,
         )
         self.wake()
 
@@ -201,8 +209,9 @@ class ProbeServer:
         layout, self._layout = self._layout, None
         if layout is None:
             return []
-        names, numel, layer_models, models, gone, optimizers, since, gone_at, frozen = layout
+        names, numel, layer_models, models, gone, optimizers, since, gone_at, frozen, facts = layout
         self.layer_names, self.layer_numel, self.layer_models = names, numel, layer_models
+        self.layer_facts = facts
         self.gone, self.layer_since, self.gone_at = gone, since, gone_at
         self.history.n_layers = len(names)
         # A gone layer's NaN from its first step without it on is no norm (GradSample.gone);
@@ -231,6 +240,7 @@ class ProbeServer:
             gone=self.gone,
             since=self.layer_since,
             gone_at=self.gone_at,
+            facts=self.layer_facts,
         )
 
     def take_commands(self, desk: CommandDesk, auto_nan_hunt: bool) -> None:

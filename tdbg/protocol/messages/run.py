@@ -75,6 +75,19 @@ class Layers(TypedDict):
     # (the row was read before the layer came, or after it went), not a non-finite one.
     since: NotRequired[list[int]]
     gone_at: NotRequired[list[int]]  # per ``gone`` layer, the first step without its norm
+    # The model summary, per layer (tdbg.probe.training.layer_facts): the owning module's class,
+    # its parameters' dtypes and devices ("+"-joined when they differ), bytes, elements with
+    # requires_grad, and the index in the run's ``optimizers`` of the one updating it (-1: none).
+    types: NotRequired[list[str]]
+    dtypes: NotRequired[list[str]]
+    devices: NotRequired[list[str]]
+    bytes: NotRequired[list[int]]
+    trainable: NotRequired[list[int]]
+    optimizer: NotRequired[list[int]]
+
+
+# The model summary's per-layer columns in the ``layers`` message, by name.
+SUMMARY_FIELDS = ("types", "dtypes", "devices", "bytes", "trainable", "optimizer")
 
 
 def layers_message(
@@ -86,10 +99,16 @@ def layers_message(
     gone: list[int] | None = None,
     since: list[int] | None = None,
     gone_at: list[int] | None = None,
+    facts: Mapping[str, list[str] | list[int]] | None = None,
 ) -> Layers:
     """The ``layers`` message; ``model`` only with several models, ``gone`` only when not empty,
-    ``since`` only when a layer came mid-run."""
+    ``since`` only when a layer came mid-run; ``facts``: the model summary's columns, each kept
+    only when it has one entry per layer."""
     layers: Layers = {"type": "layers", "names": names, "numel": numel}
+    for key in SUMMARY_FIELDS:
+        column = (facts or {}).get(key)
+        if column is not None and len(column) == len(names):
+            layers[key] = list(column)  # type: ignore[literal-required]
     if model is not None:
         layers["model"] = model
     if gone:
@@ -150,6 +169,27 @@ def read_layer_presence(message: Any, n_layers: int) -> LayerPresence:
             if type(i) is int and 0 <= i < n_layers:
                 gone_at[i] = step(first) or 0
     return LayerPresence(since, gone_at)
+
+
+_TEXT_FIELDS = frozenset({"types", "dtypes", "devices"})
+
+
+def read_layer_facts(message: Any, n_layers: int) -> dict[str, list[Any]]:
+    """The ``layers`` message's summary columns that are whole and well typed (one entry per
+    layer: strings, or ints that are not bools); any other is left out, not guessed."""
+    facts: dict[str, list[Any]] = {}
+    if not isinstance(message, dict):
+        return facts
+    for key in SUMMARY_FIELDS:
+        column = message.get(key)
+        if not isinstance(column, list) or len(column) != n_layers:
+            continue
+        if key in _TEXT_FIELDS:
+            if all(isinstance(v, str) for v in column):
+                facts[key] = [str(v) for v in column]
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in column):
+            facts[key] = [int(v) for v in column]
+    return facts
 
 
 class StepsHeader(TypedDict):

@@ -19,6 +19,8 @@ h            gradients: table / heatmap
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradients: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type; enter keeps, escape clears
+i            the model: each layer's type, parameters, frozen or not, dtype, device,
+             bytes, optimizer; the layers to look at (as `tdbg summary` prints it)
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
 Loss chart (tab to it; these keys while it has the focus):

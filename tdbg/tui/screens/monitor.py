@@ -16,9 +16,11 @@ from textual.widgets import ContentSwitcher, DataTable, Footer, Sparkline, Stati
 
 from tdbg.format import fmt, fmt_loss, fmt_percent
 from tdbg.model.deep import DIVES, label
+from tdbg.model.model_summary import model_summary
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages.commands import COMMANDS
 from tdbg.tui.screens.alert_detail import AlertDetailScreen
+from tdbg.tui.screens.model_info import ModelInfoScreen
 from tdbg.tui.screens.profile_form import ProfileFormScreen
 from tdbg.tui.widgets.activation_table import ActivationTable
 from tdbg.tui.widgets.alert_list import AlertList
@@ -100,6 +102,7 @@ class MonitorScreen(Screen[None]):
         Binding("o", "cycle_sort", "Sort"),
         Binding("h", "toggle_heatmap", "Heatmap"),
         Binding("l", "toggle_log", "Log"),
+        Binding("i", "model_info", "Model", show=False),
         # The gradient panel's own keys, from anywhere on the screen (it need not have focus).
         Binding("slash", "filter_layers", "Filter layers", show=False),
         Binding("t", "trend_scale", "Trend scale", show=False),
@@ -172,6 +175,11 @@ class MonitorScreen(Screen[None]):
     def on_alert_list_alert_chosen(self, event: AlertList.AlertChosen) -> None:
         event.stop()
         self.app.push_screen(AlertDetailScreen(event.row))
+
+    def action_model_info(self) -> None:
+        """What the run trains: its layers, parameters, frozen ones, dtypes and devices."""
+        if self._state is not None:
+            self.app.push_screen(ModelInfoScreen(model_summary(self._state)))
 
     def action_toggle_log(self) -> None:
         self.log_scale = not self.log_scale
