@@ -17,6 +17,7 @@ from tdbg.format import unfinite as unfinite
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.messages.results import result_from_wire
 from tdbg.protocol.messages.run import read_layer_facts
+from tdbg.protocol.messages.updates import UpdateRatios
 from tdbg.protocol.steps import PHASES, unpack_steps
 from tdbg.recording.reader import Recording, open_recording
 
@@ -275,6 +276,10 @@ def message_events(
                 yield result
         elif mtype == "activations":
             yield activations_event(msg)
+        elif mtype == "updates":
+            event = updates_event(msg, layers)
+            if event is not None:
+                yield event
         elif mtype == "metrics":
             yield from metric_events(msg)
         elif mtype == "synced":
@@ -287,6 +292,22 @@ def message_events(
     if hello and always_hello:  # a recording without messages still says which run it was
         yield hello
     return False
+
+
+def updates_event(msg: dict[str, Any], layers: list[str]) -> dict[str, Any] | None:
+    """An ``updates`` message as its event: the step and each measured layer's ratio by name
+    (``"nan"`` where its weights were zero); None when it is malformed."""
+    measured = UpdateRatios.from_wire(msg)
+    if measured is None:
+        return None
+    ratios = {
+        layers[i] if i < len(layers) else f"layer {i}": r
+        for i, r in zip(measured.layers, measured.ratios, strict=True)
+    }
+    event: dict[str, Any] = {"type": "updates", "step": measured.step, "ratios": ratios}
+    if measured.history:
+        event["history"] = True
+    return finite_tree(event)
 
 
 def _tapped(

@@ -21,6 +21,7 @@ from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metr
 from tdbg.protocol.messages.alert import Alert
 from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.protocol.messages.run import read_layer_facts
+from tdbg.protocol.messages.updates import UpdateRatios
 from tdbg.protocol.steps import (
     F64_COLUMNS,
     MAX_LR_COLUMNS,
@@ -76,6 +77,10 @@ class RunState:
         self.layer_models: list[str] | None = None  # the ``layers`` message's models, if sent
         # The model summary's columns the ``layers`` message carried (model_summary.py).
         self.layer_facts: dict[str, list[Any]] = {}
+        # Each layer's latest update ratio ‖Δw‖/‖w‖ and the step it was measured at (``updates``
+        # messages: sampled steps, the layers in turns on a large model).
+        self.update_ratio: dict[int, tuple[int, float]] = {}
+        self.update_revision = 0  # changes with each ``updates`` message applied
         self.metrics = MetricStore()
         self.steps = GrowArray(np.int64)
         self.has_loss = GrowArray(np.bool_)
@@ -138,6 +143,15 @@ class RunState:
             self._apply_steps(message)
         elif mtype == "layers":
             self._apply_layers(message)
+        elif mtype == "updates":
+            measured = UpdateRatios.from_wire(message)
+            if measured is None:
+                return
+            for layer, ratio in zip(measured.layers, measured.ratios, strict=True):
+                seen = self.update_ratio.get(layer)
+                if seen is None or seen[0] <= measured.step:
+                    self.update_ratio[layer] = (measured.step, ratio)
+            self.update_revision += 1
         elif mtype == "alert":
             self._apply_alert(message)
         elif mtype == "system":
@@ -454,6 +468,22 @@ class RunState:
         at = np.asarray(steps, dtype=np.int64)[:, None]
         first, until = (np.asarray(b, dtype=np.int64)[None, :] for b in presence.window(n_layers))
         return np.isnan(rows) & ((at < first) | (at >= until))
+
+    @property
+    def grads_revision(self) -> tuple[int, int]:
+        """Changes whenever the gradient panel's figures do: a row of norms, or ratios."""
+        return (self.grads.total_rows, self.update_revision)
+
+    def update_ratios(self) -> np.ndarray | None:
+        """Per layer its latest update ratio (NaN: not measured yet); None when the run sent
+        none (an older probe, or no sampled step yet)."""
+        if not self.update_ratio:
+            return None
+        out = np.full(len(self.layer_names), np.nan)
+        for layer, (_, ratio) in self.update_ratio.items():
+            if layer < len(out):
+                out[layer] = ratio
+        return out
 
     def layer_trends(self, n: int = 16) -> np.ndarray:
         """Per-layer trend of the last ``n`` sampled rows: log10(newest / mean of the older half).

@@ -32,6 +32,7 @@ from tdbg.model.grad_history import GradHistory
 from tdbg.model.run_state import MAX_ALERTS, Alert, RunState
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages.reports import ProbeHealth, System
+from tdbg.protocol.messages.updates import UpdateRatios
 from tdbg.recording.reader import Recording
 
 DEEP_CHECKPOINT = 128  # deep-dive messages between DeepState checkpoints
@@ -70,6 +71,7 @@ class Timeline:
             "probe": ([], []),
         }
         deep: list[tuple[int, int, dict[str, Any]]] = []
+        self._updates: list[UpdateRatios] = []  # in the order recorded (their steps ascend)
         grad_steps: list[np.ndarray] = []
         grad_rows: list[np.ndarray] = []
         for msg in recording.messages() if messages is None else messages:
@@ -88,6 +90,8 @@ class Timeline:
                 self.full.apply(msg)
             elif mtype == "metrics":
                 self.full.apply(msg)
+            elif mtype == "updates" and (measured := UpdateRatios.from_wire(msg)) is not None:
+                self._updates.append(measured)
             elif mtype == "alert" and (alert := Alert.from_wire(msg)) is not None:
                 self._alerts.append((self._own_step(msg, position), alert))
             elif mtype in ("system", "probe"):
@@ -193,6 +197,14 @@ class Timeline:
             len(full.layer_names), self.grad_steps[:g], self.grad_rows[:g]
         )
         self._put_alerts(state, step)
+        for measured in self._updates:  # the latest ratio of each layer, up to the cursor
+            if measured.step > step:
+                break
+            state.update_ratio.update(
+                (layer, (measured.step, ratio))
+                for layer, ratio in zip(measured.layers, measured.ratios, strict=True)
+            )
+            state.update_revision += 1
         state.system, state.probe = self._reports_at(step)
         state.deep = self._deep_at(step)
         return state

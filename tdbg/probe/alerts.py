@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tdbg.protocol.messages.alert import Alert as AlertMessage
+from tdbg.protocol.messages.updates import LARGE_RATIO, TINY_RATIO, UpdateRatios
 from tdbg.protocol.stall import DEFAULT_STALL_RULE
 from tdbg.protocol.steps import StepRecord
 
@@ -19,6 +20,11 @@ SPIKE_Z = 8.0  # robust z-score (median/MAD) that counts as a spike
 SPIKE_RATIO = 3.0  # and the value must also be this many times the median
 LR_ZERO_STEPS = 3  # lr must stay 0 this many steps (warm-up may start at 0)
 MAX_NAMED = 8  # layers named in one message
+# A layer's update ratio below TINY_RATIO this many of its measurements in a row, while another
+# layer's is at least LEARNING_RATIO: it has stopped learning (a learning rate of 0 for its
+# group, an optimizer that skips it, weights that cannot move).
+STUCK_MEASUREMENTS = 5
+LEARNING_RATIO = 1e-5
 
 
 def alert(
@@ -87,6 +93,10 @@ class AlertRules:
         self._active: dict[str, Any] = {}
         self._lr_zero_run = 0
         self.stalled_since: float | None = None
+        # Per layer: its latest update ratio, and how many of its measurements in a row were
+        # tiny.
+        self._ratio: dict[int, float] = {}
+        self._tiny_run: dict[int, int] = {}
 
     def relayout(
         self, layer_names: Sequence[str], gone: Mapping[int, int], frozen: Sequence[int] = ()
@@ -243,6 +253,54 @@ class AlertRules:
                 )
             ]
         return []
+
+    def check_updates(self, measured: UpdateRatios) -> list[AlertMessage]:
+        """Alerts from a sampled step's update ratios: layers that stopped learning while
+        others learn (tiny ratios, ``update_stalled``), and updates too large for their weights
+        (``update_large``). Each on onset, as the gradient alerts are."""
+        names = self.layer_names
+        for layer, ratio in zip(measured.layers, measured.ratios, strict=True):
+            if layer >= len(names) or ratio != ratio:  # not a layer now; no ratio (zero weights)
+                continue
+            self._ratio[layer] = ratio
+            self._tiny_run[layer] = self._tiny_run.get(layer, 0) + 1 if ratio < TINY_RATIO else 0
+        out: list[AlertMessage] = []
+        stuck = [i for i, run in self._tiny_run.items() if run >= STUCK_MEASUREMENTS]
+        learning = [r for i, r in self._ratio.items() if r >= LEARNING_RATIO and i not in stuck]
+        stuck_names = tuple(names[i] for i in sorted(stuck) if i not in self.gone)
+        if not learning:
+            stuck_names = ()  # nothing learns at all: the learning-rate alerts say that
+        if self._onset("update_stalled", stuck_names or None) and stuck_names:
+            typical = statistics.median(learning)
+            worst = max(self._ratio[i] for i in stuck)
+            out.append(
+                alert(
+                    "update_stalled",
+                    "warning",
+                    measured.step,
+                    f"{_names(list(stuck_names))} stopped learning: update ratio ‖Δw‖/‖w‖ at "
+                    f"most {worst:.1g} for {STUCK_MEASUREMENTS}+ sampled steps while other "
+                    f"layers move {typical:.1g} (a learning rate of 0 for its group? left out "
+                    "of the optimizer's update?)",
+                    list(stuck_names),
+                )
+            )
+        large = tuple(
+            names[i] for i in sorted(self._ratio) if self._ratio[i] > LARGE_RATIO and i < len(names)
+        )
+        if self._onset("update_large", large or None) and large:
+            biggest = max(r for r in self._ratio.values() if r == r)
+            out.append(
+                alert(
+                    "update_large",
+                    "warning",
+                    measured.step,
+                    f"updates too large in {_names(list(large))}: ‖Δw‖/‖w‖ up to {biggest:.2g} "
+                    f"in one step (about 1e-3 is typical): learning rate too high?",
+                    list(large),
+                )
+            )
+        return out
 
     def check_resumed(self, step: int) -> list[AlertMessage]:
         if self.stalled_since is None:

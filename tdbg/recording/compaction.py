@@ -19,7 +19,13 @@ from tdbg.protocol.steps import (
 from tdbg.recording.blocks import BlockWriter
 from tdbg.recording.reader import Recording
 
-THINNED_KINDS = ("grads", "activations", "system", "probe")  # what a budget bounds, kind by kind
+THINNED_KINDS = (
+    "grads",
+    "activations",
+    "system",
+    "probe",
+    "updates",
+)  # what a budget bounds, kind by kind
 CHUNK_BYTES = 1 << 20  # consecutive steps batches are joined into frames of about this much
 
 

@@ -41,6 +41,7 @@ from tdbg.protocol.messages import (
     RunInfo,
     Synced,
     System,
+    UpdateRatios,
     WatchedOptimizer,
     bye_message,
     error_message,
@@ -72,6 +73,7 @@ STOP_SECONDS = 10.0
 # client is waiting (a person picking among runs leaves no note).
 LINGER_SECONDS = 1.0
 LINGER_LOOK_SECONDS = 0.05  # how often a lingering probe looks at the notes
+RECENT_UPDATES = 256  # sampled steps' update ratios replayed to a client attaching later
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
 NONFINITE_METRIC_ALERTS = 8  # metric names alerted one by one; then a count at powers of 2
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
@@ -135,6 +137,8 @@ class ProbeServer:
         self.last_step: int | None = None
         self.last_step_time = time.monotonic()
         self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
+        # The latest update ratios measured (one per sampled step), for clients attaching later.
+        self.recent_updates: deque[UpdateRatios] = deque(maxlen=RECENT_UPDATES)
         self.rejected_peers = 0
         self.bye_reason = "shutdown"  # the goodbye's reason ("exit 1: ..." when an error ends it)
         self._attached_pids: set[int] = set()  # every client that got our welcome
@@ -617,6 +621,7 @@ class ProbeServer:
         conn.append(pack(welcome_message(proto, __version__, self.endpoint.run_info)))
         replay: list[Mapping[str, Any]] = [self._layers_message(), *self.history.replay()]
         replay.extend(dict(metrics_message(c), history=True) for c in self.metrics.replay())
+        replay.extend(replace(u, history=True).to_wire() for u in self.recent_updates)
         if self.desk is not None:
             replay.extend(self.desk.replay())
         for latest in (self.latest_system, self._probe_message()):
@@ -704,6 +709,7 @@ class ProbeServer:
             self.last_step_time = now
             alerts.extend(self.rules.check_resumed(resolved[0][0].step))
         extras, self._extras = self._extras, []
+        updates: list[UpdateRatios] = []
         for (record, missing), pending in zip(resolved, extras, strict=True):
             if pending.skipped_layers is not None:
                 alerts.append(
@@ -730,6 +736,12 @@ class ProbeServer:
                 if self.desk is not None:
                     self.desk.runner.ctx.nan_origin = self.nan_origin.origin
             alerts.extend(self.rules.check_step(record, missing))
+            if pending.update_layers is not None and pending.update_values is not None:
+                measured = UpdateRatios(
+                    record.step, tuple(pending.update_layers), tuple(pending.update_values)
+                )
+                updates.append(measured)
+                alerts.extend(self.rules.check_updates(measured))
             self.recent_costs.append((record.probe_time, record.step_time))
             self.last_step = record.step
         if not resolved and self.last_step is not None:
@@ -744,6 +756,10 @@ class ProbeServer:
             frames.append(pack(msg))
             if self.recorder is not None:
                 self.recorder.add_steps(msg, frames[-1])
+        for measured in updates:
+            self.recent_updates.append(measured)  # replayed to a client that attaches later
+            frames.append(pack(measured.to_wire()))
+            self._record("updates", frames[-1])
         points = self._drain_metrics()
         if points:
             new = self.metrics.add(points)
@@ -789,7 +805,7 @@ class ProbeServer:
         thinned by compactions within its own budget."""
         if self.recorder is None:
             return
-        if kind in ("activations", "system", "probe"):
+        if kind in ("activations", "system", "probe", "updates"):
             self.recorder.add_thinned(kind, frame)
         else:
             self.recorder.add(frame)

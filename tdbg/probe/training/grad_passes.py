@@ -12,6 +12,7 @@ from tdbg.probe.training.hooks import perf
 from tdbg.probe.training.pending import SkippedUpdate
 from tdbg.probe.training.sampler_state import OptimizerSlot, SamplerState
 from tdbg.probe.training.step_values import as_number, learning_rates
+from tdbg.probe.training.update_ratio import UpdateRatios
 
 
 class GradientPasses(SamplerState):
@@ -39,6 +40,10 @@ class GradientPasses(SamplerState):
             if slot is None or slot.optimizer is not optimizer:
                 slot = OptimizerSlot(key, optimizer, name, stats)
             slot.grads = stats
+            if slot.updates is not None:
+                slot.updates.drop()
+            slot.updates = UpdateRatios(stats)
+            slot.measuring = False
             if self.skip_nonfinite:
                 slot.guard = NonfiniteGuard(stats.params, stats.param_layer)
             slots.append(slot)
@@ -94,10 +99,14 @@ class GradientPasses(SamplerState):
             # A step not due for sampling whose loss is already non-finite: measured anyway,
             # once, weights too, before this update spreads the NaN (where it began needs it).
             self._forced = not self._sample_now
+            before_pass = self._grad_seconds
             sample = self._compute_grads(slot.grads, weights=self._forced)
+            pass_seconds = self._grad_seconds - before_pass
             if sample is not None:  # checked once, where it was read (a clip reads it first)
                 sample, nonfinite = self._check_host(slot.grads, sample)
             slot.sample = sample
+            if self._sample_now and slot.updates is not None and not slot.measuring:
+                self._begin_updates(slot, pass_seconds)
         if slot.guard is not None:
             # One sync per update, the price of keeping the model intact (README). Timed whole,
             # as a pass is: a read of every gradient, not the hooks' few cold lines.
@@ -114,6 +123,27 @@ class GradientPasses(SamplerState):
             # On the CPU the norms are already computed: checking them costs no sync. A
             # non-finite one: re-run the forward now, before this update spreads NaN.
             self._find_forward_origin()
+
+    @torch.compiler.disable  # eager, where dynamo traces a compiled optimizer.step()
+    def _begin_updates(self, slot: OptimizerSlot, pass_seconds: float) -> None:
+        """Copy the weights this update is about to change, for its layers' update ratios, if
+        they are due (their cost is bounded by the passes': UpdateRatios.due); the copy is
+        bounded (update_ratio.COPY_BYTES) and timed whole, as the pass is."""
+        updates = slot.updates
+        if updates is None or not updates.due(pass_seconds):
+            return
+        try:
+            self._grad_seconds += updates.begin()
+            slot.measuring = True
+        except torch.OutOfMemoryError:
+            # The copy did not fit beside the job's own tensors: never again in this run (the
+            # next one might fail the job's own allocation instead).
+            slot.updates = None
+            self.report_once(
+                "update-ratio-memory",
+                "update ratios off: copying the weights for them ran out of device memory "
+                "(training goes on)",
+            )
 
     def _check_host(self, stats: GradientStats, sample: GradSample) -> tuple[GradSample, bool]:
         """(the sample, whether it is non-finite) for a gradient pass whose values are on the

@@ -32,6 +32,11 @@ class LossTally(SamplerState):
             return
         slot.in_step = False
         self._updated = True
+        if slot.measuring and slot.updates is not None:
+            # The update is done: its layers' ratios (a sampled step only; timed whole).
+            slot.measuring = False
+            slot.update_result, took = slot.updates.finish()
+            self._grad_seconds += took
         closure, slot.closure_loss = slot.closure_loss, None
         pending, self._pending_loss = self._pending_loss, None
         slot.closure_nonfinite = self._pending_nonfinite = False
@@ -161,6 +166,7 @@ class LossTally(SamplerState):
             self._amp_forward, self._forward_origin = self._forward_origin, None
             for slot in self._slots:
                 slot.sample = None
+            self._drop_updates()  # no update happened: nothing moved
             self._rest_sample = self._clip = None
             self._changed_layers = None
             self._forced = False

@@ -58,6 +58,13 @@ class PendingStep:
     tokens: float = NAN
     probe_time: float = NAN
     timeline: StepTimeline = StepTimeline()  # read-only here: a step sets its own
+    # The update ratios measured at this step: the layers, and the ratios as a CPU tensor or
+    # (``update_count`` of them) at the end of the device copy ``values``; resolved into
+    # ``update_values`` on the probe thread.
+    update_layers: list[int] | None = None
+    update_ratios: Any = None
+    update_count: int = 0
+    update_values: list[float] | None = None
     # A GPU step whose phases were not timed (only one in a few short steps is: each CUDA
     # event costs microseconds of host time): its phase columns are NaN, its marks host times.
     unmarked: bool = False
@@ -145,6 +152,12 @@ class PendingStep:
         grad_norms: array | None = None
         # The loss alone is copied as it is, in its own shape and dtype (see stage_values).
         host = None if self.values is None else self.values.reshape(-1).float()
+        if self.update_layers is not None:
+            if self.update_count and host is not None:
+                self.update_values = host[-self.update_count :].tolist()
+                host = host[: -self.update_count]
+            elif self.update_ratios is not None:
+                self.update_values = self.update_ratios.reshape(-1).float().tolist()
         scalars = {name: float(value) for name, value in (self.host_scalars or {}).items()}
         if host is not None and self.device_scalars:
             k = len(self.device_scalars)

@@ -343,12 +343,20 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             scalars["loss"] = loss_tensor
         if clip is not None:
             scalars["clip_norm"] = clip[1]
-        if sample is None and len(scalars) == 1 and loss_tensor is not None and loss_tensor.is_cpu:
+        updates = self._take_updates(pending)
+        if (
+            sample is None
+            and updates is None
+            and pending.update_ratios is None
+            and len(scalars) == 1
+            and loss_tensor is not None
+            and loss_tensor.is_cpu
+        ):
             pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
             end = None
-        elif scalars or sample is not None:
+        elif scalars or sample is not None or updates is not None:
             staged = perf()  # device values and a sampled step's norms: timed whole
-            end = stage_values(pending, sample, scalars, self._cuda_device)
+            end = stage_values(pending, sample, scalars, self._cuda_device, updates)
             self._grad_seconds += perf() - staged
         else:
             end = None
@@ -360,6 +368,26 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         handoff.steps.append(pending)
         handoff.appended += 1
         return end
+
+    def _take_updates(self, pending: PendingStep) -> torch.Tensor | None:
+        """This step's update ratios: the layers go on ``pending``; ratios on the host are kept
+        there as they are, device ones are returned to join the step's one copy."""
+        layers: list[int] = []
+        parts: list[torch.Tensor] = []
+        for slot in self._slots:
+            result, slot.update_result = slot.update_result, None
+            slot.measuring = False
+            if result is not None:
+                layers.extend(result[0])
+                parts.append(result[1])
+        if not parts:
+            return None
+        pending.update_layers = layers
+        ratios = parts[0] if len(parts) == 1 else torch.cat([p.to(parts[0].device) for p in parts])
+        if ratios.is_cpu:
+            pending.update_ratios = ratios
+            return None
+        return ratios
 
     def forget_step(self) -> None:
         """Drop what the probe holds of the step in progress (the loop's last scalar and its
@@ -375,4 +403,5 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._forced = False
         self._changed_layers = self._last_backward = self._forward_origin = None
         self._last_value = self._last_kept = self._last_held = None
+        self._drop_updates()
         self._forget_amp_skip()

@@ -18,6 +18,7 @@ from tdbg.probe.training.guard import NonfiniteGuard
 from tdbg.probe.training.hooks import Mark, PhaseHooks, marker
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.pending import SkippedUpdate
+from tdbg.probe.training.update_ratio import UpdateRatios
 
 NAN = float("nan")
 REPORTS_PER_KIND = 3  # report_once: distinct reports of one kind of problem before a count
@@ -47,6 +48,10 @@ class OptimizerSlot:
     closure_nonfinite: bool = False  # that scalar was read NaN or Inf (a CPU one, no sync)
     guard: NonfiniteGuard | None = None  # watch(skip_nonfinite=True)
     micro: int = 0  # the scalars backpropagated for this update (micro-batches)
+    updates: UpdateRatios | None = None  # its layers' update ratios, on sampled steps
+    measuring: bool = False  # a copy of its weights was taken for this update (sampled)
+    # The update ratios of this step's update: (layers, ratios on the weights' device).
+    update_result: tuple[list[int], torch.Tensor] | None = None
 
 
 class SamplerState:
@@ -285,6 +290,15 @@ class SamplerState:
     def _tell(self, message: str) -> None:
         warn(f"tdbg: {message}")
         self._handoff.alerts.append(alert("probe_error", "warning", self.step_count, message))
+
+    def _drop_updates(self) -> None:
+        """No update ratios for this step: a copy whose update did not come (a skipped AMP
+        step, a step() that raised, a step nobody reads) is freed."""
+        for slot in self._slots:
+            if slot.measuring and slot.updates is not None:
+                slot.updates.drop()
+            slot.measuring = False
+            slot.update_result = None
 
     def _forget_amp_skip(self) -> None:
         self._amp_skip = False

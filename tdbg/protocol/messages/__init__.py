@@ -162,8 +162,12 @@ from tdbg.protocol.messages.run import (
     read_metrics,
     welcome_message,
 )
+from tdbg.protocol.messages.updates import LARGE_RATIO, TINY_RATIO, UpdateRatios
 
 __all__ = [
+    "LARGE_RATIO",
+    "TINY_RATIO",
+    "UpdateRatios",
     "ACTIVE_STATES",
     "CLIENT_TYPES",
     "COMMANDS",

@@ -115,7 +115,7 @@ class MonitorScreen(Screen[None]):
         self._grads_at = 0.0
         self._chart_at = 0.0
         self._chart_revision = -1  # the state's revision the charts last showed
-        self._grad_revision = -1
+        self._grad_revision: tuple[int, int] = (-1, -1)
         self._state: RunState | None = None
         self._acts_shown: object = None
         self.chart_metric: str | None = None  # a metric charted in the loss panel (enter)
@@ -199,7 +199,7 @@ class MonitorScreen(Screen[None]):
         switcher.current = "grad-heatmap" if self.heatmap else "grad-table"
         self._grads_at = time.monotonic()
         if self._state is not None:
-            self._grad_revision = self._state.grads.total_rows
+            self._grad_revision = self._state.grads_revision
             self._paint_grads(self._state)  # only the gradient panel changes
 
     def action_cycle_sort(self) -> None:
@@ -389,10 +389,10 @@ class MonitorScreen(Screen[None]):
         self.query_one(MemoryPanel).show(state, compact=short and not zoomed)
         self.query_one(ProbeStatus).show(state)
         self._paint_deep(state)
-        grads_changed = state.grads.total_rows != self._grad_revision
+        grads_changed = state.grads_revision != self._grad_revision
         if (force or grads_changed) and (force or now - self._grads_at >= GRAD_INTERVAL):
             self._grads_at = now
-            self._grad_revision = state.grads.total_rows
+            self._grad_revision = state.grads_revision
             self._paint_grads(state)
         return True
 
@@ -535,6 +535,7 @@ class MonitorScreen(Screen[None]):
                 absent=recent_absent[-1] if len(recent_absent) else None,  # the latest row's
                 recent_absent=recent_absent,
                 gone=frozenset(state.presence.gone_at),
+                updates=state.update_ratios(),
             )
         self._update_grad_title()
 

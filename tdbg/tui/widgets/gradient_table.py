@@ -1,4 +1,4 @@
-"""GradientTable: per-layer gradient norm, a log-scale bar and a trend sparkline; sortable."""
+"""GradientTable: per-layer gradient norm, log bar, trend sparkline and update ratio; sortable."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
 from tdbg.model.names import matching, shorten
+from tdbg.protocol.messages.updates import LARGE_RATIO, TINY_RATIO
 from tdbg.tui.widgets.glyphs import log_bar, spark
 from tdbg.tui.widgets.layer_filter import LayerFilter
 
@@ -20,6 +21,7 @@ EXPLODING = 1e3  # above this it is exploding for almost any model
 NORM = 8  # a norm is never negative: no sign column
 BAR = 8
 TREND = 9
+UPDATE = 7  # the update ratio ‖Δw‖/‖w‖: "1.2e-03"
 MAX_TREND = 32  # a wide panel gives the trend more history, up to the rows the app sends
 MIN_NAME = 12  # the layer column never gets narrower than this
 WANT_NAME = 20  # the bar and the trend give way (scroll off to the right) below this
@@ -71,12 +73,21 @@ class GradientTable(LayerFilter, DataTable[Any]):
         self._has_norms = False
         self._lo, self._span = 0.0, 1.0
         self._trend_bounds: tuple[float, float] | None = None
+        # Each layer's latest update ratio; the column comes with the first ratios a run sends
+        # (older probes and runs without a sampled step yet keep the table as it was).
+        self._updates = np.empty(0)
+        self._has_updates = False
 
     def on_mount(self) -> None:
+        self._add_columns()
+
+    def _add_columns(self) -> None:
         self._name_key = self.add_column("layer", key="name")
         self.add_column("norm", key="norm", width=NORM)
+        if self._has_updates:  # beside the norm: it stays on screen when the bar and trend go
+            self.add_column("Δw/w", key="update", width=UPDATE)
         self.add_column("log bar", key="bar", width=BAR)
-        self.add_column("trend", key="trend", width=TREND)
+        self.add_column("trend", key="trend", width=self._trend_width)
 
     def on_resize(self) -> None:
         self._fit_names()
@@ -116,7 +127,10 @@ class GradientTable(LayerFilter, DataTable[Any]):
         pad = 2 * self.cell_padding
         avail -= pad
         needed = max((len(name) for name in self._shown), default=5)
-        others = [NORM + pad, BAR + pad, TREND + pad]
+        # The norm (and the update ratio) always stay beside the names; the bar and the trend
+        # give way, in that order from the right, when the names would get less than WANT_NAME.
+        update = UPDATE + pad if self._has_updates else 0
+        others = [NORM + pad + update, BAR + pad, TREND + pad]
         for keep in (3, 2, 1):
             room = avail - sum(others[:keep])
             if room >= min(needed, WANT_NAME):
@@ -170,6 +184,7 @@ class GradientTable(LayerFilter, DataTable[Any]):
         absent: np.ndarray | None = None,
         recent_absent: np.ndarray | None = None,
         gone: frozenset[int] = frozenset(),
+        updates: np.ndarray | None = None,
     ) -> None:
         """Show the latest norms; ``recent`` is (rows x layers) for the trend sparklines;
         ``owners`` (per layer, its model when several are watched) leads each name.
@@ -190,6 +205,13 @@ class GradientTable(LayerFilter, DataTable[Any]):
             else np.zeros(self._recent.shape, dtype=bool)
         )
         self._gone = gone
+        self._updates = updates if updates is not None and len(updates) == n else np.full(n, np.nan)
+        if updates is not None and not self._has_updates:
+            # The first ratios: the columns again, the ratio's beside the norm (once a run).
+            self._has_updates = True
+            self.clear(columns=True)
+            self._add_columns()
+            self._shown = []  # so that the rows are rebuilt below
         self._has_norms = latest is not None
         finite = self._norms[np.isfinite(self._norms) & (self._norms > 0)]
         with np.errstate(all="ignore"):
@@ -222,8 +244,9 @@ class GradientTable(LayerFilter, DataTable[Any]):
         # Figures only for the rows on screen (apply_sort writes them): the rest are filled in
         # when scrolled into view, so a keystroke in the filter costs rows, not sparklines.
         blank = Text("")
+        figures = (blank,) * (4 if self._has_updates else 3)
         for i in self._rows:
-            self.add_row(self._name_cell(i), blank, blank, blank, key=str(i))
+            self.add_row(self._name_cell(i), *figures, key=str(i))
         self.apply_sort()
 
     def _fit_trends(self) -> None:
@@ -266,6 +289,21 @@ class GradientTable(LayerFilter, DataTable[Any]):
         )
         return norm, bar, trend
 
+    def _update_cell(self, i: int) -> Text:
+        """The layer's latest update ratio: dim where tiny (not learning), red where an update
+        moves more than LARGE_RATIO of its weights."""
+        value = float(self._updates[i]) if i < len(self._updates) else math.nan
+        if not math.isfinite(value):
+            return Text(
+                "·".rjust(UPDATE), style=self.get_component_rich_style("gradient-table--absent")
+            )
+        style: Any = ""
+        if value < TINY_RATIO:
+            style = self.get_component_rich_style("gradient-table--vanishing")
+        elif value > LARGE_RATIO:
+            style = self.get_component_rich_style("gradient-table--exploding")
+        return Text(f"{value:{UPDATE}.1e}" if value else "0".rjust(UPDATE), style=style)
+
     def _refresh_visible(self) -> None:
         # Only the rows on screen are rewritten: a cell write costs a refresh, and 1,000 layers
         # x 3 cells would take ~60 ms. Rows scrolled into view are rewritten on scroll.
@@ -279,6 +317,8 @@ class GradientTable(LayerFilter, DataTable[Any]):
             self.update_cell(key, "norm", norm)
             self.update_cell(key, "bar", bar)
             self.update_cell(key, "trend", trend)
+            if self._has_updates:
+                self.update_cell(key, "update", self._update_cell(int(str(key.value))))
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
