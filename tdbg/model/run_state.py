@@ -81,6 +81,9 @@ class RunState:
         # messages: sampled steps, the layers in turns on a large model).
         self.update_ratio: dict[int, tuple[int, float]] = {}
         self.update_revision = 0  # changes with each ``updates`` message applied
+        # Every measurement as a row (NaN for the layers not measured that time), bounded as
+        # the norms are: the heatmap's update-ratio view.
+        self.update_history = GradHistory(0)
         self.metrics = MetricStore()
         self.steps = GrowArray(np.int64)
         self.has_loss = GrowArray(np.bool_)
@@ -151,6 +154,8 @@ class RunState:
                 seen = self.update_ratio.get(layer)
                 if seen is None or seen[0] <= measured.step:
                     self.update_ratio[layer] = (measured.step, ratio)
+            self.update_history.widen(len(self.layer_names))
+            self.update_history.extend(*ratio_rows([measured], self.update_history.n_layers))
             self.update_revision += 1
         elif mtype == "alert":
             self._apply_alert(message)
@@ -197,11 +202,14 @@ class RunState:
             # grows and every earlier layer keeps its index, so the history stays.
             self.layer_names, self.layer_numel = names, numel
             self.grads.widen(len(names))
+            self.update_history.widen(len(names))
             return
         if names != self.layer_names:
             self.layer_names = names
             self.layer_numel = numel
             self.grads = GradHistory(len(names))
+            self.update_history = GradHistory(len(names))
+            self.update_ratio = {}
             self.grad_steps = GrowArray(np.int64)
             self.grad_total = GrowArray(np.float64)
 
@@ -469,6 +477,13 @@ class RunState:
         first, until = (np.asarray(b, dtype=np.int64)[None, :] for b in presence.window(n_layers))
         return np.isnan(rows) & ((at < first) | (at >= until))
 
+    def update_matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, rows x layers) of the update ratios measured, oldest first (as
+        ``grads.matrix()``): NaN where a layer was not measured at that step."""
+        if self.update_history.n_layers < len(self.layer_names):
+            self.update_history.widen(len(self.layer_names))
+        return self.update_history.matrix()
+
     @property
     def grads_revision(self) -> tuple[int, int]:
         """Changes whenever the gradient panel's figures do: a row of norms, or ratios."""
@@ -612,3 +627,16 @@ class RunState:
         if not rate or rate <= 0:
             return None
         return max(0.0, (total - last - 1) / rate)
+
+
+def ratio_rows(measured: Iterable[UpdateRatios], n_layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """``updates`` messages as (steps, rows x layers) for a GradHistory: one row each, NaN for
+    the layers it did not measure; layers past ``n_layers`` (not announced yet) left out."""
+    batch = list(measured)
+    steps = np.array([m.step for m in batch], dtype=np.int64)
+    rows = np.full((len(batch), n_layers), np.nan, dtype=np.float32)
+    for r, m in enumerate(batch):
+        for layer, ratio in zip(m.layers, m.ratios, strict=True):
+            if layer < n_layers:
+                rows[r, layer] = ratio
+    return steps, rows

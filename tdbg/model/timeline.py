@@ -29,7 +29,7 @@ import numpy as np
 from tdbg.model.columns import StepBatch
 from tdbg.model.deep import DeepState
 from tdbg.model.grad_history import GradHistory
-from tdbg.model.run_state import MAX_ALERTS, Alert, RunState
+from tdbg.model.run_state import MAX_ALERTS, Alert, RunState, ratio_rows
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.protocol.messages.updates import UpdateRatios
@@ -197,14 +197,19 @@ class Timeline:
             len(full.layer_names), self.grad_steps[:g], self.grad_rows[:g]
         )
         self._put_alerts(state, step)
-        for measured in self._updates:  # the latest ratio of each layer, up to the cursor
+        shown = []  # the measurements up to the cursor: each layer's latest, and their history
+        for measured in self._updates:
             if measured.step > step:
                 break
+            shown.append(measured)
             state.update_ratio.update(
                 (layer, (measured.step, ratio))
                 for layer, ratio in zip(measured.layers, measured.ratios, strict=True)
             )
-            state.update_revision += 1
+        if shown:
+            n_layers = len(full.layer_names)
+            state.update_history = GradHistory.from_rows(n_layers, *ratio_rows(shown, n_layers))
+        state.update_revision = len(shown)
         state.system, state.probe = self._reports_at(step)
         state.deep = self._deep_at(step)
         return state

@@ -166,3 +166,17 @@ def test_a_copy_that_runs_out_of_memory_turns_the_ratios_off_not_the_run(
     assert len(told) == 1 and "update ratios off" in told[0]["message"]
     steps = [m for m in messages if m.get("type") == "steps"]
     assert sum(m["n"] for m in steps) == 4  # every step recorded: the run went on
+
+
+@pytest.mark.usefixtures("every_sampled_step")
+def test_a_replay_shows_the_ratios_measured_up_to_its_cursor(tmp_path: Path) -> None:
+    from tdbg.model.timeline import Timeline
+
+    model = _model()
+    _run(tmp_path, model, [torch.optim.SGD(model.parameters(), lr=0.1)], steps=6)
+    timeline = Timeline(Recording(tmp_path / "run.tdbg"))
+    at_two = timeline.state_at(2)
+    assert {step for step, _ in at_two.update_ratio.values()} == {2}
+    steps, rows = at_two.update_matrix()
+    assert steps.tolist() == [0, 1, 2] and rows.shape == (3, 3)
+    assert timeline.state_at(5).update_revision == 6

@@ -16,6 +16,7 @@ ctrl+p       command palette: every action here, by name
 tab / ⇧tab   next / previous panel
 l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
 h            gradients: table / heatmap
+u            heatmap: gradient norms / update ratios ‖Δw‖/‖w‖ (the table's Δw/w column)
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradients: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type; enter keeps, escape clears

@@ -103,6 +103,7 @@ class MonitorScreen(Screen[None]):
         Binding("h", "toggle_heatmap", "Heatmap"),
         Binding("l", "toggle_log", "Log"),
         Binding("i", "model_info", "Model", show=False),
+        Binding("u", "heatmap_updates", "Heatmap: norms / update ratios", show=False),
         # The gradient panel's own keys, from anywhere on the screen (it need not have focus).
         Binding("slash", "filter_layers", "Filter layers", show=False),
         Binding("t", "trend_scale", "Trend scale", show=False),
@@ -111,6 +112,7 @@ class MonitorScreen(Screen[None]):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.log_scale = False
+        self.heatmap_updates = False  # the heatmap shows update ratios, not norms (u)
         self.heatmap = False
         self._grads_at = 0.0
         self._chart_at = 0.0
@@ -175,6 +177,16 @@ class MonitorScreen(Screen[None]):
     def on_alert_list_alert_chosen(self, event: AlertList.AlertChosen) -> None:
         event.stop()
         self.app.push_screen(AlertDetailScreen(event.row))
+
+    def action_heatmap_updates(self) -> None:
+        """The heatmap's rows: gradient norms, or update ratios (each layer's ‖Δw‖/‖w‖)."""
+        self.heatmap_updates = not self.heatmap_updates
+        if not self.heatmap:
+            self.action_toggle_heatmap()  # the ratios are a heatmap: show it
+            return
+        if self._state is not None:
+            self._grad_revision = self._state.grads_revision
+            self._paint_grads(self._state)
 
     def action_model_info(self) -> None:
         """What the run trains: its layers, parameters, frozen ones, dtypes and devices."""
@@ -518,9 +530,15 @@ class MonitorScreen(Screen[None]):
     def _paint_grads(self, state: RunState) -> None:
         names = state.layer_names
         if self.heatmap:
-            steps, rows = state.grads.matrix()
             heatmap = self.query_one(GradientHeatmap)
-            heatmap.show(names, steps, rows, state.absent(steps, rows))
+            if self.heatmap_updates:
+                # A layer not measured at a step (the layers take turns on a large model) is
+                # no value there, not a non-finite one.
+                steps, rows = state.update_matrix()
+                heatmap.show(names, steps, rows, np.isnan(rows))
+            else:
+                steps, rows = state.grads.matrix()
+                heatmap.show(names, steps, rows, state.absent(steps, rows))
         else:
             table = self.query_one(GradientTable)
             owners = [state.layer_owner(i) for i in range(len(names))]
@@ -573,7 +591,8 @@ class MonitorScreen(Screen[None]):
         panel = self.query_one(GradientPanel)  # it adds the filter and the trend scale
         sampled = "n/a" if state is None else fmt(state.grads.latest_step(), "d")
         if self.heatmap:
-            panel.set_subtitle("heatmap · h: table")
+            what = "update ratios ‖Δw‖/‖w‖ · u: norms" if self.heatmap_updates else "u: ratios"
+            panel.set_subtitle(f"heatmap · {what} · h: table")
         else:
             mode = self.query_one(GradientTable).sort_mode
             panel.set_subtitle(f"step {sampled} · sort {mode} (o) · h: heatmap")
