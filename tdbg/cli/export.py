@@ -155,6 +155,9 @@ def _export(event: dict[str, Any], writer: SeriesWriter) -> int:
             n += writer.scalar(f"grad_norm/layer/{layer}", step, t, norm)
         for name in STEP_SERIES:
             n += writer.scalar(f"step/{name}", step, t, event.get(name))
+    elif etype == "updates" and isinstance(step, int):
+        for layer, ratio in (event.get("ratios") or {}).items():
+            n += writer.scalar(f"update_ratio/layer/{layer}", step, None, ratio)
     elif etype == "metric" and isinstance(step, int):
         n += writer.scalar(f"metric/{event.get('name')}", step, None, event.get("value"))
     elif etype == "memory":

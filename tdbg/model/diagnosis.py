@@ -24,7 +24,15 @@ from tdbg.model.run_state import ANATOMY, INPUT_BOUND_SHARE, Alert, RunState
 
 # Alert kinds by what they say about the run, in the order a reader needs them.
 TROUBLE_KINDS = ("nonfinite_loss", "nonfinite_grad", "exploding_grad", "stalled", "anomaly")
-WARNING_KINDS = ("loss_spike", "no_grad", "zero_grad", "lr_zero", "nonfinite_metric")
+WARNING_KINDS = (
+    "loss_spike",
+    "no_grad",
+    "zero_grad",
+    "update_stalled",
+    "update_large",
+    "lr_zero",
+    "nonfinite_metric",
+)
 CHART_POINTS = 60  # points of a small chart (the text sparkline's width)
 TOP_OPS = 5
 
@@ -232,6 +240,8 @@ def _repeated(kind: str, alerts: list[Alert]) -> Verdict:
         "loss_spike": "loss spikes",
         "no_grad": "layers without a gradient",
         "zero_grad": "layers whose gradient is zero",
+        "update_stalled": "layers that stopped learning (their updates move nothing)",
+        "update_large": "updates too large for their weights",
         "lr_zero": "a learning rate of zero",
         "nonfinite_metric": "non-finite logged metrics",
     }[kind]

@@ -96,14 +96,16 @@ def model_summary(state: RunState) -> ModelSummary:
     """The summary of what ``state``'s run trains, from its ``layers`` message and its alerts:
     a layer is marked ``frozen`` (no trainable parameter), ``partly frozen``, ``no optimizer``
     (trainable, yet no watched optimizer updates it: it never changes unless the loop does it
-    by hand), ``no gradient`` (a sampled step found none reaching it), ``zero gradient``, or
-    ``gone`` (its parameters left the model mid-run)."""
+    by hand), ``no gradient`` (a sampled step found none reaching it), ``zero gradient``, ``not
+    learning`` (its update ratio stayed near 0 while others learned), or ``gone`` (its
+    parameters left the model mid-run)."""
     names = state.layer_names
     facts = state.layer_facts
     known = bool(facts)
     optimizer_names = [name for name, _, _ in state.optimizers]
     no_grad = _alerted_layers(state, "no_grad")
     zero_grad = _alerted_layers(state, "zero_grad")
+    not_learning = _alerted_layers(state, "update_stalled")
     gone = set(state.presence.gone_at)
     rows: list[LayerRow] = []
     by_dtype: Counter[str] = Counter()
@@ -136,6 +138,8 @@ def model_summary(state: RunState) -> ModelSummary:
             marks.append("no gradient")
         elif name in zero_grad:
             marks.append("zero gradient")
+        if name in not_learning:
+            marks.append("not learning")
         dtype = column("dtypes", i) or ""
         device = column("devices", i) or ""
         if i not in gone:
