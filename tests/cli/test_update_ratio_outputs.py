@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ def recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(update_ratio, "RATIO_SHARE", 1e9)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
-    groups = [
+    groups: list[dict[str, Any]] = [
         {"params": [*model[0].parameters(), *model[4].parameters()]},
         {"params": model[2].parameters(), "lr": 0.0},
     ]
