@@ -23,7 +23,14 @@ from tdbg.model.job_alerts import JobAlerts, finding_level
 from tdbg.model.run_state import ANATOMY, INPUT_BOUND_SHARE, Alert, RunState
 
 # Alert kinds by what they say about the run, in the order a reader needs them.
-TROUBLE_KINDS = ("nonfinite_loss", "nonfinite_grad", "exploding_grad", "stalled", "anomaly")
+TROUBLE_KINDS = (
+    "nonfinite_loss",
+    "nonfinite_grad",
+    "exploding_grad",
+    "stalled",
+    "anomaly",
+    "oom",
+)
 WARNING_KINDS = (
     "loss_spike",
     "no_grad",
@@ -197,7 +204,7 @@ def _verdicts(state: RunState) -> list[Verdict]:
             )
         )
     out.extend(_stalls(alerts))
-    for kind in ("exploding_grad", "anomaly", *WARNING_KINDS):
+    for kind in ("oom", "exploding_grad", "anomaly", *WARNING_KINDS):
         mine = [a for a in alerts if a.kind == kind]
         if mine:
             out.append(_repeated(kind, mine))
@@ -235,6 +242,7 @@ def _stalls(alerts: list[Alert]) -> list[Verdict]:
 
 def _repeated(kind: str, alerts: list[Alert]) -> Verdict:
     words = {
+        "oom": "CUDA out of memory",
         "exploding_grad": "exploding gradients",
         "anomaly": "autograd anomaly errors",
         "loss_spike": "loss spikes",

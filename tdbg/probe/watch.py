@@ -32,11 +32,12 @@ from tdbg.probe.run_info import (
 from tdbg.probe.serving.commands import CommandDesk
 from tdbg.probe.serving.connection import Connection
 from tdbg.probe.serving.server import ProbeServer
-from tdbg.probe.training import script_tap, taps
+from tdbg.probe.training import oom, script_tap, taps
 from tdbg.probe.training.gradients import Layer, find_layers
 from tdbg.probe.training.hooks import PhaseHooks, perf
 from tdbg.probe.training.layer_facts import layer_facts
 from tdbg.probe.training.metrics import MetricsDesk
+from tdbg.probe.training.oom import OomWitness
 from tdbg.probe.training.sampler import StepSampler
 from tdbg.probe.watch_args import (
     ProbeOptions,
@@ -235,6 +236,10 @@ class Probe:
             self._server.submit_work(lambda: self._adopt_schedule(opts_only))
         self._note_watched()
         taps.attach(self._sampler)
+        if self._cuda_device is not None:
+            # The out-of-memory post-mortem: nothing runs until an allocation fails.
+            self._oom = OomWitness(self._oom_view, self._server.side_alerts.append)
+            oom.attach(self._oom)
         script_tap.install()  # torch.jit.script(model) works watched, as it does unwatched
         self._created = time.monotonic()
         if opts.serve or record is not None:
@@ -245,6 +250,22 @@ class Probe:
             if self._server.start(listen=opts.serve):
                 self._after_start(desk, opts.activations_every)
         _live.add(self)
+
+    def _oom_view(self) -> tuple[int, str, list[tuple[int, int, str, str]]]:
+        """At an out-of-memory error: the step, where in it, and the tensors the probe names."""
+        hooks = self._hooks
+        timeline = hooks.timeline
+        if hooks.updating or timeline.optimizer_start is not None:
+            phase = "in the optimizer step"
+        elif timeline.forward_end is not None:
+            phase = "in the backward"
+        elif timeline.forward_start is not None:
+            phase = "in the forward"
+        else:
+            phase = "between steps: loading data, evaluating, or the loop's own code"
+        layers = [(layer.name, layer.params) for layer in self._layers]
+        optimizers = [(name, opt) for _, name, opt in self._optimizers]
+        return self._sampler.step_count, phase, list(oom.tensor_owners(layers, optimizers))
 
     def _after_start(self, desk: CommandDesk, activations_every: int | None) -> None:
         # Also without a socket (serve=False, record=...): the samples go to the recording.
