@@ -17,6 +17,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT / "demos"))  # the demos' models: models.make_mlp, .
 
 import tdbg  # noqa: E402
 from tdbg.connect.client import ProbeClient  # noqa: E402
+from tdbg.recording.reader import Recording  # noqa: E402
 
 STEPS = 60
 results: list[tuple[str, bool, str]] = []
@@ -318,6 +320,36 @@ def cost(device: torch.device) -> None:
     )
 
 
+def out_of_memory(device: torch.device) -> None:
+    """A real CUDA out-of-memory error in a watched step: the probe's ``oom`` alert names the
+    phase and what held the memory (the allocator's observer, proven here, faked in the tests)."""
+    model, opt, x, y = model_and_data(device)
+    path = Path(tempfile.mkdtemp()) / "oom.tdbg"
+    probe = tdbg.watch(model, opt, name="gpu-oom", serve=False, record=path)
+    for _ in range(3):
+        probe.step(train_step(model, opt, x, y))
+    free, _ = torch.cuda.mem_get_info(device)
+    out = None
+    try:
+        opt.zero_grad()
+        out = model(x)
+        torch.empty(int(free * 4), dtype=torch.uint8, device=device)  # in the forward
+        raise SystemExit("the oversized allocation succeeded: no out-of-memory error to check")
+    except torch.OutOfMemoryError:
+        pass
+    finally:
+        del out
+    probe.close()
+    alerts = [m for m in Recording(path).messages() if m.get("type") == "alert"]
+    found = [a for a in alerts if a.get("kind") == "oom"]
+    message = found[0]["message"] if found else "no oom alert"
+    check(
+        "an out-of-memory error is recorded with its phase and holders",
+        bool(found) and "(in the forward)" in message and "parameters" in message,
+        message[:300],
+    )
+
+
 # --- the demos and the real frameworks under sync debug mode --------------------------------
 
 
@@ -533,6 +565,7 @@ PARTS = (
     norms_right,
     lone_loss,
     figures_and_dives,
+    out_of_memory,
     cost,
 )
 
