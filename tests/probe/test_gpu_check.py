@@ -30,6 +30,7 @@ def test_without_cuda_it_says_so_and_exits_0() -> None:
         "norms_right",
         "lone_loss",
         "figures_and_dives",
+        "out_of_memory",
         "cost",
     ]
     assert len(lines) == 2 and "Traceback" not in out.stderr
