@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import ClassVar
 
 from rich.text import Text
-from textual.app import ComposeResult
-from textual.binding import Binding, BindingType
-from textual.containers import Vertical, VerticalScroll
-from textual.screen import ModalScreen
-from textual.widgets import Static
 
 from tdbg.model.alert_view import AlertRow
+from tdbg.tui.screens.text_box import TextBoxScreen
 
 
 def describe(row: AlertRow) -> Text:
@@ -56,40 +51,9 @@ def describe(row: AlertRow) -> Text:
     return text
 
 
-class AlertDetailScreen(ModalScreen[None]):
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "close", "Close"),
-        Binding("enter", "close", "Close", show=False),
-    ]
-    DEFAULT_CSS = """
-    AlertDetailScreen { align: center middle; }
-    #alert-box {
-        width: 90%;
-        max-width: 110;
-        height: auto;
-        max-height: 90%;
-        border: round $accent;
-        background: $surface;
-        padding: 0 1;
-    }
-    #alert-title { text-style: bold; color: $accent; }
-    #alert-scroll { height: auto; max-height: 100%; }
-    #alert-hint { color: $foreground-muted; }
-    """
+class AlertDetailScreen(TextBoxScreen):
+    """One alert in full."""
 
     def __init__(self, row: AlertRow) -> None:
-        super().__init__()
+        super().__init__(f"alert: {row.alert.kind}", describe(row))
         self.row = row
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="alert-box"):
-            yield Static(f"alert: {self.row.alert.kind}", id="alert-title")
-            with VerticalScroll(id="alert-scroll"):
-                yield Static(describe(self.row), id="alert-text")
-            yield Static("↑ ↓ PgUp PgDn scroll · escape closes", id="alert-hint")
-
-    def on_mount(self) -> None:
-        self.query_one("#alert-scroll").focus()
-
-    def action_close(self) -> None:
-        self.dismiss(None)

@@ -5,13 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
-from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import ScrollableContainer, Vertical
-from textual.screen import ModalScreen
-from textual.widgets import Static
 
 from tdbg.model.model_summary import ModelSummary, render_summary
+from tdbg.tui.screens.text_box import TextBoxScreen
 
 
 def summary_text(summary: ModelSummary) -> Text:
@@ -29,42 +26,18 @@ def summary_text(summary: ModelSummary) -> Text:
     return text
 
 
-class ModelInfoScreen(ModalScreen[None]):
+class ModelInfoScreen(TextBoxScreen):
+    """The model summary, its rows one line each (scrolled sideways where they are wider)."""
+
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape", "close", "Close"),
+        *TextBoxScreen.BINDINGS,
         Binding("i", "close", "Close", show=False),
     ]
     DEFAULT_CSS = """
-    ModelInfoScreen { align: center middle; }
-    #model-box {
-        width: 96%;
-        max-width: 140;
-        height: auto;
-        max-height: 92%;
-        border: round $accent;
-        background: $surface;
-        padding: 0 1;
-    }
-    #model-title { text-style: bold; color: $accent; }
-    #model-scroll { height: auto; max-height: 100%; }
-    #model-text { width: auto; text-wrap: nowrap; }
-    #model-hint { color: $foreground-muted; }
+    ModelInfoScreen #text-box { width: 96%; max-width: 140; max-height: 92%; }
     """
+    HINT = "↑ ↓ ← → PgUp PgDn scroll · escape closes"
 
     def __init__(self, summary: ModelSummary) -> None:
-        super().__init__()
+        super().__init__("model", summary_text(summary), wrap=False)
         self.summary = summary
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="model-box"):
-            yield Static("model", id="model-title")
-            # Both ways: a row stays one line (layer names can be long), as in `tdbg summary`.
-            with ScrollableContainer(id="model-scroll"):
-                yield Static(summary_text(self.summary), id="model-text")
-            yield Static("↑ ↓ ← → PgUp PgDn scroll · escape closes", id="model-hint")
-
-    def on_mount(self) -> None:
-        self.query_one("#model-scroll").focus()
-
-    def action_close(self) -> None:
-        self.dismiss(None)

@@ -591,8 +591,12 @@ class MonitorScreen(Screen[None]):
         panel = self.query_one(GradientPanel)  # it adds the filter and the trend scale
         sampled = "n/a" if state is None else fmt(state.grads.latest_step(), "d")
         if self.heatmap:
-            what = "update ratios ‖Δw‖/‖w‖ · u: norms" if self.heatmap_updates else "u: ratios"
-            panel.set_subtitle(f"heatmap · {what} · h: table")
+            if self.heatmap_updates:
+                panel.set_subtitle("heatmap · update ratios ‖Δw‖/‖w‖ · u: norms · h: table")
+            elif state is not None and state.update_ratio:  # the run sends ratios: say the key
+                panel.set_subtitle("heatmap · u: ratios · h: table")
+            else:
+                panel.set_subtitle("heatmap · h: table")
         else:
             mode = self.query_one(GradientTable).sort_mode
             panel.set_subtitle(f"step {sampled} · sort {mode} (o) · h: heatmap")
