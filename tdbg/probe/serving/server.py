@@ -17,12 +17,13 @@ from typing import Any
 
 from tdbg import __version__
 from tdbg.connect.runtime import waiting_pids
-from tdbg.probe.alerts import AlertRules, alert
+from tdbg.probe.alerts import AlertRules
 from tdbg.probe.log import warn
 from tdbg.probe.serving.commands import CommandDesk, Refused
 from tdbg.probe.serving.connection import Buckets, Connection
 from tdbg.probe.serving.endpoint import Endpoint, EndpointError, peer_credentials
 from tdbg.probe.serving.history import History
+from tdbg.probe.serving.metric_alerts import nonfinite_metric_alerts
 from tdbg.probe.serving.nan_origin import KIND as ORIGIN_KIND
 from tdbg.probe.serving.nan_origin import NanOrigin, skipped_alert
 from tdbg.probe.serving.recorder import Recorder
@@ -75,7 +76,6 @@ LINGER_SECONDS = 1.0
 LINGER_LOOK_SECONDS = 0.05  # how often a lingering probe looks at the notes
 RECENT_UPDATES = 256  # sampled steps' update ratios replayed to a client attaching later
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
-NONFINITE_METRIC_ALERTS = 8  # metric names alerted one by one; then a count at powers of 2
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
 
 
@@ -762,20 +762,7 @@ class ProbeServer:
             self._record("updates", frames[-1])
         points = self._drain_metrics()
         if points:
-            new = self.metrics.add(points)
-            before = len(self.metrics.first_nonfinite) - len(new)
-            for count, name in enumerate(new, before + 1):
-                step, _, value = self.metrics.first_nonfinite[name]
-                if count <= NONFINITE_METRIC_ALERTS:
-                    message = f"metric {name} is {value} at step {step} (first non-finite value)"
-                elif count & (count - 1) == 0:  # past the first few: at 16, 32, 64, ... names
-                    message = (
-                        f"{count} metrics have gone non-finite (the latest: {name} is {value} "
-                        f"at step {step}); each one's first non-finite value is kept"
-                    )
-                else:
-                    continue
-                alerts.append(alert("nonfinite_metric", "warning", step, message))
+            alerts.extend(nonfinite_metric_alerts(self.metrics, self.metrics.add(points)))
             for i in range(0, len(points), METRICS_PER_FRAME):
                 chunk = metrics_message(points[i : i + METRICS_PER_FRAME])
                 frames.append(pack(dict(chunk)))
