@@ -291,10 +291,7 @@ class TdbgApp(TdbgBaseApp):
             return
         for alert in self.ringer.new(self.state):
             self.rings.append(alert.kind)
-            sequence = self.ringer.sequence(alert, str(self.state.run.get("name") or "run"))
-            driver = getattr(self, "_driver", None)  # what App.bell() writes through
-            if sequence and driver is not None and not self.is_headless:
-                driver.write(sequence)
+            self.ring(self.ringer.sequence(alert, str(self.state.run.get("name") or "run")))
 
     @staticmethod
     def _clock() -> float:
