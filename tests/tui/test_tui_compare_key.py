@@ -4,6 +4,7 @@ recording is one line, and the monitor goes on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ async def _footer(pilot: Any, app: TdbgApp) -> str:
     """The key bar: the screen's last line, once it is drawn."""
     await wait_for(pilot, lambda: "Compare" in screen_text(app).splitlines()[-1], "the key bar")
     return screen_text(app).splitlines()[-1]
+
+
+def _told(app: TdbgApp, text: str) -> Callable[[], bool]:
+    return lambda: any(text in notice for notice in app.notices)
 
 
 def _fitted(app: TdbgApp) -> int:
@@ -90,7 +95,7 @@ async def test_b_picks_a_recording_draws_it_and_b_again_clears_it(
             field.focus()
             field.value = str(typed)
             await pilot.press("enter")
-            await wait_for(pilot, lambda t=typed: any(str(t) in n for n in app.notices), "said why")
+            await wait_for(pilot, _told(app, str(typed)), f"{typed.name}: said why")
         said = [n for n in app.notices if "junk.tdbg" in n or "gone.tdbg" in n]
         assert len(said) == 2 and all("\n" not in n for n in said), said
         assert not app.baselines and app.is_running
