@@ -17,6 +17,7 @@ from tdbg.cli.dump import Window, dump_events, recording_events, windowed
 from tdbg.cli.errors import CliError
 from tdbg.cli.job_targets import add_job_option, job_events
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target, target_arg
+from tdbg.cli.webhook_template import TemplateError, WebhookTemplate, alert_fields
 from tdbg.connect.targets import Job, Recording, resolve
 
 
@@ -71,6 +72,14 @@ def add_alerts_parser(sub: Any) -> None:
         "or set TDBG_WEBHOOK (a webhook's URL is its secret: kept out of argv, printed redacted)",
     )
     p.add_argument(
+        "--webhook-template",
+        metavar="TEMPLATE",
+        help="post TEMPLATE (the text, or @FILE) instead, its fields filled in: ${kind} "
+        "${level} ${message} ${run} ${step} ${host} ${time} ${where} ${json}; a template that "
+        "starts with { or [ is JSON, each field escaped as the JSON around it needs "
+        "(docs/automation.md)",
+    )
+    p.add_argument(
         "--rearm",
         type=positive_int,
         default=REARM_STEPS,
@@ -88,23 +97,38 @@ def add_alerts_parser(sub: Any) -> None:
 
 def cmd_alerts(args: argparse.Namespace, out: TextIO) -> int:
     sinks: list[Sink] = []
-    if args.exec_command:
-        sinks.append(exec_sink(args.exec_command, args.exec_timeout))
     url = args.webhook or os.environ.get("TDBG_WEBHOOK")
+    template = None
+    if args.webhook_template is not None:
+        if not url:
+            raise CliError("--webhook-template needs --webhook URL (or TDBG_WEBHOOK)")
+        try:
+            template = WebhookTemplate.parse(args.webhook_template)
+        except TemplateError as exc:
+            raise CliError(f"--webhook-template: {exc}") from None
     if url:
         try:
-            sinks.append(webhook_sink(webhook_url(url)))
+            url = webhook_url(url)
         except argparse.ArgumentTypeError as exc:
             raise CliError(str(exc)) from None
+    if args.exec_command:
+        sinks.append(exec_sink(args.exec_command, args.exec_timeout))
+    if url:
+        sinks.append(webhook_sink(url, template))
     fold = AlertFold(rearm=args.rearm)
+    runs: dict[Any, dict[str, Any]] = {}  # rank (None for a lone run) -> its hello's run
     try:
         for event in _events(args):
+            if event.get("type") == "hello" and isinstance(event.get("run"), dict):
+                runs[event.get("rank")] = event["run"]
             for notice in fold.feed(event):
                 alert = notice.as_json()
                 out.write((json.dumps(alert) if args.json else notice.line) + "\n")
                 out.flush()
+                run = runs.get(alert.get("rank")) or next(iter(runs.values()), {})
+                fields = alert_fields(notice.line, alert, run)
                 for sink in sinks:
-                    sink.put({"line": notice.line, "alert": alert})
+                    sink.put({"line": notice.line, "alert": alert, "fields": fields})
     finally:
         close_all(sinks)  # what is queued goes out, within one bounded drain
     return 0

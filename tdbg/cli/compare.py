@@ -15,11 +15,16 @@ from tdbg.cli.errors import CliError
 from tdbg.cli.glance import SYNC_SECONDS, read_state
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.client import ConnectError
-from tdbg.format import fmt, fmt_loss, fmt_pct, fmt_seconds, spark_bars
+from tdbg.format import fmt, fmt_loss, fmt_pct, fmt_seconds, fmt_span, spark_bars
 from tdbg.protocol.framing import ProtocolError
 
 if TYPE_CHECKING:
     from tdbg.model.comparison import Comparison
+    from tdbg.model.overlays import Overlay
+
+
+# The run's own series as a person reads them (the JSON keeps the short names).
+LABELS = {"step_time": "step time (s)", "grad_norm": "gradient norm (total)"}
 
 
 def add_compare_parser(sub: Any) -> None:
@@ -32,13 +37,21 @@ def add_compare_parser(sub: Any) -> None:
             "of the steps they share and by how much; the first step where the first two runs' "
             "smoothed losses part beyond their noise; the layers whose gradient norms differ "
             "most; what differs in how they were started (command line, torch, device, "
-            "optimizers, learning rate). Runs that share no steps are compared by the time "
-            "since each started. Exit status: 0 compared; 2 a run cannot be read, bad arguments."
+            "optimizers, learning rate); the loss, learning rate, step time, gradient norm and "
+            "every logged metric overlaid, one small chart each. Runs that share no steps are "
+            "compared by the time since each started (--by time asks for it). "
+            "Exit status: 0 compared; 2 a run cannot be read, bad arguments."
         ),
     )
     p.add_argument("targets", nargs="+", type=target_arg, metavar="TARGET", help=TARGET_HELP)
     add_remote_options(p)
     p.add_argument("--json", action="store_true", help="the comparison as one JSON object")
+    p.add_argument(
+        "--by",
+        choices=("step", "time"),
+        help="overlay the runs by step, or by the time since each started (default: by step, "
+        "or by time when the runs share no step)",
+    )
     p.add_argument(
         "--timeout",
         type=positive_float,
@@ -63,7 +76,7 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
     empty = [t for t, s in zip(args.targets, states, strict=True) if not s.n_steps]
     if empty:
         raise CliError(f"{empty[0]}: no steps to compare")
-    result = compare(states, list(args.targets))
+    result = compare(states, list(args.targets), args.by)
     out.write(json.dumps(result.to_json()) + "\n" if args.json else render(result))
     out.flush()
     return 0
@@ -72,11 +85,12 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
 def render(c: Comparison) -> str:
     letters = [chr(ord("A") + i) for i in range(len(c.runs))]
     unit = "step" if c.axis == "step" else "s"
-    shared = (
-        f"shared {c.axis}s {fmt(c.common[0], '.6g')}–{fmt(c.common[1], '.6g')}"
-        if c.common is not None
-        else "nothing shared"
-    )
+    if c.common is None:
+        shared = "nothing shared"
+    elif c.axis == "step":
+        shared = f"shared steps {fmt(c.common[0], '.6g')}–{fmt(c.common[1], '.6g')}"
+    else:
+        shared = f"shared seconds {fmt(c.common[0], '.3g')}–{fmt(c.common[1], '.3g')}"
     lines = [f"tdbg compare · {len(c.runs)} runs by {c.axis} ({shared})", ""]
     for letter, run in zip(letters, c.runs, strict=True):
         lines.append(f"  {letter}  {run.name}  {run.source}")
@@ -110,9 +124,26 @@ def render(c: Comparison) -> str:
         lines.append(f"  {label:<{width}}  " + "".join(f"{v:<{col + 2}}" for v in values))
     if c.charts:
         lines.append("")
-        lines.append(f"  loss over the shared {c.axis}s (one scale)")
-        for letter, chart in zip(letters, overlay(c.charts), strict=True):
-            lines.append(f"  {letter} {chart}")
+        over = "steps" if c.axis == "step" else "seconds since each started"
+        lines.append(f"  loss, smoothed, over the shared {over} (one scale per chart)")
+        for letter, bars in zip(letters, overlay(c.charts), strict=True):
+            lines.append(f"  {letter} {bars}")
+    for series in c.overlays:
+        lines.append("")
+        lines += _overlaid(series, letters, c.axis)
+    if c.only_in:
+        lines.append("")
+        groups: dict[tuple[int, ...], list[str]] = {}
+        for name, runs in c.only_in.items():
+            groups.setdefault(tuple(runs), []).append(LABELS.get(name, name))
+        for having, names in sorted(groups.items()):
+            who = ", ".join(letters[i] for i in having)
+            lines += textwrap.wrap(
+                f"only in {who}: " + ", ".join(names),
+                _columns(),
+                initial_indent="  ",
+                subsequent_indent="    ",
+            )
     if c.started:
         lines.append("")
         lines.append("  started differently")
@@ -144,9 +175,35 @@ def _verdicts(c: Comparison, letters: list[str], unit: str) -> list[str]:
             for name, ratio in c.layers
         ]
         out.append(f"  gradient norms differ most, in {letters[1]}: " + ", ".join(parts))
-    columns = max(60, shutil.get_terminal_size((100, 24)).columns - 1)
+    columns = _columns()
     wrapped = [w for line in out for w in textwrap.wrap(line, columns, subsequent_indent="    ")]
     return [*wrapped, ""] if wrapped else []
+
+
+def _columns() -> int:
+    return max(60, shutil.get_terminal_size((100, 24)).columns - 1)
+
+
+def _overlaid(chart: Overlay, letters: list[str], axis: str) -> list[str]:
+    """One series of the runs that have it as sparklines on one scale, under a line naming it
+    and the stretch it covers."""
+    lo, hi = chart.span
+    if axis == "step":
+        span = f"steps {lo:.0f}–{hi:.0f}"
+    elif hi < 60:  # a short run: whole seconds would read 0s–1s
+        span = f"{lo:.3g}–{hi:.3g} s since each started"
+    else:
+        span = f"{fmt_span(lo)}–{fmt_span(hi)} since each started"
+    lines = [f"  {LABELS.get(chart.name, chart.name)} · {span}"]
+    shown = [s for s in chart.series if s is not None]
+    bars = iter(spark_bars(shown)[0])
+    for letter, series, last in zip(letters, chart.series, chart.last, strict=True):
+        if series is None:
+            lines.append(f"  {letter} (none)")
+            continue
+        end = f"  {last:.4g}" if last is not None and math.isfinite(last) else ""
+        lines.append(f"  {letter} {next(bars)}{end}")
+    return lines
 
 
 def overlay(charts: list[list[float]]) -> list[str]:

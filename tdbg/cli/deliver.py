@@ -19,7 +19,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from email.message import Message as HTTPMessage
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tdbg.cli.webhook_template import WebhookTemplate
 
 QUEUE_SIZE = 256  # notices waiting for a sink; past it the newest are dropped (and said once)
 TRIES = 4  # one delivery, then three retries
@@ -201,17 +204,24 @@ def redacted(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}/…" if parts.path not in ("", "/") else url
 
 
-def webhook_sink(url: str) -> Sink:
+def webhook_sink(url: str, template: WebhookTemplate | None = None) -> Sink:
     """``--webhook URL``: a JSON POST that Slack (``text``) and Discord (``content``) both show,
-    with the alert itself under ``alert`` for anything else. Redirects are refused."""
+    with the alert itself under ``alert`` for anything else; or, with ``--webhook-template``,
+    the template filled in with the alert's fields (``payload["fields"]``). Redirects are
+    refused."""
     opener = urllib.request.build_opener(_NoRedirects)
 
     def send(payload: dict[str, Any]) -> None:
-        body = json.dumps(
-            {"text": payload["line"], "content": payload["line"], "alert": payload["alert"]}
-        ).encode()
+        if template is not None:
+            body = template.render(payload["fields"]).encode()
+            kind = template.content_type
+        else:
+            body = json.dumps(
+                {"text": payload["line"], "content": payload["line"], "alert": payload["alert"]}
+            ).encode()
+            kind = "application/json"
         request = urllib.request.Request(
-            url, data=body, headers={"Content-Type": "application/json"}, method="POST"
+            url, data=body, headers={"Content-Type": kind}, method="POST"
         )
         try:
             with opener.open(request, timeout=HTTP_TIMEOUT_S) as response:

@@ -261,8 +261,8 @@ def _add_tui_targets(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-bell",
         action="store_true",
-        help="no terminal bell (nor desktop notification) on the first alert of each kind "
-        "(or TDBG_BELL=0)",
+        help="no terminal bell (nor desktop notification) on the first alert of each kind, "
+        "or on the job screen the first finding of each kind (or TDBG_BELL=0)",
     )
     add_remote_options(parser)
 

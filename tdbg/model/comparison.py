@@ -11,13 +11,14 @@ import numpy as np
 
 from tdbg.format import finite_tree
 from tdbg.model.diagnosis import loss_figures, median_of, run_phases, steps_per_second
+from tdbg.model.overlays import CHART_POINTS, Overlay, overlays
 from tdbg.model.run_state import RunState
 
 PART_WINDOW = 20  # steps a curve's noise is measured over (its rolling standard deviation)
 PART_SIGMAS = 3.0  # curves part where their smoothed gap exceeds this many noises...
 PART_HOLD = 10  # ...for this many common steps in a row (one spike is no parting)
 TOP_LAYERS = 5
-CHART_POINTS = 60
+AXES = ("step", "time")
 
 
 @dataclass(frozen=True)
@@ -52,28 +53,38 @@ class Comparison:
     layers: list[tuple[str, float]]  # layers whose gradient norms differ most (log10 ratio B/A)
     started: dict[str, list[Any]]  # what differs in how they were started, per field, per run
     charts: list[list[float]]  # each run's smoothed loss over the shared range, CHART_POINTS
+    # Every other series two runs or more have (lr, step time, gradient norm, each metric),
+    # each on its own grid of the axis, and the series not every run has (name -> runs having it).
+    overlays: list[Overlay] = field(default_factory=list)
+    only_in: dict[str, list[int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # why something could not be compared
 
     def to_json(self) -> dict[str, Any]:
         return finite_tree(asdict(self))
 
 
-def compare(states: list[RunState], sources: list[str]) -> Comparison:
-    """Compare two or more runs (the first two for the parting point and the layers)."""
+def compare(states: list[RunState], sources: list[str], by: str | None = None) -> Comparison:
+    """Compare two or more runs (the first two for the parting point and the layers) by step,
+    by the time since each started (``by="time"``), or by step unless they share none
+    (``by=None``)."""
     notes: list[str] = []
-    curves = [_curve(s, "step") for s in states]
-    axis = "step"
+    axis = by or "step"
+    curves = [_curve(s, axis) for s in states]
     common = _common(curves)
     lossless = [i for i, (x, _) in enumerate(curves) if len(x) < 2]
     if lossless:  # no curve to compare, whatever the steps: say so, not "no shared steps"
         letters = ", ".join(chr(ord("A") + i) for i in lossless)
         notes.append(f"no finite loss to compare in run {letters}")
-    elif common is None:
+    elif common is None and by is None:
         curves = [_curve(s, "time") for s in states]
         common = _common(curves)
         axis = "time"
         notes.append("the runs share no steps: compared by time since each started")
-    if common is None and not lossless:
+    elif common is None and by == "step":
+        notes.append("the runs share no steps with losses (--by time compares them by time)")
+    elif common is None:
+        notes.append("the runs share no stretch of time with losses")
+    if common is None and not lossless and by is None:
         notes.append("the runs share neither steps nor a stretch of time with losses")
     ahead, ahead_by, charts = None, None, []
     parted = None
@@ -87,6 +98,7 @@ def compare(states: list[RunState], sources: list[str]) -> Comparison:
             ahead = ranked[0][1]
             ahead_by = ranked[1][0] - ranked[0][0] if len(ranked) > 1 else None
         parted = _parted(curves[0], curves[1], lo, hi)
+    charted, only_in = overlays(states, axis)
     return Comparison(
         runs=[_summary(s, src) for s, src in zip(states, sources, strict=True)],
         axis=axis,
@@ -97,6 +109,8 @@ def compare(states: list[RunState], sources: list[str]) -> Comparison:
         layers=_layers(states[0], states[1]),
         started=_started(states),
         charts=charts,
+        overlays=charted,
+        only_in=only_in,
         notes=notes,
     )
 

@@ -24,6 +24,12 @@ from tdbg.model.run_state import RunState
 from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.palette import palette_commands
 from tdbg.tui.ringer import AlertRinger
+from tdbg.tui.screens.compare_picker import (
+    ClearCompareScreen,
+    ComparePickerScreen,
+    nearby_recordings,
+    search_directories,
+)
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
@@ -54,7 +60,11 @@ __all__ = [
 class TdbgApp(TdbgBaseApp):
     """The monitor. All I/O happens in one thread worker; handlers only fold batches into state."""
 
-    BINDINGS = [*TdbgBaseApp.BINDINGS, Binding("r", "switch_run", "Switch run")]
+    BINDINGS = [
+        *TdbgBaseApp.BINDINGS,
+        Binding("r", "switch_run", "Switch run"),
+        Binding("b", "compare_recording", "Compare"),
+    ]
     source: Source
 
     # What the reading worker posts (each carries its ``origin``: see SourceMessage). What a
@@ -112,7 +122,7 @@ class TdbgApp(TdbgBaseApp):
         self.baselines = list(baselines)
 
     def on_mount(self) -> None:
-        self.monitor.baselines = self.baselines
+        self.monitor.baselines = self.baselines  # the same list: what changes it, changes both
         self.monitor.show(self.state)
         self.set_interval(REPAINT_INTERVAL, self._repaint)
         self.start_reading()
@@ -291,14 +301,73 @@ class TdbgApp(TdbgBaseApp):
             return
         for alert in self.ringer.new(self.state):
             self.rings.append(alert.kind)
-            sequence = self.ringer.sequence(alert, str(self.state.run.get("name") or "run"))
-            driver = getattr(self, "_driver", None)  # what App.bell() writes through
-            if sequence and driver is not None and not self.is_headless:
-                driver.write(sequence)
+            self.ring(self.ringer.sequence(alert, str(self.state.run.get("name") or "run")))
 
     @staticmethod
     def _clock() -> float:
         return time.monotonic()
+
+    # --- comparing with a recording (b) ----------------------------------------------------
+
+    def action_compare_recording(self) -> None:
+        """``b``: pick a recording to draw under this run's loss, as ``--compare`` does; while
+        one is drawn, the offer to stop comparing."""
+        if isinstance(self.screen, ComparePickerScreen | ClearCompareScreen):
+            return
+        if self.baselines:
+            names = [name for name, _ in self.baselines]
+            self.push_screen(ClearCompareScreen(names), self._cleared)
+            return
+        mine = self.own_recording()
+        searched = search_directories(self.state.run.get("cwd"), mine)
+        files = nearby_recordings(searched, skip=mine)
+        self.push_screen(ComparePickerScreen(files, searched), self._picked)
+
+    def own_recording(self) -> Path | None:
+        """The recording on screen (a replay's): not offered to compare with itself."""
+        return None
+
+    def _cleared(self, clear: bool | None) -> None:
+        if clear:
+            self.set_baselines([])
+            self.notify("comparison cleared")
+
+    def _picked(self, path: Path | None) -> None:
+        if path is not None:
+            self._load_baseline(path)
+
+    @work(thread=True, group="baseline", exclusive=True, exit_on_error=False)
+    def _load_baseline(self, path: Path) -> None:
+        """Read the recording off the UI thread (a long run's file takes a while); a file that
+        is none, or is damaged past reading, is one line, never a traceback."""
+        from tdbg.model.recordings import load_run
+        from tdbg.recording.reader import RecordingError
+
+        try:
+            state = load_run(path)
+        except (RecordingError, OSError) as exc:
+            self.call_from_thread(self.notify, _one_line(f"{path}: {exc}"), severity="error")
+            return
+        except Exception as exc:  # any reader bug on a strange file must not end the monitor
+            why = f"{path}: cannot be read ({type(exc).__name__}: {exc})"
+            self.call_from_thread(self.notify, _one_line(why), severity="error")
+            return
+        if not state.n_steps:
+            self.call_from_thread(
+                self.notify, f"{path.name}: no steps to compare with", severity="warning"
+            )
+            return
+        self.call_from_thread(self._compared, path, state)
+
+    def _compared(self, path: Path, state: RunState) -> None:
+        self.set_baselines([(path.name, state)])
+        self.notify(f"comparing with {path.name} (b again to clear)")
+
+    def set_baselines(self, baselines: list[tuple[str, RunState]]) -> None:
+        """Draw these runs under this one's loss from now on (none: stop comparing)."""
+        self.baselines[:] = baselines
+        self.monitor.baselines = self.baselines
+        self.monitor.repaint(force=True)
 
     # --- the command palette (ctrl+p) and switching runs -----------------------------------
 
@@ -353,6 +422,12 @@ class TdbgApp(TdbgBaseApp):
         self.monitor.show(self.state)
         self.notify(f"switched to run {entry.name} (pid {entry.pid})")
         self._pump()  # exclusive in its group: the old worker is cancelled
+
+
+def _one_line(text: str) -> str:
+    """A message for a toast: its first line, cut to fit one."""
+    first = (text.strip().splitlines() or [""])[0]
+    return first if len(first) <= 160 else first[:159] + "…"
 
 
 def make_app(source: Source) -> TdbgApp:

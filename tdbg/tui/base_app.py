@@ -28,6 +28,13 @@ class TdbgBaseApp(App[int]):
         """The state revision on screen (tests poll this instead of sleeping)."""
         return self._painted
 
+    def ring(self, sequence: str) -> None:
+        """Write the bell (or a notification's escape sequence) to the terminal, as App.bell()
+        does; nothing in a headless app (a test) or before the driver starts."""
+        driver = getattr(self, "_driver", None)
+        if sequence and driver is not None and not self.is_headless:
+            driver.write(sequence)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())

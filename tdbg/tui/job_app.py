@@ -17,6 +17,7 @@ from tdbg.model.run_state import RunState
 from tdbg.protocol.messages import command_args
 from tdbg.protocol.steps import concat_steps, joinable
 from tdbg.tui.base_app import TdbgBaseApp
+from tdbg.tui.ringer import FindingRinger
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.job_profile import JobProfileScreen
 from tdbg.tui.screens.waiting import WaitingScreen
@@ -53,6 +54,11 @@ class JobApp(TdbgBaseApp):
         self.notices: list[str] = []
         self.node_lines: list[str] = []  # an ssh job's nodes that are not read, version mismatch
         self.job_profile: JobProfile | None = None  # the last `p` on the job screen
+        # The bell on the first finding of each kind (TDBG_BELL=0 or --no-bell: off); a job
+        # replayed from recordings never rings: nothing in it is news.
+        self.ringer = FindingRinger()
+        self.ringer.enabled = self.ringer.enabled and replayed is None
+        self.rings: list[str] = []  # the kinds rung for, in order (tests read it)
 
     def get_default_screen(self) -> Screen[Any]:
         return JobScreen(id="job")
@@ -138,9 +144,14 @@ class JobApp(TdbgBaseApp):
         if self._judged == self.revision or now - self._judged_at < JUDGE_INTERVAL:
             return
         self._judged, self._judged_at = self.revision, now
-        for raised in self.alerts.update(self.job):
-            if not raised.cleared:
-                self.notices.append(raised.message)
+        raised = self.alerts.update(self.job)
+        for finding in raised:
+            if not finding.cleared:
+                self.notices.append(finding.message)
+        if self.ringer.enabled:
+            for alert in self.ringer.new_findings(raised, self.job):
+                self.rings.append(alert.kind)
+                self.ring(self.ringer.sequence(alert, f"job {self.job.job or '?'}"))
 
     def _repaint(self) -> None:
         if not self.screen_stack:

@@ -26,6 +26,7 @@ WORDS: dict[str, tuple[str, str]] = {
     "toggle_heatmap": ("Heatmap", "gradients: table / heatmap"),
     "toggle_log": ("Log scale", "loss chart: linear / log scale"),
     "switch_run": ("Switch run", "pick another run on this machine"),
+    "compare_recording": ("Compare with a recording", "draw a .tdbg under the loss; again: clear"),
     "help": ("Help", "the keys"),
     "quit": ("Quit", "leave tdbg-tui (the run goes on)"),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from textual.app import ComposeResult
@@ -97,6 +98,9 @@ class ReplayApp(TdbgApp):
 
     def start_reading(self) -> None:
         """Nothing to read: the recording was loaded before the app started."""
+
+    def own_recording(self) -> Path | None:
+        return self.timeline.recording.path.resolve()
 
     def on_mount(self) -> None:
         self.ringer.enabled = False  # a recording is looked back at: nothing to ring for

@@ -4,9 +4,13 @@ alert of each kind, so a run going bad reaches someone whose eyes are on another
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from itertools import islice
 
+from tdbg.model.ending import ending
+from tdbg.model.job import Job
+from tdbg.model.job_alerts import JobAlert
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages.alert import Alert
 
@@ -55,6 +59,40 @@ class AlertRinger:
         if self.notify_with == "osc777":
             return f"\x1b]777;notify;{title};{body}\x07\x07"
         return "\x07"
+
+
+class FindingRinger(AlertRinger):
+    """Which of a job's findings ring (the job screen): each kind once — a straggler, diverged
+    ranks, NaN on some ranks, a hang, a rank that died — and none judged while a rank still
+    replays what came before this viewer attached."""
+
+    DEAD = "dead_rank"
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(environ)
+        self.dead: set[int] = set()  # ranks whose death was looked at
+
+    def new_findings(self, raised: Iterable[JobAlert], job: Job) -> list[Alert]:
+        """The findings to ring for among those just ``raised``, and a rank newly dead."""
+        replaying = any(not state.synced for state in job.ranks.values())
+        out = []
+        for finding in raised:
+            alert = finding.as_message()
+            if finding.cleared or replaying or alert.severity not in RING_SEVERITIES:
+                continue
+            if finding.kind not in self.rung:
+                self.rung.add(finding.kind)
+                out.append(alert)
+        for rank, state in job.ranks.items():
+            if rank in self.dead or not state.ended:
+                continue
+            self.dead.add(rank)
+            end = ending(state.end_reason)
+            if end.kind == "dead" and self.DEAD not in self.rung:
+                self.rung.add(self.DEAD)
+                words = f"rank {rank} died ({end.reason})"
+                out.append(Alert(self.DEAD, "error", state.last_step, time.time(), words))
+        return out
 
 
 def notification_kind(env: Mapping[str, str]) -> str | None:

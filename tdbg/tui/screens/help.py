@@ -12,6 +12,8 @@ KEYS = """\
 q            quit
 ?            this help
 r            switch run: pick another run on this machine (its step, loss, health)
+b            compare: pick a recording (*.tdbg here, in the run's directory, or a path
+             typed in) to draw under this run's loss up to its step; b again: clear it
 ctrl+p       command palette: every action here, by name
 tab / ⇧tab   next / previous panel
 l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
