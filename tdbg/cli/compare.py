@@ -10,9 +10,8 @@ import shutil
 import textwrap
 from typing import TYPE_CHECKING, Any, TextIO
 
-from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
-from tdbg.cli.glance import SYNC_SECONDS, read_state
+from tdbg.cli.glance import add_history_timeout, read_state
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.client import ConnectError
 from tdbg.format import fmt, fmt_loss, fmt_pct, fmt_seconds, fmt_span, spark_bars
@@ -52,13 +51,7 @@ def add_compare_parser(sub: Any) -> None:
         help="overlay the runs by step, or by the time since each started (default: by step, "
         "or by time when the runs share no step)",
     )
-    p.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=SYNC_SECONDS,
-        metavar="S",
-        help=f"wait at most S seconds for a live run's history (default {SYNC_SECONDS:g})",
-    )
+    add_history_timeout(p)
     p.set_defaults(func=cmd_compare)
 
 

@@ -6,6 +6,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
+from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
 from tdbg.cli.target_args import attach_target
 from tdbg.connect.targets import Recording, resolve
@@ -50,3 +51,14 @@ def the_only_run() -> str:
             else f"{len(entries)} runs here: name one (tdbg ls lists them)"
         )
     return str(entries[0].socket)
+
+
+def add_history_timeout(p: argparse.ArgumentParser) -> None:
+    """``--timeout S``: how long a command reading a live run's history waits for it."""
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=SYNC_SECONDS,
+        metavar="S",
+        help=f"wait at most S seconds for a live run's history (default {SYNC_SECONDS:g})",
+    )

@@ -12,9 +12,8 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from tdbg.cli.args import positive_float
 from tdbg.cli.errors import CliError
-from tdbg.cli.glance import SYNC_SECONDS, read_state, the_only_run
+from tdbg.cli.glance import add_history_timeout, read_state, the_only_run
 from tdbg.cli.job_targets import (
     add_job_option,
     job_by_name,
@@ -56,13 +55,7 @@ def add_report_parser(sub: Any) -> None:
         metavar="FILE",
         help="also write the report as one self-contained HTML page (charts inline, no network)",
     )
-    p.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=SYNC_SECONDS,
-        metavar="S",
-        help=f"wait at most S seconds for a live run's history (default {SYNC_SECONDS:g})",
-    )
+    add_history_timeout(p)
     p.set_defaults(func=cmd_report)
 
 

@@ -7,8 +7,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
-from tdbg.cli.args import positive_float
-from tdbg.cli.glance import SYNC_SECONDS, read_state, the_only_run
+from tdbg.cli.glance import add_history_timeout, read_state, the_only_run
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.model.model_summary import MAX_LAYERS_SHOWN, model_summary, render_summary
 
@@ -33,13 +32,7 @@ def add_summary_parser(sub: Any) -> None:
         action="store_true",
         help=f"every layer, also past {MAX_LAYERS_SHOWN} (default: the flagged ones past that)",
     )
-    p.add_argument(
-        "--timeout",
-        type=positive_float,
-        default=SYNC_SECONDS,
-        metavar="S",
-        help=f"wait at most S seconds for a live run's history (default {SYNC_SECONDS:g})",
-    )
+    add_history_timeout(p)
     p.set_defaults(func=cmd_summary)
 
 
