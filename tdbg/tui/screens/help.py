@@ -18,12 +18,12 @@ ctrl+p       command palette: every action here, by name
 tab / ⇧tab   next / previous panel
 l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
 h            gradients: table / heatmap
-u            heatmap: gradient norms / update ratios ‖Δw‖/‖w‖ (the table's Δw/w column)
+u            heatmap: gradient norms / each layer's update ratio (Δw/w)
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradients: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type; enter keeps, escape clears
-i            the model: each layer's type, parameters, frozen or not, dtype, device,
-             bytes, optimizer; the layers to look at (as `tdbg summary` prints it)
+i            the model: per layer its type, parameters, frozen or not, dtype,
+             device, bytes, optimizer; the layers to look at (tdbg summary)
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
 Loss chart (tab to it; these keys while it has the focus):
