@@ -376,6 +376,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         parts: list[torch.Tensor] = []
         for slot in self._slots:
             result, slot.update_result = slot.update_result, None
+            if slot.measuring and slot.updates is not None:
+                slot.updates.drop()  # copied, and no update came (its step() raised): free it
             slot.measuring = False
             if result is not None:
                 layers.extend(result[0])
