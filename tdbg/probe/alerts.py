@@ -7,6 +7,8 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from itertools import repeat
+from operator import sub
 from typing import Any
 
 from tdbg.protocol.messages.alert import Alert as AlertMessage
@@ -71,7 +73,8 @@ class RobustWindow:
         if self._since >= self.REFRESH or len(self.values) <= MIN_HISTORY:
             self._since = 0
             med = statistics.median(self.values)
-            mad = statistics.median(abs(v - med) for v in self.values) * 1.4826
+            # In C (map), not a generator: the probe thread's GIL time on short steps.
+            mad = statistics.median(map(abs, map(sub, self.values, repeat(med)))) * 1.4826
             self.median = med
             self.scale = mad if mad > 0 else max(abs(med) * 1e-3, 1e-12)
 

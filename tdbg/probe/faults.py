@@ -35,7 +35,7 @@ POINTS: dict[str, tuple[tuple[str, str], ...]] = {
     "server_tick": (("_server", "_tick"),),
     "server_error": (("_server", "_on_error"),),
     # Building a usual step from the values the training thread handed over (probe thread).
-    "build_step": (("module:tdbg.probe.serving.server", "usual_step"),),
+    "build_step": (("module:tdbg.probe.serving.server", "usual_record"),),
 }
 
 

@@ -91,12 +91,18 @@ class NanOrigin:
             return None
         previous = self._previous
         measured = grad_norms is not None or weight_nonfinite is not None
-        self._previous = (
-            step,
-            measured,
-            loss is not None and math.isfinite(loss),
-            self.last_finite,
-        )
+        loss_finite = loss is not None and loss - loss == 0.0  # NaN and +-Inf give NaN
+        self._previous = (step, measured, loss_finite, self.last_finite)
+        if (
+            not measured
+            and forward is None
+            and not grad_nonfinite
+            and (loss_finite or loss is None)
+        ):
+            # The usual step (nothing measured, its loss finite or unknown): the probe
+            # thread's per-step work on short steps, where it competes for the GIL.
+            self.last_finite = step
+            return None
         bad_weights = sorted(set(weight_nonfinite or ()))
         gone = self.gone
         bad_grads = [

@@ -31,7 +31,7 @@ from tdbg.probe.serving.stacks import last_collective, stuck_where, thread_stack
 from tdbg.probe.serving.system import SystemSampler
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.metrics import MetricsHistory, PendingMetrics
-from tdbg.probe.training.pending import PendingStep, UsualStep, usual_step
+from tdbg.probe.training.pending import USUAL_EXTRAS, PendingStep, UsualStep, usual_record
 from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
 from tdbg.protocol.messages import (
     COMMANDS,
@@ -641,11 +641,15 @@ class ProbeServer:
         # Bounded work per wakeup keeps the probe thread's GIL hold short.
         while inbox and taken < MAX_RESOLVE_PER_TICK:
             taken += 1
-            pending = inbox[0]
+            handed = inbox[0]
+            result: tuple[StepRecord, Sequence[int]] | None
             try:
-                if isinstance(pending, tuple):  # a usual CPU step, handed over as it was
-                    pending = usual_step(pending)
-                result = pending.resolve()
+                if isinstance(handed, tuple):  # a usual CPU step, handed over as it was
+                    result = (usual_record(handed), ())
+                    pending = USUAL_EXTRAS
+                else:
+                    pending = handed
+                    result = pending.resolve()
             except Exception as exc:
                 # A step that cannot be read must not block every later one, nor cost the
                 # steps resolved before it in this tick: dropped, and on to the next. One

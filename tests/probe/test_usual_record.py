@@ -1,0 +1,82 @@
+"""The probe thread's short way for a usual CPU step gives the record the whole way gives."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from tdbg.probe.training.hooks import StepTimeline
+from tdbg.probe.training.pending import usual_record, usual_step
+
+NAN = float("nan")
+
+
+def timeline(**marks: float | None) -> StepTimeline:
+    tl = StepTimeline()
+    for name, value in marks.items():
+        setattr(tl, name, value)
+    return tl
+
+
+FULL = {"forward_start": 10.0, "forward_end": 10.5, "optimizer_start": 11.25, "optimizer_end": 11.5}
+TIMELINES = {
+    "every phase": timeline(**FULL),
+    "an evaluation before the forward": timeline(**FULL, no_grad_start=9.0, no_grad_end=9.5),
+    "an evaluation whose end was not seen": timeline(**FULL, no_grad_start=9.0),
+    "an evaluation longer than the gap": timeline(**FULL, no_grad_start=1.0, no_grad_end=9.9),
+    "no forward seen": timeline(optimizer_start=11.25, optimizer_end=11.5),
+    "no forward, an evaluation without end": timeline(
+        no_grad_start=9.0, optimizer_start=11.25, optimizer_end=11.5
+    ),
+    "no optimizer end": timeline(forward_start=10.0, forward_end=10.5, optimizer_start=11.25),
+}
+LOSSES: dict[str, Any] = {
+    "a float": 0.75,
+    "a CPU scalar tensor": torch.tensor(0.5),
+    "a NaN": NAN,
+    "an Inf tensor": torch.tensor(float("inf"), dtype=torch.float64),
+}
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b)
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("marks", list(TIMELINES), ids=list(TIMELINES))
+@pytest.mark.parametrize("loss", list(LOSSES), ids=list(LOSSES))
+@pytest.mark.parametrize(
+    "counts", [(None, None, 0, None), (8, 4096.0, 3, 9.0)], ids=["bare", "counted"]
+)
+def test_a_usual_step_resolves_to_the_same_record_either_way(
+    marks: str, loss: str, counts: tuple[Any, Any, int, Any]
+) -> None:
+    samples, tokens, micro, previous_end = counts
+    raw = (
+        41,  # step
+        1_000.0,  # probe.step()'s start (perf clock)
+        LOSSES[loss],
+        micro,
+        samples,
+        tokens,
+        [0.1, 0.01],
+        0.0125,  # step time
+        TIMELINES[marks],
+        previous_end,
+        2.0,  # epoch
+        3e-5,  # probe time
+    )
+    resolved = usual_step(raw).resolve()
+    assert resolved is not None
+    whole, missing = resolved
+    short = usual_record(raw)
+    assert tuple(missing) == ()
+    for field in whole.__slots__:
+        if field == "time":  # each reads the wall clock
+            assert short.time == pytest.approx(whole.time, abs=0.5)
+            continue
+        assert same(getattr(short, field), getattr(whole, field)), field
