@@ -714,6 +714,10 @@ class ProbeServer:
             alerts.extend(self.rules.check_resumed(resolved[0][0].step))
         extras, self._extras = self._extras, []
         updates: list[UpdateRatios] = []
+        # Looked up once a tick, not per step: on short steps this loop is most of the probe
+        # thread's GIL time.
+        observe, check_step = self.nan_origin.observe, self.rules.check_step
+        add_cost = self.recent_costs.append
         for (record, missing), pending in zip(resolved, extras, strict=True):
             if pending.skipped_layers is not None:
                 alerts.append(
@@ -726,7 +730,7 @@ class ProbeServer:
                 )
             # Where it began, before this step's other non-finite alerts: the first alert of a
             # NaN names the origin (and the automatic hunt heads its answer with it).
-            found = self.nan_origin.observe(
+            found = observe(
                 record.step,
                 record.loss,
                 record.grad_norms,
@@ -739,15 +743,18 @@ class ProbeServer:
                 alerts.append(found)
                 if self.desk is not None:
                     self.desk.runner.ctx.nan_origin = self.nan_origin.origin
-            alerts.extend(self.rules.check_step(record, missing))
+            step_alerts = check_step(record, missing)
+            if step_alerts:
+                alerts.extend(step_alerts)
             if pending.update_layers is not None and pending.update_values is not None:
                 measured = UpdateRatios(
                     record.step, tuple(pending.update_layers), tuple(pending.update_values)
                 )
                 updates.append(measured)
                 alerts.extend(self.rules.check_updates(measured))
-            self.recent_costs.append((record.probe_time, record.step_time))
-            self.last_step = record.step
+            add_cost((record.probe_time, record.step_time))
+        if resolved:
+            self.last_step = resolved[-1][0].step
         if not resolved and self.last_step is not None:
             for stall in self.rules.check_stall(self.last_step, now - self.last_step_time):
                 alerts.append(self._with_stack(stall))

@@ -202,48 +202,48 @@ class PendingStep:
 USUAL_EXTRAS = PendingStep()
 
 
-def _between(start: float | None, end: float | None) -> float:
-    return NAN if start is None or end is None else end - start
-
-
 def usual_record(raw: UsualStep) -> StepRecord:
     """The finished record of a usual CPU step handed over as it was (on the probe thread),
     without a PendingStep: its marks are host clock readings, nothing is in flight. The same
-    figures as ``PendingStep.resolve`` (tests/probe/test_usual_record.py holds them equal);
-    this path is the probe thread's per-step work on short steps, where it competes with the
-    loop for the GIL."""
+    figures as ``PendingStep.resolve`` (tests/probe/test_usual_record.py holds them equal),
+    written out (no call per phase): this is the probe thread's per-step work on short steps,
+    where it competes with the loop for the GIL."""
     (step, started, loss, micro, samples, tokens, lrs, step_time, timeline, previous_end, epoch,
      probe_time) = raw  # fmt: skip
-    fwd_start = timeline.forward_start
-    fwd_end = timeline.forward_end
-    opt_start = timeline.optimizer_start
-    gap = _between(previous_end, fwd_start)  # type: ignore[arg-type]
+    # CPU marks: floats (a usual step is a CPU run's), None where not seen.
+    fwd_start: Any = timeline.forward_start
+    fwd_end: Any = timeline.forward_end
+    opt_start: Any = timeline.optimizer_start
+    opt_end: Any = timeline.optimizer_end
+    gap = NAN if previous_end is None or fwd_start is None else fwd_start - previous_end
     start = timeline.no_grad_start
     if start is None:
         no_grad = NAN if fwd_start is None else 0.0
     else:
         end = timeline.no_grad_end
         if end is None:
-            end = fwd_start  # type: ignore[assignment]
+            end = fwd_start
         no_grad = NAN if end is None else max(0.0, end - start)
     data = gap - no_grad if gap == gap and no_grad == no_grad else gap
     return StepRecord(
-        step=step,
+        step,
         # The wall clock at probe.step(): now, less the time since it began (one clock for both).
-        time=time.time() - (perf() - started),
-        loss=loss if type(loss) is float else float(loss),
-        lr=list(lrs),
-        step_time=step_time,
-        samples=NAN if samples is None else float(samples),
-        tokens=NAN if tokens is None else float(tokens),
-        data_time=max(0.0, data) if data == data else NAN,
-        no_grad_time=no_grad,
-        forward_time=_between(fwd_start, fwd_end),  # type: ignore[arg-type]
-        backward_time=_between(fwd_end, opt_start),  # type: ignore[arg-type]
-        optimizer_time=_between(opt_start, timeline.optimizer_end),  # type: ignore[arg-type]
-        probe_time=probe_time,
-        micro_batches=float(micro) if micro else NAN,
-        epoch=epoch,
+        time.time() - (perf() - started),
+        loss if type(loss) is float else float(loss),
+        list(lrs),
+        step_time,
+        NAN if samples is None else float(samples),
+        NAN if tokens is None else float(tokens),
+        (max(0.0, data) if data == data else NAN),
+        no_grad,
+        NAN if fwd_start is None or fwd_end is None else fwd_end - fwd_start,
+        NAN if fwd_end is None or opt_start is None else opt_start - fwd_end,
+        NAN if opt_start is None or opt_end is None else opt_end - opt_start,
+        probe_time,
+        float(micro) if micro else NAN,
+        NAN,  # clip_max: a step with a clip is not a usual one
+        NAN,  # clip_norm
+        epoch,
     )
 
 
