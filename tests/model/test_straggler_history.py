@@ -4,11 +4,17 @@ longer holds the record back, and the state stays bounded at 1,024 ranks and lon
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from straggler_streams import intermittent, job_of, noise, record, run
 
+from tdbg.model.diagnosis import diagnose_job
 from tdbg.model.job_alerts import JobAlerts
+from tdbg.model.recordings import load_job
 from tdbg.model.straggler_history import SPAN, WINDOW, StragglerHistory
+from tdbg.protocol.framing import pack
 from tdbg.protocol.steps import pack_steps
+from tdbg.tui.sources.synthetic import RUN
 
 
 def test_noise_names_no_straggler_though_the_slowest_rank_changes_every_step() -> None:
@@ -141,3 +147,42 @@ def test_each_value_is_compared_with_the_median_of_the_others() -> None:
         values = rng.integers(0, 5, n).astype(float)  # ties too
         expected = [np.median(np.delete(values, k)) for k in range(n)]
         assert np.allclose(others_medians(values), expected)
+
+
+def test_a_job_whose_ranks_all_ended_is_judged_whole() -> None:
+    # A job read from its recordings: every rank ended, none holds the windows back.
+    job, history = job_of(3), StragglerHistory()
+    run(job, None, range(300), intermittent(2, 100, 40), batch=50)
+    for state in job.ranks.values():
+        state.mark("ended", "shutdown")
+    assert history.update(job) == 30
+    assert [(r.rank, r.kind) for r in history.named()] == [(2, "intermittent")]
+
+
+def test_a_jobs_recordings_replayed_keep_the_record_and_the_report_names_it(
+    tmp_path: Path,
+) -> None:
+    # The record is rebuilt from what every recording keeps (the ranks' step timings), as the
+    # replayed job screen and `tdbg report --job` read it.
+    from tdbg.probe.serving.recorder import Recorder  # the real writer: what a run records
+
+    pattern = intermittent(1, 150, 60)
+    for rank in range(3):
+        run_info = dict(RUN, rank=rank, world_size=3, job="recjob", pid=100 + rank)
+        rec = Recorder(tmp_path / f"train.rank{rank}.tdbg", run_info, ["w"], [1])  # type: ignore[arg-type]
+        assert rec.open()
+        for first in range(0, 600, 20):
+            msg = pack_steps([record(s, pattern(rank, s)) for s in range(first, first + 20)], 0)
+            rec.add_steps(msg, pack(msg))
+        rec.close()
+    job, alerts = load_job(tmp_path)
+    [named] = alerts.history.named()
+    assert (named.rank, named.kind) == (1, "intermittent")
+    assert alerts.history.since == 0 and alerts.history.judged == 60
+    report = diagnose_job(job, alerts)
+    [finding] = [f for f in report.findings if f.headline.startswith("slowest over time: ")]
+    assert finding.headline == f"slowest over time: {named.words()}" and finding.level == "warn"
+    assert finding.evidence == [
+        f"since step 0: the slowest for {named.total_steps} of 600 steps judged, in "
+        f"{named.total_spells} spells, the longest {named.total_longest} steps"
+    ]
