@@ -80,6 +80,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         texts = [str(e.socket) for e in entries]
     from tdbg.model.job import Job
     from tdbg.model.job_alerts import finding_level
+    from tdbg.model.straggler_history import StragglerHistory
 
     worst = 0
     states = []
@@ -107,6 +108,10 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         # then what the comparison found.
         findings = job.findings()
         missing = job.missing_ranks()
+        # Which rank was the slowest over the ranks' recent history, not only in the latest
+        # window: a straggler that comes and goes.
+        history = StragglerHistory()
+        history.update(job)
         if args.json:
             out.write(
                 json.dumps(
@@ -123,6 +128,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
                             }
                             for f in findings
                         ],
+                        "slowest": history.to_json(),
                     }
                 )
                 + "\n"
@@ -139,6 +145,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
         if not args.json:
             for finding in findings:
                 out.write(f"  {finding.kind}: {finding.message}\n")
+            out.write(f"  slowest over time: {history.line()}\n")
         if any(_fails(finding_level(f.kind), args.strict) for f in findings):
             worst = max(worst, EXIT_UNHEALTHY)
     out.flush()

@@ -160,6 +160,13 @@ def diagnose_job(job: Job, alerts: JobAlerts) -> JobDiagnosis:
         for a in reversed(alerts.events)
         if not a.cleared
     ]
+    # Which rank was the slowest over time: a straggler that came and went, whose alerts
+    # alone read as unrelated episodes.
+    history = alerts.history
+    findings.extend(
+        Verdict("warn", f"slowest over time: {r.words()}", [history.whole_run(r)], r.first)
+        for r in history.named()
+    )
     return JobDiagnosis(
         job=job.job,
         world_size=job.world_size,

@@ -14,6 +14,7 @@ from tdbg.model.job import (
     JobFinding,
     is_straggling,
 )
+from tdbg.model.straggler_history import StragglerHistory
 from tdbg.protocol.messages.alert import Alert
 
 # A straggler is raised after it has held this many job steps (the 20-step median already
@@ -84,6 +85,8 @@ class JobAlerts:
     active: dict[tuple[str, tuple[int, ...]], JobAlert] = field(default_factory=dict)
     events: list[JobAlert] = field(default_factory=list)  # newest first
     rule: str = ""  # whether the divergence rule applies to this job, and why
+    # Which rank was the slowest window after window: the record behind "intermittent".
+    history: StragglerHistory = field(default_factory=StragglerHistory)
     _stragglers: dict[int, _Pending] = field(default_factory=dict)
     _step: int | None = None
 
@@ -96,6 +99,7 @@ class JobAlerts:
         if self._step is None or step > self._step:
             self._step = step
             out.extend(self._judge_stragglers(job, step, now))
+            self.history.update(job)
         applies, self.rule = job.divergence_rule()
         current = list(job.hangs())
         if applies:

@@ -1,6 +1,6 @@
-"""JobScreen: a distributed job whole — its line, the rank table worst first, its live alerts;
-Enter opens one rank's full single-run screen (RankScreen), Esc comes back; p profiles every
-rank (JobProfileScreen)."""
+"""JobScreen: a distributed job whole — its line, the rank table worst first, which rank was the
+slowest over time, its live alerts; Enter opens one rank's full single-run screen (RankScreen),
+Esc comes back; p profiles every rank (JobProfileScreen)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from tdbg.format import fmt, fmt_loss
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_table import JobSummary, rank_rows, summarize
+from tdbg.model.straggler_history import WINDOW, StragglerHistory
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.widgets.rank_table import RankTable
 
 MAX_ALERTS_SHOWN = 50
+MAX_SLOWEST_SHOWN = 3  # ranks in the slowest-over-time panel: the record's leaders
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
@@ -36,6 +38,7 @@ class JobScreen(Screen[None]):
     DEFAULT_CSS = """
     JobScreen #job-ranks { height: auto; max-height: 70%; border: round $primary; }
     JobScreen #rank-table { height: auto; max-height: 100%; }
+    JobScreen #job-slowest { height: auto; max-height: 8; border: round $primary; }
     JobScreen #job-alerts { height: 1fr; min-height: 5; border: round $primary; }
     JobScreen #job-line { text-style: bold; }
     JobScreen #job-nodes { color: $warning; display: none; }
@@ -47,12 +50,15 @@ class JobScreen(Screen[None]):
         yield Static(id="job-rule")
         with Vertical(id="job-ranks", classes="panel"):
             yield RankTable(id="rank-table")
+        with Vertical(id="job-slowest", classes="panel"):
+            yield Static(id="job-slowest-list")
         with Vertical(id="job-alerts", classes="panel"):
             yield Static("no job alerts", id="job-alert-list")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#job-ranks").border_title = "Ranks (worst first; Enter opens one)"
+        self.query_one("#job-slowest").border_title = "Slowest rank over time"
         self.query_one("#job-alerts").border_title = "Job alerts"
         self.show_nodes(getattr(self.app, "node_lines", []))
 
@@ -72,6 +78,8 @@ class JobScreen(Screen[None]):
             self.query_one("#job-line", Static).update(_job_line(job, summarize(job)))
             self.query_one("#job-rule", Static).update(Text(f"divergence check {alerts.rule}"))
             self.query_one(RankTable).show(rank_rows(job, alerts))
+            self.query_one("#job-slowest-list", Static).update(_slowest_text(alerts.history))
+            self.query_one("#job-slowest").border_subtitle = _judged_words(alerts.history)
             self.query_one("#job-alert-list", Static).update(_alert_text(alerts))
         except NoMatches:
             return False
@@ -119,6 +127,32 @@ def _job_line(job: Job, summary: JobSummary) -> Text:
     if summary.samples_per_sec is not None:
         text.append(f"  {fmt(summary.samples_per_sec, '.4g')} samples/s")
     return text
+
+
+def _slowest_text(history: StragglerHistory) -> Text:
+    """The ranks most often the slowest over the recent span, one line each (the named ones
+    in the warning colour, the rest dim), or why none is named."""
+    records = history.records()[:MAX_SLOWEST_SHOWN]
+    if not records or not any(r.kind for r in records):
+        text = Text(history.line(), style="dim")
+        if records:  # slowest now and then, too little to name: shown, not named
+            text.append("\n" + "\n".join(r.words() for r in records), style="dim")
+        return text
+    text = Text()
+    for i, record in enumerate(records):
+        if i:
+            text.append("\n")
+        text.append(record.words(), style="yellow" if record.kind else "dim")
+    return text
+
+
+def _judged_words(history: StragglerHistory) -> str:
+    """The panel's bottom edge: how much is judged, and how often."""
+    if history.since is None:
+        return ""
+    return (
+        f"judged every {WINDOW} steps since step {history.since} ({history.judged * WINDOW} steps)"
+    )
 
 
 def _alert_text(alerts: JobAlerts) -> Text:
