@@ -10,6 +10,7 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import ContentSwitcher, Input, Static
 
+from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.gradient_heatmap import GradientHeatmap
 from tdbg.tui.widgets.gradient_table import GradientTable
 
@@ -36,7 +37,7 @@ class GradientPanel(Vertical):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._title = ""
-        self._subtitle = ""
+        self._subtitle: list[Part] = []
 
     def compose(self) -> ComposeResult:
         yield Static(id="grad-summary")
@@ -55,8 +56,12 @@ class GradientPanel(Vertical):
         self._title = title
         self._write_headings()
 
-    def set_subtitle(self, subtitle: str) -> None:
+    def set_subtitle(self, subtitle: list[Part]) -> None:
+        """The frame's bottom line as ranked parts (see fit_parts): fitted to the frame."""
         self._subtitle = subtitle
+        self._write_headings()
+
+    def on_resize(self) -> None:
         self._write_headings()
 
     def _view(self) -> GradientTable | GradientHeatmap:
@@ -75,11 +80,11 @@ class GradientPanel(Vertical):
             view = self._view()
             title = f"filter: {query} ({view.matched} of {view.total}) · {title}"
         frame.border_title = title
-        subtitle = self._subtitle
+        subtitle = list(self._subtitle)
         if isinstance(self._view(), GradientTable):
             shared = self.query_one(GradientTable).shared_trend
-            subtitle += " · trend: all (t)" if shared else " · trend: row (t)"
-        frame.border_subtitle = subtitle
+            subtitle.append((" · trend: all (t)" if shared else " · trend: row (t)", 3))
+        frame.border_subtitle = fit_parts(subtitle, max(1, frame.size.width - 6)).plain
 
     # --- keys -----------------------------------------------------------------------------
 
