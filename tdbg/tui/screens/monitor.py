@@ -15,6 +15,7 @@ from textual.widget import Widget
 from textual.widgets import ContentSwitcher, DataTable, Footer, Input, Sparkline, Static
 
 from tdbg.format import fmt, fmt_loss, fmt_percent
+from tdbg.model.chart_axes import StepWindow
 from tdbg.model.cursor import layer_norm_at, metric_at, moved, step_time_at, total_norm_at
 from tdbg.model.deep import DIVES, label
 from tdbg.model.model_summary import model_summary
@@ -182,6 +183,7 @@ class MonitorScreen(Screen[None]):
         }
         for panel_id, title in titles.items():
             self.query_one(f"#{panel_id}").border_title = title
+        self._restore()
 
     # --- actions --------------------------------------------------------------------------
 
@@ -212,7 +214,7 @@ class MonitorScreen(Screen[None]):
     def action_toggle_log(self) -> None:
         """Linear / log y for the chart on show (the loss, the step time, a metric): each
         keeps its own."""
-        self.query_one(LossChart).toggle_log()
+        self.query_one(LossChart).toggle_log()  # its Changed message keeps the choice
         self._chart_at = time.monotonic()
         if self._state is not None:
             self._paint_loss(self._state)  # only the chart changes: not a whole-screen repaint
@@ -278,6 +280,7 @@ class MonitorScreen(Screen[None]):
         self.heatmap = not self.heatmap
         switcher = self.query_one("#grad-switcher", ContentSwitcher)
         switcher.current = "grad-heatmap" if self.heatmap else "grad-table"
+        self._remember(heatmap=self.heatmap)
         self._grads_at = time.monotonic()
         if self._state is not None:
             self._grad_revision = self._state.grads_revision
@@ -285,6 +288,7 @@ class MonitorScreen(Screen[None]):
 
     def action_cycle_sort(self) -> None:
         mode = self.query_one("#grad-table", GradientTable).cycle_sort()
+        self._remember(grad_sort=mode)
         self._update_grad_title()
         self.notify(f"gradient table sorted by {mode}", timeout=2)
 
@@ -604,9 +608,32 @@ class MonitorScreen(Screen[None]):
         words.append((f" · smoothed {fmt(state.smoothed_loss, '.4g')}", 3))
         self._loss_subtitle(state, words)
 
-    def on_loss_chart_view_changed(self, event: LossChart.ViewChanged) -> None:
+    def on_loss_chart_changed(self, event: LossChart.Changed) -> None:
         if self._state is not None:
             self._loss_subtitle(self._state, self._loss_words)
+        chart = self.query_one(LossChart)
+        self._remember(
+            chart_window=chart.window.size, full_range=chart.full_range, log_y=sorted(chart.logs)
+        )
+
+    def _remember(self, **changes: Any) -> None:
+        remember = getattr(self.app, "remember", None)  # a bare App (tests of the screen)
+        if remember is not None:
+            remember(**changes)
+
+    def _restore(self) -> None:
+        """The choices the user made last time (the app read them): the gradients' view and
+        sort, the loss chart's window, y-range and log scales."""
+        settings = getattr(self.app, "settings", None)
+        if settings is None:
+            return
+        chart = self.query_one(LossChart)
+        chart.window = StepWindow(settings.chart_window)
+        chart.full_range = settings.full_range
+        chart.logs = set(settings.log_y)
+        self.query_one(GradientTable).sort_mode = settings.grad_sort
+        if settings.heatmap != self.heatmap:
+            self.action_toggle_heatmap()
 
     def _loss_subtitle(self, state: RunState, words: list[Part]) -> None:
         """The loss panel's bottom line, fitted to its width: the scale and its key first;

@@ -23,6 +23,7 @@ from tdbg.model.chart_axes import (
     value_ticks,
     y_range,
 )
+from tdbg.tui.colours import meaning, meaning_rgb
 from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 
@@ -30,7 +31,6 @@ DEFAULT_WINDOW = 500  # steps shown when w first narrows the chart from the whol
 RAW_DIM = 0.6  # the raw loss is drawn at this share of its colour: the smoothed line leads
 TICK_EVERY = 10  # columns per x tick at most
 ROWS_PER_TICK = 2  # rows per y tick at most
-NAN_RGB = (235, 70, 70)
 CURSOR_RGB = (240, 200, 60)  # the inspect cursor's line: apart from every series' colour
 SMOOTH_STEPS = 20  # the step-time view's smoothed line: a trailing mean of this many steps
 RATE_STEPS = 20  # steps whose step times give the caption's steps/s
@@ -199,12 +199,14 @@ class LossChart(Static, can_focus=True):
         else:
             self.window = StepWindow(DEFAULT_WINDOW).zoomed(1, *span)
         self._draw()
+        self.post_message(self.Changed())
 
     def action_zoom(self, factor: float) -> None:
         span = self._span()
         if span is not None:
             self.window = self.window.zoomed(factor, *span)
             self._draw()
+            self.post_message(self.Changed())
 
     def action_pan(self, direction: int) -> None:
         span = self._span()
@@ -228,6 +230,7 @@ class LossChart(Static, can_focus=True):
         """Linear / log y for the chart on show (the others keep theirs); the new choice."""
         self.logs ^= {self.chart_key}
         self._draw()
+        self.post_message(self.Changed())
         return self.log_y
 
     def set_cursor(self, step: int | None, draw: bool = True) -> None:
@@ -256,14 +259,16 @@ class LossChart(Static, can_focus=True):
     def action_full_range(self) -> None:
         self.full_range = not self.full_range
         self._draw()
+        self.post_message(self.Changed())
 
-    class ViewChanged(Message):
-        """v showed another chart (loss / step time): its scale, in the panel's line, too."""
+    class Changed(Message):
+        """A key changed what the chart shows (window, range, view, scale): the panel's line
+        says the scale, and the settings keep the choice."""
 
     def action_view(self) -> None:
         self.step_times = not self.step_times
         self._draw()
-        self.post_message(self.ViewChanged())
+        self.post_message(self.Changed())
 
     # --- drawing ---------------------------------------------------------------------------
 
@@ -294,7 +299,8 @@ class LossChart(Static, can_focus=True):
         shown, the y-range mode and the keys; the least needed parts go first when narrow."""
         parts: list[Part] = []
         if self.nan_step is not None:
-            badge = Text(f" NaN at step {self.nan_step} ", "bold white on rgb(170,30,30)")
+            bad = meaning(self.app, "bad")
+            badge = Text(f" NaN at step {self.nan_step} ", f"bold white on {bad}")
             parts.append((badge, 0))
             parts.append((" ", 0))
         if self._showing_step_times():  # first: the words on the panel say "Loss"
@@ -433,7 +439,7 @@ class LossChart(Static, can_focus=True):
             line = inside_limits(xs, yss, limits, line=True)
             fig.draw(fig.signal(*line, marker=smooth).lines())
         if self.nan_step is not None and lo <= self.nan_step <= hi and limits is not None:
-            nan_line = plt.marker("│", NAN_RGB)
+            nan_line = plt.marker("│", meaning_rgb(self.app, "bad"))
             fig.draw(fig.segment([self.nan_step] * 2, list(limits), marker=nan_line))
         if self.cursor is not None and lo <= self.cursor <= hi and limits is not None:
             cursor_line = plt.marker("│", CURSOR_RGB)
