@@ -174,7 +174,7 @@ async def test_help_scrolls_from_the_keyboard_at_80x24() -> None:
         await wait_for(pilot, lambda: box.scroll_y == 2, "one line up")
         await pilot.press("pageup", "pageup", "pageup")
         await shows(pilot, app, "tdbg — keys")
-        await pilot.press("pagedown", "pagedown", "pagedown")
+        await pilot.press("pagedown", "pagedown", "pagedown", "pagedown")  # 4 pages of 20 rows
         await shows(pilot, app, last)
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), "the help closed")

@@ -4,6 +4,8 @@ scrollbar, the y-range without empty rows; and the ranked parts behind it."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from rich.text import Text
@@ -43,7 +45,7 @@ async def test_what_matters_shows_whole(size: tuple[int, int]) -> None:
     app = make_app(ReplaySource(synthetic_run(steps=400), dict(RUN)))
     async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: app.state.n_steps == 400, "400 steps")
-        await shows(pilot, app, "step 399/1000", "linear (l)", "sort name (o)")
+        await shows(pilot, app, "step 399/1000", "4 micro-batches", "(l)", "sort name (o)")
         header = region_lines(app, app.query_one("#header"))[0]
         assert "step 399/1000" in header and "…" not in header, header
         caption = region_lines(app, app.query_one("#loss-chart"))[0]
@@ -56,7 +58,10 @@ async def test_what_matters_shows_whole(size: tuple[int, int]) -> None:
             "the table's columns within its width",
         )
         assert not table.show_horizontal_scrollbar
+        await wait_for(pilot, lambda: plot_rows(app) > 0, "the plot drawn")
         lines = region_lines(app, app.query_one("#loss-chart"))
         top = next(i for i, line in enumerate(lines) if "┌" in line)
         rows = lines[top + 1 : top + 1 + plot_rows(app)]
-        assert rows and all(line.split("│", 1)[1].strip(" │") for line in rows[:1] + rows[-1:])
+        # The top and the bottom plot rows hold the curve (right of the axis: │ or a tick's ┤).
+        ends = [re.split("[│┤]", line, maxsplit=1)[1].strip(" │") for line in rows[:1] + rows[-1:]]
+        assert rows and all(ends), rows

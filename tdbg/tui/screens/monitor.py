@@ -419,6 +419,8 @@ class MonitorScreen(Screen[None]):
         self.set_class(self.size.height >= TALL, "-tall")
         # With a deep dive open, fewer than this many rows leave no room for the metrics table.
         self.set_class(self.size.height < CRAMPED, "-cramped")
+        # Between the short layout and 40 rows: the loss chart takes rows from the tables.
+        self.set_class(SHORT <= self.size.height < CRAMPED, "-medium")
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter on a metric charts it in the loss panel; enter on it again goes back."""
@@ -558,7 +560,7 @@ class MonitorScreen(Screen[None]):
             self._loss_subtitle(
                 state,
                 [
-                    (f"last {fmt(series.last, '.4g')} at step {fmt(series.last_step, 'd')}", 2),
+                    (f"last {fmt(series.last, '.4g')} at step {fmt(series.last_step, 'd')}", 0),
                     (" · enter: back to loss", 3),
                 ],
             )
@@ -602,10 +604,10 @@ class MonitorScreen(Screen[None]):
             float(v) for v in recent if v == v and abs(v) != float("inf")
         ]
         micro = state.micro_batches
-        words: list[Part] = [(f"last {fmt_loss(state.last_loss)}", 2)]
+        words: list[Part] = [("last ", 5), (fmt_loss(state.last_loss), 0)]
         if micro is not None and micro > 1:
-            words.append((f" · {micro:g} micro-batches", 4))
-        words.append((f" · smoothed {fmt(state.smoothed_loss, '.4g')}", 3))
+            words.append((f" · {micro:g} micro-batches", 2))
+        words.append((f" · smoothed {fmt(state.smoothed_loss, '.4g')}", 4))
         self._loss_subtitle(state, words)
 
     def on_loss_chart_changed(self, event: LossChart.Changed) -> None:
@@ -641,14 +643,17 @@ class MonitorScreen(Screen[None]):
         self._loss_words = words
         chart = self.query_one(LossChart)
         panel = self.query_one("#loss-panel")
-        scale: list[Part] = [(" · log (l)" if chart.log_y else " · linear (l)", 1)]
+        # A narrow panel (80 columns) says "lin": the scale's key and the loss both fit.
+        linear = "linear" if panel.size.width >= 50 else "lin"
+        scale: list[Part] = [(" · log (l)" if chart.log_y else f" · {linear} (l)", 1)]
         if self.cursor_step is not None:
             ms = step_time_at(state, self.cursor_step)
             words = [("cursor ← → · esc", 0)]
             if ms is not None:
                 words.append((f" · step time {fmt(ms * 1000, '.3g')} ms", 1))
             scale = [(scale[0][0], 2)]
-        line = fit_parts([*words, *scale], max(1, panel.size.width - 6))
+        # The border line's room: the frame less its corners and a dash and space each side.
+        line = fit_parts([*words, *scale], max(1, panel.outer_size.width - 6))
         panel.border_subtitle = line.plain.removeprefix(" · ")
 
     def _paint_grads(self, state: RunState) -> None:
@@ -746,5 +751,5 @@ class MonitorScreen(Screen[None]):
         else:
             mode = self.query_one(GradientTable).sort_mode
             panel.set_subtitle(
-                [(f"step {sampled}", 1), (f" · sort {mode} (o)", 0), (" · h: heatmap", 2)]
+                [(f"step {sampled}", 2), (f" · sort {mode} (o)", 0), (" · h: heatmap", 2)]
             )

@@ -61,8 +61,12 @@ class GradientPanel(Vertical):
         self._subtitle = subtitle
         self._write_headings()
 
-    def on_resize(self) -> None:
+    def on_gradient_table_columns_changed(self, event: GradientTable.ColumnsChanged) -> None:
+        event.stop()
         self._write_headings()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._write_headings)  # once the frame has its new width
 
     def _view(self) -> GradientTable | GradientHeatmap:
         switcher = self.query_one(ContentSwitcher)
@@ -81,10 +85,12 @@ class GradientPanel(Vertical):
             title = f"filter: {query} ({view.matched} of {view.total}) · {title}"
         frame.border_title = title
         subtitle = list(self._subtitle)
-        if isinstance(self._view(), GradientTable):
-            shared = self.query_one(GradientTable).shared_trend
-            subtitle.append((" · trend: all (t)" if shared else " · trend: row (t)", 3))
-        frame.border_subtitle = fit_parts(subtitle, max(1, frame.size.width - 6)).plain
+        table = self.query_one(GradientTable)
+        if isinstance(self._view(), GradientTable) and table.shows_trend:
+            shared = table.shared_trend
+            subtitle.append((" · trend: all (t)" if shared else " · trend: row (t)", 1))
+        line = fit_parts(subtitle, max(1, frame.outer_size.width - 6))  # less corners, dashes
+        frame.border_subtitle = line.plain.removeprefix(" · ")
 
     # --- keys -----------------------------------------------------------------------------
 

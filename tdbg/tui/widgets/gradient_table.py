@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import numpy as np
 from rich.text import Text
 from textual.coordinate import Coordinate
+from textual.message import Message
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
@@ -53,6 +54,9 @@ class GradientTable(LayerFilter, DataTable[Any]):
         "gradient-table--absent",
     }
 
+    class ColumnsChanged(Message):
+        """The panel's width left out or brought back a column (the trend's key hint follows)."""
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
         self.sort_mode = "name"
@@ -96,6 +100,11 @@ class GradientTable(LayerFilter, DataTable[Any]):
         for key in self._optional:
             title, width = titles[key]
             self.add_column(title, key=key, width=width, default=Text(""))
+
+    @property
+    def shows_trend(self) -> bool:
+        """The trend column is on screen (a narrow panel leaves it out)."""
+        return "trend" in self._optional
 
     def selected_layer(self) -> int | None:
         """The layer under the row cursor (the inspect cursor reads its norm)."""
@@ -147,6 +156,7 @@ class GradientTable(LayerFilter, DataTable[Any]):
         self._optional = keys
         self._add_optional()  # in their order again: the bar before the trend
         self.call_after_refresh(self._refresh_visible)
+        self.post_message(self.ColumnsChanged())
 
     def _fitted_name_width(self) -> tuple[int, int, int] | None:
         """(the layer column's width, the room left for the trend, how many of OPTIONAL fit)

@@ -380,7 +380,10 @@ class LossChart(Static, can_focus=True):
     def _draw(self) -> None:
         width, height = self.content_size
         data = self._data
-        if data is None or width < 10 or height < 5:
+        if data is None or width < 10:
+            return
+        if height < 5:  # no room for a plot: say so, never leave a bigger size's plot cut off
+            self.update(Text.assemble(self.caption(), "\n", "too short to plot (z: zoom)"))
             return
         self.nan_step = first_nonfinite(data.steps, data.loss, data.present)
         x = data.steps.astype(np.float64)
@@ -410,14 +413,16 @@ class LossChart(Static, can_focus=True):
         lo, hi = self.window.bounds(*span)
         inside = (data.steps >= lo) & (data.steps <= hi)
         x, y, ys = x[inside], y[inside], ys[inside] if len(ys) == len(inside) else ys
-        fit = [y]
+        points = max(8, 2 * width)  # braille: two dots per cell across
+        # The range fits the points as drawn (a bucket's mean, not its lowest raw value): the
+        # plot's top and bottom rows then hold the curve, not empty space.
+        fit = [bucket_mean(x, y, points)[1]]
         for fx, fy, _ in fitted:
             fit.append(fy[(fx >= lo) & (fx <= hi)])
-        fit_y = np.concatenate(fit) if len(fit) > 1 else y
+        fit_y = np.concatenate(fit) if len(fit) > 1 else fit[0]
         if log:
             fit_y = np.where(fit_y > 0, fit_y, np.nan)
         limits = y_range(fit_y, robust=not self.full_range, log=log, rows=max(1, height - 3))
-        points = max(8, 2 * width)  # braille: two dots per cell across
         fig = plt.figure
         fig.clear()
         fig.plot_size(width, height - 1)

@@ -130,7 +130,7 @@ class ProfilerTable(DataTable[Any]):
         self.post_message(self.Sorted())
 
     def on_resize(self) -> None:
-        self.call_after_refresh(self._fit_names)
+        self._fit_names()
 
     def _fit_names(self) -> None:
         """Give the op names what the other columns leave of the panel's width: a wide
@@ -209,7 +209,7 @@ class ProfilerTable(DataTable[Any]):
             self.add_column(title, key=key)
         for i, row in enumerate(self._ordered()):
             self.add_row(*self._cells(row), key=f"{i}:{row.name}")
-        self.call_after_refresh(self._fit_names)
+        self._fit_names()  # at most one more build: the other columns' widths stay
 
     def _cells(self, row: OpRow) -> list[Text]:
         profile = self.profile
