@@ -18,6 +18,7 @@ from tdbg.probe.training.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, 
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.loss_tally import LossTally
 from tdbg.probe.training.pending import PendingStep
+from tdbg.probe.training.release import HELD
 from tdbg.probe.training.sampler_state import NAN
 from tdbg.probe.training.step_values import (
     MAX_COUNT,
@@ -122,6 +123,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         # The last scalar backpropagated, released after the probe timed itself: where the
         # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
         self._last_held = None
+        if HELD:
+            HELD.clear()  # nothing of the loop's held past its step (normally empty here)
         if self._cuda_device is not None:
             self._plan_marks(hooks)
         # The step ends here, after all its work (else the rest would count as the next
@@ -405,5 +408,6 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._forced = False
         self._changed_layers = self._last_backward = self._forward_origin = None
         self._last_value = self._last_kept = self._last_held = None
+        HELD.clear()
         self._drop_updates()
         self._forget_amp_skip()
