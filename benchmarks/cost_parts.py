@@ -80,7 +80,8 @@ def _report() -> None:
 
 def main() -> int:
     if len(sys.argv) < 2:
-        print("usage: tdbg run -- python benchmarks/cost_parts.py SCRIPT [ARGS...]", file=sys.stderr)
+        usage = "usage: tdbg run -- python benchmarks/cost_parts.py SCRIPT [ARGS...]"
+        print(usage, file=sys.stderr)
         return 2
     script = sys.argv[1]
     if not os.path.isfile(script):

@@ -167,13 +167,16 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
         loop.run(6, probe)
         counted = [p.probe_time for p in sent[2:]]
         monkeypatch.setattr(cost_model, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(cost_model, "_PER_STEP", 0.0)  # FIXED_PER_STEP 0
         loop.run(6, probe)
         timed = [p.probe_time for p in sent[8:]]
     finally:
         probe.close()
     # The same path each step, the same reads of the clock: the same time.
     assert timed[0] > 0 and timed == pytest.approx([timed[0]] * len(timed))
-    assert counted == pytest.approx([timed[0] * (1 + budget.FIXED_UNTIMED)] * len(counted))
+    # (and the probe thread's work each step, which no timer on this thread sees)
+    expected = timed[0] * (1 + budget.FIXED_UNTIMED) + budget.FIXED_PER_STEP
+    assert counted == pytest.approx([expected] * len(counted))
 
 
 def test_work_the_probe_times_whole_is_not_scaled(
@@ -198,6 +201,7 @@ def test_work_the_probe_times_whole_is_not_scaled(
         sent = handed_over(probe, monkeypatch)
         loop.run(4, probe)
         monkeypatch.setattr(cost_model, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(cost_model, "_PER_STEP", 0.0)  # FIXED_PER_STEP 0
         loop.run(4, probe)
     finally:
         probe.close()
