@@ -38,6 +38,7 @@ from tdbg.tui.widgets.probe_status import ProbeStatus
 from tdbg.tui.widgets.profiler_panel import HINT
 from tdbg.tui.widgets.profiler_table import ProfilerTable
 from tdbg.tui.widgets.run_header import RunHeader
+from tdbg.tui.widgets.steady import SteadyStatic
 
 RECENT_LOSS = 200  # steps shown in the loss sparkline
 GRAD_INTERVAL = 0.5  # seconds between gradient panel updates: 1,000 rows at 8 Hz is wasted work
@@ -134,7 +135,7 @@ class MonitorScreen(Screen[None]):
             with Vertical(id="left"):
                 with Panel(id="loss-panel", classes="panel"):
                     yield LossChart(id="loss-chart")
-                    yield Static(id="loss-legend")
+                    yield SteadyStatic(id="loss-legend")
                     yield Sparkline([], id="loss-recent")
                 with Horizontal(id="left-bottom"):
                     with Panel(id="lr-panel", classes="panel"):
@@ -150,10 +151,10 @@ class MonitorScreen(Screen[None]):
                 with Panel(id="memory-panel", classes="panel"):
                     yield MemoryPanel(id="memory")
         with Panel(id="metrics-panel", classes="panel"):
-            yield Static(id="metrics-line")  # the table in one line, on short terminals
+            yield SteadyStatic(id="metrics-line")  # the table in one line, on short terminals
             yield MetricTable(id="metrics")
         with Panel(id="profiler-panel", classes="panel"):
-            yield Static(id="deep-strip")  # one dim line while no dive is shown
+            yield SteadyStatic(id="deep-strip")  # one dim line while no dive is shown
             yield DeepPanel(id="deep")
         yield ProbeStatus(id="status")
         yield Footer()

@@ -10,7 +10,6 @@ import numpy as np
 import plotext as plt
 from rich.text import Text
 from textual.binding import Binding, BindingType
-from textual.widgets import Static
 
 from tdbg.model.chart_axes import (
     StepWindow,
@@ -21,6 +20,7 @@ from tdbg.model.chart_axes import (
     value_ticks,
     y_range,
 )
+from tdbg.tui.widgets.steady import SteadyStatic
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 
 DEFAULT_WINDOW = 500  # steps shown when w first narrows the chart from the whole run
@@ -128,7 +128,7 @@ class _Data:
     fitted: Sequence[Extra] = ()  # other runs drawn under the loss: the y-range takes them in
 
 
-class LossChart(Static, can_focus=True):
+class LossChart(SteadyStatic, can_focus=True):
     """Call ``replot(steps, loss, smoothed, log)``; colours come from the component classes.
 
     Focused, its keys choose the steps shown (window, zoom, pan) and the y-range (robust or
