@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from tdbg.probe.zero_code.launchers import another_rank, is_launcher, spawn_job, spawned_record
+
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
@@ -26,21 +28,6 @@ ENV_REPORT = (
     "TDBG_RUN_REPORT"  # `tdbg run`'s directory where each watched process says where it sits
 )
 PRELOAD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preload")
-# Launchers: they train nothing and start the ranks, which watch themselves (the launcher keeps
-# the settings in its environment for them). By how they are started (sys.orig_argv).
-LAUNCHER_COMMANDS = ("torchrun", "accelerate", "accelerate-launch", "deepspeed")
-LAUNCHER_MODULES = (
-    "torch.distributed.run",
-    "torch.distributed.launch",
-    "accelerate.commands.launch",
-    "accelerate.commands.accelerate_cli",
-    "deepspeed.launcher.runner",
-    "deepspeed.launcher.launch",
-)
-# The variables that tell a rank from its parent: a child started with other values than its
-# parent's (Lightning's launcher re-running the script with LOCAL_RANK=1) is another rank.
-RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID")
-WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS")
 MAX_MISSES = 10  # backward calls reaching no module's parameters before giving up
 DISCOVERY_STEPS = 20  # steps after the start during which more models/optimizers are looked for
 
@@ -79,18 +66,6 @@ def install() -> None:
         _activate(torch)
     else:
         sys.meta_path.insert(0, _TorchFinder())
-
-
-def is_launcher() -> bool:
-    """This process is torchrun / ``python -m torch.distributed.run`` (or the older launch)."""
-    # sys.orig_argv: at start-up (where this runs) `python -m X` has not set sys.argv[0] yet.
-    argv = list(getattr(sys, "orig_argv", None) or sys.argv)
-    for i, word in enumerate(argv[:4]):
-        if os.path.basename(word) in LAUNCHER_COMMANDS:
-            return True
-        if word == "-m" and i + 1 < len(argv):
-            return argv[i + 1] in LAUNCHER_MODULES
-    return False
 
 
 class _TorchFinder:
@@ -191,7 +166,7 @@ def _follow_ranks(torch: ModuleType) -> None:
         @functools.wraps(original_start)
         def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kw: Any) -> Any:
             try:
-                wrapped = SpawnedRank(fn, nprocs, _config, _spawn_job())
+                wrapped = SpawnedRank(fn, nprocs, _config, spawn_job())
             except Exception:
                 wrapped = fn
             return original_start(wrapped, args, nprocs, *rest, **kw)
@@ -210,34 +185,13 @@ def _follow_ranks(torch: ModuleType) -> None:
         env = kwargs.get("env")
         if env is not None:
             try:
-                if _another_rank(env):
+                if not env.get(ENV_ACTIVE) and another_rank(env):  # not handed on by the script
                     kwargs["env"] = _rank_env(env)
             except Exception:
                 pass
         original_init(popen, args, *rest, **kwargs)
 
     subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign,assignment]
-
-
-def _spawn_job() -> str:
-    """A job id for the ranks mp.spawn starts from here, should neither their environment nor
-    their process group name one: this host and pid."""
-    import socket
-
-    master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    return ":".join(master) if all(master) else f"spawn:{socket.gethostname()}:{os.getpid()}"
-
-
-def _another_rank(env: Any) -> bool:
-    """A child's environment names a rank of a job of 2 or more, not this process's own."""
-    if env.get(ENV_ACTIVE):
-        return False  # handed on by the script itself
-    worlds = [env.get(var) for var in WORLD_VARS]
-    if not any(w and w.isdigit() and int(w) > 1 for w in worlds):
-        return False
-    mine = [os.environ.get(var) for var in RANK_VARS]
-    theirs = [env.get(var) for var in RANK_VARS]
-    return any(theirs) and theirs != mine
 
 
 def _rank_env(env: Any) -> dict[str, str]:
@@ -252,18 +206,6 @@ def _rank_env(env: Any) -> dict[str, str]:
     if _config.get("grad_every"):
         out[ENV_GRAD_EVERY] = str(_config["grad_every"])
     return out
-
-
-def _spawned_record(config: dict[str, Any]) -> str | None:
-    """A rank torch.multiprocessing started records where tdbg run said, one file per rank
-    (watch() itself reads TDBG_RECORD only in a process multiprocessing did not start)."""
-    path = config.get("record")
-    if not config.get("spawned") or not path:
-        return None
-    if "{rank}" in path:
-        return str(path)
-    root, ext = os.path.splitext(path)
-    return f"{root}.rank{{rank}}{ext}"
 
 
 def _report_watched() -> None:
@@ -781,7 +723,7 @@ class AutoWatch:
                 optimizer,
                 name=self.config["name"],
                 grad_every=self.config["grad_every"],
-                record=_spawned_record(self.config),
+                record=spawned_record(self.config),
             )
             _report_watched()
         finally:
