@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from tdbg.probe.zero_code.launchers import another_rank, is_launcher, spawn_job, spawned_record
+from tdbg.probe.zero_code.launchers import (
+    ENV_LAUNCHER,
+    another_rank,
+    child_launcher,
+    launcher_name,
+    spawn_job,
+    spawned_record,
+    started_by,
+)
 
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
@@ -49,9 +57,12 @@ def install() -> None:
     """
     if os.environ.get(ENV_ACTIVE) != "1":
         return
-    if is_launcher():
+    launcher = launcher_name()
+    if launcher is not None:
         # `tdbg run -- torchrun ...`: the launcher trains nothing; it keeps the settings in its
-        # environment so that every rank it starts (each a torchelastic worker) watches itself.
+        # environment so that every rank it starts (each a torchelastic worker) watches itself,
+        # and says who started them (the outermost launcher: accelerate's runs torchrun's).
+        os.environ.setdefault(ENV_LAUNCHER, launcher)
         return
     # This process is the one `tdbg run` started: it takes the settings meant for it, and the
     # processes the script starts (`subprocess.run([sys.executable, "eval.py"])`, spawned
@@ -59,7 +70,7 @@ def install() -> None:
     global _config, _owner
     _config = _read_config()
     _owner = os.getpid()  # a raw os.fork() before `import torch` is not the owner either
-    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT):
+    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT, ENV_LAUNCHER):
         os.environ.pop(var, None)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):
@@ -130,7 +141,16 @@ def _claim(torch: ModuleType) -> None:
     _auto = AutoWatch(torch, _config)
     _auto.install()
     _follow_ranks(torch)
+    from tdbg.probe import run_info
+
+    # Asked when a probe starts (this one, or the script's own watch()): Lightning, which names
+    # its rank 0's launcher, is imported by then.
+    run_info.started_by = _started_by
     report("armed")
+
+
+def _started_by() -> str | None:
+    return started_by(_config)
 
 
 def report(kind: str, **fields: Any) -> None:
@@ -166,7 +186,8 @@ def _follow_ranks(torch: ModuleType) -> None:
         @functools.wraps(original_start)
         def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kw: Any) -> Any:
             try:
-                wrapped = SpawnedRank(fn, nprocs, _config, spawn_job())
+                config = dict(_config, launcher=child_launcher("mp.spawn"))
+                wrapped = SpawnedRank(fn, nprocs, config, spawn_job())
             except Exception:
                 wrapped = fn
             return original_start(wrapped, args, nprocs, *rest, **kw)
@@ -205,6 +226,7 @@ def _rank_env(env: Any) -> dict[str, str]:
             out[var] = str(_config[key])
     if _config.get("grad_every"):
         out[ENV_GRAD_EVERY] = str(_config["grad_every"])
+    out[ENV_LAUNCHER] = child_launcher("the script")
     return out
 
 
@@ -218,7 +240,8 @@ def _report_watched() -> None:
             local = run_info._spawned.get("world_size")
         fields: dict[str, Any] = {"rank": run_info.rank(), **run_info.place()}
         per_node = run_info._env_int("SLURM_NTASKS_PER_NODE")
-        report("watched", local_world=local, tasks_per_node=per_node, **fields)
+        launcher = started_by(_config)
+        report("watched", local_world=local, tasks_per_node=per_node, launcher=launcher, **fields)
     except Exception:
         pass
 
@@ -281,12 +304,19 @@ def _read_config() -> dict[str, Any]:
         "grad_every": grad_every,
         "record": os.environ.get(ENV_RECORD) or None,  # for the ranks this process starts
         "report": os.environ.get(ENV_REPORT) or None,
+        "launcher": os.environ.get(ENV_LAUNCHER) or None,  # what started this process
     }
 
 
 _auto: AutoWatch | None = None
 _owner: int | None = None  # the pid that ran install(): the only one that may claim the probe
-_config: dict[str, Any] = {"name": None, "grad_every": None, "record": None, "report": None}
+_config: dict[str, Any] = {
+    "name": None,
+    "grad_every": None,
+    "record": None,
+    "report": None,
+    "launcher": None,
+}
 
 
 class AutoWatch:

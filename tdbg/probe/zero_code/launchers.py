@@ -1,4 +1,4 @@
-"""Launchers and ranks for ``tdbg run``: which process starts ranks, and which child is one."""
+"""Launchers and ranks under ``tdbg run``: who starts ranks, which child is one, who started it."""
 
 from __future__ import annotations
 
@@ -8,34 +8,50 @@ from typing import Any
 
 # Nothing heavy here: the preload asks is_launcher() at every interpreter's start-up.
 
+# Set by a launcher process for the ranks it starts, and by a watched process in the environment
+# of a rank it starts itself: what started them, in the words `tdbg run` says a rank it does not
+# watch was started by.
+ENV_LAUNCHER = "TDBG_LAUNCHER"
 # Launchers: they train nothing and start the ranks, which watch themselves (the launcher keeps
-# the settings in its environment for them). By how they are started (sys.orig_argv).
-LAUNCHER_COMMANDS = ("torchrun", "accelerate", "accelerate-launch", "deepspeed")
-LAUNCHER_MODULES = (
-    "torch.distributed.run",
-    "torch.distributed.launch",
-    "accelerate.commands.launch",
-    "accelerate.commands.accelerate_cli",
-    "deepspeed.launcher.runner",
-    "deepspeed.launcher.launch",
-)
+# the settings in its environment for them). By how they are started (sys.orig_argv): the
+# command or module -> the launcher's name.
+LAUNCHER_COMMANDS = {
+    "torchrun": "torchrun",
+    "accelerate": "accelerate launch",
+    "accelerate-launch": "accelerate launch",
+    "deepspeed": "deepspeed",
+}
+LAUNCHER_MODULES = {
+    "torch.distributed.run": "torchrun",  # torchrun's own module
+    "torch.distributed.launch": "torch.distributed.launch",
+    "accelerate.commands.launch": "accelerate launch",
+    "accelerate.commands.accelerate_cli": "accelerate launch",
+    "deepspeed.launcher.runner": "deepspeed",
+    "deepspeed.launcher.launch": "deepspeed",
+}
 # The variables that tell a rank from its parent: a child started with other values than its
 # parent's (Lightning's launcher re-running the script with LOCAL_RANK=1) is another rank.
 RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID")
 WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS")
 
 
-def is_launcher() -> bool:
-    """This process is torchrun / ``python -m torch.distributed.run`` (or the older launch),
-    accelerate's or deepspeed's launcher: it trains nothing, its ranks watch themselves."""
+def launcher_name() -> str | None:
+    """The launcher this process is (torchrun or ``python -m torch.distributed.run``, the older
+    launch, accelerate's, deepspeed's), by its name; None for any other process."""
     # sys.orig_argv: at start-up (where this runs) `python -m X` has not set sys.argv[0] yet.
     argv = list(getattr(sys, "orig_argv", None) or sys.argv)
     for i, word in enumerate(argv[:4]):
-        if os.path.basename(word) in LAUNCHER_COMMANDS:
-            return True
+        name = LAUNCHER_COMMANDS.get(os.path.basename(word))
+        if name is not None:
+            return name
         if word == "-m" and i + 1 < len(argv):
-            return argv[i + 1] in LAUNCHER_MODULES
-    return False
+            return LAUNCHER_MODULES.get(argv[i + 1])
+    return None
+
+
+def is_launcher() -> bool:
+    """This process is a launcher: it trains nothing, its ranks watch themselves."""
+    return launcher_name() is not None
 
 
 def another_rank(env: Any) -> bool:
@@ -46,6 +62,31 @@ def another_rank(env: Any) -> bool:
     mine = [os.environ.get(var) for var in RANK_VARS]
     theirs = [env.get(var) for var in RANK_VARS]
     return any(theirs) and theirs != mine
+
+
+def lightning() -> bool:
+    """Lightning is imported here: the ranks this process starts are its DDP launcher's."""
+    return any(name in sys.modules for name in ("lightning", "pytorch_lightning"))
+
+
+def child_launcher(default: str) -> str:
+    """What starts a rank from this process: Lightning's DDP launcher (it starts its ranks
+    through a subprocess or torch.multiprocessing) when Lightning is imported, else ``default``."""
+    return "Lightning DDP" if lightning() else default
+
+
+def started_by(config: dict[str, Any]) -> str | None:
+    """What started this process, a rank: the launcher its parent named (``config["launcher"]``:
+    a launcher process, or a watched process that started it), else Lightning (whose rank 0 is
+    the process `tdbg run` started), else srun (each task a rank); None when nothing says."""
+    if config.get("launcher"):
+        return str(config["launcher"])
+    if lightning():
+        return "Lightning DDP"
+    tasks = os.environ.get("SLURM_NTASKS", "")
+    if os.environ.get("SLURM_PROCID") and tasks.isdigit() and int(tasks) > 1:
+        return "srun"
+    return None
 
 
 def spawn_job() -> str:
