@@ -159,8 +159,12 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
     env["PYTHONPATH"] = str(PRELOAD_DIR) + (os.pathsep + previous if previous else "")
     env["TDBG_AUTOWATCH"] = "1"  # the child takes it out of its environment (autowatch.install)
     # PyTorch's flight recorder (the last collectives of each process group): read by a rank's
-    # probe only when it stalls, to say which collective it waits in. Left alone if set.
-    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    # probe only when it stalls, to say which collective it waits in. Left alone if set; when
+    # tdbg turns it on, the ranks also destroy their group before their interpreter ends
+    # (tdbg/probe/zero_code/group_end.py: with it, a collective left in flight aborted more).
+    if "TORCH_FR_BUFFER_SIZE" not in env:
+        env["TORCH_FR_BUFFER_SIZE"] = "2000"
+        env["TDBG_FLIGHT_RECORDER"] = "1"
     if args.name is not None:
         if not args.name.strip():
             raise CliError("--name is empty")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from tdbg.probe.zero_code.group_end import ENV_RECORDER, end_group, end_group_at_exit
 from tdbg.probe.zero_code.launchers import (
     ENV_LAUNCHER,
     another_rank,
@@ -70,7 +71,7 @@ def install() -> None:
     global _config, _owner
     _config = _read_config()
     _owner = os.getpid()  # a raw os.fork() before `import torch` is not the owner either
-    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT, ENV_LAUNCHER):
+    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT, ENV_LAUNCHER, ENV_RECORDER):
         os.environ.pop(var, None)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):
@@ -146,6 +147,10 @@ def _claim(torch: ModuleType) -> None:
     # Asked when a probe starts (this one, or the script's own watch()): Lightning, which names
     # its rank 0's launcher, is imported by then.
     run_info.started_by = _started_by
+    if _config.get("recorder") and not _config.get("spawned"):
+        import atexit  # a spawned rank's group ends with its function (SpawnedRank)
+
+        atexit.register(end_group_at_exit)  # see group_end: the rank must not abort at its end
     report("armed")
 
 
@@ -227,6 +232,8 @@ def _rank_env(env: Any) -> dict[str, str]:
     if _config.get("grad_every"):
         out[ENV_GRAD_EVERY] = str(_config["grad_every"])
     out[ENV_LAUNCHER] = child_launcher("the script")
+    if _config.get("recorder"):
+        out[ENV_RECORDER] = "1"
     return out
 
 
@@ -264,7 +271,7 @@ class SpawnedRank:
         except Exception as exc:
             _warn(f"tdbg run cannot watch rank {index} ({exc}); it runs unmonitored")
         try:
-            return self.fn(index, *args)
+            returned = self.fn(index, *args)
         finally:
             # A forked rank ends in os._exit(): no atexit, so the probe closes here (its
             # recording's last steps written, its socket removed), within its 1 s budget.
@@ -275,6 +282,9 @@ class SpawnedRank:
                     probe.close()
                 except Exception:
                     pass
+        if self.config.get("recorder"):  # returned (not raised): see group_end
+            end_group()
+        return returned
 
     def _claim(self, index: int) -> None:
         global _config, _owner, _auto
@@ -305,6 +315,7 @@ def _read_config() -> dict[str, Any]:
         "record": os.environ.get(ENV_RECORD) or None,  # for the ranks this process starts
         "report": os.environ.get(ENV_REPORT) or None,
         "launcher": os.environ.get(ENV_LAUNCHER) or None,  # what started this process
+        "recorder": os.environ.get(ENV_RECORDER) == "1",  # tdbg run turned the recorder on
     }
 
 
@@ -316,6 +327,7 @@ _config: dict[str, Any] = {
     "record": None,
     "report": None,
     "launcher": None,
+    "recorder": False,
 }
 
 
