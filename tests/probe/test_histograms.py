@@ -221,3 +221,26 @@ def test_many_layers_take_turns_and_layers_added_mid_run_join(
     assert turns[:3] == [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
     head = [layer for h in counted if h.step > 3 for layer in h.layers if layer.layer == 30]
     assert head and sum(head[0].weights or ()) == 10 and sum(head[0].grads or ()) == 10
+
+
+def test_a_client_attaching_later_gets_the_latest_histograms_bounded(tmp_path: Path) -> None:
+    from tdbg.probe.serving.sampled_feed import RECENT_HISTOGRAMS, SampledFeed
+    from tdbg.probe.training.gradients import GradientStats, find_layers
+    from tdbg.probe.training.histograms import LayerHistograms
+    from tdbg.probe.training.pending import PendingStep
+
+    model = nn.Linear(3, 2)
+    model(torch.ones(1, 3)).sum().backward()
+    counter = LayerHistograms(GradientStats(find_layers(model)))
+    feed = SampledFeed()
+    for step in range(RECENT_HISTOGRAMS + 5):
+        pending = PendingStep()
+        pending.histograms, _ = counter.compute()
+        assert pending.histograms is not None
+        pending.histogram_values = pending.histograms.values.tolist()
+        feed.take(step, pending)
+    replayed = [m for m in feed.replay() if m["type"] == "histograms"]
+    assert len(replayed) == RECENT_HISTOGRAMS and replayed[0]["step"] == 5
+    assert all(m["history"] is True for m in replayed)
+    read = Histograms.from_wire(replayed[-1])
+    assert read is not None and sum(read.layers[0].weights or ()) == 8
