@@ -21,10 +21,10 @@ from tdbg.protocol.messages.histograms import (
 # shape at the bins' resolution; its largest magnitude (and so whether it holds a NaN or Inf)
 # is still read whole. Counting costs ~10 ns an element on a CPU (several passes), where a
 # gradient pass reads one in ~0.3 ns: the bound keeps them on most sampled steps.
-LAYER_ELEMENTS = 1 << 13
+LAYER_ELEMENTS = 1 << 12
 # The most elements one sampled step counts (weights and gradients): past it the layers take
 # turns, a contiguous run per step, starting where the last one stopped.
-PASS_ELEMENTS = 1 << 17
+PASS_ELEMENTS = 1 << 18
 # What the histograms may cost, on average, as a share of the gradient passes' cost (the
 # update ratios take another quarter): on a large model they run on fewer sampled steps.
 HISTOGRAM_SHARE = 0.25

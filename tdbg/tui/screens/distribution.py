@@ -48,8 +48,7 @@ class DistributionScreen(Screen[None]):
         yield DistributionMap(id="dist-map")
         yield Static("", id="dist-foot")
         yield Static(
-            "w weights/gradients · [ ] layer · cells: share of elements "
-            "░<1% ▒<10% ▓<50% █ · esc back",
+            "w weights/gradients · [ ] layer · share of elements ░<1% ▒<10% ▓<50% █ · esc",
             id="dist-hint",
         )
 
@@ -116,8 +115,10 @@ class DistributionScreen(Screen[None]):
             foot.update("")
             return
         last = series[-1]
-        counted = f"{len(series)} counted steps {series[0].step}–{last.step}"
-        title.update(f"|{what}| of {name} · {counted}")
+        steps = "step" if len(series) == 1 else "steps"
+        counted = f"{len(series)} counted {steps} {series[0].step}–{last.step}"
+        where = f"layer {layers.index(self.shown_layer) + 1} of {len(layers)}"
+        title.update(f"|{what}| of {name} ({where}) · {counted}")
         sampled = "every element" if last.stride == 1 else f"one element in {last.stride}"
         top = "NaN or Inf" if math.isnan(last.max) else fmt(last.max)
         foot.update(f"step {last.step}: max |x| {top} · {sampled} counted")
