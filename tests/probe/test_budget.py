@@ -220,6 +220,7 @@ def test_the_interval_s_cost_model_is_the_cost_the_probe_reports(
     # With an exact clock and a pass made to take 1 ms: the model's mean cost over a cycle of
     # k steps is the mean of the probe_time the steps report, to the microsecond.
     from tdbg.probe.training.gradients import GradientStats
+    from tdbg.probe.training.histograms import LayerHistograms
     from tdbg.probe.training.update_ratio import UpdateRatios
 
     compute = GradientStats.compute
@@ -232,6 +233,7 @@ def test_the_interval_s_cost_model_is_the_cost_the_probe_reports(
     # No update ratios: measured on some sampled steps and not others, they would make the
     # passes' cost vary from one to the next (the model's averages follow it, not exactly).
     monkeypatch.setattr(UpdateRatios, "due", lambda self, seconds: False)
+    monkeypatch.setattr(LayerHistograms, "due", lambda self, seconds: False)  # likewise
     k = 4
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=k)

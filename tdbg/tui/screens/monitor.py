@@ -20,6 +20,7 @@ from tdbg.model.model_summary import model_summary
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages.commands import COMMANDS
 from tdbg.tui.screens.alert_detail import AlertDetailScreen
+from tdbg.tui.screens.distribution import DistributionScreen
 from tdbg.tui.screens.model_info import ModelInfoScreen
 from tdbg.tui.screens.profile_form import ProfileFormScreen
 from tdbg.tui.widgets.activation_table import ActivationTable
@@ -105,6 +106,7 @@ class MonitorScreen(Screen[None]):
         Binding("l", "toggle_log", "Log"),
         Binding("i", "model_info", "Model", show=False),
         Binding("u", "heatmap_updates", "Heatmap: norms / update ratios", show=False),
+        Binding("g", "distributions", "Distributions", show=False),
         # The gradient panel's own keys, from anywhere on the screen (it need not have focus).
         Binding("slash", "filter_layers", "Filter layers", show=False),
         Binding("t", "trend_scale", "Trend scale", show=False),
@@ -188,6 +190,16 @@ class MonitorScreen(Screen[None]):
         if self._state is not None:
             self._grad_revision = self._state.grads_revision
             self._paint_grads(self._state)
+
+    def action_distributions(self) -> None:
+        """The gradient table's layer (at its cursor): its weights' and gradients' histograms
+        over the counted steps."""
+        layer = None
+        table = self.query_one(GradientTable)
+        if table.row_count:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+            layer = int(key) if key is not None else None
+        self.app.push_screen(DistributionScreen(lambda: self._state, layer))
 
     def action_model_info(self) -> None:
         """What the run trains: its layers, parameters, frozen ones, dtypes and devices."""
