@@ -19,8 +19,6 @@ tab / ⇧tab   next / previous panel
 l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
 h            gradients: table / heatmap
 u            heatmap: gradient norms / each layer's update ratio (Δw/w)
-g            distributions: the gradient table's layer, its |gradients| or |weights|
-             (w) in log bins over the counted steps; [ ] other layers; escape back
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradients: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type; enter keeps, escape clears
