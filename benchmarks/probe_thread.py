@@ -34,12 +34,14 @@ def thread_cpu_seconds(name: str) -> float:
     raise RuntimeError(f"no thread named {name}")
 
 
-def one_round(layers: int, steps: int) -> float:
-    """Microseconds of probe-thread CPU per resolved step."""
+def one_round(layers: int, steps: int, usual: bool = False) -> float:
+    """Microseconds of probe-thread CPU per resolved step; ``usual``: no step sampled (the
+    usual step of a CPU run, what the probe thread does on every step of a short-step loop)."""
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)])
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4, 8)
-    probe = tdbg.watch(model, opt, grad_every=1, name=f"thread-{layers}")
+    every = 10**9 if usual else 1
+    probe = tdbg.watch(model, opt, grad_every=every, name=f"thread-{layers}")
     try:
         start = thread_cpu_seconds("tdbg-server")
         for _ in range(steps):
@@ -61,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", default="10,100,1000")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--usual", action="store_true", help="no step sampled: the usual step")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)
@@ -68,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tdbg {tdbg.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs")
     print(f"{'layers':>7} {'median us/step':>15} {'min':>8} {'max':>8}  (probe thread CPU)")
     for layers in (int(v) for v in args.layers.split(",")):
-        one_round(layers, 200)  # warm-up
-        figures = [one_round(layers, args.steps) for _ in range(args.rounds)]
+        one_round(layers, 200, args.usual)  # warm-up
+        figures = [one_round(layers, args.steps, args.usual) for _ in range(args.rounds)]
         print(
             f"{layers:>7} {statistics.median(figures):>15.1f} {min(figures):>8.1f}"
             f" {max(figures):>8.1f}"

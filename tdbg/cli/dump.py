@@ -15,6 +15,7 @@ from tdbg.format import finite as finite
 from tdbg.format import finite_tree as finite_tree
 from tdbg.format import unfinite as unfinite
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
+from tdbg.protocol.messages.histograms import Histograms, bin_labels
 from tdbg.protocol.messages.results import result_from_wire
 from tdbg.protocol.messages.run import read_layer_facts
 from tdbg.protocol.messages.updates import UpdateRatios
@@ -280,6 +281,10 @@ def message_events(
             event = updates_event(msg, layers)
             if event is not None:
                 yield event
+        elif mtype == "histograms":
+            event = histograms_event(msg, layers)
+            if event is not None:
+                yield event
         elif mtype == "metrics":
             yield from metric_events(msg)
         elif mtype == "synced":
@@ -306,6 +311,34 @@ def updates_event(msg: dict[str, Any], layers: list[str]) -> dict[str, Any] | No
     }
     event: dict[str, Any] = {"type": "updates", "step": measured.step, "ratios": ratios}
     if measured.history:
+        event["history"] = True
+    return finite_tree(event)
+
+
+def histograms_event(msg: dict[str, Any], layers: list[str]) -> dict[str, Any] | None:
+    """A ``histograms`` message as its event: the bins' labels and, per counted layer by name,
+    its weight and gradient counts (``null``: not counted), largest magnitudes and stride;
+    None when it is malformed."""
+    counted = Histograms.from_wire(msg)
+    if counted is None:
+        return None
+    by_layer = {
+        (layers[h.layer] if h.layer < len(layers) else f"layer {h.layer}"): {
+            "weights": None if h.weights is None else list(h.weights),
+            "grads": None if h.grads is None else list(h.grads),
+            "weight_max": h.weight_max,
+            "grad_max": h.grad_max,
+            "stride": h.stride,
+        }
+        for h in counted.layers
+    }
+    event: dict[str, Any] = {
+        "type": "histograms",
+        "step": counted.step,
+        "bins": list(bin_labels()),
+        "layers": by_layer,
+    }
+    if counted.history:
         event["history"] = True
     return finite_tree(event)
 

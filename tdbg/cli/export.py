@@ -158,6 +158,9 @@ def _export(event: dict[str, Any], writer: SeriesWriter) -> int:
     elif etype == "updates" and isinstance(step, int):
         for layer, ratio in (event.get("ratios") or {}).items():
             n += writer.scalar(f"update_ratio/layer/{layer}", step, None, ratio)
+    elif etype == "histograms" and isinstance(step, int):
+        for layer, counted in (event.get("layers") or {}).items():
+            n += _histogram_series(writer, layer, step, counted)
     elif etype == "metric" and isinstance(step, int):
         n += writer.scalar(f"metric/{event.get('name')}", step, None, event.get("value"))
     elif etype == "memory":
@@ -171,6 +174,23 @@ def _export(event: dict[str, Any], writer: SeriesWriter) -> int:
             n += writer.scalar("memory/host/rss", None, time, host.get("rss"))
     elif etype == "alert":
         n += writer.text("alerts", step if isinstance(step, int) else None, time, event)
+    return n
+
+
+def _histogram_series(writer: SeriesWriter, layer: str, step: int, counted: Any) -> int:
+    """A layer's histograms as scalars: per kind its largest magnitude and its share of exact
+    zeros (``weight_max/layer/LAYER``, ``grad_zero_frac/layer/LAYER``, ...)."""
+    if not isinstance(counted, dict):
+        return 0
+    n = 0
+    for kind, prefix in (("weights", "weight"), ("grads", "grad")):
+        counts = counted.get(kind)
+        if not isinstance(counts, list) or not counts:
+            continue
+        n += writer.scalar(f"{prefix}_max/layer/{layer}", step, None, counted.get(f"{prefix}_max"))
+        total = sum(c for c in counts if isinstance(c, int))
+        if total:
+            n += writer.scalar(f"{prefix}_zero_frac/layer/{layer}", step, None, counts[0] / total)
     return n
 
 

@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from tdbg.cli.args import positive_int
 from tdbg.cli.errors import CliError
+from tdbg.model.unwatched import UNWATCHED_AFTER, unwatched
 
 # The preload lives with the probe it starts; found by path so the launcher never imports the probe.
 PRELOAD_DIR = Path(__file__).resolve().parent.parent / "probe" / "zero_code" / "preload"
@@ -158,8 +159,12 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
     env["PYTHONPATH"] = str(PRELOAD_DIR) + (os.pathsep + previous if previous else "")
     env["TDBG_AUTOWATCH"] = "1"  # the child takes it out of its environment (autowatch.install)
     # PyTorch's flight recorder (the last collectives of each process group): read by a rank's
-    # probe only when it stalls, to say which collective it waits in. Left alone if set.
-    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    # probe only when it stalls, to say which collective it waits in. Left alone if set; when
+    # tdbg turns it on, the ranks also destroy their group before their interpreter ends
+    # (tdbg/probe/zero_code/group_end.py: with it, a collective left in flight aborted more).
+    if "TORCH_FR_BUFFER_SIZE" not in env:
+        env["TORCH_FR_BUFFER_SIZE"] = "2000"
+        env["TDBG_FLIGHT_RECORDER"] = "1"
     if args.name is not None:
         if not args.name.strip():
             raise CliError("--name is empty")
@@ -200,7 +205,7 @@ class Coverage:
     local world size), ``PID.unwatched`` (it gave up and said so). Read here about once a second
     while the job runs, and at its end; removed with the directory at the end."""
 
-    GRACE = 30.0  # s after the first rank's probe: the others start theirs at the same update
+    GRACE = UNWATCHED_AFTER  # s after the first rank's probe: the others start theirs too
 
     def __init__(self) -> None:
         self.directory = tempfile.mkdtemp(prefix="tdbg-run-")  # mode 0700
@@ -270,7 +275,8 @@ class Coverage:
 
 
 def missing_ranks(watched: list[dict[str, Any]], inside: bool = False) -> list[str]:
-    """One line per job of which fewer ranks are watched (on this machine) than it has.
+    """One line per job of which fewer ranks are watched (on this machine) than it has, in the
+    words the job screen says it: ``rank 1 of 2 is not watched: started by mp.spawn``.
     ``inside``: this tdbg run is itself one task of the job (srun tdbg run): it expects only the
     ranks a launcher it runs starts (LOCAL_WORLD_SIZE), else one."""
     jobs: dict[str, list[dict[str, Any]]] = {}
@@ -280,22 +286,23 @@ def missing_ranks(watched: list[dict[str, Any]], inside: bool = False) -> list[s
     lines = []
     for job, ranks in sorted(jobs.items()):
         world = max(r["world_size"] for r in ranks)
-        seen = sorted({r["rank"] for r in ranks if isinstance(r.get("rank"), int)})
+        seen = {r["rank"] for r in ranks if isinstance(r.get("rank"), int)}
+        launcher = next((r["launcher"] for r in ranks if r.get("launcher")), None)
         local = max((r.get("local_world") or 0) for r in ranks)
         if not local:
             local = 1 if inside else max((r.get("tasks_per_node") or 0) for r in ranks)
         expected = local if 0 < local < world else world
         if len(seen) >= expected:
             continue
-        where = "on this machine " if expected < world else ""
-        line = (
-            f"tdbg run: {len(seen)} of {expected} ranks of job {job} {where}watched "
-            f"(rank {', '.join(map(str, seen))})"
-        )
         if expected == world:
-            unseen = [str(r) for r in range(world) if r not in seen]
-            line += f"; not watched: rank {', '.join(unseen)}"
-        lines.append(line + " (launchers tdbg run follows: docs/distributed.md)")
+            line = unwatched([r for r in range(world) if r not in seen], world, launcher)
+        else:  # one node of a bigger job: its local ranks
+            local_seen = {r.get("local_rank") for r in ranks}
+            absent = [r for r in range(expected) if r not in local_seen]
+            if len(absent) != expected - len(seen):  # local ranks not said: which is unknown
+                absent = list(range(len(seen), expected))
+            line = unwatched(absent, expected, launcher, "local rank")
+        lines.append(f"tdbg run: {line} (job {job}; docs/distributed.md#launchers)")
     return lines
 
 

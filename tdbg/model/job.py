@@ -12,6 +12,7 @@ import numpy as np
 
 from tdbg.model.health import open_stall
 from tdbg.model.run_state import RunState
+from tdbg.model.unwatched import UNWATCHED_AFTER, unwatched
 from tdbg.protocol.steps import MAX_PHASE_GAP, PHASE_WORDS, PHASES
 
 RECENT = 20  # steps a straggler is judged over
@@ -93,6 +94,19 @@ class Job:
 
     def missing_ranks(self) -> list[int]:
         return [r for r in range(self.world_size) if r not in self.ranks]
+
+    def unwatched_line(self, now: float) -> str | None:
+        """Under `tdbg run` (its ranks name what started them), the ranks still missing
+        UNWATCHED_AFTER seconds after the first rank's probe started, as `tdbg run` says them
+        on stderr; None otherwise (a rank starting late is not yet said unwatched)."""
+        missing = self.missing_ranks()
+        names = [s.run.get("launcher") for s in self.ranks.values()]
+        launcher = next((n for n in names if isinstance(n, str) and n), None)
+        starts = [s.run.get("start_time") for s in self.ranks.values()]
+        first = min((t for t in starts if isinstance(t, int | float)), default=now)
+        if not missing or launcher is None or now - first < UNWATCHED_AFTER:
+            return None
+        return unwatched(missing, self.world_size, launcher)
 
     def findings(self) -> list[JobFinding]:
         out: list[JobFinding] = list(self.hangs())

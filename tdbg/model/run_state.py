@@ -13,12 +13,14 @@ import numpy as np
 
 from tdbg.model.columns import GrowArray, StepBatch, thin_mask
 from tdbg.model.deep import DeepState
+from tdbg.model.distributions import LayerDistributions
 from tdbg.model.grad_history import GradHistory
 from tdbg.model.metrics import MetricStore
 from tdbg.model.step_summaries import Clipping, StepSummaries
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.messages.alert import Alert
+from tdbg.protocol.messages.histograms import Histograms
 from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.protocol.messages.run import read_layer_facts
 from tdbg.protocol.messages.updates import UpdateRatios
@@ -84,6 +86,8 @@ class RunState:
         # Every measurement as a row (NaN for the layers not measured that time), bounded as
         # the norms are: the heatmap's update-ratio view.
         self.update_history = GradHistory(0)
+        # Each layer's weight and gradient histograms over the steps that counted them.
+        self.distributions = LayerDistributions()
         self.metrics = MetricStore()
         self.steps = GrowArray(np.int64)
         self.has_loss = GrowArray(np.bool_)
@@ -157,6 +161,11 @@ class RunState:
             self.update_history.widen(len(self.layer_names))
             self.update_history.extend(*ratio_rows([measured], self.update_history.n_layers))
             self.update_revision += 1
+        elif mtype == "histograms":
+            counted = Histograms.from_wire(message)
+            if counted is None:
+                return
+            self.distributions.add(counted)
         elif mtype == "alert":
             self._apply_alert(message)
         elif mtype == "system":
@@ -210,6 +219,7 @@ class RunState:
             self.grads = GradHistory(len(names))
             self.update_history = GradHistory(len(names))
             self.update_ratio = {}
+            self.distributions = LayerDistributions()
             self.grad_steps = GrowArray(np.int64)
             self.grad_total = GrowArray(np.float64)
 

@@ -28,9 +28,11 @@ import numpy as np
 
 from tdbg.model.columns import StepBatch
 from tdbg.model.deep import DeepState
+from tdbg.model.distributions import LayerDistributions
 from tdbg.model.grad_history import GradHistory
 from tdbg.model.run_state import MAX_ALERTS, Alert, RunState, ratio_rows
 from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.messages.histograms import Histograms
 from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.protocol.messages.updates import UpdateRatios
 from tdbg.recording.reader import Recording
@@ -72,6 +74,7 @@ class Timeline:
         }
         deep: list[tuple[int, int, dict[str, Any]]] = []
         self._updates: list[UpdateRatios] = []  # in the order recorded (their steps ascend)
+        self._histograms: list[Histograms] = []  # likewise
         grad_steps: list[np.ndarray] = []
         grad_rows: list[np.ndarray] = []
         for msg in recording.messages() if messages is None else messages:
@@ -92,6 +95,8 @@ class Timeline:
                 self.full.apply(msg)
             elif mtype == "updates" and (measured := UpdateRatios.from_wire(msg)) is not None:
                 self._updates.append(measured)
+            elif mtype == "histograms" and (counted := Histograms.from_wire(msg)) is not None:
+                self._histograms.append(counted)
             elif mtype == "alert" and (alert := Alert.from_wire(msg)) is not None:
                 self._alerts.append((self._own_step(msg, position), alert))
             elif mtype in ("system", "probe"):
@@ -118,6 +123,8 @@ class Timeline:
             if i % DEEP_CHECKPOINT == 0:
                 self._deep_checkpoints.append(copy.deepcopy(state))
             self._apply_deep(state, msg)
+        self.full.distributions = LayerDistributions.of(self._histograms)
+        self._histogram_steps = [h.step for h in self._histograms]
         self.ended = recording.ended
         self.note = recording.end_note
 
@@ -210,6 +217,8 @@ class Timeline:
             n_layers = len(full.layer_names)
             state.update_history = GradHistory.from_rows(n_layers, *ratio_rows(shown, n_layers))
         state.update_revision = len(shown)
+        shown_until = bisect.bisect_right(self._histogram_steps, step)
+        state.distributions = LayerDistributions.of(self._histograms[:shown_until])
         state.system, state.probe = self._reports_at(step)
         state.deep = self._deep_at(step)
         return state

@@ -6,6 +6,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import TypedDict
 
 import torch
@@ -28,6 +29,9 @@ class JobPlace(TypedDict, total=False):
 # the process index, the number of processes and a job id, for when neither the environment nor
 # an initialised process group says where the process sits (see place()).
 _spawned: JobPlace = {}
+# Set by `tdbg run` in a process it watches: what started it (a launcher it recognised: RunInfo's
+# ``launcher``), asked when a probe starts.
+started_by: Callable[[], str | None] | None = None
 
 
 def set_spawned(index: int, nprocs: int, job: str) -> None:
@@ -182,7 +186,17 @@ def describe_run(
         # The rule this probe's own ``stalled`` alert follows: every reader judges a gap by it.
         "stall": DEFAULT_STALL_RULE.to_wire(),
     }
+    launcher = _launcher()
+    if launcher and "world_size" in run_info:
+        run_info["launcher"] = launcher
     return run_info, unavailable
+
+
+def _launcher() -> str | None:
+    try:
+        return started_by() if started_by is not None else None
+    except Exception:
+        return None
 
 
 def watched_optimizer(name: str, optimizer: torch.optim.Optimizer) -> WatchedOptimizer:

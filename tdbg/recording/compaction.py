@@ -25,6 +25,7 @@ THINNED_KINDS = (
     "system",
     "probe",
     "updates",
+    "histograms",
 )  # what a budget bounds, kind by kind
 CHUNK_BYTES = 1 << 20  # consecutive steps batches are joined into frames of about this much
 

@@ -112,3 +112,23 @@ def test_a_later_alert_does_not_hide_an_open_stall_and_resumed_ends_it() -> None
     assert _agree(job, start + 1.0) == {0: ("stalled", "stalled")}
     state.apply(alert_message("resumed", "info", 30, "the loop resumed after 4 s", [], start))
     assert _agree(job, start + 1.0) == {0: ("live", "live")}
+
+
+def test_a_rank_tdbg_run_does_not_watch_is_said_on_the_job_line() -> None:
+    """Under `tdbg run` (the ranks name their launcher) a rank still missing 30 s after the
+    first rank started is said as `tdbg run` says it on stderr; before, or when no rank names
+    a launcher (a script's own watch()), it is only missing."""
+    from tdbg.model.unwatched import UNWATCHED_AFTER
+    from tdbg.tui.screens.job import _job_line
+
+    job = job_of(2)
+    del job.ranks[1]
+    rank0 = job.ranks[0].run
+    rank0["start_time"] = time.time() - UNWATCHED_AFTER - 1
+    assert job.unwatched_line(time.time()) is None
+    assert "(missing 1)" in _job_line(job, summarize(job)).plain
+    rank0["launcher"] = "mp.spawn"
+    words = "rank 1 of 2 is not watched: started by mp.spawn"
+    assert job.unwatched_line(time.time()) == words
+    assert f"({words})" in _job_line(job, summarize(job)).plain
+    assert job.unwatched_line(rank0["start_time"] + 1) is None  # rank 1 may still come

@@ -55,3 +55,44 @@ def test_a_spawned_rank_without_a_process_group_has_its_index() -> None:
     run_info.set_spawned(1, 2, "spawn:h:42")
     assert run_info.place() == {"rank": 1, "local_rank": 1, "world_size": 2, "job": "spawn:h:42"}
     assert run_info.rank() == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["/venv/bin/torchrun", "--nproc_per_node=2", "train.py"], "torchrun"),
+        (["python", "-m", "torch.distributed.run", "train.py"], "torchrun"),
+        (["python", "-m", "torch.distributed.launch", "train.py"], "torch.distributed.launch"),
+        (["/venv/bin/accelerate", "launch", "train.py"], "accelerate launch"),
+        (["python", "-m", "accelerate.commands.launch", "train.py"], "accelerate launch"),
+        # deepspeed cannot be installed here: its two launchers are recognised by argv only.
+        (["/venv/bin/deepspeed", "--num_gpus=2", "train.py"], "deepspeed"),
+        (["python", "-u", "-m", "deepspeed.launcher.launch", "train.py"], "deepspeed"),
+        (["python", "train.py"], None),
+        (["python", "-m", "mypkg.train"], None),
+    ],
+)
+def test_each_launcher_is_recognised_by_how_it_was_started(
+    argv: list[str], name: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tdbg.probe.zero_code import launchers
+
+    monkeypatch.setattr("sys.orig_argv", argv)
+    assert launchers.launcher_name() == name
+    assert launchers.is_launcher() is (name is not None)
+
+
+def test_what_started_a_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher its parent named first; else srun by its task variables; else nothing."""
+    from tdbg.probe.zero_code import launchers
+
+    monkeypatch.setattr(launchers, "lightning", lambda: False)
+    assert launchers.started_by({"launcher": "mp.spawn"}) == "mp.spawn"
+    assert launchers.started_by({}) is None
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    assert launchers.started_by({}) == "srun"
+    assert launchers.started_by({"launcher": "torchrun"}) == "torchrun"  # srun torchrun ...
+    monkeypatch.setattr(launchers, "lightning", lambda: True)
+    assert launchers.started_by({}) == "Lightning DDP"
+    assert launchers.child_launcher("mp.spawn") == "Lightning DDP"

@@ -24,7 +24,7 @@ async def test_cursor_reads_every_chart_at_one_step() -> None:
         await shows(pilot, app, "linear (l)")
         monitor = app.screen
         assert isinstance(monitor, MonitorScreen)
-        await pilot.press("g")
+        await pilot.press("e")
         await shows(pilot, app, "▏step 399 loss", "cursor ← → · esc", "step 399 ▲")
         stride = app.query_one(LossChart).cursor_stride()  # steps per braille dot
         assert stride > 1

@@ -85,6 +85,7 @@ class Bounds:
     system: int = 4 << 20  # 1 Hz system reports
     probe: int = 4 << 20  # 1 Hz probe reports
     updates: int = 8 << 20  # update ratios, one message per sampled step
+    histograms: int = 16 << 20  # weight and gradient histograms, one message per counted step
     compact_at: int = 64 << 20  # no compaction below this file size
     max_growth: int = 256 << 20  # the file grows by min(its compacted size, this) between them
 
@@ -309,8 +310,8 @@ class Recorder:
             warn(f"tdbg: recorder skipped a steps batch: {exc}")
 
     def add_thinned(self, kind: str, frame: bytes) -> None:
-        """A ``system`` / ``probe`` report, an ``activations`` sample or an ``updates`` message:
-        written now, thinned
+        """A ``system`` / ``probe`` report, an ``activations`` sample, an ``updates`` or a
+        ``histograms`` message: written now, thinned
         by later compactions within its kind's own budget."""
         if not self.active:
             return

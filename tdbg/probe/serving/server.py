@@ -27,6 +27,7 @@ from tdbg.probe.serving.metric_alerts import nonfinite_metric_alerts
 from tdbg.probe.serving.nan_origin import KIND as ORIGIN_KIND
 from tdbg.probe.serving.nan_origin import NanOrigin, skipped_alert
 from tdbg.probe.serving.recorder import Recorder
+from tdbg.probe.serving.sampled_feed import SampledFeed
 from tdbg.probe.serving.stacks import last_collective, stuck_where, thread_stack
 from tdbg.probe.serving.system import SystemSampler
 from tdbg.probe.training.inbox import Inbox
@@ -42,7 +43,6 @@ from tdbg.protocol.messages import (
     RunInfo,
     Synced,
     System,
-    UpdateRatios,
     WatchedOptimizer,
     bye_message,
     error_message,
@@ -74,7 +74,6 @@ STOP_SECONDS = 10.0
 # client is waiting (a person picking among runs leaves no note).
 LINGER_SECONDS = 1.0
 LINGER_LOOK_SECONDS = 0.05  # how often a lingering probe looks at the notes
-RECENT_UPDATES = 256  # sampled steps' update ratios replayed to a client attaching later
 METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character names
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
 
@@ -137,8 +136,7 @@ class ProbeServer:
         self.last_step: int | None = None
         self.last_step_time = time.monotonic()
         self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
-        # The latest update ratios measured (one per sampled step), for clients attaching later.
-        self.recent_updates: deque[UpdateRatios] = deque(maxlen=RECENT_UPDATES)
+        self.sampled = SampledFeed()  # update ratios and histograms, for clients attaching later
         self.rejected_peers = 0
         self.bye_reason = "shutdown"  # the goodbye's reason ("exit 1: ..." when an error ends it)
         self._attached_pids: set[int] = set()  # every client that got our welcome
@@ -621,7 +619,7 @@ class ProbeServer:
         conn.append(pack(welcome_message(proto, __version__, self.endpoint.run_info)))
         replay: list[Mapping[str, Any]] = [self._layers_message(), *self.history.replay()]
         replay.extend(dict(metrics_message(c), history=True) for c in self.metrics.replay())
-        replay.extend(replace(u, history=True).to_wire() for u in self.recent_updates)
+        replay.extend(self.sampled.replay())
         if self.desk is not None:
             replay.extend(self.desk.replay())
         for latest in (self.latest_system, self._probe_message()):
@@ -713,7 +711,7 @@ class ProbeServer:
             self.last_step_time = now
             alerts.extend(self.rules.check_resumed(resolved[0][0].step))
         extras, self._extras = self._extras, []
-        updates: list[UpdateRatios] = []
+        sampled: list[tuple[str, Mapping[str, Any]]] = []  # updates and histograms messages
         # Looked up once a tick, not per step: on short steps this loop is most of the probe
         # thread's GIL time.
         observe, check_step = self.nan_origin.observe, self.rules.check_step
@@ -746,12 +744,13 @@ class ProbeServer:
             step_alerts = check_step(record, missing)
             if step_alerts:
                 alerts.extend(step_alerts)
-            if pending.update_layers is not None and pending.update_values is not None:
-                measured = UpdateRatios(
-                    record.step, tuple(pending.update_layers), tuple(pending.update_values)
-                )
-                updates.append(measured)
-                alerts.extend(self.rules.check_updates(measured))
+            if pending.update_layers is not None or pending.histograms is not None:
+                measured, counted = self.sampled.take(record.step, pending)
+                if measured is not None:
+                    sampled.append(("updates", measured.to_wire()))
+                    alerts.extend(self.rules.check_updates(measured))
+                if counted is not None:
+                    sampled.append(("histograms", counted.to_wire()))
             add_cost((record.probe_time, record.step_time))
         if resolved:
             self.last_step = resolved[-1][0].step
@@ -767,10 +766,9 @@ class ProbeServer:
             frames.append(pack(msg))
             if self.recorder is not None:
                 self.recorder.add_steps(msg, frames[-1])
-        for measured in updates:
-            self.recent_updates.append(measured)  # replayed to a client that attaches later
-            frames.append(pack(measured.to_wire()))
-            self._record("updates", frames[-1])
+        for kind, message in sampled:
+            frames.append(pack(message))
+            self._record(kind, frames[-1])
         points = self._drain_metrics()
         if points:
             alerts.extend(nonfinite_metric_alerts(self.metrics, self.metrics.add(points)))
@@ -803,7 +801,7 @@ class ProbeServer:
         thinned by compactions within its own budget."""
         if self.recorder is None:
             return
-        if kind in ("activations", "system", "probe", "updates"):
+        if kind in ("activations", "system", "probe", "updates", "histograms"):
             self.recorder.add_thinned(kind, frame)
         else:
             self.recorder.add(frame)

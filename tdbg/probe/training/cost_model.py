@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 
-from tdbg.probe.training.budget import FIXED_UNTIMED, gradient_interval
+from tdbg.probe.training.budget import FIXED_PER_STEP, FIXED_UNTIMED, gradient_interval
 from tdbg.probe.training.gradients import GradSample
 from tdbg.probe.training.hooks import PhaseHooks, perf
 from tdbg.probe.training.sampler_state import NAN, SamplerState
 from tdbg.protocol.steps import MAX_PHASE_GAP
 
 _FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
+_PER_STEP = FIXED_PER_STEP  # and what each step costs it beyond that (the probe thread's work)
 EMA = 0.1  # weight of the newest value in the running averages of step time and costs
 # Weight of the newest step in the probe's spent fraction (its time over the step's): ~100
 # steps' memory, like the 200-step window of the cost_fraction it reports.
@@ -53,10 +54,11 @@ class CostModel(SamplerState):
         tap_seconds[0] = 0.0
         # What the fixed work (the hooks' and this call's few lines) costs the loop, not only
         # what the probe timed of it: torch's calls into the hooks and their cold entry,
-        # outside any timer (budget.FIXED_UNTIMED). Work timed whole is counted as timed.
+        # outside any timer (budget.FIXED_UNTIMED), and the probe thread's per-step work
+        # (budget.FIXED_PER_STEP). Work timed whole is counted as timed.
         # (A conditional, not max(): a builtin's first call here costs microseconds.)
         untimed = timed - self._grad_seconds
-        fixed = untimed * _FIXED_SCALE if untimed > 0.0 else 0.0
+        fixed = untimed * _FIXED_SCALE + _PER_STEP if untimed > 0.0 else _PER_STEP
         probe_time = host_time = self._grad_seconds + fixed
         if hidden and (sample is None or self._grad_device_cost > 0.0):
             # A GPU-bound step: the host's work costs the step nothing (the device sets its

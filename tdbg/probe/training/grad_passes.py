@@ -8,6 +8,7 @@ import torch
 
 from tdbg.probe.training.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.training.guard import NonfiniteGuard, find_forward_origin
+from tdbg.probe.training.histograms import LayerHistograms
 from tdbg.probe.training.hooks import perf
 from tdbg.probe.training.pending import SkippedUpdate
 from tdbg.probe.training.sampler_state import OptimizerSlot, SamplerState
@@ -44,6 +45,8 @@ class GradientPasses(SamplerState):
                 slot.updates.drop()
             slot.updates = UpdateRatios(stats)
             slot.measuring = False
+            slot.histograms = LayerHistograms(stats)
+            slot.histogram_result = None
             if self.skip_nonfinite:
                 slot.guard = NonfiniteGuard(stats.params, stats.param_layer)
             slots.append(slot)
@@ -107,6 +110,8 @@ class GradientPasses(SamplerState):
             slot.sample = sample
             if self._sample_now and slot.updates is not None and not slot.measuring:
                 self._begin_updates(slot, pass_seconds)
+            if self._sample_now and slot.histograms is not None:
+                self._count_histograms(slot, pass_seconds)
         if slot.guard is not None:
             # One sync per update, the price of keeping the model intact (README). Timed whole,
             # as a pass is: a read of every gradient, not the hooks' few cold lines.
@@ -143,6 +148,32 @@ class GradientPasses(SamplerState):
                 "update-ratio-memory",
                 "update ratios off: copying the weights for them ran out of device memory "
                 "(training goes on)",
+            )
+
+    @torch.compiler.disable  # eager, where dynamo traces a compiled optimizer.step()
+    def _count_histograms(self, slot: OptimizerSlot, pass_seconds: float) -> None:
+        """Count this turn's layers' weight and gradient histograms, before the update, if they
+        are due (their cost is bounded by the passes': LayerHistograms.due); timed whole, as
+        the pass is. A failure turns them off for the run, never the step."""
+        histograms = slot.histograms
+        if histograms is None or not histograms.due(pass_seconds):
+            return
+        try:
+            slot.histogram_result, took = histograms.compute()
+            self._grad_seconds += took
+        except Exception as exc:  # out of device memory, an odd tensor: said once
+            slot.histograms = slot.histogram_result = None
+            self.report_once(
+                "histograms",
+                f"histograms off: counting them failed ({type(exc).__name__}: "
+                f"{str(exc)[:120]}; training goes on)",
+            )
+            return
+        if histograms.sparse_seen:
+            histograms.sparse_seen = False
+            self.report_once(
+                "histograms-sparse",
+                "histograms: sparse gradients are not counted (their layers' weights are)",
             )
 
     def _check_host(self, stats: GradientStats, sample: GradSample) -> tuple[GradSample, bool]:

@@ -15,6 +15,7 @@ from torch.utils.hooks import RemovableHandle
 from tdbg.probe.device_copy import recorded_event
 from tdbg.probe.training import state_tap
 from tdbg.probe.training.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
+from tdbg.probe.training.release import HELD
 
 perf = time.perf_counter
 _thread_id = threading.get_ident
@@ -365,6 +366,8 @@ class _StepEnd(WeakHook):
             hooks.updating = False
             hooks._events.on_optimizer_post(self._args[0])
             hooks.seconds += perf() - t0
+            if HELD:
+                HELD.clear()  # a scalar the bookkeeping let go of: freed outside the timer
         except Exception as exc:
             hooks._on_error(exc)
         return None

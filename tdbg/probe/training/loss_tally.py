@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from tdbg.probe.training.release import HELD
 from tdbg.probe.training.sampler_state import SamplerState
 
 _STRAY = object()  # on_backward's note that the latest backward was kept aside
@@ -52,6 +53,7 @@ class LossTally(SamplerState):
             # micro-batches: then kept as a detached view, else dropped here (``_last_held``
             # still tells that very tensor passed back).
             self._last_backward = last.detach() if slot.micro > 1 else None
+            HELD.append(last)  # its graph freed once the hook's timer stopped
         # Accumulated micro-batches backpropagated before the step, plus the closure's own
         # (Lightning runs the last micro-batch's forward/backward inside step(closure)), each
         # kept as on_backward keeps them (a CPU loss's value, a device loss detached).
@@ -115,8 +117,11 @@ class LossTally(SamplerState):
         # backward). One the loop dropped before probe.step() is freed there, with its graph,
         # instead of after the update (after its backward the graph keeps only what
         # retain_graph, create_graph or a custom Function's ctx keep).
+        previous, previous_held = self._last_backward, self._last_held
         self._last_backward = loss
         self._last_held = loss if value is not None else None
+        if previous is not None or previous_held is not None:
+            HELD.append((previous, previous_held))  # freed once the tap's timer stopped
         self._last_value = value
         self._micro += 1
         if nonfinite:

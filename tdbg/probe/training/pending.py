@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tdbg.probe.training.gradients import GradSample
+from tdbg.probe.training.histograms import HistogramPart
 from tdbg.probe.training.hooks import Mark, StepTimeline, host_time, perf, span
 from tdbg.protocol.steps import NAN, StepRecord
 
@@ -65,6 +66,12 @@ class PendingStep:
     update_ratios: Any = None
     update_count: int = 0
     update_values: list[float] | None = None
+    # The histograms counted at this step: what they cover, their values a CPU tensor there or
+    # (``histogram_count`` of them) at the very end of ``values``; read on the probe thread into
+    # ``histogram_values``.
+    histograms: HistogramPart | None = None
+    histogram_count: int = 0
+    histogram_values: list[float] | None = None
     # A GPU step whose phases were not timed (only one in a few short steps is: each CUDA
     # event costs microseconds of host time): its phase columns are NaN, its marks host times.
     unmarked: bool = False
@@ -152,6 +159,12 @@ class PendingStep:
         grad_norms: array | None = None
         # The loss alone is copied as it is, in its own shape and dtype (see stage_values).
         host = None if self.values is None else self.values.reshape(-1).float()
+        if self.histograms is not None:
+            if self.histogram_count and host is not None:
+                self.histogram_values = host[-self.histogram_count :].tolist()
+                host = host[: -self.histogram_count]
+            else:
+                self.histogram_values = self.histograms.values.reshape(-1).float().tolist()
         if self.update_layers is not None:
             if self.update_count and host is not None:
                 self.update_values = host[-self.update_count :].tolist()

@@ -14,10 +14,12 @@ from tdbg.probe.training.cost_model import CostModel
 from tdbg.probe.training.epochs import EpochCounter
 from tdbg.probe.training.grad_passes import GradientPasses
 from tdbg.probe.training.gradients import Layer
+from tdbg.probe.training.histograms import HistogramPart
 from tdbg.probe.training.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, perf
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.loss_tally import LossTally
 from tdbg.probe.training.pending import PendingStep
+from tdbg.probe.training.release import HELD
 from tdbg.probe.training.sampler_state import NAN
 from tdbg.probe.training.step_values import (
     MAX_COUNT,
@@ -122,6 +124,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         # The last scalar backpropagated, released after the probe timed itself: where the
         # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
         self._last_held = None
+        if HELD:
+            HELD.clear()  # nothing of the loop's held past its step (normally empty here)
         if self._cuda_device is not None:
             self._plan_marks(hooks)
         # The step ends here, after all its work (else the rest would count as the next
@@ -344,9 +348,11 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         if clip is not None:
             scalars["clip_norm"] = clip[1]
         updates = self._take_updates(pending)
+        histograms = self._take_histograms(pending)
         if (
             sample is None
             and updates is None
+            and histograms is None
             and pending.update_ratios is None
             and len(scalars) == 1
             and loss_tensor is not None
@@ -354,9 +360,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         ):
             pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
             end = None
-        elif scalars or sample is not None or updates is not None:
+        elif scalars or sample is not None or updates is not None or histograms is not None:
             staged = perf()  # device values and a sampled step's norms: timed whole
-            end = stage_values(pending, sample, scalars, self._cuda_device, updates)
+            end = stage_values(pending, sample, scalars, self._cuda_device, updates, histograms)
             self._grad_seconds += perf() - staged
         else:
             end = None
@@ -391,6 +397,22 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             return None
         return ratios
 
+    def _take_histograms(self, pending: PendingStep) -> torch.Tensor | None:
+        """This step's histograms: what they cover goes on ``pending``; counts on the host are
+        kept there as they are, device ones are returned to join the step's one copy."""
+        parts: list[HistogramPart] = []
+        for slot in self._slots:
+            part, slot.histogram_result = slot.histogram_result, None
+            if part is not None:
+                parts.append(part)
+        if not parts:
+            return None
+        joined = HistogramPart.join(parts)
+        pending.histograms = joined
+        if joined.values.is_cpu:
+            return None
+        return joined.values
+
     def forget_step(self) -> None:
         """Drop what the probe holds of the step in progress (the loop's last scalar and its
         graph included): a step nobody can read, a ``probe.step()`` that failed, a probe
@@ -405,5 +427,6 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._forced = False
         self._changed_layers = self._last_backward = self._forward_origin = None
         self._last_value = self._last_kept = self._last_held = None
+        HELD.clear()
         self._drop_updates()
         self._forget_amp_skip()

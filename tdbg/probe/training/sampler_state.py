@@ -15,6 +15,7 @@ from tdbg.probe.log import warn
 from tdbg.probe.training import taps
 from tdbg.probe.training.gradients import GradientStats, GradSample, Layer
 from tdbg.probe.training.guard import NonfiniteGuard
+from tdbg.probe.training.histograms import HistogramPart, LayerHistograms
 from tdbg.probe.training.hooks import Mark, PhaseHooks, marker
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.pending import SkippedUpdate
@@ -52,6 +53,8 @@ class OptimizerSlot:
     measuring: bool = False  # a copy of its weights was taken for this update (sampled)
     # The update ratios of this step's update: (layers, ratios on the weights' device).
     update_result: tuple[list[int], torch.Tensor] | None = None
+    histograms: LayerHistograms | None = None  # its layers' histograms, on sampled steps
+    histogram_result: HistogramPart | None = None  # this step's, before its update
 
 
 class SamplerState:
@@ -292,13 +295,14 @@ class SamplerState:
         self._handoff.alerts.append(alert("probe_error", "warning", self.step_count, message))
 
     def _drop_updates(self) -> None:
-        """No update ratios for this step: a copy whose update did not come (a skipped AMP
-        step, a step() that raised, a step nobody reads) is freed."""
+        """No update ratios (nor histograms) for this step: a copy whose update did not come
+        (a skipped AMP step, a step() that raised, a step nobody reads) is freed."""
         for slot in self._slots:
             if slot.measuring and slot.updates is not None:
                 slot.updates.drop()
             slot.measuring = False
             slot.update_result = None
+            slot.histogram_result = None
 
     def _forget_amp_skip(self) -> None:
         self._amp_skip = False

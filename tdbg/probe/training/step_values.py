@@ -124,12 +124,14 @@ def stage_values(
     scalars: dict[str, Any],
     cuda_device: torch.device | None,
     updates: torch.Tensor | None = None,
+    histograms: torch.Tensor | None = None,
 ) -> CudaMark | None:
     """Put the step's device values (loss, clip norm, per-optimizer losses, per-parameter
-    norms, the update ratios ``updates`` last) on their way to the host: CPU values are kept as
-    they are (reading them later never syncs); device ones join the step's one copy. Returns
-    the mark whose event tells the copy is done when it was recorded on ``cuda_device``: it
-    also ends the step (the next step's data gap starts there), one event fewer a step."""
+    norms, the update ratios ``updates``, the histograms' counts last) on their way to the
+    host: CPU values are kept as they are (reading them later never syncs); device ones join
+    the step's one copy. Returns the mark whose event tells the copy is done when it was
+    recorded on ``cuda_device``: it also ends the step (the next step's data gap starts
+    there), one event fewer a step."""
     values: list[torch.Tensor] = []
     device: torch.device | None = None
     grads = sample.values if sample is not None else None
@@ -147,14 +149,17 @@ def stage_values(
             pending.device_scalars = []
         pending.device_scalars.append(name)
         values.append(value)
-    if grads is None and updates is None and len(values) == 1 and not values[0].requires_grad:
+    extra = updates is not None or histograms is not None
+    if grads is None and not extra and len(values) == 1 and not values[0].requires_grad:
         # The usual GPU step, the loss alone: copied as it is (one element, any shape and
         # float dtype); the probe thread flattens and converts it. Each op here is
         # microseconds of launch cost.
         vector = values[0]
-    elif values or grads is not None or updates is not None:
-        if device is None and updates is not None:
-            device = updates.device
+    elif values or grads is not None or extra:
+        if device is None:
+            device = updates.device if updates is not None else None
+        if device is None and histograms is not None:
+            device = histograms.device
         parts: list[torch.Tensor] = []
         for value in values:
             target = device or value.device
@@ -165,6 +170,9 @@ def stage_values(
         if updates is not None:
             parts.append(updates.to(device, torch.float32, non_blocking=True))
             pending.update_count = len(updates)
+        if histograms is not None:
+            parts.append(histograms.to(device, torch.float32, non_blocking=True))
+            pending.histogram_count = len(histograms)
         vector = parts[0] if len(parts) == 1 else torch.cat(parts)
     else:
         return None

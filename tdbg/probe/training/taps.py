@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from tdbg.probe.training.hook_refs import is_compiling
+from tdbg.probe.training.release import HELD
 
 
 class Listener(Protocol):
@@ -244,6 +245,8 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                 if loss is not None:
                     _notify("on_backward", loss, host_value(loss))
             tap_seconds[0] += _perf() - t0
+            if HELD:
+                HELD.clear()  # the previous scalar's graph: freed outside the timer
         if loss is None:
             return original(tensors, grad_tensors, *args, **kwargs)
         try:

@@ -10,6 +10,17 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from tdbg.probe.zero_code.group_end import ENV_RECORDER, end_group, end_group_at_exit
+from tdbg.probe.zero_code.launchers import (
+    ENV_LAUNCHER,
+    another_rank,
+    child_launcher,
+    launcher_name,
+    spawn_job,
+    spawned_record,
+    started_by,
+)
+
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
@@ -26,21 +37,6 @@ ENV_REPORT = (
     "TDBG_RUN_REPORT"  # `tdbg run`'s directory where each watched process says where it sits
 )
 PRELOAD_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "preload")
-# Launchers: they train nothing and start the ranks, which watch themselves (the launcher keeps
-# the settings in its environment for them). By how they are started (sys.orig_argv).
-LAUNCHER_COMMANDS = ("torchrun", "accelerate", "accelerate-launch", "deepspeed")
-LAUNCHER_MODULES = (
-    "torch.distributed.run",
-    "torch.distributed.launch",
-    "accelerate.commands.launch",
-    "accelerate.commands.accelerate_cli",
-    "deepspeed.launcher.runner",
-    "deepspeed.launcher.launch",
-)
-# The variables that tell a rank from its parent: a child started with other values than its
-# parent's (Lightning's launcher re-running the script with LOCAL_RANK=1) is another rank.
-RANK_VARS = ("RANK", "LOCAL_RANK", "SLURM_PROCID")
-WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS")
 MAX_MISSES = 10  # backward calls reaching no module's parameters before giving up
 DISCOVERY_STEPS = 20  # steps after the start during which more models/optimizers are looked for
 
@@ -62,9 +58,12 @@ def install() -> None:
     """
     if os.environ.get(ENV_ACTIVE) != "1":
         return
-    if is_launcher():
+    launcher = launcher_name()
+    if launcher is not None:
         # `tdbg run -- torchrun ...`: the launcher trains nothing; it keeps the settings in its
-        # environment so that every rank it starts (each a torchelastic worker) watches itself.
+        # environment so that every rank it starts (each a torchelastic worker) watches itself,
+        # and says who started them (the outermost launcher: accelerate's runs torchrun's).
+        os.environ.setdefault(ENV_LAUNCHER, launcher)
         return
     # This process is the one `tdbg run` started: it takes the settings meant for it, and the
     # processes the script starts (`subprocess.run([sys.executable, "eval.py"])`, spawned
@@ -72,25 +71,13 @@ def install() -> None:
     global _config, _owner
     _config = _read_config()
     _owner = os.getpid()  # a raw os.fork() before `import torch` is not the owner either
-    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT):
+    for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT, ENV_LAUNCHER, ENV_RECORDER):
         os.environ.pop(var, None)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):
         _activate(torch)
     else:
         sys.meta_path.insert(0, _TorchFinder())
-
-
-def is_launcher() -> bool:
-    """This process is torchrun / ``python -m torch.distributed.run`` (or the older launch)."""
-    # sys.orig_argv: at start-up (where this runs) `python -m X` has not set sys.argv[0] yet.
-    argv = list(getattr(sys, "orig_argv", None) or sys.argv)
-    for i, word in enumerate(argv[:4]):
-        if os.path.basename(word) in LAUNCHER_COMMANDS:
-            return True
-        if word == "-m" and i + 1 < len(argv):
-            return argv[i + 1] in LAUNCHER_MODULES
-    return False
 
 
 class _TorchFinder:
@@ -155,7 +142,20 @@ def _claim(torch: ModuleType) -> None:
     _auto = AutoWatch(torch, _config)
     _auto.install()
     _follow_ranks(torch)
+    from tdbg.probe import run_info
+
+    # Asked when a probe starts (this one, or the script's own watch()): Lightning, which names
+    # its rank 0's launcher, is imported by then.
+    run_info.started_by = _started_by
+    if _config.get("recorder") and not _config.get("spawned"):
+        import atexit  # a spawned rank's group ends with its function (SpawnedRank)
+
+        atexit.register(end_group_at_exit)  # see group_end: the rank must not abort at its end
     report("armed")
+
+
+def _started_by() -> str | None:
+    return started_by(_config)
 
 
 def report(kind: str, **fields: Any) -> None:
@@ -191,7 +191,8 @@ def _follow_ranks(torch: ModuleType) -> None:
         @functools.wraps(original_start)
         def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kw: Any) -> Any:
             try:
-                wrapped = SpawnedRank(fn, nprocs, _config, _spawn_job())
+                config = dict(_config, launcher=child_launcher("mp.spawn"))
+                wrapped = SpawnedRank(fn, nprocs, config, spawn_job())
             except Exception:
                 wrapped = fn
             return original_start(wrapped, args, nprocs, *rest, **kw)
@@ -210,34 +211,13 @@ def _follow_ranks(torch: ModuleType) -> None:
         env = kwargs.get("env")
         if env is not None:
             try:
-                if _another_rank(env):
+                if not env.get(ENV_ACTIVE) and another_rank(env):  # not handed on by the script
                     kwargs["env"] = _rank_env(env)
             except Exception:
                 pass
         original_init(popen, args, *rest, **kwargs)
 
     subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign,assignment]
-
-
-def _spawn_job() -> str:
-    """A job id for the ranks mp.spawn starts from here, should neither their environment nor
-    their process group name one: this host and pid."""
-    import socket
-
-    master = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    return ":".join(master) if all(master) else f"spawn:{socket.gethostname()}:{os.getpid()}"
-
-
-def _another_rank(env: Any) -> bool:
-    """A child's environment names a rank of a job of 2 or more, not this process's own."""
-    if env.get(ENV_ACTIVE):
-        return False  # handed on by the script itself
-    worlds = [env.get(var) for var in WORLD_VARS]
-    if not any(w and w.isdigit() and int(w) > 1 for w in worlds):
-        return False
-    mine = [os.environ.get(var) for var in RANK_VARS]
-    theirs = [env.get(var) for var in RANK_VARS]
-    return any(theirs) and theirs != mine
 
 
 def _rank_env(env: Any) -> dict[str, str]:
@@ -251,19 +231,10 @@ def _rank_env(env: Any) -> dict[str, str]:
             out[var] = str(_config[key])
     if _config.get("grad_every"):
         out[ENV_GRAD_EVERY] = str(_config["grad_every"])
+    out[ENV_LAUNCHER] = child_launcher("the script")
+    if _config.get("recorder"):
+        out[ENV_RECORDER] = "1"
     return out
-
-
-def _spawned_record(config: dict[str, Any]) -> str | None:
-    """A rank torch.multiprocessing started records where tdbg run said, one file per rank
-    (watch() itself reads TDBG_RECORD only in a process multiprocessing did not start)."""
-    path = config.get("record")
-    if not config.get("spawned") or not path:
-        return None
-    if "{rank}" in path:
-        return str(path)
-    root, ext = os.path.splitext(path)
-    return f"{root}.rank{{rank}}{ext}"
 
 
 def _report_watched() -> None:
@@ -276,7 +247,8 @@ def _report_watched() -> None:
             local = run_info._spawned.get("world_size")
         fields: dict[str, Any] = {"rank": run_info.rank(), **run_info.place()}
         per_node = run_info._env_int("SLURM_NTASKS_PER_NODE")
-        report("watched", local_world=local, tasks_per_node=per_node, **fields)
+        launcher = started_by(_config)
+        report("watched", local_world=local, tasks_per_node=per_node, launcher=launcher, **fields)
     except Exception:
         pass
 
@@ -299,7 +271,7 @@ class SpawnedRank:
         except Exception as exc:
             _warn(f"tdbg run cannot watch rank {index} ({exc}); it runs unmonitored")
         try:
-            return self.fn(index, *args)
+            returned = self.fn(index, *args)
         finally:
             # A forked rank ends in os._exit(): no atexit, so the probe closes here (its
             # recording's last steps written, its socket removed), within its 1 s budget.
@@ -310,6 +282,9 @@ class SpawnedRank:
                     probe.close()
                 except Exception:
                     pass
+        if self.config.get("recorder"):  # returned (not raised): see group_end
+            end_group()
+        return returned
 
     def _claim(self, index: int) -> None:
         global _config, _owner, _auto
@@ -339,12 +314,21 @@ def _read_config() -> dict[str, Any]:
         "grad_every": grad_every,
         "record": os.environ.get(ENV_RECORD) or None,  # for the ranks this process starts
         "report": os.environ.get(ENV_REPORT) or None,
+        "launcher": os.environ.get(ENV_LAUNCHER) or None,  # what started this process
+        "recorder": os.environ.get(ENV_RECORDER) == "1",  # tdbg run turned the recorder on
     }
 
 
 _auto: AutoWatch | None = None
 _owner: int | None = None  # the pid that ran install(): the only one that may claim the probe
-_config: dict[str, Any] = {"name": None, "grad_every": None, "record": None, "report": None}
+_config: dict[str, Any] = {
+    "name": None,
+    "grad_every": None,
+    "record": None,
+    "report": None,
+    "launcher": None,
+    "recorder": False,
+}
 
 
 class AutoWatch:
@@ -781,7 +765,7 @@ class AutoWatch:
                 optimizer,
                 name=self.config["name"],
                 grad_every=self.config["grad_every"],
-                record=_spawned_record(self.config),
+                record=spawned_record(self.config),
             )
             _report_watched()
         finally:

@@ -40,6 +40,7 @@ class RunInfo(TypedDict):
     world_size: NotRequired[int]
     local_rank: NotRequired[int]
     job: NotRequired[str]  # the job's id (torchrun's run id, else MASTER_ADDR:PORT)
+    launcher: NotRequired[str]  # what started the rank, as `tdbg run` recognised it ("torchrun")
     # What is watched: model names (layers say which is theirs), optimizers in lr column order.
     models: NotRequired[list[str]]
     optimizers: NotRequired[list[WatchedOptimizer]]

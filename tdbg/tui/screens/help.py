@@ -18,7 +18,7 @@ ctrl+p       command palette: every action here, by name
 tab / ⇧tab   next / previous panel
 l            the chart shown: linear / log y (each chart keeps its own)
 enter        on a metric: chart it in the loss panel; again: the loss
-g            inspect cursor: the charts, LR, metrics and the selected
+e            inspect cursor: the charts, LR, metrics and the selected
              layer's norm read one step; ← → move it (⇧: 10×), escape
 C            colours: the theme's / colour-blind safe
 h            gradients: table / heatmap
@@ -26,6 +26,8 @@ u            heatmap: gradient norms / each layer's update ratio (Δw/w)
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradients: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type; enter keeps, escape clears
+g            distributions: the table's layer's |gradients| (w: |weights|) in log
+             bins over the counted steps; [ ] another layer
 i            the model: per layer its type, parameters, frozen or not,
              dtype, device, bytes, optimizer; what to look at (tdbg summary)
 ↑ ↓ PgUp PgDn  scroll the focused panel

@@ -4,6 +4,7 @@ Esc comes back; p profiles every rank (JobProfileScreen)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.text import Text
@@ -120,7 +121,10 @@ def _job_line(job: Job, summary: JobSummary) -> Text:
     text.append(f"job {job.job}", style="bold")
     text.append(f"  {summary.ranks_seen} of {summary.world_size} ranks")
     missing = job.missing_ranks()
-    if missing:
+    unwatched = job.unwatched_line(time.time())
+    if unwatched is not None:  # under `tdbg run`: as it says it on stderr
+        text.append(f" ({unwatched})", style="yellow")
+    elif missing:  # not yet started, or on a node not read
         text.append(f" (missing {', '.join(map(str, missing[:8]))})", style="yellow")
     text.append(f"  step {summary.step if summary.step is not None else '-'}")
     text.append(f"  loss {fmt_loss(summary.loss)} (mean of ranks)")

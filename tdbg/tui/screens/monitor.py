@@ -22,6 +22,7 @@ from tdbg.model.model_summary import model_summary
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages.commands import COMMANDS
 from tdbg.tui.screens.alert_detail import AlertDetailScreen
+from tdbg.tui.screens.distribution import DistributionScreen
 from tdbg.tui.screens.model_info import ModelInfoScreen
 from tdbg.tui.screens.profile_form import ProfileFormScreen
 from tdbg.tui.widgets.activation_table import ActivationTable
@@ -41,6 +42,7 @@ from tdbg.tui.widgets.probe_status import ProbeStatus
 from tdbg.tui.widgets.profiler_panel import HINT
 from tdbg.tui.widgets.profiler_table import ProfilerTable
 from tdbg.tui.widgets.run_header import RunHeader
+from tdbg.tui.widgets.steady import SteadyStatic
 
 RECENT_LOSS = 200  # steps shown in the loss sparkline
 GRAD_INTERVAL = 0.5  # seconds between gradient panel updates: 1,000 rows at 8 Hz is wasted work
@@ -107,12 +109,13 @@ class MonitorScreen(Screen[None]):
         Binding("l", "toggle_log", "Log"),
         Binding("i", "model_info", "Model", show=False),
         Binding("u", "heatmap_updates", "Heatmap: norms / update ratios", show=False),
+        Binding("g", "distributions", "Distributions", show=False),
         # The gradient panel's own keys, from anywhere on the screen (it need not have focus).
         Binding("slash", "filter_layers", "Filter layers", show=False),
         Binding("t", "trend_scale", "Trend scale", show=False),
-        # The inspect cursor: g turns it on; while on, the arrows move it (before any widget's
+        # The inspect cursor: e turns it on; while on, the arrows move it (before any widget's
         # own arrow keys: see check_action) and escape leaves it.
-        Binding("g", "inspect", "Inspect", show=False),
+        Binding("e", "inspect", "Inspect", show=False),
         Binding("left", "cursor_move(-1)", "Cursor ←", show=False, priority=True),
         Binding("right", "cursor_move(1)", "Cursor →", show=False, priority=True),
         Binding("shift+left", "cursor_move(-10)", "Cursor ← 10", show=False, priority=True),
@@ -146,7 +149,7 @@ class MonitorScreen(Screen[None]):
             with Vertical(id="left"):
                 with Panel(id="loss-panel", classes="panel"):
                     yield LossChart(id="loss-chart")
-                    yield Static(id="loss-legend")
+                    yield SteadyStatic(id="loss-legend")
                     yield Sparkline([], id="loss-recent")
                 with Horizontal(id="left-bottom"):
                     with Panel(id="lr-panel", classes="panel"):
@@ -162,10 +165,10 @@ class MonitorScreen(Screen[None]):
                 with Panel(id="memory-panel", classes="panel"):
                     yield MemoryPanel(id="memory")
         with Panel(id="metrics-panel", classes="panel"):
-            yield Static(id="metrics-line")  # the table in one line, on short terminals
+            yield SteadyStatic(id="metrics-line")  # the table in one line, on short terminals
             yield MetricTable(id="metrics")
         with Panel(id="profiler-panel", classes="panel"):
-            yield Static(id="deep-strip")  # one dim line while no dive is shown
+            yield SteadyStatic(id="deep-strip")  # one dim line while no dive is shown
             yield DeepPanel(id="deep")
         yield ProbeStatus(id="status")
         yield Footer()
@@ -201,6 +204,16 @@ class MonitorScreen(Screen[None]):
             self._grad_revision = self._state.grads_revision
             self._paint_grads(self._state)
 
+    def action_distributions(self) -> None:
+        """The gradient table's layer (at its cursor): its weights' and gradients' histograms
+        over the counted steps."""
+        layer = None
+        table = self.query_one(GradientTable)
+        if table.row_count:
+            key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+            layer = int(key) if key is not None else None
+        self.app.push_screen(DistributionScreen(lambda: self._state, layer))
+
     def action_model_info(self) -> None:
         """What the run trains: its layers, parameters, frozen ones, dtypes and devices."""
         if self._state is not None:
@@ -229,7 +242,7 @@ class MonitorScreen(Screen[None]):
         return True
 
     def action_inspect(self) -> None:
-        """g: the cursor on the newest step the loss chart shows; g again leaves it."""
+        """e: the cursor on the newest step the loss chart shows; e again leaves it."""
         state = self._state
         if self.cursor_step is not None:
             self.action_leave_cursor()

@@ -8,11 +8,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widget import Widget
-from textual.widgets import ContentSwitcher, Input, Static
+from textual.widgets import ContentSwitcher, Input
 
 from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.gradient_heatmap import GradientHeatmap
 from tdbg.tui.widgets.gradient_table import GradientTable
+from tdbg.tui.widgets.steady import SteadyStatic
 
 
 class GradientPanel(Vertical):
@@ -40,7 +41,7 @@ class GradientPanel(Vertical):
         self._subtitle: list[Part] = []
 
     def compose(self) -> ComposeResult:
-        yield Static(id="grad-summary")
+        yield SteadyStatic(id="grad-summary")
         yield Input(
             placeholder="filter layers by name (enter: keep, escape: clear)",
             compact=True,

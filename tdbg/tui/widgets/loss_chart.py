@@ -11,7 +11,6 @@ import plotext as plt
 from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.message import Message
-from textual.widgets import Static
 
 from tdbg.format import fmt
 from tdbg.model.chart_axes import (
@@ -25,6 +24,7 @@ from tdbg.model.chart_axes import (
 )
 from tdbg.tui.colours import meaning, meaning_rgb
 from tdbg.tui.widgets.fit import Part, fit_parts
+from tdbg.tui.widgets.steady import SteadyStatic
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 
 DEFAULT_WINDOW = 500  # steps shown when w first narrows the chart from the whole run
@@ -131,7 +131,7 @@ class _Data:
     fitted: Sequence[Extra] = ()  # other runs drawn under the loss: the y-range takes them in
 
 
-class LossChart(Static, can_focus=True):
+class LossChart(SteadyStatic, can_focus=True):
     """Call ``replot(steps, loss, smoothed)``; colours come from the component classes.
 
     Focused, its keys choose the steps shown (window, zoom, pan) and the y-range (robust or

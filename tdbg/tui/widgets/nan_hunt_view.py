@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
-from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_stat
 from tdbg.model.deep import DeepState, progress
 from tdbg.protocol.messages.results import NanHuntResult
+from tdbg.tui.widgets.steady import SteadyStatic
 
 NONE_YET = (
     "No NaN hunt yet. Press n: for the next step the probe watches every module's output and"
@@ -61,7 +61,7 @@ def params_line(params_nonfinite: int | None) -> str:
     )
 
 
-class NanHuntView(Static):
+class NanHuntView(SteadyStatic):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "nan-hunt-view--found",
         "nan-hunt-view--status",

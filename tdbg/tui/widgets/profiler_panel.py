@@ -11,6 +11,7 @@ from tdbg.format import fmt_bytes, fmt_seconds
 from tdbg.model.deep import DeepState, progress
 from tdbg.protocol.messages.results import ProfileResult
 from tdbg.tui.widgets.profiler_table import TITLES, ProfilerTable
+from tdbg.tui.widgets.steady import SteadyStatic
 
 HINT = (
     "Press p to profile the next steps · m memory snapshot · n NaN hunt · a anomaly mode"
@@ -41,9 +42,9 @@ class ProfilerPanel(Vertical):
     """Dumb: ``show(deep)`` sets the text, the table and one state class (``-done``, ...)."""
 
     def compose(self) -> ComposeResult:
-        yield Static(HINT, id="profile-status", markup=False)
+        yield SteadyStatic(HINT, id="profile-status", markup=False)
         yield ProfilerTable(id="profile-table")
-        yield Static("", id="profile-trace", markup=False)
+        yield SteadyStatic("", id="profile-trace", markup=False)
 
     @property
     def table(self) -> ProfilerTable:

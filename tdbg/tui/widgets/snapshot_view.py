@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
-from textual.widgets import Static
 
 from tdbg.format import fmt, fmt_bytes
 from tdbg.model.deep import DeepState, progress
 from tdbg.tui.widgets.profiler_panel import steps_text
+from tdbg.tui.widgets.steady import SteadyStatic
 
 TOP_SITES = 10
 
@@ -19,7 +19,7 @@ NONE_YET = (
 )
 
 
-class SnapshotView(Static):
+class SnapshotView(SteadyStatic):
     COMPONENT_CLASSES: ClassVar[set[str]] = {"snapshot-view--dim", "snapshot-view--status"}
 
     def show(self, deep: DeepState, unavailable: str | None = None) -> None:

@@ -21,18 +21,40 @@ def _key(content: object) -> object:
     return None
 
 
+def _unwrapped_lines(content: object) -> int | None:
+    """How many lines ``content`` draws whatever the width (a Text that never wraps); None when
+    that depends on the width or cannot be told cheaply."""
+    if isinstance(content, Text) and content.no_wrap:
+        return content.plain.count("\n") + 1
+    return None
+
+
 class SteadyStatic(Static):
     """``update()`` with unchanged content does nothing: no re-render, no layout pass. A
     Textual Static re-renders (and by default lays the screen out again) on every update, which
-    was most of the app's idle CPU with data arriving."""
+    was most of the app's idle CPU with data arriving. Changed content is laid out again only
+    when it can change the widget's size: a widget sized by its CSS, or a Text that never wraps
+    drawing as many lines as before in a widget whose width is not its content's, is repainted
+    alone (a layout pass of the whole screen was half the TUI's CPU with data arriving:
+    benchmarks/README.md, tui.py)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._steady_key: object = None
+        self._steady_lines: int | None = None
 
     def update(self, content: VisualType = "", *, layout: bool = True) -> None:
         key = _key(content)
         if key is not None and key == self._steady_key:
             return
         self._steady_key = key
+        lines = _unwrapped_lines(content)
+        if layout and self.is_mounted:
+            styles = self.styles
+            # No width set: the widget fills its container, whatever it shows.
+            width_auto = styles.width is not None and styles.width.is_auto
+            height_auto = styles.height is None or styles.height.is_auto
+            same_height = not height_auto or (lines is not None and lines == self._steady_lines)
+            layout = width_auto or not same_height
+        self._steady_lines = lines
         super().update(content, layout=layout)

@@ -11,9 +11,9 @@ def _tdbg_preload() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     failure: Exception | None = None
     try:
-        from tdbg.probe.zero_code import autowatch
+        from tdbg.probe.zero_code import autowatch, launchers
 
-        launcher = autowatch.is_launcher()
+        launcher = launchers.is_launcher()
     except Exception as exc:  # reported below, once, with the other failures
         autowatch, launcher, failure = None, False, exc  # type: ignore[assignment]
     # The script sees the sys.path and PYTHONPATH it would see run directly: the processes it

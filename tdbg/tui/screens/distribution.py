@@ -1,0 +1,125 @@
+"""DistributionScreen: one layer's weight or gradient magnitudes over the counted steps."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+from textual.widgets import Static
+
+from tdbg.format import fmt
+from tdbg.model.run_state import RunState
+from tdbg.tui.widgets.distribution_map import DistributionMap
+
+REPAINT = 0.5  # seconds between looks at the run's state (live: new steps counted)
+NAMES = {"grads": "gradients", "weights": "weights"}
+
+
+class DistributionScreen(Screen[None]):
+    """The histogram of |x| per counted step for one layer: ``w`` switches weights and
+    gradients, ``[`` ``]`` the layer (among those with histograms), escape goes back. It reads
+    the run's state through ``source`` (live, or a replay's cursor) on a timer."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "close", "Back"),
+        Binding("g", "close", "Back", show=False),
+        Binding("w", "switch_kind", "Weights / gradients"),
+        Binding("left_square_bracket", "layer(-1)", "Previous layer"),
+        Binding("right_square_bracket", "layer(1)", "Next layer"),
+    ]
+    DEFAULT_CSS = """
+    DistributionScreen #dist-title { text-style: bold; color: $accent; }
+    DistributionScreen #dist-foot, DistributionScreen #dist-hint { color: $foreground-muted; }
+    """
+
+    def __init__(self, source: Callable[[], RunState | None], layer: int | None) -> None:
+        super().__init__()
+        self._source = source
+        self.shown_layer = layer
+        self.kind = "grads"
+        self._seen: tuple[int, int, int, str] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="dist-title")
+        yield DistributionMap(id="dist-map")
+        yield Static("", id="dist-foot")
+        yield Static(
+            "w weights/gradients · [ ] layer · share of elements ░<1% ▒<10% ▓<50% █ · esc",
+            id="dist-hint",
+        )
+
+    def on_mount(self) -> None:
+        self.repaint()
+        self.set_interval(REPAINT, self.repaint)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_switch_kind(self) -> None:
+        self.kind = "weights" if self.kind == "grads" else "grads"
+        self.repaint(force=True)
+
+    def action_layer(self, step: int) -> None:
+        state = self._source()
+        if state is None:
+            return
+        layers = state.distributions.layers()
+        if not layers:
+            return
+        if self.shown_layer not in layers:
+            self.shown_layer = layers[0]
+        else:
+            self.shown_layer = layers[(layers.index(self.shown_layer) + step) % len(layers)]
+        self.repaint(force=True)
+
+    def repaint(self, force: bool = False) -> None:
+        state = self._source()
+        if state is None:
+            return
+        dists = state.distributions
+        layers = dists.layers()
+        if layers and self.shown_layer not in layers:
+            self.shown_layer = layers[0]
+        key = (
+            id(state),
+            dists.revision,
+            -1 if self.shown_layer is None else self.shown_layer,
+            self.kind,
+        )
+        if key == self._seen and not force:
+            return
+        self._seen = key
+        title = self.query_one("#dist-title", Static)
+        foot = self.query_one("#dist-foot", Static)
+        chart = self.query_one(DistributionMap)
+        if self.shown_layer is None or not layers:
+            title.update("Distributions: no histogram yet")
+            foot.update("they come with sampled steps (a share of them, their cost bounded)")
+            chart.show([])
+            return
+        names = state.layer_names
+        name = (
+            names[self.shown_layer]
+            if self.shown_layer < len(names)
+            else f"layer {self.shown_layer}"
+        )
+        series = dists.series(self.shown_layer, self.kind)
+        what = NAMES[self.kind]
+        if not series:
+            title.update(f"|{what}| of {name}")
+            chart.show([])
+            foot.update("")
+            return
+        last = series[-1]
+        steps = "step" if len(series) == 1 else "steps"
+        counted = f"{len(series)} counted {steps} {series[0].step}–{last.step}"
+        where = f"layer {layers.index(self.shown_layer) + 1} of {len(layers)}"
+        title.update(f"|{what}| of {name} ({where}) · {counted}")
+        sampled = "every element" if last.stride == 1 else f"one element in {last.stride}"
+        top = "NaN or Inf" if math.isnan(last.max) else fmt(last.max)
+        foot.update(f"step {last.step}: max |x| {top} · {sampled} counted")
+        chart.show(series)
