@@ -33,7 +33,8 @@ async def capture(out: Path, size: tuple[int, int] = (160, 48), timeout: float =
             while not (
                 app.state.nonfinite_alerts
                 and app.state.deep.nan_hunt is not None
-                and "no GPU" in screen_text(app)
+                and app.state.system is not None
+                and " (l)" in screen_text(app)
             ):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the demo never showed its alert and NaN hunt")
@@ -46,6 +47,8 @@ async def capture(out: Path, size: tuple[int, int] = (160, 48), timeout: float =
 SIZES = ((120, 40), (80, 24))
 
 if __name__ == "__main__":
+    # The pictures show what a new user sees: not the settings this machine's user saved.
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="tdbg-shot-config-")
     for width, height in SIZES:
         target = ROOT / "docs" / f"screenshot-{width}x{height}.svg"
         print(asyncio.run(capture(target, (width, height))))

@@ -198,6 +198,18 @@ def dive_context(model: Any, errors: list[BaseException] | None = None) -> Any:
 
 
 @pytest.fixture(autouse=True)
+def _private_settings(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A config directory of the test's own (XDG_CONFIG_HOME): the viewer's settings neither
+    come from the developer's ~/.config/tdbg (a saved theme would change every snapshot) nor
+    go there, and no test sees what another one saved."""
+    config = tmp_path_factory.mktemp("config")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    return config
+
+
+@pytest.fixture(autouse=True)
 def _close_probes() -> Iterator[None]:
     """Close every probe a test left open (only if the probe was ever imported: the protocol
     tests must not pull torch in)."""

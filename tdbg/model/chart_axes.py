@@ -98,11 +98,14 @@ class StepWindow:
         return StepWindow(self.size, min(max(0, offset), max(0, span - self.size)))
 
 
-def y_range(values: np.ndarray, robust: bool, log: bool = False) -> tuple[float, float] | None:
+def y_range(
+    values: np.ndarray, robust: bool, log: bool = False, rows: int | None = None
+) -> tuple[float, float] | None:
     """The y-limits for ``values`` (in step order, NaN and inf ignored; on a log scale only the
     positive ones): every value when not ``robust``, else the bulk of them (quantiles past the
     oldest tenth, where a fresh run's loss starts high) and the whole newest quarter, padded a
-    little. None when there is nothing finite to show."""
+    little: on a plot of ``rows`` rows at most a quarter row (one braille dot) each side, so
+    that no row of the plot stands empty. None when there is nothing finite to show."""
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     if log:
@@ -119,7 +122,7 @@ def y_range(values: np.ndarray, robust: bool, log: bool = False) -> tuple[float,
     if hi <= lo:  # a flat line: give it some room around its value
         half = abs(lo) * 0.05 or 0.5
         lo, hi = lo - half, hi + half
-    pad = (hi - lo) * PAD
+    pad = (hi - lo) * (PAD if not rows else min(PAD, 1 / (4 * rows)))
     lo, hi = lo - pad, hi + pad
     if log:
         return 10.0**lo, 10.0**hi

@@ -127,6 +127,10 @@ class TdbgApp(TdbgBaseApp):
         self.set_interval(REPAINT_INTERVAL, self._repaint)
         self.start_reading()
 
+    def palette_changed(self) -> None:
+        """Colours drawn outside the stylesheet (the NaN mark, the heatmap's scale) anew."""
+        self.monitor.repaint(force=True)
+
     def start_reading(self) -> None:
         """Start reading the source in a worker; an app whose state is loaded up front (a
         replay) overrides this to read nothing."""

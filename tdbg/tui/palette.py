@@ -24,9 +24,11 @@ WORDS: dict[str, tuple[str, str]] = {
     "close_deep": ("Close deep dive", "give the deep-dive panel's space back"),
     "cycle_sort": ("Sort gradient table", "by name / norm / trend"),
     "toggle_heatmap": ("Heatmap", "gradients: table / heatmap"),
-    "toggle_log": ("Log scale", "loss chart: linear / log scale"),
+    "toggle_log": ("Log scale", "the chart shown: linear / log y (each chart keeps its own)"),
     "switch_run": ("Switch run", "pick another run on this machine"),
     "compare_recording": ("Compare with a recording", "draw a .tdbg under the loss; again: clear"),
+    "inspect": ("Inspect cursor", "read every chart at one step: ← → move, escape leaves"),
+    "cycle_palette": ("Colours", "the theme's colours / colour-blind safe ones (kept)"),
     "help": ("Help", "the keys"),
     "quit": ("Quit", "leave tdbg-tui (the run goes on)"),
 }

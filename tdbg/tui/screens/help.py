@@ -16,14 +16,20 @@ b            compare: pick a recording (*.tdbg here, in the run's directory, or 
              typed in) to draw under this run's loss up to its step; b again: clear it
 ctrl+p       command palette: every action here, by name
 tab / ⇧tab   next / previous panel
-l            loss chart: linear / log scale (enter on a metric charts it there; again: back)
+l            the chart shown: linear / log y (each chart keeps its own)
+enter        on a metric: chart it in the loss panel; again: the loss
+e            inspect cursor: the charts, LR, metrics and the selected
+             layer's norm read one step; ← → move it (⇧: 10×), escape
+C            colours: the theme's / colour-blind safe
 h            gradients: table / heatmap
 u            heatmap: gradient norms / each layer's update ratio (Δw/w)
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradients: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type; enter keeps, escape clears
-i            the model: per layer its type, parameters, frozen or not, dtype,
-             device, bytes, optimizer; the layers to look at (tdbg summary)
+g            distributions: the table's layer's |gradients| (w: |weights|) in log
+             bins over the counted steps; [ ] another layer
+i            the model: per layer its type, parameters, frozen or not,
+             dtype, device, bytes, optimizer; what to look at (tdbg summary)
 ↑ ↓ PgUp PgDn  scroll the focused panel
 
 Loss chart (tab to it; these keys while it has the focus):
@@ -66,6 +72,9 @@ home end     the first / last recorded step
 
 Heatmap colours: a log scale fitted to the layers shown, its ends on the heatmap's first line;
 × marks NaN / Inf, ░ exact zeros. Profile Δ/call: ▲ slower, ▼ faster.
+
+Theme, colours, views, sorts, chart windows and scales are kept in
+$XDG_CONFIG_HOME/tdbg/settings.json (~/.config/tdbg/...).
 
 ↑ ↓ PgUp PgDn Home End scroll this help; escape or ? closes it."""
 

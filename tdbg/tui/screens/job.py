@@ -20,12 +20,14 @@ from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_table import JobSummary, rank_rows, summarize
 from tdbg.model.straggler_history import WINDOW, StragglerHistory
+from tdbg.tui.colours import meaning
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.widgets.rank_table import RankTable
 
 MAX_ALERTS_SHOWN = 50
 MAX_SLOWEST_SHOWN = 3  # ranks in the slowest-over-time panel: the record's leaders
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
+# A severity's colour in the palette chosen (colour-blind safe or the theme's): its meaning.
+SEVERITY_MEANING = {"error": ("bad", True), "warning": ("warn", False)}
 
 
 class JobScreen(Screen[None]):
@@ -81,7 +83,7 @@ class JobScreen(Screen[None]):
             self.query_one(RankTable).show(rank_rows(job, alerts))
             self.query_one("#job-slowest-list", Static).update(_slowest_text(alerts.history))
             self.query_one("#job-slowest").border_subtitle = _judged_words(alerts.history)
-            self.query_one("#job-alert-list", Static).update(_alert_text(alerts))
+            self.query_one("#job-alert-list", Static).update(_alert_text(alerts, self.app))
         except NoMatches:
             return False
         return True
@@ -159,14 +161,15 @@ def _judged_words(history: StragglerHistory) -> str:
     )
 
 
-def _alert_text(alerts: JobAlerts) -> Text:
+def _alert_text(alerts: JobAlerts, app: Any) -> Text:
     if not alerts.events:
         return Text("no job alerts", style="dim")
     text = Text()
     for i, alert in enumerate(alerts.events[:MAX_ALERTS_SHOWN]):
         if i:
             text.append("\n")
-        style = SEVERITY_STYLE.get(alert.severity, "")
+        word = SEVERITY_MEANING.get(alert.severity)
+        style = meaning(app, *word) if word is not None else "dim"
         text.append(f"{alert.step:>7} ", style="dim")
         text.append(f"{alert.kind}: ", style=style)
         text.append(alert.message)

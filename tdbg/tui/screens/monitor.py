@@ -12,9 +12,11 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import ContentSwitcher, DataTable, Footer, Sparkline, Static
+from textual.widgets import ContentSwitcher, DataTable, Footer, Input, Sparkline, Static
 
 from tdbg.format import fmt, fmt_loss, fmt_percent
+from tdbg.model.chart_axes import StepWindow
+from tdbg.model.cursor import layer_norm_at, metric_at, moved, step_time_at, total_norm_at
 from tdbg.model.deep import DIVES, label
 from tdbg.model.model_summary import model_summary
 from tdbg.model.run_state import RunState
@@ -28,6 +30,7 @@ from tdbg.tui.widgets.alert_list import AlertList
 from tdbg.tui.widgets.anatomy_bar import AnatomyBar
 from tdbg.tui.widgets.anomaly_banner import AnomalyBanner
 from tdbg.tui.widgets.deep_panel import DeepPanel
+from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.gradient_heatmap import GradientHeatmap
 from tdbg.tui.widgets.gradient_panel import GradientPanel
 from tdbg.tui.widgets.gradient_table import GradientTable
@@ -110,11 +113,20 @@ class MonitorScreen(Screen[None]):
         # The gradient panel's own keys, from anywhere on the screen (it need not have focus).
         Binding("slash", "filter_layers", "Filter layers", show=False),
         Binding("t", "trend_scale", "Trend scale", show=False),
+        # The inspect cursor: e turns it on; while on, the arrows move it (before any widget's
+        # own arrow keys: see check_action) and escape leaves it.
+        Binding("e", "inspect", "Inspect", show=False),
+        Binding("left", "cursor_move(-1)", "Cursor ←", show=False, priority=True),
+        Binding("right", "cursor_move(1)", "Cursor →", show=False, priority=True),
+        Binding("shift+left", "cursor_move(-10)", "Cursor ← 10", show=False, priority=True),
+        Binding("shift+right", "cursor_move(10)", "Cursor → 10", show=False, priority=True),
+        Binding("escape", "leave_cursor", "Leave cursor", show=False, priority=True),
     ]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.log_scale = False
+        self.cursor_step: int | None = None  # the inspect cursor's step, while it is on
+        self._loss_words: list[Part] = []  # the loss panel's bottom line, less its scale
         self.heatmap_updates = False  # the heatmap shows update ratios, not norms (u)
         self.heatmap = False
         self._grads_at = 0.0
@@ -174,6 +186,7 @@ class MonitorScreen(Screen[None]):
         }
         for panel_id, title in titles.items():
             self.query_one(f"#{panel_id}").border_title = title
+        self._restore()
 
     # --- actions --------------------------------------------------------------------------
 
@@ -206,11 +219,69 @@ class MonitorScreen(Screen[None]):
         if self._state is not None:
             self.app.push_screen(ModelInfoScreen(model_summary(self._state)))
 
+    @property
+    def log_scale(self) -> bool:
+        """The chart on show in the loss panel is on a log y-axis."""
+        return self.query_one(LossChart).log_y
+
     def action_toggle_log(self) -> None:
-        self.log_scale = not self.log_scale
+        """Linear / log y for the chart on show (the loss, the step time, a metric): each
+        keeps its own."""
+        self.query_one(LossChart).toggle_log()  # its Changed message keeps the choice
         self._chart_at = time.monotonic()
         if self._state is not None:
             self._paint_loss(self._state)  # only the chart changes: not a whole-screen repaint
+
+    # --- the inspect cursor -----------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("cursor_move", "leave_cursor"):
+            # Only while the cursor is on (the arrows pan the chart and move table rows
+            # otherwise), and never over the layer filter's typing.
+            return self.cursor_step is not None and not isinstance(self.focused, Input)
+        return True
+
+    def action_inspect(self) -> None:
+        """e: the cursor on the newest step the loss chart shows; e again leaves it."""
+        state = self._state
+        if self.cursor_step is not None:
+            self.action_leave_cursor()
+            return
+        if state is None or not state.steps.n:
+            self.notify("no steps yet to inspect", timeout=2)
+            return
+        chart = self.query_one(LossChart)
+        span = (int(state.steps.values[0]), int(state.steps.values[-1]))
+        self.cursor_step = chart.window.bounds(*span)[1]
+        self._paint_cursor(state)
+
+    def action_cursor_move(self, dots: int) -> None:
+        state = self._state
+        if state is None or self.cursor_step is None:
+            return
+        stride = self.query_one(LossChart).cursor_stride()
+        self.cursor_step = moved(state, self.cursor_step, dots * stride)
+        self._paint_cursor(state)
+
+    def action_leave_cursor(self) -> None:
+        self.cursor_step = None
+        if self._state is not None:
+            self._paint_cursor(self._state)
+
+    def _paint_cursor(self, state: RunState) -> None:
+        """What reads the cursor's step, and only that: the charts, learning rates, metrics."""
+        self.set_class(self.cursor_step is not None, "-cursor")
+        self._paint_loss(state)
+        self.query_one(LearningRates).show(state, self.cursor_step)
+        self._paint_metrics(state)
+        self._paint_grad_summary(state)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """With the cursor on, the layer under the gradient table's row cursor is the one
+        whose norm the summary line reads."""
+        if self.cursor_step is not None and isinstance(event.data_table, GradientTable):
+            if self._state is not None:
+                self._paint_grad_summary(self._state)
 
     def action_filter_layers(self) -> None:
         self.query_one(GradientPanel).action_filter()
@@ -222,6 +293,7 @@ class MonitorScreen(Screen[None]):
         self.heatmap = not self.heatmap
         switcher = self.query_one("#grad-switcher", ContentSwitcher)
         switcher.current = "grad-heatmap" if self.heatmap else "grad-table"
+        self._remember(heatmap=self.heatmap)
         self._grads_at = time.monotonic()
         if self._state is not None:
             self._grad_revision = self._state.grads_revision
@@ -229,6 +301,7 @@ class MonitorScreen(Screen[None]):
 
     def action_cycle_sort(self) -> None:
         mode = self.query_one("#grad-table", GradientTable).cycle_sort()
+        self._remember(grad_sort=mode)
         self._update_grad_title()
         self.notify(f"gradient table sorted by {mode}", timeout=2)
 
@@ -359,6 +432,8 @@ class MonitorScreen(Screen[None]):
         self.set_class(self.size.height >= TALL, "-tall")
         # With a deep dive open, fewer than this many rows leave no room for the metrics table.
         self.set_class(self.size.height < CRAMPED, "-cramped")
+        # Between the short layout and 40 rows: the loss chart takes rows from the tables.
+        self.set_class(SHORT <= self.size.height < CRAMPED, "-medium")
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter on a metric charts it in the loss panel; enter on it again goes back."""
@@ -401,7 +476,7 @@ class MonitorScreen(Screen[None]):
         self.query_one(AnatomyBar).show(state, compact=short)
         if force or charts_due:
             self._paint_charts(state, now)
-        self.query_one(LearningRates).show(state)
+        self.query_one(LearningRates).show(state, self.cursor_step)
         lr_panel = self.query_one("#lr-panel")
         groups = state.param_groups
         lr_panel.border_subtitle = (
@@ -464,13 +539,15 @@ class MonitorScreen(Screen[None]):
             return
         overlaid = store.loss_like()[:MAX_OVERLAID]
         colours = {s.name: _rgb(PALETTE[k % len(PALETTE)]) for k, s in enumerate(overlaid)}
-        self.query_one(MetricTable).show(store, colours)
+        cursor = self.cursor_step
+        self.query_one(MetricTable).show(store, colours, cursor)
         # Short terminals: the table as one line of latest values (z on it shows the table).
         dim = "dim"
         line = Text(f"Metrics ({len(store)}):", dim, no_wrap=True, overflow="ellipsis")
         for name in store.names:
             line.append(f"  {name} ", dim)
-            line.append(fmt(store[name].last, ".4g"))
+            point = metric_at(store[name], cursor) if cursor is not None else None
+            line.append(fmt(store[name].last if cursor is None else point and point[1], ".4g"))
         self.query_one("#metrics-line", Static).update(line)
         panel = self.query_one("#metrics-panel")
         bad = sum(1 for name in store.names if store[name].nonfinite)
@@ -485,16 +562,20 @@ class MonitorScreen(Screen[None]):
         chart = self.query_one(LossChart)
         panel = self.query_one("#loss-panel")
         legend = self.query_one("#loss-legend", Static)
-        scale = "log" if self.log_scale else "linear"
+        cursor = self.cursor_step
         name = self.chart_metric
         if name is not None and name in state.metrics:
             series = state.metrics[name]
             x, y = series.step_values
-            chart.replot(x, y, y[:0], self.log_scale)
+            chart.set_cursor(cursor, draw=False)
+            chart.replot(x, y, y[:0], name=name)
             panel.border_title = f"Metric {name}"
-            panel.border_subtitle = (
-                f"last {fmt(series.last, '.4g')} at step {fmt(series.last_step, 'd')} · {scale}"
-                " (l) · enter: back to loss"
+            self._loss_subtitle(
+                state,
+                [
+                    (f"last {fmt(series.last, '.4g')} at step {fmt(series.last_step, 'd')}", 0),
+                    (" · enter: back to loss", 3),
+                ],
             )
             legend.update(Text(f"━ {name}", style=chart.color_style("loss-chart--raw")))
             return
@@ -509,11 +590,11 @@ class MonitorScreen(Screen[None]):
             upto = int(np.searchsorted(steps, last, side="right")) if last is not None else 0
             colour = BASELINE_COLOURS[k % len(BASELINE_COLOURS)]
             fitted.append((steps[:upto], ema[:upto], colour))
+        chart.set_cursor(cursor, draw=False)
         chart.replot(
             state.steps.values,
             state.loss.values,
             state.loss_ema.values,
-            self.log_scale,
             extra,
             present=state.has_loss.values,
             step_time=state.cols["step_time"].values,
@@ -522,7 +603,11 @@ class MonitorScreen(Screen[None]):
         parts = [("━ loss ", chart.color_style("loss-chart--raw"))]
         parts.append(("━ smoothed ", chart.color_style("loss-chart--smoothed")))
         for k, s in enumerate(overlaid):
-            parts.append((f"━ {s.name} ", _rgb(PALETTE[k % len(PALETTE)])))
+            value = ""
+            if cursor is not None:
+                point = metric_at(s, cursor)
+                value = f"{fmt(point and point[1], '.4g')} "
+            parts.append((f"━ {s.name} {value}", _rgb(PALETTE[k % len(PALETTE)])))
         for k, (name, _) in enumerate(self.baselines):
             parts.append((f"━ {name} ", _rgb(BASELINE_COLOURS[k % len(BASELINE_COLOURS)])))
         legend.update(Text.assemble(*parts, no_wrap=True, overflow="ellipsis"))
@@ -532,13 +617,57 @@ class MonitorScreen(Screen[None]):
             float(v) for v in recent if v == v and abs(v) != float("inf")
         ]
         micro = state.micro_batches
-        micro_text = ""
+        words: list[Part] = [("last ", 5), (fmt_loss(state.last_loss), 0)]
         if micro is not None and micro > 1:
-            micro_text = f" · {micro:g} micro-batches"
-        panel.border_subtitle = (
-            f"last {fmt_loss(state.last_loss)}{micro_text}"
-            f" · smoothed {fmt(state.smoothed_loss, '.4g')} · {scale} (l)"
+            words.append((f" · {micro:g} micro-batches", 2))
+        words.append((f" · smoothed {fmt(state.smoothed_loss, '.4g')}", 4))
+        self._loss_subtitle(state, words)
+
+    def on_loss_chart_changed(self, event: LossChart.Changed) -> None:
+        if self._state is not None:
+            self._loss_subtitle(self._state, self._loss_words)
+        chart = self.query_one(LossChart)
+        self._remember(
+            chart_window=chart.window.size, full_range=chart.full_range, log_y=sorted(chart.logs)
         )
+
+    def _remember(self, **changes: Any) -> None:
+        remember = getattr(self.app, "remember", None)  # a bare App (tests of the screen)
+        if remember is not None:
+            remember(**changes)
+
+    def _restore(self) -> None:
+        """The choices the user made last time (the app read them): the gradients' view and
+        sort, the loss chart's window, y-range and log scales."""
+        settings = getattr(self.app, "settings", None)
+        if settings is None:
+            return
+        chart = self.query_one(LossChart)
+        chart.window = StepWindow(settings.chart_window)
+        chart.full_range = settings.full_range
+        chart.logs = set(settings.log_y)
+        self.query_one(GradientTable).sort_mode = settings.grad_sort
+        if settings.heatmap != self.heatmap:
+            self.action_toggle_heatmap()
+
+    def _loss_subtitle(self, state: RunState, words: list[Part]) -> None:
+        """The loss panel's bottom line, fitted to its width: the scale and its key first;
+        with the cursor on, its keys and the step time at its step instead of the latest."""
+        self._loss_words = words
+        chart = self.query_one(LossChart)
+        panel = self.query_one("#loss-panel")
+        # A narrow panel (80 columns) says "lin": the scale's key and the loss both fit.
+        linear = "linear" if panel.size.width >= 50 else "lin"
+        scale: list[Part] = [(" · log (l)" if chart.log_y else f" · {linear} (l)", 1)]
+        if self.cursor_step is not None:
+            ms = step_time_at(state, self.cursor_step)
+            words = [("cursor ← → · esc", 0)]
+            if ms is not None:
+                words.append((f" · step time {fmt(ms * 1000, '.3g')} ms", 1))
+            scale = [(scale[0][0], 2)]
+        # The border line's room: the frame less its corners and a dash and space each side.
+        line = fit_parts([*words, *scale], max(1, panel.outer_size.width - 6))
+        panel.border_subtitle = line.plain.removeprefix(" · ")
 
     def _paint_grads(self, state: RunState) -> None:
         names = state.layer_names
@@ -574,6 +703,8 @@ class MonitorScreen(Screen[None]):
         """The total norm (per model when several), and what clip_grad_norm_ did: the norms
         shown are the ones measured before clipping."""
         parts = []
+        if self.cursor_step is not None:
+            parts.append(self._grad_at_cursor(state, self.cursor_step))
         clip = state.clipping()
         totals = state.grad_total.values
         if clip is not None:
@@ -599,17 +730,39 @@ class MonitorScreen(Screen[None]):
             title += " (pre-clip)"
         self.query_one(GradientPanel).set_title(title)
 
+    def _grad_at_cursor(self, state: RunState, step: int) -> str:
+        """``▏step N total X · LAYER Y``: the sampled step at or before the cursor's, and the
+        norm of the layer under the table's row cursor."""
+        total = total_norm_at(state, step)
+        if total is None:
+            return f"▏step {step}: no norms yet"
+        text = f"▏step {total[0]} total {fmt(total[1], '.3g')}"
+        layer = self.query_one(GradientTable).selected_layer()
+        norm = None if layer is None else layer_norm_at(state, layer, step)
+        if layer is not None and norm is not None and layer < len(state.layer_names):
+            text += f" · {state.layer_names[layer]} {fmt(norm[1], '.3g')}"
+        return text
+
     def _update_grad_title(self) -> None:
         state = self._state
         panel = self.query_one(GradientPanel)  # it adds the filter and the trend scale
         sampled = "n/a" if state is None else fmt(state.grads.latest_step(), "d")
         if self.heatmap:
             if self.heatmap_updates:
-                panel.set_subtitle("heatmap · update ratios ‖Δw‖/‖w‖ · u: norms · h: table")
+                panel.set_subtitle(
+                    [
+                        ("heatmap", 0),
+                        (" · update ratios ‖Δw‖/‖w‖", 0),
+                        (" · u: norms", 1),
+                        (" · h: table", 2),
+                    ]
+                )
             elif state is not None and state.update_ratio:  # the run sends ratios: say the key
-                panel.set_subtitle("heatmap · u: ratios · h: table")
+                panel.set_subtitle([("heatmap", 0), (" · u: ratios", 1), (" · h: table", 2)])
             else:
-                panel.set_subtitle("heatmap · h: table")
+                panel.set_subtitle([("heatmap", 0), (" · h: table", 1)])
         else:
             mode = self.query_one(GradientTable).sort_mode
-            panel.set_subtitle(f"step {sampled} · sort {mode} (o) · h: heatmap")
+            panel.set_subtitle(
+                [(f"step {sampled}", 2), (f" · sort {mode} (o)", 0), (" · h: heatmap", 2)]
+            )

@@ -10,6 +10,7 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import ContentSwitcher, Input
 
+from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.gradient_heatmap import GradientHeatmap
 from tdbg.tui.widgets.gradient_table import GradientTable
 from tdbg.tui.widgets.steady import SteadyStatic
@@ -37,7 +38,7 @@ class GradientPanel(Vertical):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._title = ""
-        self._subtitle = ""
+        self._subtitle: list[Part] = []
 
     def compose(self) -> ComposeResult:
         yield SteadyStatic(id="grad-summary")
@@ -56,9 +57,17 @@ class GradientPanel(Vertical):
         self._title = title
         self._write_headings()
 
-    def set_subtitle(self, subtitle: str) -> None:
+    def set_subtitle(self, subtitle: list[Part]) -> None:
+        """The frame's bottom line as ranked parts (see fit_parts): fitted to the frame."""
         self._subtitle = subtitle
         self._write_headings()
+
+    def on_gradient_table_columns_changed(self, event: GradientTable.ColumnsChanged) -> None:
+        event.stop()
+        self._write_headings()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._write_headings)  # once the frame has its new width
 
     def _view(self) -> GradientTable | GradientHeatmap:
         switcher = self.query_one(ContentSwitcher)
@@ -76,11 +85,13 @@ class GradientPanel(Vertical):
             view = self._view()
             title = f"filter: {query} ({view.matched} of {view.total}) · {title}"
         frame.border_title = title
-        subtitle = self._subtitle
-        if isinstance(self._view(), GradientTable):
-            shared = self.query_one(GradientTable).shared_trend
-            subtitle += " · trend: all (t)" if shared else " · trend: row (t)"
-        frame.border_subtitle = subtitle
+        subtitle = list(self._subtitle)
+        table = self.query_one(GradientTable)
+        if isinstance(self._view(), GradientTable) and table.shows_trend:
+            shared = table.shared_trend
+            subtitle.append((" · trend: all (t)" if shared else " · trend: row (t)", 1))
+        line = fit_parts(subtitle, max(1, frame.outer_size.width - 6))  # less corners, dashes
+        frame.border_subtitle = line.plain.removeprefix(" · ")
 
     # --- keys -----------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 from rich.text import Text
+from textual.coordinate import Coordinate
+from textual.message import Message
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
@@ -24,7 +26,8 @@ TREND = 9
 UPDATE = 7  # the update ratio ‖Δw‖/‖w‖: "1.2e-03"
 MAX_TREND = 32  # a wide panel gives the trend more history, up to the rows the app sends
 MIN_NAME = 12  # the layer column never gets narrower than this
-WANT_NAME = 20  # the bar and the trend give way (scroll off to the right) below this
+WANT_NAME = 20  # the trend, then the bar, give way (left out, no scrolling) below this
+OPTIONAL = ("bar", "trend")  # the columns left out on a narrow panel, the last first
 
 
 class LayerName(Text):
@@ -50,6 +53,9 @@ class GradientTable(LayerFilter, DataTable[Any]):
         "gradient-table--bar",
         "gradient-table--absent",
     }
+
+    class ColumnsChanged(Message):
+        """The panel's width left out or brought back a column (the trend's key hint follows)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=False, **kwargs)
@@ -77,6 +83,7 @@ class GradientTable(LayerFilter, DataTable[Any]):
         # (older probes and runs without a sampled step yet keep the table as it was).
         self._updates = np.empty(0)
         self._has_updates = False
+        self._optional: tuple[str, ...] = OPTIONAL  # the optional columns shown now
 
     def on_mount(self) -> None:
         self._add_columns()
@@ -86,8 +93,28 @@ class GradientTable(LayerFilter, DataTable[Any]):
         self.add_column("norm", key="norm", width=NORM)
         if self._has_updates:  # beside the norm: it stays on screen when the bar and trend go
             self.add_column("Δw/w", key="update", width=UPDATE)
-        self.add_column("log bar", key="bar", width=BAR)
-        self.add_column("trend", key="trend", width=self._trend_width)
+        self._add_optional()
+
+    def _add_optional(self) -> None:
+        titles = {"bar": ("log bar", BAR), "trend": ("trend", self._trend_width)}
+        for key in self._optional:
+            title, width = titles[key]
+            self.add_column(title, key=key, width=width, default=Text(""))
+
+    @property
+    def shows_trend(self) -> bool:
+        """The trend column is on screen (a narrow panel leaves it out)."""
+        return "trend" in self._optional
+
+    def selected_layer(self) -> int | None:
+        """The layer under the row cursor (the inspect cursor reads its norm)."""
+        if not self._rows or self.cursor_row < 0:
+            return None
+        try:
+            key = self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key
+        except Exception:  # an empty or rebuilding table
+            return None
+        return int(str(key.value))
 
     def on_resize(self) -> None:
         self._fit_names()
@@ -106,7 +133,8 @@ class GradientTable(LayerFilter, DataTable[Any]):
         fitted = self._fitted_name_width()
         if column is None or fitted is None:
             return
-        width, trend_room = fitted
+        width, trend_room, keep = fitted
+        self._show_optional(OPTIONAL[:keep])
         self._fit_trend(trend_room)
         if column.auto_width or column.width != width:
             column.auto_width = False
@@ -118,9 +146,21 @@ class GradientTable(LayerFilter, DataTable[Any]):
             for row in self._rows if rewrite else ():
                 self.update_cell(str(row), "name", self._name_cell(row))
 
-    def _fitted_name_width(self) -> tuple[int, int] | None:
-        """(the layer column's width, the room left for the trend) in the content region the
-        table has now; None before it has one."""
+    def _show_optional(self, keys: tuple[str, ...]) -> None:
+        """Show these of the optional columns, no others: what does not fit is left out, not
+        scrolled to (a horizontal scrollbar costs a row and hides what it scrolls)."""
+        if keys == self._optional:
+            return
+        for key in self._optional:
+            self.remove_column(ColumnKey(key))
+        self._optional = keys
+        self._add_optional()  # in their order again: the bar before the trend
+        self.call_after_refresh(self._refresh_visible)
+        self.post_message(self.ColumnsChanged())
+
+    def _fitted_name_width(self) -> tuple[int, int, int] | None:
+        """(the layer column's width, the room left for the trend, how many of OPTIONAL fit)
+        in the content region the table has now; None before it has one."""
         avail = self.scrollable_content_region.width
         if not avail:
             return None
@@ -136,7 +176,7 @@ class GradientTable(LayerFilter, DataTable[Any]):
             if room >= min(needed, WANT_NAME):
                 break
         width = max(MIN_NAME, min(needed, room))
-        return width, avail - width - sum(others[:2]) - pad
+        return width, avail - width - sum(others[:2]) - pad, keep - 1
 
     def _fit_trend(self, room: int) -> None:
         """What the names leave on a wide panel goes to the trend: more history per row."""
@@ -244,7 +284,7 @@ class GradientTable(LayerFilter, DataTable[Any]):
         # Figures only for the rows on screen (apply_sort writes them): the rest are filled in
         # when scrolled into view, so a keystroke in the filter costs rows, not sparklines.
         blank = Text("")
-        figures = (blank,) * (4 if self._has_updates else 3)
+        figures = (blank,) * (1 + self._has_updates + len(self._optional))
         for i in self._rows:
             self.add_row(self._name_cell(i), *figures, key=str(i))
         self.apply_sort()
@@ -315,8 +355,9 @@ class GradientTable(LayerFilter, DataTable[Any]):
             key = row.key
             norm, bar, trend = self._cells(int(str(key.value)))
             self.update_cell(key, "norm", norm)
-            self.update_cell(key, "bar", bar)
-            self.update_cell(key, "trend", trend)
+            for column, cell in (("bar", bar), ("trend", trend)):
+                if column in self._optional:
+                    self.update_cell(key, column, cell)
             if self._has_updates:
                 self.update_cell(key, "update", self._update_cell(int(str(key.value))))
 

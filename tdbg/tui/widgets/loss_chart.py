@@ -10,7 +10,9 @@ import numpy as np
 import plotext as plt
 from rich.text import Text
 from textual.binding import Binding, BindingType
+from textual.message import Message
 
+from tdbg.format import fmt
 from tdbg.model.chart_axes import (
     StepWindow,
     first_nonfinite,
@@ -20,6 +22,8 @@ from tdbg.model.chart_axes import (
     value_ticks,
     y_range,
 )
+from tdbg.tui.colours import meaning, meaning_rgb
+from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.steady import SteadyStatic
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 
@@ -27,7 +31,7 @@ DEFAULT_WINDOW = 500  # steps shown when w first narrows the chart from the whol
 RAW_DIM = 0.6  # the raw loss is drawn at this share of its colour: the smoothed line leads
 TICK_EVERY = 10  # columns per x tick at most
 ROWS_PER_TICK = 2  # rows per y tick at most
-NAN_RGB = (235, 70, 70)
+CURSOR_RGB = (240, 200, 60)  # the inspect cursor's line: apart from every series' colour
 SMOOTH_STEPS = 20  # the step-time view's smoothed line: a trailing mean of this many steps
 RATE_STEPS = 20  # steps whose step times give the caption's steps/s
 
@@ -121,7 +125,6 @@ class _Data:
     steps: np.ndarray
     loss: np.ndarray
     smoothed: np.ndarray
-    log: bool
     extra: Sequence[Extra]
     present: np.ndarray | None
     step_time: np.ndarray | None
@@ -129,10 +132,12 @@ class _Data:
 
 
 class LossChart(SteadyStatic, can_focus=True):
-    """Call ``replot(steps, loss, smoothed, log)``; colours come from the component classes.
+    """Call ``replot(steps, loss, smoothed)``; colours come from the component classes.
 
     Focused, its keys choose the steps shown (window, zoom, pan) and the y-range (robust or
-    full); a caption line above the plot says what is shown and where the loss went NaN.
+    full); a caption line above the plot says what is shown and where the loss went NaN. Each
+    chart it shows (the loss, the step time, each metric) keeps its own linear / log y-axis;
+    with the inspect cursor on, a line marks the cursor's step and the caption its values.
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"loss-chart--raw", "loss-chart--smoothed"}
@@ -155,6 +160,9 @@ class LossChart(SteadyStatic, can_focus=True):
         self.full_range = False
         self.step_times = False  # v: the step time per step instead of the loss
         self.nan_step: int | None = None
+        self.logs: set[str] = set()  # the charts (see ``chart_key``) drawn on a log y-axis
+        self.series_name = "loss"  # what replot was last given: the loss or a metric's name
+        self.cursor: int | None = None  # the inspect cursor's step, while it is on
         self._data: _Data | None = None
 
     def on_mount(self) -> None:
@@ -191,12 +199,14 @@ class LossChart(SteadyStatic, can_focus=True):
         else:
             self.window = StepWindow(DEFAULT_WINDOW).zoomed(1, *span)
         self._draw()
+        self.post_message(self.Changed())
 
     def action_zoom(self, factor: float) -> None:
         span = self._span()
         if span is not None:
             self.window = self.window.zoomed(factor, *span)
             self._draw()
+            self.post_message(self.Changed())
 
     def action_pan(self, direction: int) -> None:
         span = self._span()
@@ -204,13 +214,61 @@ class LossChart(SteadyStatic, can_focus=True):
             self.window = self.window.panned(direction, *span)
             self._draw()
 
+    @property
+    def chart_key(self) -> str:
+        """Which chart is on show, as the log choices and the settings name it: ``loss``,
+        ``step time`` or ``metric:NAME``."""
+        if self._showing_step_times():
+            return "step time"
+        return "loss" if self.series_name == "loss" else f"metric:{self.series_name}"
+
+    @property
+    def log_y(self) -> bool:
+        return self.chart_key in self.logs
+
+    def toggle_log(self) -> bool:
+        """Linear / log y for the chart on show (the others keep theirs); the new choice."""
+        self.logs ^= {self.chart_key}
+        self._draw()
+        self.post_message(self.Changed())
+        return self.log_y
+
+    def set_cursor(self, step: int | None, draw: bool = True) -> None:
+        """Mark ``step`` (None: no cursor), moving the window to it if it lies outside;
+        ``draw=False`` when a replot follows (one plot per paint)."""
+        self.cursor = step
+        span = self._span()
+        if step is not None and span is not None and self.window.size is not None:
+            lo, hi = self.window.bounds(*span)
+            if not lo <= step <= hi:
+                size = self.window.size
+                offset = span[1] - step - size // 2
+                room = max(0, span[1] - span[0] - size)
+                self.window = StepWindow(size, min(max(0, offset), room))
+        if draw:
+            self._draw()
+
+    def cursor_stride(self) -> int:
+        """Steps per braille dot across the steps shown: one press of an arrow moves one dot."""
+        span = self._span()
+        if span is None:
+            return 1
+        lo, hi = self.window.bounds(*span)
+        return max(1, round((hi - lo) / max(1, 2 * self.content_size.width)))
+
     def action_full_range(self) -> None:
         self.full_range = not self.full_range
         self._draw()
+        self.post_message(self.Changed())
+
+    class Changed(Message):
+        """A key changed what the chart shows (window, range, view, scale): the panel's line
+        says the scale, and the settings keep the choice."""
 
     def action_view(self) -> None:
         self.step_times = not self.step_times
         self._draw()
+        self.post_message(self.Changed())
 
     # --- drawing ---------------------------------------------------------------------------
 
@@ -219,47 +277,83 @@ class LossChart(SteadyStatic, can_focus=True):
         steps: np.ndarray,
         loss: np.ndarray,
         smoothed: np.ndarray,
-        log: bool,
         extra: Sequence[Extra] = (),
         present: np.ndarray | None = None,
         step_time: np.ndarray | None = None,
         fitted: Sequence[Extra] = (),
+        name: str = "loss",
     ) -> None:
         """Draw the loss (raw and smoothed) and ``extra`` series ``(steps, values, rgb)``:
         metrics that belong with the loss (val_loss, loss/NAME) on the same axes. ``present``
         marks the steps that reported a loss (a NaN elsewhere is a missing value); with
         ``step_time`` (seconds, per step) v shows it instead of the loss. ``fitted``: series
         drawn like ``extra`` whose values the y-range takes in (another run compared with
-        this one: its curve must not leave the chart where it parts from this one's)."""
-        self._data = _Data(steps, loss, smoothed, log, extra, present, step_time, fitted)
+        this one: its curve must not leave the chart where it parts from this one's). ``name``:
+        what ``loss`` is (a metric charted in its place keeps its own log choice)."""
+        self.series_name = name
+        self._data = _Data(steps, loss, smoothed, extra, present, step_time, fitted)
         self._draw()
 
     def caption(self) -> Text:
-        """The line above the plot: where the loss went NaN, the steps shown, the y-range mode."""
-        text = Text(no_wrap=True, overflow="ellipsis", end="")
+        """The line above the plot: where the loss went NaN, the cursor's values, the steps
+        shown, the y-range mode and the keys; the least needed parts go first when narrow."""
+        parts: list[Part] = []
         if self.nan_step is not None:
-            text.append(f" NaN at step {self.nan_step} ", "bold white on rgb(170,30,30)")
-            text.append(" ")
+            bad = meaning(self.app, "bad")
+            badge = Text(f" NaN at step {self.nan_step} ", f"bold white on {bad}")
+            parts.append((badge, 0))
+            parts.append((" ", 0))
         if self._showing_step_times():  # first: the words on the panel say "Loss"
-            text.append("step time ms", "bold")
+            parts.append((Text("step time ms", "bold"), 0))
             rate = self._recent_rate()
             if rate is not None:
-                text.append(f", now {rate:.3g} steps/s", "bold")
-            text.append(" · ", "dim")
+                parts.append((Text(f", now {rate:.3g} steps/s", "bold"), 3))
+            parts.append((Text(" · ", "dim"), 0))
+        cursor = self.cursor_values()
+        if cursor is not None:
+            step, values = cursor
+            parts.append((Text(f"▏step {step}", "bold"), 0))
+            for k, (label, value) in enumerate(values):
+                parts.append((Text(f" {label} {fmt(value, '.4g')}"), 0 if k == 0 else 2))
+            parts.append((Text(" · ", "dim"), 0))
         span = self._span()
         if span is not None:
             lo, hi = self.window.bounds(*span)
             if self.window.size is None:
-                shown = f"all steps {lo}–{hi}"
+                parts.append((Text("all ", "dim"), 5))
+                parts.append((Text(f"steps {lo}–{hi}", "dim"), 1))
             else:
-                follows = " (newest)" if self.window.offset == 0 else ""
-                shown = f"steps {lo}–{hi}{follows}"
-            text.append(shown, "dim")
-            text.append(" · y " + ("full" if self.full_range else "fitted"), "dim")
+                parts.append((Text(f"steps {lo}–{hi}", "dim"), 1))
+                if self.window.offset == 0:
+                    parts.append((Text(" (newest)", "dim"), 2))
+            parts.append((Text(" · y " + ("full" if self.full_range else "fitted"), "dim"), 4))
+            if self.log_y:
+                parts.append((Text(" · log", "dim"), 1))
             if self.has_focus:
-                text.append(" · keys w + - , . f v", "dim")
-        text.truncate(max(1, self.content_size.width), overflow="ellipsis")
-        return text
+                parts.append((Text(" · keys w + - , . f v l", "dim"), 3))
+        elif parts and str(parts[-1][0]) == " · ":
+            parts.pop()
+        return fit_parts(parts, max(1, self.content_size.width))
+
+    def cursor_values(self) -> tuple[int, list[tuple[str, float | None]]] | None:
+        """The cursor's step (the nearest one drawn at or before it) and the values the chart
+        shows there: the loss and its smoothed line, a metric, or the step time."""
+        data = self._data
+        if self.cursor is None or data is None or not len(data.steps):
+            return None
+        i = int(np.searchsorted(data.steps, self.cursor, side="right")) - 1
+        if i < 0:
+            return self.cursor, []
+        raw, smooth = self._series(data)
+
+        def at(values: np.ndarray) -> float | None:
+            return float(values[i]) if i < len(values) else None
+
+        if self._showing_step_times():
+            return int(data.steps[i]), [("ms", at(raw)), ("smoothed", at(smooth))]
+        if self.series_name != "loss":
+            return int(data.steps[i]), [(self.series_name, at(raw))]
+        return int(data.steps[i]), [("loss", at(raw)), ("smoothed", at(smooth))]
 
     def _showing_step_times(self) -> bool:
         data = self._data
@@ -286,14 +380,18 @@ class LossChart(SteadyStatic, can_focus=True):
     def _draw(self) -> None:
         width, height = self.content_size
         data = self._data
-        if data is None or width < 10 or height < 5:
+        if data is None or width < 10:
+            return
+        if height < 5:  # no room for a plot: say so, never leave a bigger size's plot cut off
+            self.update(Text.assemble(self.caption(), "\n", "too short to plot (z: zoom)"))
             return
         self.nan_step = first_nonfinite(data.steps, data.loss, data.present)
         x = data.steps.astype(np.float64)
         y, ys = self._series(data)
         extra = () if self._showing_step_times() else (*data.extra, *data.fitted)
         fitted = () if self._showing_step_times() else data.fitted
-        if data.log:
+        log = self.log_y
+        if log:
             y = np.where(y > 0, y, np.nan)
             ys = np.where(ys > 0, ys, np.nan)
         if not np.isfinite(y).any():
@@ -315,14 +413,16 @@ class LossChart(SteadyStatic, can_focus=True):
         lo, hi = self.window.bounds(*span)
         inside = (data.steps >= lo) & (data.steps <= hi)
         x, y, ys = x[inside], y[inside], ys[inside] if len(ys) == len(inside) else ys
-        fit = [y]
+        points = max(8, 2 * width)  # braille: two dots per cell across
+        # The range fits the points as drawn (a bucket's mean, not its lowest raw value): the
+        # plot's top and bottom rows then hold the curve, not empty space.
+        fit = [bucket_mean(x, y, points)[1]]
         for fx, fy, _ in fitted:
             fit.append(fy[(fx >= lo) & (fx <= hi)])
-        fit_y = np.concatenate(fit) if len(fit) > 1 else y
-        if data.log:
+        fit_y = np.concatenate(fit) if len(fit) > 1 else fit[0]
+        if log:
             fit_y = np.where(fit_y > 0, fit_y, np.nan)
-        limits = y_range(fit_y, robust=not self.full_range, log=data.log)
-        points = max(8, 2 * width)  # braille: two dots per cell across
+        limits = y_range(fit_y, robust=not self.full_range, log=log, rows=max(1, height - 3))
         fig = plt.figure
         fig.clear()
         fig.plot_size(width, height - 1)
@@ -333,7 +433,7 @@ class LossChart(SteadyStatic, can_focus=True):
         for ex, ey, rgb in extra:
             keep = (ex >= lo) & (ex <= hi)
             ey = ey[keep]
-            ey = np.where(ey > 0, ey, np.nan) if data.log else ey
+            ey = np.where(ey > 0, ey, np.nan) if log else ey
             xe, ye = bucket_mean(ex[keep].astype(np.float64), ey, points)
             if len(ye):
                 points_e = inside_limits(xe, ye, limits, line=False)
@@ -344,18 +444,21 @@ class LossChart(SteadyStatic, can_focus=True):
             line = inside_limits(xs, yss, limits, line=True)
             fig.draw(fig.signal(*line, marker=smooth).lines())
         if self.nan_step is not None and lo <= self.nan_step <= hi and limits is not None:
-            nan_line = plt.marker("│", NAN_RGB)
+            nan_line = plt.marker("│", meaning_rgb(self.app, "bad"))
             fig.draw(fig.segment([self.nan_step] * 2, list(limits), marker=nan_line))
+        if self.cursor is not None and lo <= self.cursor <= hi and limits is not None:
+            cursor_line = plt.marker("│", CURSOR_RGB)
+            fig.draw(fig.segment([self.cursor] * 2, list(limits), marker=cursor_line))
         ticks = step_ticks(lo, hi, max(2, width // TICK_EVERY))
         x_axis = fig.ruler("x")
         x_axis.lim(lo, max(hi, lo + 1))
         x_axis.ticks(ticks, [step_label(t) for t in ticks])
         y_axis = fig.ruler("y")
-        if data.log:
+        if log:
             y_axis.scale("log")
         if limits is not None:
             y_axis.lim(*limits)
-            if not data.log:  # plotext's log ticks are already powers of ten
+            if not log:  # plotext's log ticks are already powers of ten
                 values = value_ticks(*limits, max(2, (height - 3) // ROWS_PER_TICK))
                 y_axis.ticks(values, [value_label(v) for v in values])
         plot = Text.from_ansi(fig.build().string(), no_wrap=True)

@@ -9,6 +9,7 @@ from rich.text import Text
 from tdbg.format import fmt, fmt_bytes
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages.reports import GpuStats, System
+from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.glyphs import gauge
 from tdbg.tui.widgets.steady import SteadyStatic
 
@@ -88,35 +89,29 @@ class MemoryPanel(SteadyStatic):
 
     def _one_line(self, state: RunState, system: System) -> Text:
         """``Memory  GPU0 97% 30 GiB/80 GiB · cuda:0 peak 25 GiB · RAM 30 GiB/128 GiB ...``"""
-        title = "Memory (CPU run, no GPU) " if cpu_run(state) else "Memory "
-        text = Text(title, style=self._dim, no_wrap=True, overflow="ellipsis")
-        parts: list[tuple[str, Any]] = []
+        # Fitted to the width by leaving out whole figures (the least telling first), never
+        # cutting one mid-number (an 80-column screen read "RAM 1.83").
+        dim = self._dim
+        figures: list[tuple[str, Any, int]] = []  # text, style, rank
         for gpu in system.gpus:
             mem = _ratio(gpu.mem_used, gpu.mem_total)
-            figures = f"{fmt_bytes(gpu.mem_used)}/{fmt_bytes(gpu.mem_total)}"
-            parts.append(
-                (
-                    f"GPU{_index(gpu.index)} {fmt(gpu.util, '.0f', '%')} {figures}",
-                    self._gauge_style(mem) if mem is not None and mem > 0.9 else None,
-                )
-            )
+            used = f"{fmt_bytes(gpu.mem_used)}/{fmt_bytes(gpu.mem_total)}"
+            style = self._gauge_style(mem) if mem is not None and mem > 0.9 else ""
+            figures.append((f"GPU{_index(gpu.index)} {fmt(gpu.util, '.0f', '%')} {used}", style, 0))
         for dev in system.cuda:
-            parts.append((f"cuda:{_index(dev.index)} peak {fmt_bytes(dev.peak)}", None))
+            figures.append((f"cuda:{_index(dev.index)} peak {fmt_bytes(dev.peak)}", "", 1))
         host = system.host
         ram = _ratio(host.ram_used, host.ram_total)
-        parts.append(
-            (
-                f"RAM {fmt_bytes(host.ram_used)}/{fmt_bytes(host.ram_total)}",
-                self._gauge_style(ram) if ram is not None and ram > 0.9 else None,
-            )
-        )
-        parts.append((f"RSS {fmt_bytes(host.rss)}", None))
-        parts.append((f"CPU {fmt(host.cpu_percent, '.0f', '%')}", None))
-        for k, (part, style) in enumerate(parts):
-            if k:
-                text.append(" · ", self._dim)
-            text.append(part, style)
-        return text
+        style = self._gauge_style(ram) if ram is not None and ram > 0.9 else ""
+        figures.append((f"RAM {fmt_bytes(host.ram_used)}/{fmt_bytes(host.ram_total)}", style, 1))
+        figures.append((f"RSS {fmt_bytes(host.rss)}", "", 3))
+        figures.append((f"CPU {fmt(host.cpu_percent, '.0f', '%')}", "", 2))
+        parts: list[Part] = [(Text("Memory", dim), 0)]
+        if cpu_run(state):
+            parts.append((Text(" (CPU run, no GPU)", dim), 2))
+        for k, (figure, style, rank) in enumerate(figures):
+            parts.append((Text.assemble((" " if k == 0 else " · ", dim), (figure, style)), rank))
+        return fit_parts(parts, max(1, self.size.width or 500))
 
     def _gauge_style(self, fraction: float | None) -> Any:
         hot = fraction is not None and fraction > 0.9

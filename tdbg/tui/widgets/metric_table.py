@@ -15,6 +15,7 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from tdbg.format import fmt, fmt_loss
+from tdbg.model.cursor import metric_at
 from tdbg.model.metrics import MetricSeries, MetricStore, loss_like
 from tdbg.tui.widgets.glyphs import spark
 
@@ -34,6 +35,7 @@ class MetricTable(DataTable[Any]):
         self._revision = -1
         self._store: MetricStore | None = None
         self._colours: dict[str, str] = {}
+        self.cursor: int | None = None  # the inspect cursor's step: values read there
 
     def on_mount(self) -> None:
         self.add_column("metric", key="name")
@@ -53,7 +55,12 @@ class MetricTable(DataTable[Any]):
             return None
         return str(key.value)
 
-    def show(self, store: MetricStore, colours: dict[str, str] | None = None) -> None:
+    def show(
+        self,
+        store: MetricStore,
+        colours: dict[str, str] | None = None,
+        cursor: int | None = None,
+    ) -> None:
         """Show ``store``; ``colours`` names the metrics drawn on the loss chart (their
         name is written in their line's colour: the table is the chart's legend too)."""
         colours = colours or {}
@@ -62,9 +69,11 @@ class MetricTable(DataTable[Any]):
             and store.revision == self._revision
             and store.names == self._names
             and colours == self._colours
+            and cursor == self.cursor
         ):
             return
         self._colours = colours
+        self.cursor = cursor
         self._revision = store.revision
         names = store.names
         if names[: len(self._names)] != self._names:  # another run (a restart): start over
@@ -111,9 +120,13 @@ class MetricTable(DataTable[Any]):
             name.stylize(self.get_component_rich_style("metric-table--loss"))
         if series.nonfinite:
             name.append(" !", bad)
+        last_step = series.last_step
+        if self.cursor is not None:  # the inspect cursor: the point at or before its step
+            point = metric_at(series, self.cursor)
+            last, last_step = (None, None) if point is None else (point[1], point[0])
         nonfinite = last is not None and not math.isfinite(last)
         value = Text(f"{fmt_loss(last):>10}", style=bad if nonfinite else "")
-        step = Text(f"{fmt(series.last_step, 'd'):>7}", style=dim)
+        step = Text(f"{fmt(last_step, 'd'):>7}", style=dim)
         lo = Text(f"{fmt_loss(None if math.isnan(series.lo) else series.lo):>10}")
         hi = Text(f"{fmt_loss(None if math.isnan(series.hi) else series.hi):>10}")
         _, values = series.step_values

@@ -14,9 +14,11 @@ from tdbg.model.deep import TIME_COLUMNS
 from tdbg.protocol.messages.results import ProfileResult
 from tdbg.protocol.messages.results import ProfileRow as OpRow
 
-NAME_WIDTH = (
-    34  # op names are long (aten::_scaled_dot_product_...): cut, the full name is in the trace
-)
+# Op names are long (autograd::engine::evaluate_function: ...): cut to what the panel leaves
+# beside the figures (NAME_WIDTH until the table is laid out, never below MIN_NAME): the full
+# name is in the trace.
+NAME_WIDTH = 34
+MIN_NAME = 20
 COLUMNS = (
     ("name", "op"),
     ("calls", "calls"),
@@ -66,6 +68,7 @@ class ProfilerTable(DataTable[Any]):
         self.previous: ProfileResult | None = None
         self._shown: tuple[Any, ...] = ()
         self._previous_rows: dict[str, OpRow] = {}
+        self._name_width = NAME_WIDTH
 
     # --- what is shown --------------------------------------------------------------------
 
@@ -125,6 +128,26 @@ class ProfilerTable(DataTable[Any]):
             self.descending = column != "name"
         self._rebuild()
         self.post_message(self.Sorted())
+
+    def on_resize(self) -> None:
+        self._fit_names()
+
+    def _fit_names(self) -> None:
+        """Give the op names what the other columns leave of the panel's width: a wide
+        screen shows them whole instead of cut beside empty space."""
+        avail = self.scrollable_content_region.width
+        if not avail or self.profile is None:
+            return
+        others = sum(
+            column.get_render_width(self)
+            for key, column in self.columns.items()
+            if key.value != "name"
+        )
+        width = max(MIN_NAME, avail - others - 2 * self.cell_padding)
+        if width != self._name_width:
+            self._name_width = width
+            self._shown = ()  # the same profile, rebuilt at the new width
+            self._rebuild()
 
     # --- building -------------------------------------------------------------------------
 
@@ -186,6 +209,7 @@ class ProfilerTable(DataTable[Any]):
             self.add_column(title, key=key)
         for i, row in enumerate(self._ordered()):
             self.add_row(*self._cells(row), key=f"{i}:{row.name}")
+        self._fit_names()  # at most one more build: the other columns' widths stay
 
     def _cells(self, row: OpRow) -> list[Text]:
         profile = self.profile
@@ -195,7 +219,8 @@ class ProfilerTable(DataTable[Any]):
         def num(text: str) -> Text:
             return Text(text, justify="right", style=dim if text == "n/a" else "")
 
-        name = row.name if len(row.name) <= NAME_WIDTH else row.name[: NAME_WIDTH - 1] + "…"
+        width = self._name_width
+        name = row.name if len(row.name) <= width else row.name[: width - 1] + "…"
         device = profile.device
         cells = [Text(name), num(fmt(row.calls, "d")), num(fmt_us(row.self_cpu))]
         cells.append(num(fmt_us(row.cpu_total)))

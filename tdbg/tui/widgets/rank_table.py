@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -11,6 +12,7 @@ from textual.widgets.data_table import ColumnKey
 
 from tdbg.format import fmt_bytes, fmt_loss, fmt_us
 from tdbg.model.job_table import RankRow
+from tdbg.tui.colours import meaning
 
 COLUMNS = (
     "rank",
@@ -25,7 +27,7 @@ COLUMNS = (
     "GPU util",
     "alerts",
 )
-ALERT_STYLE = {"hang": "bold red", "rank_divergence": "bold red", "nonfinite_ranks": "bold red"}
+BAD_ALERTS = frozenset({"hang", "rank_divergence", "nonfinite_ranks"})  # the rest: warnings
 
 
 def _time(seconds: float | None) -> str:
@@ -54,7 +56,7 @@ class RankTable(DataTable[Text]):
 
     def show(self, rows: list[RankRow]) -> None:
         order = [r.rank for r in rows]
-        cells = [self._cells(r) for r in rows]
+        cells = [self._cells(r, self.app) for r in rows]
         if order == self._order:
             for rank, old, new in zip(order, self._shown, cells, strict=True):
                 for column, before, after in zip(COLUMNS, old, new, strict=True):
@@ -82,17 +84,21 @@ class RankTable(DataTable[Text]):
         return int(key) if key is not None else None
 
     @staticmethod
-    def _cells(row: RankRow) -> list[Text]:
+    def _cells(row: RankRow, app: Any = None) -> list[Text]:
         phases = "/".join(
             _time(t) for t in (row.forward_time, row.backward_time, row.optimizer_time)
         )
         if row.alerts:
-            alerts = Text(" ".join(row.alerts), style=ALERT_STYLE.get(row.alerts[0], "yellow"))
+            # The palette's colours (colour-blind safe when chosen), not fixed red and green.
+            bad = row.alerts[0] in BAD_ALERTS
+            style = meaning(app, "bad", bold=True) if bad else meaning(app, "warn")
+            alerts = Text(" ".join(row.alerts), style=style)
         elif row.state != "live":
-            style = "bold red" if row.state.startswith("dead") else "yellow"
+            dead = row.state.startswith("dead")
+            style = meaning(app, "bad", bold=True) if dead else meaning(app, "warn")
             alerts = Text(row.state, style="dim" if row.state.startswith("ended") else style)
         else:
-            alerts = Text("ok", style="green")
+            alerts = Text("ok", style=meaning(app, "good"))
         grad = row.grad_total
         # Text, never str: a str cell is parsed as markup (a host named "[gpu]" would vanish)
         # on every render and every width measurement.

@@ -11,6 +11,7 @@ from tdbg.format import fmt, fmt_duration, fmt_percent, fmt_span
 from tdbg.model.ending import how_it_ended
 from tdbg.model.health import assess
 from tdbg.model.run_state import RunState
+from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.steady import SteadyStatic
 
 VERDICT_SECONDS = 1.0  # the verdict is re-judged this often even when no data arrives
@@ -53,9 +54,10 @@ class RunHeader(SteadyStatic):
         name_style = self.get_component_rich_style("run-header--name")
         dim = self.get_component_rich_style("run-header--dim")
         state_style = self.get_component_rich_style("run-header--state")
-        text = Text(no_wrap=True, overflow="ellipsis")
-        text.append(" tdbg ", dim)
-        text.append(str(run.get("name") or "(no run)"), name_style)
+        # Each part with its rank: a narrow terminal (80 columns over ssh) leaves out the host,
+        # then the elapsed clock, ... so that the state and the step always show in full.
+        parts: list[Part] = [(Text(" tdbg ", dim), 0)]
+        parts.append((Text(str(run.get("name") or "(no run)"), name_style), 0))
         label = state.connection
         ended = state.connection == "ended" or state.probe_closed
         if ended:  # how: a clean shutdown, a lost connection, dropped as a slow reader, ...
@@ -67,34 +69,34 @@ class RunHeader(SteadyStatic):
         if health is not None and verdict in self.VERDICTS:
             # The run's health in words: stalled for 1m03s, non-finite since step N, ...
             label = f"{health.word}: {health.detail}"
-        text.append("  ● ", state_style)
-        text.append(label, state_style)
+        parts.append((Text(f"  ● {label}", state_style), 0))
         total = state.planned_steps
         step = fmt(state.last_step, "d")
         if total is not None:
             progress = state.progress()
-            text.append(f"  step {step}/{total} {fmt_percent(progress, '.0f')}%")
+            parts.append((f"  step {step}/{total}", 0))
+            parts.append((f" {fmt_percent(progress, '.0f')}%", 3))
         else:
-            text.append(f"  step {step}")
+            parts.append((f"  step {step}", 0))
         epoch = state.epoch
         if epoch is not None:
-            text.append(f"  epoch {epoch:g}")
+            parts.append((f"  epoch {epoch:g}", 4))
         if health is not None and not ended:  # a recent window, 0 while stalled; no stale rate
-            text.append(f"  {fmt(health.steps_per_sec, '.1f')} steps/s")
+            parts.append((f"  {fmt(health.steps_per_sec, '.1f')} steps/s", 2))
         eta = state.eta()
         if eta is not None and verdict != "stalled":  # a stalled run has no time left to tell
-            text.append(f"  ETA {fmt_span(eta)}")
-        text.append(f"  elapsed {fmt_duration(state.elapsed())}")
+            parts.append((f"  ETA {fmt_span(eta)}", 1))
+        parts.append((f"  elapsed {fmt_duration(state.elapsed())}", 5))
         where = f"  {run.get('host') or 'n/a'}  pid {run.get('pid', 'n/a')}"
+        parts.append((Text(where, dim), 6))
         if run.get("world_size") is not None or run.get("rank"):
-            where += f"  rank {run.get('rank', 0)}"
-        text.append(where, dim)
+            parts.append((Text(f"  rank {run.get('rank', 0)}", dim), 2))
         watched = watching(state)
         self.set_class(two_lines and bool(watched), "-two")
         width = self.size.width or 500  # before the first layout: no cut
         if watched and not two_lines:
-            text.append(f"  {watched}", dim)
-        text.truncate(width, overflow="ellipsis")
+            parts.append((Text(f"  {watched}", dim), 7))
+        text = fit_parts(parts, width)
         if watched and two_lines:
             second = Text(f" {watched}", style=dim, no_wrap=True, overflow="ellipsis")
             second.truncate(width, overflow="ellipsis")
