@@ -13,7 +13,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from tdbg.format import fmt, fmt_loss
 from tdbg.model.job import Job
@@ -23,6 +23,7 @@ from tdbg.model.straggler_history import WINDOW, StragglerHistory
 from tdbg.tui.colours import meaning
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.widgets.rank_table import RankTable
+from tdbg.tui.widgets.steady_footer import SteadyFooter
 
 MAX_ALERTS_SHOWN = 50
 MAX_SLOWEST_SHOWN = 3  # ranks in the slowest-over-time panel: the record's leaders
@@ -57,7 +58,7 @@ class JobScreen(Screen[None]):
             yield Static(id="job-slowest-list")
         with Vertical(id="job-alerts", classes="panel"):
             yield Static("no job alerts", id="job-alert-list")
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#job-ranks").border_title = "Ranks (worst first; Enter opens one)"
@@ -75,7 +76,7 @@ class JobScreen(Screen[None]):
     def show(self, job: Job, alerts: JobAlerts) -> bool:
         """Paint the job; False when the panels are not all there: before they are mounted, or
         while the app shuts down and removes them (a repaint tick can fire in between)."""
-        if not self.is_mounted or not self.query(Footer):
+        if not self.is_mounted or not self.query(SteadyFooter):
             return False
         try:
             self.query_one("#job-line", Static).update(_job_line(job, summarize(job)))

@@ -12,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import ContentSwitcher, DataTable, Footer, Input, Sparkline, Static
+from textual.widgets import ContentSwitcher, DataTable, Input, Sparkline, Static
 
 from tdbg.format import fmt, fmt_loss, fmt_percent
 from tdbg.model.chart_axes import StepWindow
@@ -43,6 +43,7 @@ from tdbg.tui.widgets.profiler_panel import HINT
 from tdbg.tui.widgets.profiler_table import ProfilerTable
 from tdbg.tui.widgets.run_header import RunHeader
 from tdbg.tui.widgets.steady import SteadyStatic
+from tdbg.tui.widgets.steady_footer import SteadyFooter
 
 RECENT_LOSS = 200  # steps shown in the loss sparkline
 GRAD_INTERVAL = 0.5  # seconds between gradient panel updates: 1,000 rows at 8 Hz is wasted work
@@ -171,7 +172,7 @@ class MonitorScreen(Screen[None]):
             yield SteadyStatic(id="deep-strip")  # one dim line while no dive is shown
             yield DeepPanel(id="deep")
         yield ProbeStatus(id="status")
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         titles = {

@@ -5,9 +5,10 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, LoadingIndicator, Static
+from textual.widgets import LoadingIndicator, Static
 
 from tdbg.connect.runtime import runtime_dir
+from tdbg.tui.widgets.steady_footer import SteadyFooter
 
 
 class WaitingScreen(Screen[None]):
@@ -24,4 +25,4 @@ class WaitingScreen(Screen[None]):
                 id="waiting-text",
             )
             yield LoadingIndicator()
-        yield Footer()
+        yield SteadyFooter()
