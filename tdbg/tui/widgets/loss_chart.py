@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import plotext as plt
 from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.message import Message
@@ -24,6 +23,7 @@ from tdbg.model.chart_axes import (
 )
 from tdbg.tui.colours import meaning, meaning_rgb
 from tdbg.tui.widgets.fit import Part, fit_parts
+from tdbg.tui.widgets.plotext_lite import plotext as plt
 from tdbg.tui.widgets.steady import SteadyStatic
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 
