@@ -12,7 +12,7 @@ from conftest import fresh_runtime_dir
 from processes import torchrun_job
 from waiting import wait_for, wait_until
 
-from tdbg.cli.main import _job_recordings
+from tdbg.cli.tui_entry import _job_recordings
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlert, JobAlerts
 from tdbg.model.job_replay import replay_job
