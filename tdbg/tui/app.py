@@ -99,6 +99,7 @@ class TdbgApp(TdbgBaseApp):
         self.state = RunState(source.run)
         self._painted = -1
         self._painted_at = 0.0
+        self._shown_data = False  # the source's first batch has been painted (or asked to be)
         self.batches_applied = 0  # for tests and benchmarks: batches folded into the state
         # Every notification shown, oldest first: what the user was told, for tests and for
         # anyone who missed a toast.
@@ -190,6 +191,9 @@ class TdbgApp(TdbgBaseApp):
             return
         self.state.apply_many(event.batch)
         self.batches_applied += 1
+        if not self._shown_data:  # the first data: on screen now, not at the next 4 Hz tick
+            self._shown_data = True
+            self.call_after_refresh(self._repaint)
         for notice in self.state.deep.drain_notices():
             severity: SeverityLevel = "information"
             if notice.severity in ("warning", "error"):
@@ -423,6 +427,7 @@ class TdbgApp(TdbgBaseApp):
         self.state = RunState(dict(entry.meta))
         self.ringer = AlertRinger()  # another run: its kinds ring anew
         self._painted = -1
+        self._shown_data = False
         self.monitor.show(self.state)
         self.notify(f"switched to run {entry.name} (pid {entry.pid})")
         self._pump()  # exclusive in its group: the old worker is cancelled
