@@ -42,7 +42,7 @@ from tdbg.tui.widgets.probe_status import ProbeStatus
 from tdbg.tui.widgets.profiler_panel import HINT
 from tdbg.tui.widgets.profiler_table import ProfilerTable
 from tdbg.tui.widgets.run_header import RunHeader
-from tdbg.tui.widgets.steady import SteadyStatic
+from tdbg.tui.widgets.steady import SteadyStatic, set_border
 from tdbg.tui.widgets.steady_footer import SteadyFooter
 
 RECENT_LOSS = 200  # steps shown in the loss sparkline
@@ -483,12 +483,11 @@ class MonitorScreen(Screen[None]):
         self.query_one(LearningRates).show(state, self.cursor_step)
         lr_panel = self.query_one("#lr-panel")
         groups = state.param_groups
-        lr_panel.border_subtitle = (
-            f"showing {state.lr_groups} of {groups}" if state.lr_columns_capped else ""
-        )
+        capped = f"showing {state.lr_groups} of {groups}" if state.lr_columns_capped else ""
+        set_border(lr_panel, subtitle=capped)
         self.set_class(bool(len(state.metrics)), "-metrics")
         self.query_one(AlertList).show(state)
-        self.query_one("#alerts-panel").border_subtitle = f"{state.alert_count} total"
+        set_border(self.query_one("#alerts-panel"), subtitle=f"{state.alert_count} total")
         zoomed = self.query_one("#memory-panel").has_class("-maximized")
         self.query_one(MemoryPanel).show(state, compact=short and not zoomed)
         self.query_one(ProbeStatus).show(state)
@@ -523,11 +522,11 @@ class MonitorScreen(Screen[None]):
         # Only the profile table needs the deep-dive panel's full height; text views fit less.
         self.set_class(panel.view != "deep-profile", "-deep-text")
         border = self.query_one("#profiler-panel")
-        border.border_title = panel.title
+        set_border(border, title=panel.title)
         caption = "d: next view · c: cancel · z: zoom · x: close"
         if panel.view == "deep-profile" and deep.profile is not None:
             caption = f"{self.query_one(ProfilerTable).sort_caption()} ([ ]) · {caption}"
-        border.border_subtitle = caption
+        set_border(border, subtitle=caption)
         if deep.activations_on:
             acts = deep.activations
             if acts is not self._acts_shown:  # a new sample every K steps, not every repaint
@@ -535,7 +534,8 @@ class MonitorScreen(Screen[None]):
                 self.query_one(ActivationTable).show(acts)
             every = fmt(deep.activations_every, "d")
             step = "n/a" if acts is None else fmt(acts.step, "d")
-            self.query_one("#act-panel").border_subtitle = f"step {step} · every {every} steps"
+            words = f"step {step} · every {every} steps"
+            set_border(self.query_one("#act-panel"), subtitle=words)
 
     def _paint_metrics(self, state: RunState) -> None:
         store = state.metrics
@@ -560,7 +560,7 @@ class MonitorScreen(Screen[None]):
             subtitle += f" · {bad} non-finite"
         if store.dropped_names:
             subtitle += f" · {store.dropped_names} points of further names dropped"
-        panel.border_subtitle = subtitle + " · enter: chart"
+        set_border(panel, subtitle=subtitle + " · enter: chart")
 
     def _paint_loss(self, state: RunState) -> None:
         chart = self.query_one(LossChart)
@@ -573,7 +573,7 @@ class MonitorScreen(Screen[None]):
             x, y = series.step_values
             chart.set_cursor(cursor, draw=False)
             chart.replot(x, y, y[:0], name=name)
-            panel.border_title = f"Metric {name}"
+            set_border(panel, title=f"Metric {name}")
             self._loss_subtitle(
                 state,
                 [
@@ -615,7 +615,7 @@ class MonitorScreen(Screen[None]):
         for k, (name, _) in enumerate(self.baselines):
             parts.append((f"━ {name} ", _rgb(BASELINE_COLOURS[k % len(BASELINE_COLOURS)])))
         legend.update(Text.assemble(*parts, no_wrap=True, overflow="ellipsis"))
-        panel.border_title = "Loss"
+        set_border(panel, title="Loss")
         recent = state.loss.values[-RECENT_LOSS:]
         self.query_one("#loss-recent", Sparkline).data = [
             float(v) for v in recent if v == v and abs(v) != float("inf")
@@ -671,7 +671,7 @@ class MonitorScreen(Screen[None]):
             scale = [(scale[0][0], 2)]
         # The border line's room: the frame less its corners and a dash and space each side.
         line = fit_parts([*words, *scale], max(1, panel.outer_size.width - 6))
-        panel.border_subtitle = line.plain.removeprefix(" · ")
+        set_border(panel, subtitle=line.plain.removeprefix(" · "))
 
     def _paint_grads(self, state: RunState) -> None:
         names = state.layer_names

@@ -13,7 +13,7 @@ from textual.widgets import ContentSwitcher, Input
 from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.gradient_heatmap import GradientHeatmap
 from tdbg.tui.widgets.gradient_table import GradientTable
-from tdbg.tui.widgets.steady import SteadyStatic
+from tdbg.tui.widgets.steady import SteadyStatic, set_border
 
 
 class GradientPanel(Vertical):
@@ -84,14 +84,14 @@ class GradientPanel(Vertical):
         if query:  # first: a long title is cut at its end
             view = self._view()
             title = f"filter: {query} ({view.matched} of {view.total}) · {title}"
-        frame.border_title = title
+        set_border(frame, title=title)
         subtitle = list(self._subtitle)
         table = self.query_one(GradientTable)
         if isinstance(self._view(), GradientTable) and table.shows_trend:
             shared = table.shared_trend
             subtitle.append((" · trend: all (t)" if shared else " · trend: row (t)", 1))
         line = fit_parts(subtitle, max(1, frame.outer_size.width - 6))  # less corners, dashes
-        frame.border_subtitle = line.plain.removeprefix(" · ")
+        set_border(frame, subtitle=line.plain.removeprefix(" · "))
 
     # --- keys -----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.text import Text
 from textual.visual import VisualType
+from textual.widget import Widget
 from textual.widgets import Static
 
 
@@ -58,3 +59,13 @@ class SteadyStatic(Static):
             layout = width_auto or not same_height
         self._steady_lines = lines
         super().update(content, layout=layout)
+
+
+def set_border(widget: Widget, *, title: str | None = None, subtitle: str | None = None) -> None:
+    """Set a panel's border title and subtitle, leaving each alone when it would not change:
+    Textual repaints the panel on every set, and a repainted container redraws all it holds
+    (the gradient panel's frame was set the same subtitle four times a second)."""
+    if title is not None and widget.border_title != title:
+        widget.border_title = title
+    if subtitle is not None and widget.border_subtitle != subtitle:
+        widget.border_subtitle = subtitle
