@@ -36,6 +36,8 @@ STEP_SERIES = (
     "epoch",
 )
 MEMORY_FIELDS = ("allocated", "reserved", "peak")
+# The activation-statistics dive's figures exported per module (its histograms are in dump).
+ACTIVATION_SERIES = ("mean", "std", "min", "max", "zero_frac", "nonfinite")
 FORMATS = ("tensorboard", "csv")
 OPEN_FILES = 256  # CSV files kept open at once
 FLUSH_EVERY = 200  # steps between flushes of a live export (and at the end)
@@ -47,7 +49,9 @@ def add_export_parser(sub: Any) -> None:
         help="write a run's series as TensorBoard event files or CSV",
         description=(
             "Write a run's series — loss, learning rate per group, logged metrics, total and "
-            "per-layer gradient norms, step time and its phases, memory; alerts as text — as "
+            "per-layer gradient norms, update ratios, histograms' max and zero share, "
+            "activation statistics per module, step time and its phases, memory; alerts as "
+            "text — as "
             "TensorBoard event files (tensorboard --logdir DIR reads them; needs "
             "`pip install 'tdbg[export]'`) or one CSV file per series. TARGET: a recording or a "
             "live run (its history, then --follow writes on until it ends). A DIR that holds "
@@ -161,6 +165,13 @@ def _export(event: dict[str, Any], writer: SeriesWriter) -> int:
     elif etype == "histograms" and isinstance(step, int):
         for layer, counted in (event.get("layers") or {}).items():
             n += _histogram_series(writer, layer, step, counted)
+    elif etype == "activations" and isinstance(step, int):
+        for module, stats in (event.get("layers") or {}).items():
+            if isinstance(stats, dict):
+                for key in ACTIVATION_SERIES:
+                    n += writer.scalar(
+                        f"activation_{key}/module/{module}", step, None, stats.get(key)
+                    )
     elif etype == "metric" and isinstance(step, int):
         n += writer.scalar(f"metric/{event.get('name')}", step, None, event.get("value"))
     elif etype == "memory":

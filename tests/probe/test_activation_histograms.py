@@ -112,10 +112,11 @@ def test_a_real_loop_shows_relu_zeros_and_a_saturated_tanh(tmp_path: Path) -> No
     about half its outputs exactly zero; a tanh fed large inputs has its mass at 1 and just
     under; a tanh fed small ones has none there."""
     torch.manual_seed(4)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh())
+    loud = nn.Linear(64, 64)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), loud, nn.Tanh())
     calm = nn.Linear(64, 64)
     with torch.no_grad():
-        model[2].weight.mul_(100.0)  # pre-activations in the tens: tanh saturates
+        loud.weight.mul_(100.0)  # pre-activations in the tens: tanh saturates
         calm.weight.mul_(1e-3)
     net = nn.Sequential(model, calm, nn.Tanh())
     opt = torch.optim.SGD(net.parameters(), lr=1e-4)
