@@ -350,6 +350,45 @@ def out_of_memory(device: torch.device) -> None:
     )
 
 
+def allocate_too_much(device: torch.device) -> None:
+    free, _ = torch.cuda.mem_get_info(device)
+    torch.empty(int(free * 4), dtype=torch.uint8, device=device)
+
+
+def out_of_memory_stacks(device: torch.device) -> None:
+    """The same with ``watch(oom_stacks=True)``: the post-mortem's largest blocks name the code
+    that allocated them (this file's frames: the model and its data are made here), and the
+    allocator's stack record is off again after close()."""
+    model, opt, x, y = model_and_data(device)
+    path = Path(tempfile.mkdtemp()) / "oom-stacks.tdbg"
+    probe = tdbg.watch(model, opt, name="gpu-oom-stacks", serve=False, record=path, oom_stacks=True)
+    for _ in range(3):
+        probe.step(train_step(model, opt, x, y))
+    try:
+        allocate_too_much(device)
+        raise SystemExit("the oversized allocation succeeded: no out-of-memory error to check")
+    except torch.OutOfMemoryError:
+        pass
+    probe.close()
+    alerts = [m for m in Recording(path).messages() if m.get("type") == "alert"]
+    found = [a for a in alerts if a.get("kind") == "oom"]
+    message = found[0]["message"] if found else "no oom alert"
+    check(
+        "with oom_stacks the largest blocks name their allocating frames",
+        bool(found) and "(allocated at gpu_check.py:" in message,
+        message[:600],
+    )
+    late = torch.empty(1 << 20, device=device)  # allocated after close(): no stack kept for it
+    address = late.untyped_storage().data_ptr()
+    frames = [
+        b.get("frames")
+        for segment in torch.cuda.memory_snapshot()
+        for b in segment.get("blocks", [])
+        if b.get("address") == address
+    ]
+    check("the stack record is off after close()", frames in ([], [None], [[]]), str(frames)[:300])
+
+
 # --- the demos and the real frameworks under sync debug mode --------------------------------
 
 
@@ -566,6 +605,7 @@ PARTS = (
     lone_loss,
     figures_and_dives,
     out_of_memory,
+    out_of_memory_stacks,
     cost,
 )
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import torch
 from conftest import dive_context

@@ -18,8 +18,18 @@ from tdbg.probe.dives.base import DiveContext
 
 NAN = float("nan")
 FIELDS = {
-    "type", "step", "names", "types", "mean", "std", "min", "max", "zero_frac", "nonfinite",
-    "hist", "hist_stride",
+    "type",
+    "step",
+    "names",
+    "types",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "zero_frac",
+    "nonfinite",
+    "hist",
+    "hist_stride",
 }
 
 
