@@ -3,12 +3,20 @@ steps, w switches weights and gradients, [ ] the layer; live and in a replay's c
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+import torch
 from test_tui_app import painted, shows
+from torch import nn
 from waiting import wait_for
 
+import tdbg
+from tdbg.probe.training import histograms
 from tdbg.protocol.messages.histograms import N_BINS, Histograms, LayerHistogram, bin_labels
 from tdbg.protocol.messages.results import Activations
 from tdbg.tui.app import make_app, screen_text
+from tdbg.tui.replay_app import ReplayApp, load
 from tdbg.tui.screens.distribution import DistributionScreen
 from tdbg.tui.sources.base import ReplaySource
 from tdbg.tui.sources.synthetic import RUN, synthetic_run
@@ -139,3 +147,39 @@ async def test_without_activation_samples_the_outputs_say_how_to_get_them() -> N
         await painted(pilot, app)
         await pilot.press("g", "w", "w")
         await shows(pilot, app, "no activation histogram yet", "s turns on activation")
+
+
+async def test_a_layer_without_histograms_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run: a frozen layer, one no optimizer updates, one that learns. g on each says
+    why it has none, or shows its own; [ ] go through the counted ones."""
+    monkeypatch.setattr(histograms, "HISTOGRAM_SHARE", 1e9)
+    torch.manual_seed(0)
+    frozen, orphan, learns = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+    frozen.requires_grad_(False)
+    model = nn.Sequential(frozen, orphan, learns)
+    opt = torch.optim.SGD(learns.parameters(), lr=1e-2)
+    path = tmp_path / "run.tdbg"
+    probe = tdbg.watch(model, opt, serve=False, record=path, grad_every=1)
+    for _ in range(4):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    probe.close()
+    app = ReplayApp(load(str(path)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.settled, "the replay painted")
+        for layer, words in (
+            (0, "frozen: only the layers an optimizer updates are counted"),
+            (1, "no optimizer updates it"),
+        ):
+            names = app.state.layer_names
+            app.push_screen(DistributionScreen(lambda: app.state, layer))
+            await shows(pilot, app, f"|gradients| of {names[layer]}: no histogram", words)
+            await pilot.press("right_square_bracket")
+            await shows(pilot, app, "|gradients| of 2 (layer 1 of 1)")
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not isinstance(app.screen, DistributionScreen), "back")

@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from tdbg.format import fmt
+from tdbg.model.model_summary import model_summary
 from tdbg.model.run_state import RunState
 from tdbg.tui.widgets.distribution_map import DistributionMap
 
@@ -94,7 +95,7 @@ class DistributionScreen(Screen[None]):
             return
         dists = state.distributions
         layers = dists.layers()
-        if layers and self.shown_layer not in layers:
+        if layers and self.shown_layer is None:
             self.shown_layer = layers[0]
         if self.kind == "activations":
             self._pick_module(state)
@@ -125,9 +126,9 @@ class DistributionScreen(Screen[None]):
         series = dists.series(self.shown_layer, self.kind)
         what = NAMES[self.kind]
         if not series:
-            title.update(f"|{what}| of {name}")
+            title.update(f"|{what}| of {name}: no histogram")
             chart.show([])
-            foot.update("")
+            foot.update(f"{uncounted_reason(state, name)} · [ ] the {len(layers)} counted layers")
             return
         last = series[-1]
         steps = "step" if len(series) == 1 else "steps"
@@ -172,3 +173,13 @@ class DistributionScreen(Screen[None]):
         zeros = f" · zeros {100 * last.counts[0] / total:.0f}%" if total else ""
         foot.update(f"step {last.step}: max |x| {top}{zeros} · {sampled} counted")
         chart.show(series)
+
+
+def uncounted_reason(state: RunState, name: str) -> str:
+    """Why a layer has no histogram, as the model summary knows it."""
+    row = next((r for r in model_summary(state).rows if r.name == name), None)
+    if row is not None and row.frozen:
+        return "frozen: only the layers an optimizer updates are counted"
+    if row is not None and "no optimizer" in row.marks:
+        return "no optimizer updates it: histograms are counted at an optimizer's update"
+    return "not counted yet: layers take turns, on a share of the sampled steps"
