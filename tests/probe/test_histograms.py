@@ -253,10 +253,11 @@ def test_ten_thousand_layers_take_bounded_turns_without_an_error(tmp_path: Path)
     import msgpack
 
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(10_000)])  # 144 elements a layer
+    layers = [nn.Linear(8, 8) for _ in range(10_000)]  # 144 elements a layer
     with torch.no_grad():
-        for layer in model:
+        for layer in layers:
             layer.weight.mul_(0.3)  # keep 10,000 layers' activations finite
+    model = nn.Sequential(*layers)
     path = tmp_path / "run.tdbg"
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     probe = tdbg.watch(model, opt, serve=False, record=path, grad_every=1)
