@@ -90,6 +90,50 @@ def no_sync_added(device: torch.device) -> None:
     probe.close()
 
 
+def activation_histograms(device: torch.device) -> None:
+    """The activation-statistics dive's histograms counted on the GPU: every step sampled
+    under sync debug mode "error" (no sync added by the counting), each module's counts
+    adding up to the elements it counted, and its exact-zero bin agreeing with the dive's
+    exact zero share."""
+    model, opt, x, y = model_and_data(device)
+    relu = nn.Sequential(nn.Linear(512, 512), nn.ReLU()).to(device)
+    path = Path(tempfile.mkdtemp()) / "activations.tdbg"
+    net = nn.Sequential(relu, model)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    probe = tdbg.watch(net, opt, name="gpu-act", serve=False, record=path, activations_every=1)
+    for _ in range(3):
+        probe.step(train_step(net, opt, x, y))
+    torch.cuda.synchronize()
+    error = ""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(10):
+            probe.step(train_step(net, opt, x, y))
+    except RuntimeError as exc:
+        error = str(exc).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    errors = probe.errors
+    probe.close()
+    check("activation histograms add no host-device sync", not error and errors == 0, error)
+    samples = [m for m in Recording(path).messages() if m.get("type") == "activations"]
+    last = samples[-1] if samples else {}
+    hists, strides = last.get("hist") or [], last.get("hist_stride") or []
+    numel = 256 * 512  # the ReLU's output: one call
+    relu_at = (last.get("names") or []).index("0.1") if "0.1" in (last.get("names") or []) else -1
+    ok = bool(hists) and relu_at >= 0
+    detail = f"{len(samples)} samples"
+    if ok:
+        counts, stride = hists[relu_at], strides[relu_at]
+        share = counts[0] / max(1, sum(counts))
+        exact = last["zero_frac"][relu_at]
+        ok = sum(counts) == math.ceil(numel / stride) and abs(share - exact) < 0.05
+        detail += (
+            f"; ReLU: {sum(counts)} counted (stride {stride}), zeros {share:.3f} vs {exact:.3f}"
+        )
+    check("activation histograms counted on the GPU", ok, detail)
+
+
 def norms_right(device: torch.device) -> None:
     model, opt, x, y = model_and_data(device)
     probe = tdbg.watch(model, opt, grad_every=1, name="gpu-norms")
@@ -604,6 +648,7 @@ PARTS = (
     norms_right,
     lone_loss,
     figures_and_dives,
+    activation_histograms,
     out_of_memory,
     out_of_memory_stacks,
     cost,
