@@ -127,12 +127,14 @@ async def test_w_reaches_the_modules_outputs_and_the_brackets_go_through_them() 
         await wait_for(pilot, lambda: isinstance(app.screen, DistributionScreen), "the view")
         await shows(pilot, app, "|gradients| of")
         await pilot.press("w", "w")
-        text = await shows(pilot, app, "|outputs| of relu (module 1 of 2)", "4 sampled steps 2–32")
+        text = await shows(
+            pilot, app, "|outputs| of relu (ReLU, module 1 of 2)", "4 sampled steps 2–32"
+        )
         rows = _rows(text)
         assert rows["0"].split()[1] == "█" * 4 and rows["1e-1"].split()[1] == "█" * 4
         assert "zeros 50%" in text and "every element counted" in text
         await pilot.press("right_square_bracket")
-        text = await shows(pilot, app, "|outputs| of tanh (module 2 of 2)")
+        text = await shows(pilot, app, "|outputs| of tanh (Tanh, module 2 of 2)")
         assert _rows(text)["1e0"].split()[1] == "█" * 4
         assert "max |x| 1" in text and "one element in 3 counted" in text
         await pilot.press("w")

@@ -166,6 +166,9 @@ class DistributionScreen(Screen[None]):
         steps = "step" if len(series) == 1 else "steps"
         counted = f"{len(series)} sampled {steps} {series[0].step}–{last.step}"
         where = f"module {modules.index(name) + 1} of {len(modules)}"
+        sample = state.deep.activations  # the latest: its modules' types
+        if sample is not None and name in sample.names:
+            where = f"{sample.types[sample.names.index(name)]}, {where}"
         title.update(f"|outputs| of {name} ({where}) · {counted}")
         sampled = "every element" if last.stride == 1 else f"one element in {last.stride}"
         top = "NaN or Inf" if math.isnan(last.max) else fmt(last.max)
