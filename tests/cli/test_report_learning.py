@@ -1,6 +1,6 @@
 """tdbg report on whether the layers learned, from real runs' recordings: a layer frozen by a
 learning rate of 0 is named with its update ratios beside the others'; weights that decay to
-zero are a verdict of their own, read from their histograms."""
+zero and gradients held by a few entries are verdicts of their own, read from the histograms."""
 
 from __future__ import annotations
 
@@ -66,8 +66,9 @@ def test_a_layer_with_a_learning_rate_of_zero_is_named_with_its_ratios(
     assert ratios.startswith("2: ‖Δw‖/‖w‖ median 0 over 10 measurements (steps 0–9)")
     assert "the other layers' median" in ratios
     assert not any(e.startswith(("0:", "4:")) for e in stalled["evidence"])
-    # AdamW's decay at 1e-2 moves nothing to zero: no collapse said.
+    # AdamW's decay at 1e-2 moves nothing to zero, and no gradient entry stands out.
     assert not [v for v in verdicts if v["headline"].startswith("weights collapsing")]
+    assert not [v for v in verdicts if v["headline"].startswith("gradients concentrated")]
 
     assert run(["report", str(path)]) == 0
     text = capsys.readouterr().out
@@ -114,3 +115,31 @@ def test_a_layer_that_starts_at_zero_is_not_collapsing(tmp_path: Path) -> None:
     state = load_run(path)
     assert len(state.distributions.series(0, "weights")) >= 2
     assert collapsing_weights(state) == []
+
+
+def test_gradients_held_by_a_few_entries_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One input feature ten thousand times the others: the first layer's gradient column for
+    it (64 of 16,448 entries) dwarfs the rest, step after step."""
+    torch.manual_seed(3)
+    first, last = nn.Linear(256, 64), nn.Linear(64, 3)
+    model = nn.Sequential(first, nn.Tanh(), last)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    path = tmp_path / "spiky.tdbg"
+    probe = tdbg.watch(model, opt, serve=False, record=path, grad_every=1)
+    for _ in range(6):
+        x = torch.randn(32, 256) * 1e-2
+        x[:, 0] = 100.0
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    probe.close()
+    verdicts = _verdicts(path, capsys)
+    [spiky] = [v for v in verdicts if v["headline"].startswith("gradients concentrated")]
+    assert spiky["headline"] == "gradients concentrated in a few entries in 1 layer"
+    assert spiky["evidence"][0].startswith("0: its largest |gradient| ~")
+    ratio = float(spiky["evidence"][0].split("~")[1].split("×")[0])
+    assert ratio >= 1e3
