@@ -34,16 +34,25 @@ USER_FRAMES = 2  # the innermost frames of the user's code named for a block
 # Frames that are not the user's: the library's and the interpreter's own.
 NOT_USER = (f"{os.sep}torch{os.sep}", f"{os.sep}tdbg{os.sep}", "site-packages", "dist-packages")
 STACK_ENTRIES = 100_000  # the allocator's record of events, at most (RELIABILITY R29)
+_stacks = False  # whether record_stacks() has the allocator keeping stacks now
+
+
+def stacks_recording() -> bool:
+    """Whether the allocator keeps stacks for the post-mortem (so that a memory snapshot dive,
+    finding history on, knows it is the probe's to switch and to give back)."""
+    return _stacks
 
 
 def record_stacks() -> bool:
     """Have the CUDA allocator keep the Python stack of every live allocation (``state``: the
     live ones only, no history of events), which its snapshot then gives per block; False
     (said once) where it cannot. It costs a stack capture per allocation while on."""
+    global _stacks
     try:
         torch.cuda.memory._record_memory_history(
             enabled="state", context="alloc", stacks="python", max_entries=STACK_ENTRIES
         )
+        _stacks = True
         return True
     except Exception as exc:  # an old or odd torch: the post-mortem goes on without stacks
         warn(f"tdbg: oom_stacks: the allocator would not record stacks ({exc})")
@@ -52,6 +61,8 @@ def record_stacks() -> bool:
 
 def stop_stacks() -> None:
     """Turn the allocator's stack record off again (what :func:`record_stacks` turned on)."""
+    global _stacks
+    _stacks = False
     try:
         torch.cuda.memory._record_memory_history(enabled=None)
     except Exception as exc:
