@@ -56,7 +56,7 @@ def test_dump_prints_each_module_s_histogram(
     assert linear["hist"][bin_labels().index("1e0")] == 16 * 8 and linear["zero_frac"] == 0.0
 
 
-def test_export_writes_each_module_s_statistics(recording: Path, tmp_path: Path) -> None:
+def test_export_writes_each_module_s_statistics_and_histogram(recording: Path, tmp_path: Path) -> None:
     out = tmp_path / "csv"
     assert run(["export", str(recording), "--to", "csv", str(out)]) == 0
     with (out / "activation_zero_frac.module.1.csv").open() as f:
@@ -64,6 +64,9 @@ def test_export_writes_each_module_s_statistics(recording: Path, tmp_path: Path)
     assert len(rows) >= 2 and {float(r["value"]) for r in rows} == {1.0}
     with (out / "activation_max.module.0.csv").open() as f:
         assert {float(r["value"]) for r in csv.DictReader(f)} == {-1.0}
+    with (out / "activation_hist.module.1.csv").open() as f:
+        hists = list(csv.DictReader(f))
+    assert len(hists) == len(rows) and {r["0"] for r in hists} == {str(16 * 8)}
 
 
 def test_a_replay_s_cursor_shows_the_samples_up_to_it(recording: Path) -> None:
