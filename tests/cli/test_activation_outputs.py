@@ -56,7 +56,9 @@ def test_dump_prints_each_module_s_histogram(
     assert linear["hist"][bin_labels().index("1e0")] == 16 * 8 and linear["zero_frac"] == 0.0
 
 
-def test_export_writes_each_module_s_statistics_and_histogram(recording: Path, tmp_path: Path) -> None:
+def test_export_writes_each_module_s_statistics_and_histogram(
+    recording: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "csv"
     assert run(["export", str(recording), "--to", "csv", str(out)]) == 0
     with (out / "activation_zero_frac.module.1.csv").open() as f:
