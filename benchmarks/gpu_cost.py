@@ -111,7 +111,7 @@ def arrange(probe: tdbg.Probe, arm: str) -> tdbg.Probe | None:
     # allocations made while it is on, cache hits included).
     if arm == OOM_STACKS:
         oom.record_stacks()
-    elif probe._cuda_device is not None:
+    elif oom.stacks_recording():
         oom.stop_stacks()
     return probe if watched else None
 
