@@ -90,6 +90,50 @@ def no_sync_added(device: torch.device) -> None:
     probe.close()
 
 
+def activation_histograms(device: torch.device) -> None:
+    """The activation-statistics dive's histograms counted on the GPU: every step sampled
+    under sync debug mode "error" (no sync added by the counting), each module's counts
+    adding up to the elements it counted, and its exact-zero bin agreeing with the dive's
+    exact zero share."""
+    model, opt, x, y = model_and_data(device)
+    relu = nn.Sequential(nn.Linear(512, 512), nn.ReLU()).to(device)
+    path = Path(tempfile.mkdtemp()) / "activations.tdbg"
+    net = nn.Sequential(relu, model)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    probe = tdbg.watch(net, opt, name="gpu-act", serve=False, record=path, activations_every=1)
+    for _ in range(3):
+        probe.step(train_step(net, opt, x, y))
+    torch.cuda.synchronize()
+    error = ""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(10):
+            probe.step(train_step(net, opt, x, y))
+    except RuntimeError as exc:
+        error = str(exc).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    errors = probe.errors
+    probe.close()
+    check("activation histograms add no host-device sync", not error and errors == 0, error)
+    samples = [m for m in Recording(path).messages() if m.get("type") == "activations"]
+    last = samples[-1] if samples else {}
+    hists, strides = last.get("hist") or [], last.get("hist_stride") or []
+    numel = 256 * 512  # the ReLU's output: one call
+    relu_at = (last.get("names") or []).index("0.1") if "0.1" in (last.get("names") or []) else -1
+    ok = bool(hists) and relu_at >= 0
+    detail = f"{len(samples)} samples"
+    if ok:
+        counts, stride = hists[relu_at], strides[relu_at]
+        share = counts[0] / max(1, sum(counts))
+        exact = last["zero_frac"][relu_at]
+        ok = sum(counts) == math.ceil(numel / stride) and abs(share - exact) < 0.05
+        detail += (
+            f"; ReLU: {sum(counts)} counted (stride {stride}), zeros {share:.3f} vs {exact:.3f}"
+        )
+    check("activation histograms counted on the GPU", ok, detail)
+
+
 def norms_right(device: torch.device) -> None:
     model, opt, x, y = model_and_data(device)
     probe = tdbg.watch(model, opt, grad_every=1, name="gpu-norms")
@@ -350,6 +394,45 @@ def out_of_memory(device: torch.device) -> None:
     )
 
 
+def allocate_too_much(device: torch.device) -> None:
+    free, _ = torch.cuda.mem_get_info(device)
+    torch.empty(int(free * 4), dtype=torch.uint8, device=device)
+
+
+def out_of_memory_stacks(device: torch.device) -> None:
+    """The same with ``watch(oom_stacks=True)``: the post-mortem's largest blocks name the code
+    that allocated them (this file's frames: the model and its data are made here), and the
+    allocator's stack record is off again after close()."""
+    model, opt, x, y = model_and_data(device)
+    path = Path(tempfile.mkdtemp()) / "oom-stacks.tdbg"
+    probe = tdbg.watch(model, opt, name="gpu-oom-stacks", serve=False, record=path, oom_stacks=True)
+    for _ in range(3):
+        probe.step(train_step(model, opt, x, y))
+    try:
+        allocate_too_much(device)
+        raise SystemExit("the oversized allocation succeeded: no out-of-memory error to check")
+    except torch.OutOfMemoryError:
+        pass
+    probe.close()
+    alerts = [m for m in Recording(path).messages() if m.get("type") == "alert"]
+    found = [a for a in alerts if a.get("kind") == "oom"]
+    message = found[0]["message"] if found else "no oom alert"
+    check(
+        "with oom_stacks the largest blocks name their allocating frames",
+        bool(found) and "(allocated at gpu_check.py:" in message,
+        message[:600],
+    )
+    late = torch.empty(1 << 20, device=device)  # allocated after close(): no stack kept for it
+    address = late.untyped_storage().data_ptr()
+    frames = [
+        b.get("frames")
+        for segment in torch.cuda.memory_snapshot()
+        for b in segment.get("blocks", [])
+        if b.get("address") == address
+    ]
+    check("the stack record is off after close()", frames in ([], [None], [[]]), str(frames)[:300])
+
+
 # --- the demos and the real frameworks under sync debug mode --------------------------------
 
 
@@ -565,7 +648,9 @@ PARTS = (
     norms_right,
     lone_loss,
     figures_and_dives,
+    activation_histograms,
     out_of_memory,
+    out_of_memory_stacks,
     cost,
 )
 

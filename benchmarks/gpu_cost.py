@@ -15,6 +15,7 @@ probe's own ``cost_fraction`` and gradient interval.
     python benchmarks/gpu_cost.py --batch-size 1024     (the same models kept busier)
     python benchmarks/gpu_cost.py --device cpu --quick  (the script itself, on a CPU)
     python benchmarks/gpu_cost.py --breakdown           (where the watched arm's cost goes)
+    python benchmarks/gpu_cost.py --oom-stacks          (what watch(oom_stacks=True) adds)
 
 ``--breakdown`` adds three watched arms that each change one part of the probe, so one run says
 how the cost splits: ``watched, thread paused`` (the probe thread does no step work during the
@@ -61,10 +62,11 @@ from thread_cpu import (  # noqa: E402
 )
 
 import tdbg  # noqa: E402
-from tdbg.probe.training import cost_model  # noqa: E402
+from tdbg.probe.training import cost_model, oom  # noqa: E402
 from tdbg.probe.training.hooks import marker  # noqa: E402
 
 PAUSED, NO_MARKS = "watched, thread paused", "watched, no marks"
+OOM_STACKS = "watched, oom stacks"
 EVERY_MARK = "watched, every step timed"
 TIMED_FROM = cost_model.MARK_EVERY_STEP_FROM
 NAN = float("nan")
@@ -105,6 +107,12 @@ def arrange(probe: tdbg.Probe, arm: str) -> tdbg.Probe | None:
         sampler.use_marks(probe._hooks, sampler._marked)
     # Steps of any length have their phases timed: every step's (0.0), or the probe's own rule.
     cost_model.MARK_EVERY_STEP_FROM = 0.0 if arm == EVERY_MARK else TIMED_FROM
+    # watch(oom_stacks=True)'s stack record: on for its arm's block only (it applies to the
+    # allocations made while it is on, cache hits included).
+    if arm == OOM_STACKS:
+        oom.record_stacks()
+    elif oom.stacks_recording():
+        oom.stop_stacks()
     return probe if watched else None
 
 
@@ -142,6 +150,8 @@ def bench(name: str, args: argparse.Namespace, device: torch.device, rng: random
     probe = tdbg.watch(task.model, task.optimizer, name=name)
     block(task, pool, 100, probe, device)  # the interval settles, plans are built
     arms = [*ARMS, PAUSED, NO_MARKS, EVERY_MARK] if args.breakdown else list(ARMS)
+    if args.oom_stacks:
+        arms.append(OOM_STACKS)
     walls: dict[str, list[float]] = {arm: [] for arm in arms}
     cpus: dict[str, list[float]] = {arm: [] for arm in arms}
     intervals: list[int] = []
@@ -195,7 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also the watched arm with the probe thread paused and with no timing marks",
     )
+    p.add_argument(
+        "--oom-stacks",
+        action="store_true",
+        help="also the watched arm with the allocator's stack record on (watch(oom_stacks=True))",
+    )
     args = p.parse_args(argv)
+    if args.oom_stacks and args.device != "cuda" and not args.device.startswith("cuda"):
+        p.error("--oom-stacks: the allocator's stack record is CUDA's (use --device cuda)")
     args.rounds = args.rounds or (6 if args.quick else 40)
     if args.rounds < 2:
         p.error("--rounds: at least 2 (the paired rounds' spread needs two)")

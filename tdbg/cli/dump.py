@@ -16,7 +16,7 @@ from tdbg.format import finite_tree as finite_tree
 from tdbg.format import unfinite as unfinite
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.messages.histograms import Histograms, bin_labels
-from tdbg.protocol.messages.results import result_from_wire
+from tdbg.protocol.messages.results import Activations, result_from_wire
 from tdbg.protocol.messages.run import read_layer_facts
 from tdbg.protocol.messages.updates import UpdateRatios
 from tdbg.protocol.steps import PHASES, unpack_steps
@@ -134,17 +134,26 @@ ACTIVATION_STATS = ("mean", "std", "min", "max", "zero_frac", "nonfinite")
 
 
 def activations_event(msg: dict[str, Any]) -> dict[str, Any]:
-    """An ``activations`` message (parallel lists) as ``{step, layers: {name: {type, stats}}}``."""
+    """An ``activations`` message (parallel lists) as ``{step, layers: {name: {type, stats}}}``;
+    with its histograms, each module's ``hist`` (counts in the bins ``bins`` names, ``null``:
+    not counted) and ``hist_stride``."""
     names = [str(n) for n in msg.get("names") or []]
     types = list(msg.get("types") or [])
     columns = {k: list(msg.get(k) or []) for k in ACTIVATION_STATS}
+    sample = Activations.from_wire(msg) if "hist" in msg else None
     layers: dict[str, dict[str, Any]] = {}
     for i, name in enumerate(names):
         row: dict[str, Any] = {"type": str(types[i]) if i < len(types) else None}
         for key, values in columns.items():
             row[key] = finite(values[i]) if i < len(values) else None
+        if sample is not None and sample.hist:
+            counts = sample.hist[i]
+            row["hist"] = None if counts is None else list(counts)
+            row["hist_stride"] = sample.hist_stride[i]
         layers[name] = row
     event: dict[str, Any] = {"type": "activations", "step": msg.get("step"), "layers": layers}
+    if sample is not None and sample.hist:
+        event["bins"] = list(bin_labels())
     if msg.get("history"):
         event["history"] = True
     return event

@@ -20,6 +20,14 @@ from tdbg.cli.dump import Window, dump_events, recording_events, unfinite, windo
 from tdbg.cli.errors import CliError
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, attach_target, target_arg
 from tdbg.connect.targets import Recording, resolve
+from tdbg.protocol.messages.histograms import (
+    HIGH_DECADE,
+    LOW_DECADE,
+    N_BINS,
+    NONFINITE_BIN,
+    PER_DECADE,
+    bin_labels,
+)
 
 # The step event's timings and figures exported as series (seconds, or counts).
 STEP_SERIES = (
@@ -36,6 +44,16 @@ STEP_SERIES = (
     "epoch",
 )
 MEMORY_FIELDS = ("allocated", "reserved", "peak")
+# The activation-statistics dive's figures exported per module.
+ACTIVATION_SERIES = ("mean", "std", "min", "max", "zero_frac", "nonfinite")
+# A histogram's finite bins as TensorBoard buckets over log10|x|, each by its upper limit:
+# exact zeros as (-9.5, -9], under 1e-8 as (-9, -8], then each half decade up to 3, and 1e3 and
+# over as (3, 3.5]. (TensorBoard draws a linear axis: in log10 the decades spread evenly.)
+LOG_LIMITS: tuple[float, ...] = (
+    LOW_DECADE - 1.0,
+    *(LOW_DECADE + k / PER_DECADE for k in range((HIGH_DECADE - LOW_DECADE) * PER_DECADE + 1)),
+    HIGH_DECADE + 1 / PER_DECADE,
+)
 FORMATS = ("tensorboard", "csv")
 OPEN_FILES = 256  # CSV files kept open at once
 FLUSH_EVERY = 200  # steps between flushes of a live export (and at the end)
@@ -47,8 +65,10 @@ def add_export_parser(sub: Any) -> None:
         help="write a run's series as TensorBoard event files or CSV",
         description=(
             "Write a run's series — loss, learning rate per group, logged metrics, total and "
-            "per-layer gradient norms, step time and its phases, memory; alerts as text — as "
-            "TensorBoard event files (tensorboard --logdir DIR reads them; needs "
+            "per-layer gradient norms, update ratios, weight, gradient and activation "
+            "histograms (TensorBoard histograms of log10|x|), activation statistics per "
+            "module, step time and its phases, memory; alerts as text — as TensorBoard "
+            "event files (tensorboard --logdir DIR reads them; needs "
             "`pip install 'tdbg[export]'`) or one CSV file per series. TARGET: a recording or a "
             "live run (its history, then --follow writes on until it ends). A DIR that holds "
             "other files is refused unless --force. Exit status: 0 written; 2 no run, not a "
@@ -161,6 +181,14 @@ def _export(event: dict[str, Any], writer: SeriesWriter) -> int:
     elif etype == "histograms" and isinstance(step, int):
         for layer, counted in (event.get("layers") or {}).items():
             n += _histogram_series(writer, layer, step, counted)
+    elif etype == "activations" and isinstance(step, int):
+        for module, stats in (event.get("layers") or {}).items():
+            if isinstance(stats, dict):
+                for key in ACTIVATION_SERIES:
+                    n += writer.scalar(
+                        f"activation_{key}/module/{module}", step, None, stats.get(key)
+                    )
+                n += _histogram(writer, f"activation_hist/module/{module}", step, stats.get("hist"))
     elif etype == "metric" and isinstance(step, int):
         n += writer.scalar(f"metric/{event.get('name')}", step, None, event.get("value"))
     elif etype == "memory":
@@ -187,6 +215,7 @@ def _histogram_series(writer: SeriesWriter, layer: str, step: int, counted: Any)
         counts = counted.get(kind)
         if not isinstance(counts, list) or not counts:
             continue
+        n += _histogram(writer, f"{prefix}_hist/layer/{layer}", step, counts)
         n += writer.scalar(f"{prefix}_max/layer/{layer}", step, None, counted.get(f"{prefix}_max"))
         total = sum(c for c in counts if isinstance(c, int))
         if total:
@@ -194,10 +223,23 @@ def _histogram_series(writer: SeriesWriter, layer: str, step: int, counted: Any)
     return n
 
 
+def _histogram(writer: SeriesWriter, tag: str, step: int, counts: Any) -> int:
+    """A histogram's counts (N_BINS whole numbers) to ``writer``; nothing for anything else."""
+    if not isinstance(counts, list) or len(counts) != N_BINS:
+        return 0
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        return 0
+    return writer.histogram(tag, step, counts)
+
+
 class SeriesWriter:
-    """Where series go: a scalar per (tag, step) and alerts as text."""
+    """Where series go: a scalar per (tag, step), a histogram per (tag, step) and alerts as
+    text."""
 
     def scalar(self, tag: str, step: int | None, time: Any, value: Any) -> int:
+        raise NotImplementedError
+
+    def histogram(self, tag: str, step: int, counts: list[int]) -> int:
         raise NotImplementedError
 
     def text(self, tag: str, step: int | None, time: Any, alert: dict[str, Any]) -> int:
@@ -270,6 +312,11 @@ class CsvWriter(SeriesWriter):
         )
         return 1
 
+    def histogram(self, tag: str, step: int, counts: list[int]) -> int:
+        """One row per step: the count in each bin, the bins by their labels."""
+        self._file(tag, ["step", *bin_labels()]).writerow([step, *counts])
+        return 1
+
     def text(self, tag: str, step: int | None, time: Any, alert: dict[str, Any]) -> int:
         row = [step, time, alert.get("kind"), alert.get("severity"), alert.get("message")]
         self._file(tag, ["step", "time", "kind", "severity", "message"]).writerow(row)
@@ -321,6 +368,30 @@ class TensorBoardWriter(SeriesWriter):
             step = self.memory_steps[tag] = self.memory_steps.get(tag, -1) + 1
         walltime = float(time) if isinstance(time, int | float) else None
         self.writer.file_writer.add_summary(self.summary(tag, number), step, walltime)
+        return 1
+
+    def histogram(self, tag: str, step: int, counts: list[int]) -> int:
+        """The finite bins as a histogram of log10|x| (LOG_LIMITS); NaN/Inf counts left out
+        (the alerts say them). Sums from each bucket's middle: what TensorBoard's mean and
+        spread lines read, approximately."""
+        finite = counts[:NONFINITE_BIN]
+        num = sum(finite)
+        if not num:
+            return 0
+        used = [k for k, c in enumerate(finite) if c]
+        lows = (LOG_LIMITS[0] - 1 / PER_DECADE, *LOG_LIMITS[:-1])
+        middles = [(lo + hi) / 2 for lo, hi in zip(lows, LOG_LIMITS, strict=True)]
+        self.writer.add_histogram_raw(
+            tag,
+            min=lows[used[0]],
+            max=LOG_LIMITS[used[-1]],
+            num=num,
+            sum=sum(c * m for c, m in zip(finite, middles, strict=True)),
+            sum_squares=sum(c * m * m for c, m in zip(finite, middles, strict=True)),
+            bucket_limits=list(LOG_LIMITS),
+            bucket_counts=finite,
+            global_step=step,
+        )
         return 1
 
     def text(self, tag: str, step: int | None, time: Any, alert: dict[str, Any]) -> int:

@@ -66,6 +66,15 @@ def add_run_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="K",
         help="gradient norms every K steps (default: automatic, within a 1 %% budget)",
     )
+    p.add_argument(
+        "--oom-stacks",
+        action="store_true",
+        help=(
+            "have the CUDA allocator keep each allocation's Python stack, so that an "
+            "out-of-memory post-mortem names the code behind its largest blocks (sets "
+            "TDBG_OOM_STACKS=1; costs a stack capture per allocation)"
+        ),
+    )
     # REMAINDER on -m: everything after the module is the module's, options included.
     p.add_argument(
         "-m",
@@ -171,6 +180,8 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
         env["TDBG_NAME"] = args.name
     if args.grad_every is not None:
         env["TDBG_GRAD_EVERY"] = str(args.grad_every)
+    if getattr(args, "oom_stacks", False):
+        env["TDBG_OOM_STACKS"] = "1"  # read by watch() in each process it starts in
     if args.record:
         record = Path(args.record).expanduser().absolute()  # the child may chdir
         if not record.parent.is_dir():

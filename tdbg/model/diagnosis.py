@@ -20,6 +20,7 @@ from tdbg.model.ending import ending
 from tdbg.model.health import Health, assess
 from tdbg.model.job import PHASE_WORDS, Job
 from tdbg.model.job_alerts import JobAlerts, finding_level
+from tdbg.model.learning import collapsing_weights, concentrated_gradients, ratio_evidence
 from tdbg.model.run_state import ANATOMY, INPUT_BOUND_SHARE, Alert, RunState
 
 # Alert kinds by what they say about the run, in the order a reader needs them.
@@ -214,7 +215,38 @@ def _verdicts(state: RunState) -> list[Verdict]:
     for kind in ("oom", "exploding_grad", "anomaly", *WARNING_KINDS):
         mine = [a for a in alerts if a.kind == kind]
         if mine:
-            out.append(_repeated(kind, mine))
+            verdict = _repeated(kind, mine)
+            if kind in ("update_stalled", "update_large"):
+                # The alert named the layers; the run's whole record of their ratios says how
+                # far from the others they stayed.
+                named = sorted({layer for a in mine for layer in a.layers})
+                verdict.evidence.extend(ratio_evidence(state, named[:8]))
+            out.append(verdict)
+    concentrated = concentrated_gradients(state)
+    if concentrated:
+        n = len(concentrated)
+        out.append(
+            Verdict(
+                "warn",
+                f"gradients concentrated in a few entries in {n} layer{'s' if n > 1 else ''}",
+                [c.words() for c in concentrated[:8]]
+                + [
+                    "an outlier example or input feature, or a frequent token's embedding row; "
+                    "with clipping, those entries set the scale of the whole update"
+                ],
+            )
+        )
+    collapsed = collapsing_weights(state)
+    if collapsed:
+        out.append(
+            Verdict(
+                "warn",
+                f"weights collapsing to zero in {len(collapsed)} layer"
+                f"{'s' if len(collapsed) > 1 else ''} (weight decay too strong? dead units?)",
+                [c.words() for c in collapsed[:8]],
+                collapsed[0].last_step,
+            )
+        )
     out.extend(_time_verdicts(state))
     clip = state.clipping()
     if clip is not None and clip.steps:

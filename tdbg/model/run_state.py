@@ -178,6 +178,9 @@ class RunState:
                 self.deep.apply(message)
             except (TypeError, ValueError, AttributeError) as exc:  # a bad message, not a crash
                 self.errors.append(f"malformed {mtype} message: {exc}")
+            if mtype == "activations" and self.deep.activations is not None:
+                # decoded once, by the deep state (a stale one is skipped: its step was seen)
+                self.distributions.add_activations(self.deep.activations)
         elif mtype == "metrics":
             self.metrics.add(read_metrics(message))
         elif mtype == "synced":

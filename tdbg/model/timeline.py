@@ -34,6 +34,7 @@ from tdbg.model.run_state import MAX_ALERTS, Alert, RunState, ratio_rows
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages.histograms import Histograms
 from tdbg.protocol.messages.reports import ProbeHealth, System
+from tdbg.protocol.messages.results import Activations
 from tdbg.protocol.messages.updates import UpdateRatios
 from tdbg.recording.reader import Recording
 
@@ -75,6 +76,7 @@ class Timeline:
         deep: list[tuple[int, int, dict[str, Any]]] = []
         self._updates: list[UpdateRatios] = []  # in the order recorded (their steps ascend)
         self._histograms: list[Histograms] = []  # likewise
+        self._outputs: list[Activations] = []  # activation samples with histograms, likewise
         grad_steps: list[np.ndarray] = []
         grad_rows: list[np.ndarray] = []
         for msg in recording.messages() if messages is None else messages:
@@ -103,6 +105,9 @@ class Timeline:
                 steps, reports = self._reports[mtype]
                 steps.append(position)
                 reports.append(msg)
+            if mtype == "activations" and (sample := Activations.from_wire(msg)) is not None:
+                if sample.hist and sample.step is not None:
+                    self._outputs.append(sample)
             if mtype in DEEP_TYPES:
                 deep.append((self._own_step(msg, position), len(deep), msg))
         n_layers = len(self.full.layer_names)
@@ -123,8 +128,9 @@ class Timeline:
             if i % DEEP_CHECKPOINT == 0:
                 self._deep_checkpoints.append(copy.deepcopy(state))
             self._apply_deep(state, msg)
-        self.full.distributions = LayerDistributions.of(self._histograms)
+        self.full.distributions = LayerDistributions.of(self._histograms, self._outputs)
         self._histogram_steps = [h.step for h in self._histograms]
+        self._output_steps = [a.step or 0 for a in self._outputs]
         self.ended = recording.ended
         self.note = recording.end_note
 
@@ -218,7 +224,10 @@ class Timeline:
             state.update_history = GradHistory.from_rows(n_layers, *ratio_rows(shown, n_layers))
         state.update_revision = len(shown)
         shown_until = bisect.bisect_right(self._histogram_steps, step)
-        state.distributions = LayerDistributions.of(self._histograms[:shown_until])
+        outputs_until = bisect.bisect_right(self._output_steps, step)
+        state.distributions = LayerDistributions.of(
+            self._histograms[:shown_until], self._outputs[:outputs_until]
+        )
         state.system, state.probe = self._reports_at(step)
         state.deep = self._deep_at(step)
         return state

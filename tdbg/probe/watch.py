@@ -105,6 +105,7 @@ class Probe:
         self._broken = False  # switched off by the error breaker
         self._pid = os.getpid()
         self.total_steps: int | None = opts.total_steps
+        self._oom_stacks = False  # whether this probe turned on the allocator's stack record
 
     def _find_layers(
         self,
@@ -240,6 +241,9 @@ class Probe:
             # The out-of-memory post-mortem: nothing runs until an allocation fails.
             self._oom = OomWitness(self._oom_view, self._server.side_alerts.append)
             oom.attach(self._oom)
+            self._oom_stacks = opts.wants_oom_stacks and oom.record_stacks()
+        elif opts.wants_oom_stacks:
+            warn("tdbg: oom_stacks needs CUDA: this run has none, no allocation stacks recorded")
         script_tap.install()  # torch.jit.script(model) works watched, as it does unwatched
         self._created = time.monotonic()
         if opts.serve or record is not None:
@@ -494,6 +498,9 @@ class Probe:
             if os.getpid() == self._pid:
                 self._dives.close()  # the profiler stopped, hooks removed, anomaly mode off
             self._hooks.remove()
+            if self._oom_stacks and os.getpid() == self._pid:
+                self._oom_stacks = False
+                oom.stop_stacks()  # what this probe turned on, and only that
             if os.getpid() == self._pid:
                 self._server.stop()
         except Exception as exc:  # closing must never raise into the caller (or atexit)
@@ -679,6 +686,11 @@ def watch(model: Models, optimizer: Optimizers | None = None, **options: Any) ->
     first non-finite alert (False: only when asked); ``anomaly_check_nan`` lets a client turn on
     anomaly mode with NaN checks, which raise inside the training loop; ``activations_every=k``
     gathers per-module activation statistics every k steps from the start.
+
+    ``oom_stacks=True`` (or ``$TDBG_OOM_STACKS=1``) has the CUDA allocator keep each live
+    allocation's Python stack, so that a CUDA out-of-memory post-mortem names the code that
+    allocated its largest blocks (a stack capture on every allocation: measure it with
+    ``benchmarks/gpu_cost.py``); without CUDA it is said once and ignored.
 
     ``record=PATH`` (or ``$TDBG_RECORD`` in the main process) appends the probe's stream to a
     crash-safe recording for ``tdbg-tui replay PATH`` / ``tdbg dump PATH`` (see

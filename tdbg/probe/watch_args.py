@@ -17,6 +17,8 @@ from torch import nn
 
 from tdbg.probe.run_info import job_info
 
+OOM_STACKS_ENV = "TDBG_OOM_STACKS"
+
 
 @dataclass(frozen=True)
 class ProbeOptions:
@@ -33,6 +35,7 @@ class ProbeOptions:
     record: str | os.PathLike[str] | None = None
     total_steps: int | None = None
     skip_nonfinite: bool = False
+    oom_stacks: bool | None = None  # None: as $TDBG_OOM_STACKS says (off unless set to 1)
 
     def __post_init__(self) -> None:
         if not self.overhead_budget > 0:
@@ -48,6 +51,15 @@ class ProbeOptions:
             isinstance(total, bool) or not isinstance(total, int) or total < 1
         ):
             raise ValueError("tdbg.watch: total_steps must be a positive integer or None")
+
+    @property
+    def wants_oom_stacks(self) -> bool:
+        """Whether the allocator should keep allocation stacks for the OOM post-mortem:
+        ``oom_stacks=``, else ``$TDBG_OOM_STACKS`` (``tdbg run --oom-stacks`` sets it; every
+        process that watches reads it, a job's ranks alike)."""
+        if self.oom_stacks is not None:
+            return bool(self.oom_stacks)
+        return os.environ.get(OOM_STACKS_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> ProbeOptions:

@@ -81,3 +81,30 @@ def test_a_replay_s_cursor_shows_the_histograms_up_to_it(recording: Path) -> Non
     assert [c.step for c in timeline.full.distributions.series(0, "weights")] == [0, 2, 4, 6, 8]
     at = timeline.state_at(timeline.index_of(5))
     assert [c.step for c in at.distributions.series(0, "grads")] == [0, 2, 4]
+
+
+def test_export_writes_each_histogram_whole(recording: Path, tmp_path: Path) -> None:
+    """CSV: a row of counts per counted step, the bins by their labels; TensorBoard: a
+    histogram of log10|x| per counted step, the exact zeros at -9 and below 1e-8 at -8."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "csv"
+    assert run(["export", str(recording), "--to", "csv", str(out)]) == 0
+    with (out / "weight_hist.layer.0.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == [0, 2, 4, 6, 8]
+    assert list(rows[0]) == ["step", *bin_labels()]
+    assert rows[0]["1e-1"] == "32" and rows[0]["0"] == "8"  # 0.25 each, and the zero bias
+
+    tb = tmp_path / "tb"
+    assert run(["export", str(recording), "--to", "tensorboard", str(tb)]) == 0
+    acc = EventAccumulator(str(tb), size_guidance={"histograms": 0})
+    acc.Reload()
+    assert "weight_hist/layer/0" in acc.Tags()["histograms"]
+    events = acc.Histograms("weight_hist/layer/0")
+    assert [e.step for e in events] == [0, 2, 4, 6, 8]
+    value = events[0].histogram_value
+    assert value.num == 40
+    limits, counts = list(value.bucket_limit), list(value.bucket)
+    assert counts[limits.index(-9.0)] == 8  # exact zeros
+    assert counts[limits.index(-0.5)] == 32  # 0.25: the bucket (-1, -0.5]

@@ -17,7 +17,20 @@ from tdbg.probe.dives.activations import ActivationsDive, floating_tensors
 from tdbg.probe.dives.base import DiveContext
 
 NAN = float("nan")
-FIELDS = {"type", "step", "names", "types", "mean", "std", "min", "max", "zero_frac", "nonfinite"}
+FIELDS = {
+    "type",
+    "step",
+    "names",
+    "types",
+    "mean",
+    "std",
+    "min",
+    "max",
+    "zero_frac",
+    "nonfinite",
+    "hist",
+    "hist_stride",
+}
 
 
 def hook_count(model: nn.Module) -> int:

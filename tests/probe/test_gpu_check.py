@@ -30,7 +30,9 @@ def test_without_cuda_it_says_so_and_exits_0() -> None:
         "norms_right",
         "lone_loss",
         "figures_and_dives",
+        "activation_histograms",
         "out_of_memory",
+        "out_of_memory_stacks",
         "cost",
     ]
     assert len(lines) == 2 and "Traceback" not in out.stderr

@@ -244,3 +244,38 @@ def test_a_client_attaching_later_gets_the_latest_histograms_bounded(tmp_path: P
     assert all(m["history"] is True for m in replayed)
     read = Histograms.from_wire(replayed[-1])
     assert read is not None and sum(read.layers[0].weights or ()) == 8
+
+
+def test_ten_thousand_layers_take_bounded_turns_without_an_error(tmp_path: Path) -> None:
+    """The issue's bad input: 10,000 layers. Each counted step takes a turn of at most
+    PASS_ELEMENTS elements, the turns go round the whole model, each message stays far under
+    the 4 MiB frame, and the loop sees no error."""
+    import msgpack
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(8, 8) for _ in range(10_000)]  # 144 elements a layer
+    with torch.no_grad():
+        for layer in layers:
+            layer.weight.mul_(0.3)  # keep 10,000 layers' activations finite
+    model = nn.Sequential(*layers)
+    path = tmp_path / "run.tdbg"
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    probe = tdbg.watch(model, opt, serve=False, record=path, grad_every=1)
+    for _ in range(8):
+        loss = model(torch.randn(2, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    errors = probe.errors
+    probe.close()
+    assert errors == 0
+    messages = [m for m in Recording(path).messages() if m.get("type") == "histograms"]
+    counted = _counted(messages)
+    per_turn = histograms.PASS_ELEMENTS // 144
+    turns = [[layer.layer for layer in h.layers] for h in counted]
+    assert len(turns) >= 6 and all(len(t) <= per_turn for t in turns)
+    assert turns[0][0] == 0
+    assert all(b[0] == (a[-1] + 1) % 10_000 for a, b in zip(turns, turns[1:], strict=False))
+    assert set().union(*map(set, turns)) == set(range(10_000))
+    assert max(len(msgpack.packb(m)) for m in messages) < 1 << 20

@@ -326,3 +326,37 @@ def test_without_an_artifacts_directory_history_is_never_switched_on(
     assert fake.calls == []
     assert ctx.events[-1]["state"] == "failed"
     assert ctx.events[-1]["message"].startswith("no place for the snapshot file")
+
+
+def test_with_oom_stacks_on_the_dive_records_events_then_gives_the_stacks_back(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """watch(oom_stacks=True) keeps only live allocations' stacks (no events): the dive
+    switches to its full history, and at its end back to the probe's stacks, never off."""
+    from tdbg.probe.training import oom
+
+    fake = FakeAllocator(monkeypatch)
+    assert oom.record_stacks()  # through the fake: what watch(oom_stacks=True) did
+    fake.enabled = True
+    ctx = context(torch.device("cuda", 0), base)
+    runner = DiveRunner(ctx, {"snapshot": SnapshotDive}, lambda exc: None)
+    runner.enqueue("snapshot", 4, {"steps": 1, "max_entries": 1000}, "manual")
+    for step in range(3):
+        runner.at_boundary(step)
+    runner.close()
+    state = {"enabled": "state", "context": "alloc", "stacks": "python", "max_entries": 100_000}
+    assert [call[1] for call in fake.calls] == [
+        state,
+        {
+            "enabled": "all",
+            "context": "all",
+            "stacks": "python",
+            "max_entries": 1000,
+            "clear_history": True,
+        },
+        {},  # the snapshot
+        state,
+    ]
+    assert ctx.events[-1]["result"]["history_owner"] == "tdbg"
+    oom.stop_stacks()
+    assert not oom.stacks_recording() and fake.calls[-1] == ("record", {"enabled": None})

@@ -627,3 +627,23 @@ def test_a_straggler_and_a_diverged_rank_are_named(
     divergence = [line for line in out.splitlines() if "rank_divergence" in line]
     assert divergence and "rank 2:" in divergence[0] and "in layer 2 at" in divergence[0]
     assert "straggler: rank 0" not in out and "straggler: rank 2" not in out
+
+
+def test_oom_stacks_on_a_cpu_run_is_said_once_and_the_run_goes_on(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    """``tdbg run --oom-stacks`` sets TDBG_OOM_STACKS for the script; its probe, with no CUDA
+    to record stacks on, says so once on stderr and watches as usual."""
+    record = tmp_path / "run.tdbg"
+    proc = subprocess.run(
+        [*TDBG, "run", "--oom-stacks", "--record", str(record), "train_adam.py"],
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "oom_stacks" in line]
+    assert said == ["tdbg: oom_stacks needs CUDA: this run has none, no allocation stacks recorded"]
+    steps = [json.loads(line) for line in dump_lines(record)]
+    assert len([e for e in steps if e["type"] == "step"]) == 30

@@ -17,12 +17,18 @@ from tdbg.probe.dives.base import Dive, DiveContext, as_event, remove_handles
 from tdbg.probe.log import warn
 from tdbg.probe.module_paths import user_paths
 from tdbg.probe.training import state_tap
+from tdbg.probe.training.histograms import counts_per_tensor, sample_stride
 from tdbg.probe.training.hook_refs import ForwardHook
+from tdbg.protocol.messages.histograms import N_BINS
 from tdbg.protocol.messages.results import ACTIVATION_STATS, Activations
 
 MAX_DEPTH = 6  # how deep floating_tensors looks into nested tuples/lists/dicts
 MAX_TENSORS = 64  # and how many tensors it yields from one output: a module returning a
 # list of thousands of tensors must not cost thousands of kernels per call
+
+# One call's row: (leaf, numel, [mean, var, min, max], [nonzero, nonfinite], the copy of its
+# elements to count, the stride they were taken with).
+Row = tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor, int]
 
 
 def acc_dtype(device: torch.device) -> torch.dtype:
@@ -140,9 +146,11 @@ class ActivationsDive(Dive):
     Leaf modules (no children) hold what users look at: a ReLU's output shows dead units, a
     norm's output its scale. Per call of a leaf, its first non-empty floating output costs a
     float32 copy (for non-float32 outputs) and about seven small kernels (var_mean, aminmax, two
-    count_nonzero, a subtraction, two stacks), leaving six device scalars; at the next boundary
-    all rows are stacked and copied to the host once, the hooks are removed (none stay between
-    samples), and the worker builds the ``activations`` message. The job stays ``running``
+    count_nonzero, a subtraction, two stacks), leaving six device scalars, and a copy of at most
+    LAYER_ELEMENTS of its elements (one in k past that: :func:`sample_stride`) for its
+    histogram; at the next boundary the copies are counted in the histograms' fixed bins in one
+    pass, all rows are stacked and copied to the host once, the hooks are removed (none stay
+    between samples), and the worker builds the ``activations`` message. The job stays ``running``
     (total None) until a new ``activations`` command replaces it; ``enabled: false`` is such a
     command, ending at once as ``cancelled``.
 
@@ -164,8 +172,8 @@ class ActivationsDive(Dive):
         self.enabled = bool(args.get("enabled", True))
         self._leaves: list[tuple[str, str, nn.Module]] = []
         self._handles: list[RemovableHandle] = []
-        # (leaf, numel, [mean, var, min, max], [nonzero, nonfinite]) per call
-        self._rows: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
+        # (leaf, numel, [mean, var, min, max], [nonzero, nonfinite], sample, its stride) per call
+        self._rows: list[Row] = []
         self._calls = 0  # hook calls since the last boundary: 0 on a sampled step = unseen
         self._lock = threading.Lock()  # DataParallel replicas run forward hooks in threads
         self._since = 0  # boundaries since start
@@ -245,8 +253,12 @@ class ActivationsDive(Dive):
                 stats = torch.stack([mean, var, low, high])
                 # Zeros as n - nonzero: one reduction, no mask (NaN counts as non-zero).
                 counts = torch.stack([torch.count_nonzero(x), nonfinite(x)])
+                # Counted at the boundary, all calls' at once: a copy, since the output may be
+                # changed in place before then (an in-place ReLU after a Linear).
+                stride = sample_stride(n)
+                sample = x.reshape(-1)[::stride].clone()
                 with self._lock:
-                    self._rows.append((index, n, stats, counts))
+                    self._rows.append((index, n, stats, counts, sample, stride))
                 return
         except Exception as exc:  # never into the user's forward; the job fails at the boundary
             if self._failure is None:
@@ -254,18 +266,23 @@ class ActivationsDive(Dive):
             if self.ctx.on_error is not None:
                 self.ctx.on_error(exc)
 
-    def _ship(self, step: int, rows: list[tuple[int, int, torch.Tensor, torch.Tensor]]) -> None:
-        # float32 statistics and int64 counts: two stacks, one copy (see HostCopy).
-        copy = HostCopy([[r[2] for r in rows], [r[3] for r in rows]])
-        meta = [(index, n) for index, n, _, _ in rows]
+    def _ship(self, step: int, rows: list[Row]) -> None:
+        # float32 statistics, int64 counts and the histograms' counts: three groups, one copy
+        # (see HostCopy).
+        bins = counts_per_tensor([r[4] for r in rows])
+        copy = HostCopy([[r[2] for r in rows], [r[3] for r in rows], [bins.reshape(-1)]])
+        meta = [(index, n, stride) for index, n, _, _, _, stride in rows]
 
         def work() -> None:
             try:
                 flat = copy.wait()
-                stats = flat[: 4 * len(meta)].view(-1, 4).tolist()
-                counts = flat[4 * len(meta) :].view(-1, 2).tolist()
+                r = len(meta)
+                stats = flat[: 4 * r].view(-1, 4).tolist()
+                counts = flat[4 * r : 6 * r].view(-1, 2).tolist()
+                hists = flat[6 * r :].view(-1, N_BINS).tolist()
                 if not self.finished:  # turned off or replaced meanwhile: nobody wants it
-                    self.ctx.events.append(as_event(self._message(step, meta, stats, counts)))
+                    message = self._message(step, meta, stats, counts, hists)
+                    self.ctx.events.append(as_event(message))
             except Exception as exc:
                 # Not fail() from here: a finished dive is dropped by the runner without a
                 # boundary call, and the next sample's hooks may be armed; the training thread
@@ -279,17 +296,28 @@ class ActivationsDive(Dive):
     def _message(
         self,
         step: int,
-        meta: list[tuple[int, int]],
+        meta: list[tuple[int, int, int]],
         stats: list[list[float]],
         counts: list[list[float]],
+        hists: list[list[float]],
     ) -> Activations:
         """The ``activations`` message; calls of one module (weight sharing, a shared ReLU)
-        are merged exactly: counts add, means and variances combine (Chan et al.)."""
+        are merged exactly: counts add, means and variances combine (Chan et al.); histograms
+        add, their stride the largest of the calls'."""
         merged: dict[int, list[float]] = {}  # leaf -> [n, mean, m2, min, max, zeros, nonfinite]
-        rows = zip(meta, stats, counts, strict=True)
-        for (index, n), (mean, var, low, high), (nonzero, bad) in rows:
+        bins: dict[int, tuple[list[float], int]] = {}  # leaf -> (counts, stride)
+        rows = zip(meta, stats, counts, hists, strict=True)
+        for (index, n, stride), (mean, var, low, high), (nonzero, bad), hist in rows:
             m2 = var * n
             zeros = n - nonzero
+            seen = bins.get(index)
+            if seen is None:
+                bins[index] = (hist, stride)
+            else:
+                bins[index] = (
+                    [a + b for a, b in zip(seen[0], hist, strict=True)],
+                    max(seen[1], stride),
+                )
             acc = merged.get(index)
             if acc is None:
                 merged[index] = [float(n), mean, m2, low, high, zeros, bad]
@@ -319,11 +347,14 @@ class ActivationsDive(Dive):
             columns["max"].append(high)
             columns["zero_frac"].append(zeros / count)
             columns["nonfinite"].append(int(round(bad)))  # a count: sent as an integer
+        order = sorted(merged)
         return Activations(
             step,
             tuple(names),
             tuple(types),
             **{key: tuple(values) for key, values in columns.items()},  # type: ignore[arg-type]
+            hist=tuple(tuple(int(round(c)) for c in bins[index][0]) for index in order),
+            hist_stride=tuple(bins[index][1] for index in order),
         )
 
 

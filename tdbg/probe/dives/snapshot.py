@@ -16,6 +16,7 @@ import tdbg
 from tdbg.probe import artifacts
 from tdbg.probe.dives.base import Dive, DiveContext
 from tdbg.probe.log import warn
+from tdbg.probe.training import oom
 from tdbg.protocol.messages.commands import command_args
 from tdbg.protocol.messages.results import AllocationSite, FileInfo, SnapshotResult
 
@@ -207,10 +208,12 @@ class SnapshotDive(Dive):
         self._directory = directory
         self._device = device.index if device.index is not None else torch.cuda.current_device()
         self._first = step + 1
-        if history_enabled():
+        if history_enabled() and not oom.stacks_recording():
             # The script records allocator history itself (its own OOM post-mortem, say):
             # switching it on again would clear its ring buffer and switching it off at the end
             # would stop its recording. Leave it exactly as it is and take the snapshot from it.
+            # (The probe's own oom_stacks record keeps no events: the dive records them, then
+            # gives the stacks record back in release().)
             self._borrowed = True
             return
         # clear_history: the file then holds this dive's steps only, not an earlier
@@ -240,6 +243,9 @@ class SnapshotDive(Dive):
         if not self._recording:
             return
         self._recording = False
+        if oom.stacks_recording():
+            oom.record_stacks()  # back to the live allocations' stacks the probe keeps
+            return
         try:
             torch.cuda.memory._record_memory_history(enabled=None)
         except Exception as exc:  # never raises: it runs on failure paths and at close

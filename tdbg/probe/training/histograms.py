@@ -211,15 +211,7 @@ class LayerHistograms:
         with torch.no_grad():
             flat = torch.cat([t if t.device == device else t.to(device) for t in counted])
             magnitudes = flat.abs() if flat.is_complex() else flat.abs_()
-            # Each element's row (tensor k's: rows[k]), as an offset into the flat counts.
-            offsets = torch.repeat_interleave(
-                torch.tensor(rows, device=device) * N_BINS,
-                torch.tensor([t.numel() for t in counted], device=device),
-                output_size=magnitudes.numel(),
-            )
-            codes = bin_codes(magnitudes).add_(offsets)
-            counts = torch.zeros(2 * len(chosen) * N_BINS, dtype=torch.float32, device=device)
-            counts.index_add_(0, codes, torch.ones(1, device=device).expand(codes.numel()))
+            counts = _row_counts(magnitudes, counted, rows, 2 * len(chosen))
             maxes = _largest(whole, device)
             values = torch.cat([counts, maxes])
         layers = [layer for layer, _, _ in chosen]
@@ -228,6 +220,43 @@ class LayerHistograms:
         took = perf_counter() - started
         self.spent(took)
         return part, took
+
+
+def _row_counts(
+    magnitudes: torch.Tensor, parts: list[torch.Tensor], rows: list[int], n_rows: int
+) -> torch.Tensor:
+    """``n_rows`` histograms (flat, float32, on the device) of ``magnitudes``: the tensors of
+    ``parts`` concatenated, tensor k's elements counted in row ``rows[k]``."""
+    device = magnitudes.device
+    # Each element's row, as an offset into the flat counts.
+    offsets = torch.repeat_interleave(
+        torch.tensor(rows, device=device) * N_BINS,
+        torch.tensor([t.numel() for t in parts], device=device),
+        output_size=magnitudes.numel(),
+    )
+    codes = bin_codes(magnitudes).add_(offsets)
+    counts = torch.zeros(n_rows * N_BINS, dtype=torch.float32, device=device)
+    return counts.index_add_(0, codes, torch.ones(1, device=device).expand(codes.numel()))
+
+
+def sample_stride(numel: int) -> int:
+    """The stride a tensor of ``numel`` elements is counted with: 1 up to LAYER_ELEMENTS, else
+    the next odd one that keeps it under (odd: a row of a power-of-two width is visited in
+    every column, where an even stride would keep to some of them)."""
+    stride = max(1, math.ceil(numel / LAYER_ELEMENTS))
+    return stride if stride == 1 or stride % 2 else stride + 1
+
+
+@torch.compiler.disable
+def counts_per_tensor(samples: list[torch.Tensor]) -> torch.Tensor:
+    """One histogram per tensor (float, dense, on one device), rows x N_BINS float32 counts on
+    the first one's device: one concatenation and one counting pass for all of them, no sync.
+    What the activation-statistics dive counts its modules' outputs with."""
+    device = samples[0].device
+    with torch.no_grad():
+        flat = torch.cat([t.reshape(-1).to(device) for t in samples])
+        counts = _row_counts(flat.abs_(), samples, list(range(len(samples))), len(samples))
+    return counts.view(len(samples), N_BINS)
 
 
 def _largest(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:

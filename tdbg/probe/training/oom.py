@@ -4,14 +4,18 @@ at which step and in which phase — one alert, sent and recorded before the err
 Zero cost until then: torch's allocator calls its out-of-memory observers only when an
 allocation fails (``torch._C._cuda_attach_out_of_memory_observer``, what PyTorch's own
 ``_record_memory_history`` uses to dump a snapshot on OOM). The witness reads the allocator's
-snapshot (its segments and blocks: no allocation stacks unless the run recorded them) and names
-the blocks holding the watched models' parameters, their gradients and their optimizers' state
-by address; the rest is activations and other tensors.
+snapshot (its segments and blocks) and names the blocks holding the watched models'
+parameters, their gradients and their optimizers' state by address; the rest is activations and
+other tensors. With ``watch(oom_stacks=True)`` (``TDBG_OOM_STACKS=1``, ``tdbg run
+--oom-stacks``) the allocator also keeps each live allocation's Python stack
+(:func:`record_stacks`), and each of the largest blocks is given the user frames that allocated
+it: a cost on every allocation, so opt-in.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -20,11 +24,72 @@ import torch
 
 from tdbg.format import fmt_bytes
 from tdbg.probe.alerts import alert
+from tdbg.probe.log import warn
 from tdbg.protocol.messages.alert import Alert
 
 KIND = "oom"
 LARGEST = 5  # the largest allocated blocks named in the alert
 OTHER = "activations and other tensors"
+USER_FRAMES = 2  # the innermost frames of the user's code named for a block
+# Frames that are not the user's: the library's and the interpreter's own.
+NOT_USER = (f"{os.sep}torch{os.sep}", f"{os.sep}tdbg{os.sep}", "site-packages", "dist-packages")
+STACK_ENTRIES = 100_000  # the allocator's record of events, at most (RELIABILITY R29)
+_stacks = False  # whether record_stacks() has the allocator keeping stacks now
+
+
+def stacks_recording() -> bool:
+    """Whether the allocator keeps stacks for the post-mortem (so that a memory snapshot dive,
+    finding history on, knows it is the probe's to switch and to give back)."""
+    return _stacks
+
+
+def record_stacks() -> bool:
+    """Have the CUDA allocator keep the Python stack of every live allocation (``state``: the
+    live ones only, no history of events), which its snapshot then gives per block; False
+    (said once) where it cannot. It costs a stack capture per allocation while on."""
+    global _stacks
+    try:
+        torch.cuda.memory._record_memory_history(
+            enabled="state", context="alloc", stacks="python", max_entries=STACK_ENTRIES
+        )
+        _stacks = True
+        return True
+    except Exception as exc:  # an old or odd torch: the post-mortem goes on without stacks
+        warn(f"tdbg: oom_stacks: the allocator would not record stacks ({exc})")
+        return False
+
+
+def stop_stacks() -> None:
+    """Turn the allocator's stack record off again (what :func:`record_stacks` turned on)."""
+    global _stacks
+    _stacks = False
+    try:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    except Exception as exc:
+        warn(f"tdbg: oom_stacks: could not turn the allocator's stack record off ({exc})")
+
+
+def user_frames(frames: Any) -> str:
+    """A block's allocating stack (the snapshot's ``frames``, innermost first) as its innermost
+    frames of the user's code, ``file.py:LINE fn ← file.py:LINE fn``; the innermost frames of
+    any kind where none is the user's; "" without frames."""
+    if not isinstance(frames, list):
+        return ""
+    found: list[str] = []
+    fallback: list[str] = []
+    for frame in frames:
+        if not isinstance(frame, dict):
+            continue
+        filename = str(frame.get("filename", ""))
+        where = f"{os.path.basename(filename)}:{frame.get('line', '?')} {frame.get('name', '?')}"
+        if filename.startswith("<") or any(part in filename for part in NOT_USER):
+            if len(fallback) < USER_FRAMES:
+                fallback.append(where)
+            continue
+        found.append(where)
+        if len(found) == USER_FRAMES:
+            break
+    return " ← ".join(found or fallback)
 
 
 def attach(observer: Callable[[int, int, int, int], None]) -> bool:
@@ -83,7 +148,7 @@ def post_mortem(
     """The alert for an out-of-memory error: where it happened, what was asked, and what held the
     memory — by kind (parameters, gradients, optimizer state, the rest) and the largest blocks
     with their owners. ``segments``: ``torch.cuda.memory_snapshot()``."""
-    blocks: list[tuple[int, int]] = []  # (address, size) of the allocated blocks
+    found: list[tuple[int, int, str]] = []  # (address, size, user frames) of allocated blocks
     for segment in segments:
         if segment.get("device", device) != device:
             continue
@@ -91,9 +156,11 @@ def post_mortem(
         for block in segment.get("blocks", []):
             size = int(block.get("size", 0))
             if block.get("state") == "active_allocated":
-                blocks.append((int(block.get("address", address)), size))
+                start = int(block.get("address", address))
+                found.append((start, size, user_frames(block.get("frames"))))
             address += size
-    blocks.sort()
+    found.sort()
+    blocks = [(a, size) for a, size, _ in found]
     starts = [a for a, _ in blocks]
     held: dict[int, list[str]] = {}  # block index -> the owners of tensors in it
     by_kind: dict[str, int] = {}
@@ -109,7 +176,8 @@ def post_mortem(
     for i in largest:
         whose = held.get(i, [])
         what = ", ".join(whose[:2]) + (f" +{len(whose) - 2}" if len(whose) > 2 else "")
-        named.append(f"{fmt_bytes(blocks[i][1])} {what if whose else OTHER}")
+        stack = f" (allocated at {found[i][2]})" if found[i][2] else ""
+        named.append(f"{fmt_bytes(blocks[i][1])} {what if whose else OTHER}{stack}")
     kinds = ", ".join(f"{kind} {fmt_bytes(size)}" for kind, size in by_kind.items() if size)
     message = (
         f"CUDA out of memory at step {step} ({phase}): asked for {fmt_bytes(requested)} on "

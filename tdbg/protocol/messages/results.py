@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tdbg.protocol.messages.histograms import read_counts
 from tdbg.protocol.messages.tolerant import (
     as_dict,
     as_float,
@@ -355,6 +356,11 @@ class Activations:
     zero_frac: tuple[float, ...]  # fraction of exact zeros (dead ReLUs)
     nonfinite: tuple[float, ...]  # counts (whole numbers); NaN where a reader found none
     history: bool = False
+    # Per module its |output| histogram in the fixed bins of ``histograms`` (None: not counted,
+    # as in a recording made before they were), and the stride it was counted with (1: every
+    # element; k: one in k, a large output's cost bounded).
+    hist: tuple[tuple[int, ...] | None, ...] = ()
+    hist_stride: tuple[int, ...] = ()
 
     @classmethod
     def from_wire(cls, value: Any) -> Activations | None:
@@ -374,12 +380,22 @@ class Activations:
             return tuple(out + [math.nan] * (n - len(out)))
 
         stats = {key: column(key) for key in ACTIVATION_STATS}
+        hist: list[tuple[int, ...] | None] = []
+        strides: list[int] = []
+        if "hist" in data:  # absent from older recordings: no histograms, not n empty ones
+            hist = [read_counts(v) for v in as_list(data.get("hist"))[:n]]
+            hist += [None] * (n - len(hist))
+            read = [as_int(v) for v in as_list(data.get("hist_stride"))[:n]]
+            strides = [s if s is not None and s >= 1 else 1 for s in read]
+            strides += [1] * (n - len(strides))
         return cls(
             step=as_int(data.get("step")),
             names=names,
             types=tuple(types),
             **stats,  # the six value columns, by name
             history=bool(data.get("history")),
+            hist=tuple(hist),
+            hist_stride=tuple(strides),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -390,6 +406,9 @@ class Activations:
             "types": list(self.types),
         }
         out.update((key, list(getattr(self, key))) for key in ACTIVATION_STATS)
+        if self.hist:
+            out["hist"] = [None if h is None else list(h) for h in self.hist]
+            out["hist_stride"] = list(self.hist_stride)
         if self.history:
             out["history"] = True
         return out
