@@ -42,7 +42,7 @@ from tdbg.tui.widgets.probe_status import ProbeStatus
 from tdbg.tui.widgets.profiler_panel import HINT
 from tdbg.tui.widgets.profiler_table import ProfilerTable
 from tdbg.tui.widgets.run_header import RunHeader
-from tdbg.tui.widgets.steady import SteadyStatic, set_border
+from tdbg.tui.widgets.steady import SteadyStatic, set_border, set_classes
 from tdbg.tui.widgets.steady_footer import SteadyFooter
 
 RECENT_LOSS = 200  # steps shown in the loss sparkline
@@ -429,15 +429,21 @@ class MonitorScreen(Screen[None]):
         self.repaint(force=True)
 
     def on_resize(self) -> None:
-        self.set_class(self.size.width >= WIDE, "-wide")
-        self.set_class(self.size.width < NARROW, "-narrow")
-        self.set_class(self.size.height < SHORT, "-short")
-        self.set_class(self.size.height < TINY, "-tiny")
-        self.set_class(self.size.height >= TALL, "-tall")
-        # With a deep dive open, fewer than this many rows leave no room for the metrics table.
-        self.set_class(self.size.height < CRAMPED, "-cramped")
-        # Between the short layout and 40 rows: the loss chart takes rows from the tables.
-        self.set_class(SHORT <= self.size.height < CRAMPED, "-medium")
+        width, height = self.size
+        set_classes(
+            self,
+            {
+                "-wide": width >= WIDE,
+                "-narrow": width < NARROW,
+                "-short": height < SHORT,
+                "-tiny": height < TINY,
+                "-tall": height >= TALL,
+                # With a deep dive open, fewer rows leave no room for the metrics table.
+                "-cramped": height < CRAMPED,
+                # Between the short layout and 40 rows: the loss chart takes the tables' rows.
+                "-medium": SHORT <= height < CRAMPED,
+            },
+        )
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         """Enter on a metric charts it in the loss panel; enter on it again goes back."""
@@ -465,9 +471,8 @@ class MonitorScreen(Screen[None]):
         if state is None or not self.is_mounted or not self.query(ProbeStatus):
             return False  # ProbeStatus is composed last: when it is there, every panel is
         now = time.monotonic()
-        self.set_class(state.diverged, "-diverged")
-        self.set_class(state.ended, "-ended")
-        self.set_class(state.input_bound, "-input-bound")
+        wanted = {"-diverged": state.diverged, "-ended": state.ended}
+        set_classes(self, {**wanted, "-input-bound": state.input_bound})
         short = self.size.height < SHORT
         self.query_one(RunHeader).show(state, two_lines=not short)
         charts_due = now - self._chart_at >= CHART_INTERVAL
@@ -509,18 +514,23 @@ class MonitorScreen(Screen[None]):
 
     def _paint_deep(self, state: RunState) -> None:
         deep = state.deep
-        self.set_class(deep.anomaly_on, "-anomaly")
-        self.set_class(deep.activations_on, "-activations")
         self.query_one(AnomalyBanner).show(deep)
         panel = self.query_one(DeepPanel)
         panel.show(deep, self.unavailable("snapshot"))  # may switch to the newest dive's view
         closed = self._deep_closed is not None and self._deep_closed == panel.latest
-        # The panel takes rows only while it shows a dive; closed (x), it is one dim line.
-        self.set_class(deep.has_any and not closed, "-deep")
+        set_classes(
+            self,
+            {
+                "-anomaly": deep.anomaly_on,
+                "-activations": deep.activations_on,
+                # The panel takes rows only while it shows a dive; closed (x), one dim line.
+                "-deep": deep.has_any and not closed,
+                # Only the profile table needs the deep-dive panel's full height.
+                "-deep-text": panel.view != "deep-profile",
+            },
+        )
         strip = HINT if not deep.has_any else f"{panel.title}: closed (x) · d: show it again"
         self.query_one("#deep-strip", Static).update(Text(strip, no_wrap=True, overflow="ellipsis"))
-        # Only the profile table needs the deep-dive panel's full height; text views fit less.
-        self.set_class(panel.view != "deep-profile", "-deep-text")
         border = self.query_one("#profiler-panel")
         set_border(border, title=panel.title)
         caption = "d: next view · c: cancel · z: zoom · x: close"
