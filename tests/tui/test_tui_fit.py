@@ -55,8 +55,10 @@ async def test_what_matters_shows_whole(size: tuple[int, int]) -> None:
         # The columns are fitted after a resize, and the scrollbar goes at the refresh after.
         await wait_for(
             pilot,
-            lambda: table.virtual_size.width <= table.scrollable_content_region.width
-            and not table.show_horizontal_scrollbar,
+            lambda: (
+                table.virtual_size.width <= table.scrollable_content_region.width
+                and not table.show_horizontal_scrollbar
+            ),
             "the table's columns within its width, no horizontal scrollbar",
         )
         await wait_for(pilot, lambda: plot_rows(app) > 0, "the plot drawn")
