@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
+from tdbg.probe.training import forward_tap
 from tdbg.probe.training.hook_refs import is_compiling
 from tdbg.probe.training.release import HELD
 
@@ -152,6 +153,9 @@ def _install() -> None:
     from torch.utils.data import DataLoader
 
     _swap(DataLoader, "__iter__", _wrap_loader_iter)
+    # A DataParallel replica is a copy of its module's __dict__: a watched module's forward
+    # wrapper (forward_tap) would run the original module; the replica gets its own.
+    _swap(torch.nn.Module, "_replicate_for_data_parallel", _wrap_replicate)
     # A layer or parameter assigned into a module (``model.fc = nn.Linear(...)``), and any
     # optimizer's step (a new optimizer for the model): global registries, so no per-module cost.
     from torch.nn.modules import module as module_mod
@@ -420,3 +424,14 @@ def _wrap_loader_iter(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(loader)
 
     return loader_iter
+
+
+def _wrap_replicate(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _replicate_for_data_parallel(module: Any) -> Any:
+        replica = original(module)
+        if "forward" in module.__dict__:
+            forward_tap.rebind(replica)
+        return replica
+
+    return _replicate_for_data_parallel
