@@ -11,6 +11,7 @@ import io
 import pickle
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -63,6 +64,13 @@ def test_the_wrapper_marks_the_forward_without_a_hook_and_shows_the_real_signatu
     assert list(inspect.signature(model.forward).parameters) == ["x", "scale"]
     assert model.forward.__name__ == "forward" and model.forward.__doc__ == Net.forward.__doc__
     assert inspect.unwrap(model.forward) is Net.forward
+    assert model.forward.__self__ is model  # type: ignore[attr-defined]  # a bound method
+    # Each watched model's wrapper has a code object of its own (dynamo's compiled frames, and
+    # their recompile limit, are kept per code object).
+    other = Net()
+    other_probe = tdbg.watch(other, serve=False)
+    assert other.forward.__code__ is not model.forward.__code__
+    other_probe.close()
     _train(model, opt, probe, 3)
     assert probe.steps == 3 and probe.errors == 0, probe.last_error
     # The forward's inputs, kept for a non-finite step's re-run (a CPU run), keywords too.
@@ -126,6 +134,7 @@ def test_a_data_parallel_replica_runs_itself_through_its_own_wrapper() -> None:
     model, opt, probe = _watched()
     replica = model._replicate_for_data_parallel()
     assert replica.__dict__["forward"] is not model.__dict__["forward"]
+    assert replica.forward.__self__ is replica
     x = torch.randn(3, 4)
     out = replica(x)  # a CPU replica shares the original's layers: it runs here
     assert torch.allclose(out, model(x))
@@ -164,3 +173,46 @@ def test_a_forward_already_wrapped_or_a_class_copied_its_own_way_gets_the_hook()
             assert model.__dict__["forward"] is users_forward
         else:
             assert twin is not None and "forward" not in model.__dict__
+
+
+def test_accelerate_s_regional_compilation_rebinds_the_wrapper_to_its_copy() -> None:
+    """accelerate's ``compile_regions`` copies the model's ``__dict__`` and rebinds the bound
+    methods in it: the copy's forward runs the copy (its compiled blocks), watched."""
+    compile_regions = pytest.importorskip("accelerate.utils").compile_regions
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.layer(x))
+
+    class Blocks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([Block() for _ in range(3)])
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    model = Blocks()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, serve=False)
+    regional = compile_regions(model, backend="eager")
+    assert regional is not model and regional.forward.__self__ is regional
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        loss = regional(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        probe.step(loss)
+    captured = probe._hooks.last_inputs
+    assert captured is not None and captured[0] is regional
+    assert probe.steps == 2 and probe.errors == 0, probe.last_error
+    probe.close()

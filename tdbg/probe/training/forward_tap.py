@@ -1,16 +1,18 @@
 """A watched root module's ``forward`` wrapped on the instance: the probe's forward mark, no hook.
 
 A module with any forward hook takes torch's slower call path (``_call_impl`` checks and runs
-every hook dict: ~3.5 us a forward on the 2-core VM, before the hook's own frame), which a
-short step pays on every forward. An instance attribute ``forward`` is what ``_call_impl``
-calls on its fast path: the probe's work there costs one Python frame (+0.7 us). It stays out
-of sight: the module's ``__getstate__`` leaves it out of pickles, ``torch.save`` and copies
+every hook dict, a few microseconds a forward on the 2-core VM before the hook's own frame),
+which a short step pays on every forward. An instance attribute ``forward`` is what
+``_call_impl`` calls on its fast path: the probe's work there costs one Python frame. It stays
+out of sight: the module's ``__getstate__`` leaves it out of pickles, ``torch.save`` and copies
 (state_tap), ``torch.jit.script`` sees the class's forward (script_tap), ``torch.compile``
-traces straight through it, ``inspect.signature(model.forward)`` shows the real parameters,
-a DataParallel replica gets its own, and unwatching takes it off. Where any of that cannot be
+traces straight through it (``fullgraph=True`` too), ``inspect.signature(model.forward)`` shows
+the real parameters, a DataParallel replica or a copy whose methods are rebound (accelerate's
+regional compilation) runs itself, and unwatching takes it off. Where any of that cannot be
 promised (the instance has a ``forward`` of its own already, a class that pickles or copies
 around ``__getstate__``, a ScriptModule, a forward that is not a plain function) the caller
-registers its forward pre-hook instead.
+registers its forward pre-hook instead. Unlike a hook it is a frame in the tracebacks of the
+model's own errors (``forward_tap.py``, between ``_call_impl`` and the model's ``forward``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class ForwardWrap:
     __slots__ = ("_module", "_wrapper")
     id = -1
 
-    def __init__(self, module: nn.Module, wrapper: Callable[..., Any]) -> None:
+    def __init__(self, module: nn.Module, wrapper: Any) -> None:
         self._module = weakref.ref(module)
         self._wrapper = wrapper
 
@@ -71,30 +73,23 @@ class ForwardWrap:
 
 
 def wrap(module: nn.Module, hooks: Any) -> ForwardWrap:
-    """Put the probe's wrapper on ``module.forward`` (checked :func:`wrappable` first)."""
-    wrapper = _wrapper(module, weakref.ref(hooks))
+    """Put the probe's wrapper on ``module.forward`` (checked :func:`wrappable` first).
+
+    A method bound to the module, as the class's forward is when looked up: ``__self__`` is
+    the module (code that rebinds a copy's methods, as accelerate's regional compilation
+    does, rebinds it too), ``inspect.signature`` drops ``self`` from the class forward's
+    (``__wrapped__``). The module holds it and it holds the module: while watched the probe
+    holds the model anyway, and unwatching takes it off."""
+    wrapper = types.MethodType(_function(type(module), weakref.ref(hooks)), module)
     module.__dict__["forward"] = wrapper
     return ForwardWrap(module, wrapper)
 
 
-def _wrapper(
-    module: nn.Module, owner: weakref.ref[Any], signature: Any = inspect.Parameter.empty
-) -> Callable[..., Any]:
-    """The wrapper for ``module``: its work is PhaseHooks' forward pre-hook's, written out.
-    ``signature``: the bound forward's, where known (a replica's is the original's)."""
-    function = type(module).forward
-    if signature is inspect.Parameter.empty:
-        try:
-            signature = inspect.signature(types.MethodType(function, module))
-        except (TypeError, ValueError):
-            signature = None
-    # The module weakly: a strong reference from its own __dict__ would be a cycle, and a
-    # model deleted would wait for the garbage collector to free its memory.
-    module_ref = weakref.ref(module)
+def _function(cls: type, owner: weakref.ref[Any]) -> Callable[..., Any]:
+    """The wrapper's function for a module of ``cls`` (its work is PhaseHooks' forward
+    pre-hook's, written out); ``owner``: the probe's PhaseHooks, weakly."""
 
-    @functools.wraps(function)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        module: Any = module_ref()  # alive: it is being called
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         # Traced (torch.compile, torch.export): a constant to dynamo, nothing of the probe's.
         if not (is_compiling() or COMPILE_STATE._is_compiling_flag):
             hooks = owner()
@@ -106,29 +101,27 @@ def _wrapper(
                         if hooks.timeline.forward_start is None:
                             hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
                         if hooks.capture_inputs and not hooks.updating:
-                            hooks.last_inputs = (module, args, kwargs)
+                            hooks.last_inputs = (self, args, kwargs)
                     elif hooks.timeline.forward_start is None:
                         # An evaluation (or a rollout) between the steps: see _ForwardStart.
-                        hooks.mark_no_grad(module)
+                        hooks.mark_no_grad(self)
                     hooks.seconds += perf() - t0
                 except Exception as exc:
                     hooks._on_error(exc)
-        return type(module).forward(module, *args, **kwargs)
+        return type(self).forward(self, *args, **kwargs)
 
-    if signature is not None:
-        forward.__signature__ = signature  # type: ignore[attr-defined]  # without ``self``
+    # A code object of its own per watched model: dynamo keeps its compiled frames (and their
+    # recompile limit) per code object, and one shared by every watched model would pool them.
+    forward.__code__ = forward.__code__.replace()
+    functools.update_wrapper(forward, cls.forward)  # type: ignore[attr-defined]
     setattr(forward, FORWARD_MARK, owner)
     return forward
 
 
 def rebind(replica: nn.Module) -> None:
-    """A DataParallel replica (a copy of a module's ``__dict__``) got the original's wrapper:
-    its own instead, which runs the replica (else it would run the original, on its device)."""
-    wrapper = replica.__dict__.get("forward")
-    if is_tdbg_forward(wrapper):
-        owner = getattr(wrapper, FORWARD_MARK)
-        if owner() is None:
-            del replica.__dict__["forward"]
-        else:
-            signature = getattr(wrapper, "__signature__", None)
-            replica.__dict__["forward"] = _wrapper(replica, owner, signature)
+    """A DataParallel replica (a copy of a module's ``__dict__``) got the original's wrapper,
+    bound to the original: the same one bound to the replica (else it would run the
+    original, on its device)."""
+    wrapper: Any = replica.__dict__.get("forward")
+    if is_tdbg_forward(wrapper) and getattr(wrapper, "__self__", replica) is not replica:
+        replica.__dict__["forward"] = types.MethodType(wrapper.__func__, replica)
