@@ -216,3 +216,27 @@ def test_accelerate_s_regional_compilation_rebinds_the_wrapper_to_its_copy() -> 
     assert captured is not None and captured[0] is regional
     assert probe.steps == 2 and probe.errors == 0, probe.last_error
     probe.close()
+
+
+def test_a_torch_nn_model_compiled_while_watched_still_compiles_once_unwatched() -> None:
+    """``torch.compile`` picks how to enter a module by its forward (a torch.nn class's gets
+    an extra frame to compile): it picks with the wrapper set aside, as for the model
+    unwatched, so after ``probe.close()`` the compiled model still compiles
+    (``fullgraph=True`` raises where it would compile nothing)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tdbg.watch(model, opt, serve=False)
+    assert "forward" in model.__dict__
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        loss = compiled(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        probe.step(loss)
+    assert probe.steps == 2 and probe.errors == 0, probe.last_error
+    probe.close()
+    assert "forward" not in model.__dict__
+    assert torch.allclose(compiled(x), model(x))
