@@ -6,7 +6,8 @@ which a short step pays on every forward. An instance attribute ``forward`` is w
 ``_call_impl`` calls on its fast path: the probe's work there costs one Python frame. It stays
 out of sight: the module's ``__getstate__`` leaves it out of pickles, ``torch.save`` and copies
 (state_tap), ``torch.jit.script`` sees the class's forward (script_tap), ``torch.compile``
-traces straight through it (``fullgraph=True`` too), ``inspect.signature(model.forward)`` shows
+traces straight through it (``fullgraph=True`` too) and picks how to enter the module without
+it (taps), ``inspect.signature(model.forward)`` shows
 the real parameters, a DataParallel replica or a copy whose methods are rebound (accelerate's
 regional compilation) runs itself, and unwatching takes it off. Where any of that cannot be
 promised (the instance has a ``forward`` of its own already, a class that pickles or copies
