@@ -31,6 +31,7 @@ import argparse
 import statistics
 import sys
 import time
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,7 @@ from torch.optim import optimizer as optimizer_mod  # noqa: E402
 
 import tdbg  # noqa: E402
 from tdbg.probe.training.budget import FIXED_UNTIMED  # noqa: E402
+from tdbg.probe.training.hook_refs import is_tdbg_forward  # noqa: E402
 
 SPANS = ("forward", "backward", "optimizer pre", "optimizer post", "probe.step()")
 clock = time.perf_counter_ns
@@ -65,6 +67,9 @@ class Marks:
 
     forward = 0
     engine = 0
+    # What the timing wrapper of the forward calls: the probe's forward wrapper (forward_tap)
+    # while it is in, the model's own forward while it is out.
+    inner: Callable[..., Any] | None = None
     pre = 0
     post = 0
 
@@ -72,11 +77,11 @@ class Marks:
 def timing_wrappers(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     """Put the timing points in (both kinds of step have them); returns how to take them out."""
     marks = Marks
-    original_forward = model.forward
+    marks.inner = original_forward = model.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         marks.forward = clock()
-        return original_forward(*args, **kwargs)
+        return marks.inner(*args, **kwargs)  # type: ignore[misc]
 
     model.forward = forward
     # torch.autograd.backward() calls the engine through its module's global.
@@ -101,6 +106,8 @@ def timing_wrappers(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 
     def remove() -> None:
         del model.forward
+        if is_tdbg_forward(original_forward):
+            model.__dict__["forward"] = original_forward  # the probe's wrapper, as it was
         torch.autograd._engine_run_backward = original_engine
         pre_handle.remove()
         post_handle.remove()
@@ -113,6 +120,9 @@ class ProbeSwitch:
 
     def __init__(self, probe: tdbg.Probe, model: torch.nn.Module, opt: torch.optim.Optimizer):
         self.model, self.optimizer = model, opt
+        # The probe's forward wrapper, under the timing one (else its forward pre-hook).
+        self.wrapper = Marks.inner if is_tdbg_forward(Marks.inner) else None
+        self.unwrapped = types.MethodType(type(model).forward, model)
         forward_ids = [h.id for h in probe._hooks.handles if h.id in model._forward_pre_hooks]
         self.forward = {i: model._forward_pre_hooks[i] for i in forward_ids}
         mine = {h.id for h in probe._hooks.handles}
@@ -125,6 +135,8 @@ class ProbeSwitch:
 
     def set(self, on: bool) -> None:
         model, opt = self.model, self.optimizer
+        if self.wrapper is not None:
+            Marks.inner = self.wrapper if on else self.unwrapped
         if on:
             model._forward_pre_hooks.update(self.forward)
             opt._optimizer_step_pre_hooks.update(self.pre)

@@ -52,6 +52,21 @@ from thread_cpu import (  # noqa: E402
 )
 
 import tdbg  # noqa: E402
+from tdbg.probe.training import forward_tap  # noqa: E402
+
+# --hook-arm: the probe as before issue 36's forward wrapper, its forward marked by a pre-hook.
+HOOKED = "watched, pre-hook"
+
+
+def rehook_with_pre_hook(probe: tdbg.Probe) -> None:
+    """The probe's hooks and taps back on, its forward marked by the pre-hook (forward_tap's
+    wrapper refused), as watch() put them before the wrapper."""
+    wrappable = forward_tap.wrappable
+    forward_tap.wrappable = lambda module: False
+    try:
+        rehook(probe)
+    finally:
+        forward_tap.wrappable = wrappable
 
 
 def turn(
@@ -106,19 +121,24 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     probe = tdbg.watch(task.model, task.optimizer, name=name, grad_every=args.grad_every)
     for i in range(50):  # the interval settles, plans are built
         probe.step(task.train_step(*pool[i % POOL]), samples=task.batch_size, tokens=task.tokens)
-    per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    arms = (*ARMS, HOOKED) if args.hook_arm else ARMS
+    per_step: dict[str, list[float]] = {arm: [] for arm in arms}
     intervals: list[int] = []
     started = time.perf_counter()
+    on: str | None = WATCHED  # how the probe is on the model now (None: off)
     for cycle in range(args.cycles):
-        order = list(ARMS)
+        order = list(arms)
         rng.shuffle(order)
         for arm in order:
-            watched = arm == WATCHED
-            hooked = bool(probe._hooks.handles)
-            if watched and not hooked:
-                rehook(probe)
-            elif not watched and hooked:
-                unhook(probe)
+            watched = arm in (WATCHED, HOOKED)
+            if on != (arm if watched else None):
+                if on is not None:
+                    unhook(probe)
+                if arm == HOOKED:
+                    rehook_with_pre_hook(probe)
+                elif watched:
+                    rehook(probe)
+                on = arm if watched else None
             at = rng.randrange(POOL)
             per_step[arm].append(
                 turn(task, pool, args.turn, probe if watched else None, at, args.pace_ms / 1e3)
@@ -137,8 +157,10 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         f" ({time.perf_counter() - started:.0f} s), unwatched"
         f" {statistics.median(base) * 1e3:.2f} ms CPU/step"
     )
-    for arm in (AGAIN, WATCHED):
-        print(f"  {arm:<16} - unwatched: {paired(per_step[arm], base)}")
+    for arm in (AGAIN, WATCHED, HOOKED) if args.hook_arm else (AGAIN, WATCHED):
+        print(f"  {arm:<17} - unwatched: {paired(per_step[arm], base)}")
+    if args.hook_arm:
+        print(f"  {WATCHED} - {HOOKED}: {paired(per_step[WATCHED], per_step[HOOKED])}")
     print(
         f"  probe's own cost_fraction (last {recent} steps): {fraction * 100:.2f} %"
         f" ({reported_us:.1f} us/step reported);"
@@ -152,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=1000, help="default 1000")
     p.add_argument("--turn", type=int, default=2, help="timed steps per turn (default 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--hook-arm",
+        action="store_true",
+        help="a fourth arm: the probe with its forward marked by a pre-hook (before issue 36)",
+    )
     add_pace(p)
     add_grad_every(p)
     args = p.parse_args(argv)

@@ -9,9 +9,9 @@ steps, the order shuffled per cycle, paired differences), for these arms:
 - ``unwatched``: no probe (its hooks and taps off, as in ``interleaved.py``);
 - ``watched``: the probe as ``watch()`` leaves it;
 - ``watched - X``: the probe with one entry point X taken out of torch for the turn (``forward``
-  its forward pre-hook, ``backward`` the backward tap, ``optimizer pre`` / ``optimizer post``
-  its step hooks, ``any optimizer`` the process-wide optimizer tap, ``probe.step()`` the call),
-  so ``watched`` minus it is what X costs the whole step;
+  its forward wrapper or pre-hook, ``backward`` the backward tap, ``optimizer pre`` /
+  ``optimizer post`` its step hooks, ``any optimizer`` the process-wide optimizer tap,
+  ``probe.step()`` the call), so ``watched`` minus it is what X costs the whole step;
 - ``probe thread idle``: the probe thread drops what it is handed instead of resolving it (what
   its per-step work costs the training thread: the GIL, the caches).
 
@@ -63,7 +63,16 @@ class Parts:
             "optimizer post": self.opt._optimizer_step_post_hooks,
             "any optimizer": optimizer_mod._global_optimizer_pre_hooks,
         }
-        if part in hooks:
+        wrapper = self.model.__dict__.get("forward")
+        if part == "forward" and wrapper is not None:
+            # The probe's forward wrapper (forward_tap), where it stands for the pre-hook.
+            del self.model.__dict__["forward"]
+
+            def back() -> None:
+                self.model.__dict__["forward"] = wrapper
+
+            self._back = back
+        elif part in hooks:
             table = hooks[part]
             # The process-wide optimizer tap is the probe's only global step pre-hook here.
             ids = list(table) if part == "any optimizer" else [i for i in table if i in mine]

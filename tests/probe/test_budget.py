@@ -128,12 +128,20 @@ def test_a_tiny_budget_samples_rarely_and_a_generous_one_every_step(runtime_dir:
 @pytest.fixture
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     """The probe's clock, made exact: each read on this (the training) thread moves it 1 us,
-    reads on the probe's own thread do not. Installed in the hooks, the sampler, probe.step()
-    and the taps; returned for a probe's marks."""
+    reads on the probe's own thread do not. Installed in the hooks (the forward wrapper's
+    too), the sampler, probe.step() and the taps; returned for a probe's marks."""
     import threading
 
     from tdbg.probe import watch
-    from tdbg.probe.training import cost_model, grad_passes, hooks, sampler, step_values, taps
+    from tdbg.probe.training import (
+        cost_model,
+        forward_tap,
+        grad_passes,
+        hooks,
+        sampler,
+        step_values,
+        taps,
+    )
 
     ticks = [0.0]
     training = threading.get_ident()
@@ -143,7 +151,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
             ticks[0] += 1e-6
         return ticks[0]
 
-    for module in (hooks, sampler, watch, cost_model, grad_passes, step_values):
+    for module in (hooks, forward_tap, sampler, watch, cost_model, grad_passes, step_values):
         monkeypatch.setattr(module, "perf", clock)
     monkeypatch.setattr(taps, "_perf", clock)
     clock.ticks = ticks  # type: ignore[attr-defined]

@@ -200,7 +200,10 @@ def test_watch_and_probe_show_every_option_as_a_keyword() -> None:
 
 
 def hook_counts(model: nn.Module, opt: torch.optim.Optimizer | None) -> tuple[int, ...]:
-    counts = [len(model._forward_hooks), len(model._forward_pre_hooks)]
+    """Forward hooks; the forward's start (pre-hooks, and the probe's wrapper of the instance's
+    forward, which stands for its pre-hook: forward_tap); the optimizer's step hooks."""
+    starts = len(model._forward_pre_hooks) + ("forward" in model.__dict__)
+    counts = [len(model._forward_hooks), starts]
     if opt is not None:
         counts += [len(opt._optimizer_step_pre_hooks), len(opt._optimizer_step_post_hooks)]
     return tuple(counts)
@@ -211,13 +214,16 @@ def test_hooks_socket_and_metadata_are_gone_after_close(runtime_dir: Path) -> No
     probe = tdbg.watch(loop.model, loop.opt)
     assert probe.socket_path is not None
     sock = Path(probe.socket_path)
-    # One forward pre-hook (the forward's end is the backward tap's), the step pre/post hooks.
+    # One forward wrapper, no hook (the forward's end is the backward tap's), the step
+    # pre/post hooks.
     assert hook_counts(loop.model, loop.opt) == (0, 1, 1, 1)
+    assert not loop.model._forward_pre_hooks
     assert sock.exists() and sock.with_suffix(".json").exists()
     loop.run(3, probe)
     probe.close()
     assert hook_counts(loop.model, loop.opt) == (0, 0, 0, 0)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in loop.model.modules())
+    assert "forward" not in loop.model.__dict__  # the class's forward again
     assert sorted(os.listdir(runtime_dir)) == []
     assert probe.socket_path is None
     loop.run(2, probe)  # stepping a closed probe is harmless

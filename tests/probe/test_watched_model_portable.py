@@ -136,8 +136,10 @@ def test_copies_of_a_watched_model_carry_the_scripts_hooks_and_none_of_tdbgs(
 
     step()
     live = list(model._forward_pre_hooks.items())
-    assert len(live) == 2  # the script's and the probe's
+    assert len(live) == 1  # the script's; the probe's forward mark is its wrapper
+    wrapper = model.__dict__["forward"]
     for clone in _copies(model):
+        assert "forward" not in clone.__dict__  # the class's forward, not the probe's wrapper
         assert list(clone._forward_pre_hooks) == [pre.id]
         assert list(clone._forward_hooks) == [post.id]
         assert dict(clone._forward_pre_hooks_with_kwargs) == {pre.id: True}
@@ -152,7 +154,9 @@ def test_copies_of_a_watched_model_carry_the_scripts_hooks_and_none_of_tdbgs(
     shallow = copy.copy(model)  # its own hook dicts; its children are the model's
     assert list(shallow._forward_pre_hooks) == [pre.id]
     assert list(shallow._forward_hooks) == [post.id]
+    assert "forward" not in shallow.__dict__
     assert list(model._forward_pre_hooks.items()) == live
+    assert model.__dict__["forward"] is wrapper
     step()
     assert probe.steps == 2 and probe.errors == 0
     probe.close()
@@ -168,6 +172,7 @@ for name in ("mlp", "lstm"):
     hooks = [h for m in model.modules() for d in (m._forward_pre_hooks, m._forward_hooks)
              for h in d.values()]
     assert hooks == [], (name, hooks)
+    assert not any("forward" in m.__dict__ for m in model.modules()), name
     if name == "mlp":  # an LSTM unwatched neither scripts nor compiles fullgraph in 2.13
         expected = model(x)
         assert torch.allclose(torch.jit.script(model)(x), expected)
@@ -425,9 +430,11 @@ def test_a_watched_model_and_its_copies_script_with_the_scripts_own_hooks(
     loop.model.register_forward_pre_hook(_doubled)
     loop.run(1, probe)
     before = list(loop.model._forward_pre_hooks.items())
-    assert len(before) == 2
+    assert len(before) == 1  # the script's; the probe's forward mark is its wrapper
+    wrapper = loop.model.__dict__["forward"]
     scripted = torch.jit.script(loop.model)
     assert list(loop.model._forward_pre_hooks.items()) == before
+    assert loop.model.__dict__["forward"] is wrapper  # set aside while scripted, back after
     expected = loop.model(loop.x)
     assert torch.allclose(scripted(loop.x), expected)
     assert torch.allclose(scripted(loop.x), loop.model[2](loop.model[1](loop.model[0](2 * loop.x))))
@@ -444,7 +451,8 @@ def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir
     """What other code does while TorchScript reads the model (a dive arming or releasing its
     hooks, a forward in another thread): a hook removed meanwhile stays removed, one added
     meanwhile stays, removable through its handle (and TorchScript does not see it if it is
-    tdbg's, on any module), a forward meanwhile is timed by the probe."""
+    tdbg's, on any module), a forward meanwhile runs as the class's (the probe's forward
+    wrapper set aside while TorchScript reads the module)."""
     import functools
     import sys
 
@@ -468,9 +476,10 @@ def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir
             arrived.append(
                 loop.model[2].register_forward_hook(functools.partial(sys.audit, INERT_EVENT))
             )
-            probe._hooks.timeline.forward_start = None
-            loop.model(loop.x)
-            assert probe._hooks.timeline.forward_start is not None  # the probe's hook ran
+            # The probe's forward wrapper is set aside while TorchScript reads the class's
+            # forward (script_tap): a forward meanwhile runs as the class's.
+            assert "forward" not in loop.model.__dict__
+            assert torch.allclose(loop.model(loop.x), expected)
             # A checkpoint taken meanwhile (another thread's) is the model's, loadable as ever.
             twin = copy.deepcopy(loop.model)
             assert type(twin._forward_hooks) is type(twin._forward_pre_hooks) is OrderedDict
@@ -481,12 +490,13 @@ def test_hooks_come_and_go_as_ever_while_a_watched_model_is_scripted(runtime_dir
             assert type(saved._forward_hooks) is OrderedDict
         return _recursive.infer_methods_to_compile(module)
 
+    expected = loop.model(loop.x)
     scripted = _recursive.create_script_module(loop.model, stubs)
     assert torch.allclose(scripted.forward(loop.x), loop.model(loop.x))
     hooks = list(loop.model._forward_hooks)
     assert leaving.id not in hooks and hooks == [arrived[0].id]
     assert list(loop.model[2]._forward_hooks) == [arrived[1].id]
-    assert len(loop.model._forward_pre_hooks) == 1  # the probe's, back in place
+    assert "forward" in loop.model.__dict__  # the probe's wrapper, back in place
     for handle in arrived:  # registered meanwhile, removable as ever
         handle.remove()
     assert not loop.model._forward_hooks and not loop.model[2]._forward_hooks

@@ -41,6 +41,16 @@ COMPILE_STATE: Any = (
 )
 
 
+# Set on the probe's wrapper of a module's forward (forward_tap), to the probe's hooks weakly:
+# how state_tap, script_tap and the replica tap know it from the script's own.
+FORWARD_MARK = "__tdbg_forward__"
+
+
+def is_tdbg_forward(value: Any) -> bool:
+    """``value`` (a module's instance ``forward``) is tdbg's wrapper."""
+    return callable(value) and getattr(value, FORWARD_MARK, None) is not None
+
+
 def _written_into_call(*args: Any, **kwargs: Any) -> None:
     raise TypeError("this hook's work is written into its __call__")
 

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tdbg.probe.device_copy import recorded_event
-from tdbg.probe.training import state_tap
+from tdbg.probe.training import forward_tap, state_tap
 from tdbg.probe.training.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
 from tdbg.probe.training.release import HELD
 
@@ -97,9 +97,10 @@ class OptimizerEvents(Protocol):
 
 
 class PhaseHooks:
-    """Root-module forward pre-hooks and optimizer step hooks feeding a StepTimeline.
+    """Root-module forward wrappers (or pre-hooks) and optimizer step hooks feeding a StepTimeline.
 
-    One forward pre-hook per watched root module (not per layer): one Python call per forward.
+    One forward wrapper per watched root module (not per layer): one Python call per forward;
+    a forward pre-hook where the module's forward cannot be wrapped (forward_tap).
     Each hook's work is written into its ``__call__`` (on the CPU each Python frame around an
     update costs microseconds, counted by ``benchmarks/probe_calls.py``).
     The forward's end is marked where its backward starts, by the probe's backward tap
@@ -153,8 +154,14 @@ class PhaseHooks:
         self._on_optimizer_step = functools.partial(events.on_optimizer_pre, grads_ready=True)
         self._on_error = on_error
         # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
-        self.handles: list[RemovableHandle] = []
+        self.handles: list[RemovableHandle | forward_tap.ForwardWrap] = []
         for model in models:
+            if forward_tap.wrappable(model):
+                # The forward's start marked by a wrapper on the instance's forward: no hook,
+                # so torch calls the module on its fast path (forward_tap says why and how it
+                # stays out of sight).
+                self.handles.append(forward_tap.wrap(model, self))
+                continue
             # With the forward's keyword arguments: a re-run of a model called with keywords
             # only (Hugging Face's model(**batch)) needs them.
             hook = _ForwardStart.owned_by(self)
@@ -266,7 +273,8 @@ class PhaseHooks:
 
 
 class _ForwardStart(ForwardHook):
-    """PhaseHooks' forward pre-hook, its work written into ``__call__``: one forward, one hook
+    """PhaseHooks' forward pre-hook, where the forward cannot be wrapped (forward_tap, whose
+    wrapper does the same work), its work written into ``__call__``: one forward, one hook
     frame (and one compile check of one frame, not two)."""
 
     __slots__ = ()

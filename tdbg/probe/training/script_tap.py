@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from tdbg.probe.training.hook_refs import is_tdbg_hook
+from tdbg.probe.training.hook_refs import is_tdbg_forward, is_tdbg_hook
 
 # The module hook dicts TorchScript compiles into a scripted module (it ignores the others).
 _SCRIPTED_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
@@ -49,11 +49,13 @@ def install() -> None:
 def _set_aside_while(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def create_script_module(nn_module: Any, *args: Any, **kwargs: Any) -> Any:
+        wrappers = _set_wrappers_aside(nn_module)
         views = _show_scripts_hooks_only(nn_module)
         try:
             return original(nn_module, *args, **kwargs)
         finally:
             _put_back(views)
+            _put_wrappers_back(wrappers)
 
     return create_script_module
 
@@ -154,6 +156,31 @@ def _show_scripts_hooks_only(root: Any) -> list[_Swap]:
         _put_back(swaps)
         return []
     return swaps
+
+
+def _set_wrappers_aside(root: Any) -> list[tuple[dict[str, Any], Any]]:
+    """Take tdbg's forward wrappers (forward_tap) out of the modules' ``__dict__`` while they
+    are scripted: TorchScript compiles the class's forward, from its source, with its globals
+    (it would read the wrapper's, and script the wrapper as a function attribute). A forward
+    another thread runs meanwhile runs unwatched (the window lasts as long as the scripting)."""
+    aside: list[tuple[dict[str, Any], Any]] = []
+    if not isinstance(root, nn.Module):
+        return aside
+    try:
+        for module in root.modules():
+            attrs = module.__dict__
+            wrapper = attrs.get("forward")
+            if is_tdbg_forward(wrapper):
+                del attrs["forward"]
+                aside.append((attrs, wrapper))
+    except Exception:  # never fail the user's scripting on tdbg's account
+        pass
+    return aside
+
+
+def _put_wrappers_back(aside: list[tuple[dict[str, Any], Any]]) -> None:
+    for attrs, wrapper in aside:
+        attrs.setdefault("forward", wrapper)  # unless the script set its own meanwhile
 
 
 def _forget(key: int, view: _ScriptsView) -> None:

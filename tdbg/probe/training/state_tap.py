@@ -1,4 +1,4 @@
-"""A watched module pickles and copies without tdbg's hooks: its ``__getstate__`` drops them."""
+"""A watched module pickles and copies without tdbg's hooks or forward wrapper: ``__getstate__``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from torch import nn
 
-from tdbg.probe.training.hook_refs import is_tdbg_hook
+from tdbg.probe.training.hook_refs import is_tdbg_forward, is_tdbg_hook
 
 # The module hook dicts tdbg registers in, and the dicts torch keys by those hooks' ids.
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
@@ -48,6 +48,12 @@ def cover(module: nn.Module) -> None:
             pass
 
 
+def covers(module: nn.Module) -> bool:
+    """Copies of ``module`` leave tdbg's hooks and wrapper out (:func:`cover` took its class)."""
+    _, getstate = _getstate_of(type(module))
+    return bool(getattr(getstate, _WRAPPED, False))
+
+
 def _getstate_of(cls: type) -> tuple[type, Any]:
     """The class in ``cls``'s MRO that defines ``__getstate__``, and that function."""
     for owner in cls.__mro__:
@@ -74,7 +80,10 @@ def _dropping_hooks(getstate: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 def drop_tdbg_hooks(state: dict[str, Any]) -> None:
     """Replace, in a module's state, each hook dict holding a tdbg hook by a plain copy
-    without them (the script's own hooks kept, in order), and forget their ids."""
+    without them (the script's own hooks kept, in order), and forget their ids; and leave
+    out tdbg's wrapper of its forward (forward_tap): the copy calls its class's."""
+    if is_tdbg_forward(state.get("forward")):
+        del state["forward"]
     dropped: set[Any] = set()
     for name in _HOOK_DICTS:
         hooks = state.get(name)

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 import torch
 
-from tdbg.probe.training.hook_refs import is_compiling
+from tdbg.probe.training import forward_tap
+from tdbg.probe.training.hook_refs import is_compiling, is_tdbg_forward
 from tdbg.probe.training.release import HELD
 
 
@@ -152,6 +153,16 @@ def _install() -> None:
     from torch.utils.data import DataLoader
 
     _swap(DataLoader, "__iter__", _wrap_loader_iter)
+    # A DataParallel replica is a copy of its module's __dict__: a watched module's forward
+    # wrapper (forward_tap) would run the original module; the replica gets its own.
+    _swap(torch.nn.Module, "_replicate_for_data_parallel", _wrap_replicate)
+    # torch.compile(model) decides how to enter a module by its forward: the wrapper set
+    # aside meanwhile, it decides as for the unwatched model (else a torch.nn class compiled
+    # while watched would compile nothing once unwatched).
+    optimized = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    optimized = getattr(optimized, "OptimizedModule", None)
+    if optimized is not None:
+        _swap(optimized, "_initialize", _wrap_compiled_initialize)
     # A layer or parameter assigned into a module (``model.fc = nn.Linear(...)``), and any
     # optimizer's step (a new optimizer for the model): global registries, so no per-module cost.
     from torch.nn.modules import module as module_mod
@@ -420,3 +431,30 @@ def _wrap_loader_iter(original: Callable[..., Any]) -> Callable[..., Any]:
         return original(loader)
 
     return loader_iter
+
+
+def _wrap_replicate(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _replicate_for_data_parallel(module: Any) -> Any:
+        replica = original(module)
+        if "forward" in module.__dict__:
+            forward_tap.rebind(replica)
+        return replica
+
+    return _replicate_for_data_parallel
+
+
+def _wrap_compiled_initialize(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _initialize(compiled: Any) -> Any:
+        attrs = getattr(getattr(compiled, "_orig_mod", None), "__dict__", None)
+        wrapper = attrs.get("forward") if isinstance(attrs, dict) else None
+        if attrs is None or not is_tdbg_forward(wrapper):
+            return original(compiled)
+        del attrs["forward"]  # a forward another thread runs meanwhile goes unmarked
+        try:
+            return original(compiled)
+        finally:
+            attrs.setdefault("forward", wrapper)
+
+    return _initialize
