@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tdbg.probe import console_tee
 from tdbg.probe.alerts import alert
 from tdbg.probe.dives.base import DiveContext, DiveRunner
 from tdbg.probe.dives.registry import DIVES
@@ -105,6 +106,7 @@ class Probe:
         self._broken = False  # switched off by the error breaker
         self._pid = os.getpid()
         self.total_steps: int | None = opts.total_steps
+        self._console: console_tee.ConsoleTee | None = None  # stdout/stderr captured
 
     def _find_layers(
         self,
@@ -249,6 +251,8 @@ class Probe:
                 warn("tdbg: watching from a multiprocessing child: serving its own socket")
             if self._server.start(listen=opts.serve):
                 self._after_start(desk, opts.activations_every)
+                if console_tee.wanted(opts.console):
+                    self._console = console_tee.capture()
         _live.add(self)
 
     def _oom_view(self) -> tuple[int, str, list[tuple[int, int, str, str]]]:
@@ -495,7 +499,11 @@ class Probe:
                 self._dives.close()  # the profiler stopped, hooks removed, anomaly mode off
             self._hooks.remove()
             if os.getpid() == self._pid:
+                if self._console is not None:
+                    self._console.settle()  # the last lines printed reach the final tick
                 self._server.stop()
+                if self._console is not None:
+                    console_tee.release(self._console)
         except Exception as exc:  # closing must never raise into the caller (or atexit)
             warn(f"tdbg: error while closing the probe: {exc}")
         _live.discard(self)
@@ -685,6 +693,11 @@ def watch(model: Models, optimizer: Optimizers | None = None, **options: Any) ->
     :mod:`tdbg.probe.serving.recorder`); with ``serve=False`` it records without a socket. The first
     watch() that uses ``$TDBG_RECORD`` removes it from ``os.environ``: subprocesses started
     afterwards do not inherit it and record nothing unless given ``record=``.
+
+    ``console``: the process's stdout and stderr are captured for the TUI's console screen
+    (``j``), the recording and ``tdbg dump`` while the probe serves or records, the terminal
+    showing every byte as before (:mod:`tdbg.probe.console_tee`); ``console=False`` or
+    ``TDBG_CONSOLE=0`` leaves them alone.
     """
     modules = _modules_of(model)
     for module in modules:

@@ -33,6 +33,7 @@ class ProbeOptions:
     record: str | os.PathLike[str] | None = None
     total_steps: int | None = None
     skip_nonfinite: bool = False
+    console: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.overhead_budget > 0:
