@@ -1,4 +1,4 @@
-"""The run's console: fds 1 and 2 teed to the terminal unchanged, their lines kept in a bounded ring.
+"""The run's console: fds 1 and 2 teed to the terminal unchanged, their lines kept in a ring.
 
 Each captured fd is replaced by the writing end of a pty (when it was a terminal, so that
 ``isatty()``, the window size and progress bars behave as before) or of a pipe (a file, a pipe:
@@ -39,7 +39,8 @@ STDOUT, STDERR = 1, 2
 
 
 def wanted(option: bool | None = None) -> bool:
-    """Capture unless ``console=False`` was passed, or ``$TDBG_CONSOLE`` is ``0``/``false``/``no``."""
+    """Capture unless ``console=False`` was passed, or ``$TDBG_CONSOLE`` is ``0`` (or ``false``,
+    ``no``, ``off``)."""
     if option is not None:
         return bool(option)
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -100,7 +101,9 @@ class ConsoleTee:
             self._open_channels()
             self._wake_r, self._wake_w = os.pipe()
             os.set_blocking(self._wake_w, False)
-            self._thread = threading.Thread(target=self._read_loop, name="tdbg-console", daemon=True)
+            self._thread = threading.Thread(
+                target=self._read_loop, name="tdbg-console", daemon=True
+            )
             self.running = True
             self._thread.start()
         except Exception as exc:
@@ -115,9 +118,9 @@ class ConsoleTee:
         for fd in (STDOUT, STDERR):
             with contextlib.suppress(OSError):
                 stats[fd] = os.fstat(fd)
-        same = (
-            len(stats) == 2
-            and (stats[1].st_dev, stats[1].st_ino) == (stats[2].st_dev, stats[2].st_ino)
+        same = len(stats) == 2 and (stats[1].st_dev, stats[1].st_ino) == (
+            stats[2].st_dev,
+            stats[2].st_ino,
         )
         groups = [(STDOUT, (STDOUT, STDERR))] if same else [(fd, (fd,)) for fd in stats]
         for stream, fds in groups:

@@ -15,8 +15,13 @@ from tdbg.protocol.messages.console import MAX_LINE, MAX_LINES, ConsoleLines
 MAX_PER_TICK = 2000
 
 
-def _lines(first: int, kept: list[tuple[int, bytes]], open_: dict[int, bytes], step: int | None,
-           history: bool) -> list[ConsoleLines]:
+def _lines(
+    first: int,
+    kept: list[tuple[int, bytes]],
+    open_: dict[int, bytes],
+    step: int | None,
+    history: bool,
+) -> list[ConsoleLines]:
     out: list[ConsoleLines] = []
     for i in range(0, len(kept), MAX_LINES):
         chunk = kept[i : i + MAX_LINES]
