@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
+from tdbg.model.console_log import plain
 from tdbg.protocol.messages.console import STDERR, ConsoleLines
-
-# What a terminal would act on rather than show: escape sequences (colours, cursor moves, titles)
-# and the other control characters but tab. A recording may come from anyone's run: its text is
-# printed, never obeyed.
-_CONTROL = re.compile(
-    r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC (a title, a link) to BEL or ST
-    r"|\x1b\[[0-?]*[ -/]*[@-~]"  # CSI (colours, cursor moves)
-    r"|\x1b.?"  # any other escape
-    r"|[\x00-\x08\x0a-\x1f\x7f-\x9f]"  # control characters but tab
-)
-
-
-def plain(text: str) -> str:
-    """``text`` without escape sequences or control characters (a tab kept)."""
-    return _CONTROL.sub("", text)
 
 
 def console_events(msg: dict[str, Any]) -> Iterator[dict[str, Any]]:
