@@ -85,6 +85,7 @@ class ConsoleTee:
         self._stopping = False
         self._settle = threading.Event()  # asked: tell me when the pipes are empty
         self._settled = threading.Event()
+        self._finish_open = False
         self.running = False
         self.failed: str | None = None  # why capture stopped early (the reader died)
         self.users = 0  # probes holding it (capture / release)
@@ -162,12 +163,15 @@ class ConsoleTee:
         os.close(write_fd)  # fd 1 (and 2) hold the writing end now
         return channel
 
-    def settle(self, timeout: float = SETTLE_SECONDS) -> bool:
+    def settle(self, timeout: float = SETTLE_SECONDS, finish: bool = False) -> bool:
         """Flush Python's own buffers and wait (at most ``timeout``) until the reader has taken
-        everything written so far: the last lines before a probe closes reach the console."""
-        if not self.running or self._thread is None or os.getpid() != self._pid:
+        everything written so far: the last lines before a probe closes reach the console.
+        ``finish``: an unfinished line (``no newline at exit``) is kept as a line too."""
+        thread = self._thread
+        if not self.running or thread is None or not thread.is_alive() or os.getpid() != self._pid:
             return False
         _flush_python_streams()
+        self._finish_open = finish
         self._settled.clear()
         self._settle.set()
         self._wake()
@@ -178,7 +182,7 @@ class ConsoleTee:
         (the reader goes on draining until every writer, a forked worker too, has let go)."""
         if not self.running or os.getpid() != self._pid:
             return
-        self.settle(timeout)
+        self.settle(timeout, finish=True)
         self.running = False
         self._stopping = True
         self._restore()
@@ -247,6 +251,10 @@ class ConsoleTee:
                 _write_all(channel.saved, data)  # the terminal first, as it was
                 self._take(channel, data)
             if not got and settling:
+                if self._finish_open:
+                    for channel in by_fd.values():
+                        if channel.pending:
+                            self._take(channel, b"\n")
                 self._settle.clear()
                 self._settled.set()
             if not ready and not self._stopping:
@@ -396,7 +404,9 @@ def release(tee: ConsoleTee) -> None:
         return
     tee.users -= 1
     if tee.users <= 0 and not tee.pinned:
-        tee.stop()
+        tee.stop()  # the last lines, an unfinished one too, reach the probe's final tick
+    else:
+        tee.settle(finish=True)
 
 
 def current() -> ConsoleTee | None:

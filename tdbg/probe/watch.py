@@ -500,10 +500,10 @@ class Probe:
             self._hooks.remove()
             if os.getpid() == self._pid:
                 if self._console is not None:
-                    self._console.settle()  # the last lines printed reach the final tick
-                self._server.stop()
-                if self._console is not None:
+                    # The last lines printed reach the final tick; the fds are given back
+                    # when no other probe holds the capture.
                     console_tee.release(self._console)
+                self._server.stop()
         except Exception as exc:  # closing must never raise into the caller (or atexit)
             warn(f"tdbg: error while closing the probe: {exc}")
         _live.discard(self)
