@@ -61,6 +61,7 @@ SLOW_MODULES = frozenset(
         "test_zero_code",
         "test_tui_live",
         "test_console",
+        "test_tui_console_live",
     }
 )
 
