@@ -1,0 +1,138 @@
+"""What the console capture costs a flood of output: a loop printing N lines as fast as it can.
+
+Each round runs three fresh interpreters, in turn: the loop unwatched; watched with the console
+left alone (``TDBG_CONSOLE=0``); watched with it captured (the default). The loop's own wall
+time is timed inside the child (from its first print to its last, flushed), so imports and the
+probe's start are left out. Output goes to a file (``--to file``: a pipe where Python buffers
+8 KiB writes) or to a pseudo-terminal drained by this process (``--to tty``: line-buffered, one
+write a line, what an interactive run does). Printed: the median over the rounds of each
+arm's loop time and the ratios captured / console-off and console-off / unwatched, with each
+ratio's spread across rounds, and the lines the console held at the end (bounded at 5,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = textwrap.dedent(
+    r"""
+    import os, sys, time
+    lines, watched, report = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
+    probe = None
+    if watched:
+        import torch, tdbg
+        m = torch.nn.Linear(4, 1)
+        probe = tdbg.watch(m, torch.optim.SGD(m.parameters(), 0.1))
+    start = time.perf_counter()
+    for i in range(lines):
+        print(f"step {i} loss 0.12345 lr 0.001 | some more text to make it a line")
+    sys.stdout.flush()
+    seconds = time.perf_counter() - start
+    held = -1
+    if probe is not None:
+        from tdbg.probe import console_tee
+        tee = console_tee.current()
+        held = len(tee.lines) if tee is not None else 0
+        probe.close()
+    os.write(report, f"{seconds} {held}\n".encode())
+    """
+)
+
+
+def _drain(master: int) -> None:
+    while True:
+        try:
+            if not os.read(master, 1 << 16):
+                return
+        except OSError:
+            return
+
+
+def run_once(lines: int, arm: str, to: str, script: Path, runtime: str) -> tuple[float, int]:
+    env = dict(os.environ, TDBG_RUNTIME_DIR=runtime, TDBG_CONSOLE="0" if arm == "off" else "1")
+    env["PYTHONPATH"] = str(ROOT)
+    watched = "0" if arm == "bare" else "1"
+    report_r, report_w = os.pipe()
+    master = -1
+    drain: threading.Thread | None = None
+    if to == "tty":
+        master, out = os.openpty()
+        drain = threading.Thread(target=_drain, args=(master,), daemon=True)
+        drain.start()
+    else:
+        out = os.open(os.devnull if to == "null" else tempfile.mktemp(), os.O_WRONLY | os.O_CREAT)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(lines), watched, str(report_w)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(report_w,),
+        )
+        os.close(out)
+        os.close(report_w)
+        report = b""
+        while chunk := os.read(report_r, 256):
+            report += chunk
+        if proc.wait(120) != 0:
+            raise SystemExit(f"the {arm} child failed")
+    finally:
+        os.close(report_r)
+        if drain is not None:
+            drain.join(5)
+            os.close(master)
+    seconds, held = report.split()
+    return float(seconds), int(held)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--lines", type=int, default=100_000)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--to", choices=("file", "tty", "null"), default="tty")
+    args = p.parse_args(argv)
+    times: dict[str, list[float]] = {"bare": [], "off": [], "on": []}
+    held = 0
+    with tempfile.TemporaryDirectory(prefix="tdbg-b-", dir="/tmp") as tmp:
+        os.chmod(tmp, 0o700)
+        script = Path(tmp) / "flood.py"
+        script.write_text(CHILD)
+        for r in range(args.rounds):
+            for arm in ("bare", "off", "on"):
+                seconds, kept = run_once(args.lines, arm, args.to, script, tmp)
+                times[arm].append(seconds)
+                held = kept if arm == "on" else held
+            print(
+                f"round {r + 1}: bare {times['bare'][-1]:.3f} s, console off "
+                f"{times['off'][-1]:.3f} s, captured {times['on'][-1]:.3f} s",
+                flush=True,
+            )
+    med = {arm: statistics.median(v) for arm, v in times.items()}
+    on_off = [a / b for a, b in zip(times["on"], times["off"], strict=True)]
+    off_bare = [a / b for a, b in zip(times["off"], times["bare"], strict=True)]
+    print(
+        f"{args.lines:,} lines to a {args.to}, median of {args.rounds} rounds: unwatched "
+        f"{med['bare']:.3f} s, watched with the console off {med['off']:.3f} s, captured "
+        f"{med['on']:.3f} s"
+    )
+    print(
+        f"captured / console off: {statistics.median(on_off):.3f} "
+        f"({min(on_off):.3f}-{max(on_off):.3f}); console off / unwatched: "
+        f"{statistics.median(off_bare):.3f} ({min(off_bare):.3f}-{max(off_bare):.3f}); "
+        f"lines held at the end: {held:,}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
