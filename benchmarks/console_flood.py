@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("bare", "off", "on")  # unwatched; watched, TDBG_CONSOLE=0; watched, captured
 
 CHILD = textwrap.dedent(
     r"""
@@ -33,18 +34,19 @@ CHILD = textwrap.dedent(
         import torch, tdbg
         m = torch.nn.Linear(4, 1)
         probe = tdbg.watch(m, torch.optim.SGD(m.parameters(), 0.1))
-    start = time.perf_counter()
+    start, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
     for i in range(lines):
         print(f"step {i} loss 0.12345 lr 0.001 | some more text to make it a line")
     sys.stdout.flush()
     seconds = time.perf_counter() - start
+    cpu, own = time.process_time() - cpu, time.thread_time() - own
     held = -1
     if probe is not None:
         from tdbg.probe import console_tee
         tee = console_tee.current()
         held = len(tee.lines) if tee is not None else 0
         probe.close()
-    os.write(report, f"{seconds} {held}\n".encode())
+    os.write(report, f"{seconds} {own} {cpu} {held}\n".encode())
     """
 )
 
@@ -58,7 +60,9 @@ def _drain(master: int) -> None:
             return
 
 
-def run_once(lines: int, arm: str, to: str, script: Path, runtime: str) -> tuple[float, int]:
+def run_once(
+    lines: int, arm: str, to: str, script: Path, runtime: str
+) -> tuple[float, float, float, int]:
     env = dict(os.environ, TDBG_RUNTIME_DIR=runtime, TDBG_CONSOLE="0" if arm == "off" else "1")
     env["PYTHONPATH"] = str(ROOT)
     watched = "0" if arm == "bare" else "1"
@@ -91,8 +95,8 @@ def run_once(lines: int, arm: str, to: str, script: Path, runtime: str) -> tuple
         if drain is not None:
             drain.join(5)
             os.close(master)
-    seconds, held = report.split()
-    return float(seconds), int(held)
+    seconds, own, cpu, held = report.split()
+    return float(seconds), float(own), float(cpu), int(held)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,36 +105,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--to", choices=("file", "tty", "null"), default="tty")
     args = p.parse_args(argv)
-    times: dict[str, list[float]] = {"bare": [], "off": [], "on": []}
+    figures: dict[str, dict[str, list[float]]] = {
+        arm: {"wall": [], "thread": [], "cpu": []} for arm in ARMS
+    }
     held = 0
     with tempfile.TemporaryDirectory(prefix="tdbg-b-", dir="/tmp") as tmp:
         os.chmod(tmp, 0o700)
         script = Path(tmp) / "flood.py"
         script.write_text(CHILD)
         for r in range(args.rounds):
-            for arm in ("bare", "off", "on"):
-                seconds, kept = run_once(args.lines, arm, args.to, script, tmp)
-                times[arm].append(seconds)
+            for arm in ARMS:
+                wall, own, cpu, kept = run_once(args.lines, arm, args.to, script, tmp)
+                for key, value in (("wall", wall), ("thread", own), ("cpu", cpu)):
+                    figures[arm][key].append(value)
                 held = kept if arm == "on" else held
             print(
-                f"round {r + 1}: bare {times['bare'][-1]:.3f} s, console off "
-                f"{times['off'][-1]:.3f} s, captured {times['on'][-1]:.3f} s",
+                f"round {r + 1}: "
+                + ", ".join(f"{arm} {figures[arm]['wall'][-1]:.3f} s" for arm in ARMS),
                 flush=True,
             )
-    med = {arm: statistics.median(v) for arm, v in times.items()}
-    on_off = [a / b for a, b in zip(times["on"], times["off"], strict=True)]
-    off_bare = [a / b for a, b in zip(times["off"], times["bare"], strict=True)]
-    print(
-        f"{args.lines:,} lines to a {args.to}, median of {args.rounds} rounds: unwatched "
-        f"{med['bare']:.3f} s, watched with the console off {med['off']:.3f} s, captured "
-        f"{med['on']:.3f} s"
-    )
-    print(
-        f"captured / console off: {statistics.median(on_off):.3f} "
-        f"({min(on_off):.3f}-{max(on_off):.3f}); console off / unwatched: "
-        f"{statistics.median(off_bare):.3f} ({min(off_bare):.3f}-{max(off_bare):.3f}); "
-        f"lines held at the end: {held:,}"
-    )
+    print(f"{args.lines:,} lines to a {args.to}, {args.rounds} rounds (median, min-max of ratios):")
+    for key, what in (
+        ("wall", "the loop's wall time"),
+        ("thread", "the printing thread's CPU"),
+        ("cpu", "the whole process's CPU (the tdbg-console thread's too)"),
+    ):
+        med = {arm: statistics.median(figures[arm][key]) for arm in ARMS}
+        on_off = [a / b for a, b in zip(figures["on"][key], figures["off"][key], strict=True)]
+        print(
+            f"  {what}: unwatched {med['bare']:.3f} s, console off {med['off']:.3f} s, "
+            f"captured {med['on']:.3f} s; captured / console off {statistics.median(on_off):.2f} "
+            f"({min(on_off):.2f}-{max(on_off):.2f})"
+        )
+    print(f"  lines the console held at the end: {held:,}")
     return 0
 
 

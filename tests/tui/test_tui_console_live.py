@@ -86,14 +86,17 @@ async def test_a_live_run_s_lines_are_shown_and_searched(tmp_path: Path, runtime
             await wait_for(pilot, lambda: isinstance(app.screen, ConsoleScreen), "the screen")
             screen = app.screen
             assert isinstance(screen, ConsoleScreen)
-            await shows(pilot, app, "step 0 loss", "WARNING: step 50")
+            await shows(pilot, app, " loss 0.", "WARNING: step ", "is a multiple of 50")
+            assert state.console.lines[0].text.startswith("step 0 loss")  # from the run's start
             stderr = [line for line in state.console.lines if line.text.startswith("WARNING")]
             assert stderr and all(line.stderr for line in stderr)  # two files: told apart
             await pilot.press("slash", *"multiple of", "enter")
-            await wait_for(pilot, lambda: screen.current is not None, "a match chosen")
+            (chosen,) = await wait_for(
+                pilot, lambda: None if screen.current is None else (screen.current,), "a match"
+            )
             view = screen.query_one(ConsoleView)
             current = view.get_component_rich_style("console-view--current")
-            row = screen.current - view.scroll_offset.y
+            row = chosen - view.scroll_offset.y
             await wait_for(
                 pilot,
                 lambda: any(s.style == current for s in view.render_line(row)),

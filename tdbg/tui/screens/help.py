@@ -22,7 +22,6 @@ u            heatmap: gradient norms / each layer's update ratio (Δw/w)
 o            gradient table: sort by name / norm / trend (or click a header)
 t            gradients: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type; enter keeps, escape clears
-j            the run's console (stdout, stderr): / search, n N next / previous match
 i            the model: per layer its type, parameters, frozen or not, dtype,
              device, bytes, optimizer; the layers to look at (tdbg summary)
 ↑ ↓ PgUp PgDn  scroll the focused panel

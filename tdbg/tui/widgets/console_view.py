@@ -94,7 +94,7 @@ class ConsoleView(ScrollView, can_focus=True):
         key = (line.seq, index, index == self.current, self.pattern)
         strip = self._cache.get(key)
         if strip is None:
-            strip = self._render(line, index)
+            strip = self._line_strip(line, index)
             self._cache[key] = strip
             if len(self._cache) > CACHE_LINES:
                 self._cache.popitem(last=False)
@@ -103,7 +103,7 @@ class ConsoleView(ScrollView, can_focus=True):
         x = self.scroll_offset.x
         return strip.crop(x, x + width).extend_cell_length(width, self.rich_style)
 
-    def _render(self, line: ConsoleLine, index: int) -> Strip:
+    def _line_strip(self, line: ConsoleLine, index: int) -> Strip:
         text = Text.from_ansi(coloured(line.text), no_wrap=True, end="")
         text.stylize(self.rich_style, 0)
         if line.stderr:
