@@ -1,13 +1,15 @@
 """What the console capture costs a flood of output: a loop printing N lines as fast as it can.
 
-Each round runs three fresh interpreters, in turn: the loop unwatched; watched with the console
-left alone (``TDBG_CONSOLE=0``); watched with it captured (the default). The loop's own wall
-time is timed inside the child (from its first print to its last, flushed), so imports and the
-probe's start are left out. Output goes to a file (``--to file``: a pipe where Python buffers
-8 KiB writes) or to a pseudo-terminal drained by this process (``--to tty``: line-buffered, one
-write a line, what an interactive run does). Printed: the median over the rounds of each
-arm's loop time and the ratios captured / console-off and console-off / unwatched, with each
-ratio's spread across rounds, and the lines the console held at the end (bounded at 5,000).
+Each round runs four fresh interpreters, in turn: the loop unwatched; watched with the console
+left alone (``TDBG_CONSOLE=0``); watched with it captured (the default); watched with it left
+alone again (the baseline against itself: the machine's noise). The loop is timed inside the
+child, from its first print to its last, flushed, so imports and the probe's start are left
+out: its wall time, the printing thread's CPU time and the whole process's (the tdbg-console
+thread's too). Output goes to a pseudo-terminal drained by this process (``--to tty``, the
+default: line-buffered, one write a line, an interactive run) or to a file (``--to file``:
+Python writes 8 KiB at a time). Printed: each figure's median over the rounds, the ratio
+captured / console off and console off against itself (median, min-max over the rounds), and
+the lines the console held at the end (bounded at 5,000).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ARMS = ("bare", "off", "on")  # unwatched; watched, TDBG_CONSOLE=0; watched, captured
+# Unwatched; watched, TDBG_CONSOLE=0; watched, captured; watched, TDBG_CONSOLE=0 again (the
+# machine's noise: the baseline against itself).
+ARMS = ("bare", "off", "on", "off2")
 
 CHILD = textwrap.dedent(
     r"""
@@ -63,7 +67,7 @@ def _drain(master: int) -> None:
 def run_once(
     lines: int, arm: str, to: str, script: Path, runtime: str
 ) -> tuple[float, float, float, int]:
-    env = dict(os.environ, TDBG_RUNTIME_DIR=runtime, TDBG_CONSOLE="0" if arm == "off" else "1")
+    env = dict(os.environ, TDBG_RUNTIME_DIR=runtime, TDBG_CONSOLE="1" if arm == "on" else "0")
     env["PYTHONPATH"] = str(ROOT)
     watched = "0" if arm == "bare" else "1"
     report_r, report_w = os.pipe()
@@ -132,10 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     ):
         med = {arm: statistics.median(figures[arm][key]) for arm in ARMS}
         on_off = [a / b for a, b in zip(figures["on"][key], figures["off"][key], strict=True)]
+        noise = [a / b for a, b in zip(figures["off2"][key], figures["off"][key], strict=True)]
         print(
             f"  {what}: unwatched {med['bare']:.3f} s, console off {med['off']:.3f} s, "
             f"captured {med['on']:.3f} s; captured / console off {statistics.median(on_off):.2f} "
-            f"({min(on_off):.2f}-{max(on_off):.2f})"
+            f"({min(on_off):.2f}-{max(on_off):.2f}), console off against itself "
+            f"{statistics.median(noise):.2f} ({min(noise):.2f}-{max(noise):.2f})"
         )
     print(f"  lines the console held at the end: {held:,}")
     return 0
