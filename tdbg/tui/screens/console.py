@@ -16,7 +16,7 @@ from tdbg.model.run_state import RunState
 from tdbg.tui.widgets.console_view import ConsoleView
 
 REPAINT = 0.25  # seconds between looks at the run's state (live: new lines)
-HINT = "/ search · n N next / previous match · ↑ ↓ PgUp PgDn Home End scroll · escape back"
+HINT = "/ search · n N next / previous match · ↑ ↓ PgUp PgDn Home End · escape back"
 
 
 class ConsoleScreen(Screen[None]):
@@ -155,7 +155,7 @@ class ConsoleScreen(Screen[None]):
             where = (
                 f"match {self.matched.index(self.current) + 1} of {len(self.matched)}"
                 if self.current is not None and self.current in self.matched
-                else f"{len(self.matched)} matching lines"
+                else f"{len(self.matched)} matching line{'' if len(self.matched) == 1 else 's'}"
             )
             foot.update(f"/{self.search_text} · {where}")
         else:
