@@ -48,7 +48,7 @@ CHILD = textwrap.dedent(
     if probe is not None:
         from tdbg.probe import console_tee
         tee = console_tee.current()
-        held = len(tee.lines) if tee is not None else 0
+        held = tee.held if tee is not None else 0
         probe.close()
     os.write(report, f"{seconds} {own} {cpu} {held}\n".encode())
     """

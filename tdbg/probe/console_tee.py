@@ -30,6 +30,7 @@ from itertools import repeat
 
 ENV = "TDBG_CONSOLE"  # "0": do not capture the console
 RING_LINES = 5000  # the lines kept; older ones are dropped, their count kept by the sequence
+RING_BYTES = 8 << 20  # ... and at most this much of what was written (very long lines: fewer)
 MAX_LINE = 2000  # bytes kept of one line (and of a line not finished yet): 10 MB ring at most
 READ_BYTES = 1 << 16
 PIPE_BYTES = 1 << 20  # a pipe's capacity raised where the kernel lets us: a burst never waits
@@ -72,11 +73,16 @@ class ConsoleTee:
     """Captures fds 1 and 2 of this process; ``since(seq)`` reads the lines from any thread."""
 
     def __init__(self, ring_lines: int = RING_LINES) -> None:
-        self.lines: deque[tuple[int, bytes]] = deque(maxlen=ring_lines)  # (stream, line)
+        # What was written, as read: (stream, first line's number, complete lines, how many).
+        # Kept whole and cut into lines only when asked (since()): a flood costs the reader a
+        # count of newlines a chunk, not a Python object a line.
+        self._chunks: deque[tuple[int, int, bytes, int]] = deque()
+        self.ring_lines = ring_lines
+        self._held_lines = 0
+        self._held_bytes = 0
         self.total = 0  # lines completed so far: the next line's sequence number
         self.open: dict[int, bytes] = {}  # per stream, its unfinished line (a progress bar)
         self.revision = 0  # changes whenever lines or open lines do
-        self.cut = 0  # lines cut at MAX_LINE bytes
         self._lock = threading.Lock()  # held for a deque extend or copy, nothing longer
         self._channels: list[_Channel] = []
         self._pid = os.getpid()
@@ -281,29 +287,31 @@ class ConsoleTee:
                 os.close(fd)
 
     def _take(self, channel: _Channel, data: bytes) -> None:
-        """Split into lines (C-level work: a flood costs the reader little GIL time)."""
+        """Keep the complete lines of what was read, as one chunk (C-level work only)."""
         stream = channel.stream
         joined = channel.pending + data
-        if b"\n" not in data:
+        end = joined.rfind(b"\n")
+        if end < 0:
             channel.pending = _tail(joined)
             with self._lock:
                 self.open[stream] = last_state(channel.pending)
                 self.revision += 1
             return
-        parts = joined.split(b"\n")
-        rest = _tail(parts.pop())
-        if b"\r" in joined:
-            parts = [last_state(p) for p in parts]
-        skipped = max(0, len(parts) - (self.lines.maxlen or RING_LINES))
-        if skipped:
-            parts = parts[skipped:]
-        if max(map(len, parts)) > MAX_LINE:
-            self.cut += sum(1 for p in parts if len(p) > MAX_LINE)
-            parts = [p[:MAX_LINE] for p in parts]
-        channel.pending = rest
+        body = joined[: end + 1]
+        channel.pending = rest = _tail(joined[end + 1 :])
+        n = body.count(b"\n")
+        chunks = self._chunks
         with self._lock:
-            self.lines.extend(zip(repeat(stream), parts, strict=False))
-            self.total += skipped + len(parts)
+            chunks.append((stream, self.total, body, n))
+            self.total += n
+            self._held_lines += n
+            self._held_bytes += len(body)
+            while len(chunks) > 1 and (
+                self._held_lines - chunks[0][3] >= self.ring_lines or self._held_bytes > RING_BYTES
+            ):
+                _, _, old, k = chunks.popleft()
+                self._held_lines -= k
+                self._held_bytes -= len(old)
             if rest:
                 self.open[stream] = last_state(rest)
             else:
@@ -320,19 +328,42 @@ class ConsoleTee:
                     _write_all(channel.saved, data)
 
     # --- reading the ring (any thread) -----------------------------------------------------
-    def since(self, seq: int) -> tuple[int, list[tuple[int, bytes]], dict[int, bytes]]:
+    def since(
+        self, seq: int, limit: int | None = None
+    ) -> tuple[int, list[tuple[int, bytes]], dict[int, bytes]]:
         """``(first, lines, open)``: the kept lines from sequence ``seq`` on (from the oldest
-        kept when ``seq`` is older: ``first - seq`` lines were dropped), then the unfinished
-        lines by stream."""
+        kept when ``seq`` is older: ``first - seq`` lines were dropped; at most the newest
+        ``limit``), each cut to MAX_LINE bytes, a progress bar at its last state; then the
+        unfinished lines by stream. The cutting into lines is done here, for these lines only."""
         with self._lock:
             total = self.total
-            kept = list(self.lines)
+            chunks = list(self._chunks)
             still_open = dict(self.open)
-        first = total - len(kept)
-        if seq > first:
-            kept = kept[min(len(kept), seq - first) :]
-            first = min(seq, total)
-        return first, kept, still_open
+        start = max(seq, total - self.ring_lines, total - (limit if limit is not None else total))
+        if chunks:
+            start = max(start, chunks[0][1])
+        start = min(start, total)
+        pieces: list[list[tuple[int, bytes]]] = []
+        for stream, first, body, n in reversed(chunks):
+            if first + n <= start:
+                break
+            parts = body.split(b"\n")
+            parts.pop()  # after the last newline: nothing
+            if first < start:
+                parts = parts[start - first :]
+            if b"\r" in body:
+                parts = [last_state(p) for p in parts]
+            if max(map(len, parts), default=0) > MAX_LINE:
+                parts = [p[:MAX_LINE] for p in parts]
+            pieces.append(list(zip(repeat(stream), parts, strict=False)))
+        lines = [line for piece in reversed(pieces) for line in piece]
+        return start, lines, still_open
+
+    @property
+    def held(self) -> int:
+        """How many lines :meth:`since` can give now (at most ``ring_lines``)."""
+        with self._lock:
+            return min(self.ring_lines, self._held_lines)
 
 
 def _tail(pending: bytes) -> bytes:

@@ -167,7 +167,7 @@ FLOOD = textwrap.dedent(
             break
     first = lines[0]["seq"]
     texts = [t for msg in lines for t in msg["text"]]
-    report = {"held": len(tee.lines), "total": tee.total, "first": first, "n": len(texts),
+    report = {"held": tee.held, "total": tee.total, "first": first, "n": len(texts),
               "last": texts[-1], "history": all(m.get("history") for m in lines)}
     print(repr(report), file=sys.__stderr__)
     probe.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tdbg.probe import console_tee
 from tdbg.probe.console_tee import MAX_LINE, ConsoleTee, _Channel, last_state
 
@@ -41,9 +43,20 @@ def test_the_ring_and_the_lines_are_bounded() -> None:
     first, lines, _ = tee.since(0)
     assert tee.total == 1000 and first == 900 and len(lines) == 100
     assert lines[-1] == (1, b"line 999")
+    assert tee.held == 100 and tee.since(950, limit=10)[0] == 990
     tee._take(ch, b"x" * (3 * MAX_LINE) + b"\n" + b"y" * (5 * MAX_LINE))
-    assert tee.lines[-1] == (1, b"x" * MAX_LINE) and len(tee.open[1]) == MAX_LINE
-    assert tee.cut == 1
+    assert tee.since(1000) == (1000, [(1, b"x" * MAX_LINE)], {1: b"y" * MAX_LINE})
+
+
+def test_the_bytes_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(console_tee, "RING_BYTES", 1000)
+    tee = ConsoleTee()
+    ch = _channel()
+    for i in range(50):
+        tee._take(ch, b"%03d" % i + b"." * 96 + b"\n")  # 100 bytes a line, a chunk each
+    first, lines, _ = tee.since(0)
+    assert tee.total == 50 and 9 <= len(lines) <= 10 and lines[-1][1].startswith(b"049")
+    assert first == 50 - len(lines)
 
 
 def test_the_opt_out() -> None:

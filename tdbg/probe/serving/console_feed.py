@@ -64,7 +64,7 @@ class ConsoleFeed:
         if tee is None or tee.revision == self._revision:
             return []
         self._revision = tee.revision
-        first, kept, open_ = tee.since(self.next_seq)
+        first, kept, open_ = tee.since(self.next_seq, MAX_PER_TICK)
         if not kept and open_ == self._open:
             return []
         self.dropped += max(0, first - self.next_seq)
