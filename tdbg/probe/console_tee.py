@@ -24,6 +24,7 @@ import select
 import sys
 import termios
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -36,6 +37,8 @@ READ_BYTES = 1 << 16
 PIPE_BYTES = 1 << 20  # a pipe's capacity raised where the kernel lets us: a burst never waits
 SETTLE_SECONDS = 0.5  # how long closing waits for the reader to take what was written (R56)
 WINSIZE_SECONDS = 1.0  # how often a pty's window size follows the real terminal's
+BATCH_BYTES = 1 << 15  # a pipe's read shorter than this: the reader pauses BATCH_SECONDS
+BATCH_SECONDS = 0.001
 STDOUT, STDERR = 1, 2
 
 
@@ -237,7 +240,7 @@ class ConsoleTee:
         while by_fd:
             settling = self._settle.is_set()
             ready = poller.poll(0 if settling else WINSIZE_SECONDS * 1000)
-            got = False
+            got = short = False
             for fd, _ in ready:
                 if fd == self._wake_r:
                     with contextlib.suppress(OSError):
@@ -254,6 +257,7 @@ class ConsoleTee:
                     self._finish(channel)
                     continue
                 got = True
+                short = short or (not channel.tty and len(data) < BATCH_BYTES)
                 _write_all(channel.saved, data)  # the terminal first, as it was
                 self._take(channel, data)
             if not got and settling:
@@ -265,10 +269,14 @@ class ConsoleTee:
                 self._settled.set()
             if not ready and not self._stopping:
                 next_winsize = self._follow_winsize(next_winsize)
+            elif short and not settling and not self._stopping:
+                # A pipe (1 MiB: far more than a millisecond of any flood) that had little in
+                # it: let more gather. Waking for each of a flood's writes takes the GIL from
+                # the writer each time (measured: 17,000 switches for 100,000 lines). Not a
+                # pty: its buffer is small, and a writer waiting on it would be slowed.
+                time.sleep(BATCH_SECONDS)
 
     def _follow_winsize(self, due: float) -> float:
-        import time
-
         now = time.monotonic()
         if now >= due:
             for channel in self._channels:
