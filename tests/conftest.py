@@ -25,6 +25,11 @@ sys.path[1:1] = [str(d) for d in sorted(_TESTS.iterdir()) if any(d.glob("test_*.
 
 from waiting import TIMEOUT, wait_until  # noqa: E402
 
+# The console capture (watch() tees fds 1 and 2) would tee pytest's own fd capture, which pytest
+# swaps under it at each test; the suite's runs leave the console alone unless a test turns it
+# on (tests/probe/test_console.py runs its scripts with TDBG_CONSOLE=1, as users run).
+os.environ.setdefault("TDBG_CONSOLE", "0")
+
 if TYPE_CHECKING:
     import torch
 
@@ -55,6 +60,8 @@ SLOW_MODULES = frozenset(
         "test_integrations_accelerate",
         "test_zero_code",
         "test_tui_live",
+        "test_console",
+        "test_tui_console_live",
     }
 )
 

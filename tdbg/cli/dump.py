@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -10,6 +9,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from tdbg.cli.dump_console import console_events, event_line
 from tdbg.connect.client import ProbeClient
 from tdbg.format import finite as finite
 from tdbg.format import finite_tree as finite_tree
@@ -296,6 +296,8 @@ def message_events(
                 yield event
         elif mtype == "metrics":
             yield from metric_events(msg)
+        elif mtype == "console":
+            yield from console_events(msg)
         elif mtype == "synced":
             yield {"type": "synced"}
         elif mtype == "bye":
@@ -402,13 +404,16 @@ def _messages_until(client: ProbeClient, deadline: float | None) -> Iterator[dic
                 return
 
 
-def dump_recording(path: str, out: TextIO, window: Window) -> int:
-    """``tdbg dump FILE``: a recording as JSON lines on ``out``; where a damaged or cut-short
-    file stopped goes to stderr. Raises RecordingError when the file is not a recording."""
+def dump_recording(path: str, out: TextIO, window: Window, console: bool = False) -> int:
+    """``tdbg dump FILE``: a recording as JSON lines on ``out`` (``console``: its console's
+    lines as text); where a damaged or cut-short file stopped goes to stderr. Raises
+    RecordingError when the file is not a recording."""
     recording = open_recording(path)
     ended = False
     for event in windowed(recording_events(recording), window):
-        out.write(json.dumps(event, separators=(",", ":")) + "\n")
+        line = event_line(event, console)
+        if line is not None:
+            out.write(line)
         ended = event["type"] == "end"
     out.flush()
     note = recording.end_note

@@ -31,6 +31,7 @@ from tdbg.cli.dives import (
     cmd_snapshot,
 )
 from tdbg.cli.dump import Window, dump_events, job_event, windowed
+from tdbg.cli.dump_console import event_line
 from tdbg.cli.errors import CliError
 from tdbg.cli.export import add_export_parser
 from tdbg.cli.job_dives import cmd_job_dive, rank_list
@@ -75,14 +76,17 @@ def cmd_dump(args: argparse.Namespace, out: TextIO) -> int:
         if args.follow:
             raise CliError("--follow needs a live run: a recording has no new steps to wait for")
         try:
-            return dump_recording(args.target, out, Window.of_recording(args.last, args.count))
+            window = Window.of_recording(args.last, args.count)
+            return dump_recording(args.target, out, window, args.console)
         except RecordingError as exc:
             raise CliError(str(exc)) from None
     window = Window.of(args.follow, args.last, args.count)
     client = attach_target(target, args.target, args.timeout, args)
     try:
         for event in windowed(dump_events(client, args.timeout), window):
-            out.write(json.dumps(event, separators=(",", ":")) + "\n")
+            line = event_line(event, args.console)
+            if line is not None:
+                out.write(line)
             if event["type"] == "end" and event.get("reason") == "slow_consumer":
                 print(
                     "tdbg: the probe dropped this client: it read too slowly (over 1 MiB unread "
@@ -256,6 +260,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="stop after N live steps (taken after attaching); implies no history unless "
         "--last; of a recording, its first N steps",
+    )
+    dump.add_argument(
+        "--console",
+        action="store_true",
+        help="only the run's console (its stdout and stderr lines), as plain text",
     )
     dump.add_argument(
         "--timeout",

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tdbg.model.columns import GrowArray, StepBatch, thin_mask
+from tdbg.model.console_log import ConsoleLog
 from tdbg.model.deep import DeepState
 from tdbg.model.distributions import LayerDistributions
 from tdbg.model.grad_history import GradHistory
@@ -20,6 +21,7 @@ from tdbg.model.step_summaries import Clipping, StepSummaries
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import LayerPresence, read_layer_presence, read_metrics
 from tdbg.protocol.messages.alert import Alert
+from tdbg.protocol.messages.console import ConsoleLines
 from tdbg.protocol.messages.histograms import Histograms
 from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.protocol.messages.run import read_layer_facts
@@ -88,6 +90,7 @@ class RunState:
         self.update_history = GradHistory(0)
         # Each layer's weight and gradient histograms over the steps that counted them.
         self.distributions = LayerDistributions()
+        self.console = ConsoleLog()  # the run's stdout/stderr lines
         self.metrics = MetricStore()
         self.steps = GrowArray(np.int64)
         self.has_loss = GrowArray(np.bool_)
@@ -166,6 +169,10 @@ class RunState:
             if counted is None:
                 return
             self.distributions.add(counted)
+        elif mtype == "console":
+            lines = ConsoleLines.from_wire(message)
+            if lines is not None:
+                self.console.add(lines)
         elif mtype == "alert":
             self._apply_alert(message)
         elif mtype == "system":

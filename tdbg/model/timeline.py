@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import itertools
 import math
 from collections import deque
 from typing import Any
@@ -27,11 +28,13 @@ from typing import Any
 import numpy as np
 
 from tdbg.model.columns import StepBatch
+from tdbg.model.console_log import KEEP_LINES, ConsoleLog
 from tdbg.model.deep import DeepState
 from tdbg.model.distributions import LayerDistributions
 from tdbg.model.grad_history import GradHistory
 from tdbg.model.run_state import MAX_ALERTS, Alert, RunState, ratio_rows
 from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.messages.console import ConsoleLines
 from tdbg.protocol.messages.histograms import Histograms
 from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.protocol.messages.results import Activations
@@ -77,6 +80,8 @@ class Timeline:
         self._updates: list[UpdateRatios] = []  # in the order recorded (their steps ascend)
         self._histograms: list[Histograms] = []  # likewise
         self._outputs: list[Activations] = []  # activation samples with histograms, likewise
+        self._console: list[ConsoleLines] = []  # likewise (lines before the first step: -1)
+        console_steps: list[int] = []
         grad_steps: list[np.ndarray] = []
         grad_rows: list[np.ndarray] = []
         for msg in recording.messages() if messages is None else messages:
@@ -99,6 +104,9 @@ class Timeline:
                 self._updates.append(measured)
             elif mtype == "histograms" and (counted := Histograms.from_wire(msg)) is not None:
                 self._histograms.append(counted)
+            elif mtype == "console" and (lines := ConsoleLines.from_wire(msg)) is not None:
+                self._console.append(lines)
+                console_steps.append(-1 if lines.step is None else lines.step)
             elif mtype == "alert" and (alert := Alert.from_wire(msg)) is not None:
                 self._alerts.append((self._own_step(msg, position), alert))
             elif mtype in ("system", "probe"):
@@ -131,6 +139,9 @@ class Timeline:
         self.full.distributions = LayerDistributions.of(self._histograms, self._outputs)
         self._histogram_steps = [h.step for h in self._histograms]
         self._output_steps = [a.step or 0 for a in self._outputs]
+        self.full.console = ConsoleLog.of(self._console)
+        # Sent at the step the probe had reached: ascending, as the ticks that sent them.
+        self._console_steps = list(itertools.accumulate(console_steps, max))
         self.ended = recording.ended
         self.note = recording.end_note
 
@@ -197,6 +208,7 @@ class Timeline:
         if not len(self):
             state.grads = GradHistory(len(full.layer_names))
             state.deep = self._deep_at(-1)
+            state.console = self._console_at(-1)
             state.system, state.probe = self._reports_at(-1)
             self._put_alerts(state, -1)
             return state
@@ -228,9 +240,20 @@ class Timeline:
         state.distributions = LayerDistributions.of(
             self._histograms[:shown_until], self._outputs[:outputs_until]
         )
+        state.console = self._console_at(step)
         state.system, state.probe = self._reports_at(step)
         state.deep = self._deep_at(step)
         return state
+
+    def _console_at(self, step: int) -> ConsoleLog:
+        """The console as it stood at ``step``: built from the newest messages that fill it, not
+        from every one (the cursor moves often; a long run sent thousands)."""
+        until = bisect.bisect_right(self._console_steps, step)
+        start, held = until, 0
+        while start > 0 and held < KEEP_LINES:
+            start -= 1
+            held += len(self._console[start].texts)
+        return ConsoleLog.of(self._console[start:until])
 
     def _put_alerts(self, state: RunState, step: int) -> None:
         shown = np.flatnonzero(self._alert_pos <= step)

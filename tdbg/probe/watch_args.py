@@ -36,6 +36,7 @@ class ProbeOptions:
     total_steps: int | None = None
     skip_nonfinite: bool = False
     oom_stacks: bool | None = None  # None: as $TDBG_OOM_STACKS says (off unless set to 1)
+    console: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.overhead_budget > 0:

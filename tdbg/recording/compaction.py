@@ -26,6 +26,7 @@ THINNED_KINDS = (
     "probe",
     "updates",
     "histograms",
+    "console",
 )  # what a budget bounds, kind by kind
 CHUNK_BYTES = 1 << 20  # consecutive steps batches are joined into frames of about this much
 

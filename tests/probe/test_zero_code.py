@@ -544,7 +544,8 @@ def test_script_children_get_no_tdbg_settings_and_stay_inert(
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     seen = json.loads(proc.stdout)
-    user = {"TDBG_RUNTIME_DIR": str(runtime_dir)}  # the user's own settings pass through
+    # The user's own settings pass through (TDBG_CONSOLE: the suite's, tests/conftest.py).
+    user = {"TDBG_RUNTIME_DIR": str(runtime_dir), "TDBG_CONSOLE": os.environ["TDBG_CONSOLE"]}
     # Before the first backward the script's own watch() may still want TDBG_RECORD.
     assert seen["before"] == {"env": dict(user, TDBG_RECORD=str(record))}
     # After it, the recording is taken: a child that watches itself records nothing.

@@ -20,6 +20,7 @@ from tdbg.protocol.messages import (
     read_error,
     validate_client_message,
 )
+from tdbg.protocol.messages.console import ConsoleLines
 from tdbg.protocol.messages.jobs import Ack, Job
 from tdbg.protocol.messages.reports import ProbeHealth, System
 from tdbg.protocol.messages.results import Activations, ProfileResult, result_from_wire
@@ -292,8 +293,11 @@ def test_readers_never_raise_and_hand_on_only_typed_values(
     assert out is None or isinstance(out, dict)
     for report in (System, ProbeHealth):
         assert _typed(report.from_wire(message).to_wire(), number=False)
-    for kind in (Ack, Activations):
+    for kind in (Ack, Activations, ConsoleLines):
         typed = kind.from_wire(message)
         assert typed is None or _typed(typed.to_wire(), number=False)
+    lines = ConsoleLines.from_wire(dict(message, seq=3, text=result, stream=result, open=result))
+    assert lines is not None and len(lines.texts) == len(lines.streams)
+    assert all(isinstance(t, str) for t in lines.texts) and set(lines.streams) <= {1, 2}
     acts = Activations.from_wire(dict(message, names=["a", "b"], mean=result))
     assert acts is not None and len(acts.mean) == 2

@@ -86,6 +86,7 @@ class Bounds:
     probe: int = 4 << 20  # 1 Hz probe reports
     updates: int = 8 << 20  # update ratios, one message per sampled step
     histograms: int = 16 << 20  # weight and gradient histograms, one message per counted step
+    console: int = 4 << 20  # the run's stdout/stderr lines: the newest in full, older thinned
     compact_at: int = 64 << 20  # no compaction below this file size
     max_growth: int = 256 << 20  # the file grows by min(its compacted size, this) between them
 

@@ -21,6 +21,7 @@ from tdbg.probe.alerts import AlertRules
 from tdbg.probe.log import warn
 from tdbg.probe.serving.commands import CommandDesk, Refused
 from tdbg.probe.serving.connection import Buckets, Connection
+from tdbg.probe.serving.console_feed import ConsoleFeed
 from tdbg.probe.serving.endpoint import Endpoint, EndpointError, peer_credentials
 from tdbg.probe.serving.history import History
 from tdbg.probe.serving.metric_alerts import nonfinite_metric_alerts
@@ -137,6 +138,7 @@ class ProbeServer:
         self.last_step_time = time.monotonic()
         self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
         self.sampled = SampledFeed()  # update ratios and histograms, for clients attaching later
+        self.console = ConsoleFeed()  # the run's stdout/stderr lines (console_tee.py)
         self.rejected_peers = 0
         self.bye_reason = "shutdown"  # the goodbye's reason ("exit 1: ..." when an error ends it)
         self._attached_pids: set[int] = set()  # every client that got our welcome
@@ -619,7 +621,7 @@ class ProbeServer:
         conn.append(pack(welcome_message(proto, __version__, self.endpoint.run_info)))
         replay: list[Mapping[str, Any]] = [self._layers_message(), *self.history.replay()]
         replay.extend(dict(metrics_message(c), history=True) for c in self.metrics.replay())
-        replay.extend(self.sampled.replay())
+        replay.extend([*self.sampled.replay(), *self.console.replay()])
         if self.desk is not None:
             replay.extend(self.desk.replay())
         for latest in (self.latest_system, self._probe_message()):
@@ -792,6 +794,7 @@ class ProbeServer:
                 if frame:
                     frames.append(frame)
                     self._record(event.get("type"), frame)
+        frames.extend(self.console.frames(self.last_step, self._record))
         self._fan_out(frames, now)
         if self.recorder is not None:
             self.recorder.maybe_flush()
@@ -801,7 +804,7 @@ class ProbeServer:
         thinned by compactions within its own budget."""
         if self.recorder is None:
             return
-        if kind in ("activations", "system", "probe", "updates", "histograms"):
+        if kind in ("activations", "system", "probe", "updates", "histograms", "console"):
             self.recorder.add_thinned(kind, frame)
         else:
             self.recorder.add(frame)

@@ -73,6 +73,11 @@ def install() -> None:
     _owner = os.getpid()  # a raw os.fork() before `import torch` is not the owner either
     for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT, ENV_LAUNCHER, ENV_RECORDER):
         os.environ.pop(var, None)
+    from tdbg.probe import console_tee
+
+    if console_tee.wanted():
+        # From the start, before the script's imports: their warnings are the console's too.
+        console_tee.capture(pin=True)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):
         _activate(torch)

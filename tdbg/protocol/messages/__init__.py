@@ -79,6 +79,11 @@ reads as None):
 ``activations`` ``{step, names, types, mean, std, min, max, zero_frac, nonfinite}`` — per-module
             output statistics of one sampled step; the value lists are in ``names`` order
             [Activations].
+``console`` ``{seq, stream: [int], text: [str], open: [[stream, text]], step?, history?}`` — lines
+            ``seq``, ``seq + 1``, ... the training process wrote to its stdout (1) or stderr (2);
+            ``open``: each stream's unfinished line (a progress bar); a gap in the numbers is
+            lines dropped (a flood, or the ring's oldest before a client attached)
+            [ConsoleLines, :mod:`.console`].
 
 The node stream (``tdbg bridge --job``: every rank of a job on one node over one ssh
 connection) has its own messages, ``node``, ``open``, ``data``, ``close`` and ``notice``, typed in

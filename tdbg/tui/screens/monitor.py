@@ -22,6 +22,7 @@ from tdbg.model.model_summary import model_summary
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages.commands import COMMANDS
 from tdbg.tui.screens.alert_detail import AlertDetailScreen
+from tdbg.tui.screens.console import ConsoleScreen
 from tdbg.tui.screens.distribution import DistributionScreen
 from tdbg.tui.screens.model_info import ModelInfoScreen
 from tdbg.tui.screens.profile_form import ProfileFormScreen
@@ -114,6 +115,7 @@ class MonitorScreen(Screen[None]):
         Binding("i", "model_info", "Model", show=False),
         Binding("u", "heatmap_updates", "Heatmap: norms / update ratios", show=False),
         Binding("g", "distributions", "Distributions", show=False),
+        Binding("j", "console", "Console", show=False),
         # The gradient panel's own keys, from anywhere on the screen (it need not have focus).
         Binding("slash", "filter_layers", "Filter layers", show=False),
         Binding("t", "trend_scale", "Trend scale", show=False),
@@ -217,6 +219,10 @@ class MonitorScreen(Screen[None]):
             key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
             layer = int(key) if key is not None else None
         self.app.push_screen(DistributionScreen(lambda: self._state, layer))
+
+    def action_console(self) -> None:
+        """The run's stdout and stderr: scrolled, searched (ConsoleScreen)."""
+        self.app.push_screen(ConsoleScreen(lambda: self._state))
 
     def action_model_info(self) -> None:
         """What the run trains: its layers, parameters, frozen ones, dtypes and devices."""
