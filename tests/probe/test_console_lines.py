@@ -59,5 +59,16 @@ def test_the_bytes_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert first == 50 - len(lines)
 
 
-def test_the_opt_out() -> None:
+def test_the_capture_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off unless asked for: a crash's last lines must reach the terminal (docs/usage.md)."""
     assert console_tee.wanted(False) is False and console_tee.wanted(True) is True
+    monkeypatch.delenv(console_tee.ENV, raising=False)
+    assert console_tee.wanted(None) is False
+    for on in ("1", "true", "YES", " on "):
+        monkeypatch.setenv(console_tee.ENV, on)
+        assert console_tee.wanted(None) is True, on
+    for off in ("0", "false", "", "maybe"):
+        monkeypatch.setenv(console_tee.ENV, off)
+        assert console_tee.wanted(None) is False, off
+    monkeypatch.setenv(console_tee.ENV, "1")
+    assert console_tee.wanted(False) is False  # the argument wins over the variable
