@@ -24,7 +24,9 @@ from tdbg.model.job import (
 )
 from tdbg.protocol.messages.node_summary import NodeSummary, RankFigures
 
-DEAD_WORDS = ("dead", "lost", "ended", "killed")  # state words that mean the rank is gone
+# A job of more ranks than this is read through node summaries (the job screen at scale); up
+# to this many, every rank's whole stream (the per-rank table).
+SCALE_FROM = 16
 
 
 @dataclass
@@ -111,7 +113,7 @@ class NodesJob:
         """As ``Job.divergence_rule``: every node's ranks watch one layout, the same on all."""
         if len(self.figures) < 2:
             return False, "one rank seen: nothing to compare"
-        grads = [s.grads for s in self.nodes.values()]
+        grads = [s.grads for s in self._running_nodes().values()]
         if any(g is None for g in grads):
             if all(g is None for g in grads):
                 return False, "no layers reported yet (or the ranks watch different layers)"
@@ -138,7 +140,7 @@ class NodesJob:
         applies, _ = self.divergence_rule()
         if not applies:
             return []
-        grads = {node: s.grads for node, s in self.nodes.items() if s.grads is not None}
+        grads = {n: s.grads for n, s in self._running_nodes().items() if s.grads is not None}
         layout = next(iter(grads.values())).layout
         names = self.names.get(layout)
         common = sorted(set.intersection(*(set(g.steps) for g in grads.values())))
@@ -174,6 +176,14 @@ class NodesJob:
             return []
         named = {r: [names[i] for i in sorted(layers)] for r, layers in bad.items()}
         return [divergence_finding(named, diverged, len(common))]
+
+    def _running_nodes(self) -> dict[str, NodeSummary]:
+        """The nodes read now with a live rank (an ended rank's gradient rows stop)."""
+        return {
+            node: s
+            for node, s in self.nodes.items()
+            if node not in self.lost and any(_live(f) for f in s.ranks)
+        }
 
     def nonfinite_ranks(self) -> list[JobFinding]:
         bad = [r for r, f in self.figures.items() if f.nonfinite]

@@ -35,7 +35,8 @@ def layout_of(state: RunState) -> str:
 
 def rank_figures(rank: int, state: RunState, now: float | None = None) -> RankFigures:
     """A rank's few figures: the same medians the straggler rule reads (job.py)."""
-    grad = state.grad_total.values
+    grad = state.grad_total.values[-RECENT:]
+    grad = grad[np.isfinite(grad)]  # the latest measured (not every step measures it)
     status = "live"
     if state.ended:
         status = ended_words(state.end_reason)
@@ -117,7 +118,8 @@ def reduce_node(
         time=now,
         ranks=tuple(rank_figures(r, s, now) for r, s in sorted(states.items())),
         stalls=tuple(stalls),
-        grads=node_grads(states, names_sent),
+        # An ended rank's rows stop: kept, they would leave no step common to all.
+        grads=node_grads({r: s for r, s in states.items() if not s.ended}, names_sent),
         alerts=tuple(alerts[:ALERTS_SENT]),
         world=max(
             (w for s in states.values() if isinstance(w := s.run.get("world_size"), int)), default=0

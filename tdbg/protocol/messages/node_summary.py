@@ -198,6 +198,12 @@ def subscribe(rank: int) -> dict[str, Any]:
     return {"type": "subscribe", "rank": rank}
 
 
+def read_subscribe(value: Any) -> int | None:
+    """The rank a ``subscribe`` asks for; None when ``value`` is not a well-formed one."""
+    data = as_dict(value)
+    return as_int(data.get("rank")) if data.get("type") == "subscribe" else None
+
+
 def _figure(r: RankFigures, name: str) -> float | None:
     if name in FIGURES:
         value: float | None = getattr(r, name)

@@ -81,7 +81,7 @@ class JobScreen(Screen[None]):
             self.query_one(RankTable).show(rank_rows(job, alerts))
             self.query_one("#job-slowest-list", Static).update(_slowest_text(alerts.history))
             self.query_one("#job-slowest").border_subtitle = _judged_words(alerts.history)
-            self.query_one("#job-alert-list", Static).update(_alert_text(alerts))
+            self.query_one("#job-alert-list", Static).update(alert_text(alerts))
         except NoMatches:
             return False
         return True
@@ -159,7 +159,7 @@ def _judged_words(history: StragglerHistory) -> str:
     )
 
 
-def _alert_text(alerts: JobAlerts) -> Text:
+def alert_text(alerts: JobAlerts) -> Text:
     if not alerts.events:
         return Text("no job alerts", style="dim")
     text = Text()
@@ -190,3 +190,6 @@ class RankScreen(MonitorScreen):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+        closer = getattr(self.app, "close_rank", None)
+        if closer is not None:  # a large job: the rank's whole stream is given back
+            closer(self.rank)
