@@ -34,6 +34,11 @@ MAX_BACKLOG = 8 << 20  # bytes queued to a client that does not read before it i
 STALL_AFTER = 1.0  # seconds after a hang before the ranks say they stalled
 
 
+def node_dir(node: int) -> str:
+    """A simulated node's name, and its runtime directory's."""
+    return f"node{node:03d}"
+
+
 @dataclass
 class Faults:
     slow: int = -1
@@ -60,8 +65,10 @@ def serve(
     faults: Faults,
     job: str = "bench-job",
     host: str | None = None,
+    per_node: int = 0,
 ) -> int:
-    """Serve ``ranks`` of a ``world``-rank job until killed (their sockets in ``runtime``)."""
+    """Serve ``ranks`` of a ``world``-rank job until killed (their sockets in ``runtime``; with
+    ``per_node``, rank R's in ``runtime/node_dir(R // per_node)``, as on simulated nodes)."""
     from tdbg import __version__
     from tdbg.connect.runtime import socket_basename, write_private_json
     from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, negotiate, pack, preamble
@@ -75,14 +82,17 @@ def serve(
     names = layer_names(layers)
     runs: dict[int, dict[str, object]] = {}
     for rank in ranks:
-        path = runtime / f"{socket_basename(rank, pid)}.sock"
+        where = runtime / node_dir(rank // per_node) if per_node else runtime
+        where.mkdir(mode=0o700, exist_ok=True)
+        path = where / f"{socket_basename(rank, pid)}.sock"
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(path))
         listener.listen(8)
         listener.setblocking(False)
         selector.register(listener, selectors.EVENT_READ, rank)
         runs[rank] = {
-            "name": f"bench-rank{rank}", "pid": pid, "rank": rank, "host": host,
+            "name": f"bench-rank{rank}", "pid": pid, "rank": rank,
+            "host": node_dir(rank // per_node) if per_node else host,
             "argv": ["train.py"], "start_time": started, "cwd": str(runtime),
             "torch": "none", "device": "cpu", "commands": {}, "world_size": world,
             "local_rank": rank % 8, "job": job, "socket": str(path), "proto_min": 1,
@@ -220,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runtime", type=Path, required=True)
     p.add_argument("--job", default="bench-job")
     p.add_argument("--host", help="the host the ranks say they run on (a simulated node)")
+    p.add_argument("--per-node", type=int, default=0, help="ranks per simulated node")
     p.add_argument("--rate", type=float, default=10.0)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--slow", type=int, default=-1)
@@ -230,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     faults = Faults(args.slow, args.diverge, args.diverge_at, args.hang, args.hang_at)
     return serve(args.ranks, args.world, args.runtime, args.rate, args.layers, faults, args.job,
-                 args.host)  # fmt: skip
+                 args.host, args.per_node)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -160,6 +160,14 @@ class ScaleJobScreen(Screen[None]):
         if rank is not None and opener is not None:
             opener(rank)
 
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        """The cursor's rank and row in the worst table's bottom edge (which rank Enter opens)."""
+        if not isinstance(event.data_table, RankTable):
+            return
+        rank = event.data_table.selected_rank
+        where = f"rank {rank} · row {event.cursor_row + 1} of {event.data_table.row_count}"
+        self.query_one("#job-worst").border_subtitle = "" if rank is None else where
+
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
         if isinstance(event.data_table, NodeTable):
