@@ -39,6 +39,9 @@ class NodesJob:
     rank_node: dict[int, str] = field(default_factory=dict)
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)  # layout -> layer names
     lost: dict[str, str] = field(default_factory=dict)  # node -> why its summaries stopped
+    # node -> for each of its gradient steps, how many of its ranks have each distinct row:
+    # counted once per summary, not per judgement (at 1,024 ranks that was most of its cost).
+    _counts: dict[str, list[Counter[int]]] = field(default_factory=dict, repr=False)
 
     def update(self, node: str, summary: NodeSummary) -> None:
         """``node``'s newest summary replaces its last one (a rank gone from it stays, as the
@@ -51,7 +54,10 @@ class NodesJob:
         grads = summary.grads
         if grads is not None and grads.names is not None:
             self.names[grads.layout] = grads.names
-        self.figures = dict(sorted(self.figures.items()))
+        if grads is not None:
+            # Each step's column of row indices (every rank has one per step: from_wire).
+            columns = zip(*grads.which.values(), strict=True)
+            self._counts[node] = [Counter(column) for column in columns]
 
     def node_lost(self, node: str, why: str) -> None:
         """``node``'s bridge stopped answering: its ranks keep their last figures, marked."""
@@ -85,7 +91,8 @@ class NodesJob:
     # --- stragglers ---------------------------------------------------------------------------
     def straggler_measures(self) -> list[StragglerMeasure]:
         """As ``Job.straggler_measures``, from the medians each rank's node computed."""
-        whole = {r: f.whole for r, f in self.figures.items() if f.whole is not None and _live(f)}
+        ranks = sorted(self.figures.items())  # kept in arrival order; judged in rank order
+        whole = {r: f.whole for r, f in ranks if f.whole is not None and _live(f)}
         own = {r: self.figures[r].own for r in whole}
         return compare_busy(whole, own)
 
@@ -154,7 +161,7 @@ class NodesJob:
             table: dict[tuple[float, ...], tuple[list[int], list[tuple[str, int]]]] = {}
             for node, g in grads.items():
                 at = g.steps.index(step)
-                for idx, count in Counter(rows[at] for rows in g.which.values()).items():
+                for idx, count in self._counts[node][at].items():
                     entry = table.setdefault(g.rows[idx][:width], ([0], []))
                     entry[0][0] += count
                     entry[1].append((node, idx))
@@ -186,7 +193,7 @@ class NodesJob:
         }
 
     def nonfinite_ranks(self) -> list[JobFinding]:
-        bad = [r for r, f in self.figures.items() if f.nonfinite]
+        bad = sorted(r for r, f in self.figures.items() if f.nonfinite)
         if not bad or len(bad) == len(self.figures):
             return []
         return [
@@ -200,7 +207,7 @@ class NodesJob:
 
     def gone(self) -> dict[int, str]:
         """The ranks that ended or died (their state words), and those of lost nodes."""
-        out = {r: f.state for r, f in self.figures.items() if not _live(f)}
+        out = {r: f.state for r, f in sorted(self.figures.items()) if not _live(f)}
         for rank, node in self.rank_node.items():
             if node in self.lost and rank not in out:
                 out[rank] = f"node lost ({self.lost[node]})"

@@ -89,7 +89,11 @@ def rank_row(nodes: NodesJob, f: RankFigures, alerts: list[str]) -> RankRow:
 
 
 def worst_rows(
-    nodes: NodesJob, alerts: JobAlerts, node: str | None = None, shown: int = WORST_SHOWN
+    nodes: NodesJob,
+    alerts: JobAlerts,
+    node: str | None = None,
+    shown: int = WORST_SHOWN,
+    spread_: list[Spread] | None = None,
 ) -> list[RankRow]:
     """The ``shown`` worst ranks (of ``node``'s, or of the job): ranks with job alerts (a hang,
     then divergence, then a straggler), then ranks that ended or stalled, then outliers of loss
@@ -103,7 +107,7 @@ def worst_rows(
     known = [b for b in busy.values() if b is not None]
     typical = float(np.median(known)) if known else 0.0
     odd: dict[int, list[str]] = {}
-    for s in spreads(nodes):
+    for s in spreads(nodes) if spread_ is None else spread_:
         if s.name in ("loss", "grad norm"):
             for rank, _ in s.outliers:
                 odd.setdefault(rank, []).append(f"{s.name} outlier")
@@ -143,7 +147,9 @@ class NodeRow:
 
 
 def node_rows(nodes: NodesJob, alerts: JobAlerts) -> list[NodeRow]:
-    """One row per node, nodes in trouble first, then by their slowest rank's own work."""
+    """One row per node: nodes not read first, then by how many of their ranks are in trouble,
+    then those whose slowest rank is over 5 % slower than the job's median, then by name (an
+    order that does not shuffle on noise: the table is rewritten only where it changed)."""
     flagged = alerts.ranks_alerted()
     rows = []
     for name, summary in nodes.nodes.items():
@@ -165,12 +171,11 @@ def node_rows(nodes: NodesJob, alerts: JobAlerts) -> list[NodeRow]:
                 lost=nodes.lost.get(name),
             )
         )
-    return sorted(
-        rows,
-        key=lambda r: (
-            0 if r.lost else 1,
-            -r.trouble,
-            -(r.slowest[1] if r.slowest else 0.0),
-            r.node,
-        ),
-    )
+    busy = [r.slowest[1] for r in rows if r.slowest is not None]
+    typical = float(np.median(busy)) if busy else 0.0
+
+    def slow(r: NodeRow) -> float:
+        own = r.slowest[1] if r.slowest is not None else 0.0
+        return own if own > typical * SLOWER_THAN_TYPICAL else 0.0
+
+    return sorted(rows, key=lambda r: (0 if r.lost else 1, -r.trouble, -slow(r), r.node))

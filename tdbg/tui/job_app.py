@@ -30,6 +30,9 @@ REPAINT_INTERVAL = 1 / 4  # seconds: new data repaints at most this often (keys 
 # anything: at 64 ranks batches arrive ~160 times a second and one judgement costs ~15 ms, so
 # judging after each batch took the TUI's whole core (benchmarks/job_tui.py).
 JUDGE_INTERVAL = 1 / 4
+# A large job's nodes summarise twice a second: judging or repainting it more often shows
+# nothing newer (at 1,024 ranks each costs a few ms).
+SUMMARY_INTERVAL = 1 / 2
 
 
 class JobApp(TdbgBaseApp):
@@ -159,7 +162,8 @@ class JobApp(TdbgBaseApp):
         """Compare the ranks (job alerts) when anything arrived since the last judgement, at
         most every JUDGE_INTERVAL."""
         now = time.monotonic()
-        if self._judged == self.revision or now - self._judged_at < JUDGE_INTERVAL:
+        every = SUMMARY_INTERVAL if self.nodes is not None else JUDGE_INTERVAL
+        if self._judged == self.revision or now - self._judged_at < every:
             return
         self._judged, self._judged_at = self.revision, now
         raised = self.alerts.update(self.nodes if self.nodes is not None else self.job)
@@ -186,7 +190,8 @@ class JobApp(TdbgBaseApp):
                 self._painted = self.revision
                 self._shown = (self.revision, self._judged)  # new data, or new alerts on it
         elif isinstance(screen, ScaleJobScreen) and self.nodes is not None:
-            fresh = (self.revision, self._judged) != self._shown
+            # Repainted once per judgement (SUMMARY_INTERVAL), not per summary that came in.
+            fresh = self._judged != self._shown[1]
             if fresh and screen.show(self.nodes, self.alerts):
                 self._painted = self.revision
                 self._shown = (self.revision, self._judged)

@@ -154,9 +154,9 @@ class NodeSummary:
             got = as_list(cols.get(name))
             return got if len(got) == n else [None] * n
 
-        floats = {name: [as_float(v) for v in column(name)] for name in FIGURES}
+        floats = {name: _floats(column(name)) for name in FIGURES}
         phases = {
-            key.partition(":")[2]: [as_float(v) for v in column(key)]
+            key.partition(":")[2]: _floats(column(key))
             for key in cols
             if isinstance(key, str) and key.startswith("phase:")
         }
@@ -198,6 +198,19 @@ def subscribe(rank: int) -> dict[str, Any]:
     return {"type": "subscribe", "rank": rank}
 
 
+def _floats(values: list[Any]) -> list[float | None]:
+    """``as_float`` of each value; a plain float taken as it is (the usual case, and a viewer
+    of 1,024 ranks reads ~30,000 of them a second)."""
+    return [v if type(v) is float else as_float(v) for v in values]
+
+
+def _ints(values: Any) -> tuple[int, ...] | None:
+    """A list of plain ints as a tuple; None when it is not one."""
+    if not isinstance(values, list) or not all(type(v) is int for v in values):
+        return None
+    return tuple(values)
+
+
 def read_subscribe(value: Any) -> int | None:
     """The rank a ``subscribe`` asks for; None when ``value`` is not a well-formed one."""
     data = as_dict(value)
@@ -237,9 +250,9 @@ def _stall(value: Any) -> RankStall | None:
 
 def _grads(value: Any) -> NodeGrads | None:
     data = as_dict(value)
-    steps = [as_int(s) for s in as_list(data.get("steps"))]
+    steps = _ints(data.get("steps"))
     raw = data.get("rows")
-    if not steps or None in steps or len(steps) > MAX_GRAD_STEPS or not isinstance(raw, bytes):
+    if not steps or len(steps) > MAX_GRAD_STEPS or not isinstance(raw, bytes):
         return None
     items = as_list(data.get("which"))
     names = data.get("names")
@@ -253,10 +266,10 @@ def _grads(value: Any) -> NodeGrads | None:
     for item in items:
         parts = as_list(item)
         rank = as_int(parts[0]) if len(parts) == 2 else None
-        rows = [as_int(x) for x in as_list(parts[1])] if rank is not None else []
-        if rank is None or len(rows) != len(steps) or None in rows:
+        rows = _ints(parts[1]) if rank is not None else None
+        if rank is None or rows is None or len(rows) != len(steps):
             return None
-        which[rank] = tuple(r for r in rows if r is not None)
+        which[rank] = rows
     n_rows = max(max(rows) for rows in which.values()) + 1
     if min(min(rows) for rows in which.values()) < 0 or count % n_rows:
         return None
@@ -266,7 +279,7 @@ def _grads(value: Any) -> NodeGrads | None:
     flat = struct.unpack(f"<{count}d", raw)
     return NodeGrads(
         layout=as_str(data.get("layout")) or "",
-        steps=tuple(s for s in steps if s is not None),
+        steps=steps,
         rows=tuple(flat[i * width : (i + 1) * width] for i in range(n_rows)),
         which=which,
         names=None if name_list is None else tuple(name_list),

@@ -38,19 +38,27 @@ class NodeTable(DataTable[Text]):
         self.cursor_type = "row"
         self.zebra_stripes = True
         self._shown: list[list[Text]] = []
+        self._order: list[str] = []
         for name in NODE_COLUMNS:
             self.add_column(name, key=name)
 
     def show(self, rows: list[NodeRow]) -> None:
+        """Rows in the same order as last time get only their changed cells rewritten (128
+        nodes cleared and re-added cost ~30 ms a frame)."""
         cells = [self._cells(r) for r in rows]
-        if cells == self._shown:
+        order = [r.node for r in rows]
+        if order == self._order:
+            for node, old, new in zip(order, self._shown, cells, strict=True):
+                for column, before, after in zip(NODE_COLUMNS, old, new, strict=True):
+                    if before != after:
+                        self.update_cell(node, column, after)
+            self._shown = cells
             return
         keep = self.selected_node
         self.clear()
         for row, row_cells in zip(rows, cells, strict=True):
             self.add_row(*row_cells, key=row.node)
-        self._shown = cells
-        order = [r.node for r in rows]
+        self._shown, self._order = cells, order
         if keep in order:
             self.move_cursor(row=order.index(keep))
 
@@ -140,9 +148,10 @@ class ScaleJobScreen(Screen[None]):
         try:
             self.query_one("#job-line", Static).update(_job_line(nodes))
             self.query_one("#job-rule", Static).update(Text(f"divergence check {alerts.rule}"))
-            self.query_one("#job-spread-text", Static).update(_spread_text(spreads(nodes)))
+            spread = spreads(nodes)
+            self.query_one("#job-spread-text", Static).update(_spread_text(spread))
             self._title_worst(len(nodes.figures))
-            self.query_one(RankTable).show(worst_rows(nodes, alerts, self.node))
+            self.query_one(RankTable).show(worst_rows(nodes, alerts, self.node, spread_=spread))
             self.query_one(NodeTable).show(node_rows(nodes, alerts))
             self.query_one("#job-alert-list", Static).update(alert_text(alerts))
         except NoMatches:
