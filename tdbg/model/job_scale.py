@@ -171,8 +171,8 @@ def node_rows(nodes: NodesJob, alerts: JobAlerts) -> list[NodeRow]:
                 lost=nodes.lost.get(name),
             )
         )
-    busy = [r.slowest[1] for r in rows if r.slowest is not None]
-    typical = float(np.median(busy)) if busy else 0.0
+    slowest = [r.slowest[1] for r in rows if r.slowest is not None]
+    typical = float(np.median(slowest)) if slowest else 0.0
 
     def slow(r: NodeRow) -> float:
         own = r.slowest[1] if r.slowest is not None else 0.0
