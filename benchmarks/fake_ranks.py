@@ -7,7 +7,8 @@ loaded: hundreds of torch processes would bury a 2-core machine and measure torc
 Every rank steps at ``--rate`` steps/s in lockstep (as DDP ranks do) with the same gradients,
 except where a fault is asked for:
 
-- ``--slow R``: rank R waits 20 ms more for each batch (a straggler in its input wait);
+- ``--slow R``: rank R waits ``--slow-by`` (20 ms) more for each batch (a straggler in its
+  input wait);
 - ``--diverge R``: rank R's last layer's gradient is 1.5x the others' from ``--diverge-at``;
 - ``--hang R``: from ``--hang-at`` every rank stops stepping; a second later each says it
   stalled in collective #N (all_reduce) while rank R's last collective is #N-1, stuck in its
@@ -42,6 +43,7 @@ def node_dir(node: int) -> str:
 @dataclass
 class Faults:
     slow: int = -1
+    slow_by: float = 0.02  # seconds the slow rank waits for its data, more than the others
     diverge: int = -1
     diverge_at: int = 0
     hang: int = -1
@@ -113,7 +115,7 @@ def serve(
         period = 1.0 / rate
         out = []
         for r in (made[s] for s in range(start, start + count)):
-            data = period * 0.1 + (0.02 if rank == faults.slow else 0.0)
+            data = period * 0.1 + (faults.slow_by if rank == faults.slow else 0.0)
             busy = period * 0.9
             norms = r.grad_norms
             if rank == faults.diverge and r.step >= faults.diverge_at and norms:
@@ -234,12 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=10.0)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--slow", type=int, default=-1)
+    p.add_argument("--slow-by", type=float, default=0.02, help="seconds (default 20 ms)")
     p.add_argument("--diverge", type=int, default=-1)
     p.add_argument("--diverge-at", type=int, default=0)
     p.add_argument("--hang", type=int, default=-1)
     p.add_argument("--hang-at", type=int, default=1 << 62)
     args = p.parse_args(argv)
-    faults = Faults(args.slow, args.diverge, args.diverge_at, args.hang, args.hang_at)
+    faults = Faults(args.slow, args.slow_by, args.diverge, args.diverge_at, args.hang, args.hang_at)
     return serve(args.ranks, args.world, args.runtime, args.rate, args.layers, faults, args.job,
                  args.host, args.per_node)  # fmt: skip
 

@@ -284,6 +284,24 @@ def divergence_finding(bad: dict[int, list[str]], diverged: list[int], common: i
     )
 
 
+def rank_list(ranks: list[int], spelled: int = 8) -> str:
+    """``ranks`` (sorted) as a message says them: each one up to ``spelled`` of them, else runs
+    of consecutive ranks as ranges (``0-41, 43-1023``: a hang in a 1,024-rank job names the
+    ranks that wait in a line, not in 1,023 numbers)."""
+    if len(ranks) <= spelled:
+        return ", ".join(map(str, ranks))
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ", ".join(runs)
+
+
 def hang_findings(stalled: dict[int, Stall]) -> list[JobFinding]:
     """The hangs among the stalled ranks' last collectives (``Job.hangs``), per process group."""
     by_group: dict[str, dict[int, Stall]] = {}
@@ -304,9 +322,9 @@ def hang_findings(stalled: dict[int, Stall]) -> list[JobFinding]:
             JobFinding(
                 "hang",
                 behind,
-                f"rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} never "
+                f"rank{'s' if len(behind) > 1 else ''} {rank_list(behind)} never "
                 f"entered collective #{top} ({waited.op}) that rank"
-                f"{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
+                f"{'s' if len(waiting) > 1 else ''} {rank_list(waiting)} "
                 f"wait{'' if len(waiting) > 1 else 's'} in" + (f"; {where}" if where else ""),
                 collective={"seq": top, "op": waited.op, "sizes": waited.sizes, "group": group},
                 stacks={r: last[r].stack for r in sorted(last)},

@@ -73,7 +73,7 @@ def rank_row(nodes: NodesJob, f: RankFigures, alerts: list[str]) -> RankRow:
         state = "node lost"
     return RankRow(
         rank=f.rank,
-        node=nodes.nodes[node].host if node in nodes.nodes else node,
+        node=node,  # as the viewer named it (ssh: as you wrote it), not the host's own name
         step=f.step,
         step_time=f.whole,
         data_time=f.phases.get("data_time"),

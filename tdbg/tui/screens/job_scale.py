@@ -84,7 +84,7 @@ class NodeTable(DataTable[Text]):
         else:
             trouble = Text("ok", style="green")
         time_ = "-" if row.step_time is None else _value(row.step_time, "s")
-        return [Text(row.host), Text(str(row.ranks)), Text(steps), Text(time_),
+        return [Text(row.node), Text(str(row.ranks)), Text(steps), Text(time_),
                 Text(slowest), trouble]  # fmt: skip
 
 
