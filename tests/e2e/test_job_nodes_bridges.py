@@ -139,7 +139,7 @@ def test_four_faults_in_64_ranks_on_8_nodes_are_named(
                 dead.wait(5)
 
 
-def threading_open(source: RemoteJobSource) -> None:
+def threading_open(source: RemoteJobSource, nodes: int = NODES) -> None:
     """Open the source and drain its (subscribed ranks') batches on a thread, as the app does."""
     import threading
 
@@ -152,9 +152,42 @@ def threading_open(source: RemoteJobSource) -> None:
         drain()
 
     threading.Thread(target=start, daemon=True).start()
-    wait_until(lambda: len(source.links) == NODES, what="every node's bridge")
+    wait_until(lambda: len(source.links) == nodes, what="every node's bridge")
 
 
 def nodes_layer_last(nodes: NodesJob) -> str:
     names = next(iter(nodes.names.values()))
     return names[-1]
+
+
+def test_a_local_job_of_24_ranks_is_read_through_a_bridge_of_its_own(tmp_path: Path) -> None:
+    """Past 16 ranks a local job goes through the same aggregation: `tdbg-tui --job` starts
+    `tdbg bridge --job --summaries` here, over its stdin/stdout, and reads no rank whole."""
+    from tdbg.cli.launch import job_source_for
+
+    argv = [sys.executable, str(FAKE), "--ranks", *map(str, range(24)), "--world", "24",
+            "--runtime", str(tmp_path), "--job", "local", "--slow", "3"]  # fmt: skip
+    server = subprocess.Popen(
+        argv, env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True
+    )
+    try:
+        wait_until(lambda: len(list(tmp_path.glob("*.json"))) == 24, what="24 ranks serving")
+        source = job_source_for("local", tmp_path)
+        assert isinstance(source, RemoteJobSource) and source.aggregated
+        nodes, alerts = NodesJob("local"), JobAlerts()
+        try:
+            threading_open(source, nodes=1)
+
+            def named() -> bool:
+                for node, summary in source.take_summaries().items():
+                    nodes.update(node, summary)
+                alerts.update(nodes)
+                active = [(a.kind, a.ranks) for a in alerts.active.values()]
+                return len(nodes.figures) == 24 and ("straggler", [3]) in active
+
+            wait_until(named, timeout=60, what="24 ranks, rank 3 a straggler", interval=0.2)
+            assert not source.runs  # no rank read whole
+        finally:
+            source.close()
+    finally:
+        kill_tree(server)
