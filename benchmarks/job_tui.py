@@ -15,7 +15,8 @@ side of the wire. A job of more than 16 ranks is read through node bridges that 
 one local bridge, or with ``--nodes`` one per node, started through a stand-in for ssh from a
 hostfile, as ``tdbg-tui --hostfile`` reaches real nodes. Every rank
 steps at ``--rate`` steps/s in lockstep (as DDP ranks do) with the same gradients (so the
-divergence check runs and finds nothing); rank ``--slow`` waits 20 ms more for each batch, so a
+divergence check runs and finds nothing); rank ``--slow`` waits a fifth of a step more for each
+batch (20 ms at 10 steps/s), so a
 straggler is found and stays on screen. Nothing of torch is loaded: 64 torch processes would
 bury a 2-core machine and measure torch's start-up, not the screen.
 
@@ -136,6 +137,7 @@ def one_run(args: argparse.Namespace, workdir: Path, k: int) -> Result:
             [PYTHON, str(FAKE), "--ranks", *map(str, range(lo, min(lo + share, args.ranks))),
              "--world", str(args.ranks), "--runtime", str(runtime), "--rate", str(args.rate),
              "--layers", str(args.layers), "--slow", str(args.slow), "--job", JOB,
+             "--slow-by", str(0.2 / args.rate),
              "--per-node", str(per_node)],
             env={**os.environ, **env},
         )

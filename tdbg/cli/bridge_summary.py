@@ -52,7 +52,8 @@ class SummaryBridge(JobBridge):
         threading.Thread(target=self._fold, name="bridge-summary", daemon=True).start()
 
     def look(self) -> None:
-        """Read every rank of the job here not read yet (a restart is a new pid)."""
+        """Read every rank of the job here not read yet (a restart is a new pid); each rank is
+        connected to on a thread of its own, so 64 handshakes wait on each other in no way."""
         ranks = job_entries(discover(self.directory)).get(self.job, {})
         for rank, entry in sorted(ranks.items()):
             self._entries[rank] = entry
@@ -60,22 +61,24 @@ class SummaryBridge(JobBridge):
             if key in self._tried:
                 continue
             self._tried.add(key)
-            try:
-                client = ProbeClient.connect(entry.socket)
-            except ConnectError as exc:
-                self.write(node_notice(f"rank {rank} (pid {entry.pid}): {exc}"))
-                continue
-            with self._lock:
-                old = self._readers.get(rank)
-                self._readers[rank] = (entry.pid, client)
-            if old is not None:
-                with contextlib.suppress(OSError):
-                    old[1].sock.shutdown(socket.SHUT_RDWR)
-            self._inbox.put((rank, entry.pid, {"type": "hello", **client.run}))
             threading.Thread(
-                target=self._read, args=(rank, entry.pid, client), name=f"bridge-r{rank}",
-                daemon=True,
-            ).start()  # fmt: skip
+                target=self._attach, args=(rank, entry), name=f"bridge-r{rank}", daemon=True
+            ).start()
+
+    def _attach(self, rank: int, entry: RunEntry) -> None:
+        try:
+            client = ProbeClient.connect(entry.socket)
+        except ConnectError as exc:
+            self.write(node_notice(f"rank {rank} (pid {entry.pid}): {exc}"))
+            return
+        with self._lock:
+            old = self._readers.get(rank)
+            self._readers[rank] = (entry.pid, client)
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old[1].sock.shutdown(socket.SHUT_RDWR)
+        self._inbox.put((rank, entry.pid, {"type": "hello", **client.run}))
+        self._read(rank, entry.pid, client)
 
     def _read(self, rank: int, pid: int, client: ProbeClient) -> None:
         why = "connection closed"
