@@ -1,18 +1,22 @@
-"""How the job screen holds up with 64 ranks: the real ``tdbg-tui --job JOB`` in a real tmux pane
-(120x40) attached to 64 live rank sockets in a runtime directory of its own, measuring how long a
-key takes to show on screen and the TUI's CPU.
+"""How the job screen holds up with 64 ranks (or 1,024 on 128 nodes): the real ``tdbg-tui --job
+JOB`` in a real tmux pane (120x40) attached to live rank sockets in a runtime directory of its own,
+measuring how long a key takes to show on screen, the TUI's CPU and each node's bridge's.
 
     .venv/bin/python benchmarks/job_tui.py            # 64 ranks, 3 repeats
     .venv/bin/python benchmarks/job_tui.py --quick    # one repeat, shorter windows (< 2 minutes)
+    .venv/bin/python benchmarks/job_tui.py --quick --ranks 1024 --nodes 128 --procs 8
     .venv/bin/python benchmarks/job_tui.py --profile  # also cProfile the TUI (top entries)
     .venv/bin/python benchmarks/job_tui.py --head     # the last commit's tdbg, not the working tree
 
-The ranks are synthetic streams served as real probes: ``--procs`` processes each serve their
-share of the ranks, one Unix socket and one metadata file per rank in the runtime directory, and
-speak the probe's side of the wire (preamble, welcome with the rank's run description, layers,
-the step history, then a ``steps`` batch every 100 ms, ``system`` every second). Every rank
+The ranks are synthetic streams served as real probes (benchmarks/fake_ranks.py): ``--procs``
+processes each serve their share of the ranks, one Unix socket and one metadata file per rank in
+the runtime directory (``--nodes``: in one directory per simulated node), and speak the probe's
+side of the wire. A job of more than 16 ranks is read through node bridges that send summaries:
+one local bridge, or with ``--nodes`` one per node, started through a stand-in for ssh from a
+hostfile, as ``tdbg-tui --hostfile`` reaches real nodes. Every rank
 steps at ``--rate`` steps/s in lockstep (as DDP ranks do) with the same gradients (so the
-divergence check runs and finds nothing); rank ``--slow`` waits 20 ms more for each batch, so a
+divergence check runs and finds nothing); rank ``--slow`` waits a fifth of a step more for each
+batch (20 ms at 10 steps/s), so a
 straggler is found and stays on screen. Nothing of torch is loaded: 64 torch processes would
 bury a 2-core machine and measure torch's start-up, not the screen.
 
@@ -27,13 +31,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -56,152 +58,9 @@ from tui import (  # noqa: E402
 from tui_bench import add_bench_options, save_results, shorten_for_quick, workdir  # noqa: E402
 
 JOB = "bench-job"
-TICK = 0.1  # seconds between a rank's step batches (the probe's own rate)
-HISTORY = 200  # steps a rank has already run when the TUI attaches
-MAX_BACKLOG = 8 << 20  # bytes queued to a client that does not read before it is dropped
-
-
-# --- the ranks: synthetic streams served as live probe sockets -------------------------------
-
-
-@dataclass
-class _Client:
-    sock: socket.socket
-    rank: int
-    inbox: bytearray = field(default_factory=bytearray)
-    out: bytearray = field(default_factory=bytearray)
-    ready: bool = False
-
-
-def serve(ranks: list[int], world: int, runtime: Path, rate: float, layers: int, slow: int) -> int:
-    """Serve ``ranks`` of a ``world``-rank job until killed (their sockets in ``runtime``)."""
-    from tdbg import __version__
-    from tdbg.connect.runtime import socket_basename, write_private_json
-    from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, negotiate, pack, preamble
-    from tdbg.protocol.steps import StepRecord, pack_steps
-    from tdbg.tui.sources.synthetic import layer_names, step_records, system_message
-
-    selector = selectors.DefaultSelector()
-    pid, host, started = os.getpid(), socket.gethostname(), time.time()
-    names = layer_names(layers)
-    runs: dict[int, dict[str, object]] = {}
-    for rank in ranks:
-        path = runtime / f"{socket_basename(rank, pid)}.sock"
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
-        listener.listen(8)
-        listener.setblocking(False)
-        selector.register(listener, selectors.EVENT_READ, rank)
-        runs[rank] = {
-            "name": f"bench-rank{rank}", "pid": pid, "rank": rank, "host": host,
-            "argv": ["train.py"], "start_time": started, "cwd": str(runtime),
-            "torch": "none", "device": "cpu", "commands": {}, "world_size": world,
-            "local_rank": rank % 8, "job": JOB, "socket": str(path), "proto_min": 1,
-            "proto_max": 1,
-        }  # fmt: skip
-        write_private_json(path.with_suffix(".json"), runs[rank])
-    clients: list[_Client] = []
-    decoders: dict[int, Decoder] = {}
-
-    t0 = started - HISTORY / rate
-    made: dict[int, StepRecord] = {}  # step -> its record: the same on every rank, as under DDP
-
-    def steps(rank: int, start: int, count: int) -> bytes:
-        for s in range(start, start + count):
-            if s not in made:  # one step at a time: its numbers depend on the step alone
-                made[s] = step_records(s, 1, layers, t0=t0, seed=0)[0]
-        for s in [s for s in made if s < start - HISTORY]:
-            del made[s]
-        period = 1.0 / rate
-        out = []
-        for r in (made[s] for s in range(start, start + count)):
-            data = period * 0.1 + (0.02 if rank == slow else 0.0)
-            busy = period * 0.9
-            out.append(
-                replace(
-                    r,
-                    time=t0 + r.step * period,
-                    step_time=data + busy,
-                    data_time=data,
-                    forward_time=busy * 0.3,
-                    backward_time=busy * 0.55,
-                    optimizer_time=busy * 0.1,
-                )
-            )
-        return pack(dict(pack_steps(out, layers)))
-
-    def system() -> bytes:
-        return pack(dict(system_message(), time=time.time()))
-
-    def welcome(client: _Client, message: dict[str, object], step: int) -> None:
-        args = message.get("args") or {}
-        assert isinstance(args, dict)
-        proto = negotiate((int(args["proto_min"]), int(args["proto_max"])))
-        run = runs[client.rank]
-        client.out += pack({"type": "welcome", "proto": proto, "server_version": __version__,
-                            "run": run})  # fmt: skip
-        client.out += pack({"type": "layers", "names": names, "numel": [1000] * layers})
-        client.out += steps(client.rank, max(0, step - HISTORY), min(step, HISTORY))
-        client.out += system() + pack({"type": "synced"})
-        client.ready = True
-
-    def flush(client: _Client) -> bool:
-        try:
-            while client.out:
-                sent = client.sock.send(client.out)
-                del client.out[:sent]
-        except BlockingIOError:
-            return len(client.out) < MAX_BACKLOG
-        except OSError:
-            return False
-        return True
-
-    def drop(client: _Client) -> None:
-        if client in clients:
-            clients.remove(client)
-            selector.unregister(client.sock)
-            client.sock.close()
-
-    step = HISTORY
-    begun = time.monotonic() - HISTORY / rate
-    next_tick = next_system = time.monotonic()
-    while True:
-        timeout = max(0.0, next_tick - time.monotonic())
-        for key, _ in selector.select(timeout):
-            if isinstance(key.data, int):  # a listener: a new client for that rank
-                sock, _ = key.fileobj.accept()  # type: ignore[union-attr]
-                sock.setblocking(False)
-                client = _Client(sock, key.data, out=bytearray(preamble()))
-                clients.append(client)
-                decoders[id(client)] = Decoder(MAX_INBOUND_FRAME)
-                selector.register(sock, selectors.EVENT_READ, client)
-                continue
-            client = key.data
-            try:
-                chunk = client.sock.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                drop(client)
-                continue
-            for message in decoders[id(client)].feed(chunk):
-                if message.get("type") == "hello" and not client.ready:
-                    welcome(client, message, step)
-        now = time.monotonic()
-        if now < next_tick:
-            continue
-        next_tick = now + TICK
-        due = int((now - begun) * rate)
-        batches = {rank: steps(rank, step, due - step) for rank in ranks} if due > step else {}
-        step = max(step, due)
-        sys_frame = system() if now >= next_system else b""
-        if sys_frame:
-            next_system = now + 1.0
-        for client in list(clients):
-            if client.ready:
-                client.out += batches.get(client.rank, b"") + sys_frame
-            if not flush(client):
-                drop(client)
+FAKE = HERE / "fake_ranks.py"
+# Stands in for `ssh [options] -- host WORDS`: runs WORDS here with a shell, as sshd would there.
+LOCAL_SSH = '#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh -c "$*"\n'
 
 
 # --- one measurement -----------------------------------------------------------------------------
@@ -232,7 +91,32 @@ class Result:
     cpu_data: float = 0.0
     cpu_idle: float = 0.0
     servers_cpu: float = 0.0
+    bridges: int = 0
+    bridge_cpu: float = 0.0  # one node's bridge, share of a core (mean over the bridges)
     keys: dict[str, list[float | None]] = field(default_factory=dict)
+
+
+def _nodes(workdir: Path, runtime: Path, nodes: int) -> Path:
+    """A hostfile naming each simulated node with its runtime directory, and the ssh stand-in
+    in ``workdir`` (put first on the TUI's PATH)."""
+    ssh = workdir / "ssh"
+    ssh.write_text(LOCAL_SSH)
+    ssh.chmod(0o755)
+    hostfile = workdir / "hostfile"
+    hostfile.write_text("".join(f"ssh://node{n:03d}{runtime}/node{n:03d}\n" for n in range(nodes)))
+    return hostfile
+
+
+def _bridges(tui: psutil.Process) -> list[psutil.Process]:
+    """The TUI's ``tdbg bridge`` processes (one per node: local, or behind the ssh stand-in)."""
+    out = []
+    for child in tui.children(recursive=True):
+        try:
+            if "bridge" in child.cmdline():
+                out.append(child)
+        except psutil.Error:
+            continue
+    return out
 
 
 def measure_key(pane: Pane, key: Key, settle: float) -> float | None:
@@ -247,11 +131,14 @@ def one_run(args: argparse.Namespace, workdir: Path, k: int) -> Result:
     runtime.mkdir(mode=0o700)
     env = {"TDBG_RUNTIME_DIR": str(runtime), "PYTHONPATH": str(args.source)}
     share = -(-args.ranks // args.procs)
+    per_node = args.ranks // args.nodes if args.nodes > 1 else 0
     servers = [
         subprocess.Popen(
-            [PYTHON, __file__, "--serve", *map(str, range(lo, min(lo + share, args.ranks))),
+            [PYTHON, str(FAKE), "--ranks", *map(str, range(lo, min(lo + share, args.ranks))),
              "--world", str(args.ranks), "--runtime", str(runtime), "--rate", str(args.rate),
-             "--layers", str(args.layers), "--slow", str(args.slow)],
+             "--layers", str(args.layers), "--slow", str(args.slow), "--job", JOB,
+             "--slow-by", str(0.2 / args.rate),
+             "--per-node", str(per_node)],
             env={**os.environ, **env},
         )
         for lo in range(0, args.ranks, share)
@@ -260,14 +147,18 @@ def one_run(args: argparse.Namespace, workdir: Path, k: int) -> Result:
     result = Result(args.ranks)
     try:
         deadline = time.monotonic() + 60
-        while len(list(runtime.glob("*.json"))) < args.ranks:
+        while len(list(runtime.glob("**/*.json"))) < args.ranks:
             if time.monotonic() > deadline or any(s.poll() is not None for s in servers):
                 raise RuntimeError("the rank servers did not start")
             time.sleep(0.05)
-        command = [TUI, "--job", JOB]
+        where = ["--job", JOB]
+        if per_node:  # the nodes reached as ssh reaches them: a stand-in runs the bridges here
+            where += ["--hostfile", str(_nodes(workdir, runtime, args.nodes))]
+            env["PATH"] = f"{workdir}:{Path(PYTHON).parent}:{os.environ['PATH']}"
+        command = [TUI, *where]
         if args.profile:
             command = [PYTHON, "-m", "cProfile", "-o", str(workdir / f"tui{k}.prof"), TUI,
-                       "--job", JOB]  # fmt: skip
+                       *where]  # fmt: skip
         pane = Pane(command, {"TERM": "xterm-256color", **env})
         want = f"{args.ranks} of {args.ranks} ranks"
         shown = pane.wait_for(lambda t: want in t and "straggler" in t, 120)
@@ -275,9 +166,14 @@ def one_run(args: argparse.Namespace, workdir: Path, k: int) -> Result:
         time.sleep(args.warmup)
         tui = psutil.Process(pane.pid)
         procs = [psutil.Process(s.pid) for s in servers]
+        bridges = _bridges(tui)
         c0 = sum(_cpu(p) for p in procs)
+        b0 = sum(_cpu(p) for p in bridges)
         result.cpu_data = cpu_share(tui, args.window)
         result.servers_cpu = (sum(_cpu(p) for p in procs) - c0) / args.window
+        result.bridges = len(bridges)
+        spent = sum(_cpu(p) for p in bridges) - b0
+        result.bridge_cpu = spent / args.window / max(1, len(bridges))
         for _ in range(args.presses):
             for key in ROUND:
                 result.keys.setdefault(key.name, []).append(measure_key(pane, key, args.gap))
@@ -335,6 +231,10 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
           f"{100 * _median([r.cpu_data for r in results]):.1f} %, without "
           f"{100 * _median([r.cpu_idle for r in results]):.1f} %; rank servers "
           f"{100 * _median([r.servers_cpu for r in results]):.1f} %")  # fmt: skip
+    if any(r.bridges for r in results):
+        print(f"bridges {max(r.bridges for r in results)}, each "
+              f"{100 * _median([r.bridge_cpu for r in results]):.1f} % of a core "
+              f"({args.ranks // max(1, max(r.bridges for r in results))} ranks each)")  # fmt: skip
     print(f"\nkey → visible change, ms (median over repeats of each repeat's p50 / p95; "
           f"{args.presses} presses per repeat; {KEY_TIMEOUT * 1000:.0f} = not shown)")  # fmt: skip
     every: list[float | None] = []
@@ -362,12 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=10.0, help="training steps per second")
     p.add_argument("--layers", type=int, default=16, help="layers per rank")
     p.add_argument("--slow", type=int, default=5, help="the straggling rank")
-    p.add_argument("--serve", type=int, nargs="+", help=argparse.SUPPRESS)  # a rank server
-    p.add_argument("--world", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--runtime", type=Path, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--nodes", type=int, default=1,
+        help="simulated nodes: past 1, each node's ranks are read by a bridge of its own, "
+        "reached through a stand-in for ssh (tdbg-tui --hostfile)",
+    )  # fmt: skip
     args = p.parse_args(argv)
-    if args.serve is not None:
-        return serve(args.serve, args.world, args.runtime, args.rate, args.layers, args.slow)
     shorten_for_quick(args, presses=5)
     results: list[Result] = []
     with workdir(args, "tdbg-job-bench-") as tmp:

@@ -69,6 +69,13 @@ def add_bridge_parser(sub: Any) -> argparse.ArgumentParser:
         help="serve every rank of distributed job JOB here over the one stream (each rank a "
         "channel; ranks that start later join), as `tdbg-tui ssh://node1 ssh://node2` starts it",
     )
+    p.add_argument(
+        "--summaries",
+        action="store_true",
+        help="with --job: read the ranks here and send a summary of them twice a second; a "
+        "rank's full stream only while the viewer asks for it (what tdbg-tui starts for a "
+        "large job)",
+    )
     p.set_defaults(func=cmd_bridge)
     return p
 
@@ -80,8 +87,14 @@ def cmd_bridge(args: argparse.Namespace, out: TextIO) -> int:
             out.write("\n")
             out.flush()
             return 0
+        if args.summaries and args.job is None:
+            raise BridgeError("--summaries needs --job JOB")
         if args.job is not None:
             directory = job_directory(args.socket, args.runtime_dir)
+            if args.summaries:
+                from tdbg.cli.bridge_summary import serve_summaries  # numpy: only here
+
+                return serve_summaries(args.job, directory, sys.stdin.fileno(), sys.stdout.fileno())
             return serve_job(args.job, directory, sys.stdin.fileno(), sys.stdout.fileno())
         path = choose_socket(args.socket, args.runtime_dir)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

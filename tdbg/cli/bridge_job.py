@@ -146,11 +146,14 @@ class JobBridge:
                 if not chunk:
                     break
                 for raw in decoder.feed(chunk):
-                    self._from_client(read_node_message(raw))
+                    self._read_client(raw)
         except (OSError, ProtocolError):
             pass
         finally:
             self.done.set()
+
+    def _read_client(self, raw: Any) -> None:
+        self._from_client(read_node_message(raw))
 
     def _from_client(self, message: Any) -> None:
         if message is None or message["type"] not in ("data", "close"):

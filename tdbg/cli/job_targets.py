@@ -155,6 +155,7 @@ class _JobJudge:
         # next judgement (at once, whatever the throttle) still counts it as history.
         self.synced: set[int] = set()
         self.judged_at = 0.0
+        self.said_slowest: object = None  # the named slowest ranks last printed
 
     def tap(self, run: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
         """What a rank's reader thread calls with each of its wire messages."""
@@ -193,7 +194,21 @@ class _JobJudge:
             self.replaying -= self.synced
         if history and not self.history:
             return []  # --follow: what the ranks' histories held is not news
-        return [job_alert_event(a, self.job, history) for a in changed]
+        out = [job_alert_event(a, self.job, history) for a in changed]
+        return out + self._slowest(final, history)
+
+    def _slowest(self, final: bool, history: bool) -> list[dict[str, Any]]:
+        """A ``slowest_over_time`` event when the ranks named repeatedly slowest change (a rank
+        named, its kind changes, or it is named no more), and at the end."""
+        record = self.alerts.history
+        named = [(r.rank, r.kind) for r in record.named()]
+        if record.since is None or (named == self.said_slowest and not final):
+            return []
+        self.said_slowest = named
+        event = {"type": "slowest_over_time", "job": self.job, **record.to_json()}
+        if history:
+            event["history"] = True
+        return [event]
 
 
 def _read_rank(

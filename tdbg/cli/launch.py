@@ -12,6 +12,7 @@ from tdbg.connect.client import ConnectError, ProbeClient
 from tdbg.connect.jobs import local_job
 from tdbg.connect.runtime import discover
 from tdbg.connect.targets import Discover, Job, LocalSocket, Recording, Remote, Target, resolve
+from tdbg.model.job_nodes import SCALE_FROM
 from tdbg.model.job_replay import replay_job
 from tdbg.model.recordings import load_run
 from tdbg.recording.reader import RecordingError
@@ -65,7 +66,7 @@ def app_for(
     elif isinstance(resolved, Recording):
         return ReplayApp(load(texts[0])), None
     elif isinstance(resolved, Job):
-        job_source = JobSource(resolved.job)
+        job_source = job_source_for(resolved.job)
         return JobApp(job_source), job_source
     elif isinstance(resolved, Discover):
         source = DiscoverySource(resolved.directory)
@@ -149,8 +150,18 @@ def launch_job(job: str | None, directory: Path | None = None) -> int | None:
     job = job if job is not None else local_job(directory)
     if job is None:
         return None
-    source = JobSource(job, directory)
+    source = job_source_for(job, directory)
     return _run(JobApp(source), source)
+
+
+def job_source_for(job: str, directory: Path | None = None) -> JobSource:
+    """The source for local job ``job``: every rank read whole, or, past SCALE_FROM ranks,
+    read through a bridge of their own that sends summaries (as a node of a multi-node job)."""
+    from tdbg.tui.sources.remote_job import job_size, local_job_source  # with the ssh parts
+
+    if job_size(discover(directory), job) > SCALE_FROM:
+        return local_job_source(job, directory)
+    return JobSource(job, directory)
 
 
 def launch_job_replay(paths: list[Path]) -> int:

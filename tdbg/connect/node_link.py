@@ -10,11 +10,12 @@ reading and sending commands work unchanged, and every rank of the node shares t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ from tdbg.protocol.messages import (
     channel_data,
     read_node_message,
 )
+from tdbg.protocol.messages.node_summary import NodeSummary, subscribe
 
 CHUNK = 1 << 16  # bytes a channel's data frame carries at most
 
@@ -67,10 +69,12 @@ class Channel:
     node: SshTarget
 
 
-def job_bridge_args(target: SshTarget, job: str) -> list[str]:
+def job_bridge_args(target: SshTarget, job: str, summaries: bool = False) -> list[str]:
     args = ["bridge", "--job", job]
     if target.path:
         args += ["--socket", target.path]
+    if summaries:
+        args.append("--summaries")
     return args
 
 
@@ -90,6 +94,11 @@ class NodeLink:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._closed = False
+        # --summaries: the node's newest summary, taken by the consumer (latest wins: a
+        # summary says everything an older one said).
+        self._summary: NodeSummary | None = None
+        self.summaries = 0  # received
+        self._layer_names: tuple[str, tuple[str, ...]] | None = None  # (layout, its names)
 
     @classmethod
     def open(
@@ -99,13 +108,17 @@ class NodeLink:
         job: str,
         timeout: float = HANDSHAKE_TIMEOUT,
         group: SshGroup | None = None,
+        summaries: bool = False,
+        local: Sequence[str] | None = None,
     ) -> NodeLink:
-        """Start the node's bridge and read its hello; RemoteError with one line otherwise."""
+        """Start the node's bridge and read its hello; RemoteError with one line otherwise.
+        ``summaries``: the bridge sends node summaries, and a rank's stream on ``subscribe``
+        only. ``local``: the command that runs ``tdbg`` here (no ssh: this machine's ranks)."""
         ours, theirs = socket.socketpair()
+        args = job_bridge_args(target, job, summaries)
+        argv = None if local is None else [*local, *args]
         try:
-            ssh = SshProcess(
-                target, opts, job_bridge_args(target, job), theirs.fileno(), theirs.fileno(), group
-            )
+            ssh = SshProcess(target, opts, args, theirs.fileno(), theirs.fileno(), group, argv)
         except BaseException:
             ours.close()
             raise
@@ -167,13 +180,13 @@ class NodeLink:
     def _read(self, decoder: Decoder, pending: list[Any]) -> None:
         try:
             for raw in pending:
-                self._dispatch(read_node_message(raw))
+                self._dispatch_raw(raw)
             while True:
                 chunk = self.sock.recv(1 << 20)
                 if not chunk:
                     break
                 for raw in decoder.feed(chunk):
-                    self._dispatch(read_node_message(raw))
+                    self._dispatch_raw(raw)
         except (OSError, ProtocolError) as exc:
             self.reason = f"connection lost: {exc}"
         finally:
@@ -182,6 +195,42 @@ class NodeLink:
                 self.reason = f"connection lost: {failure}" if failure else "closed"
             self._end_channels()
             self._opened.put(None)
+
+    def _dispatch_raw(self, raw: Any) -> None:
+        if isinstance(raw, dict) and raw.get("type") == "summary":
+            summary = NodeSummary.from_wire(raw)
+            if summary is not None:
+                summary = self._named(summary)
+                with self._lock:
+                    self._summary = summary
+                    self.summaries += 1
+            return
+        self._dispatch(read_node_message(raw))
+
+    def _named(self, summary: NodeSummary) -> NodeSummary:
+        """``summary`` with its layers' names: the bridge sends them once per layout, and an
+        untaken summary is replaced by the next, so the link keeps them and adds them back."""
+        grads = summary.grads
+        if grads is None:
+            return summary
+        if grads.names is not None:
+            self._layer_names = (grads.layout, grads.names)
+            return summary
+        if self._layer_names is not None and self._layer_names[0] == grads.layout:
+            return dataclasses.replace(
+                summary, grads=dataclasses.replace(grads, names=self._layer_names[1])
+            )
+        return summary
+
+    def take_summary(self) -> NodeSummary | None:
+        """The newest summary not taken yet, or None."""
+        with self._lock:
+            summary, self._summary = self._summary, None
+        return summary
+
+    def subscribe(self, rank: int) -> None:
+        """Ask the bridge for rank ``rank``'s full stream: it arrives as a new channel."""
+        self._send(subscribe(rank))
 
     def _dispatch(self, message: NodeMessage | None) -> None:
         if message is None:

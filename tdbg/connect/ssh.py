@@ -154,10 +154,13 @@ class SshProcess:
         stdin: int | None,
         stdout: int | None,
         group: SshGroup | None = None,
+        argv: Sequence[str] | None = None,
     ) -> None:
+        """``argv``: run this instead of ssh (a node's bridge started here, for a local job
+        read through the same node stream as a remote one)."""
         self.target = target
         self.opts = opts
-        self.argv = ssh_argv(target, opts, args)
+        self.argv = list(argv) if argv is not None else ssh_argv(target, opts, args)
         self.lines: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self._stopping = False
         self._reaper: threading.Thread | None = None

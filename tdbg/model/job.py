@@ -108,6 +108,12 @@ class Job:
             return None
         return unwatched(missing, self.world_size, launcher)
 
+    def rank_steps(self) -> list[int]:
+        return [s.last_step for s in self.ranks.values() if s.last_step is not None]
+
+    def rank_counts(self) -> list[int]:
+        return [s.n_steps for s in self.ranks.values()]
+
     def findings(self) -> list[JobFinding]:
         out: list[JobFinding] = list(self.hangs())
         out.extend(self._stragglers())
@@ -120,35 +126,8 @@ class Job:
         """Stalled ranks' last collectives compared, within each process group (sequence
         numbers count per group): the others wait in collective #N; the ranks whose last is
         below N never entered it, and their stacks say where they are."""
-        by_group: dict[str, dict[int, _Stall]] = {}
-        for rank, state in self.ranks.items():
-            stall = _still_stalled(state)
-            if stall is not None:
-                by_group.setdefault(stall.group, {})[rank] = stall
-        out = []
-        for group, last in sorted(by_group.items()):
-            if len(last) < 2:
-                continue
-            top = max(s.seq for s in last.values())
-            behind = sorted(r for r, s in last.items() if s.seq < top)
-            waiting = sorted(r for r, s in last.items() if s.seq == top)
-            if not behind:
-                continue
-            waited = last[waiting[0]]
-            where = "; ".join(f"rank {r} stuck at {last[r].where}" for r in behind if last[r].where)
-            out.append(
-                JobFinding(
-                    "hang",
-                    behind,
-                    f"rank{'s' if len(behind) > 1 else ''} {', '.join(map(str, behind))} never "
-                    f"entered collective #{top} ({waited.op}) that rank"
-                    f"{'s' if len(waiting) > 1 else ''} {', '.join(map(str, waiting))} "
-                    f"wait{'' if len(waiting) > 1 else 's'} in" + (f"; {where}" if where else ""),
-                    collective={"seq": top, "op": waited.op, "sizes": waited.sizes, "group": group},
-                    stacks={r: last[r].stack for r in sorted(last)},
-                )
-            )
-        return out
+        stalled = {r: st for r, s in self.ranks.items() if (st := still_stalled(s)) is not None}
+        return hang_findings(stalled)
 
     # --- stragglers ---------------------------------------------------------------------------
     def _recent(self, state: RunState, column: str) -> float | None:
@@ -177,35 +156,13 @@ class Job:
     def straggler(self, rank: int, slow: list[int]) -> JobFinding:
         """The finding for ``rank``, one of the ``slow`` ranks: by how much, and why."""
         known = {m.rank: m.busy for m in self.straggler_measures()}
-        peers = [r for r in known if r not in slow] or [r for r in known if r != rank]
-        typical = float(np.median([known[r] for r in peers]))
-        phase, extra = self._why_slow(rank, peers)
-        because = f"; mostly {PHASE_WORDS[phase]} (+{extra * 1e3:.1f} ms)" if phase else ""
-        mine = known.get(rank, math.nan)
-        return JobFinding(
-            "straggler",
-            [rank],
-            f"rank {rank} holds the others up: {mine * 1e3:.1f} ms of its own "
-            f"work a step vs {typical * 1e3:.1f} ms on the others{because}",
-            step=self.ranks[rank].last_step,
-            phase=phase,
-            slower_by=mine - typical,
+        return straggler_finding(
+            rank,
+            slow,
+            known,
+            lambda r, phase: self._recent(self.ranks[r], phase),
+            self.ranks[rank].last_step,
         )
-
-    def _why_slow(self, rank: int, others: list[int]) -> tuple[str | None, float]:
-        best, extra = None, 0.0
-        # Not backward: under DDP it holds the gradient all-reduce, where every rank waits
-        # for the slowest one, so the ranks' backward times say little about who is slow.
-        for phase in (p for p in PHASES if p != "backward_time"):
-            mine = self._recent(self.ranks[rank], phase)
-            theirs = [self._recent(self.ranks[r], phase) for r in others]
-            known = [t for t in theirs if t is not None]
-            if mine is None or not known:
-                continue
-            diff = mine - float(np.median(known))
-            if diff > extra:
-                best, extra = phase, diff
-        return best, extra
 
     # --- diverged ranks -------------------------------------------------------------------------
     def data_parallel(self) -> bool:
@@ -234,7 +191,7 @@ class Job:
     def divergences(self) -> list[JobFinding]:
         if not self.data_parallel():
             return []
-        rows = {r: _grad_rows(s) for r, s in self.ranks.items()}
+        rows = {r: grad_rows(s) for r, s in self.ranks.items()}
         common = sorted(set.intersection(*(set(rows[r]) for r in rows)))
         if not common:
             return []
@@ -255,26 +212,7 @@ class Job:
         diverged = [s for j, s in enumerate(common) if off[:, j, :].any()]
         if not bad:
             return []
-        # With two ranks (or most ranks off the median) there is no majority to blame: name
-        # every rank that disagrees.
-        layers = sorted({name for names_ in bad.values() for name in names_})
-        ranks = sorted(bad)
-        shown = ", ".join(layers[:5]) + (f" (+{len(layers) - 5})" if len(layers) > 5 else "")
-        shown = f"layer{'s' if len(layers) > 1 else ''} {shown}"  # "in layer 2", not "in 2"
-        return [
-            JobFinding(
-                "rank_divergence",
-                ranks,
-                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: gradients "
-                f"differ from the other ranks' in {shown} at {len(diverged)} of the "
-                f"{len(common)} latest steps all ranks sampled (first: step {diverged[0]}) — "
-                "under data "
-                "parallelism they should be equal after the all-reduce (a skipped all-reduce, "
-                "a comm hook, other weights?)",
-                layers,
-                step=diverged[0],
-            )
-        ]
+        return [divergence_finding(bad, diverged, len(common))]
 
     def nonfinite_ranks(self) -> list[JobFinding]:
         bad = [r for r, s in self.ranks.items() if s.diverged]
@@ -288,6 +226,111 @@ class Job:
                 f"{', '.join(map(str, bad))} only",
             )
         ]
+
+
+def straggler_finding(
+    rank: int,
+    slow: list[int],
+    known: dict[int, float],
+    phase_of: Callable[[int, str], float | None],
+    step: int | None,
+) -> JobFinding:
+    """The straggler finding for ``rank``, one of the ``slow`` ranks, from each rank's own work
+    a step (``known``) and its phases' recent medians (``phase_of(rank, phase)``)."""
+    peers = [r for r in known if r not in slow] or [r for r in known if r != rank]
+    typical = float(np.median([known[r] for r in peers]))
+    best, extra = None, 0.0
+    # Not backward: under DDP it holds the gradient all-reduce, where every rank waits for the
+    # slowest one, so the ranks' backward times say little about who is slow.
+    for phase in (p for p in PHASES if p != "backward_time"):
+        mine = phase_of(rank, phase)
+        theirs = [t for r in peers if (t := phase_of(r, phase)) is not None]
+        if mine is None or not theirs:
+            continue
+        diff = mine - float(np.median(theirs))
+        if diff > extra:
+            best, extra = phase, diff
+    because = f"; mostly {PHASE_WORDS[best]} (+{extra * 1e3:.1f} ms)" if best else ""
+    mine_busy = known.get(rank, math.nan)
+    return JobFinding(
+        "straggler",
+        [rank],
+        f"rank {rank} holds the others up: {mine_busy * 1e3:.1f} ms of its own "
+        f"work a step vs {typical * 1e3:.1f} ms on the others{because}",
+        step=step,
+        phase=best,
+        slower_by=mine_busy - typical,
+    )
+
+
+def divergence_finding(bad: dict[int, list[str]], diverged: list[int], common: int) -> JobFinding:
+    """The divergence finding: ``bad`` ranks and the layers each differs in, at the ``diverged``
+    steps of the ``common`` latest steps every rank sampled. With two ranks (or most ranks off
+    the median) there is no majority to blame: every rank that disagrees is named."""
+    layers = sorted({name for names_ in bad.values() for name in names_})
+    ranks = sorted(bad)
+    shown = ", ".join(layers[:5]) + (f" (+{len(layers) - 5})" if len(layers) > 5 else "")
+    shown = f"layer{'s' if len(layers) > 1 else ''} {shown}"  # "in layer 2", not "in 2"
+    return JobFinding(
+        "rank_divergence",
+        ranks,
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: gradients "
+        f"differ from the other ranks' in {shown} at {len(diverged)} of the "
+        f"{common} latest steps all ranks sampled (first: step {diverged[0]}) — under data "
+        "parallelism they should be equal after the all-reduce (a skipped all-reduce, "
+        "a comm hook, other weights?)",
+        layers,
+        step=diverged[0],
+    )
+
+
+def rank_list(ranks: list[int], spelled: int = 8) -> str:
+    """``ranks`` (sorted) as a message says them: each one up to ``spelled`` of them, else runs
+    of consecutive ranks as ranges (``0-41, 43-1023``: a hang in a 1,024-rank job names the
+    ranks that wait in a line, not in 1,023 numbers)."""
+    if len(ranks) <= spelled:
+        return ", ".join(map(str, ranks))
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ", ".join(runs)
+
+
+def hang_findings(stalled: dict[int, Stall]) -> list[JobFinding]:
+    """The hangs among the stalled ranks' last collectives (``Job.hangs``), per process group."""
+    by_group: dict[str, dict[int, Stall]] = {}
+    for rank, stall in stalled.items():
+        by_group.setdefault(stall.group, {})[rank] = stall
+    out = []
+    for group, last in sorted(by_group.items()):
+        if len(last) < 2:
+            continue
+        top = max(s.seq for s in last.values())
+        behind = sorted(r for r, s in last.items() if s.seq < top)
+        waiting = sorted(r for r, s in last.items() if s.seq == top)
+        if not behind:
+            continue
+        waited = last[waiting[0]]
+        where = "; ".join(f"rank {r} stuck at {last[r].where}" for r in behind if last[r].where)
+        out.append(
+            JobFinding(
+                "hang",
+                behind,
+                f"rank{'s' if len(behind) > 1 else ''} {rank_list(behind)} never "
+                f"entered collective #{top} ({waited.op}) that rank"
+                f"{'s' if len(waiting) > 1 else ''} {rank_list(waiting)} "
+                f"wait{'' if len(waiting) > 1 else 's'} in" + (f"; {where}" if where else ""),
+                collective={"seq": top, "op": waited.op, "sizes": waited.sizes, "group": group},
+                stacks={r: last[r].stack for r in sorted(last)},
+            )
+        )
+    return out
 
 
 def compare_busy(whole: dict[int, float], own: dict[int, float | None]) -> list[StragglerMeasure]:
@@ -329,7 +372,7 @@ def is_straggling(measure: StragglerMeasure, ratio: float) -> bool:
 
 
 @dataclass(frozen=True)
-class _Stall:
+class Stall:
     """A rank's newest ``stalled`` alert, still unresolved, with its last collective."""
 
     seq: int
@@ -340,7 +383,7 @@ class _Stall:
     stack: str
 
 
-def _still_stalled(state: RunState) -> _Stall | None:
+def still_stalled(state: RunState) -> Stall | None:
     """The rank's open stall (the one rule: health.open_stall), when it names a collective."""
     latest = open_stall(state)
     if latest is None or not latest.collective:
@@ -350,7 +393,7 @@ def _still_stalled(state: RunState) -> _Stall | None:
     if not isinstance(seq, int):
         return None
     group = collective.get("group")
-    return _Stall(
+    return Stall(
         seq=seq,
         op=str(collective.get("op") or "collective"),
         sizes=collective.get("sizes"),
@@ -360,7 +403,7 @@ def _still_stalled(state: RunState) -> _Stall | None:
     )
 
 
-def _grad_rows(state: RunState) -> dict[int, np.ndarray]:
+def grad_rows(state: RunState) -> dict[int, np.ndarray]:
     """The newest sampled per-layer rows, by step (enough to find a step every rank sampled)."""
     steps, rows = state.grads.recent_steps(RECENT), state.grads.recent(RECENT)
     return {int(step): row for step, row in zip(steps, rows, strict=True)}

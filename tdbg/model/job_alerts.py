@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time as _time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from tdbg.model.job import (
     PHASE_WORDS,
@@ -12,6 +12,7 @@ from tdbg.model.job import (
     STRAGGLER_RATIO,
     Job,
     JobFinding,
+    StragglerMeasure,
     is_straggling,
 )
 from tdbg.model.straggler_history import StragglerHistory
@@ -78,6 +79,20 @@ class _Pending:
     quiet_since: int | None = None  # the job step it was first seen back under CLEAR_RATIO
 
 
+class JudgedJob(Protocol):
+    """What the alerts read of a job: ``Job`` (every rank's stream) or ``NodesJob`` (its
+    nodes' summaries) alike."""
+
+    def rank_steps(self) -> list[int]: ...
+    def rank_counts(self) -> list[int]: ...
+    def straggler_measures(self) -> list[StragglerMeasure]: ...
+    def straggler(self, rank: int, slow: list[int]) -> JobFinding: ...
+    def divergence_rule(self) -> tuple[bool, str]: ...
+    def hangs(self) -> list[JobFinding]: ...
+    def divergences(self) -> list[JobFinding]: ...
+    def nonfinite_ranks(self) -> list[JobFinding]: ...
+
+
 @dataclass
 class JobAlerts:
     """Feeds on a Job after each batch; keeps the active alerts and every raise/clear event."""
@@ -90,16 +105,16 @@ class JobAlerts:
     _stragglers: dict[int, _Pending] = field(default_factory=dict)
     _step: int | None = None
 
-    def update(self, job: Job, now: float | None = None) -> list[JobAlert]:
+    def update(self, job: JudgedJob, now: float | None = None) -> list[JobAlert]:
         """Judge the job at its current step; the alerts raised or cleared by this call."""
         now = _time.time() if now is None else now
-        steps = [s.last_step for s in job.ranks.values() if s.last_step is not None]
-        step = max(steps, default=0)
+        step = max(job.rank_steps(), default=0)
         out: list[JobAlert] = []
         if self._step is None or step > self._step:
             self._step = step
             out.extend(self._judge_stragglers(job, step, now))
-            self.history.update(job)
+            if isinstance(job, Job):  # the record over time reads the ranks' own steps
+                self.history.update(job)
         applies, self.rule = job.divergence_rule()
         current = list(job.hangs())
         if applies:
@@ -120,8 +135,8 @@ class JobAlerts:
         return out
 
     # --- stragglers: raised after ONSET_STEPS, cleared after CLEAR_STEPS ---------------------
-    def _judge_stragglers(self, job: Job, step: int, now: float) -> list[JobAlert]:
-        if min((s.n_steps for s in job.ranks.values()), default=0) < RECENT:
+    def _judge_stragglers(self, job: JudgedJob, step: int, now: float) -> list[JobAlert]:
+        if min(job.rank_counts(), default=0) < RECENT:
             return []  # a few first steps (warm-up, one slow batch) are no window to judge on
         measures = {m.rank: m for m in job.straggler_measures()}
         slow = [r for r, m in measures.items() if is_straggling(m, STRAGGLER_RATIO)]

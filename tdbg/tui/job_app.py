@@ -12,6 +12,7 @@ from textual.screen import Screen
 from tdbg.connect.client import ConnectError
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
+from tdbg.model.job_nodes import NodesJob
 from tdbg.model.job_profile import JobProfile
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages import command_args
@@ -20,6 +21,7 @@ from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.ringer import FindingRinger
 from tdbg.tui.screens.job import JobScreen, RankScreen
 from tdbg.tui.screens.job_profile import JobProfileScreen
+from tdbg.tui.screens.job_scale import ScaleJobScreen
 from tdbg.tui.screens.waiting import WaitingScreen
 from tdbg.tui.sources.job import JobSource, RankBatches
 
@@ -28,6 +30,9 @@ REPAINT_INTERVAL = 1 / 4  # seconds: new data repaints at most this often (keys 
 # anything: at 64 ranks batches arrive ~160 times a second and one judgement costs ~15 ms, so
 # judging after each batch took the TUI's whole core (benchmarks/job_tui.py).
 JUDGE_INTERVAL = 1 / 4
+# A large job's nodes summarise twice a second: judging or repainting it more often shows
+# nothing newer (at 1,024 ranks each costs a few ms).
+SUMMARY_INTERVAL = 1 / 2
 
 
 class JobApp(TdbgBaseApp):
@@ -45,6 +50,8 @@ class JobApp(TdbgBaseApp):
         super().__init__()
         self.source = source
         self.job, self.alerts = replayed or (Job(source.job or "", {}), JobAlerts())
+        # A large job: its nodes' summaries; ``job`` then holds only the ranks opened whole.
+        self.nodes = NodesJob(source.job or "") if source.aggregated else None
         self.revision = 1 if replayed else 0
         self._painted = -1
         self._shown = (-1, -1)
@@ -61,6 +68,8 @@ class JobApp(TdbgBaseApp):
         self.rings: list[str] = []  # the kinds rung for, in order (tests read it)
 
     def get_default_screen(self) -> Screen[Any]:
+        if self.nodes is not None:
+            return ScaleJobScreen(id="job")
         return JobScreen(id="job")
 
     def on_mount(self) -> None:
@@ -118,7 +127,19 @@ class JobApp(TdbgBaseApp):
         for rank, messages in pending.items():
             for message in _coalesced(messages):
                 self._fold_one(rank, message)
-        if pending:
+        summaries = self.source.take_summaries() if self.nodes is not None else {}
+        if self.nodes is not None:
+            if summaries and isinstance(self.screen, WaitingScreen):
+                self.pop_screen()
+            self.nodes.job = self.source.job or self.nodes.job
+            for node, summary in summaries.items():
+                self.nodes.update(node, summary)
+            problems: dict[str, str] = getattr(self.source, "problems", {})
+            for node, why in list(problems.items()):  # nodes not read now (reconnecting)
+                if node in self.nodes.nodes and node not in self.nodes.lost:
+                    self.nodes.node_lost(node, why)
+                    summaries = summaries or {node: self.nodes.nodes[node]}
+        if pending or summaries:
             self.revision += 1
 
     def _fold_one(self, rank: int, message: dict[str, Any]) -> None:
@@ -141,10 +162,11 @@ class JobApp(TdbgBaseApp):
         """Compare the ranks (job alerts) when anything arrived since the last judgement, at
         most every JUDGE_INTERVAL."""
         now = time.monotonic()
-        if self._judged == self.revision or now - self._judged_at < JUDGE_INTERVAL:
+        every = SUMMARY_INTERVAL if self.nodes is not None else JUDGE_INTERVAL
+        if self._judged == self.revision or now - self._judged_at < every:
             return
         self._judged, self._judged_at = self.revision, now
-        raised = self.alerts.update(self.job)
+        raised = self.alerts.update(self.nodes if self.nodes is not None else self.job)
         for finding in raised:
             if not finding.cleared:
                 self.notices.append(finding.message)
@@ -167,15 +189,40 @@ class JobApp(TdbgBaseApp):
             if screen.show(self.job, self.alerts):
                 self._painted = self.revision
                 self._shown = (self.revision, self._judged)  # new data, or new alerts on it
+        elif isinstance(screen, ScaleJobScreen) and self.nodes is not None:
+            # Repainted once per judgement (SUMMARY_INTERVAL), not per summary that came in.
+            fresh = self._judged != self._shown[1]
+            if fresh and screen.show(self.nodes, self.alerts):
+                self._painted = self.revision
+                self._shown = (self.revision, self._judged)
+
+    def repaint_job(self) -> None:
+        """Repaint the job screen now (it changed what it shows: a node opened or closed)."""
+        self._shown = (-1, -1)
+        self._repaint()
 
     # --- drilling into one rank ---------------------------------------------------------------
     def open_rank(self, rank: int) -> None:
+        if self.nodes is not None and rank not in self.job.ranks:
+            # A large job: ask the rank's node for its whole stream; its screen fills in when
+            # the rank's hello arrives (_fold_one shows the new state).
+            node = self.nodes.rank_node.get(rank)
+            if node is None or not self.source.subscribe(rank, node):
+                self.notify(self.source.send_error or f"rank {rank} cannot be opened")
+                return
+            self.job.ranks[rank] = RunState({"name": f"rank {rank}", "rank": rank})
         state = self.job.ranks.get(rank)
         if state is None:
             return
         screen = RankScreen(rank)
         self.push_screen(screen)
         screen.show(state)
+
+    def close_rank(self, rank: int) -> None:
+        """Back from a rank's screen: in a large job its whole stream is given back."""
+        if self.nodes is not None:
+            self.source.unsubscribe(rank)
+            self.job.ranks.pop(rank, None)
 
     def profile_job(self) -> None:
         """``p`` on the job screen: the profile command, with the single-run form's defaults, to

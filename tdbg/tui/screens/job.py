@@ -84,7 +84,7 @@ class JobScreen(Screen[None]):
             self.query_one(RankTable).show(rank_rows(job, alerts))
             self.query_one("#job-slowest-list", Static).update(_slowest_text(alerts.history))
             self.query_one("#job-slowest").border_subtitle = _judged_words(alerts.history)
-            self.query_one("#job-alert-list", Static).update(_alert_text(alerts, self.app))
+            self.query_one("#job-alert-list", Static).update(alert_text(alerts, self.app))
         except NoMatches:
             return False
         return True
@@ -162,7 +162,7 @@ def _judged_words(history: StragglerHistory) -> str:
     )
 
 
-def _alert_text(alerts: JobAlerts, app: Any) -> Text:
+def alert_text(alerts: JobAlerts, app: Any) -> Text:
     if not alerts.events:
         return Text("no job alerts", style="dim")
     text = Text()
@@ -194,3 +194,6 @@ class RankScreen(MonitorScreen):
 
     def action_back(self) -> None:
         self.app.pop_screen()
+        closer = getattr(self.app, "close_rank", None)
+        if closer is not None:  # a large job: the rank's whole stream is given back
+            closer(self.rank)

@@ -22,6 +22,7 @@ from tdbg.connect.exit_status import exit_status
 from tdbg.connect.jobs import job_entries
 from tdbg.connect.runtime import discover
 from tdbg.protocol.framing import ProtocolError
+from tdbg.protocol.messages.node_summary import NodeSummary
 from tdbg.tui.sources.base import Stoppable
 
 POLL_INTERVAL = 0.5  # seconds between looks for ranks that started later
@@ -78,6 +79,27 @@ class JobSource(Stoppable):
         # never has its new client retired by the old one's end.
         self._rank_lock = threading.Lock()
         self.send_error: str | None = None
+        # Read through node summaries (a large job): the app then subscribes to the ranks it
+        # shows whole (sources/remote_job.py); a plain source reads every rank whole.
+        self.aggregated = False
+
+    def take_summaries(self) -> dict[str, NodeSummary]:
+        """The nodes' summaries that arrived since the last call, by node (none here)."""
+        return {}
+
+    def subscribe(self, rank: int, node: str) -> bool:
+        """Ask for rank ``rank``'s full stream (on ``node``); False when it cannot be asked."""
+        return False
+
+    def unsubscribe(self, rank: int) -> None:
+        """Give rank ``rank``'s full stream back (its reader ends without a goodbye)."""
+        with self._rank_lock:
+            client = self._clients.pop(rank, None)
+            self.runs.pop(rank, None)
+        if client is not None:
+            with contextlib.suppress(OSError):
+                client.sock.shutdown(2)  # wakes its reader thread blocked in recv
+            client.close()
 
     # --- the worker's side ---------------------------------------------------------------
     def open(self, notify: Notify) -> None:

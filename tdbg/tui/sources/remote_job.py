@@ -10,16 +10,22 @@ connection.
 from __future__ import annotations
 
 import contextlib
+import socket
+import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from tdbg import __version__
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.jobs import one_job
+from tdbg.connect.jobs import job_of, one_job
 from tdbg.connect.node_link import Channel, NodeLink
 from tdbg.connect.nodes import node_targets
+from tdbg.connect.runtime import RunEntry, runtime_dir
 from tdbg.connect.ssh import RemoteOptions, SshGroup
 from tdbg.connect.sshurl import SshTarget
+from tdbg.model.job_nodes import SCALE_FROM
+from tdbg.protocol.messages.node_summary import NodeSummary
 from tdbg.tui.sources.job import JobSource, Notify
 from tdbg.tui.sources.remote import (
     BACKOFF_CAP,
@@ -45,8 +51,15 @@ class RemoteJobSource(JobSource):
         opts: RemoteOptions,
         problems: dict[str, str] | None = None,
         versions: dict[str, str] | None = None,
+        summaries: bool = False,
+        local: Sequence[str] | None = None,
     ) -> None:
+        """``summaries``: each node's bridge sends summaries of its ranks, and a rank's whole
+        stream only once subscribed to. ``local``: the command that runs tdbg here, for this
+        machine's ranks read through a bridge of their own (no ssh)."""
         super().__init__(job)
+        self.aggregated = summaries
+        self.local = None if local is None else list(local)
         self.targets = list(targets)
         self.opts = opts
         self.label = f"job {job} on {len(self.targets)} node{'s' if len(self.targets) > 1 else ''}"
@@ -74,7 +87,7 @@ class RemoteJobSource(JobSource):
             self._threads.append(thread)
         announced = False
         while not self._stop.is_set():
-            if self._clients:
+            if self._clients or (self.aggregated and self.links):  # a node summarises
                 return
             if not announced:
                 notify(self.WaitStarted(f"a rank of job {self.job} on {len(self.targets)} nodes"))
@@ -109,7 +122,14 @@ class RemoteJobSource(JobSource):
         delay = self.backoff_start
         while not self._stop.is_set():
             try:
-                link = NodeLink.open(target, self.opts, self.job or "", group=self._ssh)
+                link = NodeLink.open(
+                    target,
+                    self.opts,
+                    self.job or "",
+                    group=self._ssh,
+                    summaries=self.aggregated,
+                    local=self.local,
+                )
             except ConnectError as exc:
                 self._problem(node, f"{exc}; retrying")
                 self._stop.wait(delay)
@@ -172,6 +192,27 @@ class RemoteJobSource(JobSource):
         self._register(rank, client, node=node)
         self._read(rank, client)
 
+    # --- summaries and subscriptions (aggregated) ------------------------------------------------
+    def take_summaries(self) -> dict[str, NodeSummary]:
+        out = {}
+        for node, link in list(self.links.items()):
+            summary = link.take_summary()
+            if summary is not None:
+                out[node] = summary
+        return out
+
+    def subscribe(self, rank: int, node: str) -> bool:
+        link = self.links.get(node)
+        if link is None:
+            self.send_error = f"{node} is not connected: rank {rank} cannot be opened"
+            return False
+        try:
+            link.subscribe(rank)
+        except OSError as exc:
+            self.send_error = f"{node}: {exc}"
+            return False
+        return True
+
     def close(self) -> None:
         super().close()
         self._ssh.stop()
@@ -218,4 +259,24 @@ def remote_job_source(
         return source_for(targets, opts, entries, list(errors.values()))
     versions = {listing.target.node: listing.tdbg for listing in listings}
     problems = {node: f"{why}; retrying" for node, why in errors.items()}
-    return RemoteJobSource(job, targets, opts, problems, versions)
+    large = job_size(entries, job) > SCALE_FROM
+    return RemoteJobSource(job, targets, opts, problems, versions, summaries=large)
+
+
+def job_size(entries: Sequence[RunEntry], job: str) -> int:
+    """The job's world size as its listed ranks say it (else how many are listed)."""
+    ranks = [e for e in entries if job_of(e) == job]
+    sizes = [w for e in ranks if isinstance(w := e.meta.get("world_size"), int)]
+    return max([len(ranks), *sizes])
+
+
+def local_job_source(job: str, directory: Path | None = None) -> RemoteJobSource:
+    """This machine's ranks of ``job`` read through a ``tdbg bridge --job --summaries`` of
+    their own, over its stdin/stdout as ssh would carry it: a large local job is aggregated
+    the same way as a node of a multi-node one."""
+    where = str(directory or runtime_dir())
+    target = SshTarget(host=socket.gethostname(), path=where)
+    local = [sys.executable, "-m", "tdbg.cli"]
+    source = RemoteJobSource(job, [target], RemoteOptions(), summaries=True, local=local)
+    source.label = f"job {job}"
+    return source

@@ -1,0 +1,130 @@
+"""One node's ranks reduced to a ``summary`` (what ``tdbg bridge --job --summaries`` sends)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import time
+from collections.abc import Mapping
+
+import numpy as np
+
+from tdbg.model.ending import ended_words
+from tdbg.model.health import assess
+from tdbg.model.job import RECENT, busy_median, grad_rows, recent_median, still_stalled
+from tdbg.model.run_state import RunState
+from tdbg.protocol.messages.node_summary import (
+    MAX_GRAD_STEPS,
+    NodeGrads,
+    NodeSummary,
+    RankFigures,
+    RankStall,
+)
+from tdbg.protocol.steps import PHASES
+
+ALERTS_SENT = 8  # the node's newest rank alerts in one summary
+
+
+def layout_of(state: RunState) -> str:
+    """A digest of a rank's watched layers (names and sizes): rows compare within one."""
+    pairs = zip(state.layer_names, state.layer_numel, strict=False)
+    text = "\n".join(f"{n}\t{k}" for n, k in pairs)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def rank_figures(rank: int, state: RunState, now: float | None = None) -> RankFigures:
+    """A rank's few figures: the same medians the straggler rule reads (job.py)."""
+    grad = state.grad_total.values[-RECENT:]
+    grad = grad[np.isfinite(grad)]  # the latest measured (not every step measures it)
+    status = "live"
+    if state.ended:
+        status = ended_words(state.end_reason)
+    elif assess(state, now, by_arrival=True).word == "stalled":
+        status = "stalled"
+    loss = state.last_loss
+    return RankFigures(
+        rank=rank,
+        step=state.last_step,
+        n_steps=state.n_steps,
+        whole=busy_median(state, False),
+        own=busy_median(state, True),
+        phases={p: recent_median(state, p) for p in PHASES},
+        loss=loss,
+        grad=float(grad[-1]) if grad.size else None,
+        state=status,
+        nonfinite=state.diverged,
+    )
+
+
+def node_grads(states: Mapping[int, RunState], names_sent: str | None) -> NodeGrads | None:
+    """The ranks' per-layer rows at their latest common sampled steps, each distinct row once;
+    None when the ranks watch different layers here (the rule then does not apply) or share
+    no sampled step. ``names_sent``: the layout whose names the viewer already has."""
+    if not states:
+        return None
+    layouts = {layout_of(s) for s in states.values()}
+    first = next(iter(states.values()))
+    if len(layouts) != 1 or not first.layer_names:
+        return None
+    layout = layouts.pop()
+    rows = {r: grad_rows(s) for r, s in states.items()}
+    common = sorted(set.intersection(*(set(v) for v in rows.values())))[-MAX_GRAD_STEPS:]
+    if not common:
+        return None
+    width = min(len(first.layer_names), *(len(rows[r][s]) for r in rows for s in common))
+    distinct: dict[bytes, int] = {}
+    table: list[tuple[float, ...]] = []
+    which: dict[int, tuple[int, ...]] = {}
+    for rank, by_step in rows.items():
+        mine = []
+        for step in common:
+            row = np.ascontiguousarray(by_step[step][:width], float)
+            key = row.tobytes()
+            if key not in distinct:
+                distinct[key] = len(table)
+                table.append(tuple(float(x) for x in row))
+            mine.append(distinct[key])
+        which[rank] = tuple(mine)
+    names = None if names_sent == layout else tuple(first.layer_names[:width])
+    return NodeGrads(layout, tuple(common), tuple(table), which, names)
+
+
+def reduce_node(
+    host: str,
+    job: str,
+    states: Mapping[int, RunState],
+    names_sent: str | None = None,
+    now: float | None = None,
+) -> NodeSummary:
+    """The node's summary now: every rank's figures, the stalled ranks' collectives, the
+    gradient rows and the newest rank alerts."""
+    now = time.time() if now is None else now
+    stalls = []
+    alerts: list[tuple[int, str, str, int | None, str]] = []
+    for rank, state in states.items():
+        stall = still_stalled(state)
+        if stall is not None:
+            stalls.append(
+                RankStall(rank, stall.seq, stall.op, stall.group, stall.where, stall.stack,
+                          stall.sizes)
+            )  # fmt: skip
+        for alert in itertools.islice(state.alerts, 2):  # newest first
+            alerts.append((rank, alert.kind, alert.severity, alert.step, alert.headline))
+    alerts.sort(key=lambda a: -math.inf if a[3] is None else a[3], reverse=True)
+    return NodeSummary(
+        host=host,
+        job=job,
+        time=now,
+        ranks=tuple(rank_figures(r, s, now) for r, s in sorted(states.items())),
+        stalls=tuple(stalls),
+        # An ended rank's rows stop: kept, they would leave no step common to all.
+        grads=node_grads({r: s for r, s in states.items() if not s.ended}, names_sent),
+        alerts=tuple(alerts[:ALERTS_SENT]),
+        world=max(
+            (w for s in states.values() if isinstance(w := s.run.get("world_size"), int)), default=0
+        ),
+    )
+
+
+__all__ = ["RECENT", "layout_of", "node_grads", "rank_figures", "reduce_node"]
