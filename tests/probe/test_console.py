@@ -219,14 +219,18 @@ LOADER = textwrap.dedent(
 def test_dataloader_workers_print_through_the_capture(tmp_path: Path) -> None:
     out = _run(tmp_path, LOADER, "1", str(tmp_path / "loader.tdbg"))
     assert out.returncode == 0, out.stderr[-2000:]
-    stdout = out.stdout.decode().splitlines()
-    assert stdout.count("epoch 1 done") == 1
-    assert sorted(line for line in stdout if line.startswith("worker True")) == sorted(
-        f"worker True item {i}" for i in range(8) for _ in range(2)
-    )
-    text = _dump(tmp_path / "loader.tdbg", "--console").splitlines()
-    assert text.count("worker True item 7") == 2 and text.count("c-level item 3") == 2
-    assert "epoch 1 done" in text
+    stdout = out.stdout.decode()
+    assert stdout.splitlines().count("epoch 1 done") == 1
+    # Each worker's print, twice (two epochs). Not line by line: two workers printing into one
+    # pipe can interleave a line and another's newline with or without tdbg (print's text and
+    # end can reach the fd apart: seen in 2 of 12 runs with no capture, beside two busy cores).
+    for i in range(8):
+        assert stdout.count(f"worker True item {i}") == 2, (i, stdout)
+    text = _dump(tmp_path / "loader.tdbg", "--console")
+    assert all(text.count(f"worker True item {i}") == 2 for i in range(8)), text
+    # os.write is one write: those lines arrive whole.
+    assert text.splitlines().count("c-level item 3") == 2
+    assert "epoch 1 done" in text.splitlines()
 
 
 DYING = textwrap.dedent(
