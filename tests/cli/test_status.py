@@ -57,13 +57,16 @@ def test_status_prints_one_line_per_run_and_exits_by_health(
     reader.wait(lambda r: len(r.records()) >= 5)
     assert run(["status"]) == 0
     line = capsys.readouterr().out
-    assert line.startswith("healthy") and "step       4" in line and " live " in line
+    # live, or input-bound: five tiny steps on a busy machine can spend most of their time
+    # waiting in the loader (seen in CI beside two CPU burners); either is a healthy exit 0.
+    assert line.startswith("healthy") and "step       4" in line, line
+    assert re.search(r" (live|input-bound) ", line), line
     # The rate as the TUI header spells it (format.fmt_rate), the alert count in words.
     assert re.search(r" (\d+\.\d|\d+|\d+(\.\d+)?[kM]) steps/s ", line), line
     assert "0 alerts" in line
     assert run(["status", "--json", str(probe.socket_path)]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert (got["name"], got["step"], got["health"]) == ("healthy", 4, "live")
+    assert (got["name"], got["step"]) == ("healthy", 4) and got["health"] in ("live", "input-bound")
     probe.step(float("nan"))
     reader.wait(lambda r: any(a["kind"] == "nonfinite_loss" for a in r.of("alert")))
     assert run(["status"]) == 1
