@@ -280,7 +280,9 @@ class ActivationsDive(Dive):
                 stats = flat[: 4 * r].view(-1, 4).tolist()
                 counts = flat[4 * r : 6 * r].view(-1, 2).tolist()
                 hists = flat[6 * r :].view(-1, N_BINS).tolist()
-                if not self.finished:  # turned off or replaced meanwhile: nobody wants it
+                # Turned off or replaced meanwhile: nobody wants it. The run ending is not that:
+                # a sample taken before close reaches the clients and the recording.
+                if not self.finished or self.run_ended:
                     message = self._message(step, meta, stats, counts, hists)
                     self.ctx.events.append(as_event(message))
             except Exception as exc:

@@ -67,6 +67,7 @@ class Dive:
         self.finished = False  # the job reached a final state (any thread may set it)
         self.stepping = True  # False once the training thread has nothing more to do
         self.cancel_requested = False
+        self.run_ended = False  # cancelled because the run ended: what it took still goes out
         self.started_at = 0.0
 
     # --- override ---------------------------------------------------------------------------
@@ -274,6 +275,7 @@ class DiveRunner:
         self.intents.clear()
         for dive in self.active:
             if not dive.finished or dive.stepping:
+                dive.run_ended = True
                 try:
                     dive.cancelled(self.ctx.step, reason)
                 except Exception:

@@ -69,6 +69,10 @@ GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read a
 # thread. It is generous because a thread still inside a torch call when the interpreter exits
 # aborts the whole process ("terminate called without an active exception", exit 134).
 STOP_SECONDS = 10.0
+# Of that, how long the sampler thread may spend at stop on work already queued (a sample's
+# statistics, a dive's analysis): results the run took before it ended reach the clients and the
+# recording instead of being dropped (a short or busy run's last samples were lost).
+DRAIN_SECONDS = 5.0
 # How long a run that ended keeps serving for a client waiting for a run here that has not
 # attached yet (its note, connect/runtime.py): a client that got no CPU for the run's whole
 # life still gets it whole. Within the 1 s an exit may take (R54), and only while such a
@@ -152,7 +156,9 @@ class ProbeServer:
         self.recorder = recorder  # watch(record=...): a sink beside the clients
         # Slow work for the sampler thread (profiler tables, snapshot files), so that neither
         # the training thread nor the socket loop waits on it.
-        self.work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Each with whether it still runs once stopping (a compaction does not: close drops it).
+        self.work: queue.SimpleQueue[tuple[Callable[[], None], bool]] = queue.SimpleQueue()
+        self._work_drained = threading.Event()  # set by the sampler thread as it ends
         if recorder is not None:
             # A recording starts with the layers as clients get them (several models' owners,
             # the model summary), not only their names.
@@ -302,7 +308,7 @@ class ProbeServer:
         self._stop.set()
         self.serving = False  # socket_path reads None from now on
         self.wake()
-        self.work.put(lambda: None)  # the sampler thread waits on this queue: wake it too
+        self.work.put((lambda: None, False))  # the sampler thread waits on it: wake it too
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             if thread is not threading.current_thread():
@@ -342,7 +348,7 @@ class ProbeServer:
         if self.recorder is not None:
             # File I/O on this thread only, never the training thread; compactions rewrite the
             # file on the sampler thread, into a temp file this thread then renames over it.
-            self.recorder.submit = self.submit_work
+            self.recorder.submit = lambda fn: self.submit_work(fn, at_stop=False)
             self.recorder.open()
         next_tick = next_stats = time.monotonic()
         next_inode = next_tick + INODE_CHECK_SECONDS
@@ -364,6 +370,8 @@ class ProbeServer:
             except Exception as exc:  # never let the thread die silently
                 self._on_error(exc)
                 time.sleep(TICK_SECONDS)
+        # What the sampler thread finishes at stop (the last samples) is in this last tick.
+        self._work_drained.wait(DRAIN_SECONDS + 1.0)
         with contextlib.suppress(Exception):
             self._tick(time.monotonic())
             # The run's last word on the probe: closed cleanly (or switched off by errors).
@@ -407,28 +415,55 @@ class ProbeServer:
         with contextlib.suppress(Exception):
             self._selector.close()
 
-    def submit_work(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` on the sampler thread (never blocks the caller)."""
-        self.work.put(fn)
+    def submit_work(self, fn: Callable[[], None], at_stop: bool = True) -> None:
+        """Run ``fn`` on the sampler thread (never blocks the caller); ``at_stop``: still run
+        when the probe stops before the thread got to it."""
+        self.work.put((fn, at_stop))
 
     def _sample_loop(self) -> None:
+        try:
+            self._sample_until_stopped()
+        finally:
+            self._drain_work()
+            self._work_drained.set()
+
+    def _sample_until_stopped(self) -> None:
         next_sample = time.monotonic() + STATS_SECONDS
         while not self._stop.is_set():
             try:
-                fn = self.work.get(timeout=max(0.0, next_sample - time.monotonic()))
+                fn, at_stop = self.work.get(timeout=max(0.0, next_sample - time.monotonic()))
             except queue.Empty:
-                fn = None
+                fn, at_stop = None, False
             if self._stop.is_set():
+                if fn is not None and at_stop:
+                    self._run_work(fn)  # taken off the queue: not dropped (drained after)
                 return
+            if fn is not None:
+                self._run_work(fn)
+                self.wake()  # its result goes out at once, not at the next tick
+                continue
+            next_sample = time.monotonic() + STATS_SECONDS
             try:
-                if fn is not None:
-                    fn()
-                    self.wake()  # its result goes out at once, not at the next tick
-                    continue
-                next_sample = time.monotonic() + STATS_SECONDS
                 self.latest_system = self._sampler.sample()
             except Exception as exc:
                 self._on_error(exc)
+
+    def _run_work(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self._on_error(exc)
+
+    def _drain_work(self) -> None:
+        """At stop: run what is still queued and wanted, within DRAIN_SECONDS."""
+        deadline = time.monotonic() + DRAIN_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                fn, at_stop = self.work.get_nowait()
+            except queue.Empty:
+                return
+            if at_stop:
+                self._run_work(fn)
 
     def _on_ready(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.data == "listen":
