@@ -69,10 +69,10 @@ GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read a
 # thread. It is generous because a thread still inside a torch call when the interpreter exits
 # aborts the whole process ("terminate called without an active exception", exit 134).
 STOP_SECONDS = 10.0
-# Of that, how long the sampler thread may spend at stop on work already queued (a sample's
-# statistics, a dive's analysis): results the run took before it ended reach the clients and the
-# recording instead of being dropped (a short or busy run's last samples were lost).
-DRAIN_SECONDS = 5.0
+# How long the sampler thread may spend at stop on work already queued (a sample's statistics:
+# milliseconds each): what the run took before it ended reaches the clients and the recording
+# instead of being dropped (a short run on a busy machine lost its last samples), within R54's 1 s.
+DRAIN_SECONDS = 0.5
 # How long a run that ended keeps serving for a client waiting for a run here that has not
 # attached yet (its note, connect/runtime.py): a client that got no CPU for the run's whole
 # life still gets it whole. Within the 1 s an exit may take (R54), and only while such a
@@ -371,7 +371,7 @@ class ProbeServer:
                 self._on_error(exc)
                 time.sleep(TICK_SECONDS)
         # What the sampler thread finishes at stop (the last samples) is in this last tick.
-        self._work_drained.wait(DRAIN_SECONDS + 1.0)
+        self._work_drained.wait(DRAIN_SECONDS + 0.5)
         with contextlib.suppress(Exception):
             self._tick(time.monotonic())
             # The run's last word on the probe: closed cleanly (or switched off by errors).
