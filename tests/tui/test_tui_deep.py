@@ -42,6 +42,7 @@ from tdbg.tui.sources.synthetic import (
 )
 from tdbg.tui.widgets.activation_table import ActivationTable
 from tdbg.tui.widgets.deep_panel import DeepPanel
+from tdbg.tui.widgets.glyphs import BLOCKS
 from tdbg.tui.widgets.profiler_panel import ProfilerPanel
 from tdbg.tui.widgets.profiler_table import ProfilerTable
 
@@ -445,7 +446,7 @@ async def test_activation_statistics_beside_the_gradient_norms() -> None:
         source.feed(activations_message(step=110))
         monitor = app.monitor
         await wait_for(pilot, lambda: monitor.has_class("-activations"), "activations class")
-        text = await shows(pilot, app, "Activations per module", "blocks.0.fc", "Linear")
+        text = await shows(pilot, app, "Activations per module", "blocks.0.fc", "|out| by decade")
         assert "Gradient norms per layer" in text  # both tables on screen at once
         table = app.query_one(ActivationTable)
         await wait_for(pilot, lambda: table.row_count == 8, "8 modules")
@@ -455,6 +456,12 @@ async def test_activation_statistics_beside_the_gradient_norms() -> None:
         assert row[:2] == ["blocks.2.fc", "7"] and row[-1] == "Linear"
         assert "NaN" in row and "+inf" in row
         assert "100%" in [str(c) for c in table.get_row_at(3)]
+        # The |output| distribution by decade: the dead ReLU all exact zeros, the NaN module's
+        # non-finite outputs in the last glyph, a live one's bell around 0.1-1.
+        column = [str(c) for c in table.get_column("distribution")]
+        assert column[3] == "█" + "·" * 14
+        assert column[4][-1] != "·" and column[4][0] == "·"
+        assert max(column[0], key=lambda g: BLOCKS.find(g)) == column[0][9] == "█"  # 1e-1
         # Turned off: the job ends cancelled and the panel goes away.
         off = job_messages(3, "activations", every, None, total=None, final="cancelled")[-1]
         source.feed(off)

@@ -19,6 +19,7 @@ from tdbg.protocol.messages import (
     layers_message,
     metrics_message,
 )
+from tdbg.protocol.messages.histograms import N_BINS, NONFINITE_BIN, ZERO_BIN, bin_labels
 from tdbg.protocol.messages.jobs import Job
 from tdbg.protocol.messages.reports import CudaStats, GpuStats, HostStats, ProbeHealth, System
 from tdbg.protocol.messages.results import FileInfo, NanHuntResult, ProfileResult, ProfileRow
@@ -429,6 +430,7 @@ def activations_message(step: int = 110, n_modules: int = 8) -> dict[str, Any]:
     if n_modules > 4:
         nonfinite[4] = 7.0
         mean[4], std[4], hi[4] = math.nan, math.nan, math.inf
+    hist = [_activation_hist(zero[i], int(nonfinite[i]), i) for i in range(n_modules)]
     return {
         "type": "activations",
         "step": step,
@@ -440,4 +442,23 @@ def activations_message(step: int = 110, n_modules: int = 8) -> dict[str, Any]:
         "max": hi,
         "zero_frac": zero,
         "nonfinite": nonfinite,
+        "hist": hist,
+        "hist_stride": [1] * n_modules,
     }
+
+
+def _activation_hist(zero_frac: float, nonfinite: int, i: int, n: int = 1024) -> list[int]:
+    """1,024 outputs in the histograms' bins: ``zero_frac`` exact zeros, ``nonfinite`` NaN/Inf,
+    the rest spread over 1e-3 .. 3 (a bell around 0.3, a little wider deeper in)."""
+    counts = [0] * N_BINS
+    zeros = round(zero_frac * n)
+    counts[ZERO_BIN] = zeros
+    counts[NONFINITE_BIN] = nonfinite
+    rest = n - zeros - nonfinite
+    centre = bin_labels().index("3e-1")
+    weights = {centre - 3: 1, centre - 2: 3, centre - 1: 8, centre: 10, centre + 1: 5 + i}
+    total = sum(weights.values())
+    for b, w in weights.items():
+        counts[b] = rest * w // total
+    counts[centre] += rest - sum(counts[b] for b in weights)
+    return counts

@@ -1,18 +1,43 @@
-"""ActivationTable: per-module output statistics (mean, std, min, max, zeros, non-finite)."""
+"""ActivationTable: per-module output statistics (mean, std, min, max, zeros, non-finite) and
+each module's |output| distribution in one line."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, ClassVar
 
+import numpy as np
 from rich.text import Text
 from textual.widgets import DataTable
 
 from tdbg.format import fmt, fmt_stat
 from tdbg.model.deep import Activations
+from tdbg.model.distributions import per_decade
+from tdbg.tui.widgets.glyphs import BLOCKS
 
 DEAD = 0.9  # more than this fraction of exact zeros: a dead ReLU (or a dead layer)
 STATS = ("mean", "std", "min", "max")
+# The distribution column: one glyph per decade of |output| (decade_labels: exact zeros, <1e-8,
+# 1e-8 ... 1e2, >=1e3, non-finite: 15), its height the bin's share against the row's fullest
+# bin; an empty bin a dot, so that the decades line up from row to row and a shift reads at a
+# glance. The header is as wide as the strip.
+DIST_HEADER = "|out| by decade"
+
+
+def distribution_strip(counts: tuple[int, ...] | None) -> str:
+    """One character per decade bin (15): ``·`` empty, ``▁``..``█`` by share; "" unknown."""
+    if counts is None or sum(counts) <= 0:
+        return ""
+    shares = per_decade(np.asarray(counts, dtype=np.float64).reshape(-1, 1))[:, 0]
+    top = float(shares.max())
+    cells = []
+    for share in shares:
+        if share <= 0:
+            cells.append("·")
+        else:  # any element at all shows: the lowest block, never a dot
+            level = max(1, math.ceil(share / top * len(BLOCKS)))
+            cells.append(BLOCKS[level - 1])
+    return "".join(cells)
 
 
 class ActivationTable(DataTable[Any]):
@@ -23,6 +48,7 @@ class ActivationTable(DataTable[Any]):
         "activation-table--dead",
         "activation-table--nonfinite",
         "activation-table--type",
+        "activation-table--empty-bin",
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -35,6 +61,9 @@ class ActivationTable(DataTable[Any]):
         self.add_column("module", key="module")
         self.add_column("non-fin", key="nonfinite")
         self.add_column("zeros", key="zeros")
+        # Where the outputs lie, before the figures that summarise it: at 120x40 the strip
+        # stays on screen and max, then min, are what is cut.
+        self.add_column(DIST_HEADER, key="distribution")
         for stat in STATS:
             self.add_column(stat, key=stat)
         self.add_column("type", key="type")
@@ -78,6 +107,7 @@ class ActivationTable(DataTable[Any]):
             Text(name, style=style),
             Text(fmt(count, "d"), justify="right", style=style),
             Text(zeros, justify="right", style=style),
+            self._distribution(i, style),
         ]
         for stat in STATS:
             value = fmt_stat(float(getattr(data, stat)[i]))
@@ -85,6 +115,19 @@ class ActivationTable(DataTable[Any]):
         type_style = style or self.get_component_rich_style("activation-table--type")
         cells.append(Text(data.types[i], style=type_style))
         return cells
+
+    def _distribution(self, i: int, style: Any) -> Text:
+        data = self.data
+        assert data is not None
+        hist = data.hist[i] if i < len(data.hist) else None
+        strip = distribution_strip(hist)
+        if not strip:
+            return Text("not counted" if data.hist else "", style="italic dim")
+        empty = self.get_component_rich_style("activation-table--empty-bin")
+        text = Text(no_wrap=True)
+        for glyph in strip:
+            text.append(glyph, style=empty if glyph == "·" else style)
+        return text
 
     def _refresh_visible(self) -> None:
         if not self._names or self.data is None:
