@@ -11,7 +11,6 @@ counts. On a CPU every kernel is synchronous, so the pass's time is its cost; on
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ sys.path.insert(0, str(ROOT / "demos"))
 
 import torch  # noqa: E402
 from models import MAKERS  # noqa: E402
+from per_model import run_over_models  # noqa: E402
 
 import tdbg  # noqa: E402
 from tdbg.probe.dives import activations  # noqa: E402
@@ -84,17 +84,16 @@ def bench(name: str, steps: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--models", default="tiny,mlp,transformer,cnn", help="comma-separated")
-    p.add_argument("--steps", type=int, default=100, help="sampled steps each way (default 100)")
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
     torch.set_flush_denormal(True)
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        if name not in MAKERS:
-            p.error(f"unknown model {name}; choose from {', '.join(MAKERS)}")
-        bench(name, args.steps)
-    return 0
+    return run_over_models(
+        __doc__,
+        bench,
+        list(MAKERS),
+        default_models="tiny,mlp,transformer,cnn",
+        steps=100,
+        steps_help="sampled steps each way",
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ highest. What the report's ``CONCENTRATED`` threshold (1e3) is set against.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +17,7 @@ sys.path.insert(0, str(ROOT / "demos"))
 
 import torch  # noqa: E402
 from models import MAKERS  # noqa: E402
+from per_model import run_over_models  # noqa: E402
 
 import tdbg  # noqa: E402
 from tdbg.model.learning import bulk_edge  # noqa: E402
@@ -56,17 +56,17 @@ def spread(name: str, steps: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--models", default="mlp,transformer,cnn", help="comma-separated")
-    p.add_argument("--steps", type=int, default=120, help="steps per model (default 120)")
-    args = p.parse_args(argv)
     torch.set_flush_denormal(True)
     histograms.HISTOGRAM_SHARE = 1e9  # every sampled step counted: the figure, not the cost
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        if name not in MAKERS:
-            p.error(f"unknown model {name}; choose from {', '.join(MAKERS)}")
-        spread(name, args.steps)
-    return 0
+    return run_over_models(
+        __doc__,
+        spread,
+        list(MAKERS),
+        default_models="mlp,transformer,cnn",
+        steps=120,
+        steps_help="steps per model",
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ it), that difference as a share of the model's step, and the bytes the copy take
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -21,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "demos"))
 
-import torch  # noqa: E402
 from models import MAKERS  # noqa: E402
+from per_model import run_over_models  # noqa: E402
 
 import tdbg  # noqa: E402
 from tdbg.probe.training import update_ratio  # noqa: E402
@@ -73,16 +72,15 @@ def bench(name: str, steps: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--models", default="tiny,mlp,transformer,cnn", help="comma-separated")
-    p.add_argument("--steps", type=int, default=200, help="sampled steps per model (default 200)")
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        if name not in MAKERS:
-            p.error(f"unknown model {name}; choose from {', '.join(MAKERS)}")
-        bench(name, args.steps)
-    return 0
+    return run_over_models(
+        __doc__,
+        bench,
+        list(MAKERS),
+        default_models="tiny,mlp,transformer,cnn",
+        steps=200,
+        steps_help="sampled steps per model",
+        argv=argv,
+    )
 
 
 if __name__ == "__main__":

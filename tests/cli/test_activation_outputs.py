@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from small_runs import record_small_run
 from torch import nn
 
-import tdbg
 from tdbg.cli.main import run
 from tdbg.model.timeline import Timeline
 from tdbg.protocol.messages.histograms import N_BINS, bin_labels
@@ -29,16 +29,7 @@ def recording(tmp_path: Path) -> Path:
         first.bias.fill_(-1.0)
     model = nn.Sequential(first, nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    path = tmp_path / "run.tdbg"
-    probe = tdbg.watch(model, opt, serve=False, record=path, activations_every=3)
-    for _ in range(9):
-        loss = model(torch.randn(16, 4)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        probe.step(loss)
-    probe.close()
-    return path
+    return record_small_run(model, opt, tmp_path / "run.tdbg", 9, activations_every=3)
 
 
 def test_dump_prints_each_module_s_histogram(

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import torch
+from small_runs import record_small_run
 from torch import nn
 
-import tdbg
 from tdbg.cli.main import run
 from tdbg.model.timeline import Timeline
 from tdbg.probe.training import histograms
@@ -36,16 +36,7 @@ def recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         {"params": list(last.parameters())},
     ]
     opt = torch.optim.SGD(groups, lr=0.1)
-    path = tmp_path / "run.tdbg"
-    probe = tdbg.watch(model, opt, serve=False, record=path, grad_every=2)
-    for _ in range(10):
-        loss = model(torch.randn(16, 4)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        probe.step(loss)
-    probe.close()
-    return path
+    return record_small_run(model, opt, tmp_path / "run.tdbg", 10, grad_every=2)
 
 
 def test_dump_prints_each_counted_step_by_layer_name(

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+from small_runs import record_small_run
 from torch import nn
 
-import tdbg
 from tdbg.cli.main import run
 from tdbg.probe.training import update_ratio
 
@@ -27,16 +27,7 @@ def recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         {"params": model[2].parameters(), "lr": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.0)
-    path = tmp_path / "stuck.tdbg"
-    probe = tdbg.watch(model, opt, serve=False, record=path, grad_every=1)
-    for _ in range(10):
-        loss = model(torch.randn(16, 4)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        probe.step(loss)
-    probe.close()
-    return path
+    return record_small_run(model, opt, tmp_path / "stuck.tdbg", 10, grad_every=1)
 
 
 def test_report_summary_and_export_name_the_layer_that_stopped_learning(
