@@ -8,7 +8,8 @@ Every rank steps at ``--rate`` steps/s in lockstep (as DDP ranks do) with the sa
 except where a fault is asked for:
 
 - ``--slow R``: rank R waits ``--slow-by`` (20 ms) more for each batch (a straggler in its
-  input wait);
+  input wait); with ``--slow-every P --slow-for L`` only for L steps of every P (a straggler
+  that comes and goes);
 - ``--diverge R``: rank R's last layer's gradient is 1.5x the others' from ``--diverge-at``;
 - ``--hang R``: from ``--hang-at`` every rank stops stepping; a second later each says it
   stalled in collective #N (all_reduce) while rank R's last collective is #N-1, stuck in its
@@ -48,6 +49,13 @@ class Faults:
     diverge_at: int = 0
     hang: int = -1
     hang_at: int = 1 << 62
+    slow_every: int = 0  # the slow rank is slow for slow_for steps of every slow_every (0: always)
+    slow_for: int = 0
+
+    def slow_at(self, rank: int, step: int) -> bool:
+        if rank != self.slow:
+            return False
+        return not self.slow_every or step % self.slow_every >= self.slow_every - self.slow_for
 
 
 @dataclass
@@ -115,7 +123,7 @@ def serve(
         period = 1.0 / rate
         out = []
         for r in (made[s] for s in range(start, start + count)):
-            data = period * 0.1 + (faults.slow_by if rank == faults.slow else 0.0)
+            data = period * 0.1 + (faults.slow_by if faults.slow_at(rank, r.step) else 0.0)
             busy = period * 0.9
             norms = r.grad_norms
             if rank == faults.diverge and r.step >= faults.diverge_at and norms:
@@ -237,12 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--slow", type=int, default=-1)
     p.add_argument("--slow-by", type=float, default=0.02, help="seconds (default 20 ms)")
+    p.add_argument("--slow-every", type=int, default=0, help="steps (default 0: always slow)")
+    p.add_argument("--slow-for", type=int, default=0, help="steps slow of every --slow-every")
     p.add_argument("--diverge", type=int, default=-1)
     p.add_argument("--diverge-at", type=int, default=0)
     p.add_argument("--hang", type=int, default=-1)
     p.add_argument("--hang-at", type=int, default=1 << 62)
     args = p.parse_args(argv)
-    faults = Faults(args.slow, args.slow_by, args.diverge, args.diverge_at, args.hang, args.hang_at)
+    faults = Faults(args.slow, args.slow_by, args.diverge, args.diverge_at, args.hang, args.hang_at,
+                    args.slow_every, args.slow_for)  # fmt: skip
     return serve(args.ranks, args.world, args.runtime, args.rate, args.layers, faults, args.job,
                  args.host, args.per_node)  # fmt: skip
 

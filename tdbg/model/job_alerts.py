@@ -15,6 +15,7 @@ from tdbg.model.job import (
     StragglerMeasure,
     is_straggling,
 )
+from tdbg.model.job_nodes import NodesJob
 from tdbg.model.straggler_history import StragglerHistory
 from tdbg.protocol.messages.alert import Alert
 
@@ -113,8 +114,12 @@ class JobAlerts:
         if self._step is None or step > self._step:
             self._step = step
             out.extend(self._judge_stragglers(job, step, now))
-            if isinstance(job, Job):  # the record over time reads the ranks' own steps
+            # The record over time: from the ranks' own steps, or from the windows their
+            # nodes' bridges sent.
+            if isinstance(job, Job):
                 self.history.update(job)
+            elif isinstance(job, NodesJob):
+                self.history.update(job.windowed())
         applies, self.rule = job.divergence_rule()
         current = list(job.hangs())
         if applies:

@@ -14,12 +14,14 @@ from tdbg.model.ending import ended_words
 from tdbg.model.health import assess
 from tdbg.model.job import RECENT, busy_median, grad_rows, recent_median, still_stalled
 from tdbg.model.run_state import RunState
+from tdbg.model.straggler_history import SPAN, WINDOW
 from tdbg.protocol.messages.node_summary import (
     MAX_GRAD_STEPS,
     NodeGrads,
     NodeSummary,
     RankFigures,
     RankStall,
+    RankWindow,
 )
 from tdbg.protocol.steps import PHASES
 
@@ -33,8 +35,35 @@ def layout_of(state: RunState) -> str:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def rank_figures(rank: int, state: RunState, now: float | None = None) -> RankFigures:
-    """A rank's few figures: the same medians the straggler rule reads (job.py)."""
+def rank_windows(state: RunState, after: int | None = None) -> tuple[RankWindow, ...]:
+    """A rank's medians at the end of each window it finished after the one ending at step
+    ``after`` (None: the last SPAN), as the record of the slowest rank over time reads a
+    rank's own steps (straggler_history._judge): the viewer judges the job from these."""
+    if not state.n_steps or state.last_step is None:
+        return ()
+    steps = state.steps.values
+    first = (int(steps[0]) // WINDOW + 1) * WINDOW  # as _first_common starts the record
+    ready = (state.last_step + 1) // WINDOW * WINDOW
+    if after is not None and after > ready:
+        after = None  # the rank is back before what was sent: it restarted; sent afresh
+    start = max(first, ready - (SPAN - 1) * WINDOW)
+    if after is not None:
+        start = max(start, after + WINDOW)
+    out = []
+    for end in range(start, ready + 1, WINDOW):
+        row = int(np.searchsorted(steps, end))
+        phases = {p: recent_median(state, p, row) for p in PHASES if p != "backward_time"}
+        out.append(
+            RankWindow(end, busy_median(state, False, row), busy_median(state, True, row), phases)
+        )
+    return tuple(out)
+
+
+def rank_figures(
+    rank: int, state: RunState, now: float | None = None, windows_after: int | None = None
+) -> RankFigures:
+    """A rank's few figures: the same medians the straggler rule reads (job.py), and its
+    windows finished after step ``windows_after`` (``rank_windows``)."""
     grad = state.grad_total.values[-RECENT:]
     grad = grad[np.isfinite(grad)]  # the latest measured (not every step measures it)
     status = "live"
@@ -54,6 +83,7 @@ def rank_figures(rank: int, state: RunState, now: float | None = None) -> RankFi
         grad=float(grad[-1]) if grad.size else None,
         state=status,
         nonfinite=state.diverged,
+        windows=rank_windows(state, windows_after),
     )
 
 
@@ -96,9 +126,12 @@ def reduce_node(
     states: Mapping[int, RunState],
     names_sent: str | None = None,
     now: float | None = None,
+    windows_sent: Mapping[int, int] | None = None,
 ) -> NodeSummary:
     """The node's summary now: every rank's figures, the stalled ranks' collectives, the
-    gradient rows and the newest rank alerts."""
+    gradient rows and the newest rank alerts. ``windows_sent``: rank -> the end of the last
+    window the viewer has of it (those after it are sent; all of a rank not in it)."""
+    sent = windows_sent or {}
     now = time.time() if now is None else now
     stalls = []
     alerts: list[tuple[int, str, str, int | None, str]] = []
@@ -116,7 +149,7 @@ def reduce_node(
         host=host,
         job=job,
         time=now,
-        ranks=tuple(rank_figures(r, s, now) for r, s in sorted(states.items())),
+        ranks=tuple(rank_figures(r, s, now, sent.get(r)) for r, s in sorted(states.items())),
         stalls=tuple(stalls),
         # An ended rank's rows stop: kept, they would leave no step common to all.
         grads=node_grads({r: s for r, s in states.items() if not s.ended}, names_sent),
@@ -127,4 +160,4 @@ def reduce_node(
     )
 
 
-__all__ = ["RECENT", "layout_of", "node_grads", "rank_figures", "reduce_node"]
+__all__ = ["RECENT", "layout_of", "node_grads", "rank_figures", "rank_windows", "reduce_node"]

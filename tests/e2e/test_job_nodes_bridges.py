@@ -2,7 +2,8 @@
 ``tdbg bridge --job --summaries`` per node behind a stand-in for ssh, synthetic ranks speaking
 the probe's wire (benchmarks/fake_ranks.py). A slow rank, a diverged rank, a hung rank and a
 dead rank are each named from the nodes' summaries as the 2-rank tests name them; opening a
-rank brings its whole stream, and closing it gives the stream back."""
+rank brings its whole stream, and closing it gives the stream back. A straggler that comes and
+goes is named as such from the windows the bridges send."""
 
 from __future__ import annotations
 
@@ -44,14 +45,18 @@ def local_ssh(tmp_path: Path) -> RemoteOptions:
 
 
 @contextlib.contextmanager
-def fake_nodes(root: Path) -> Iterator[tuple[list[Path], subprocess.Popen[bytes]]]:
+def fake_nodes(
+    root: Path, faults: list[str] | None = None
+) -> Iterator[tuple[list[Path], subprocess.Popen[bytes]]]:
     """8 node directories of 8 ranks each; rank DEAD served by a process of its own (yielded,
-    for the test to kill)."""
+    for the test to kill). ``faults``: fake_ranks.py's options (default: the four faults)."""
     procs: list[subprocess.Popen[bytes]] = []
     dirs = []
     world = NODES * PER_NODE
-    faults = ["--slow", str(SLOW), "--diverge", str(DIVERGED), "--hang", str(HUNG),
-              "--hang-at", str(HANG_AT), "--rate", str(RATE), "--job", "big"]  # fmt: skip
+    if faults is None:
+        faults = ["--slow", str(SLOW), "--diverge", str(DIVERGED), "--hang", str(HUNG),
+                  "--hang-at", str(HANG_AT)]  # fmt: skip
+    faults = [*faults, "--rate", str(RATE), "--job", "big"]
 
     def start(ranks: list[int], where: Path, host: str) -> subprocess.Popen[bytes]:
         argv = [sys.executable, str(FAKE), "--ranks", *map(str, ranks), "--world", str(world),
@@ -137,6 +142,43 @@ def test_four_faults_in_64_ranks_on_8_nodes_are_named(
             source.close()
             with contextlib.suppress(ProcessLookupError):
                 dead.wait(5)
+
+
+def test_a_straggler_that_comes_and_goes_is_named_intermittent_from_the_summaries(
+    tmp_path: Path, local_ssh: RemoteOptions
+) -> None:
+    """Rank SLOW waits 20 ms more for 25 steps of every 60: the ranks' 200 steps of history and
+    then their live steps, window by window from 8 bridges, name it intermittent, in input wait."""
+    faults = ["--slow", str(SLOW), "--slow-every", "60", "--slow-for", "25"]
+    with fake_nodes(tmp_path, faults) as (dirs, _):
+        targets = [parse_ssh_url(f"ssh://node{k}{d}") for k, d in enumerate(dirs)]
+        source = RemoteJobSource("big", targets, local_ssh, summaries=True)
+        nodes, alerts = NodesJob("big"), JobAlerts()
+
+        def named() -> bool:
+            for node, summary in source.take_summaries().items():
+                nodes.update(node, summary)
+            alerts.update(nodes)
+            every = len(nodes.figures) == NODES * PER_NODE
+            return every and [(r.rank, r.kind) for r in alerts.history.named()] == [
+                (SLOW, "intermittent")
+            ]
+
+        try:
+            threading_open(source)
+            wait_until(
+                named,
+                timeout=60,
+                what="rank 5 named intermittent",
+                detail=lambda: (alerts.history.line(), len(nodes.figures)),
+                interval=0.2,
+            )
+            [record] = alerts.history.named()
+            assert record.spells >= 2 and record.phase_words() == "input wait"
+            assert alerts.history.line().startswith(f"rank {SLOW} (intermittent): the slowest in ")
+            assert not source.runs  # from the summaries alone: no rank read whole
+        finally:
+            source.close()
 
 
 def threading_open(source: RemoteJobSource, nodes: int = NODES) -> None:

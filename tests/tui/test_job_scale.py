@@ -2,7 +2,7 @@
 synthetic rank states by the bridge's own reducer). The worst ranks lead with the straggler and
 the diverged rank, the spread names the outliers, the nodes are listed worst first; Enter on a
 node shows its ranks, Enter on a rank asks its node for its whole stream and opens its screen,
-Esc gives the stream back."""
+Esc gives the stream back; the slowest rank over time is named from the windows summarised."""
 
 from __future__ import annotations
 
@@ -126,6 +126,12 @@ async def test_64_ranks_as_worst_ranks_spread_and_nodes_with_drill_down() -> Non
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, ScaleJobScreen), "back to the job")
         assert source.given_back == [OFF] and OFF not in app.job.ranks
+        # 140 steps: the record over time names the straggler, from the windows summarised.
+        source.pending = summaries(140)
+        named = f"rank {SLOW} (persistent): the slowest in "
+        await wait_for(pilot, lambda: named in screen_text(app), "the slowest rank over time")
+        panel = str(app.screen.query_one("#job-slowest-list").render())
+        assert panel.startswith(named) and panel.endswith("input wait")
 
 
 async def test_the_scale_screen_fits_80x24() -> None:
@@ -136,7 +142,8 @@ async def test_the_scale_screen_fits_80x24() -> None:
 
         def ready() -> str | None:
             text = screen_text(app)
-            panels = ("Worst ranks of 64", "Nodes (worst", "Job alerts", "Quit")
+            panels = ("Worst ranks of 64", "Nodes (worst", "Slowest rank over time", "Job alerts",
+                      "Quit")  # fmt: skip
             return text if all(p in text for p in panels) else None
 
         # Every panel and the footer: nothing pushed off the bottom.

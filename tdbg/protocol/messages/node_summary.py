@@ -20,6 +20,20 @@ MAX_SUMMARY_RANKS = 4096  # a node with more ranks than this is a malformed summ
 MAX_GRAD_STEPS = 20  # sampled steps of gradient rows in one summary (the rule's window)
 FIGURES = ("whole", "own", "loss", "grad")  # the per-rank floats besides the phases
 QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
+# Judged windows one summary carries a rank (the first summary's backlog; then the windows the
+# rank finished since the last one, a few at most).
+MAX_WINDOWS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RankWindow:
+    """A rank's medians as at the end of one judged window (over the RECENT steps before
+    ``end``): the record of which rank was the slowest over time is judged from these."""
+
+    end: int  # the first step after the window
+    whole: float | None
+    own: float | None
+    phases: dict[str, float | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +51,7 @@ class RankFigures:
     grad: float | None  # the latest total gradient norm
     state: str = "live"  # live | stalled | the ended words (ending.ended_words)
     nonfinite: bool = False  # its loss went non-finite and stayed so
+    windows: tuple[RankWindow, ...] = ()  # the windows it finished since the last summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +116,14 @@ class NodeSummary:
         phases = sorted({p for r in self.ranks for p in r.phases})
         for phase in phases:
             cols[f"phase:{phase}"] = [r.phases.get(phase) for r in self.ranks]
+        window_phases = sorted({p for r in self.ranks for w in r.windows for p in w.phases})
+        if any(r.windows for r in self.ranks):
+            # One flat row a window: [end, whole, own, each of window_phases].
+            cols["windows"] = [
+                [[w.end, w.whole, w.own, *(w.phases.get(p) for p in window_phases)]
+                 for w in r.windows]
+                for r in self.ranks
+            ]  # fmt: skip
         out: dict[str, Any] = {
             "type": "summary",
             "v": self.version,
@@ -126,6 +149,8 @@ class NodeSummary:
             ],  # fmt: skip
             "alerts": [list(a) for a in self.alerts],
         }
+        if "windows" in cols:
+            out["window_phases"] = window_phases
         if self.grads is not None:
             g = self.grads
             out["grads"] = {
@@ -162,6 +187,8 @@ class NodeSummary:
         }
         steps, counts = column("step"), column("n")
         states, flags = column("state"), column("nonfinite")
+        window_phases = [as_str(p) or "?" for p in as_list(data.get("window_phases"))]
+        windows = column("windows")
         figures = []
         for i, raw in enumerate(ranks):
             rank = as_int(raw)
@@ -179,6 +206,7 @@ class NodeSummary:
                     grad=floats["grad"][i],
                     state=as_str(states[i]) or "live",
                     nonfinite=flags[i] is True,
+                    windows=_windows(windows[i], window_phases),
                 )
             )
         return cls(
@@ -284,6 +312,22 @@ def _grads(value: Any) -> NodeGrads | None:
         which=which,
         names=None if name_list is None else tuple(name_list),
     )
+
+
+def _windows(value: Any, phases: list[str]) -> tuple[RankWindow, ...]:
+    """A rank's windows from their flat rows; a malformed row is left out, and past
+    MAX_WINDOWS the rest."""
+    out = []
+    for row in as_list(value)[:MAX_WINDOWS]:
+        parts = as_list(row)
+        end = as_int(parts[0]) if len(parts) == 3 + len(phases) else None
+        if end is None:
+            continue
+        values = _floats(parts[1:])
+        out.append(
+            RankWindow(end, values[0], values[1], dict(zip(phases, values[2:], strict=True)))
+        )
+    return tuple(out)
 
 
 def _alert(value: Any) -> tuple[int, str, str, int | None, str] | None:
