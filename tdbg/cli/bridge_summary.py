@@ -102,6 +102,7 @@ class SummaryBridge(JobBridge):
         period = 1.0 / SUMMARY_HZ
         due = time.monotonic() + period
         pids: dict[int, int] = {}
+        synced: set[int] = set()  # ranks whose history has all arrived (until the first summary)
         while not self.done.is_set():
             try:
                 rank, pid, message = self._inbox.get(timeout=max(0.0, due - time.monotonic()))
@@ -118,6 +119,12 @@ class SummaryBridge(JobBridge):
                     self.states[rank].apply(message)
                     if message.get("type") == "bye":
                         self.states[rank].mark("ended", str(message.get("reason") or "closed"))
+                    if message.get("type") == "synced" and not self.summaries:
+                        # The first summary goes as soon as every rank found has sent its
+                        # history, not a tick later: the viewer's first frame waits for it.
+                        synced.add(rank)
+                        if synced >= set(self._entries):
+                            due = time.monotonic()
             if time.monotonic() >= due:
                 due = time.monotonic() + period
                 self._summarise()

@@ -25,10 +25,6 @@ from tdbg.model.job import (
 from tdbg.model.node_windows import NodeWindows, RankWindows
 from tdbg.protocol.messages.node_summary import NodeSummary, RankFigures
 
-# A job of more ranks than this is read through node summaries (the job screen at scale); up
-# to this many, every rank's whole stream (the per-rank table).
-SCALE_FROM = 16
-
 
 @dataclass
 class NodesJob:

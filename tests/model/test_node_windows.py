@@ -142,3 +142,27 @@ def test_the_windows_kept_stay_bounded() -> None:
     kept = bridges.viewer.windows.by_rank
     assert set(kept) == {0, 1, 2, 3} and all(len(w) <= KEPT for w in kept.values())
     assert summaries.to_json() == streams.to_json()
+
+
+def test_each_windows_medians_are_the_scalar_rules_at_its_end() -> None:
+    """The windows' medians, taken for all windows at once, equal busy_median and
+    recent_median at each window's end, with gaps in what was measured."""
+    from tdbg.model.job import busy_median, recent_median
+    from tdbg.protocol.steps import StepRecord
+
+    state = job_of(1).ranks[0]
+    recs = []
+    for s in range(600):
+        r = record(s, 0.001 + 0.0001 * (s % 7))
+        if s % 3:  # most steps time no backward (a GPU run times one in a few)
+            r = StepRecord(s, float(s), 1.0, step_time=r.step_time, data_time=r.data_time)
+        recs.append(r)
+    state.apply(pack_steps(recs, 0))
+    windows = rank_windows(state)
+    assert len(windows) == 50
+    for w in windows:
+        row = int(state.steps.values.searchsorted(w.end))
+        assert w.whole == busy_median(state, False, row)
+        assert w.own == busy_median(state, True, row)
+        assert w.phases == {p: recent_median(state, p, row) for p in w.phases}
+    assert windows[-1].own is not None and windows[-1].phases["forward_time"] is not None
