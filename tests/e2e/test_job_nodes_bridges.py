@@ -204,8 +204,10 @@ def nodes_layer_last(nodes: NodesJob) -> str:
 
 def test_a_local_job_of_24_ranks_is_read_through_a_bridge_of_its_own(tmp_path: Path) -> None:
     """Past 16 ranks a local job goes through the same aggregation: `tdbg-tui --job` starts
-    `tdbg bridge --job --summaries` here, over its stdin/stdout, and reads no rank whole."""
+    `tdbg bridge --job --summaries` here (before its own imports), over its stdin/stdout, and
+    reads no rank whole."""
     from tdbg.cli.launch import job_source_for
+    from tdbg.connect.node_link import spawn_local_bridge
 
     argv = [sys.executable, str(FAKE), "--ranks", *map(str, range(24)), "--world", "24",
             "--runtime", str(tmp_path), "--job", "local", "--slow", "3"]  # fmt: skip
@@ -214,7 +216,10 @@ def test_a_local_job_of_24_ranks_is_read_through_a_bridge_of_its_own(tmp_path: P
     )
     try:
         wait_until(lambda: len(list(tmp_path.glob("*.json"))) == 24, what="24 ranks serving")
-        source = job_source_for("local", tmp_path)
+        # Started before the TUI's imports, as `tdbg-tui --job` starts it; read by the source.
+        spawned = spawn_local_bridge("local", tmp_path)
+        assert spawned is not None and spawned.ssh.proc.poll() is None
+        source = job_source_for("local", tmp_path, spawned)
         assert isinstance(source, RemoteJobSource) and source.aggregated
         nodes, alerts = NodesJob("local"), JobAlerts()
         try:
@@ -229,6 +234,8 @@ def test_a_local_job_of_24_ranks_is_read_through_a_bridge_of_its_own(tmp_path: P
 
             wait_until(named, timeout=60, what="24 ranks, rank 3 a straggler", interval=0.2)
             assert not source.runs  # no rank read whole
+            [link] = source.links.values()
+            assert link.ssh is spawned.ssh  # the bridge started early, not a second one
         finally:
             source.close()
     finally:
