@@ -7,7 +7,7 @@ import itertools
 import math
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from tdbg.model.job import (
     recent_median,
     still_stalled,
 )
+from tdbg.model.job_table import rank_gpu, rank_gpu_util
 from tdbg.model.run_state import RunState
 from tdbg.model.straggler_history import SPAN, WINDOW
 from tdbg.protocol.messages.node_summary import (
@@ -118,6 +119,9 @@ def rank_figures(
     elif assess(state, now, by_arrival=True).word == "stalled":
         status = "stalled"
     loss = state.last_loss
+    system = state.system
+    cuda = system.cuda if system is not None else ()
+    gpu = rank_gpu(state)
     return RankFigures(
         rank=rank,
         step=state.last_step,
@@ -130,7 +134,19 @@ def rank_figures(
         state=status,
         nonfinite=state.diverged,
         windows=rank_windows(state, windows_after),
+        allocated=_most(d.allocated for d in cuda),
+        reserved=_most(d.reserved for d in cuda),
+        peak=_most(d.peak for d in cuda),
+        rss=system.host.rss if system is not None else None,
+        gpu_mem=None if gpu is None else gpu.mem_used,
+        gpu_util=rank_gpu_util(state),
+        on_gpu=str(state.run.get("device") or "").startswith("cuda"),
     )
+
+
+def _most(values: Iterable[int | None]) -> int | None:
+    """The largest known value (a rank's devices: the one nearest its limit); None if none."""
+    return max((v for v in values if v is not None), default=None)
 
 
 def node_grads(states: Mapping[int, RunState], names_sent: str | None) -> NodeGrads | None:

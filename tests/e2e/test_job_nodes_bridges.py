@@ -22,6 +22,7 @@ from tdbg.connect.ssh import RemoteOptions
 from tdbg.connect.sshurl import parse_ssh_url
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_nodes import NodesJob
+from tdbg.model.job_scale import worst_rows
 from tdbg.tui.sources.remote_job import RemoteJobSource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,6 +31,7 @@ LOCAL_SSH = '#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh
 NODES, PER_NODE = 8, 8
 SLOW, DIVERGED, HUNG, DEAD = 5, 13, 42, 63
 RATE = 10.0
+GIB = 2**30
 HANG_AT = 200 + int(RATE * 6)  # the fake ranks start at step 200: a hang ~6 s in
 
 
@@ -205,12 +207,13 @@ def nodes_layer_last(nodes: NodesJob) -> str:
 def test_a_local_job_of_24_ranks_is_read_through_a_bridge_of_its_own(tmp_path: Path) -> None:
     """Past 16 ranks a local job goes through the same aggregation: `tdbg-tui --job` starts
     `tdbg bridge --job --summaries` here (before its own imports), over its stdin/stdout, and
-    reads no rank whole."""
+    reads no rank whole; each rank's memory and GPU figures come in its node's summaries."""
     from tdbg.cli.launch import job_source_for
     from tdbg.connect.node_link import spawn_local_bridge
 
     argv = [sys.executable, str(FAKE), "--ranks", *map(str, range(24)), "--world", "24",
-            "--runtime", str(tmp_path), "--job", "local", "--slow", "3"]  # fmt: skip
+            "--runtime", str(tmp_path), "--job", "local", "--slow", "3", "--gpu",
+            "--heavy", "7"]  # fmt: skip
     server = subprocess.Popen(
         argv, env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True
     )
@@ -236,6 +239,17 @@ def test_a_local_job_of_24_ranks_is_read_through_a_bridge_of_its_own(tmp_path: P
             assert not source.runs  # no rank read whole
             [link] = source.links.values()
             assert link.ssh is spawned.ssh  # the bridge started early, not a second one
+            # Each rank's memory and GPU, from its own system report through the bridge.
+            wait_until(
+                lambda: named() and all(f.peak is not None for f in nodes.figures.values()),
+                what="every rank's memory figures",
+            )
+            heavy, other = nodes.figures[7], nodes.figures[0]
+            assert (heavy.allocated, heavy.reserved, heavy.peak) == (24 * GIB, 28 * GIB, 26 * GIB)
+            assert (other.allocated, other.reserved, other.peak) == (12 * GIB, 14 * GIB, 13 * GIB)
+            assert (heavy.gpu_util, heavy.gpu_mem, other.gpu_util) == (40.0, 30 * GIB, 87.0)
+            rows = {row.rank: row for row in worst_rows(nodes, alerts, shown=24)}
+            assert rows[7].memory == 26 * GIB and rows[7].gpu_util == 40.0 and rows[7].on_gpu
         finally:
             source.close()
     finally:

@@ -19,6 +19,10 @@ SUMMARY_VERSION = 1
 MAX_SUMMARY_RANKS = 4096  # a node with more ranks than this is a malformed summary
 MAX_GRAD_STEPS = 20  # sampled steps of gradient rows in one summary (the rule's window)
 FIGURES = ("whole", "own", "loss", "grad")  # the per-rank floats besides the phases
+# The per-rank memory figures (bytes, from the rank's latest ``system`` report): the CUDA
+# allocator's allocated, reserved and peak (the most of the rank's devices), the process's RSS,
+# and NVML's used memory of the rank's GPU; and that GPU's utilisation (percent).
+MEMORY = ("allocated", "reserved", "peak", "rss", "gpu_mem")
 QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
 # Judged windows one summary carries a rank (the first summary's backlog; then the windows the
 # rank finished since the last one, a few at most).
@@ -52,6 +56,13 @@ class RankFigures:
     state: str = "live"  # live | stalled | the ended words (ending.ended_words)
     nonfinite: bool = False  # its loss went non-finite and stayed so
     windows: tuple[RankWindow, ...] = ()  # the windows it finished since the last summary
+    allocated: int | None = None
+    reserved: int | None = None
+    peak: int | None = None
+    rss: int | None = None
+    gpu_mem: int | None = None
+    gpu_util: float | None = None
+    on_gpu: bool = False  # it trains on a GPU (else its GPU figures are "n/a")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +121,11 @@ class NodeSummary:
             "n": [r.n_steps for r in self.ranks],
             "state": [r.state for r in self.ranks],
             "nonfinite": [r.nonfinite for r in self.ranks],
+            "gpu_util": [r.gpu_util for r in self.ranks],
+            "on_gpu": [r.on_gpu for r in self.ranks],
         }
+        for name in MEMORY:
+            cols[name] = [getattr(r, name) for r in self.ranks]
         for name in FIGURES:
             cols[name] = [_figure(r, name) for r in self.ranks]
         phases = sorted({p for r in self.ranks for p in r.phases})
@@ -187,6 +202,8 @@ class NodeSummary:
         }
         steps, counts = column("step"), column("n")
         states, flags = column("state"), column("nonfinite")
+        memory = {name: column(name) for name in MEMORY}
+        gpu_util, on_gpu = _floats(column("gpu_util")), column("on_gpu")
         window_phases = [as_str(p) or "?" for p in as_list(data.get("window_phases"))]
         windows = column("windows")
         figures = []
@@ -207,6 +224,13 @@ class NodeSummary:
                     state=as_str(states[i]) or "live",
                     nonfinite=flags[i] is True,
                     windows=_windows(windows[i], window_phases),
+                    allocated=_bytes(memory["allocated"][i]),
+                    reserved=_bytes(memory["reserved"][i]),
+                    peak=_bytes(memory["peak"][i]),
+                    rss=_bytes(memory["rss"][i]),
+                    gpu_mem=_bytes(memory["gpu_mem"][i]),
+                    gpu_util=gpu_util[i],
+                    on_gpu=on_gpu[i] is True,
                 )
             )
         return cls(
@@ -312,6 +336,12 @@ def _grads(value: Any) -> NodeGrads | None:
         which=which,
         names=None if name_list is None else tuple(name_list),
     )
+
+
+def _bytes(value: Any) -> int | None:
+    """A byte count; None when it is not a non-negative int."""
+    n = as_int(value)
+    return n if n is not None and n >= 0 else None
 
 
 def _windows(value: Any, phases: list[str]) -> tuple[RankWindow, ...]:
