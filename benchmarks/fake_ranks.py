@@ -88,8 +88,8 @@ def serve(
     from tdbg.connect.runtime import socket_basename, write_private_json
     from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, negotiate, pack, preamble
     from tdbg.protocol.messages import alert_message
-    from tdbg.protocol.steps import StepRecord, pack_steps
     from tdbg.protocol.messages.reports import CudaStats, GpuStats, HostStats, System
+    from tdbg.protocol.steps import StepRecord, pack_steps
     from tdbg.tui.sources.synthetic import layer_names, step_records, system_message
 
     selector = selectors.DefaultSelector()
