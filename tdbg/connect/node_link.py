@@ -47,7 +47,7 @@ from tdbg.protocol.messages import (
     channel_data,
     read_node_message,
 )
-from tdbg.protocol.messages.node_summary import NodeSummary, subscribe
+from tdbg.protocol.messages.node_summary import NodeSummary, subscribe, with_windows_of
 
 CHUNK = 1 << 16  # bytes a channel's data frame carries at most
 
@@ -153,7 +153,7 @@ class NodeLink:
         self._write_lock = threading.Lock()
         self._closed = False
         # --summaries: the node's newest summary, taken by the consumer (latest wins: a
-        # summary says everything an older one said).
+        # summary says everything an older one said, but the windows it carries on).
         self._summary: NodeSummary | None = None
         self.summaries = 0  # received
         self._layer_names: tuple[str, tuple[str, ...]] | None = None  # (layout, its names)
@@ -255,6 +255,8 @@ class NodeLink:
             if summary is not None:
                 summary = self._named(summary)
                 with self._lock:
+                    if self._summary is not None:  # not taken yet: its windows carried on
+                        summary = with_windows_of(self._summary, summary)
                     self._summary = summary
                     self.summaries += 1
             return

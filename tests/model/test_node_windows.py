@@ -166,3 +166,33 @@ def test_each_windows_medians_are_the_scalar_rules_at_its_end() -> None:
         assert w.own == busy_median(state, True, row)
         assert w.phases == {p: recent_median(state, p, row) for p in w.phases}
     assert windows[-1].own is not None and windows[-1].phases["forward_time"] is not None
+
+
+def test_a_summary_replaced_before_it_was_read_hands_its_windows_on() -> None:
+    """The link keeps a node's newest summary only (a slow viewer takes one of several); the
+    windows each summary sends once are carried into the one that replaces it, so the record
+    misses none (at 1,024 ranks the viewer lost the first summaries' backlog this way)."""
+    from tdbg.protocol.messages.node_summary import with_windows_of
+
+    job = job_of(4)
+    pattern = intermittent(2, 1000, 1000)
+    sent: dict[int, int] = {}
+    summaries = []
+    for first in range(0, 200, 50):
+        for rank, state in job.ranks.items():
+            recs = [record(s, pattern(rank, s)) for s in range(first, first + 50)]
+            state.apply(pack_steps(recs, 0))
+        summary = reduce_node("n0", "j1", job.ranks, windows_sent=sent)
+        for figures in summary.ranks:
+            sent[figures.rank] = figures.windows[-1].end
+        summaries.append(summary)
+    kept = summaries[0]
+    for newer in summaries[1:]:  # none read until the last
+        kept = with_windows_of(kept, newer)
+    assert [w.end for w in kept.ranks[0].windows] == list(range(10, 201, WINDOW))
+    viewer = NodesJob("j1")
+    viewer.update("n0", kept)
+    streams, from_nodes = StragglerHistory(), StragglerHistory()
+    streams.update(job)
+    from_nodes.update(viewer.windowed())
+    assert from_nodes.to_json() == streams.to_json() and from_nodes.judged == 20

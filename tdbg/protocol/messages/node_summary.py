@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tdbg.protocol.messages.tolerant import as_dict, as_float, as_int, as_list, as_str
@@ -243,6 +243,24 @@ class NodeSummary:
             alerts=tuple(a for a in map(_alert, as_list(data.get("alerts"))) if a is not None),
             world=max(0, as_int(data.get("world")) or 0),
         )
+
+
+def with_windows_of(older: NodeSummary, newer: NodeSummary) -> NodeSummary:
+    """``newer`` carrying the windows of ``older`` it replaces before they were read: a summary
+    says everything an older one said but the windows, which each summary sends once (past
+    MAX_WINDOWS a rank's oldest are dropped)."""
+    before = {r.rank: r.windows for r in older.ranks if r.windows}
+    if not before:
+        return newer
+    ranks = []
+    for figures in newer.ranks:
+        old = before.get(figures.rank, ())
+        if figures.windows and old:
+            old = tuple(w for w in old if w.end < figures.windows[0].end)
+        if old:
+            figures = replace(figures, windows=(*old, *figures.windows)[-MAX_WINDOWS:])
+        ranks.append(figures)
+    return replace(newer, ranks=tuple(ranks))
 
 
 def subscribe(rank: int) -> dict[str, Any]:
