@@ -8,12 +8,16 @@ Every rank steps at ``--rate`` steps/s in lockstep (as DDP ranks do) with the sa
 except where a fault is asked for:
 
 - ``--slow R``: rank R waits ``--slow-by`` (20 ms) more for each batch (a straggler in its
-  input wait);
+  input wait); with ``--slow-every P --slow-for L`` only for L steps of every P (a straggler
+  that comes and goes);
 - ``--diverge R``: rank R's last layer's gradient is 1.5x the others' from ``--diverge-at``;
 - ``--hang R``: from ``--hang-at`` every rank stops stepping; a second later each says it
   stalled in collective #N (all_reduce) while rank R's last collective is #N-1, stuck in its
   data loader (the flight recorder's picture of one rank that never joined);
-- a dead rank is a rank served by a process of its own that the caller kills.
+- a dead rank is a rank served by a process of its own that the caller kills;
+- ``--gpu``: every rank trains on ``cuda:LOCAL_RANK`` and its ``system`` report carries its
+  CUDA allocator's figures and NVML's (12 GiB allocated, 14 reserved, 13 peak, 87 % busy);
+  ``--heavy R``: rank R holds twice the memory and its GPU is 40 % busy.
 
     python benchmarks/fake_ranks.py --ranks 0 1 2 3 --world 8 --runtime DIR [--job J] ...
 """
@@ -48,6 +52,15 @@ class Faults:
     diverge_at: int = 0
     hang: int = -1
     hang_at: int = 1 << 62
+    gpu: bool = False  # the ranks train on GPUs (their system reports say so)
+    heavy: int = -1  # a rank holding twice the memory, its GPU less busy
+    slow_every: int = 0  # the slow rank is slow for slow_for steps of every slow_every (0: always)
+    slow_for: int = 0
+
+    def slow_at(self, rank: int, step: int) -> bool:
+        if rank != self.slow:
+            return False
+        return not self.slow_every or step % self.slow_every >= self.slow_every - self.slow_for
 
 
 @dataclass
@@ -75,6 +88,7 @@ def serve(
     from tdbg.connect.runtime import socket_basename, write_private_json
     from tdbg.protocol.framing import MAX_INBOUND_FRAME, Decoder, negotiate, pack, preamble
     from tdbg.protocol.messages import alert_message
+    from tdbg.protocol.messages.reports import CudaStats, GpuStats, HostStats, System
     from tdbg.protocol.steps import StepRecord, pack_steps
     from tdbg.tui.sources.synthetic import layer_names, step_records, system_message
 
@@ -96,7 +110,8 @@ def serve(
             "name": f"bench-rank{rank}", "pid": pid, "rank": rank,
             "host": node_dir(rank // per_node) if per_node else host,
             "argv": ["train.py"], "start_time": started, "cwd": str(runtime),
-            "torch": "none", "device": "cpu", "commands": {}, "world_size": world,
+            "torch": "none", "device": f"cuda:{rank % 8}" if faults.gpu else "cpu",
+            "commands": {}, "world_size": world,
             "local_rank": rank % 8, "job": job, "socket": str(path), "proto_min": 1,
             "proto_max": 1,
         }  # fmt: skip
@@ -115,7 +130,7 @@ def serve(
         period = 1.0 / rate
         out = []
         for r in (made[s] for s in range(start, start + count)):
-            data = period * 0.1 + (faults.slow_by if rank == faults.slow else 0.0)
+            data = period * 0.1 + (faults.slow_by if faults.slow_at(rank, r.step) else 0.0)
             busy = period * 0.9
             norms = r.grad_norms
             if rank == faults.diverge and r.step >= faults.diverge_at and norms:
@@ -127,8 +142,15 @@ def serve(
             )  # fmt: skip
         return pack(dict(pack_steps(out, layers)))
 
-    def system() -> bytes:
-        return pack(dict(system_message(), time=time.time()))
+    def system(rank: int) -> bytes:
+        if not faults.gpu:
+            return pack(dict(system_message(), time=time.time()))
+        gib, more = 2**30, 2 if rank == faults.heavy else 1
+        host = HostStats(rss=int(2.5 * gib), cpu_percent=103.0)
+        cuda = CudaStats(rank % 8, "H100", 12 * gib * more, 14 * gib * more, 13 * gib * more)
+        util = 40.0 if rank == faults.heavy else 87.0
+        nvml = GpuStats(rank % 8, "NVIDIA H100", util, 15 * gib * more, 80 * gib)
+        return pack(dict(System(time.time(), host, (cuda,), (nvml,)).to_wire()))
 
     def stalled(rank: int, step: int) -> bytes:
         behind = rank == faults.hang
@@ -152,7 +174,7 @@ def serve(
                             "run": run})  # fmt: skip
         client.out += pack({"type": "layers", "names": names, "numel": [1000] * layers})
         client.out += steps(client.rank, max(0, step - HISTORY), min(step, HISTORY))
-        client.out += system() + pack({"type": "synced"})
+        client.out += system(client.rank) + pack({"type": "synced"})
         if hung:
             client.out += stalled(client.rank, step)
         client.ready = True
@@ -214,13 +236,13 @@ def serve(
         if hung_since is not None and not said_stalled and now - hung_since >= STALL_AFTER:
             said_stalled = True
             extra = {rank: stalled(rank, step) for rank in ranks}
-        sys_frame = system() if now >= next_system else b""
-        if sys_frame:
+        sys_frames = {rank: system(rank) for rank in ranks} if now >= next_system else {}
+        if sys_frames:
             next_system = now + 1.0
         for client in list(clients):
             if client.ready:
                 client.out += batches.get(client.rank, b"") + extra.get(client.rank, b"")
-                client.out += sys_frame
+                client.out += sys_frames.get(client.rank, b"")
             if not flush(client):
                 drop(client)
 
@@ -237,12 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--slow", type=int, default=-1)
     p.add_argument("--slow-by", type=float, default=0.02, help="seconds (default 20 ms)")
+    p.add_argument("--gpu", action="store_true", help="the ranks report CUDA and NVML figures")
+    p.add_argument("--heavy", type=int, default=-1, help="a rank holding twice the memory")
+    p.add_argument("--slow-every", type=int, default=0, help="steps (default 0: always slow)")
+    p.add_argument("--slow-for", type=int, default=0, help="steps slow of every --slow-every")
     p.add_argument("--diverge", type=int, default=-1)
     p.add_argument("--diverge-at", type=int, default=0)
     p.add_argument("--hang", type=int, default=-1)
     p.add_argument("--hang-at", type=int, default=1 << 62)
     args = p.parse_args(argv)
-    faults = Faults(args.slow, args.slow_by, args.diverge, args.diverge_at, args.hang, args.hang_at)
+    faults = Faults(args.slow, args.slow_by, args.diverge, args.diverge_at, args.hang, args.hang_at,
+                    args.gpu, args.heavy, args.slow_every, args.slow_for)  # fmt: skip
     return serve(args.ranks, args.world, args.runtime, args.rate, args.layers, faults, args.job,
                  args.host, args.per_node)  # fmt: skip
 

@@ -1,7 +1,8 @@
 """Make docs/distributed.md's pictures of the job screen at scale: synthetic ranks on simulated
-nodes (benchmarks/fake_ranks.py: a slow rank, a diverged rank, then a hang) read through one
-real ``tdbg bridge --job --summaries`` per node behind a stand-in for ssh, the app under its
-Pilot, an SVG once the straggler, the divergence and the hang are named.
+nodes (benchmarks/fake_ranks.py: GPU ranks, a slow one, a diverged one, one holding twice the
+memory, then a hang) read through one real ``tdbg bridge --job --summaries`` per node behind a
+stand-in for ssh, the app under its Pilot, an SVG once the straggler (also as the slowest over
+time), the divergence and the hang are named.
 
     .venv/bin/python docs/job_screenshots.py            # 64 ranks on 8 nodes, 1,024 on 128
     .venv/bin/python docs/job_screenshots.py --ranks 64 --nodes 8
@@ -50,7 +51,8 @@ async def capture(ranks: int, nodes: int, out: Path, size: tuple[int, int]) -> s
              *map(str, range(lo, min(lo + share, ranks))), "--world", str(ranks), "--runtime",
              str(work), "--per-node", str(per_node), "--rate", str(RATE), "--slow", "21",
              "--slow-by", "0.2",
-             "--diverge", str(ranks - 7), "--hang", "42", "--hang-at", str(hang_at)],
+             "--diverge", str(ranks - 7), "--hang", "42", "--hang-at", str(hang_at),
+             "--gpu", "--heavy", "9"],
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
         )
         for lo in range(0, ranks, share)
@@ -65,7 +67,8 @@ async def capture(ranks: int, nodes: int, out: Path, size: tuple[int, int]) -> s
         try:
             async with app.run_test(size=size) as pilot:
                 deadline = time.monotonic() + float(os.environ.get("SHOT_TIMEOUT", "600"))
-                words = ("straggler", "rank_divergence", "hang", f"{ranks} of {ranks} ranks")
+                words = ("straggler", "rank_divergence", "hang", f"{ranks} of {ranks} ranks",
+                         "(persistent): the slowest in")  # fmt: skip
                 while not all(w in screen_text(app) for w in words):
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"not named in time:\n{screen_text(app)}")

@@ -45,6 +45,7 @@ class SummaryBridge(JobBridge):
         self._tried: set[tuple[int, int]] = set()  # (rank, pid) connected to, or refused
         self._entries: dict[int, RunEntry] = {}  # rank -> its newest run here
         self._names_sent: str | None = None  # the layout whose layer names the viewer has
+        self._windows_sent: dict[int, int] = {}  # rank -> the end of its last window sent
         self.summaries = 0  # sent (tests and the benchmark read it)
 
     def start(self) -> None:
@@ -101,6 +102,7 @@ class SummaryBridge(JobBridge):
         period = 1.0 / SUMMARY_HZ
         due = time.monotonic() + period
         pids: dict[int, int] = {}
+        synced: set[int] = set()  # ranks whose history has all arrived (until the first summary)
         while not self.done.is_set():
             try:
                 rank, pid, message = self._inbox.get(timeout=max(0.0, due - time.monotonic()))
@@ -112,10 +114,17 @@ class SummaryBridge(JobBridge):
                     self.states[rank] = RunState(run)
                     self.states[rank].mark("live")
                     pids[rank] = pid
+                    self._windows_sent.pop(rank, None)  # a new run of the rank: its own windows
                 elif rank in self.states and pids.get(rank) == pid:  # not an old run's tail
                     self.states[rank].apply(message)
                     if message.get("type") == "bye":
                         self.states[rank].mark("ended", str(message.get("reason") or "closed"))
+                    if message.get("type") == "synced" and not self.summaries:
+                        # The first summary goes as soon as every rank found has sent its
+                        # history, not a tick later: the viewer's first frame waits for it.
+                        synced.add(rank)
+                        if synced >= set(self._entries):
+                            due = time.monotonic()
             if time.monotonic() >= due:
                 due = time.monotonic() + period
                 self._summarise()
@@ -123,9 +132,14 @@ class SummaryBridge(JobBridge):
     def _summarise(self) -> None:
         if not self.states:
             return
-        summary = reduce_node(self.host, self.job, self.states, self._names_sent)
+        summary = reduce_node(
+            self.host, self.job, self.states, self._names_sent, windows_sent=self._windows_sent
+        )
         if summary.grads is not None:
             self._names_sent = summary.grads.layout
+        for figures in summary.ranks:
+            if figures.windows:
+                self._windows_sent[figures.rank] = figures.windows[-1].end
         self.write(summary.to_wire())
         self.summaries += 1
 

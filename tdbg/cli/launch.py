@@ -9,10 +9,10 @@ from pathlib import Path
 from textual.app import App
 
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.jobs import local_job
+from tdbg.connect.jobs import SCALE_FROM, job_size, local_job
+from tdbg.connect.node_link import Spawned
 from tdbg.connect.runtime import discover
 from tdbg.connect.targets import Discover, Job, LocalSocket, Recording, Remote, Target, resolve
-from tdbg.model.job_nodes import SCALE_FROM
 from tdbg.model.job_replay import replay_job
 from tdbg.model.recordings import load_run
 from tdbg.recording.reader import RecordingError
@@ -143,24 +143,32 @@ def launch_nodes(
     return _run(app, source)
 
 
-def launch_job(job: str | None, directory: Path | None = None) -> int | None:
+def launch_job(
+    job: str | None, directory: Path | None = None, spawned: Spawned | None = None
+) -> int | None:
     """``tdbg-tui --job JOB``: the job screen for JOB (waiting for its ranks). With ``job``
     None (``tdbg-tui`` alone): the job screen when every local run is a rank of one job; None
-    when that is not so, and the caller goes on as for single runs."""
+    when that is not so, and the caller goes on as for single runs. ``spawned``: the job's
+    local bridge, started before the TUI's imports (``spawn_local_bridge``)."""
     job = job if job is not None else local_job(directory)
     if job is None:
         return None
-    source = job_source_for(job, directory)
+    source = job_source_for(job, directory, spawned)
     return _run(JobApp(source), source)
 
 
-def job_source_for(job: str, directory: Path | None = None) -> JobSource:
+def job_source_for(
+    job: str, directory: Path | None = None, spawned: Spawned | None = None
+) -> JobSource:
     """The source for local job ``job``: every rank read whole, or, past SCALE_FROM ranks,
-    read through a bridge of their own that sends summaries (as a node of a multi-node job)."""
-    from tdbg.tui.sources.remote_job import job_size, local_job_source  # with the ssh parts
+    read through a bridge of their own that sends summaries (as a node of a multi-node job;
+    ``spawned``: that bridge, started already)."""
+    from tdbg.tui.sources.remote_job import local_job_source  # with the ssh parts
 
     if job_size(discover(directory), job) > SCALE_FROM:
-        return local_job_source(job, directory)
+        return local_job_source(job, directory, spawned)
+    if spawned is not None:  # the job shrank meanwhile (ranks ended): read whole after all
+        spawned.close()
     return JobSource(job, directory)
 
 

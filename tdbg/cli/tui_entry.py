@@ -22,8 +22,6 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     extra = list(getattr(args, "extra_targets", None) or [])
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
         return replay_main(extra)
-    from tdbg.cli.launch import launch, launch_job, launch_nodes  # textual: for the TUI only
-
     if getattr(args, "no_bell", False):
         os.environ["TDBG_BELL"] = "0"  # the app reads it (tdbg.tui.ringer), whichever app runs
 
@@ -44,12 +42,25 @@ def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
     hosts = getattr(args, "hosts", None) or []
     texts = [t for t in (args.target, *extra, *hosts) if t is not None]
     if args.hostfile is not None or any(is_ssh_url(t) for t in texts):  # nodes: a job, or runs
+        from tdbg.cli.launch import launch_nodes  # textual: for the TUI only
+
         return launch_nodes(texts, args.hostfile, args.job, args.ssh_options, args.remote_tdbg)
     local = args.target is None and not extra and not hosts
     if args.job is not None or local:  # a distributed job: its ranks on one screen
-        code = launch_job(args.job)
+        spawned = None
+        if args.job is not None:
+            # A large job's bridge starts now, before textual's imports (~1 s on a busy 2-core
+            # machine): the two start side by side, and the first frame comes ~1 s sooner.
+            from tdbg.connect.node_link import spawn_local_bridge
+
+            spawned = spawn_local_bridge(args.job)
+        from tdbg.cli.launch import launch_job
+
+        code = launch_job(args.job, spawned=spawned)
         if code is not None:
             return code
+    from tdbg.cli.launch import launch
+
     return launch(
         args.target,
         [*getattr(args, "extra_targets", []), *(getattr(args, "hosts", None) or [])],

@@ -10,6 +10,9 @@ from tdbg.connect.runtime import RunEntry, discover
 from tdbg.connect.target_errors import TargetError
 
 SHOWN = 4  # jobs named in the "several jobs" refusal
+# A job of more ranks than this is read through node summaries (the job screen at scale); up
+# to this many, every rank's whole stream (the per-rank table).
+SCALE_FROM = 16
 
 
 def job_of(entry: RunEntry) -> str | None:
@@ -27,6 +30,13 @@ def job_entries(entries: Sequence[RunEntry]) -> dict[str, dict[int, RunEntry]]:
         if job is not None:
             jobs.setdefault(job, {})[int(entry.meta.get("rank") or 0)] = entry
     return jobs
+
+
+def job_size(entries: Sequence[RunEntry], job: str) -> int:
+    """The job's world size as its listed ranks say it (else how many are listed)."""
+    ranks = [e for e in entries if job_of(e) == job]
+    sizes = [w for e in ranks if isinstance(w := e.meta.get("world_size"), int)]
+    return max([len(ranks), *sizes])
 
 
 def _ranks(ranks: Sequence[int]) -> str:

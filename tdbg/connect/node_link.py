@@ -13,12 +13,16 @@ import contextlib
 import dataclasses
 import queue
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from tdbg.connect.jobs import SCALE_FROM, job_size
+from tdbg.connect.runtime import discover, runtime_dir
 from tdbg.connect.ssh import (
     HANDSHAKE_TIMEOUT,
     RemoteError,
@@ -43,7 +47,7 @@ from tdbg.protocol.messages import (
     channel_data,
     read_node_message,
 )
-from tdbg.protocol.messages.node_summary import NodeSummary, subscribe
+from tdbg.protocol.messages.node_summary import NodeSummary, subscribe, with_windows_of
 
 CHUNK = 1 << 16  # bytes a channel's data frame carries at most
 
@@ -67,6 +71,60 @@ class Channel:
     run: dict[str, Any]
     sock: socket.socket
     node: SshTarget
+
+
+# How this machine runs tdbg for a local job's own bridge (no ssh).
+LOCAL_TDBG = (sys.executable, "-m", "tdbg.cli")
+
+
+def local_target(directory: Path | None = None) -> SshTarget:
+    """This machine as a node whose ranks are in ``directory`` (the runtime directory)."""
+    return SshTarget(host=socket.gethostname(), path=str(directory or runtime_dir()))
+
+
+@dataclass
+class Spawned:
+    """A node's bridge started, its hello not read yet: our end of its stream and its process."""
+
+    sock: socket.socket
+    ssh: SshProcess
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ssh.stop()
+
+
+def spawn_bridge(
+    target: SshTarget,
+    opts: RemoteOptions,
+    job: str,
+    group: SshGroup | None = None,
+    summaries: bool = False,
+    local: Sequence[str] | None = None,
+) -> Spawned:
+    """Start ``target``'s ``tdbg bridge --job`` (over ssh, or here with ``local``)."""
+    ours, theirs = socket.socketpair()
+    args = job_bridge_args(target, job, summaries)
+    argv = None if local is None else [*local, *args]
+    try:
+        ssh = SshProcess(target, opts, args, theirs.fileno(), theirs.fileno(), group, argv)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return Spawned(ours, ssh)
+
+
+def spawn_local_bridge(job: str, directory: Path | None = None) -> Spawned | None:
+    """This machine's bridge for local job ``job`` when the job is read through summaries (more
+    than SCALE_FROM ranks), started at once: ``tdbg-tui --job`` starts it before its own
+    imports (~1 s on a busy 2-core machine), so the two start side by side. None otherwise."""
+    if job_size(discover(directory), job) <= SCALE_FROM:
+        return None
+    with contextlib.suppress(RemoteError):
+        return spawn_bridge(local_target(directory), RemoteOptions(), job, None, True, LOCAL_TDBG)
+    return None
 
 
 def job_bridge_args(target: SshTarget, job: str, summaries: bool = False) -> list[str]:
@@ -95,7 +153,7 @@ class NodeLink:
         self._write_lock = threading.Lock()
         self._closed = False
         # --summaries: the node's newest summary, taken by the consumer (latest wins: a
-        # summary says everything an older one said).
+        # summary says everything an older one said, but the windows it carries on).
         self._summary: NodeSummary | None = None
         self.summaries = 0  # received
         self._layer_names: tuple[str, tuple[str, ...]] | None = None  # (layout, its names)
@@ -110,20 +168,15 @@ class NodeLink:
         group: SshGroup | None = None,
         summaries: bool = False,
         local: Sequence[str] | None = None,
+        spawned: Spawned | None = None,
     ) -> NodeLink:
         """Start the node's bridge and read its hello; RemoteError with one line otherwise.
         ``summaries``: the bridge sends node summaries, and a rank's stream on ``subscribe``
-        only. ``local``: the command that runs ``tdbg`` here (no ssh: this machine's ranks)."""
-        ours, theirs = socket.socketpair()
-        args = job_bridge_args(target, job, summaries)
-        argv = None if local is None else [*local, *args]
-        try:
-            ssh = SshProcess(target, opts, args, theirs.fileno(), theirs.fileno(), group, argv)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        only. ``local``: the command that runs ``tdbg`` here (no ssh: this machine's ranks).
+        ``spawned``: the bridge, already started (``spawn_bridge``)."""
+        if spawned is None:
+            spawned = spawn_bridge(target, opts, job, group, summaries, local)
+        ours, ssh = spawned.sock, spawned.ssh
         link = cls(target, ssh, ours)
         try:
             lo, hi = peek_preamble(ours, ssh, timeout, NODE_MAGIC)
@@ -202,6 +255,8 @@ class NodeLink:
             if summary is not None:
                 summary = self._named(summary)
                 with self._lock:
+                    if self._summary is not None:  # not taken yet: its windows carried on
+                        summary = with_windows_of(self._summary, summary)
                     self._summary = summary
                     self.summaries += 1
             return

@@ -15,7 +15,8 @@ from tdbg.model.job import (
     StragglerMeasure,
     is_straggling,
 )
-from tdbg.model.straggler_history import StragglerHistory
+from tdbg.model.job_nodes import NodesJob
+from tdbg.model.straggler_history import WINDOW, StragglerHistory
 from tdbg.protocol.messages.alert import Alert
 
 # A straggler is raised after it has held this many job steps (the 20-step median already
@@ -112,9 +113,13 @@ class JobAlerts:
         out: list[JobAlert] = []
         if self._step is None or step > self._step:
             self._step = step
-            out.extend(self._judge_stragglers(job, step, now))
-            if isinstance(job, Job):  # the record over time reads the ranks' own steps
+            # The record over time first (from the ranks' own steps, or from the windows their
+            # nodes' bridges sent): a straggler it shows slow all along is raised at once.
+            if isinstance(job, Job):
                 self.history.update(job)
+            elif isinstance(job, NodesJob):
+                self.history.update(job.windowed())
+            out.extend(self._judge_stragglers(job, step, now))
         applies, self.rule = job.divergence_rule()
         current = list(job.hangs())
         if applies:
@@ -152,7 +157,7 @@ class JobAlerts:
                 if rank not in still:
                     self._stragglers.pop(rank, None)  # a blip that never held: forgotten
                     continue
-                pending = self._stragglers.setdefault(rank, _Pending(since=step))
+                pending = self._stragglers.setdefault(rank, _Pending(self._slow_since(rank, step)))
                 if rank in slow and step - pending.since >= ONSET_STEPS:
                     finding = job.straggler(rank, slow)
                     alert = JobAlert("straggler", [rank], step, now, finding.message, finding)
@@ -170,6 +175,19 @@ class JobAlerts:
                 del self.active[key], self._stragglers[rank]
                 out.append(self._cleared(alert, step, now, f"rank {rank} caught up"))
         return out
+
+    def _slow_since(self, rank: int, step: int) -> int:
+        """The step a straggler seen now was first slow at: where the record's current spell
+        of ``rank`` began, when it spans the RECENT steps the rule reads (a rank slow all
+        through the history a viewer attached to is named on its first judgement, not
+        ONSET_STEPS later; a live onset still waits ONSET_STEPS), else now."""
+        recent = self.history.recent
+        tally = self.history.tallies.get(rank)
+        if not recent or recent[-1].rank != rank or tally is None:
+            return step
+        if tally.run * WINDOW < RECENT:
+            return step
+        return min(step, recent[-1].end - tally.run * WINDOW)
 
     # --- divergence, hang, NaN on some ranks: raised when found, cleared when gone ---------------
     def _follow(

@@ -22,11 +22,8 @@ from tdbg.model.job import (
     is_straggling,
     straggler_finding,
 )
+from tdbg.model.node_windows import NodeWindows, RankWindows
 from tdbg.protocol.messages.node_summary import NodeSummary, RankFigures
-
-# A job of more ranks than this is read through node summaries (the job screen at scale); up
-# to this many, every rank's whole stream (the per-rank table).
-SCALE_FROM = 16
 
 
 @dataclass
@@ -39,6 +36,7 @@ class NodesJob:
     rank_node: dict[int, str] = field(default_factory=dict)
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)  # layout -> layer names
     lost: dict[str, str] = field(default_factory=dict)  # node -> why its summaries stopped
+    windows: RankWindows = field(default_factory=RankWindows)  # the slowest-over-time record's
     # node -> for each of its gradient steps, how many of its ranks have each distinct row:
     # counted once per summary, not per judgement (at 1,024 ranks that was most of its cost).
     _counts: dict[str, list[Counter[int]]] = field(default_factory=dict, repr=False)
@@ -51,6 +49,7 @@ class NodesJob:
         for figures in summary.ranks:
             self.figures[figures.rank] = figures
             self.rank_node[figures.rank] = node
+            self.windows.fold(figures)
         grads = summary.grads
         if grads is not None and grads.names is not None:
             self.names[grads.layout] = grads.names
@@ -64,6 +63,10 @@ class NodesJob:
         self.lost[node] = why
 
     # --- what JobAlerts reads ------------------------------------------------------------------
+    def windowed(self) -> NodeWindows:
+        """The job as the record of the slowest rank over time reads it."""
+        return NodeWindows(self.figures, self.rank_node, self.lost, self.windows)
+
     @property
     def world_size(self) -> int:
         said = max((s.world for s in self.nodes.values()), default=0)

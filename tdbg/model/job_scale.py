@@ -82,7 +82,10 @@ def rank_row(nodes: NodesJob, f: RankFigures, alerts: list[str]) -> RankRow:
         optimizer_time=f.phases.get("optimizer_time"),
         loss=f.loss,
         grad_total=f.grad,
-        memory=None,
+        # As the per-rank table: the CUDA allocator's peak on a GPU, else the process's RSS.
+        memory=f.peak if f.peak is not None else f.rss,
+        gpu_util=f.gpu_util,
+        on_gpu=f.on_gpu,
         alerts=alerts,
         state=state,
     )

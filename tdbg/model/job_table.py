@@ -12,6 +12,7 @@ from tdbg.model.health import assess
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.run_state import RunState
+from tdbg.protocol.messages.reports import GpuStats
 
 SEVERITY_ORDER = {"hang": 0, "rank_divergence": 1, "nonfinite_ranks": 1, "straggler": 2}
 SLOWER_THAN_TYPICAL = 1.05  # a rank this much over the job's median own work a step sorts first
@@ -78,7 +79,7 @@ def _row(rank: int, state: RunState, alerts: list[str], now: float | None) -> Ra
         loss=state.last_loss,
         grad_total=grad_total,
         memory=_memory(state),
-        gpu_util=_gpu_util(state),
+        gpu_util=rank_gpu_util(state),
         on_gpu=str(state.run.get("device") or "").startswith("cuda"),
         alerts=sorted(alerts, key=lambda k: SEVERITY_ORDER.get(k, 3)),
         state=status,
@@ -93,15 +94,20 @@ def _memory(state: RunState) -> int | None:
     return max(peaks) if peaks else system.host.rss
 
 
-def _gpu_util(state: RunState) -> float | None:
-    """NVML's utilisation of the rank's GPU: NVML's device of the index in the rank's
-    ``cuda:K`` (the same index unless CUDA_VISIBLE_DEVICES renumbers them), or the only one."""
+def rank_gpu(state: RunState) -> GpuStats | None:
+    """NVML's report of the rank's GPU: NVML's device of the index in the rank's ``cuda:K``
+    (the same index unless CUDA_VISIBLE_DEVICES renumbers them), or the only one."""
     device = str(state.run.get("device") or "")
     gpus = state.system.gpus if state.system is not None else ()
     if not device.startswith("cuda") or not gpus:
         return None
     index = int(device.partition(":")[2]) if device.partition(":")[2].isdigit() else 0
-    mine = next((g for g in gpus if g.index == index), gpus[0] if len(gpus) == 1 else None)
+    return next((g for g in gpus if g.index == index), gpus[0] if len(gpus) == 1 else None)
+
+
+def rank_gpu_util(state: RunState) -> float | None:
+    """NVML's utilisation of the rank's GPU (``rank_gpu``)."""
+    mine = rank_gpu(state)
     util = None if mine is None else mine.util
     return util if util is not None and math.isfinite(util) else None
 

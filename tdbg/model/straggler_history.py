@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -122,6 +123,17 @@ class RankRecord:
         }
 
 
+class Windowed(Protocol):
+    """What the record reads of a job: ``Job`` (every rank's steps, read here) or a job read
+    through its nodes' summaries, whose bridges send each rank's medians window by window
+    (node_windows.py)."""
+
+    def frontier(self) -> int | None: ...  # the newest step every rank still running reached
+    def newest(self) -> int: ...  # the newest step any rank reached
+    def first_common(self) -> int | None: ...  # the first step every running rank has
+    def judge(self, end: int) -> Window | None: ...  # the window before step ``end``
+
+
 @dataclass
 class StragglerHistory:
     """Fed the job as its steps arrive (``update``); judges each WINDOW of steps once every rank
@@ -135,15 +147,16 @@ class StragglerHistory:
     _next: int | None = None  # the end of the next window to judge
     _current: int | None = None  # the slowest rank in the latest window
 
-    def update(self, job: Job) -> int:
+    def update(self, job: Job | Windowed) -> int:
         """Judge every window the ranks have all passed since the last call; how many. A job
         seen first mid-run, or a backlog arriving at once, is judged over its last SPAN windows
         only (a frame's work stays bounded)."""
-        done = _frontier(job)
+        judged = _Streams(job) if isinstance(job, Job) else job
+        done = judged.frontier()
         if done is None:
             return 0
         ready = (done + 1) // WINDOW * WINDOW  # the end of the newest window every rank passed
-        newest = max(_last(s) for s in job.ranks.values())
+        newest = judged.newest()
         if self._next is not None and newest + 1 < self._next - WINDOW:
             # Every rank is back before what was judged: the job restarted (from a checkpoint,
             # or from scratch); judged from there on, its record kept.
@@ -152,13 +165,13 @@ class StragglerHistory:
         if self._next is not None:
             start = max(start, self._next)
         else:
-            first = _first_common(job)
+            first = judged.first_common()
             if first is None:
                 return 0
             start = max(start, (first // WINDOW + 1) * WINDOW)
         n = 0
         for end in range(start, ready + 1, WINDOW):
-            window = _judge(job, end)
+            window = judged.judge(end)
             self._next = end + WINDOW
             if window is None:
                 continue  # too few steps measured yet (the rule's own minimum): not a verdict
@@ -292,6 +305,25 @@ def _runs(flags: list[bool]) -> list[int]:
     return runs or [0]
 
 
+@dataclass(frozen=True)
+class _Streams:
+    """``Job`` as the record reads it: every rank's own steps."""
+
+    job: Job
+
+    def frontier(self) -> int | None:
+        return _frontier(self.job)
+
+    def newest(self) -> int:
+        return max(_last(s) for s in self.job.ranks.values())
+
+    def first_common(self) -> int | None:
+        return _first_common(self.job)
+
+    def judge(self, end: int) -> Window | None:
+        return _judge(self.job, end)
+
+
 def _last(state: RunState) -> int:
     return -1 if state.last_step is None else state.last_step
 
@@ -326,10 +358,24 @@ def _judge(job: Job, end: int) -> Window | None:
     whole = _medians([busy_values(job.ranks[r], False, rows[r]) for r in ranks])
     own = _medians([busy_values(job.ranks[r], True, rows[r]) for r in ranks])
     known = [k for k in range(len(ranks)) if np.isfinite(whole[k])]
-    measures = compare_busy(
+    return judge_medians(
+        end,
         {ranks[k]: float(whole[k]) for k in known},
         {ranks[k]: float(own[k]) if np.isfinite(own[k]) else None for k in known},
+        lambda rank, phase: recent_median(job.ranks[rank], phase, rows[rank]),
     )
+
+
+def judge_medians(
+    end: int,
+    whole: dict[int, float],
+    own: dict[int, float | None],
+    phase_of: Callable[[int, str], float | None],
+) -> Window | None:
+    """The window before ``end`` from each rank's medians there (``whole``: its step time,
+    ``own``: its own work; ``phase_of(rank, phase)``: a phase's): the slowest rank, if one
+    straggles and not all do, and the phase it spends most over its peers in."""
+    measures = compare_busy(whole, own)
     if not measures:
         return None
     slow = [m for m in measures if is_straggling(m, STRAGGLER_RATIO)]
@@ -339,18 +385,16 @@ def _judge(job: Job, end: int) -> Window | None:
     slow_ranks = {m.rank for m in slow}
     peers = [m.rank for m in measures if m.rank not in slow_ranks]
     peers = peers[:: max(1, len(peers) // PHASE_PEERS)][:PHASE_PEERS]
-    return Window(end, worst.rank, _phase(job, rows, worst.rank, peers))
+    return Window(end, worst.rank, _phase(worst.rank, peers, phase_of))
 
 
-def _phase(job: Job, rows: dict[int, int], rank: int, peers: list[int]) -> str | None:
+def _phase(rank: int, peers: list[int], phase_of: Callable[[int, str], float | None]) -> str | None:
     """The phase the slow rank spends most over its peers' median (backward left out, as the
     live finding leaves it out: under DDP every rank waits for the slowest inside it)."""
     best, extra = None, 0.0
     for phase in (p for p in PHASES if p != "backward_time"):
-        mine = recent_median(job.ranks[rank], phase, rows[rank])
-        theirs = [
-            t for r in peers if (t := recent_median(job.ranks[r], phase, rows[r])) is not None
-        ]
+        mine = phase_of(rank, phase)
+        theirs = [t for r in peers if (t := phase_of(r, phase)) is not None]
         if mine is None or not theirs:
             continue
         diff = mine - float(np.median(theirs))

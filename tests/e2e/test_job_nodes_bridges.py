@@ -2,7 +2,8 @@
 ``tdbg bridge --job --summaries`` per node behind a stand-in for ssh, synthetic ranks speaking
 the probe's wire (benchmarks/fake_ranks.py). A slow rank, a diverged rank, a hung rank and a
 dead rank are each named from the nodes' summaries as the 2-rank tests name them; opening a
-rank brings its whole stream, and closing it gives the stream back."""
+rank brings its whole stream, and closing it gives the stream back. A straggler that comes and
+goes is named as such from the windows the bridges send."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tdbg.connect.ssh import RemoteOptions
 from tdbg.connect.sshurl import parse_ssh_url
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_nodes import NodesJob
+from tdbg.model.job_scale import worst_rows
 from tdbg.tui.sources.remote_job import RemoteJobSource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +31,7 @@ LOCAL_SSH = '#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh
 NODES, PER_NODE = 8, 8
 SLOW, DIVERGED, HUNG, DEAD = 5, 13, 42, 63
 RATE = 10.0
+GIB = 2**30
 HANG_AT = 200 + int(RATE * 6)  # the fake ranks start at step 200: a hang ~6 s in
 
 
@@ -44,14 +47,18 @@ def local_ssh(tmp_path: Path) -> RemoteOptions:
 
 
 @contextlib.contextmanager
-def fake_nodes(root: Path) -> Iterator[tuple[list[Path], subprocess.Popen[bytes]]]:
+def fake_nodes(
+    root: Path, faults: list[str] | None = None
+) -> Iterator[tuple[list[Path], subprocess.Popen[bytes]]]:
     """8 node directories of 8 ranks each; rank DEAD served by a process of its own (yielded,
-    for the test to kill)."""
+    for the test to kill). ``faults``: fake_ranks.py's options (default: the four faults)."""
     procs: list[subprocess.Popen[bytes]] = []
     dirs = []
     world = NODES * PER_NODE
-    faults = ["--slow", str(SLOW), "--diverge", str(DIVERGED), "--hang", str(HUNG),
-              "--hang-at", str(HANG_AT), "--rate", str(RATE), "--job", "big"]  # fmt: skip
+    if faults is None:
+        faults = ["--slow", str(SLOW), "--diverge", str(DIVERGED), "--hang", str(HUNG),
+                  "--hang-at", str(HANG_AT)]  # fmt: skip
+    faults = [*faults, "--rate", str(RATE), "--job", "big"]
 
     def start(ranks: list[int], where: Path, host: str) -> subprocess.Popen[bytes]:
         argv = [sys.executable, str(FAKE), "--ranks", *map(str, ranks), "--world", str(world),
@@ -139,6 +146,43 @@ def test_four_faults_in_64_ranks_on_8_nodes_are_named(
                 dead.wait(5)
 
 
+def test_a_straggler_that_comes_and_goes_is_named_intermittent_from_the_summaries(
+    tmp_path: Path, local_ssh: RemoteOptions
+) -> None:
+    """Rank SLOW waits 20 ms more for 25 steps of every 60: the ranks' 200 steps of history and
+    then their live steps, window by window from 8 bridges, name it intermittent, in input wait."""
+    faults = ["--slow", str(SLOW), "--slow-every", "60", "--slow-for", "25"]
+    with fake_nodes(tmp_path, faults) as (dirs, _):
+        targets = [parse_ssh_url(f"ssh://node{k}{d}") for k, d in enumerate(dirs)]
+        source = RemoteJobSource("big", targets, local_ssh, summaries=True)
+        nodes, alerts = NodesJob("big"), JobAlerts()
+
+        def named() -> bool:
+            for node, summary in source.take_summaries().items():
+                nodes.update(node, summary)
+            alerts.update(nodes)
+            every = len(nodes.figures) == NODES * PER_NODE
+            return every and [(r.rank, r.kind) for r in alerts.history.named()] == [
+                (SLOW, "intermittent")
+            ]
+
+        try:
+            threading_open(source)
+            wait_until(
+                named,
+                timeout=60,
+                what="rank 5 named intermittent",
+                detail=lambda: (alerts.history.line(), len(nodes.figures)),
+                interval=0.2,
+            )
+            [record] = alerts.history.named()
+            assert record.spells >= 2 and record.phase_words() == "input wait"
+            assert alerts.history.line().startswith(f"rank {SLOW} (intermittent): the slowest in ")
+            assert not source.runs  # from the summaries alone: no rank read whole
+        finally:
+            source.close()
+
+
 def threading_open(source: RemoteJobSource, nodes: int = NODES) -> None:
     """Open the source and drain its (subscribed ranks') batches on a thread, as the app does."""
     import threading
@@ -162,17 +206,23 @@ def nodes_layer_last(nodes: NodesJob) -> str:
 
 def test_a_local_job_of_24_ranks_is_read_through_a_bridge_of_its_own(tmp_path: Path) -> None:
     """Past 16 ranks a local job goes through the same aggregation: `tdbg-tui --job` starts
-    `tdbg bridge --job --summaries` here, over its stdin/stdout, and reads no rank whole."""
+    `tdbg bridge --job --summaries` here (before its own imports), over its stdin/stdout, and
+    reads no rank whole; each rank's memory and GPU figures come in its node's summaries."""
     from tdbg.cli.launch import job_source_for
+    from tdbg.connect.node_link import spawn_local_bridge
 
     argv = [sys.executable, str(FAKE), "--ranks", *map(str, range(24)), "--world", "24",
-            "--runtime", str(tmp_path), "--job", "local", "--slow", "3"]  # fmt: skip
+            "--runtime", str(tmp_path), "--job", "local", "--slow", "3", "--gpu",
+            "--heavy", "7"]  # fmt: skip
     server = subprocess.Popen(
         argv, env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True
     )
     try:
         wait_until(lambda: len(list(tmp_path.glob("*.json"))) == 24, what="24 ranks serving")
-        source = job_source_for("local", tmp_path)
+        # Started before the TUI's imports, as `tdbg-tui --job` starts it; read by the source.
+        spawned = spawn_local_bridge("local", tmp_path)
+        assert spawned is not None and spawned.ssh.proc.poll() is None
+        source = job_source_for("local", tmp_path, spawned)
         assert isinstance(source, RemoteJobSource) and source.aggregated
         nodes, alerts = NodesJob("local"), JobAlerts()
         try:
@@ -187,6 +237,19 @@ def test_a_local_job_of_24_ranks_is_read_through_a_bridge_of_its_own(tmp_path: P
 
             wait_until(named, timeout=60, what="24 ranks, rank 3 a straggler", interval=0.2)
             assert not source.runs  # no rank read whole
+            [link] = source.links.values()
+            assert link.ssh is spawned.ssh  # the bridge started early, not a second one
+            # Each rank's memory and GPU, from its own system report through the bridge.
+            wait_until(
+                lambda: named() and all(f.peak is not None for f in nodes.figures.values()),
+                what="every rank's memory figures",
+            )
+            heavy, other = nodes.figures[7], nodes.figures[0]
+            assert (heavy.allocated, heavy.reserved, heavy.peak) == (24 * GIB, 28 * GIB, 26 * GIB)
+            assert (other.allocated, other.reserved, other.peak) == (12 * GIB, 14 * GIB, 13 * GIB)
+            assert (heavy.gpu_util, heavy.gpu_mem, other.gpu_util) == (40.0, 30 * GIB, 87.0)
+            rows = {row.rank: row for row in worst_rows(nodes, alerts, shown=24)}
+            assert rows[7].memory == 26 * GIB and rows[7].gpu_util == 40.0 and rows[7].on_gpu
         finally:
             source.close()
     finally:

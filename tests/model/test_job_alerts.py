@@ -242,3 +242,21 @@ def test_a_rank_slowed_by_its_evaluation_is_named_with_that_phase() -> None:
     assert [a.kind for a in raised] == ["straggler"] and raised[0].ranks == [1]
     assert raised[0].as_message().to_wire()["phase"] == "no-grad forwards (evaluation)"
     assert "input wait" not in raised[0].message
+
+
+def test_a_straggler_slow_all_through_the_history_is_named_on_the_first_judgement() -> None:
+    """A viewer that attaches to a job whose rank 2 has been slow for 100 steps names it at
+    once (the record's spell spans the rule's window); a rank slow for the last 10 steps only
+    still waits ONSET_STEPS."""
+    job, alerts = job_of(4), JobAlerts()
+    for rank, state in job.ranks.items():
+        data = 0.040 if rank == 2 else 0.001
+        state.apply(pack_steps([record(step, data) for step in range(100)], 0))
+    raised = alerts.update(job, now=0.0)
+    assert [(a.kind, a.ranks) for a in raised] == [("straggler", [2])]
+
+    late, alerts = job_of(4), JobAlerts()
+    for rank, state in late.ranks.items():
+        steps = [record(s, 0.040 if rank == 2 and s >= 90 else 0.001) for s in range(100)]
+        state.apply(pack_steps(steps, 0))
+    assert alerts.update(late, now=0.0) == []

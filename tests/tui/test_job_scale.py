@@ -2,7 +2,7 @@
 synthetic rank states by the bridge's own reducer). The worst ranks lead with the straggler and
 the diverged rank, the spread names the outliers, the nodes are listed worst first; Enter on a
 node shows its ranks, Enter on a rank asks its node for its whole stream and opens its screen,
-Esc gives the stream back."""
+Esc gives the stream back; the slowest rank over time is named from the windows summarised."""
 
 from __future__ import annotations
 
@@ -115,17 +115,27 @@ async def test_64_ranks_as_worst_ranks_spread_and_nodes_with_drill_down() -> Non
         await pilot.press("escape")
         await wait_for(pilot, lambda: "Worst ranks of 64" in screen_text(app), "all ranks")
         # Enter on a rank: its node is asked for its stream; its screen fills in as it comes.
-        app.screen.query_one(RankTable).focus()
+        # (The cursor stays on the rank it was on in the node's ranks: one of the two.)
+        table = app.screen.query_one(RankTable)
+        table.focus()
         await pilot.pause()
+        opened = table.selected_rank
+        assert opened in (OFF, SLOW)
         await pilot.press("enter")
-        assert source.subscribed == [(OFF, "node5")]
+        assert source.subscribed == [(opened, f"node{opened // PER_NODE}")]
         await wait_for(pilot, lambda: isinstance(app.screen, RankScreen), "the rank's screen")
-        run = {"name": "ddp", "rank": OFF, "world_size": RANKS, "job": "feedjob"}
-        source.feed(OFF, {"type": "hello", **run})
-        await wait_for(pilot, lambda: app.job.ranks[OFF].run.get("name") == "ddp", "its hello")
+        run = {"name": "ddp", "rank": opened, "world_size": RANKS, "job": "feedjob"}
+        source.feed(opened, {"type": "hello", **run})
+        await wait_for(pilot, lambda: app.job.ranks[opened].run.get("name") == "ddp", "its hello")
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, ScaleJobScreen), "back to the job")
-        assert source.given_back == [OFF] and OFF not in app.job.ranks
+        assert source.given_back == [opened] and opened not in app.job.ranks
+        # 140 steps: the record over time names the straggler, from the windows summarised.
+        source.pending = summaries(140)
+        named = f"rank {SLOW} (persistent): the slowest in "
+        await wait_for(pilot, lambda: named in screen_text(app), "the slowest rank over time")
+        panel = str(app.screen.query_one("#job-slowest-list").render())
+        assert panel.startswith(named) and panel.endswith("input wait")
 
 
 async def test_the_scale_screen_fits_80x24() -> None:
@@ -136,7 +146,8 @@ async def test_the_scale_screen_fits_80x24() -> None:
 
         def ready() -> str | None:
             text = screen_text(app)
-            panels = ("Worst ranks of 64", "Nodes (worst", "Job alerts", "Quit")
+            panels = ("Worst ranks of 64", "Nodes (worst", "Slowest rank over time", "Job alerts",
+                      "Quit")  # fmt: skip
             return text if all(p in text for p in panels) else None
 
         # Every panel and the footer: nothing pushed off the bottom.

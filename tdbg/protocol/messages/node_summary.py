@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tdbg.protocol.messages.tolerant import as_dict, as_float, as_int, as_list, as_str
@@ -19,7 +19,25 @@ SUMMARY_VERSION = 1
 MAX_SUMMARY_RANKS = 4096  # a node with more ranks than this is a malformed summary
 MAX_GRAD_STEPS = 20  # sampled steps of gradient rows in one summary (the rule's window)
 FIGURES = ("whole", "own", "loss", "grad")  # the per-rank floats besides the phases
+# The per-rank memory figures (bytes, from the rank's latest ``system`` report): the CUDA
+# allocator's allocated, reserved and peak (the most of the rank's devices), the process's RSS,
+# and NVML's used memory of the rank's GPU; and that GPU's utilisation (percent).
+MEMORY = ("allocated", "reserved", "peak", "rss", "gpu_mem")
 QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
+# Judged windows one summary carries a rank (the first summary's backlog; then the windows the
+# rank finished since the last one, a few at most).
+MAX_WINDOWS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RankWindow:
+    """A rank's medians as at the end of one judged window (over the RECENT steps before
+    ``end``): the record of which rank was the slowest over time is judged from these."""
+
+    end: int  # the first step after the window
+    whole: float | None
+    own: float | None
+    phases: dict[str, float | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +55,14 @@ class RankFigures:
     grad: float | None  # the latest total gradient norm
     state: str = "live"  # live | stalled | the ended words (ending.ended_words)
     nonfinite: bool = False  # its loss went non-finite and stayed so
+    windows: tuple[RankWindow, ...] = ()  # the windows it finished since the last summary
+    allocated: int | None = None
+    reserved: int | None = None
+    peak: int | None = None
+    rss: int | None = None
+    gpu_mem: int | None = None
+    gpu_util: float | None = None
+    on_gpu: bool = False  # it trains on a GPU (else its GPU figures are "n/a")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +121,24 @@ class NodeSummary:
             "n": [r.n_steps for r in self.ranks],
             "state": [r.state for r in self.ranks],
             "nonfinite": [r.nonfinite for r in self.ranks],
+            "gpu_util": [r.gpu_util for r in self.ranks],
+            "on_gpu": [r.on_gpu for r in self.ranks],
         }
+        for name in MEMORY:
+            cols[name] = [getattr(r, name) for r in self.ranks]
         for name in FIGURES:
             cols[name] = [_figure(r, name) for r in self.ranks]
         phases = sorted({p for r in self.ranks for p in r.phases})
         for phase in phases:
             cols[f"phase:{phase}"] = [r.phases.get(phase) for r in self.ranks]
+        window_phases = sorted({p for r in self.ranks for w in r.windows for p in w.phases})
+        if any(r.windows for r in self.ranks):
+            # One flat row a window: [end, whole, own, each of window_phases].
+            cols["windows"] = [
+                [[w.end, w.whole, w.own, *(w.phases.get(p) for p in window_phases)]
+                 for w in r.windows]
+                for r in self.ranks
+            ]  # fmt: skip
         out: dict[str, Any] = {
             "type": "summary",
             "v": self.version,
@@ -126,6 +164,8 @@ class NodeSummary:
             ],  # fmt: skip
             "alerts": [list(a) for a in self.alerts],
         }
+        if "windows" in cols:
+            out["window_phases"] = window_phases
         if self.grads is not None:
             g = self.grads
             out["grads"] = {
@@ -162,6 +202,10 @@ class NodeSummary:
         }
         steps, counts = column("step"), column("n")
         states, flags = column("state"), column("nonfinite")
+        memory = {name: column(name) for name in MEMORY}
+        gpu_util, on_gpu = _floats(column("gpu_util")), column("on_gpu")
+        window_phases = [as_str(p) or "?" for p in as_list(data.get("window_phases"))]
+        windows = column("windows")
         figures = []
         for i, raw in enumerate(ranks):
             rank = as_int(raw)
@@ -179,6 +223,14 @@ class NodeSummary:
                     grad=floats["grad"][i],
                     state=as_str(states[i]) or "live",
                     nonfinite=flags[i] is True,
+                    windows=_windows(windows[i], window_phases),
+                    allocated=_bytes(memory["allocated"][i]),
+                    reserved=_bytes(memory["reserved"][i]),
+                    peak=_bytes(memory["peak"][i]),
+                    rss=_bytes(memory["rss"][i]),
+                    gpu_mem=_bytes(memory["gpu_mem"][i]),
+                    gpu_util=gpu_util[i],
+                    on_gpu=on_gpu[i] is True,
                 )
             )
         return cls(
@@ -191,6 +243,24 @@ class NodeSummary:
             alerts=tuple(a for a in map(_alert, as_list(data.get("alerts"))) if a is not None),
             world=max(0, as_int(data.get("world")) or 0),
         )
+
+
+def with_windows_of(older: NodeSummary, newer: NodeSummary) -> NodeSummary:
+    """``newer`` carrying the windows of ``older`` it replaces before they were read: a summary
+    says everything an older one said but the windows, which each summary sends once (past
+    MAX_WINDOWS a rank's oldest are dropped)."""
+    before = {r.rank: r.windows for r in older.ranks if r.windows}
+    if not before:
+        return newer
+    ranks = []
+    for figures in newer.ranks:
+        old = before.get(figures.rank, ())
+        if figures.windows and old:
+            old = tuple(w for w in old if w.end < figures.windows[0].end)
+        if old:
+            figures = replace(figures, windows=(*old, *figures.windows)[-MAX_WINDOWS:])
+        ranks.append(figures)
+    return replace(newer, ranks=tuple(ranks))
 
 
 def subscribe(rank: int) -> dict[str, Any]:
@@ -284,6 +354,28 @@ def _grads(value: Any) -> NodeGrads | None:
         which=which,
         names=None if name_list is None else tuple(name_list),
     )
+
+
+def _bytes(value: Any) -> int | None:
+    """A byte count; None when it is not a non-negative int."""
+    n = as_int(value)
+    return n if n is not None and n >= 0 else None
+
+
+def _windows(value: Any, phases: list[str]) -> tuple[RankWindow, ...]:
+    """A rank's windows from their flat rows; a malformed row is left out, and past
+    MAX_WINDOWS the rest."""
+    out = []
+    for row in as_list(value)[:MAX_WINDOWS]:
+        parts = as_list(row)
+        end = as_int(parts[0]) if len(parts) == 3 + len(phases) else None
+        if end is None:
+            continue
+        values = _floats(parts[1:])
+        out.append(
+            RankWindow(end, values[0], values[1], dict(zip(phases, values[2:], strict=True)))
+        )
+    return tuple(out)
 
 
 def _alert(value: Any) -> tuple[int, str, str, int | None, str] | None:

@@ -82,8 +82,8 @@ class JobScreen(Screen[None]):
             self.query_one("#job-line", Static).update(_job_line(job, summarize(job)))
             self.query_one("#job-rule", Static).update(Text(f"divergence check {alerts.rule}"))
             self.query_one(RankTable).show(rank_rows(job, alerts))
-            self.query_one("#job-slowest-list", Static).update(_slowest_text(alerts.history))
-            self.query_one("#job-slowest").border_subtitle = _judged_words(alerts.history)
+            self.query_one("#job-slowest-list", Static).update(slowest_text(alerts.history))
+            self.query_one("#job-slowest").border_subtitle = judged_words(alerts.history)
             self.query_one("#job-alert-list", Static).update(alert_text(alerts, self.app))
         except NoMatches:
             return False
@@ -136,7 +136,7 @@ def _job_line(job: Job, summary: JobSummary) -> Text:
     return text
 
 
-def _slowest_text(history: StragglerHistory) -> Text:
+def slowest_text(history: StragglerHistory) -> Text:
     """The ranks most often the slowest over the recent span, one line each (the named ones
     in the warning colour, the rest dim), or why none is named."""
     records = history.records()[:MAX_SLOWEST_SHOWN]
@@ -153,7 +153,7 @@ def _slowest_text(history: StragglerHistory) -> Text:
     return text
 
 
-def _judged_words(history: StragglerHistory) -> str:
+def judged_words(history: StragglerHistory) -> str:
     """The panel's bottom edge: how much is judged, and how often."""
     if history.since is None:
         return ""

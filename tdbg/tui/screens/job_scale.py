@@ -1,6 +1,7 @@
 """ScaleJobScreen: a large job from its nodes' summaries — the spread of step time, loss and
-gradient norm with the outliers named, the worst ranks, the nodes worst first, the job alerts;
-Enter on a node shows its ranks, Enter on a rank opens its full screen (RankScreen)."""
+gradient norm with the outliers named, the worst ranks, the nodes worst first, which rank was the
+slowest over time, the job alerts; Enter on a node shows its ranks, Enter on a rank opens its
+full screen (RankScreen)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
@@ -19,7 +20,7 @@ from tdbg.format import fmt_loss, fmt_us
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_nodes import NodesJob
 from tdbg.model.job_scale import NodeRow, Spread, node_rows, spreads, worst_rows
-from tdbg.tui.screens.job import alert_text
+from tdbg.tui.screens.job import alert_text, judged_words, slowest_text
 from tdbg.tui.widgets.rank_table import RankTable
 
 NODE_COLUMNS = ("node", "ranks", "steps", "step time", "slowest rank", "trouble")
@@ -101,7 +102,9 @@ class ScaleJobScreen(Screen[None]):
     ScaleJobScreen #worst-table { height: 1fr; }
     ScaleJobScreen #job-node-list { height: 1fr; min-height: 4; border: round $primary; }
     ScaleJobScreen #node-table { height: 1fr; }
-    ScaleJobScreen #job-alerts { height: 1fr; min-height: 3; border: round $primary; }
+    ScaleJobScreen #job-bottom { height: 1fr; min-height: 3; }
+    ScaleJobScreen #job-slowest { width: 1fr; border: round $primary; }
+    ScaleJobScreen #job-alerts { width: 1fr; height: 1fr; min-height: 3; border: round $primary; }
     ScaleJobScreen #job-rule { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
     ScaleJobScreen #job-line { text-style: bold; }
     ScaleJobScreen #job-nodes { color: $warning; display: none; }
@@ -121,13 +124,18 @@ class ScaleJobScreen(Screen[None]):
             yield RankTable(id="worst-table")
         with Vertical(id="job-node-list", classes="panel"):
             yield NodeTable(id="node-table")
-        with Vertical(id="job-alerts", classes="panel"):
-            yield Static("no job alerts", id="job-alert-list")
+        # Side by side: a fourth panel in a row of its own does not fit 80x24.
+        with Horizontal(id="job-bottom"):
+            with Vertical(id="job-alerts", classes="panel"):
+                yield Static("no job alerts", id="job-alert-list")
+            with Vertical(id="job-slowest", classes="panel"):
+                yield Static(id="job-slowest-list")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#job-spread").border_title = "Across the ranks (! outliers)"
         self.query_one("#job-node-list").border_title = "Nodes (worst first; Enter: its ranks)"
+        self.query_one("#job-slowest").border_title = "Slowest rank over time"
         self.query_one("#job-alerts").border_title = "Job alerts"
         self._title_worst(0)
         self.show_nodes(getattr(self.app, "node_lines", []))
@@ -153,6 +161,8 @@ class ScaleJobScreen(Screen[None]):
             self._title_worst(len(nodes.figures))
             self.query_one(RankTable).show(worst_rows(nodes, alerts, self.node, spread_=spread))
             self.query_one(NodeTable).show(node_rows(nodes, alerts))
+            self.query_one("#job-slowest-list", Static).update(slowest_text(alerts.history))
+            self.query_one("#job-slowest").border_subtitle = judged_words(alerts.history)
             self.query_one("#job-alert-list", Static).update(alert_text(alerts, self.app))
         except NoMatches:
             return False

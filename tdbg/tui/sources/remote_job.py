@@ -10,21 +10,17 @@ connection.
 from __future__ import annotations
 
 import contextlib
-import socket
-import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from tdbg import __version__
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.jobs import job_of, one_job
-from tdbg.connect.node_link import Channel, NodeLink
+from tdbg.connect.jobs import SCALE_FROM, job_size, one_job
+from tdbg.connect.node_link import LOCAL_TDBG, Channel, NodeLink, Spawned, local_target
 from tdbg.connect.nodes import node_targets
-from tdbg.connect.runtime import RunEntry, runtime_dir
 from tdbg.connect.ssh import RemoteOptions, SshGroup
 from tdbg.connect.sshurl import SshTarget
-from tdbg.model.job_nodes import SCALE_FROM
 from tdbg.protocol.messages.node_summary import NodeSummary
 from tdbg.tui.sources.job import JobSource, Notify
 from tdbg.tui.sources.remote import (
@@ -53,10 +49,12 @@ class RemoteJobSource(JobSource):
         versions: dict[str, str] | None = None,
         summaries: bool = False,
         local: Sequence[str] | None = None,
+        spawned: Spawned | None = None,
     ) -> None:
         """``summaries``: each node's bridge sends summaries of its ranks, and a rank's whole
         stream only once subscribed to. ``local``: the command that runs tdbg here, for this
-        machine's ranks read through a bridge of their own (no ssh)."""
+        machine's ranks read through a bridge of their own (no ssh). ``spawned``: that bridge,
+        started already (the first try reads it)."""
         super().__init__(job)
         self.aggregated = summaries
         self.local = None if local is None else list(local)
@@ -73,6 +71,7 @@ class RemoteJobSource(JobSource):
         self._notify: Notify = lambda message: None
         self._said: list[str] | None = None  # the node lines last shown
         self._threads: list[threading.Thread] = []
+        self._spawned = spawned
 
     # --- the worker's side --------------------------------------------------------------------
     def open(self, notify: Notify) -> None:
@@ -94,6 +93,10 @@ class RemoteJobSource(JobSource):
                 announced = True
             self._stop.wait(0.1)
         raise ConnectError("stopped while waiting for the job's ranks")
+
+    def _take_spawned(self) -> Spawned | None:
+        spawned, self._spawned = self._spawned, None
+        return spawned
 
     def _attach_new(self, notify: Notify) -> bool:
         return bool(self._clients)  # the node threads attach ranks as their links bring them
@@ -129,6 +132,7 @@ class RemoteJobSource(JobSource):
                     group=self._ssh,
                     summaries=self.aggregated,
                     local=self.local,
+                    spawned=self._take_spawned(),
                 )
             except ConnectError as exc:
                 self._problem(node, f"{exc}; retrying")
@@ -216,6 +220,9 @@ class RemoteJobSource(JobSource):
     def close(self) -> None:
         super().close()
         self._ssh.stop()
+        spawned = self._take_spawned()  # started for the app, never read: closed with it
+        if spawned is not None:
+            spawned.close()
         for link in list(self.links.values()):
             link.close()
 
@@ -263,20 +270,16 @@ def remote_job_source(
     return RemoteJobSource(job, targets, opts, problems, versions, summaries=large)
 
 
-def job_size(entries: Sequence[RunEntry], job: str) -> int:
-    """The job's world size as its listed ranks say it (else how many are listed)."""
-    ranks = [e for e in entries if job_of(e) == job]
-    sizes = [w for e in ranks if isinstance(w := e.meta.get("world_size"), int)]
-    return max([len(ranks), *sizes])
-
-
-def local_job_source(job: str, directory: Path | None = None) -> RemoteJobSource:
+def local_job_source(
+    job: str, directory: Path | None = None, spawned: Spawned | None = None
+) -> RemoteJobSource:
     """This machine's ranks of ``job`` read through a ``tdbg bridge --job --summaries`` of
     their own, over its stdin/stdout as ssh would carry it: a large local job is aggregated
-    the same way as a node of a multi-node one."""
-    where = str(directory or runtime_dir())
-    target = SshTarget(host=socket.gethostname(), path=where)
-    local = [sys.executable, "-m", "tdbg.cli"]
-    source = RemoteJobSource(job, [target], RemoteOptions(), summaries=True, local=local)
+    the same way as a node of a multi-node one. ``spawned``: that bridge, already started
+    (``spawn_local_bridge``, before the TUI's imports)."""
+    target = local_target(directory)
+    source = RemoteJobSource(
+        job, [target], RemoteOptions(), summaries=True, local=LOCAL_TDBG, spawned=spawned
+    )
     source.label = f"job {job}"
     return source
