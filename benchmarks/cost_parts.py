@@ -9,8 +9,9 @@ it times whole (gradient passes, staging); the micro-batches and the step time b
 probe reports its fixed work at ``1 + budget.FIXED_UNTIMED`` times the first three (what it costs
 the loop beyond what it times: torch calling into it, cold caches), plus the last as it is.
 
-It reads the figures where the probe adds them up (``CostModel._account``), so it changes
-nothing the probe does. It answers "where does the reported cost go" on a real script (issue
+It reads the figures where the probe adds them up (``CostModel._account``; around
+``StepSampler.step`` for a usual CPU step, which has it written out), so it changes nothing the
+probe does. It answers "where does the reported cost go" on a real script (issue
 36: nanoGPT's ``probe 1.5 % > 1 % budget`` on a 28 ms step, benchmarks/README.md); what the
 probe truly costs is ``interleaved.py``'s to measure, on the demo models.
 """
@@ -24,13 +25,14 @@ import statistics
 import sys
 from typing import Any
 
-from tdbg.probe.training import cost_model
+from tdbg.probe.training import cost_model, sampler
 from tdbg.probe.training.hooks import PhaseHooks, perf
 
 # Per step: probe.step()'s own timer, hooks, taps, work timed whole, sampled?, micro, step time.
 _rows: list[tuple[float, float, float, float, bool, int, float]] = []
 _SKIP = 20  # the first steps: plans being built, the interval settling
 _account = cost_model.CostModel._account
+_step = sampler.StepSampler.step
 
 
 def _recording_account(
@@ -42,6 +44,7 @@ def _recording_account(
     hidden: bool,
     micro: int,
 ) -> float:
+    """A step the whole way: its parts where ``_account`` adds them up."""
     _rows.append(
         (
             perf() - t0,
@@ -54,6 +57,23 @@ def _recording_account(
         )
     )
     return _account(self, t0, hooks, step_time, sample, hidden, micro)
+
+
+def _recording_step(
+    self: Any, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float
+) -> None:
+    """A usual CPU step, handed over by ``StepSampler.step`` alone (``_account`` written out
+    there): its parts read around the call, the hooks' and taps' before it takes them, its own
+    time up to its return (a little more than the probe's timer, which stops before the
+    hand-off)."""
+    seen = len(_rows)
+    hook_seconds, tap_seconds, grads = hooks.seconds, self._tap_seconds[0], self._grad_seconds
+    micro = sum(slot.micro for slot in self._slots)
+    last = self._last_host
+    _step(self, loss, samples, tokens, hooks, t0)
+    if len(_rows) == seen:  # not the whole way
+        step_time = t0 - last if last is not None else float("nan")
+        _rows.append((perf() - t0, hook_seconds, tap_seconds, grads, False, micro, step_time))
 
 
 def _report() -> None:
@@ -88,6 +108,7 @@ def main() -> int:
         print(f"cost_parts: no script at {script}", file=sys.stderr)
         return 2
     cost_model.CostModel._account = _recording_account  # type: ignore[method-assign]
+    sampler.StepSampler.step = _recording_step  # type: ignore[method-assign]
     atexit.register(_report)
     sys.argv = sys.argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

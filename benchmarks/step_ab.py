@@ -1,14 +1,14 @@
 """Two versions of ``probe.step()``'s work timed against each other in one run, step by step.
 
-``entry_cost.py`` times ``probe.step()`` to +-0.3 us within a run, but from one run to the
-next this VM moves it by several microseconds (other tenants' load), more than a change to
-its few lines. Here one watched cnn-demo loop (``grad_every=10**9``: the fixed per-step work)
-runs ``StepSampler.step`` as found in two git revisions (``tdbg/probe/training/sampler.py`` at each,
-loaded as modules of their own), alternating per step in A B B A order, and times the whole
-``probe.step()`` call of each. Both run against the working tree's other modules (the hooks,
-the server), so the revisions' samplers must share their interfaces. The loop's graph is
-freed after the timed call, as in ``entry_cost.py``. Printed: each version's median and the
-mean of the paired differences with two standard errors.
+``entry_cost.py`` times ``probe.step()`` to +-0.3 us within a run, but from one run to the next
+this VM moves it by several microseconds (other tenants' load), more than a change to its few
+lines. Here one watched cnn-demo loop (``grad_every=10**9``: the fixed per-step work) runs
+``StepSampler.step`` and the class's other own methods as found in two git revisions
+(``tdbg/probe/training/sampler.py`` at each, loaded as modules of their own), alternating per
+step in A B B A order, and times the whole ``probe.step()`` call of each. Both run against the
+working tree's other modules (the hooks, the server), so the revisions' samplers must share
+their interfaces. The loop's graph is freed after the timed call, as in ``entry_cost.py``.
+Printed: each version's median and the mean of the paired differences with two standard errors.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ SAMPLER = "tdbg/probe/training/sampler.py"
 OLD_SAMPLER = "tdbg/probe/sampler.py"
 
 
-def step_of(revision: str, directory: Path) -> Callable[..., None]:
-    """``StepSampler.step`` as ``revision`` has it (``worktree``: the file as it is now)."""
+def step_of(revision: str, directory: Path) -> dict[str, Callable[..., Any]]:
+    """``StepSampler``'s own methods as ``revision`` has them (``worktree``: the file as it is
+    now): ``step`` and the helpers it calls there (a usual step's short way, the whole way),
+    which differ between revisions; what the mixins define comes from the working tree."""
     if revision == "worktree":
         source = (ROOT / SAMPLER).read_text()
     else:
@@ -70,8 +72,12 @@ def step_of(revision: str, directory: Path) -> Callable[..., None]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    step: Callable[..., None] = module.StepSampler.step
-    return step
+    own = vars(module.StepSampler)
+    return {
+        name: value
+        for name, value in own.items()
+        if isinstance(value, types.FunctionType) and not name.startswith("__")
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,14 +98,18 @@ def main(argv: list[str] | None = None) -> int:
             task.train_step(*pool[i % POOL])
         probe = tdbg.watch(model, optimizer, name="step-ab", grad_every=10**9)
         sampler: Any = probe._sampler
-        bound = [types.MethodType(step, sampler) for step in versions]
+        bound = [
+            {name: types.MethodType(fn, sampler) for name, fn in methods.items()}
+            for methods in versions
+        ]
         for i in range(50):
             probe.step(task.train_step(*pool[i % POOL]))
         clock = time.perf_counter_ns
         times: list[list[int]] = [[], []]
         for i in range(2 * args.pairs):
             version = (i + i // 2) % 2  # A B B A A B ...: neither always goes first
-            sampler.step = bound[version]  # an instance attribute: the same lookup for both
+            for name, method in bound[version].items():
+                setattr(sampler, name, method)  # instance attributes: the same lookup for both
             inputs, targets = pool[i % POOL]
             optimizer.zero_grad(set_to_none=True)
             loss = task.loss_fn(model(inputs), targets)

@@ -174,8 +174,8 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
         sent = handed_over(probe, monkeypatch)
         loop.run(6, probe)
         counted = [p.probe_time for p in sent[2:]]
-        monkeypatch.setattr(cost_model, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
-        monkeypatch.setattr(cost_model, "_PER_STEP", 0.0)  # FIXED_PER_STEP 0
+        monkeypatch.setattr(cost_model, "FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(cost_model, "PER_STEP", 0.0)  # FIXED_PER_STEP 0
         loop.run(6, probe)
         timed = [p.probe_time for p in sent[8:]]
     finally:
@@ -208,8 +208,8 @@ def test_work_the_probe_times_whole_is_not_scaled(
         probe._hooks._mark = probe._sampler._mark = fake_clock
         sent = handed_over(probe, monkeypatch)
         loop.run(4, probe)
-        monkeypatch.setattr(cost_model, "_FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
-        monkeypatch.setattr(cost_model, "_PER_STEP", 0.0)  # FIXED_PER_STEP 0
+        monkeypatch.setattr(cost_model, "FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(cost_model, "PER_STEP", 0.0)  # FIXED_PER_STEP 0
         loop.run(4, probe)
     finally:
         probe.close()
@@ -309,3 +309,53 @@ def test_releasing_the_loop_s_graph_is_not_the_probe_s_cost(
     assert len(sent) == 6 and all(p.micro_batches == 4 for p in sent)
     # 4 releases of 1 ms each step happened, on the training thread, inside the taps' calls.
     assert all(p.probe_time < 0.5e-3 for p in sent[1:]), [p.probe_time for p in sent]
+
+
+def test_the_usual_step_s_short_way_keeps_the_whole_way_s_figures(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
+) -> None:
+    # probe.step() hands a usual CPU step over in one frame, with CostModel._account written
+    # out (each function entered right after the update costs microseconds). The same loop
+    # with every step taken the whole way: the same steps sampled, and to the exact clock the
+    # same probe_time, step time, running averages and interval at every step. (What a
+    # gradient pass costs is partly on the real clock, so only the steps without one.)
+    from tdbg.probe.training import sampler
+
+    whole_way = sampler.StepSampler._step_whole
+    taken: list[int] = []
+
+    def counted(self: Any, *args: Any) -> None:
+        taken.append(self.step_count)
+        whole_way(self, *args)
+
+    runs: list[tuple[list[tuple[int, int, bool]], list[float]]] = []
+    for whole in (False, True):
+        monkeypatch.setattr(sampler.StepSampler, "_step_whole", counted)
+        if whole:
+            monkeypatch.setattr(sampler.StepSampler, "step", whole_way)
+        loop = Loop()
+        probe = tdbg.watch(loop.model, loop.opt)
+        plan: list[tuple[int, int, bool]] = []
+        costs: list[float] = []
+        try:
+            probe._hooks._mark = probe._sampler._mark = fake_clock
+            sent = handed_over(probe, monkeypatch)
+            for _ in range(40):
+                loop.step(probe)
+                s = probe._sampler
+                plan.append((s.step_count, s.grad_interval, s._sample_now))
+                step, _grad, fixed, _spent = s.measured_costs()  # (a pass's: not on this clock)
+                costs.extend((step, fixed))
+        finally:
+            probe.close()
+        assert len(sent) == 40 and any(r.grads is not None for r in sent)
+        for record in sent[1:]:
+            if record.grads is None:
+                costs.extend((record.probe_time, record.step_time))
+        runs.append((plan, costs))
+        if not whole:
+            # The short way took the usual steps: the whole way only the sampled ones.
+            assert 0 < len(taken) < 20
+    (plan, costs), (whole_plan, whole_costs) = runs
+    assert plan == whole_plan
+    assert costs == pytest.approx(whole_costs, rel=1e-9, abs=1e-12)

@@ -26,7 +26,7 @@ from waiting import TIMEOUT
 import tdbg
 from tdbg.connect import runtime
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.probe.serving import connection, server
+from tdbg.probe.serving import clients, connection, server
 from tdbg.protocol import framing, messages
 from tdbg.protocol.framing import MAX_INBOUND_FRAME, MAX_OUTBOUND_FRAME, Decoder, ErrorCode
 from tdbg.protocol.stall import DEFAULT_STALL_RULE, StallRule
@@ -132,7 +132,7 @@ def test_several_clients_get_the_same_steps(runtime_dir: Path) -> None:
 def test_a_ninth_client_gets_busy(runtime_dir: Path) -> None:
     loop = Loop()
     probe, path = serving(loop)
-    readers = [Reader(path) for _ in range(server.MAX_CLIENTS)]
+    readers = [Reader(path) for _ in range(clients.MAX_CLIENTS)]
     assert len(tdbg_threads()) <= 2  # still two with a full house
     with pytest.raises(ConnectError, match="refused.*8 clients"):
         ProbeClient.connect(path)
@@ -146,7 +146,7 @@ def test_a_ninth_client_gets_busy(runtime_dir: Path) -> None:
     for r in readers:
         r.wait(lambda r: len(r.records()) >= 3)
     readers[0].close()
-    wait_until(lambda: len(probe.clients) < server.MAX_CLIENTS)
+    wait_until(lambda: len(probe.clients) < clients.MAX_CLIENTS)
     late = Reader(path)
     late.wait(lambda r: len(r.records()) >= 3)
     for r in [late, *readers[1:]]:

@@ -19,10 +19,11 @@ from tdbg import __version__
 from tdbg.connect.runtime import waiting_pids
 from tdbg.probe.alerts import AlertRules
 from tdbg.probe.log import warn
-from tdbg.probe.serving.commands import CommandDesk, Refused
+from tdbg.probe.serving.clients import ClientLoop
+from tdbg.probe.serving.commands import CommandDesk
 from tdbg.probe.serving.connection import Buckets, Connection
 from tdbg.probe.serving.console_feed import ConsoleFeed
-from tdbg.probe.serving.endpoint import Endpoint, EndpointError, peer_credentials
+from tdbg.probe.serving.endpoint import Endpoint, EndpointError
 from tdbg.probe.serving.history import History
 from tdbg.probe.serving.metric_alerts import nonfinite_metric_alerts
 from tdbg.probe.serving.nan_origin import KIND as ORIGIN_KIND
@@ -34,11 +35,9 @@ from tdbg.probe.serving.system import SystemSampler
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.metrics import MetricsHistory, PendingMetrics
 from tdbg.probe.training.pending import USUAL_EXTRAS, PendingStep, UsualStep, usual_record
-from tdbg.protocol.framing import ErrorCode, ProtocolError, negotiate, pack, preamble
+from tdbg.protocol.framing import ProtocolError, negotiate, pack
 from tdbg.protocol.messages import (
-    COMMANDS,
     Layers,
-    Pong,
     ProbeHealth,
     ProbeStats,
     RunInfo,
@@ -46,10 +45,8 @@ from tdbg.protocol.messages import (
     System,
     WatchedOptimizer,
     bye_message,
-    error_message,
     layers_message,
     metrics_message,
-    validate_client_message,
     welcome_message,
 )
 from tdbg.protocol.messages.alert import STUCK_AT, Alert
@@ -58,12 +55,9 @@ from tdbg.protocol.steps import StepRecord, pack_steps
 TICK_SECONDS = 0.1  # steps are batched and fanned out at 10 Hz
 STATS_SECONDS = 1.0  # system and probe messages
 INODE_CHECK_SECONDS = 10.0
-MAX_CLIENTS = 8
 MAX_RESOLVE_PER_TICK = 2000
-MAX_MESSAGES_PER_READ = 128  # far above any real client's batch; a flood is dropped
 LIVE_FRAME_BYTES = 2 << 20  # a live steps frame is split to stay well under the 4 MiB cap
 MAX_EVENTS_PER_TICK = 256  # job and activation messages sent per wakeup
-GOODBYE_SECONDS = 5.0  # a dropped client's bye waits this long for it to read again
 # How long stopping waits for the probe's threads to finish what they are doing (the last tick,
 # the recording's end, a dive's analysis). Normally milliseconds; the bound is for a stuck
 # thread. It is generous because a thread still inside a torch call when the interpreter exits
@@ -83,7 +77,7 @@ METRICS_PER_FRAME = 5000  # points: well under the 4 MiB frame with 64-character
 NONFINITE_ALERTS = frozenset({"nonfinite_loss", "nonfinite_grad", ORIGIN_KIND})
 
 
-class ProbeServer:
+class ProbeServer(ClientLoop):
     """Owns the socket, the history and the probe thread(s); the training thread only appends
     to ``handoff`` (:class:`Inbox`: bounded deques, appending never blocks)."""
 
@@ -292,10 +286,6 @@ class ProbeServer:
     def socket_path(self) -> str | None:
         return None if self.endpoint.path is None else str(self.endpoint.path)
 
-    def wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x", socket.MSG_DONTWAIT)
-
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Send bye, close everything, unlink our files; never waits longer than ``timeout``.
 
@@ -464,185 +454,6 @@ class ProbeServer:
                 return
             if at_stop:
                 self._run_work(fn)
-
-    def _on_ready(self, key: selectors.SelectorKey, mask: int) -> None:
-        if key.data == "listen":
-            self._accept()
-        elif key.data == "wake":
-            with contextlib.suppress(OSError):
-                self._wake_r.recv(4096)
-        else:
-            conn: Connection = key.data
-            if conn.closing_until is not None:  # dropped: only its goodbye still goes out
-                if mask & selectors.EVENT_READ:
-                    with contextlib.suppress(OSError):
-                        conn.sock.recv(65536)
-                self._flush_goodbyes(time.monotonic())
-                return
-            if mask & selectors.EVENT_READ:
-                self._read(conn)
-            if not conn.closed and mask & selectors.EVENT_WRITE:
-                self._flush(conn)
-
-    def _accept(self) -> None:
-        listener = self.endpoint.listener
-        if listener is None:
-            return
-        for _ in range(MAX_CLIENTS * 2):
-            try:
-                sock, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self._on_error(exc)
-                return
-            try:
-                pid, uid, _gid = peer_credentials(sock)
-            except (OSError, AttributeError):  # no SO_PEERCRED here: nobody is let in
-                sock.close()
-                continue
-            if uid != os.geteuid():  # closed before a byte is read
-                self.rejected_peers += 1
-                warn(f"tdbg: refused a connection from uid {uid} (pid {pid})")
-                sock.close()
-                continue
-            sock.setblocking(False)
-            conn = Connection(sock, pid)
-            conn.bucket = self._buckets.of(pid)  # its rate limit survives reconnecting
-            conn.append(preamble())
-            if len(self._clients) >= MAX_CLIENTS:
-                busy = f"this probe already serves {MAX_CLIENTS} clients"
-                conn.append(pack(error_message(ErrorCode.BUSY, 0, busy)))
-                conn.flush()
-                conn.close()
-                continue
-            self._clients.append(conn)
-            self._selector.register(sock, selectors.EVENT_READ, conn)
-            self._flush(conn)
-
-    def _drop(self, conn: Connection, reason: str | None = None) -> None:
-        if conn.closed:
-            return
-        with contextlib.suppress(ValueError):
-            self._clients.remove(conn)
-        if reason:
-            conn.goodbye(pack(bye_message(reason)))
-        # Best effort, non-blocking: an error reply queued just before (UNSUPPORTED_VERSION,
-        # BAD_FRAME, ...) must reach the peer before the close (guarantees: wire).
-        if conn.flush() and reason and conn.outbuf and len(self._closing) < MAX_CLIENTS:
-            # The kernel's buffer is full (a client that stopped reading): its goodbye waits
-            # behind the frame in flight for GOODBYE_SECONDS, in case the client reads again.
-            conn.closing_until = time.monotonic() + GOODBYE_SECONDS
-            self._closing.append(conn)
-            return
-        self._close(conn)
-
-    def _close(self, conn: Connection) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(conn.sock)
-        conn.close()
-
-    def _flush_goodbyes(self, now: float) -> None:
-        for conn in list(self._closing):
-            done = not conn.flush() or not conn.outbuf
-            if done or now > (conn.closing_until or 0.0):
-                self._closing.remove(conn)
-                self._close(conn)
-
-    def _flush(self, conn: Connection) -> None:
-        if not conn.flush():
-            self._drop(conn)
-            return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
-        with contextlib.suppress(KeyError, ValueError):
-            if self._selector.get_key(conn.sock).events != events:
-                self._selector.modify(conn.sock, events, conn)
-
-    def _read(self, conn: Connection) -> None:
-        try:
-            chunk = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._drop(conn)
-            return
-        if not chunk:
-            self._drop(conn)
-            return
-        try:
-            messages = conn.decoder.feed(chunk)
-        except ProtocolError as exc:
-            # The stream can no longer be framed: say why, then close.
-            self._reply_error(conn, exc.code, 0, str(exc))
-            self._drop(conn)
-            return
-        if len(messages) > MAX_MESSAGES_PER_READ:
-            # A legitimate client never batches this much; decoding more would only burn the
-            # probe thread's GIL time.
-            self._reply_error(conn, ErrorCode.RATE_LIMITED, 0, "too many messages at once")
-            self._drop(conn)
-            return
-        for message in messages:
-            if conn.closed:
-                return
-            self._handle(conn, message)
-        if not conn.closed:
-            self._flush(conn)
-
-    def _reply_error(self, conn: Connection, code: str, mid: Any, message: str) -> None:
-        conn.append(pack(error_message(code, mid if isinstance(mid, int) else 0, message)))
-
-    def _handle(self, conn: Connection, message: dict[str, Any]) -> None:
-        mid = message.get("id", 0)
-        try:
-            validate_client_message(message)
-        except ProtocolError as exc:
-            self._reply_error(conn, exc.code, mid, str(exc))
-            if not conn.handshaken or conn.count_error():
-                self._drop(conn)
-            return
-        mtype = message["type"]
-        if not conn.handshaken:
-            if mtype != "hello":
-                self._reply_error(
-                    conn, ErrorCode.BAD_MESSAGE, mid, "the first message must be hello"
-                )
-                self._drop(conn)
-                return
-            self._welcome(conn, message["args"], mid)
-            return
-        if not conn.take_token():
-            self._reply_error(conn, ErrorCode.RATE_LIMITED, mid, "more than 20 messages/s")
-            if conn.count_rate_limited():  # refused, yet it keeps flooding: close it
-                self._drop(conn)
-            return
-        if mtype == "ping":
-            pong: Pong = {"type": "pong", "id": mid}
-            conn.queue(pack(pong))
-        elif mtype in COMMANDS:
-            self._command(conn, mtype, mid, message["args"])
-        elif mtype == "bye":
-            self._drop(conn)
-        else:  # a known type that is not valid after the handshake (a second hello)
-            self._reply_error(conn, ErrorCode.BAD_MESSAGE, mid, f"unexpected {mtype}")
-            if conn.count_error():
-                self._drop(conn)
-
-    def _command(self, conn: Connection, command: str, mid: int, args: dict[str, Any]) -> None:
-        if self.desk is None:
-            self._reply_error(conn, ErrorCode.UNAVAILABLE, mid, "this probe takes no commands")
-            return
-        try:
-            ack = self.desk.submit(command, args, (conn.peer_pid, os.geteuid()), "manual")
-        except Refused as exc:
-            self._reply_error(conn, exc.code, mid, str(exc))
-            return
-        except Exception as exc:  # a handler's bug is the client's INTERNAL, nothing more
-            self._on_error(exc)
-            self._reply_error(conn, ErrorCode.INTERNAL, mid, f"internal error: {exc}"[:300])
-            return
-        conn.queue(pack(replace(ack, id=mid).to_wire()))
-        self.wake()
 
     def _welcome(self, conn: Connection, args: dict[str, Any], mid: int) -> None:
         try:

@@ -10,8 +10,8 @@ from tdbg.probe.training.hooks import PhaseHooks, perf
 from tdbg.probe.training.sampler_state import NAN, SamplerState
 from tdbg.protocol.steps import MAX_PHASE_GAP
 
-_FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
-_PER_STEP = FIXED_PER_STEP  # and what each step costs it beyond that (the probe thread's work)
+FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
+PER_STEP = FIXED_PER_STEP  # and what each step costs it beyond that (the probe thread's work)
 EMA = 0.1  # weight of the newest value in the running averages of step time and costs
 # Weight of the newest step in the probe's spent fraction (its time over the step's): ~100
 # steps' memory, like the 200-step window of the cost_fraction it reports.
@@ -58,7 +58,7 @@ class CostModel(SamplerState):
         # (budget.FIXED_PER_STEP). Work timed whole is counted as timed.
         # (A conditional, not max(): a builtin's first call here costs microseconds.)
         untimed = timed - self._grad_seconds
-        fixed = untimed * _FIXED_SCALE + _PER_STEP if untimed > 0.0 else _PER_STEP
+        fixed = untimed * FIXED_SCALE + PER_STEP if untimed > 0.0 else PER_STEP
         probe_time = host_time = self._grad_seconds + fixed
         if hidden and (sample is None or self._grad_device_cost > 0.0):
             # A GPU-bound step: the host's work costs the step nothing (the device sets its
@@ -106,12 +106,14 @@ class CostModel(SamplerState):
         if self.grad_every is not None:
             self.grad_interval = self.grad_every
         elif since >= self.grad_interval or sample is not None or self.step_count % 8 == 0:
-            step, grad, fixed_cost, spent = self.measured_costs()
-            self.grad_interval = gradient_interval(
-                step, grad, fixed_cost, self.overhead_budget, spent
-            )
+            self._replan()
         self._sample_now = since >= self.grad_interval
         return probe_time
+
+    def _replan(self) -> None:
+        """Work the gradient interval out again from the running averages."""
+        step, grad, fixed_cost, spent = self.measured_costs()
+        self.grad_interval = gradient_interval(step, grad, fixed_cost, self.overhead_budget, spent)
 
     def _plan_marks(self, hooks: PhaseHooks) -> None:
         """Whether the next step of a GPU run has its phases timed (CUDA events) or marked

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from tdbg.probe.training import taps
-from tdbg.probe.training.cost_model import CostModel
+from tdbg.probe.training import cost_model, taps
+from tdbg.probe.training.cost_model import EMA, SPENT_EMA, CostModel
 from tdbg.probe.training.epochs import EpochCounter
 from tdbg.probe.training.grad_passes import GradientPasses
 from tdbg.probe.training.gradients import Layer
@@ -109,48 +109,15 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
     def step(self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float) -> None:
         """One ``probe.step()``: hand the step to the probe thread, sample gradients if due.
         ``t0``: when the caller's ``probe.step()`` began (its clock: ``perf``), the start of
-        the probe's cost and of the step's time."""
-        if self._iterating is not None:
-            self._note_loader()
-        if not self._handoff.open:
-            self._drop_unread_step(hooks)
-            return
-        # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
-        step_time = NAN if self._last_host is None else t0 - self._last_host
-        self._last_host = t0
-        end = None
-        if not self._hand_usual_step(loss, samples, tokens, hooks, t0, step_time):
-            end = self._hand_whole_step(loss, samples, tokens, hooks, t0, step_time)
-        # The last scalar backpropagated, released after the probe timed itself: where the
-        # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
-        self._last_held = None
-        if HELD:
-            HELD.clear()  # nothing of the loop's held past its step (normally empty here)
-        if self._cuda_device is not None:
-            self._plan_marks(hooks)
-        # The step ends here, after all its work (else the rest would count as the next
-        # step's wait for data).
-        self._previous_end = end if end is not None else self._mark()
+        the probe's cost and of the step's time.
 
-    def _drop_unread_step(self, hooks: PhaseHooks) -> None:
-        """Nobody can ever read what this step would record: keep nothing, compute nothing."""
-        self.step_count += 1
-        self._sample_now = False
-        if self._cuda_device is not None:  # no CUDA event for a step nobody reads
-            self.use_marks(hooks, False)
-        self.forget_step()
-        hooks.take()
-        hooks.seconds = 0.0
-        taps.take_seconds()
-
-    def _hand_usual_step(
-        self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float, step_time: float
-    ) -> bool:
-        """Hand over the usual step of a CPU run as its values, if this is one (else False,
-        nothing done): one optimizer updated once, no gradient pass due or forced, nothing rare
-        to hand on, its loss known as a number. The probe thread builds the step from them
-        (pending.usual_step): each Python function entered and each object touched here, right
-        after the update, costs microseconds (the loop's kernels have evicted them)."""
+        The usual step of a CPU run is handed over here, in this one frame, as its values: one
+        optimizer updated once, no gradient pass due or forced, nothing rare to hand on, its
+        loss known as a number; the probe thread builds the step from them
+        (pending.usual_step). Each Python function entered and each object touched here, right
+        after the update, costs microseconds (the loop's kernels have evicted them): the
+        bookkeeping (``hooks.take()``, ``CostModel._account``) is written out. Any other step
+        goes the whole way (:meth:`_step_whole`), which also checks what this one assumes."""
         slots = self._slots
         if (
             len(slots) != 1
@@ -158,6 +125,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             or self._sample_now
             or self._forced
             or self._amp_skip
+            or self._iterating is not None
             or self._pending_loss is not None
             or self._stray is not None
             or self._clip is not None
@@ -165,8 +133,10 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             or self._forward_origin is not None
             or self._skipped_layers is not None
             or self._changed_layers is not None
+            or not self._handoff.open
         ):
-            return False
+            self._step_whole(loss, samples, tokens, hooks, t0)
+            return
         slot = slots[0]
         value = slot.loss  # None: no update since the last step (or its step() raised)
         micro = slot.micro
@@ -174,7 +144,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             if micro > 1 and type(loss) is not float:
                 # Maybe the last micro-batch's scalar (or a view of it), not the update's
                 # loss: the whole way tells them apart.
-                return False
+                self._step_whole(loss, samples, tokens, hooks, t0)
+                return
             if loss is self._last_held and self._last_value is not None:
                 value = self._last_value  # the very scalar backpropagated, read before
             else:
@@ -183,8 +154,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         # A CPU scalar tensor without a graph (``loss.detach()``) is read on the probe thread,
         # as the whole way's is; one with a graph goes the whole way (detached there). So do
         # counts that are not plain ones, and a loss that is not a scalar: what is reported of
-        # them says the step it came with. Any other step goes the whole way, which also
-        # checks what this one assumes.
+        # them says the step it came with.
         if not (
             lrs is not None
             and len(lrs) <= MAX_LR_COLUMNS
@@ -201,8 +171,13 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 )
             )
         ):
-            return False
-        # hooks.take(), written out: each function entered after the update costs microseconds.
+            self._step_whole(loss, samples, tokens, hooks, t0)
+            return
+        # Start to start, so the step includes probe.step() itself.
+        last_host = self._last_host
+        step_time = NAN if last_host is None else t0 - last_host
+        self._last_host = t0
+        # hooks.take(), written out.
         timeline = hooks.timeline
         hooks.timeline = StepTimeline()
         hooks.updating = False  # also after a step() that raised between the hooks
@@ -216,13 +191,44 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._micro = self._stray_micro = 0
         self._pending_nonfinite = False
         self._last_backward = self._last_kept = self._last_value = None
-        previous_end = self._previous_end
-        probe_time = self._account(t0, hooks, step_time, None, False, micro)
+        # CostModel._account for a step without a gradient pass, on the CPU, written out (its
+        # comments say why each line is there; tests/probe/test_budget.py holds the two to
+        # the same figures).
+        self._pass_batches += micro or 1
+        count = self.step_count + 1
+        self.step_count = count
+        hook_seconds, hooks.seconds = hooks.seconds, 0.0
+        tap_seconds = self._tap_seconds
+        timed = (perf() - t0) + hook_seconds + tap_seconds[0]
+        tap_seconds[0] = 0.0
+        grad_seconds = self._grad_seconds
+        untimed = timed - grad_seconds
+        per_step = cost_model.PER_STEP
+        probe_time = grad_seconds + (
+            untimed * cost_model.FIXED_SCALE + per_step if untimed > 0.0 else per_step
+        )
+        self._grad_seconds = 0.0
+        fixed_cost = self._fixed_cost
+        self._fixed_cost = (
+            probe_time if fixed_cost == 0.0 else (1 - EMA) * fixed_cost + EMA * probe_time
+        )
+        self._replanned = False
+        if step_time == step_time and step_time > 0:
+            ema = self._step_ema
+            self._step_ema = step_time if ema == 0.0 else (1 - EMA) * ema + EMA * step_time
+            self._spent_probe = (1 - SPENT_EMA) * self._spent_probe + SPENT_EMA * probe_time
+            self._spent_step = (1 - SPENT_EMA) * self._spent_step + SPENT_EMA * step_time
+        since = count - self._last_sampled
+        if self.grad_every is not None:
+            self.grad_interval = self.grad_every
+        elif since >= self.grad_interval or count % 8 == 0:
+            self._replan()
+        self._sample_now = since >= self.grad_interval
         # To the probe thread: a bounded deque, never blocks (the oldest dropped when full).
         handoff = self._handoff
         handoff.steps.append(
             (
-                self.step_count - 1,
+                count - 1,
                 t0,
                 value,
                 micro,
@@ -231,13 +237,51 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 lrs,
                 step_time,
                 timeline,
-                previous_end,
+                self._previous_end,
                 self.epoch,
                 probe_time,
             )
         )
         handoff.appended += 1
-        return True
+        # The last scalar backpropagated, released after the probe timed itself: where the
+        # loop dropped it already, its graph is freed here, the loop's work, not the probe's.
+        self._last_held = None
+        if HELD:
+            HELD.clear()  # nothing of the loop's held past its step (normally empty here)
+        # The step ends here, after all its work (else the rest would count as the next
+        # step's wait for data).
+        self._previous_end = perf()
+
+    def _step_whole(
+        self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float
+    ) -> None:
+        """Any step that is not a usual CPU one, the whole way (see :meth:`step`)."""
+        if self._iterating is not None:
+            self._note_loader()
+        if not self._handoff.open:
+            self._drop_unread_step(hooks)
+            return
+        # Start to start, so the step includes probe.step() itself (and a gradient pass in it).
+        step_time = NAN if self._last_host is None else t0 - self._last_host
+        self._last_host = t0
+        end = self._hand_whole_step(loss, samples, tokens, hooks, t0, step_time)
+        self._last_held = None
+        if HELD:
+            HELD.clear()
+        if self._cuda_device is not None:
+            self._plan_marks(hooks)
+        self._previous_end = end if end is not None else self._mark()
+
+    def _drop_unread_step(self, hooks: PhaseHooks) -> None:
+        """Nobody can ever read what this step would record: keep nothing, compute nothing."""
+        self.step_count += 1
+        self._sample_now = False
+        if self._cuda_device is not None:  # no CUDA event for a step nobody reads
+            self.use_marks(hooks, False)
+        self.forget_step()
+        hooks.take()
+        hooks.seconds = 0.0
+        taps.take_seconds()
 
     def _hand_whole_step(
         self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float, step_time: float
