@@ -1,0 +1,118 @@
+"""The default console capture, in this process: sys.stdout and sys.stderr teed after the real
+write, the probe thread's pump cutting lines, a flood bounded and counted, everything given back."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tdbg.probe import console_stream
+from tdbg.probe.console_stream import StreamTee, TeeStream
+
+
+@contextmanager
+def swapped() -> Iterator[tuple[io.StringIO, io.StringIO]]:
+    """sys.stdout and sys.stderr as two files of our own (inside the test: pytest swaps its own
+    capture in between the fixtures and the test)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err = io.StringIO(), io.StringIO()
+    try:
+        yield out, err
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def test_writes_reach_the_stream_first_and_the_ring_at_the_pump() -> None:
+    with swapped() as streams:
+        out, err = streams
+        tee = StreamTee()
+        assert tee.start()
+        try:
+            assert isinstance(sys.stdout, TeeStream) and sys.stdout.fileno is not None
+            print("héllo")
+            print("warn", file=sys.stderr)
+            sys.stdout.writelines(["a\n", "b"])
+            sys.stderr.write("\r 50%\r100%")
+            # The real streams have it all at once; the ring only at the probe thread's pump.
+            assert out.getvalue() == "héllo\na\nb" and err.getvalue() == "warn\n\r 50%\r100%"
+            assert tee.total == 0
+            tee.pump()
+            first, lines, still_open = tee.since(0)
+            assert first == 0 and sorted(lines) == [(1, b"a"), (1, "héllo".encode()), (2, b"warn")]
+            assert still_open == {1: b"b", 2: b"100%"}
+        finally:
+            tee.stop()
+        assert sys.stdout is out and sys.stderr is err
+        assert [line for _, line in tee.since(0)[1]][-2:] in ([b"b", b"100%"], [b"100%", b"b"])
+
+
+def test_a_failed_write_raises_as_it_would_and_keeps_nothing() -> None:
+    with swapped() as streams:
+        tee = StreamTee()
+        assert tee.start()
+        try:
+            with pytest.raises(TypeError):
+                sys.stdout.write(b"bytes")  # type: ignore[arg-type]
+            streams[0].close()
+            with pytest.raises(ValueError, match="closed"):
+                print("to a closed file")
+            tee.pump()
+            assert tee.total == 0 and tee.open == {}
+        finally:
+            tee.stop()
+
+
+def test_a_flood_between_two_pumps_keeps_the_newest_and_counts_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with swapped() as streams:
+        monkeypatch.setattr(console_stream, "INBOX_WRITES", 100)
+        tee = StreamTee()
+        assert tee.start()
+        try:
+            for i in range(1000):
+                print(f"line {i}")  # two writes each: the inbox holds the newest 50 lines
+            assert len(sys.stdout._inbox) == 100  # type: ignore[attr-defined]
+            tee.pump()
+            first, lines, _ = tee.since(0)
+            assert tee.total == 1000 and first == 950
+            assert [text for _, text in lines] == [b"line %d" % i for i in range(950, 1000)]
+            # A huge write keeps its end; what came before it in the inbox is counted dropped.
+            print("kept")
+            sys.stdout.write("".join(f"big {i}\n" for i in range(20_000)))
+            tee.pump()
+            first, lines, _ = tee.since(1000)
+            assert tee.total == 21_001 and lines[-1] == (1, b"big 19999")
+            assert first == 21_001 - len(lines) and len(lines) < 20_000
+            assert streams[0].getvalue().count("\n") == 21_001  # the stream got every byte
+        finally:
+            tee.stop()
+
+
+def test_log_handlers_made_before_write_through_it_and_are_given_back() -> None:
+    with swapped() as streams:
+        _, err = streams
+        handler = logging.StreamHandler()  # sys.stderr, before the tee
+        logger = logging.getLogger("tdbg-test-console-stream")
+        logger.addHandler(handler)
+        logger.propagate = False
+        tee = StreamTee()
+        assert tee.start()
+        held = sys.stderr
+        try:
+            logger.warning("a warning")
+            tee.pump()
+            assert tee.since(0)[1] == [(2, b"a warning")] and err.getvalue() == "a warning\n"
+        finally:
+            tee.stop()
+            logger.removeHandler(handler)
+        assert handler.stream is err
+        # Someone who kept the tee (a progress bar made meanwhile) writes straight through.
+        held.write("after\n")
+        tee.pump()
+        assert err.getvalue().endswith("after\n") and tee.total == 1
