@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +119,31 @@ def test_log_handlers_made_before_write_through_it_and_are_given_back() -> None:
         held.write("after\n")
         tee.pump()
         assert err.getvalue().endswith("after\n") and tee.total == 1
+
+
+THREADS = r"""
+import sys, threading, torch, tdbg
+from tdbg.probe import console
+m = torch.nn.Linear(4, 1)
+probe = tdbg.watch(m, torch.optim.SGD(m.parameters(), 0.1))
+print("printed")
+names = sorted(t.name for t in threading.enumerate() if t.name.startswith("tdbg-"))
+tee = console.current()
+print(names, type(sys.stdout).__name__, tee is not None and tee.kind, file=sys.stderr)
+probe.close()
+print(type(sys.stdout).__name__, file=sys.stderr)
+"""
+
+
+def test_the_default_capture_adds_no_thread(tmp_path: Path) -> None:
+    """Two tdbg-* threads with the console captured, as without (the probe thread pumps)."""
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(tmp_path))
+    del env["TDBG_CONSOLE"]
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "printed\n"
+    during, after = out.stderr.splitlines()[-2:]
+    assert during == "['tdbg-sampler', 'tdbg-server'] TeeStream python", out.stderr
+    assert after == "TextIOWrapper"  # given back at close
