@@ -13,7 +13,8 @@ between two ticks costs the writer one ``popleft`` more a write, and memory stay
 
 What it does not see: C-level writes to fds 1 and 2 (torch's C++ warnings, NCCL, faulthandler),
 child processes, forked workers (their copy passes writes through, nothing kept), and code that
-writes to ``sys.__stdout__`` or held ``sys.stdout.write`` from before. ``TDBG_CONSOLE=fd`` captures
+writes bytes to ``sys.stdout.buffer``, writes to ``sys.__stdout__`` or held ``sys.stdout.write``
+from before. ``TDBG_CONSOLE=fd`` captures
 at the fd level instead (:mod:`tdbg.probe.console_tee`).
 """
 
@@ -220,10 +221,13 @@ class StreamTee(ConsoleRing):
         self._moved.clear()
 
     def forget_after_fork(self) -> None:
-        """In a forked child: nobody pumps its inbox; its writes pass through, nothing kept."""
+        """In a forked child: nobody pumps its inbox; its writes pass through, nothing kept, and
+        its own streams are the real ones again (a probe it starts captures afresh)."""
         self.running = False
-        for _, tee, _ in self._installed:
+        for name, tee, real in self._installed:
             tee.pass_through()
+            if getattr(sys, name, None) is tee:
+                setattr(sys, name, real)
         for lane in self._lanes:
             lane.inbox.clear()
 

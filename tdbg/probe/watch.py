@@ -349,6 +349,7 @@ class Probe:
                 taps.detach(self._sampler)
                 self._sampler.forget_step()  # nothing of the loop's held on
                 self._dives.close("the probe switched itself off")
+                self._release_console()  # nobody takes the lines any more: stop keeping them
             return
         ident = _thread_id()
         if self._server.training_thread != ident:
@@ -507,14 +508,18 @@ class Probe:
                 self._oom_stacks = False
                 oom.stop_stacks()  # what this probe turned on, and only that
             if os.getpid() == self._pid:
-                if self._console is not None:
-                    # The last lines printed reach the final tick; the fds are given back
-                    # when no other probe holds the capture.
-                    console.release(self._console)
+                self._release_console()
                 self._server.stop()
         except Exception as exc:  # closing must never raise into the caller (or atexit)
             warn(f"tdbg: error while closing the probe: {exc}")
         _live.discard(self)
+
+    def _release_console(self) -> None:
+        """The last lines printed reach the final tick; stdout and stderr are given back when no
+        other probe (nor ``tdbg run``) holds the capture."""
+        held, self._console = self._console, None
+        if held is not None:
+            console.release(held)
 
     def __enter__(self) -> Probe:
         return self

@@ -122,7 +122,7 @@ def test_log_handlers_made_before_write_through_it_and_are_given_back() -> None:
 
 
 THREADS = r"""
-import sys, threading, torch, tdbg
+import os, sys, threading, torch, tdbg
 from tdbg.probe import console
 m = torch.nn.Linear(4, 1)
 probe = tdbg.watch(m, torch.optim.SGD(m.parameters(), 0.1))
@@ -130,13 +130,21 @@ print("printed")
 names = sorted(t.name for t in threading.enumerate() if t.name.startswith("tdbg-"))
 tee = console.current()
 print(names, type(sys.stdout).__name__, tee is not None and tee.kind, file=sys.stderr)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # a forked worker: its own streams again, nothing kept for nobody
+    os.write(w, type(sys.stdout).__name__.encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print("forked child", os.read(r, 100).decode(), file=sys.stderr)
 probe.close()
 print(type(sys.stdout).__name__, file=sys.stderr)
 """
 
 
 def test_the_default_capture_adds_no_thread(tmp_path: Path) -> None:
-    """Two tdbg-* threads with the console captured, as without (the probe thread pumps)."""
+    """Two tdbg-* threads with the console captured, as without (the probe thread pumps); a
+    forked child gets the real streams back; closing the probe gives them back."""
     env = dict(os.environ, TDBG_RUNTIME_DIR=str(tmp_path))
     del env["TDBG_CONSOLE"]
     out = subprocess.run(
@@ -144,6 +152,7 @@ def test_the_default_capture_adds_no_thread(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout == "printed\n"
-    during, after = out.stderr.splitlines()[-2:]
+    during, child, after = out.stderr.splitlines()[-3:]
     assert during == "['tdbg-sampler', 'tdbg-server'] TeeStream python", out.stderr
+    assert child == "forked child TextIOWrapper"
     assert after == "TextIOWrapper"  # given back at close
