@@ -7,9 +7,10 @@ inbox: a ``deque`` append, no lock, no copy, no system call. The probe thread ta
 each tick (:meth:`StreamTee.pump`) and cuts it into the ring's lines. Nothing else changes: fds 1
 and 2, ``isatty()``, the buffering, the terminal's window size are the real stream's own.
 
-Bounded: the inbox holds at most ``INBOX_WRITES`` writes (print makes two a line), a write at most
-``MAX_WRITE`` characters; past that the oldest are dropped and their lines counted, so a flood
-between two ticks costs the writer one ``popleft`` more a write, and memory stays bounded.
+Bounded: what waits for the probe thread is at most ``INBOX_BUDGET`` (the characters written plus
+``WRITE_COST`` a write: 8 MB holds ~40,000 printed lines, a tick of any flood a terminal or a file
+takes); past that the oldest writes are dropped and their lines counted, and one write keeps at
+most its last ``MAX_WRITE`` characters. A writer pays a deque append and two integer updates.
 
 What it does not see: C-level writes to fds 1 and 2 (torch's C++ warnings, NCCL, faulthandler),
 child processes, forked workers (their copy passes writes through, nothing kept), and code that
@@ -30,8 +31,11 @@ from typing import Any
 
 from tdbg.probe.console_ring import RING_LINES, ConsoleRing
 
-INBOX_WRITES = 8192  # writes held between two ticks of the probe thread (print: two a line)
-MAX_WRITE = 1 << 16  # characters kept of one write: its end (its earlier lines counted dropped)
+INBOX_BUDGET = (
+    8 << 20
+)  # what waits for the probe thread's tick: characters, plus WRITE_COST a write
+WRITE_COST = 64  # a small write's own cost in memory (its str object, its deque slot)
+MAX_WRITE = 1 << 20  # characters kept of one write: its end (its earlier lines counted dropped)
 STDOUT, STDERR = 1, 2
 
 
@@ -43,6 +47,9 @@ class _Lane:
     inbox: deque[Any] = field(default_factory=deque)
     pending: bytes = b""  # the line not finished yet (the probe thread's)
     dropped: int = 0  # lines dropped from the inbox since the last pump (a flood)
+    # What the inbox holds, in INBOX_BUDGET's units: updated by writers without a lock (a lost
+    # update between two threads is possible), so the probe thread recounts it at each pump.
+    held: int = 0
 
 
 class TeeStream:
@@ -60,27 +67,39 @@ class TeeStream:
 
     def _tee(self, text: Any) -> Any:
         n = self._real_write(text)  # first, as it was: raises as it would, nothing kept then
-        inbox = self._inbox
-        if len(inbox) < INBOX_WRITES and len(text) <= MAX_WRITE:
-            inbox.append(text)
-        else:
-            self._spill(text)
+        try:
+            lane = self._lane
+            size = len(text) + WRITE_COST
+            if lane.held + size <= INBOX_BUDGET:
+                lane.held += size
+                self._inbox.append(text)
+            else:
+                self._spill(text)
+        except Exception:  # a stream that took what has no len(): written, not kept
+            pass
         return n
 
     def _spill(self, text: Any) -> None:
         """The inbox is full (a flood between two ticks) or the write is huge: keep the newest,
         count the lines of what is dropped."""
         lane, inbox = self._lane, self._inbox
-        with contextlib.suppress(Exception):
+        try:
             if len(text) > MAX_WRITE:
                 # What came before this write's end is dropped too: the gap stays in one place.
-                lane.dropped += _newlines(text[:-MAX_WRITE])
+                lane.dropped += text.count("\n", 0, len(text) - MAX_WRITE)
                 text = text[-MAX_WRITE:]
                 while inbox:
-                    lane.dropped += _newlines(inbox.popleft())
-            while len(inbox) >= INBOX_WRITES:
-                lane.dropped += _newlines(inbox.popleft())
-            inbox.append(text)
+                    lane.dropped += inbox.popleft().count("\n")
+                lane.held = 0
+            size = len(text) + WRITE_COST
+            while inbox and lane.held + size > INBOX_BUDGET:
+                old = inbox.popleft()
+                lane.held -= len(old) + WRITE_COST
+                lane.dropped += old.count("\n")
+        except Exception:  # the probe thread took the inbox meanwhile; bytes have no "\n" str
+            pass
+        lane.held += len(text) + WRITE_COST
+        inbox.append(text)
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
@@ -92,13 +111,6 @@ class TeeStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
-
-
-def _newlines(text: Any) -> int:
-    try:
-        return int(text.count("\n"))
-    except Exception:
-        return 0
 
 
 def _same_file(a: Any, b: Any) -> bool:
@@ -185,6 +197,8 @@ class StreamTee(ConsoleRing):
                 with contextlib.suppress(IndexError):
                     for _ in range(len(inbox)):  # not what writers add meanwhile: next tick
                         items.append(inbox.popleft())
+                rest = list(inbox)  # one C call: what was written since, counted afresh
+                lane.held = sum(map(len, rest)) + WRITE_COST * len(rest)
                 if items:
                     try:
                         text = "".join(items)

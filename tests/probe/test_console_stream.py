@@ -74,12 +74,16 @@ def test_a_flood_between_two_pumps_keeps_the_newest_and_counts_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with swapped() as streams:
-        monkeypatch.setattr(console_stream, "INBOX_WRITES", 100)
+        # Room for the newest 50 printed lines of 8 characters: two writes each (the text,
+        # then "\n"), each counted with its cost; a write keeps at most 4,000 characters.
+        line = 2 * console_stream.WRITE_COST + len("line 999\n")
+        monkeypatch.setattr(console_stream, "INBOX_BUDGET", 50 * line)
+        monkeypatch.setattr(console_stream, "MAX_WRITE", 4000)
         tee = StreamTee()
         assert tee.start()
         try:
             for i in range(1000):
-                print(f"line {i}")  # two writes each: the inbox holds the newest 50 lines
+                print(f"line {i}")
             assert len(sys.stdout._inbox) == 100  # type: ignore[attr-defined]
             tee.pump()
             first, lines, _ = tee.since(0)
