@@ -201,8 +201,9 @@ def test_a_flood_is_kept_bounded_and_a_late_client_gets_the_tail(tmp_path: Path,
         # A late client gets the ring's tail: its 5,000 lines, numbered as in the whole run.
         assert report["n"] == 5000 and report["first"] == 195_000
     else:
-        # Between two ticks the inbox holds the newest 8,192 writes (4,096 printed lines), the
-        # older ones counted: a late client gets the newest lines with no gap in their numbers.
+        # Between two ticks the inbox holds 8 MB of writes (~55,000 of these lines): should a
+        # flood pass that, the oldest are counted dropped, and a late client gets the newest
+        # lines since that gap, numbered as in the whole run.
         assert report["first"] + report["n"] == 200_000 and report["n"] >= 4000
         assert report["texts"] == [f"flood line {i}" for i in range(report["first"], 200_000)]
 
