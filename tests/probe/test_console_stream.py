@@ -84,7 +84,7 @@ def test_a_flood_between_two_pumps_keeps_the_newest_and_counts_the_rest(
         try:
             for i in range(1000):
                 print(f"line {i}")
-            assert len(sys.stdout._inbox) == 100  # type: ignore[attr-defined]
+            assert len(sys.stdout._inbox) == 100  # type: ignore[union-attr]
             tee.pump()
             first, lines, _ = tee.since(0)
             assert tee.total == 1000 and first == 950

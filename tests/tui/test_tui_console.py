@@ -7,7 +7,7 @@ from test_tui_app import painted, shows
 from waiting import wait_for
 
 from tdbg.protocol.messages.console import STDERR, STDOUT, ConsoleLines
-from tdbg.tui.app import make_app, screen_text
+from tdbg.tui.app import make_app
 from tdbg.tui.screens.console import ConsoleScreen
 from tdbg.tui.sources.base import ReplaySource
 from tdbg.tui.sources.synthetic import RUN, synthetic_run
