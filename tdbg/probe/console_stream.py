@@ -22,10 +22,12 @@ at the fd level instead (:mod:`tdbg.probe.console_tee`).
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +49,9 @@ class _Lane:
     inbox: deque[Any] = field(default_factory=deque)
     pending: bytes = b""  # the line not finished yet (the probe thread's)
     dropped: int = 0  # lines dropped from the inbox since the last pump (a flood)
-    # What the inbox holds, in INBOX_BUDGET's units: updated by writers without a lock (a lost
-    # update between two threads is possible), so the probe thread recounts it at each pump.
-    held: int = 0
+    # What the inbox holds, in INBOX_BUDGET's units, in a one-item list the writers' closure
+    # reads and sets without a lock (two threads can lose an update): recounted at each pump.
+    held: list[int] = field(default_factory=lambda: [0])
 
 
 class TeeStream:
@@ -61,28 +63,15 @@ class TeeStream:
         self._real_write = real.write
         self._lane = lane
         self._inbox = lane.inbox
-        # An instance attribute: print() finds it first, and passing through (after a fork, at
-        # stop) is the real stream's own bound method, no Python frame of ours at all.
-        self.write = self._tee
-
-    def _tee(self, text: Any) -> Any:
-        n = self._real_write(text)  # first, as it was: raises as it would, nothing kept then
-        try:
-            lane = self._lane
-            size = len(text) + WRITE_COST
-            if lane.held + size <= INBOX_BUDGET:
-                lane.held += size
-                self._inbox.append(text)
-            else:
-                self._spill(text)
-        except Exception:  # a stream that took what has no len(): written, not kept
-            pass
-        return n
+        # An instance attribute, a closure: print() finds it first and calls it with no method
+        # binding, its names are cells (measured: a third of a bound method's cost a write);
+        # passing through (after a fork, at stop) is the real stream's own bound method.
+        self.write = _tee(real, lane, self._spill)
 
     def _spill(self, text: Any) -> None:
         """The inbox is full (a flood between two ticks) or the write is huge: keep the newest,
         count the lines of what is dropped."""
-        lane, inbox = self._lane, self._inbox
+        lane, inbox, held = self._lane, self._inbox, self._lane.held
         try:
             if len(text) > MAX_WRITE:
                 # What came before this write's end is dropped too: the gap stays in one place.
@@ -90,16 +79,16 @@ class TeeStream:
                 text = text[-MAX_WRITE:]
                 while inbox:
                     lane.dropped += inbox.popleft().count("\n")
-                lane.held = 0
+                held[0] = 0
             size = len(text) + WRITE_COST
-            while inbox and lane.held + size > INBOX_BUDGET:
+            while inbox and held[0] + size > INBOX_BUDGET:
                 old = inbox.popleft()
-                lane.held -= len(old) + WRITE_COST
+                held[0] -= len(old) + WRITE_COST
                 lane.dropped += old.count("\n")
+            held[0] += size
+            inbox.append(text)
         except Exception:  # the probe thread took the inbox meanwhile; bytes have no "\n" str
             pass
-        lane.held += len(text) + WRITE_COST
-        inbox.append(text)
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
@@ -111,6 +100,41 @@ class TeeStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+def _tee(real: Any, lane: _Lane, spill: Callable[[Any], None]) -> Callable[[Any], Any]:
+    """The write that replaces ``real.write``: the real one first, as it was (it raises as it
+    would, nothing kept then), then the text into the lane's inbox while it has room."""
+    real_write, append, held = real.write, lane.inbox.append, lane.held
+    budget, cost = INBOX_BUDGET, WRITE_COST
+
+    def write(text: Any) -> Any:
+        n = real_write(text)
+        size = held[0] + len(text) + cost
+        if size <= budget:
+            held[0] = size
+            append(text)
+        else:
+            spill(text)
+        return n
+
+    if isinstance(real, io.TextIOBase):
+        return write  # takes str only: len() cannot fail after its write
+
+    def guarded(text: Any) -> Any:  # a stream of unknown kind: what it takes may have no len()
+        n = real_write(text)
+        try:
+            size = held[0] + len(text) + cost
+            if size <= budget:
+                held[0] = size
+                append(text)
+            else:
+                spill(text)
+        except Exception:
+            pass
+        return n
+
+    return guarded
 
 
 def _same_file(a: Any, b: Any) -> bool:
@@ -198,7 +222,7 @@ class StreamTee(ConsoleRing):
                     for _ in range(len(inbox)):  # not what writers add meanwhile: next tick
                         items.append(inbox.popleft())
                 rest = list(inbox)  # one C call: what was written since, counted afresh
-                lane.held = sum(map(len, rest)) + WRITE_COST * len(rest)
+                lane.held[0] = sum(map(len, rest)) + WRITE_COST * len(rest)
                 if items:
                     try:
                         text = "".join(items)
