@@ -81,3 +81,14 @@ def test_the_capture_is_on_by_default_at_python_s_level(monkeypatch: pytest.Monk
     assert console.mode("0") is None and console.mode("fd") == "fd"
     with pytest.raises(ValueError, match="one of 1, 0, fd"):
         console.mode("pty")
+
+
+def test_watch_says_which_console_values_it_takes() -> None:
+    from tdbg.probe.watch_args import ProbeOptions
+
+    for good in (None, True, False, "fd", "0", "1"):
+        assert ProbeOptions(console=good).console == good
+    with pytest.raises(ValueError, match=r"^tdbg.watch: console must be one of 1, 0, fd"):
+        ProbeOptions(console="pty")
+    with pytest.raises(ValueError, match="console must be True, False, 'fd' or None"):
+        ProbeOptions(console=2)  # type: ignore[arg-type]
