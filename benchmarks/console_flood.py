@@ -1,15 +1,17 @@
 """What the console capture costs a flood of output: a loop printing N lines as fast as it can.
 
 Each round runs four fresh interpreters, in turn: the loop unwatched; watched with the console
-left alone (``TDBG_CONSOLE=0``); watched with it captured (the default); watched with it left
-alone again (the baseline against itself: the machine's noise). The loop is timed inside the
+left alone (``TDBG_CONSOLE=0``); watched with it captured (the default, ``sys.stdout`` and
+``sys.stderr`` teed; ``--capture fd``: the fd-level tee, ``TDBG_CONSOLE=fd``); watched with it
+left alone again (the baseline against itself: the machine's noise). The loop is timed inside the
 child, from its first print to its last, flushed, so imports and the probe's start are left
-out: its wall time, the printing thread's CPU time and the whole process's (the tdbg-console
-thread's too). Output goes to a pseudo-terminal drained by this process (``--to tty``, the
-default: line-buffered, one write a line, an interactive run) or to a file (``--to file``:
-Python writes 8 KiB at a time). Printed: each figure's median over the rounds, the ratio
-captured / console off and console off against itself (median, min-max over the rounds), and
-the lines the console held at the end (bounded at 5,000).
+out: its wall time, the printing thread's CPU time and the whole process's (the probe thread's
+pumping too, or the fd-level tee's tdbg-console thread). Output goes to a pseudo-terminal
+drained by this process (``--to tty``, the default: line-buffered, one write a line, an
+interactive run) or to a file (``--to file``: Python writes 8 KiB at a time). Printed: each
+figure's median over the rounds, the ratio captured / console off and console off against
+itself (median, min-max over the rounds), and the lines the console held at the end (at most
+5,000).
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ CHILD = textwrap.dedent(
     cpu, own = time.process_time() - cpu, time.thread_time() - own
     held = -1
     if probe is not None:
-        from tdbg.probe import console_tee
-        tee = console_tee.current()
+        from tdbg.probe import console
+        tee = console.current()
+        if tee is not None:
+            tee.settle()
         held = tee.held if tee is not None else 0
         probe.close()
     os.write(report, f"{seconds} {own} {cpu} {held}\n".encode())
@@ -65,9 +69,13 @@ def _drain(master: int) -> None:
 
 
 def run_once(
-    lines: int, arm: str, to: str, script: Path, runtime: str
+    lines: int, arm: str, to: str, script: Path, runtime: str, capture: str = "default"
 ) -> tuple[float, float, float, int]:
-    env = dict(os.environ, TDBG_RUNTIME_DIR=runtime, TDBG_CONSOLE="1" if arm == "on" else "0")
+    env = dict(os.environ, TDBG_RUNTIME_DIR=runtime, TDBG_CONSOLE="0")
+    if arm == "on":
+        env["TDBG_CONSOLE"] = capture
+        if capture == "default":
+            del env["TDBG_CONSOLE"]
     env["PYTHONPATH"] = str(ROOT)
     watched = "0" if arm == "bare" else "1"
     report_r, report_w = os.pipe()
@@ -108,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--to", choices=("file", "tty", "null"), default="tty")
+    p.add_argument("--capture", choices=("default", "fd"), default="default")
     args = p.parse_args(argv)
     figures: dict[str, dict[str, list[float]]] = {
         arm: {"wall": [], "thread": [], "cpu": []} for arm in ARMS
@@ -119,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         script.write_text(CHILD)
         for r in range(args.rounds):
             for arm in ARMS:
-                wall, own, cpu, kept = run_once(args.lines, arm, args.to, script, tmp)
+                wall, own, cpu, kept = run_once(args.lines, arm, args.to, script, tmp, args.capture)
                 for key, value in (("wall", wall), ("thread", own), ("cpu", cpu)):
                     figures[arm][key].append(value)
                 held = kept if arm == "on" else held
@@ -128,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
                 + ", ".join(f"{arm} {figures[arm]['wall'][-1]:.3f} s" for arm in ARMS),
                 flush=True,
             )
-    print(f"{args.lines:,} lines to a {args.to}, {args.rounds} rounds (median, min-max of ratios):")
+    print(
+        f"{args.lines:,} lines to a {args.to}, capture {args.capture}, {args.rounds} rounds "
+        "(median, min-max of ratios):"
+    )
     for key, what in (
         ("wall", "the loop's wall time"),
         ("thread", "the printing thread's CPU"),
-        ("cpu", "the whole process's CPU (the tdbg-console thread's too)"),
+        ("cpu", "the whole process's CPU (the probe thread's pumping too)"),
     ):
         med = {arm: statistics.median(figures[arm][key]) for arm in ARMS}
         on_off = [a / b for a, b in zip(figures["on"][key], figures["off"][key], strict=True)]

@@ -25,9 +25,10 @@ sys.path[1:1] = [str(d) for d in sorted(_TESTS.iterdir()) if any(d.glob("test_*.
 
 from waiting import TIMEOUT, wait_until  # noqa: E402
 
-# The console capture (opt-in: watch() tees fds 1 and 2) would tee pytest's own fd capture, which
-# pytest swaps under it at each test: the suite's runs leave it off even where a user's shell has
-# TDBG_CONSOLE=1, unless a test turns it on (tests/probe/test_console.py does, as users would).
+# The console capture (on by default: watch() tees sys.stdout and sys.stderr; TDBG_CONSOLE=fd tees
+# fds 1 and 2) would tee pytest's own capture, which pytest swaps under it at each test: the
+# suite's in-process probes leave it off; the console tests run theirs in subprocesses with the
+# variable unset, as users do (tests/probe/test_console*.py, tests/tui/test_tui_console_live.py).
 os.environ["TDBG_CONSOLE"] = "0"
 
 if TYPE_CHECKING:

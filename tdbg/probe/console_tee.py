@@ -1,18 +1,24 @@
-"""The run's console: fds 1 and 2 teed to the terminal unchanged, their lines kept in a ring.
+"""The run's console at the fd level (opt-in, ``TDBG_CONSOLE=fd``): fds 1 and 2 through a tee.
 
 Each captured fd is replaced by the writing end of a pty (when it was a terminal, so that
 ``isatty()``, the window size and progress bars behave as before) or of a pipe (a file, a pipe:
 not a terminal either). One daemon thread, ``tdbg-console``, reads the other end, writes every
 byte through to the original fd first, then keeps the lines. C-level writes (torch's warnings,
-NCCL, a child process) are caught as well as ``print``.
+NCCL, a child process, a forked worker) are caught as well as ``print``.
+
+What it can lose (why it is not the default, :mod:`tdbg.probe.console_stream` is): the bytes a
+process writes in its last moments before a fatal signal (a segfault, ``abort()``, SIGKILL) or
+``os._exit()`` (faulthandler's traceback among them) sit in the pty or pipe, not yet read, and
+die with the reader thread: neither the terminal nor the file gets them. A clean exit (the
+script's end, ``sys.exit``, an uncaught exception) loses nothing: the last probe's close or
+``atexit`` flushes and waits for the reader (at most 0.5 s).
 
 What it costs the writer: the bytes are copied once more, off its thread; the ring drops its
 oldest lines (counted by sequence number), so a slow reader of the ring never holds the reader
 thread, and the reader never waits for anything but the terminal the writer waited for anyway.
 When fds 1 and 2 are one file (one terminal, ``2>&1``) they share one channel, so their order on
 the terminal is exactly the order written; stderr is told apart only when it goes elsewhere.
-
-Nothing here imports torch. Opt in with ``watch(console=True)`` or ``TDBG_CONSOLE=1``.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -25,14 +31,10 @@ import sys
 import termios
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from itertools import repeat
 
-ENV = "TDBG_CONSOLE"  # "1": capture the console (off by default)
-RING_LINES = 5000  # the lines kept; older ones are dropped, their count kept by the sequence
-RING_BYTES = 8 << 20  # ... and at most this much of what was written (very long lines: fewer)
-MAX_LINE = 2000  # bytes kept of one line (and of a line not finished yet): 10 MB ring at most
+from tdbg.probe.console_ring import RING_LINES, ConsoleRing
+
 READ_BYTES = 1 << 16
 PIPE_BYTES = 1 << 20  # a pipe's capacity raised where the kernel lets us: a burst never waits
 SETTLE_SECONDS = 0.5  # how long closing waits for the reader to take what was written (R56)
@@ -40,23 +42,6 @@ WINSIZE_SECONDS = 1.0  # how often a pty's window size follows the real terminal
 BATCH_BYTES = 1 << 15  # a pipe's read shorter than this: the reader pauses BATCH_SECONDS
 BATCH_SECONDS = 0.001
 STDOUT, STDERR = 1, 2
-
-
-def wanted(option: bool | None = None) -> bool:
-    """Capture when ``console=True`` was passed, or (``None``) when ``$TDBG_CONSOLE`` is ``1``
-    (or ``true``, ``yes``, ``on``). Off by default: the bytes a process writes just before a
-    fatal signal or ``os._exit()`` are in the capture's channel, not yet on the terminal, and
-    die with it (a crash's last words are what a user debugging it needs most)."""
-    if option is not None:
-        return bool(option)
-    return os.environ.get(ENV, "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def last_state(line: bytes) -> bytes:
-    """A line as a terminal leaves it after carriage returns: what follows the last ``\\r``
-    (a progress bar's final state), a trailing ``\\r`` (``\\r\\n`` line ends) not counted."""
-    body = line.rstrip(b"\r")
-    return body.rpartition(b"\r")[2] if b"\r" in body else body
 
 
 @dataclass
@@ -74,21 +59,13 @@ class _Channel:
     extra: list[int] = field(default_factory=list)  # fds to close with the channel
 
 
-class ConsoleTee:
+class ConsoleTee(ConsoleRing):
     """Captures fds 1 and 2 of this process; ``since(seq)`` reads the lines from any thread."""
 
+    kind = "fd"
+
     def __init__(self, ring_lines: int = RING_LINES) -> None:
-        # What was written, as read: (stream, first line's number, complete lines, how many).
-        # Kept whole and cut into lines only when asked (since()): a flood costs the reader a
-        # count of newlines a chunk, not a Python object a line.
-        self._chunks: deque[tuple[int, int, bytes, int]] = deque()
-        self.ring_lines = ring_lines
-        self._held_lines = 0
-        self._held_bytes = 0
-        self.total = 0  # lines completed so far: the next line's sequence number
-        self.open: dict[int, bytes] = {}  # per stream, its unfinished line (a progress bar)
-        self.revision = 0  # changes whenever lines or open lines do
-        self._lock = threading.Lock()  # held for a deque extend or copy, nothing longer
+        super().__init__(ring_lines)
         self._channels: list[_Channel] = []
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
@@ -296,38 +273,6 @@ class ConsoleTee:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _take(self, channel: _Channel, data: bytes) -> None:
-        """Keep the complete lines of what was read, as one chunk (C-level work only)."""
-        stream = channel.stream
-        joined = channel.pending + data
-        end = joined.rfind(b"\n")
-        if end < 0:
-            channel.pending = _tail(joined)
-            with self._lock:
-                self.open[stream] = last_state(channel.pending)
-                self.revision += 1
-            return
-        body = joined[: end + 1]
-        channel.pending = rest = _tail(joined[end + 1 :])
-        n = body.count(b"\n")
-        chunks = self._chunks
-        with self._lock:
-            chunks.append((stream, self.total, body, n))
-            self.total += n
-            self._held_lines += n
-            self._held_bytes += len(body)
-            while len(chunks) > 1 and (
-                self._held_lines - chunks[0][3] >= self.ring_lines or self._held_bytes > RING_BYTES
-            ):
-                _, _, old, k = chunks.popleft()
-                self._held_lines -= k
-                self._held_bytes -= len(old)
-            if rest:
-                self.open[stream] = last_state(rest)
-            else:
-                self.open.pop(stream, None)
-            self.revision += 1
-
     def _drain_blind(self) -> None:
         """After a failure: pump bytes through, nothing kept, until every writer let go."""
         for channel in self._channels:
@@ -336,54 +281,6 @@ class ConsoleTee:
             with contextlib.suppress(OSError):
                 while data := os.read(channel.read_fd, READ_BYTES):
                     _write_all(channel.saved, data)
-
-    # --- reading the ring (any thread) -----------------------------------------------------
-    def since(
-        self, seq: int, limit: int | None = None
-    ) -> tuple[int, list[tuple[int, bytes]], dict[int, bytes]]:
-        """``(first, lines, open)``: the kept lines from sequence ``seq`` on (from the oldest
-        kept when ``seq`` is older: ``first - seq`` lines were dropped; at most the newest
-        ``limit``), each cut to MAX_LINE bytes, a progress bar at its last state; then the
-        unfinished lines by stream. The cutting into lines is done here, for these lines only."""
-        with self._lock:
-            total = self.total
-            chunks = list(self._chunks)
-            still_open = dict(self.open)
-        start = max(seq, total - self.ring_lines, total - (limit if limit is not None else total))
-        if chunks:
-            start = max(start, chunks[0][1])
-        start = min(start, total)
-        pieces: list[list[tuple[int, bytes]]] = []
-        for stream, first, body, n in reversed(chunks):
-            if first + n <= start:
-                break
-            parts = body.split(b"\n")
-            parts.pop()  # after the last newline: nothing
-            if first < start:
-                parts = parts[start - first :]
-            if b"\r" in body:
-                parts = [last_state(p) for p in parts]
-            if max(map(len, parts), default=0) > MAX_LINE:
-                parts = [p[:MAX_LINE] for p in parts]
-            pieces.append(list(zip(repeat(stream), parts, strict=False)))
-        lines = [line for piece in reversed(pieces) for line in piece]
-        return start, lines, still_open
-
-    @property
-    def held(self) -> int:
-        """How many lines :meth:`since` can give now (at most ``ring_lines``)."""
-        with self._lock:
-            return min(self.ring_lines, self._held_lines)
-
-
-def _tail(pending: bytes) -> bytes:
-    """An unfinished line, bounded: from its last carriage return that still matters (a trailing
-    one keeps the state before it, which the terminal still shows), at most MAX_LINE bytes."""
-    if b"\r" in pending:
-        cut = pending.rstrip(b"\r").rfind(b"\r")
-        if cut > 0:
-            pending = pending[cut:]
-    return pending[:MAX_LINE] if len(pending) > MAX_LINE else pending
 
 
 def _copy_winsize(source: int, target: int) -> None:
@@ -412,52 +309,3 @@ def _flush_python_streams() -> None:
         with contextlib.suppress(Exception):
             if stream is not None:
                 stream.flush()
-
-
-_tee: ConsoleTee | None = None
-
-
-def capture(pin: bool = False) -> ConsoleTee | None:
-    """The process's one capture, started on first use, for one more user (a probe, which
-    :func:`release` s it when it closes; ``pin``: ``tdbg run``'s preload, held until exit);
-    None where it could not start. Whatever holds it, it is given back at exit."""
-    global _tee
-    if _tee is not None and (_tee._pid != os.getpid() or not _tee.running):
-        _tee = None  # a forked child (the parent's capture is not its own), or given back
-    if _tee is None:
-        tee = ConsoleTee()
-        if not tee.start():
-            return None
-        _tee = tee
-        import atexit
-
-        atexit.register(tee.stop)
-    if pin:
-        _tee.pinned = True
-    else:
-        _tee.users += 1
-    return _tee
-
-
-def release(tee: ConsoleTee) -> None:
-    """A probe closed: the fds are given back when no probe (nor ``tdbg run``) holds the capture."""
-    if os.getpid() != tee._pid:
-        return
-    tee.users -= 1
-    if tee.users <= 0 and not tee.pinned:
-        tee.stop()  # the last lines, an unfinished one too, reach the probe's final tick
-    else:
-        tee.settle(finish=True)
-
-
-def current() -> ConsoleTee | None:
-    """The capture running in this process, if any (never starts one)."""
-    return _tee if _tee is not None and _tee._pid == os.getpid() else None
-
-
-def _after_fork_in_child() -> None:
-    if _tee is not None:
-        _tee.forget_after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tdbg.probe import console_tee
+from tdbg.probe import console
 from tdbg.probe.alerts import alert
 from tdbg.probe.dives.base import DiveContext, DiveRunner
 from tdbg.probe.dives.registry import DIVES
@@ -107,7 +107,7 @@ class Probe:
         self._pid = os.getpid()
         self.total_steps: int | None = opts.total_steps
         self._oom_stacks = False  # whether this probe turned on the allocator's stack record
-        self._console: console_tee.ConsoleTee | None = None  # stdout/stderr captured
+        self._console: console.Capture | None = None  # stdout/stderr captured
 
     def _find_layers(
         self,
@@ -255,8 +255,9 @@ class Probe:
                 warn("tdbg: watching from a multiprocessing child: serving its own socket")
             if self._server.start(listen=opts.serve):
                 self._after_start(desk, opts.activations_every)
-                if console_tee.wanted(opts.console):
-                    self._console = console_tee.capture()
+                kind = console.mode(opts.console)
+                if kind is not None:
+                    self._console = console.capture(kind)
         _live.add(self)
 
     def _oom_view(self) -> tuple[int, str, list[tuple[int, int, str, str]]]:
@@ -348,6 +349,7 @@ class Probe:
                 taps.detach(self._sampler)
                 self._sampler.forget_step()  # nothing of the loop's held on
                 self._dives.close("the probe switched itself off")
+                self._release_console()  # nobody takes the lines any more: stop keeping them
             return
         ident = _thread_id()
         if self._server.training_thread != ident:
@@ -506,14 +508,18 @@ class Probe:
                 self._oom_stacks = False
                 oom.stop_stacks()  # what this probe turned on, and only that
             if os.getpid() == self._pid:
-                if self._console is not None:
-                    # The last lines printed reach the final tick; the fds are given back
-                    # when no other probe holds the capture.
-                    console_tee.release(self._console)
+                self._release_console()
                 self._server.stop()
         except Exception as exc:  # closing must never raise into the caller (or atexit)
             warn(f"tdbg: error while closing the probe: {exc}")
         _live.discard(self)
+
+    def _release_console(self) -> None:
+        """The last lines printed reach the final tick; stdout and stderr are given back when no
+        other probe (nor ``tdbg run``) holds the capture."""
+        held, self._console = self._console, None
+        if held is not None:
+            console.release(held)
 
     def __enter__(self) -> Probe:
         return self
@@ -706,10 +712,13 @@ def watch(model: Models, optimizer: Optimizers | None = None, **options: Any) ->
     watch() that uses ``$TDBG_RECORD`` removes it from ``os.environ``: subprocesses started
     afterwards do not inherit it and record nothing unless given ``record=``.
 
-    ``console=True`` (or ``TDBG_CONSOLE=1``): the process's stdout and stderr are captured for the
-    TUI's console screen (``j``), the recording and ``tdbg dump`` while the probe serves or
-    records, the terminal showing every byte as before (:mod:`tdbg.probe.console_tee`). Off by
-    default: what is written just before a fatal signal or ``os._exit()`` can die in the capture.
+    ``console`` (None: ``$TDBG_CONSOLE``, on unless ``0``): what the process writes to
+    ``sys.stdout`` and ``sys.stderr`` is kept for the TUI's console screen (``j``), the recording
+    and ``tdbg dump`` while the probe serves or records; each write reaches the real stream first,
+    exactly as without tdbg, so a crash's last lines are never held back
+    (:mod:`tdbg.probe.console_stream`). ``console="fd"`` (``TDBG_CONSOLE=fd``) tees fds 1 and 2
+    instead, C-level writes and subprocesses too, at the risk of losing what is written just
+    before a fatal signal or ``os._exit()`` (:mod:`tdbg.probe.console_tee`); ``False``: nothing.
     """
     modules = _modules_of(model)
     for module in modules:

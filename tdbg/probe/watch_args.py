@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from tdbg.probe.console import parse as console_mode
 from tdbg.probe.run_info import job_info
 
 OOM_STACKS_ENV = "TDBG_OOM_STACKS"
@@ -36,7 +37,7 @@ class ProbeOptions:
     total_steps: int | None = None
     skip_nonfinite: bool = False
     oom_stacks: bool | None = None  # None: as $TDBG_OOM_STACKS says (off unless set to 1)
-    console: bool | None = None
+    console: bool | str | None = None  # None: as $TDBG_CONSOLE says (on unless 0)
 
     def __post_init__(self) -> None:
         if not self.overhead_budget > 0:
@@ -47,6 +48,13 @@ class ProbeOptions:
         every = self.activations_every
         if every is not None and (not isinstance(every, int) or not 1 <= every <= 10_000):
             raise ValueError("tdbg.watch: activations_every must be an integer 1-10000 or None")
+        if isinstance(self.console, str):
+            try:
+                console_mode(self.console)
+            except ValueError as exc:
+                raise ValueError(f"tdbg.watch: {exc}") from None
+        elif self.console is not None and not isinstance(self.console, bool):
+            raise ValueError("tdbg.watch: console must be True, False, 'fd' or None")
         total = self.total_steps
         if total is not None and (
             isinstance(total, bool) or not isinstance(total, int) or total < 1

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tdbg.probe import console_tee
-from tdbg.probe.console_tee import MAX_LINE, ConsoleTee, _Channel, last_state
+from tdbg.probe import console, console_ring
+from tdbg.probe.console_ring import MAX_LINE, last_state
+from tdbg.probe.console_tee import ConsoleTee, _Channel
 
 
 def _channel(stream: int = 1) -> _Channel:
@@ -49,7 +50,7 @@ def test_the_ring_and_the_lines_are_bounded() -> None:
 
 
 def test_the_bytes_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(console_tee, "RING_BYTES", 1000)
+    monkeypatch.setattr(console_ring, "RING_BYTES", 1000)
     tee = ConsoleTee()
     ch = _channel()
     for i in range(50):
@@ -59,16 +60,35 @@ def test_the_bytes_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert first == 50 - len(lines)
 
 
-def test_the_capture_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Off unless asked for: a crash's last lines must reach the terminal (docs/usage.md)."""
-    assert console_tee.wanted(False) is False and console_tee.wanted(True) is True
-    monkeypatch.delenv(console_tee.ENV, raising=False)
-    assert console_tee.wanted(None) is False
-    for on in ("1", "true", "YES", " on "):
-        monkeypatch.setenv(console_tee.ENV, on)
-        assert console_tee.wanted(None) is True, on
-    for off in ("0", "false", "", "maybe"):
-        monkeypatch.setenv(console_tee.ENV, off)
-        assert console_tee.wanted(None) is False, off
-    monkeypatch.setenv(console_tee.ENV, "1")
-    assert console_tee.wanted(False) is False  # the argument wins over the variable
+def test_the_capture_is_on_by_default_at_python_s_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On unless turned off: the default tees sys.stdout/sys.stderr after the real write, which
+    cannot hold a crash's last lines back; the fd-level tee, which can, only when asked."""
+    monkeypatch.delenv(console.ENV, raising=False)
+    assert console.mode(None) == "python"
+    for on in ("1", "true", "YES", " on ", "", "python"):
+        monkeypatch.setenv(console.ENV, on)
+        assert console.mode(None) == "python", on
+    for off in ("0", "false", "No", "off"):
+        monkeypatch.setenv(console.ENV, off)
+        assert console.mode(None) is None, off
+    monkeypatch.setenv(console.ENV, " FD")
+    assert console.mode(None) == "fd"
+    monkeypatch.setenv(console.ENV, "maybe")  # a typo: said once, the default used
+    assert console.mode(None) == "python"
+    monkeypatch.setenv(console.ENV, "fd")
+    # The argument wins over the variable.
+    assert console.mode(False) is None and console.mode(True) == "python"
+    assert console.mode("0") is None and console.mode("fd") == "fd"
+    with pytest.raises(ValueError, match="one of 1, 0, fd"):
+        console.mode("pty")
+
+
+def test_watch_says_which_console_values_it_takes() -> None:
+    from tdbg.probe.watch_args import ProbeOptions
+
+    for good in (None, True, False, "fd", "0", "1"):
+        assert ProbeOptions(console=good).console == good
+    with pytest.raises(ValueError, match=r"^tdbg.watch: console must be one of 1, 0, fd"):
+        ProbeOptions(console="pty")
+    with pytest.raises(ValueError, match="console must be True, False, 'fd' or None"):
+        ProbeOptions(console=2)  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -350,6 +351,26 @@ def test_circuit_breaker_switches_the_probe_off(
     wait_until(lambda: not os.path.exists(sock), what="server stopped")
     wait_until(lambda: not any(t.is_alive() for t in probe._server._threads), what="threads ended")
     assert len(loop.losses) == 150
+
+
+def test_the_breaker_gives_the_console_back(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_log: io.StringIO
+) -> None:
+    """A probe switched off by the breaker stops keeping the console: the streams are the real
+    ones again at its next step (nobody would take the lines)."""
+    real = sys.stdout
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, console=True)
+    assert sys.stdout is not real and type(sys.stdout).__name__ == "TeeStream"
+
+    def broken(loss: object) -> None:
+        raise RuntimeError("loss bookkeeping exploded")
+
+    inject_fault(monkeypatch, probe, "step_losses", broken)
+    loop.run(150, probe)
+    assert probe._disabled and sys.stdout is real
+    probe.close()
+    assert sys.stdout is real
 
 
 def test_late_client_gets_the_whole_history_then_live_steps(

@@ -1,6 +1,7 @@
-"""The console screen over a real run: a training subprocess's printed lines (stdout and stderr,
-captured by its probe) on the screen and found by a search; a TUI attaching after a burst gets
-the ring's tail; a recording replays the console as it stood at the cursor."""
+"""The console screen over a real run, with the default capture (TDBG_CONSOLE unset): a training
+subprocess's printed lines (stdout and stderr, captured by its probe) on the screen and found by a
+search; a plain script under `tdbg run` likewise, and in `tdbg dump --console`; a TUI attaching
+after a burst gets the ring's tail; a recording replays the console as it stood at the cursor."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from pathlib import Path
 
 from demo_job import wait_for_probe
 from test_tui_app import shows
-from waiting import wait_for
+from waiting import wait_for, wait_until
 
-from tdbg.connect.runtime import RunEntry
+from tdbg.connect.runtime import RunEntry, discover
 from tdbg.tui.app import make_app
 from tdbg.tui.replay_app import ReplayApp, load
 from tdbg.tui.screens.console import ConsoleScreen
@@ -51,13 +52,20 @@ TRAIN = textwrap.dedent(
 )
 
 
+def _default_env(runtime: Path) -> dict[str, str]:
+    """As a user runs: TDBG_CONSOLE unset (the suite's conftest sets it to 0)."""
+    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime))
+    env.pop("TDBG_CONSOLE", None)
+    return env
+
+
 @contextmanager
 def training(
     tmp_path: Path, runtime: Path, *args: str
 ) -> Iterator[tuple[subprocess.Popen[bytes], RunEntry]]:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime), TDBG_CONSOLE="1")
+    env = _default_env(runtime)
     with open(tmp_path / "stderr.log", "wb") as stderr:  # apart from stdout: told apart
         proc = subprocess.Popen(
             [sys.executable, str(script), *args],
@@ -133,7 +141,7 @@ async def test_a_recording_replays_the_console_at_the_cursor(
     recording = tmp_path / "run.tdbg"
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), TDBG_CONSOLE="1")
+    env = _default_env(runtime_dir)
     subprocess.run(
         [sys.executable, str(script), "3", str(recording), "120"],
         env=env,
@@ -151,3 +159,79 @@ async def test_a_recording_replays_the_console_at_the_cursor(
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("j")
         await shows(pilot, app, "step 110 loss", "burst 0")
+
+
+PLAIN = textwrap.dedent(
+    r"""
+    import os, sys, time, warnings, torch
+    torch.set_num_threads(1)
+    m = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(m.parameters(), 0.01)
+    warnings.warn("a Python warning, on stderr")
+    step = 0
+    while not os.path.exists(sys.argv[1]) or step < 60:
+        opt.zero_grad()
+        loss = m(torch.ones(4, 8)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        if step % 10 == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if step % 50 == 0:
+            print(f"WARNING: step {step} is a multiple of 50", file=sys.stderr, flush=True)
+        step += 1
+        time.sleep(0.005)
+    print("the end")
+    """
+)
+
+
+async def test_tdbg_run_s_default_capture_on_the_screen_and_in_dump(
+    tmp_path: Path, runtime_dir: Path
+) -> None:
+    """A script that knows nothing of tdbg, under `tdbg run`: its prints and its warnings in
+    the console screen while it runs, then all of them in `tdbg dump --console`."""
+    script, stop, recording = tmp_path / "plain.py", tmp_path / "stop", tmp_path / "run.tdbg"
+    script.write_text(PLAIN)
+    command = [sys.executable, "-m", "tdbg.cli", "run", "--record", str(recording), "--"]
+    with open(tmp_path / "stderr.log", "wb") as stderr:
+        proc = subprocess.Popen(
+            [*command, sys.executable, str(script), str(stop)],
+            env=_default_env(runtime_dir),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,
+        )
+    try:
+        entry = wait_until(lambda: next(iter(discover(runtime_dir)), None), 60, "the run")
+        app = make_app(SocketSource(path=str(entry.socket)))
+        async with app.run_test(size=(120, 40)) as pilot:
+            state = app.state
+            await wait_for(pilot, lambda: state.console.next_seq > 8, "printed lines")
+            await pilot.press("j")
+            await shows(pilot, app, " loss 0.", "WARNING: step ")
+            # From the script's start, before torch was imported: its first lines are kept.
+            first = [line.text for line in list(state.console.lines)[:4]]
+            assert any("a Python warning, on stderr" in text for text in first), first
+            await pilot.press("slash", *"multiple of", "enter")
+            screen = app.screen
+            assert isinstance(screen, ConsoleScreen)
+            await wait_for(pilot, lambda: screen.current is not None, "a match")
+        stop.touch()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == 0, (tmp_path / "stderr.log").read_text()[-2000:]
+    printed = out.decode().splitlines()  # the terminal's copy: unchanged
+    dumped = subprocess.run(
+        [sys.executable, "-m", "tdbg.cli", "dump", str(recording), "--console"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert printed[-1] == "the end" and dumped[-1] == "the end"
+    assert [line for line in dumped if line.startswith("step ")] == printed[:-1]
+    assert any("a Python warning, on stderr" in line for line in dumped)
+    assert sum(line.startswith("WARNING: step ") for line in dumped) >= 2

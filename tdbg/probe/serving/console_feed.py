@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tdbg.probe import console_tee
+from tdbg.probe import console
 from tdbg.protocol.framing import pack
 from tdbg.protocol.messages.console import MAX_LINE, MAX_LINES, ConsoleLines
 
@@ -47,10 +47,10 @@ def _decoded(line: bytes) -> str:
 
 
 class ConsoleFeed:
-    """What of the process's console capture (:mod:`tdbg.probe.console_tee`) the clients have
+    """What of the process's console capture (:mod:`tdbg.probe.console`) the clients have
     been sent; probe thread only."""
 
-    def __init__(self, capture: Callable[[], console_tee.ConsoleTee | None] = console_tee.current):
+    def __init__(self, capture: Callable[[], console.Capture | None] = console.current):
         self._capture = capture
         self.next_seq = 0  # the first line not sent yet
         self.dropped = 0  # lines never sent: dropped by the ring or by MAX_PER_TICK
@@ -61,7 +61,10 @@ class ConsoleFeed:
         """This tick's new lines (and unfinished lines that changed) as frames, each also
         handed to ``record`` (the recording's thinned ``console`` kind)."""
         tee = self._capture()
-        if tee is None or tee.revision == self._revision:
+        if tee is None:
+            return []
+        tee.pump()  # the Python-level capture's writes since the last tick: cut into lines now
+        if tee.revision == self._revision:
             return []
         self._revision = tee.revision
         first, kept, open_ = tee.since(self.next_seq, MAX_PER_TICK)

@@ -136,7 +136,7 @@ class ProbeServer(ClientLoop):
         self.last_step_time = time.monotonic()
         self.recent_costs: deque[tuple[float, float]] = deque(maxlen=200)
         self.sampled = SampledFeed()  # update ratios and histograms, for clients attaching later
-        self.console = ConsoleFeed()  # the run's stdout/stderr lines (console_tee.py)
+        self.console = ConsoleFeed()  # the run's stdout/stderr lines (probe/console.py)
         self.rejected_peers = 0
         self.bye_reason = "shutdown"  # the goodbye's reason ("exit 1: ..." when an error ends it)
         self._attached_pids: set[int] = set()  # every client that got our welcome

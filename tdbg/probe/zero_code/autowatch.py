@@ -73,11 +73,12 @@ def install() -> None:
     _owner = os.getpid()  # a raw os.fork() before `import torch` is not the owner either
     for var in (ENV_ACTIVE, ENV_NAME, ENV_GRAD_EVERY, ENV_REPORT, ENV_LAUNCHER, ENV_RECORDER):
         os.environ.pop(var, None)
-    from tdbg.probe import console_tee
+    from tdbg.probe import console
 
-    if console_tee.wanted():
+    kind = console.mode()
+    if kind is not None:
         # From the start, before the script's imports: their warnings are the console's too.
-        console_tee.capture(pin=True)
+        console.capture(kind, pin=True)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "optim"):
         _activate(torch)

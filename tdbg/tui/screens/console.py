@@ -148,8 +148,8 @@ class ConsoleScreen(Screen[None]):
         foot = self.query_one("#console-foot", Static)
         if not self.lines:
             foot.update(
-                "no output yet (the probe captures stdout and stderr with TDBG_CONSOLE=1 "
-                "or watch(console=True))"
+                "no output yet (print()s are captured unless TDBG_CONSOLE=0; C-level writes "
+                "and subprocesses need TDBG_CONSOLE=fd)"
             )
         elif self.search_text:
             where = (

@@ -28,7 +28,7 @@ t            gradients: each trend on its own scale / all on one (rows compare)
 /            gradients: filter layers by name as you type; enter keeps, escape clears
 g            distributions: the table's layer's |gradients| (w: |weights|) in log
              bins over the counted steps; [ ] another layer
-j            the run's console (a run with TDBG_CONSOLE=1); / searches it
+j            the run's console (its print()s; TDBG_CONSOLE=fd: C too); / searches
 i            the model: per layer its type, parameters, frozen or not,
              dtype, device, bytes, optimizer; what to look at (tdbg summary)
 ↑ ↓ PgUp PgDn  scroll the focused panel
