@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from rich.color import Color
+from rich.style import Style as RichStyle
 from rich.text import Text
 from textual.content import Content
 
@@ -225,3 +227,24 @@ def test_two_y_ticks_in_one_row_leave_the_one_nearer_its_middle() -> None:
     # One row of four dots over 0..3: 1 lies 0.5 dots from the middle (1.5), 3 lies 1.5 away.
     chart = draw(12, 4, Axes((0, 1), (0, 3), y_ticks=[(3.0, "3"), (1.0, "1")]))
     assert chart.plain.split("\n")[1].startswith("1┤")
+
+
+def test_strips_are_the_lines_with_the_runs_coloured_over_the_base() -> None:
+    base = RichStyle(bgcolor="grey11", color="white")
+    x = np.arange(20.0)
+    series = [Series(x, np.full(20, 10.0), RED), Series(x[:10], np.full(10, 10.0), GREEN)]
+    chart = draw(12, 8, Axes((0, 19), (0, 19), x_ticks=[(0.0, "0")]), series, [(19.0, BLUE)])
+    strips = chart.strips(base)
+    assert [strip.text for strip in strips] == chart.plain.split("\n")
+    assert all(strip.cell_length == 12 for strip in strips)
+    colours: dict[Color | None, set[str]] = {}
+    for strip in strips:
+        for segment in strip:
+            assert segment.style is not None and segment.style.bgcolor == base.bgcolor
+            colours.setdefault(segment.style.color, set()).update(segment.text)
+    assert colours[Color.from_rgb(*GREEN)] == {
+        chr(BLANK + 0x12)
+    }  # dot row 9: cell row 2, dots 2 and 5
+    assert chr(BLANK + 0x12) in colours[Color.from_rgb(*RED)]
+    assert "│" in colours[Color.from_rgb(*BLUE)]
+    assert "┌" in colours[base.color] and "0" in colours[base.color]  # frame and labels: base

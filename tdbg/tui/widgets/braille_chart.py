@@ -9,11 +9,13 @@ from functools import lru_cache
 
 import numpy as np
 from rich.color import Color
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Span, Text
 from textual.color import Color as TextualColor
 from textual.content import Content
 from textual.content import Span as ContentSpan
+from textual.strip import Strip
 from textual.style import Style as ContentStyle
 
 RGB = tuple[int, int, int]
@@ -190,6 +192,36 @@ class Chart:
         """As a Rich Text."""
         spans = [Span(a, b, _rich_style(rgb)) for a, b, rgb in self.runs]
         return Text(self.plain, spans=spans, no_wrap=True, end="")
+
+    def strips(self, base: Style) -> list[Strip]:
+        """As a widget's lines: each line's segments in ``base`` (the widget's own colours and
+        background), its coloured runs in ``base`` with their colour over it. What a widget
+        draws through Textual's visuals costs ~5 ms a chart at 120x40 (a Content's lines
+        wrapped, divided by span and styled a segment at a time); these cost ~0.3 ms."""
+        rows = self.plain.split("\n")
+        stride = len(rows[0]) + 1
+        styled: dict[RGB, Style] = {}
+        runs = iter(self.runs)
+        run = next(runs, None)
+        strips = []
+        for r, row in enumerate(rows):
+            start, end = r * stride, r * stride + len(row)
+            segments = []
+            at = start
+            while run is not None and run[0] < end:
+                a, b, rgb = run
+                if a > at:
+                    segments.append(Segment(row[at - start : a - start], base))
+                style = styled.get(rgb)
+                if style is None:
+                    style = styled[rgb] = base + _rich_style(rgb)
+                segments.append(Segment(row[a - start : b - start], style))
+                at = b
+                run = next(runs, None)
+            if at < end or not segments:
+                segments.append(Segment(row[at - start :], base))
+            strips.append(Strip(segments, len(row)))
+        return strips
 
     def content(self) -> Content:
         """As a Textual Content: what a widget draws without converting a Text's styles span by

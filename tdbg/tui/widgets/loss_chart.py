@@ -11,6 +11,8 @@ from rich.text import Text
 from textual.binding import Binding, BindingType
 from textual.content import Content
 from textual.message import Message
+from textual.strip import Strip
+from textual.visual import Visual
 
 from tdbg.format import fmt
 from tdbg.model.chart_axes import (
@@ -24,7 +26,7 @@ from tdbg.model.chart_axes import (
     y_range,
 )
 from tdbg.tui.colours import meaning, meaning_rgb
-from tdbg.tui.widgets.braille_chart import Axes, Series, draw
+from tdbg.tui.widgets.braille_chart import Axes, Chart, Series, draw
 from tdbg.tui.widgets.fit import Part, fit_parts
 from tdbg.tui.widgets.steady import SteadyStatic
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
@@ -124,13 +126,29 @@ class LossChart(SteadyStatic, can_focus=True):
         self.series_name = "loss"  # what replot was last given: the loss or a metric's name
         self.cursor: int | None = None  # the inspect cursor's step, while it is on
         self._data: _Data | None = None
+        # The caption and the plot drawn straight to the widget's lines (None: a message is
+        # shown the Static's way), and what they show: an unchanged draw costs no repaint.
+        self._lines: list[Strip] | None = None
+        self._shown: object = None
+        self._colours: dict[str, tuple[int, int, int]] = {}
 
     def on_mount(self) -> None:
         take_panel_tab_stop(self)
 
     # --- colours ---------------------------------------------------------------------------
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._colours.clear()  # a theme or palette change: the components' colours again
+
     def _rgb(self, component: str) -> tuple[int, int, int]:
+        # Asked at every draw; reading a component's style walks the stylesheet (~0.2 ms).
+        rgb = self._colours.get(component)
+        if rgb is None:
+            rgb = self._colours[component] = self._component_rgb(component)
+        return rgb
+
+    def _component_rgb(self, component: str) -> tuple[int, int, int]:
         color = self.get_component_rich_style(component).color
         if color is None:
             r, g, b = (200, 200, 200)
@@ -343,7 +361,7 @@ class LossChart(SteadyStatic, can_focus=True):
         if data is None or width < 10:
             return
         if height < 5:  # no room for a plot: say so, never leave a bigger size's plot cut off
-            self.update(Text.assemble(self.caption(), "\n", "too short to plot (z: zoom)"))
+            self._say(Text.assemble(self.caption(), "\n", "too short to plot (z: zoom)"))
             return
         self.nan_step = first_nonfinite(data.steps, data.loss, data.present)
         x = data.steps.astype(np.float64)
@@ -366,7 +384,7 @@ class LossChart(SteadyStatic, can_focus=True):
                 waiting = "no loss reported by the steps so far (v: step time)"
             else:
                 waiting = "no finite loss yet"
-            self.update(Text.assemble(self.caption(), "\n", waiting))
+            self._say(Text.assemble(self.caption(), "\n", waiting))
             return
         span = self._span()
         assert span is not None
@@ -384,7 +402,7 @@ class LossChart(SteadyStatic, can_focus=True):
             fit_y = np.where(fit_y > 0, fit_y, np.nan)
         limits = y_range(fit_y, robust=not self.full_range, log=log, rows=max(1, height - 3))
         if limits is None:  # nothing finite among the steps shown
-            self.update(Text.assemble(self.caption(), "\n", "no finite value in these steps"))
+            self._say(Text.assemble(self.caption(), "\n", "no finite value in these steps"))
             return
         xr, yr = bucket_mean(x, y, points)
         series = [Series(xr, yr, self._rgb("loss-chart--raw"))]
@@ -411,10 +429,39 @@ class LossChart(SteadyStatic, can_focus=True):
             x_ticks=[(t, step_label(t)) for t in ticks],
             y_ticks=[(v, value_label(v)) for v in values],
         )
-        plot = draw(width, height - 1, axes, series, markers).content()
-        # Assembled as Content: a Text would have its ~300 colour spans converted one by one.
-        caption = Content.from_rich_text(self.caption())
-        self.update(Content.assemble(caption, "\n", plot, strip_control_codes=False))
+        self._show(self.caption(), draw(width, height - 1, axes, series, markers))
+
+    def _say(self, message: Text) -> None:
+        """Show a message instead of a plot, the Static's way."""
+        if self._lines is not None:
+            self._lines = self._shown = None
+            self._steady_key = None  # the Static's content is stale: replace it whatever it is
+        self.update(message)
+
+    def _show(self, caption: Text, chart: Chart) -> None:
+        """Show ``caption`` over ``chart``, drawn to the widget's lines; nothing when both are
+        what is shown already."""
+        base = self.visual_style
+        shown = (caption.plain, tuple(caption.spans), chart, base, self.content_size.width)
+        if self._lines is not None and shown == self._shown:
+            return
+        # The caption, one line with few styles, is drawn the Static's way: its colours and
+        # the theme's are then exactly the other panels'.
+        top = Visual.to_strips(
+            self, Content.from_rich_text(caption), self.content_size.width, 1, base
+        )
+        head = top[0] if top else Strip.blank(self.content_size.width, base.rich_style)
+        self._lines = [head, *chart.strips(base.rich_style)]
+        self._shown = shown
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        lines = self._lines
+        if lines is None:
+            return super().render_line(y)
+        if y < len(lines):
+            return lines[y]
+        return Strip.blank(self.content_size.width, self.visual_style.rich_style)
 
     def on_resize(self) -> None:
         self._draw()  # the plot is drawn for a size: a new layout (z, a panel folding) redraws it
