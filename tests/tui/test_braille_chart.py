@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 from rich.color import Color
 from rich.style import Style as RichStyle
-from rich.text import Text
-from textual.content import Content
 
 from tdbg.tui.widgets.braille_chart import BLANK, Axes, Chart, Scale, Series, dots, draw
 
@@ -207,13 +205,10 @@ def test_every_size_draws_exactly_its_size(width: int, height: int) -> None:
     )
     lines = chart.plain.split("\n")
     assert len(lines) == height and {len(line) for line in lines} == {width}
-    # Every span starts and ends on one line, and the Text and Content forms agree.
+    # Every coloured run lies on one line, and the widget's lines are the text's.
     for a, b, _ in chart.runs:
         assert "\n" not in chart.plain[a:b]
-    text, content = chart.text(), chart.content()
-    assert isinstance(text, Text) and isinstance(content, Content)
-    assert text.plain == content.plain == chart.plain
-    assert len(text.spans) == len(content.spans) == len(chart.runs)
+    assert [strip.text for strip in chart.strips(RichStyle())] == lines
 
 
 def test_no_room_for_labels_keeps_the_canvas() -> None:

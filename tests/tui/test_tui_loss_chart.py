@@ -150,8 +150,9 @@ asyncio.run(main())
 
 def test_a_converged_run_s_chart_draws_in_bounded_memory(tmp_path: Path) -> None:
     # A loss that settles to 1e-8 after starting at 1e3: the fitted range is ~1e-12 wide and the
-    # first steps lie 1e15 ranges above it. plotext rasterised the line joining them over its
-    # whole length (gigabytes: a 1 M-step replay was killed); the chart must stay small.
+    # first steps lie 1e15 ranges above it. A plotting library that rasterises the line joining
+    # them over its whole length asks for gigabytes (plotext did: a 1 M-step replay was killed);
+    # the chart must stay small.
     script = tmp_path / "converged.py"
     script.write_text(CONVERGED_RUN)
     here = Path(__file__).resolve().parent

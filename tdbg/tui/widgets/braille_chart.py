@@ -11,12 +11,7 @@ import numpy as np
 from rich.color import Color
 from rich.segment import Segment
 from rich.style import Style
-from rich.text import Span, Text
-from textual.color import Color as TextualColor
-from textual.content import Content
-from textual.content import Span as ContentSpan
 from textual.strip import Strip
-from textual.style import Style as ContentStyle
 
 RGB = tuple[int, int, int]
 
@@ -188,11 +183,6 @@ class Chart:
     plain: str
     runs: list[tuple[int, int, RGB]]
 
-    def text(self) -> Text:
-        """As a Rich Text."""
-        spans = [Span(a, b, _rich_style(rgb)) for a, b, rgb in self.runs]
-        return Text(self.plain, spans=spans, no_wrap=True, end="")
-
     def strips(self, base: Style) -> list[Strip]:
         """As a widget's lines: each line's segments in ``base`` (the widget's own colours and
         background), its coloured runs in ``base`` with their colour over it. What a widget
@@ -223,21 +213,10 @@ class Chart:
             strips.append(Strip(segments, len(row)))
         return strips
 
-    def content(self) -> Content:
-        """As a Textual Content: what a widget draws without converting a Text's styles span by
-        span, or sanitising the text again (it holds no control codes)."""
-        spans = [ContentSpan(a, b, _textual_style(rgb)) for a, b, rgb in self.runs]
-        return Content(self.plain, spans, cell_length=None, strip_control_codes=False)
-
 
 @lru_cache(maxsize=64)
 def _rich_style(rgb: RGB) -> Style:
     return Style(color=Color.from_rgb(*rgb))
-
-
-@lru_cache(maxsize=64)
-def _textual_style(rgb: RGB) -> ContentStyle:
-    return ContentStyle(foreground=TextualColor(*rgb))
 
 
 def draw(

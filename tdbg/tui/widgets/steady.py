@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.content import Content
 from textual.dom import DOMNode
 from textual.visual import VisualType
 from textual.widget import Widget
@@ -21,8 +20,6 @@ def _key(content: object) -> object:
         return content
     if isinstance(content, Text):
         return (content.plain, tuple(content.spans), str(content.style), content.justify)
-    if isinstance(content, Content):  # its equality ignores the spans: the key holds them
-        return (Content, content.plain, tuple(content.spans))
     return None
 
 
