@@ -140,6 +140,8 @@ class LossChart(SteadyStatic, can_focus=True):
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._colours.clear()  # a theme or palette change: the components' colours again
+        if self._lines is not None:  # drawn in the old colours: draw again, data or none
+            self.call_later(self._draw)
 
     def _rgb(self, component: str) -> tuple[int, int, int]:
         # Asked at every draw; reading a component's style walks the stylesheet (~0.2 ms).
