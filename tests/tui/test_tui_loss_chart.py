@@ -176,7 +176,7 @@ async def test_the_chart_takes_a_new_palette_or_theme_with_no_data_arriving() ->
 
         def marker_colours() -> set[tuple[int, int, int]]:
             """The colours of the chart's vertical marker (its runs start with the mark)."""
-            found = set()
+            found: set[tuple[int, int, int]] = set()
             frame = chart.visual_style.rich_style.color  # the frame: the widget's own colour
             for y in range(2, chart.content_size.height - 2):
                 for segment in chart.render_line(y):
@@ -196,7 +196,7 @@ async def test_the_chart_takes_a_new_palette_or_theme_with_no_data_arriving() ->
         # A theme picked (the command palette's way) with no data arriving: the lines drawn
         # before hold the old theme's colours until the chart draws them again.
         def braille_colours() -> set[tuple[int, int, int]]:
-            found = set()
+            found: set[tuple[int, int, int]] = set()
             for y in range(2, chart.content_size.height - 2):
                 for segment in chart.render_line(y):
                     colour = segment.style.color if segment.style else None
