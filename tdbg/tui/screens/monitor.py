@@ -51,7 +51,7 @@ GRAD_INTERVAL = 0.5  # seconds between gradient panel updates: 1,000 rows at 8 H
 # Seconds between the charts' redraws while data arrives (keys redraw them at once). The loss
 # chart costs ~1.5 ms to draw and paint at 120x40 since it is drawn in braille (plotext took
 # ~22: benchmarks/chart_draw.py), but a chart repaint also redraws the metrics table; 4 Hz read
-# 11.7-15.5 % of a core against 8.5-12.9 % at 2 Hz on the loaded 2-core VM (benchmarks/README.md,
+# a median 12.7 % of a core against 10.2 % at 2 Hz on the shared 2-core VM (benchmarks/README.md,
 # tui.py), so 2 Hz stays while the TUI is over its 5 % budget.
 CHART_INTERVAL = 0.5
 WIDE = 170  # columns from which activations sit left-right of the gradient norms, not below
