@@ -58,6 +58,19 @@ def value_ticks(lo: float, hi: float, max_ticks: int) -> list[float]:
     return []
 
 
+def log_ticks(lo: float, hi: float, max_ticks: int) -> list[float]:
+    """The ticks of a log axis over ``[lo, hi]``: the powers of ten inside it (every second,
+    third, ... when more than ``max_ticks``), or, on a range within one decade that holds
+    fewer than two, the round values ``value_ticks`` gives (``0.4 0.6 0.8``)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi <= lo or max_ticks < 1:
+        return []
+    first, last = math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9)
+    if last - first + 1 < 2:
+        return value_ticks(lo, hi, max_ticks)
+    stride = math.ceil((last - first + 1) / max_ticks)
+    return [10.0**k for k in range(first, last + 1, stride)]
+
+
 def value_label(value: float) -> str:
     """A y tick: three significant digits, no trailing zeros (``0.2``, ``1.5``, ``2e+03``)."""
     return f"{value:.3g}"

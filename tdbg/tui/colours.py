@@ -37,7 +37,7 @@ def meaning(app: Any, word: str, bold: bool = False) -> str:
 
 
 def meaning_rgb(app: Any, word: str) -> tuple[int, int, int]:
-    """``meaning`` as an RGB triple (plotext's markers take no style string)."""
+    """``meaning`` as an RGB triple (the braille chart's colours are RGB, not style strings)."""
     from textual.color import Color
 
     try:

@@ -97,7 +97,7 @@ def test_the_model_loads_no_ui_and_no_sockets() -> None:
     from a notebook or a script, testable without an app, reaching no socket."""
     loaded = modules_after(IMPORT_ALL.format(name="tdbg.model"))
     assert {"tdbg.model.run_state", "tdbg.model.health", "tdbg.model.job"} <= loaded
-    assert not roots(loaded) & {"textual", "rich", "torch", "plotext"}
+    assert not roots(loaded) & {"textual", "rich", "torch"}
     assert not under(loaded, "tdbg.tui") | under(loaded, "tdbg.cli") | under(loaded, "tdbg.connect")
 
 

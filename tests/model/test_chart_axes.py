@@ -10,6 +10,7 @@ import pytest
 from tdbg.model.chart_axes import (
     StepWindow,
     first_nonfinite,
+    log_ticks,
     step_label,
     step_ticks,
     value_label,
@@ -143,3 +144,14 @@ def test_value_ticks_are_round_and_as_many_as_fit(lo: float, hi: float, most: in
         "1.2",
         "1.4",
     ]
+
+
+def test_log_ticks_are_powers_of_ten_thinned_to_fit() -> None:
+    assert log_ticks(0.01, 100, 10) == [0.01, 0.1, 1.0, 10.0, 100.0]
+    assert log_ticks(0.009, 0.11, 10) == [0.01, 0.1]
+    assert log_ticks(1e-12, 1e6, 5) == [1e-12, 1e-08, 0.0001, 1.0, 10000.0]  # every 4th decade
+    assert log_ticks(1e-12, 1e6, 5)[0] == 1e-12
+    # Within a decade (fewer than two powers of ten): round values, as on a linear axis.
+    assert log_ticks(0.31, 0.9, 4) == value_ticks(0.31, 0.9, 4) == [0.4, 0.6, 0.8]
+    assert log_ticks(0, 10, 5) == log_ticks(-1, 10, 5) == log_ticks(2, 1, 5) == []
+    assert log_ticks(math.nan, 10, 5) == log_ticks(1, 10, 0) == []

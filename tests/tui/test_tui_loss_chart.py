@@ -14,6 +14,7 @@ from textual.pilot import Pilot
 from waiting import wait_for
 
 from tdbg.tui.app import TdbgApp, make_app, screen_text
+from tdbg.tui.colours import meaning_rgb
 from tdbg.tui.screens.help import KEYS
 from tdbg.tui.sources.base import ReplaySource
 from tdbg.tui.sources.synthetic import RUN, synthetic_run
@@ -150,8 +151,9 @@ asyncio.run(main())
 
 def test_a_converged_run_s_chart_draws_in_bounded_memory(tmp_path: Path) -> None:
     # A loss that settles to 1e-8 after starting at 1e3: the fitted range is ~1e-12 wide and the
-    # first steps lie 1e15 ranges above it. plotext rasterised the line joining them over its
-    # whole length (gigabytes: a 1 M-step replay was killed); the chart must stay small.
+    # first steps lie 1e15 ranges above it. A plotting library that rasterises the line joining
+    # them over its whole length asks for gigabytes (plotext did: a 1 M-step replay was killed);
+    # the chart must stay small.
     script = tmp_path / "converged.py"
     script.write_text(CONVERGED_RUN)
     here = Path(__file__).resolve().parent
@@ -163,3 +165,53 @@ def test_a_converged_run_s_chart_draws_in_bounded_memory(tmp_path: Path) -> None
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "True", out.stdout
+
+
+async def test_the_chart_takes_a_new_palette_or_theme_with_no_data_arriving() -> None:
+    app = make_app(ReplaySource(synthetic_run(steps=400, n_layers=4, nan_at=380), dict(RUN)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.state.n_steps == 400, "400 steps")
+        await painted(pilot, app)
+        chart = app.query_one(LossChart)
+
+        def marker_colours() -> set[tuple[int, int, int]]:
+            """The colours of the chart's vertical marker (its runs start with the mark)."""
+            found: set[tuple[int, int, int]] = set()
+            frame = chart.visual_style.rich_style.color  # the frame: the widget's own colour
+            for y in range(2, chart.content_size.height - 2):
+                for segment in chart.render_line(y):
+                    colour = segment.style.color if segment.style else None
+                    if segment.text.startswith("│") and colour and colour != frame:
+                        found.add(colour.get_truecolor())
+            return found
+
+        await wait_for(pilot, lambda: marker_colours() == {meaning_rgb(app, "bad")}, "the mark")
+        before = meaning_rgb(app, "bad")
+        await pilot.press("C")  # the replay has ended: no data comes to redraw the chart
+        await wait_for(pilot, lambda: meaning_rgb(app, "bad") != before, "the palette changed")
+        await wait_for(
+            pilot, lambda: marker_colours() == {meaning_rgb(app, "bad")}, "the mark's new colour"
+        )
+
+        # A theme picked (the command palette's way) with no data arriving: the lines drawn
+        # before hold the old theme's colours until the chart draws them again.
+        def braille_colours() -> set[tuple[int, int, int]]:
+            found: set[tuple[int, int, int]] = set()
+            for y in range(2, chart.content_size.height - 2):
+                for segment in chart.render_line(y):
+                    colour = segment.style.color if segment.style else None
+                    if colour and any(0x2800 < ord(c) < 0x2900 for c in segment.text):
+                        found.add(colour.get_truecolor())
+            return found
+
+        raw = chart._component_rgb("loss-chart--raw")  # $primary: the theme's own
+        assert raw in braille_colours()
+        app.theme = "gruvbox"
+        await wait_for(
+            pilot, lambda: chart._component_rgb("loss-chart--raw") != raw, "the new theme"
+        )
+        await wait_for(
+            pilot,
+            lambda: chart._component_rgb("loss-chart--raw") in braille_colours(),
+            "the raw loss in the new theme's colour",
+        )

@@ -48,9 +48,11 @@ from tdbg.tui.widgets.steady_footer import SteadyFooter
 
 RECENT_LOSS = 200  # steps shown in the loss sparkline
 GRAD_INTERVAL = 0.5  # seconds between gradient panel updates: 1,000 rows at 8 Hz is wasted work
-# Seconds between the charts' redraws while data arrives (keys redraw them at once): a loss chart
-# at 120x40 costs ~29 ms to draw through plotext, 12 % of a core at 4 Hz; half a second moves a
-# curve of hundreds of steps by a few braille dots.
+# Seconds between the charts' redraws while data arrives (keys redraw them at once). The loss
+# chart costs ~1.5 ms to draw and paint at 120x40 since it is drawn in braille (plotext took
+# ~22: benchmarks/chart_draw.py), but a chart repaint also redraws the metrics table; 4 Hz read
+# a median 12.7 % of a core against 10.2 % at 2 Hz on the shared 2-core VM (benchmarks/README.md,
+# tui.py), so 2 Hz stays while the TUI is over its 5 % budget.
 CHART_INTERVAL = 0.5
 WIDE = 170  # columns from which activations sit left-right of the gradient norms, not below
 NARROW = 100  # columns below which the LR panel narrows so the alerts can be read

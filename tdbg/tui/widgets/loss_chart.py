@@ -1,4 +1,4 @@
-"""LossChart: the loss, raw and smoothed, over a window of steps that the keys move, via plotext."""
+"""LossChart: the loss, raw and smoothed, over a window of steps that the keys move, in braille."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ from typing import Any, ClassVar
 import numpy as np
 from rich.text import Text
 from textual.binding import Binding, BindingType
+from textual.content import Content
 from textual.message import Message
+from textual.strip import Strip
+from textual.visual import Visual
 
 from tdbg.format import fmt
 from tdbg.model.chart_axes import (
     StepWindow,
     first_nonfinite,
+    log_ticks,
     step_label,
     step_ticks,
     value_label,
@@ -22,8 +26,8 @@ from tdbg.model.chart_axes import (
     y_range,
 )
 from tdbg.tui.colours import meaning, meaning_rgb
+from tdbg.tui.widgets.braille_chart import Axes, Chart, Series, draw
 from tdbg.tui.widgets.fit import Part, fit_parts
-from tdbg.tui.widgets.plotext_lite import plotext as plt
 from tdbg.tui.widgets.steady import SteadyStatic
 from tdbg.tui.widgets.tab_stop import take_panel_tab_stop
 
@@ -61,48 +65,6 @@ def bucket_mean(x: np.ndarray, y: np.ndarray, buckets: int) -> tuple[np.ndarray,
     sums = np.add.reduceat(y, edges[:-1])
     counts = np.diff(edges)
     return x[edges[:-1]], sums / counts
-
-
-def inside_limits(
-    x: np.ndarray, y: np.ndarray, limits: tuple[float, float] | None, line: bool
-) -> tuple[list[float], list[float]]:
-    """The points to hand plotext for y-limits ``limits``, drawn as they would be but bounded.
-
-    plotext rasterises a line over its whole length, inside the frame or not: a converged run
-    whose fitted range is 1e-9 wide, joined to its first steps' loss 1e6 ranges away, asked it
-    for gigabytes and killed the TUI (a 1 M-step replay). Everything inside a band one
-    frame-height beyond the frame is handed over as it is (plotext leaves out what is off
-    screen, rounding to its cells); loose points past the band are left out, and a line that
-    leaves the band is cut at its edge (the crossing point added, so the part on screen keeps
-    its slope) and runs along that edge, off screen.
-    """
-    if limits is None:
-        return x.tolist(), y.tolist()
-    lo, hi = limits
-    margin = (hi - lo) or abs(hi) or 1.0
-    low, high = lo - margin, hi + margin
-    if not line:  # plotext itself leaves out what is off screen, rounding to its cells
-        keep = (y >= low) & (y <= high)
-        return x[keep].tolist(), y[keep].tolist()
-    if len(y) == 0 or (y.min() >= low and y.max() <= high):
-        return x.tolist(), y.tolist()
-    xs: list[float] = []
-    ys: list[float] = []
-    px = py = 0.0
-    for i, (cx, cy) in enumerate(zip(x.tolist(), y.tolist(), strict=True)):
-        if i:
-            crossings = sorted(
-                ((edge - py) / (cy - py), edge)
-                for edge in (low, high)
-                if (py - edge) * (cy - edge) < 0
-            )
-            for t, edge in crossings:
-                xs.append(px + t * (cx - px))
-                ys.append(edge)
-        xs.append(cx)
-        ys.append(min(max(cy, low), high))
-        px, py = cx, cy
-    return xs, ys
 
 
 # Colours of the metrics drawn over the loss (val_loss, loss/NAME, ...), in legend order.
@@ -164,13 +126,31 @@ class LossChart(SteadyStatic, can_focus=True):
         self.series_name = "loss"  # what replot was last given: the loss or a metric's name
         self.cursor: int | None = None  # the inspect cursor's step, while it is on
         self._data: _Data | None = None
+        # The caption and the plot drawn straight to the widget's lines (None: a message is
+        # shown the Static's way), and what they show: an unchanged draw costs no repaint.
+        self._lines: list[Strip] | None = None
+        self._shown: object = None
+        self._colours: dict[str, tuple[int, int, int]] = {}
 
     def on_mount(self) -> None:
         take_panel_tab_stop(self)
 
     # --- colours ---------------------------------------------------------------------------
 
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._colours.clear()  # a theme or palette change: the components' colours again
+        if self._lines is not None:  # drawn in the old colours: draw again, data or none
+            self.call_later(self._draw)
+
     def _rgb(self, component: str) -> tuple[int, int, int]:
+        # Asked at every draw; reading a component's style walks the stylesheet (~0.2 ms).
+        rgb = self._colours.get(component)
+        if rgb is None:
+            rgb = self._colours[component] = self._component_rgb(component)
+        return rgb
+
+    def _component_rgb(self, component: str) -> tuple[int, int, int]:
         color = self.get_component_rich_style(component).color
         if color is None:
             r, g, b = (200, 200, 200)
@@ -383,7 +363,7 @@ class LossChart(SteadyStatic, can_focus=True):
         if data is None or width < 10:
             return
         if height < 5:  # no room for a plot: say so, never leave a bigger size's plot cut off
-            self.update(Text.assemble(self.caption(), "\n", "too short to plot (z: zoom)"))
+            self._say(Text.assemble(self.caption(), "\n", "too short to plot (z: zoom)"))
             return
         self.nan_step = first_nonfinite(data.steps, data.loss, data.present)
         x = data.steps.astype(np.float64)
@@ -406,7 +386,7 @@ class LossChart(SteadyStatic, can_focus=True):
                 waiting = "no loss reported by the steps so far (v: step time)"
             else:
                 waiting = "no finite loss yet"
-            self.update(Text.assemble(self.caption(), "\n", waiting))
+            self._say(Text.assemble(self.caption(), "\n", waiting))
             return
         span = self._span()
         assert span is not None
@@ -423,46 +403,67 @@ class LossChart(SteadyStatic, can_focus=True):
         if log:
             fit_y = np.where(fit_y > 0, fit_y, np.nan)
         limits = y_range(fit_y, robust=not self.full_range, log=log, rows=max(1, height - 3))
-        fig = plt.figure
-        fig.clear()
-        fig.plot_size(width, height - 1)
-        fig.theme("colorless")
+        if limits is None:  # nothing finite among the steps shown
+            self._say(Text.assemble(self.caption(), "\n", "no finite value in these steps"))
+            return
         xr, yr = bucket_mean(x, y, points)
-        raw = plt.marker("braille", self._rgb("loss-chart--raw"))
-        fig.draw(fig.signal(*inside_limits(xr, yr, limits, line=False), marker=raw))
+        series = [Series(xr, yr, self._rgb("loss-chart--raw"))]
         for ex, ey, rgb in extra:
             keep = (ex >= lo) & (ex <= hi)
             ey = ey[keep]
             ey = np.where(ey > 0, ey, np.nan) if log else ey
-            xe, ye = bucket_mean(ex[keep].astype(np.float64), ey, points)
-            if len(ye):
-                points_e = inside_limits(xe, ye, limits, line=False)
-                fig.draw(fig.signal(*points_e, marker=plt.marker("braille", rgb)))
+            series.append(Series(*bucket_mean(ex[keep].astype(np.float64), ey, points), rgb))
+        # Drawn last, joined into a line: on top of the raw points.
         xs, yss = bucket_mean(x, ys, points)
-        if len(yss):  # drawn last, joined into a line: on top of the raw points
-            smooth = plt.marker("braille", self._rgb("loss-chart--smoothed"))
-            line = inside_limits(xs, yss, limits, line=True)
-            fig.draw(fig.signal(*line, marker=smooth).lines())
-        if self.nan_step is not None and lo <= self.nan_step <= hi and limits is not None:
-            nan_line = plt.marker("│", meaning_rgb(self.app, "bad"))
-            fig.draw(fig.segment([self.nan_step] * 2, list(limits), marker=nan_line))
-        if self.cursor is not None and lo <= self.cursor <= hi and limits is not None:
-            cursor_line = plt.marker("│", CURSOR_RGB)
-            fig.draw(fig.segment([self.cursor] * 2, list(limits), marker=cursor_line))
+        series.append(Series(xs, yss, self._rgb("loss-chart--smoothed"), line=True))
+        markers = []
+        if self.nan_step is not None:
+            markers.append((float(self.nan_step), meaning_rgb(self.app, "bad")))
+        if self.cursor is not None:
+            markers.append((float(self.cursor), CURSOR_RGB))
         ticks = step_ticks(lo, hi, max(2, width // TICK_EVERY))
-        x_axis = fig.ruler("x")
-        x_axis.lim(lo, max(hi, lo + 1))
-        x_axis.ticks(ticks, [step_label(t) for t in ticks])
-        y_axis = fig.ruler("y")
-        if log:
-            y_axis.scale("log")
-        if limits is not None:
-            y_axis.lim(*limits)
-            if not log:  # plotext's log ticks are already powers of ten
-                values = value_ticks(*limits, max(2, (height - 3) // ROWS_PER_TICK))
-                y_axis.ticks(values, [value_label(v) for v in values])
-        plot = Text.from_ansi(fig.build().string(), no_wrap=True)
-        self.update(Text.assemble(self.caption(), "\n", plot, no_wrap=True))
+        most = max(2, (height - 3) // ROWS_PER_TICK)
+        values = log_ticks(*limits, most) if log else value_ticks(*limits, most)
+        axes = Axes(
+            x_lim=(lo, max(hi, lo + 1)),
+            y_lim=limits,
+            log=log,
+            x_ticks=[(t, step_label(t)) for t in ticks],
+            y_ticks=[(v, value_label(v)) for v in values],
+        )
+        self._show(self.caption(), draw(width, height - 1, axes, series, markers))
+
+    def _say(self, message: Text) -> None:
+        """Show a message instead of a plot, the Static's way."""
+        if self._lines is not None:
+            self._lines = self._shown = None
+            self._steady_key = None  # the Static's content is stale: replace it whatever it is
+        self.update(message)
+
+    def _show(self, caption: Text, chart: Chart) -> None:
+        """Show ``caption`` over ``chart``, drawn to the widget's lines; nothing when both are
+        what is shown already."""
+        base = self.visual_style
+        shown = (caption.plain, tuple(caption.spans), chart, base, self.content_size.width)
+        if self._lines is not None and shown == self._shown:
+            return
+        # The caption, one line with few styles, is drawn the Static's way: its colours and
+        # the theme's are then exactly the other panels'.
+        top = Visual.to_strips(
+            self, Content.from_rich_text(caption), self.content_size.width, 1, base
+        )
+        head = top[0] if top else Strip.blank(self.content_size.width, base.rich_style)
+        self._lines = [head, *chart.strips(base.rich_style)]
+        self._shown = shown
+        self.refresh()
+
+    def render_line(self, y: int) -> Strip:
+        lines = self._lines
+        if lines is None:
+            return super().render_line(y)
+        if y < len(lines):
+            return lines[y]
+        return Strip.blank(self.content_size.width, self.visual_style.rich_style)
 
     def on_resize(self) -> None:
         self._draw()  # the plot is drawn for a size: a new layout (z, a panel folding) redraws it
