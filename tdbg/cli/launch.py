@@ -5,23 +5,22 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual.app import App
 
 from tdbg.connect.client import ConnectError, ProbeClient
-from tdbg.connect.jobs import SCALE_FROM, job_size, local_job
-from tdbg.connect.node_link import Spawned
 from tdbg.connect.runtime import discover
 from tdbg.connect.targets import Discover, Job, LocalSocket, Recording, Remote, Target, resolve
-from tdbg.model.job_replay import replay_job
-from tdbg.model.recordings import load_run
 from tdbg.recording.reader import RecordingError
 from tdbg.tui.app import TdbgApp, make_app
-from tdbg.tui.job_app import JobApp
-from tdbg.tui.replay_app import ReplayApp, load
 from tdbg.tui.sources.base import DiscoverySource, SocketSource, Source, Stoppable
-from tdbg.tui.sources.job import JobSource
-from tdbg.tui.sources.job_replay import RecordedJobSource
+
+# The job screen's and the replay's modules are imported where they are opened: a single live
+# run (the usual case) does not wait for them before its first frame.
+if TYPE_CHECKING:
+    from tdbg.connect.node_link import Spawned
+    from tdbg.tui.sources.job import JobSource
 
 
 def error(message: str) -> int:
@@ -64,8 +63,12 @@ def app_for(
 
         source = remote_source(texts, ssh_options, remote_tdbg)
     elif isinstance(resolved, Recording):
+        from tdbg.tui.replay_app import ReplayApp, load
+
         return ReplayApp(load(texts[0])), None
     elif isinstance(resolved, Job):
+        from tdbg.tui.job_app import JobApp
+
         job_source = job_source_for(resolved.job)
         return JobApp(job_source), job_source
     elif isinstance(resolved, Discover):
@@ -93,6 +96,9 @@ def launch(
     """``tdbg-tui [TARGET | URL [URL ...]] [--compare FILE ...]``: the app for the TARGETs
     (``app_for``), with the recordings to compare drawn under its loss, until the user quits;
     its exit code, or one line on stderr and exit code 2 when it cannot start."""
+    from tdbg.model.recordings import load_run
+    from tdbg.tui.replay_app import ReplayApp
+
     try:
         baselines = [(Path(path).name, load_run(path)) for path in compare]
         app, source = app_for(target, more, ssh_options, remote_tdbg)
@@ -113,6 +119,8 @@ def launch(
 def run_replay(path: str) -> int:
     """``tdbg-tui replay FILE``: show the recording at ``path`` until the user quits; one line
     on stderr and exit code 2 when it is not a recording. The caller parses the command line."""
+    from tdbg.tui.replay_app import ReplayApp, load
+
     try:
         app = ReplayApp(load(path))
     except RecordingError as exc:
@@ -133,6 +141,7 @@ def launch_nodes(
     """``tdbg-tui ssh://node1 ssh://node2 ... | --hostfile F [--job JOB]``: the job across the
     nodes (one ssh per node carries its ranks), or the single-run screen when the nodes' runs
     are not one job's ranks. A bad node list, no answer or several jobs: one line, exit 2."""
+    from tdbg.tui.job_app import JobApp
     from tdbg.tui.sources.remote_job import RemoteJobSource, remote_job_source  # ssh: if asked
 
     try:
@@ -150,6 +159,9 @@ def launch_job(
     None (``tdbg-tui`` alone): the job screen when every local run is a rank of one job; None
     when that is not so, and the caller goes on as for single runs. ``spawned``: the job's
     local bridge, started before the TUI's imports (``spawn_local_bridge``)."""
+    from tdbg.connect.jobs import local_job
+    from tdbg.tui.job_app import JobApp
+
     job = job if job is not None else local_job(directory)
     if job is None:
         return None
@@ -163,6 +175,8 @@ def job_source_for(
     """The source for local job ``job``: every rank read whole, or, past SCALE_FROM ranks,
     read through a bridge of their own that sends summaries (as a node of a multi-node job;
     ``spawned``: that bridge, started already)."""
+    from tdbg.connect.jobs import SCALE_FROM, job_size
+    from tdbg.tui.sources.job import JobSource
     from tdbg.tui.sources.remote_job import local_job_source  # with the ssh parts
 
     if job_size(discover(directory), job) > SCALE_FROM:
@@ -175,5 +189,9 @@ def job_source_for(
 def launch_job_replay(paths: list[Path]) -> int:
     """``tdbg-tui --job DIR`` or ``--job A.rank0.tdbg B.rank1.tdbg ...``: the ranks'
     recordings replayed as one job (RecordingError for a file that is not one)."""
+    from tdbg.model.job_replay import replay_job
+    from tdbg.tui.job_app import JobApp
+    from tdbg.tui.sources.job_replay import RecordedJobSource
+
     job, alerts = replay_job(paths)
     return _run(JobApp(RecordedJobSource(job.job), (job, alerts)))
