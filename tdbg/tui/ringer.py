@@ -7,11 +7,14 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from tdbg.model.ending import ending
-from tdbg.model.job import Job
-from tdbg.model.job_alerts import JobAlert
 from tdbg.model.run_state import RunState
+
+if TYPE_CHECKING:  # the job's model: loaded by the job screen, not before a single run's frame
+    from tdbg.model.job import Job
+    from tdbg.model.job_alerts import JobAlert
 from tdbg.protocol.messages.alert import Alert
 
 RING_SEVERITIES = frozenset({"warning", "error"})
