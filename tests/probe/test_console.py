@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ptys import read_pty
 
 SCRIPT = textwrap.dedent(
     r"""
@@ -105,18 +106,6 @@ def test_files_get_the_same_bytes_and_the_recording_the_lines(tmp_path: Path, mo
     assert streams["to stderr"] == "stderr" and streams["héllo stdout ✓"] == "stdout"
 
 
-def _read_pty(master: int) -> bytes:
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: every writer closed
-            return out
-        if not chunk:
-            return out
-        out += chunk
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_a_terminal_sees_the_same_bytes_and_stays_a_terminal(tmp_path: Path, mode: str) -> None:
     script = SCRIPT + textwrap.dedent(
@@ -144,7 +133,7 @@ def test_a_terminal_sees_the_same_bytes_and_stays_a_terminal(tmp_path: Path, mod
             stderr=slave,
         )
         os.close(slave)
-        seen.append(_read_pty(master))
+        seen.append(read_pty(master))
         assert proc.wait(timeout=120) == 0
         os.close(master)
     assert seen[1] == seen[0]

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from ptys import read_pty
 
 CRASH = textwrap.dedent(
     r"""
@@ -46,18 +47,6 @@ def _env(tmp_path: Path, console: str | None) -> dict[str, str]:
     return env
 
 
-def _read_pty(master: int) -> bytes:
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: every writer closed
-            return out
-        if not chunk:
-            return out
-        out += chunk
-
-
 def _crash(tmp_path: Path, how: str, to: str, console: str | None) -> tuple[int, bytes, bytes]:
     """The script's exit status and what its stdout and stderr received."""
     script = tmp_path / "crash.py"
@@ -76,7 +65,7 @@ def _crash(tmp_path: Path, how: str, to: str, console: str | None) -> tuple[int,
         argv, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, start_new_session=True
     )
     os.close(slave)
-    seen = _read_pty(master)
+    seen = read_pty(master)
     os.close(master)
     return proc.wait(timeout=120), seen, b""
 
