@@ -44,13 +44,16 @@ def run(
 ) -> None:
     """The ranks' steps in batches, the history fed after each, as the job screen feeds it."""
     for first in range(steps.start, steps.stop, batch):
-        for rank, state in job.ranks.items():
-            if state.ended:
-                continue
-            last = min(first + batch, steps.stop)
-            state.apply(pack_steps([record(s, data(rank, s)) for s in range(first, last)], 0))
+        apply_steps(job, range(first, min(first + batch, steps.stop)), data)
         if history is not None:
             history.update(job)
+
+
+def apply_steps(job: Job, steps: range, data: Pattern) -> None:
+    """Steps ``steps`` of every rank still running, with the phases ``data`` gives."""
+    for rank, state in job.ranks.items():
+        if not state.ended:
+            state.apply(pack_steps([record(s, data(rank, s)) for s in steps], 0))
 
 
 def noise(seed: int) -> Pattern:

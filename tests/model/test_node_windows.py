@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import msgpack
-from straggler_streams import intermittent, job_of, noise, record
+from straggler_streams import apply_steps, intermittent, job_of, noise, record
 
 from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
@@ -51,11 +51,7 @@ def feed(job: Job, bridges: Bridges, both: tuple[StragglerHistory, StragglerHist
     fed: one from the ranks' steps, one from the summaries."""
     assert callable(data)
     for first in range(steps.start, steps.stop, batch):
-        for rank, state in job.ranks.items():
-            if state.ended:
-                continue
-            last = min(first + batch, steps.stop)
-            state.apply(pack_steps([record(s, data(rank, s)) for s in range(first, last)], 0))
+        apply_steps(job, range(first, min(first + batch, steps.stop)), data)
         bridges.summarise()
         both[0].update(job)
         both[1].update(bridges.viewer.windowed())
