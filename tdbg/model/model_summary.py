@@ -27,7 +27,7 @@ class LayerRow:
     device: str
     bytes: int | None
     optimizer: str | None  # the optimizer that updates it; None: none does (or not known)
-    marks: tuple[str, ...]  # what to look at: frozen, no optimizer, no gradient, gone
+    marks: tuple[str, ...]  # what to look at: frozen, no optimizer, learning rate 0, gone, ...
 
     @property
     def frozen(self) -> bool:
@@ -107,6 +107,7 @@ def model_summary(state: RunState) -> ModelSummary:
     zero_grad = _alerted_layers(state, "zero_grad")
     not_learning = _alerted_layers(state, "update_stalled")
     gone = set(state.presence.gone_at)
+    latest_lr = state.latest_lr()
     rows: list[LayerRow] = []
     by_dtype: Counter[str] = Counter()
     by_device: Counter[str] = Counter()
@@ -134,6 +135,15 @@ def model_summary(state: RunState) -> ModelSummary:
                 marks.append("partly frozen")
             if trainable and "optimizer" in facts and optimizer is None and optimizer_names:
                 marks.append("no optimizer")
+            column_index = column("lr_group", i)
+            if (
+                trainable
+                and optimizer is not None
+                and isinstance(column_index, int)
+                and 0 <= column_index < len(latest_lr)
+                and latest_lr[column_index] == 0.0
+            ):
+                marks.append("learning rate 0")
         if name in no_grad:
             marks.append("no gradient")
         elif name in zero_grad:

@@ -91,9 +91,17 @@ class RobustWindow:
 class AlertRules:
     """Turns each resolved step into zero or more alerts; a condition alerts on onset only."""
 
-    def __init__(self, layer_names: Sequence[str], frozen: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        layer_names: Sequence[str],
+        frozen: Sequence[int] = (),
+        lr_groups: Sequence[Any] = (),
+    ) -> None:
         self.layer_names = list(layer_names)
         self.frozen = set(frozen)  # layers with no trainable parameter: a zero norm is expected
+        # Per layer, the lr column of the param group updating it (layer_facts' ``lr_group``):
+        # names the layers a learning rate of zero stops.
+        self.lr_groups = list(lr_groups)
         # Layers whose parameters left the model -> the first step without them: no norm (NaN).
         self.gone: dict[int, int] = {}
         self._losses = RobustWindow()
@@ -108,13 +116,18 @@ class AlertRules:
         self._tiny_run: dict[int, int] = {}
 
     def relayout(
-        self, layer_names: Sequence[str], gone: Mapping[int, int], frozen: Sequence[int] = ()
+        self,
+        layer_names: Sequence[str],
+        gone: Mapping[int, int],
+        frozen: Sequence[int] = (),
+        lr_groups: Sequence[Any] = (),
     ) -> None:
         """The watched layers changed mid-run. The total norm's spike baseline is kept: a new
         head whose gradients explode must still alert (it does, measured: a head replaced with
         too high a learning rate), at the price of a warning when a fresh head's norm is just
         larger than the old model's."""
         self.layer_names = list(layer_names)
+        self.lr_groups = list(lr_groups)
         self.gone = dict(gone)  # a layer that left the model: no norm from its step on
         # As the gradient passes were rebuilt at the same moment: they read no parameter that
         # did not require grad then, so its layer's zero norm is expected.
@@ -161,18 +174,37 @@ class AlertRules:
             if key is None and not zero:
                 self._active["lr"] = None
             elif key is not None and self._onset("lr", key):
-                groups = ", ".join(str(i) for i in zero)
-                out.append(
-                    alert(
-                        "lr_zero",
-                        "warning",
-                        step,
-                        f"learning rate is 0 in param group(s) {groups} — nothing is learning",
-                    )
-                )
+                out.append(self._lr_zero_alert(step, zero, len(rec.lr)))
         if math.isfinite(rec.step_time) and rec.step_time > 0:
             self._step_times.append(rec.step_time)
         return out
+
+    def _lr_zero_alert(self, step: int, zero: list[int], columns: int) -> AlertMessage:
+        """The ``lr_zero`` alert, naming the layers those param groups update (where the
+        layout says which: layer_facts' ``lr_group``)."""
+        groups = ", ".join(str(i) for i in zero)
+        held = set(zero)
+        names = self.layer_names
+        stopped = [
+            names[i]
+            for i, column in enumerate(self.lr_groups[: len(names)])
+            if column in held and i not in self.gone and i not in self.frozen
+        ]
+        if len(zero) >= columns:
+            said = "nothing is learning"
+        elif len(stopped) == 1:
+            said = f"layer {stopped[0]} learns nothing"
+        elif stopped:
+            said = f"layers {_names(stopped)} learn nothing"
+        else:
+            said = "the layers in them learn nothing"
+        return alert(
+            "lr_zero",
+            "warning",
+            step,
+            f"learning rate is 0 in param group(s) {groups}: {said}",
+            stopped,
+        )
 
     def _check_grads(self, rec: StepRecord, missing_layers: Sequence[int]) -> list[AlertMessage]:
         out: list[AlertMessage] = []

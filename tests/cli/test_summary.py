@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -90,6 +91,46 @@ def test_a_recording_s_summary_names_every_layer_and_what_to_look_at(
     hello = json.loads(capsys.readouterr().out.splitlines()[0])
     assert hello["types"] == ["Embedding", "Linear", "Linear", "Linear"]
     assert hello["optimizer"] == [-1, 0, 0, -1] and hello["trainable"] == [0, 72, 72, 72]
+
+
+def test_a_layer_whose_group_s_learning_rate_is_zero_is_marked_in_a_short_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two optimizers, the second with two param groups, one of them at a learning rate of 0:
+    marked from the latest step's learning rates, before any update ratio is sampled, and the
+    alert names the layer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    first = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    groups: list[dict[str, Any]] = [
+        {"params": model[2].parameters(), "lr": 1e-3},
+        {"params": model[4].parameters(), "lr": 0.0},
+    ]
+    second = torch.optim.AdamW(groups)
+    path = tmp_path / "two.tdbg"
+    probe = tdbg.watch(model, [first, second], serve=False, record=path, grad_every=1000)
+    for _ in range(5):
+        loss = model(torch.randn(4, 4)).pow(2).mean()
+        first.zero_grad()
+        second.zero_grad()
+        loss.backward()
+        first.step()
+        second.step()
+        probe.step(loss)
+    probe.close()
+
+    assert run(["dump", str(path)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[0]["lr_group"] == [0, 1, 2]  # the second optimizer's groups follow the first's
+    # One sampled update (step 0): too few ratios to say "not learning"; the LR tells.
+    assert len([m for m in lines if m["type"] == "updates"]) <= 1
+    (stopped,) = [m for m in lines if m["type"] == "alert" and m["kind"] == "lr_zero"]
+    assert stopped["layers"] == ["4"] and stopped["message"].endswith("layer 4 learns nothing")
+
+    assert run(["summary", "--json", str(path)]) == 0
+    layers = {r["name"]: r for r in json.loads(capsys.readouterr().out)["layers"]}
+    assert layers["4"]["marks"] == ["learning rate 0"]
+    assert layers["0"]["marks"] == [] and layers["2"]["marks"] == []
 
 
 def test_a_live_run_s_summary_follows_a_layer_replaced_mid_run(

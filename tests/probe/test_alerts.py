@@ -153,6 +153,27 @@ def test_lr_zero_after_three_steps() -> None:
     assert kinds(run(rules, [rec(i, lr=[0.0, 0.0]) for i in range(6, 9)])) == ["lr_zero"]
 
 
+def test_lr_zero_names_the_layers_its_groups_update() -> None:
+    # Per layer, its param group's lr column: embed and head in group 0, the blocks in group 1
+    # (its learning rate 0), the frozen embedding in group 0 too.
+    rules = AlertRules(LAYERS, frozen=[0], lr_groups=[0, 1, 1, 0])
+    out = run(rules, [rec(i, lr=[0.1, 0.0]) for i in range(3)])
+    assert kinds(out) == ["lr_zero"]
+    assert out[0].layers == ("block.0", "block.1")
+    assert out[0].message == (
+        "learning rate is 0 in param group(s) 1: layers block.0, block.1 learn nothing"
+    )
+    one = AlertRules(LAYERS, lr_groups=[0, 0, 0, 1])
+    (only,) = run(one, [rec(i, lr=[0.1, 0.0]) for i in range(3)])
+    assert only.layers == ("head",) and only.message.endswith("layer head learns nothing")
+    every = AlertRules(LAYERS, lr_groups=[0, 0, 0, 1])
+    (both,) = run(every, [rec(i, lr=[0.0, 0.0]) for i in range(3)])
+    assert both.message.endswith("nothing is learning") and len(both.layers) == 4
+    # A layout that does not say which layers a group updates: the groups alone.
+    (unknown,) = run(AlertRules(LAYERS), [rec(i, lr=[0.1, 0.0]) for i in range(3)])
+    assert unknown.layers == () and unknown.message.endswith("the layers in them learn nothing")
+
+
 def test_warm_up_starting_at_zero_is_not_an_alert() -> None:
     rules = AlertRules(LAYERS)
     lrs = [0.0, 1e-4, 2e-4, 3e-4, 4e-4] + [5e-4] * 10

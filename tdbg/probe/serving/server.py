@@ -118,7 +118,9 @@ class ProbeServer(ClientLoop):
         self.layer_since: list[int] = []  # per layer, its first step (see Layers.since)
         self.gone_at: list[int] = []  # per gone layer, its first step without (Layers.gone_at)
         self.history = History(len(layer_names))
-        self.rules = AlertRules(layer_names, frozen or [])
+        self.rules = AlertRules(
+            layer_names, frozen or [], lr_groups=(layer_facts or {}).get("lr_group", ())
+        )
         self._on_grad_device_time = on_grad_device_time
         self.endpoint = Endpoint(rank, run_info, directory)
         self._stats = stats
@@ -221,7 +223,7 @@ class ProbeServer(ClientLoop):
         # A gone layer's NaN from its first step without it on is no norm (GradSample.gone);
         # a row read before it left is still its own.
         left = dict(zip(gone, gone_at, strict=True))
-        self.rules.relayout(names, left, frozen)
+        self.rules.relayout(names, left, frozen, lr_groups=(facts or {}).get("lr_group", ()))
         self.nan_origin.gone = left
         self.nan_origin.layer_names = list(names)
         run = self.endpoint.run_info

@@ -85,10 +85,13 @@ class Layers(TypedDict):
     bytes: NotRequired[list[int]]
     trainable: NotRequired[list[int]]
     optimizer: NotRequired[list[int]]
+    # Per layer, the index among each step's ``lr`` columns of the param group updating it
+    # (-1: none): a layer whose group's learning rate is 0 learns nothing.
+    lr_group: NotRequired[list[int]]
 
 
 # The model summary's per-layer columns in the ``layers`` message, by name.
-SUMMARY_FIELDS = ("types", "dtypes", "devices", "bytes", "trainable", "optimizer")
+SUMMARY_FIELDS = ("types", "dtypes", "devices", "bytes", "trainable", "optimizer", "lr_group")
 
 
 def layers_message(
