@@ -11,6 +11,10 @@ Bounded: what waits for the probe thread is at most ``INBOX_BUDGET`` (the charac
 ``WRITE_COST`` a write: 8 MB holds ~40,000 printed lines, a tick of any flood a terminal or a file
 takes); past that the oldest writes are dropped and their lines counted, and one write keeps at
 most its last ``MAX_WRITE`` characters. A writer pays a deque append and two integer updates.
+Before any probe holds the capture (``tdbg run``'s preload, a script that has not called
+``watch()`` yet, or never does), nobody pumps: the writer that finds the inbox full cuts it into
+the ring itself, once per ``INBOX_BUDGET`` (about half the cost a line of dropping write by
+write), and the ring keeps the newest lines as a probe would.
 
 What it does not see: C-level writes to fds 1 and 2 (torch's C++ warnings, NCCL, faulthandler),
 child processes, forked workers (their copy passes writes through, nothing kept), and code that
@@ -58,11 +62,14 @@ class TeeStream:
     """Stands in for ``sys.stdout`` or ``sys.stderr``: ``write`` goes to the real stream, then a
     reference into the inbox; every other attribute is the real stream's."""
 
-    def __init__(self, real: Any, lane: _Lane) -> None:
+    def __init__(
+        self, real: Any, lane: _Lane, take_unwatched: Callable[[], bool] | None = None
+    ) -> None:
         self._real = real
         self._real_write = real.write
         self._lane = lane
         self._inbox = lane.inbox
+        self._take_unwatched = take_unwatched  # empties the inbox where no probe pumps it
         # An instance attribute, a closure: print() finds it first and calls it with no method
         # binding, its names are cells (measured: a third of a bound method's cost a write);
         # passing through (after a fork, at stop) is the real stream's own bound method.
@@ -73,6 +80,11 @@ class TeeStream:
         count the lines of what is dropped."""
         lane, inbox, held = self._lane, self._inbox, self._lane.held
         try:
+            take = self._take_unwatched
+            if len(text) <= MAX_WRITE and take is not None and take():
+                held[0] += len(text) + WRITE_COST  # the inbox was cut into the ring: room
+                inbox.append(text)
+                return
             if len(text) > MAX_WRITE:
                 # What came before this write's end is dropped too: the gap stays in one place.
                 lane.dropped += text.count("\n", 0, len(text) - MAX_WRITE)
@@ -180,7 +192,7 @@ class StreamTee(ConsoleRing):
             return False
         for name, lane in lanes.items():
             real = getattr(sys, name)
-            tee = TeeStream(real, lane)
+            tee = TeeStream(real, lane, self._take_unwatched)
             setattr(sys, name, tee)
             self._installed.append((name, tee, real))
             if lane not in self._lanes:
@@ -205,6 +217,14 @@ class StreamTee(ConsoleRing):
                     if isinstance(handler, logging.StreamHandler) and tee is not None:
                         handler.stream = tee
                         self._moved.append((handler, stream, tee))
+
+    def _take_unwatched(self) -> bool:
+        """A writer found its inbox full: where no probe holds the capture (so none pumps it),
+        cut the inbox into the ring now and say so; False where a probe's tick will."""
+        if self.users > 0 or not self.running:
+            return False
+        self.pump()
+        return True
 
     def pump(self, finish: bool = False) -> None:
         """Cut what was written since the last call into the ring's lines (the probe thread at

@@ -80,6 +80,7 @@ def test_a_flood_between_two_pumps_keeps_the_newest_and_counts_the_rest(
         monkeypatch.setattr(console_stream, "INBOX_BUDGET", 50 * line)
         monkeypatch.setattr(console_stream, "MAX_WRITE", 4000)
         tee = StreamTee()
+        tee.users = 1  # a probe holds it: its thread's tick pumps, not the writer
         assert tee.start()
         try:
             for i in range(1000):
@@ -97,6 +98,40 @@ def test_a_flood_between_two_pumps_keeps_the_newest_and_counts_the_rest(
             assert tee.total == 21_001 and lines[-1] == (1, b"big 19999")
             assert first == 21_001 - len(lines) and len(lines) < 20_000
             assert streams[0].getvalue().count("\n") == 21_001  # the stream got every byte
+        finally:
+            tee.stop()
+
+
+def test_before_any_probe_a_full_inbox_is_cut_into_the_ring_by_its_writer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``tdbg run``'s preload before ``watch()`` (or a script that never calls it): nobody
+    pumps, so the writer that fills the inbox takes it into the ring itself; nothing is dropped
+    and the ring keeps the newest lines. Once a probe holds it, a flood drops again."""
+    with swapped() as streams:
+        line = 2 * console_stream.WRITE_COST + len("line 999\n")
+        monkeypatch.setattr(console_stream, "INBOX_BUDGET", 50 * line)
+        tee = StreamTee(ring_lines=300)
+        tee.pinned = True
+        assert tee.start()
+        try:
+            for i in range(1000):
+                print(f"line {i}")
+            inbox = sys.stdout._inbox  # type: ignore[union-attr]
+            assert 0 < len(inbox) <= 100  # never past its budget
+            assert 900 <= tee.total < 1000  # the rest was cut as the inbox filled
+            tee.pump()
+            first, lines, _ = tee.since(0)
+            assert tee.total == 1000 and first == 700  # every line counted, the newest kept
+            assert [text for _, text in lines] == [b"line %d" % i for i in range(700, 1000)]
+
+            tee.users = 1  # a probe started: its tick pumps, a flood between ticks drops
+            for i in range(1000, 2000):
+                print(f"line {i}")
+            tee.pump()
+            first, lines, _ = tee.since(1000)
+            assert tee.total == 2000 and first == 1950
+            assert streams[0].getvalue().count("\n") == 2000  # the stream got every byte
         finally:
             tee.stop()
 
