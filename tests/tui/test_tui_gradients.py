@@ -175,6 +175,23 @@ async def test_heatmap_marks_nonfinite_and_zero_cells_apart() -> None:
         assert "enc.0.weight" not in text and heatmap.matched == 1 and heatmap.total == 4
 
 
+async def test_a_narrow_heatmap_s_legend_drops_whole_words_never_cuts_them() -> None:
+    names = ["a", "b"]
+    rows = np.full((30, 2), 0.1, dtype=np.float32)
+    rows[:, 1] = np.logspace(-3, 1, 30)
+    sizes = ((60, True, "NaN/Inf"), (38, False, "NaN/Inf"), (30, False, "NaN"))
+    for width, caption, words in sizes:
+        app = HeatmapApp()
+        async with app.run_test(size=(width, 6)) as pilot:
+            app.query_one(GradientHeatmap).show(names, np.arange(400, 430), rows)
+            text = await until_screen(pilot, app, "≥")
+            legend = text.split("\n")[0].rstrip()
+            assert ("· steps 400…429" in legend) is caption, legend
+            assert words in legend and len(legend) <= width
+            # The legend ends with a whole word: the steps shown or the zero mark's.
+            assert legend.endswith(("steps 400…429", "zero", "░ 0")), legend
+
+
 async def until_screen(pilot: Pilot[Any], app: App[None], needle: str) -> str:
     await wait_for(pilot, lambda: needle in screen_text(app), needle)
     return screen_text(app)

@@ -198,22 +198,30 @@ class GradientHeatmap(LayerFilter, ScrollView, can_focus=True):
         lo, hi, below, above = self._scale
         low = ("≤" if below else "") + sci(lo) + " "
         high = " " + ("≥" if above else "") + sci(hi)
+        caption = f" · {self._caption}"
         marks = [
             (" ", self._label),
             ("×", self._special[NONFINITE]),
             (" NaN/Inf ", self._label),
             ("░", self._special[ZERO]),
             (" zero", self._label),
-            (f" · {self._caption}", self._label),
         ]
-        # The ramp takes what the words leave (the steps shown go first when it is tight).
-        words = len(low) + len(high) + sum(len(text) for text, _ in marks[:-1])
-        ramp = max(4, min(LEVELS, width - words - len(marks[-1][0])))
+        # The ramp takes what the words leave; where they do not fit beside a ramp of 4, the
+        # steps shown go first (whole: never cut mid-word), then the marks' words shorten.
+        words = len(low) + len(high) + sum(len(text) for text, _ in marks)
+        if words + 4 + len(caption) > width:
+            caption = ""
+        if words + 4 > width:
+            marks[2], marks[4] = (" NaN ", self._label), (" 0", self._label)
+            words -= 6
+        ramp = max(4, min(LEVELS, width - words - len(caption)))
         segments = [Segment(low, self._label)]
         for k in range(ramp):
             segments.append(Segment("█", self._styles[round(k * (LEVELS - 1) / (ramp - 1))]))
         segments.append(Segment(high, self._label))
         segments.extend(Segment(text, style) for text, style in marks)
+        if caption:
+            segments.append(Segment(caption, self._label))
         return Strip(segments).crop(0, width).extend_cell_length(width)
 
     def render_line(self, y: int) -> Strip:
