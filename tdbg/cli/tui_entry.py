@@ -17,20 +17,8 @@ from tdbg.cli.replay import replay_main
 from tdbg.cli.target_args import TARGET_HELP, add_remote_options, target_arg
 from tdbg.connect.sshurl import is_ssh_url
 
-# Milliseconds Textual waits after an Esc byte for the rest of an escape sequence before it
-# takes it for the Esc key (its default, 100, made every Esc — back from a rank, closing the help
-# — take over 100 ms). A terminal sends a key's sequence in one write, which ssh carries whole;
-# 25 ms is what tmux and vim users are told to set. ESCDELAY set by the user is kept.
-ESCAPE_DELAY_MS = "25"
-
-
-def quick_escape() -> None:
-    """Set Textual's Esc wait (ESCDELAY) unless the user did; before textual is imported."""
-    os.environ.setdefault("ESCDELAY", ESCAPE_DELAY_MS)
-
 
 def cmd_tui(args: argparse.Namespace, out: TextIO) -> int:
-    quick_escape()
     extra = list(getattr(args, "extra_targets", None) or [])
     if args.target == "replay":  # `tdbg tui replay FILE`, as `tdbg-tui replay FILE`
         return replay_main(extra)
@@ -152,7 +140,6 @@ def add_tui_targets(parser: argparse.ArgumentParser) -> None:
 
 
 def tui_main(argv: Sequence[str] | None = None) -> int:
-    quick_escape()
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "replay":  # tdbg-tui replay FILE: a recording, with a cursor
