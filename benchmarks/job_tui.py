@@ -59,8 +59,14 @@ from tui_bench import add_bench_options, save_results, shorten_for_quick, workdi
 
 JOB = "bench-job"
 FAKE = HERE / "fake_ranks.py"
-# Stands in for `ssh [options] -- host WORDS`: runs WORDS here with a shell, as sshd would there.
-LOCAL_SSH = '#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift 2\nexec sh -c "$*"\n'
+# Stands in for `ssh [options] -- host WORDS`: runs WORDS here with a shell, as sshd would there,
+# at the lowest priority: on a cluster each node's bridge has that node's cores; here 128 of them
+# (~1.3 % of a core each at rest, 0.4 s of CPU to start: 1.7 cores and 52 s in all) share the
+# viewer's 2, and at equal priority they starved it (load 80-250).
+LOCAL_SSH = (
+    '#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift 2\nexec nice -n 19 sh -c "$*"\n'
+)
+NICE = ["nice", "-n", "19"]  # the simulated nodes' ranks, likewise
 
 
 # --- one measurement -----------------------------------------------------------------------------
@@ -134,7 +140,8 @@ def one_run(args: argparse.Namespace, workdir: Path, k: int) -> Result:
     per_node = args.ranks // args.nodes if args.nodes > 1 else 0
     servers = [
         subprocess.Popen(
-            [PYTHON, str(FAKE), "--ranks", *map(str, range(lo, min(lo + share, args.ranks))),
+            [*(NICE if per_node else []), PYTHON, str(FAKE), "--ranks",
+             *map(str, range(lo, min(lo + share, args.ranks))),
              "--world", str(args.ranks), "--runtime", str(runtime), "--rate", str(args.rate),
              "--layers", str(args.layers), "--slow", str(args.slow), "--job", JOB,
              "--slow-by", str(0.2 / args.rate),
@@ -161,7 +168,9 @@ def one_run(args: argparse.Namespace, workdir: Path, k: int) -> Result:
                        *where]  # fmt: skip
         pane = Pane(command, {"TERM": "xterm-256color", **env})
         want = f"{args.ranks} of {args.ranks} ranks"
-        shown = pane.wait_for(lambda t: want in t and "straggler" in t, 120)
+        # 1,024 ranks: 128 bridges start (52 s of CPU) on this machine's 2 cores.
+        wait = 120 if args.ranks <= 256 else 420
+        shown = pane.wait_for(lambda t: want in t and "straggler" in t, wait)
         result.first_frame = None if shown is None else time.perf_counter() - pane.started
         time.sleep(args.warmup)
         tui = psutil.Process(pane.pid)

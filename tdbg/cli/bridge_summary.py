@@ -31,6 +31,12 @@ from tdbg.protocol.messages import node_notice
 from tdbg.protocol.messages.node_summary import read_subscribe
 
 SUMMARY_HZ = 2.0  # node summaries a second: the viewer's figures are at most this old
+# Seconds before a rank whose connection or handshake failed is tried again; doubles up to the
+# cap. A busy node (a 1,024-rank simulation on 2 cores: load 80) can take longer than the
+# handshake's 5 s to answer; untried again, such a rank was never read, and a node whose ranks
+# all failed never sent a summary.
+RETRY_START = 1.0
+RETRY_CAP = 10.0
 
 
 class SummaryBridge(JobBridge):
@@ -42,7 +48,9 @@ class SummaryBridge(JobBridge):
         self.states: dict[int, RunState] = {}  # the folding thread's alone
         self._inbox: queue.SimpleQueue[tuple[int, int, dict[str, Any] | None]] = queue.SimpleQueue()
         self._readers: dict[int, tuple[int, ProbeClient]] = {}  # rank -> (pid, its client)
-        self._tried: set[tuple[int, int]] = set()  # (rank, pid) connected to, or refused
+        self._tried: set[tuple[int, int]] = set()  # (rank, pid) connected to, or trying
+        # (rank, pid) whose try failed -> (when to try again, the wait after that)
+        self._retry: dict[tuple[int, int], tuple[float, float]] = {}
         self._entries: dict[int, RunEntry] = {}  # rank -> its newest run here
         self._names_sent: str | None = None  # the layout whose layer names the viewer has
         self._windows_sent: dict[int, int] = {}  # rank -> the end of its last window sent
@@ -61,17 +69,30 @@ class SummaryBridge(JobBridge):
             key = (rank, entry.pid)
             if key in self._tried:
                 continue
+            with self._lock:
+                again = self._retry.get(key)
+            if again is not None and time.monotonic() < again[0]:
+                continue
             self._tried.add(key)
             threading.Thread(
                 target=self._attach, args=(rank, entry), name=f"bridge-r{rank}", daemon=True
             ).start()
 
     def _attach(self, rank: int, entry: RunEntry) -> None:
+        key = (rank, entry.pid)
         try:
             client = ProbeClient.connect(entry.socket)
         except ConnectError as exc:
-            self.write(node_notice(f"rank {rank} (pid {entry.pid}): {exc}"))
+            with self._lock:
+                first = key not in self._retry
+                wait = RETRY_START if first else self._retry[key][1]
+                self._retry[key] = (time.monotonic() + wait, min(wait * 2, RETRY_CAP))
+            self._tried.discard(key)  # look() tries it again once the wait is over
+            if first:  # said once: the rank may answer on a later try
+                self.write(node_notice(f"rank {rank} (pid {entry.pid}): {exc}; retrying"))
             return
+        with self._lock:
+            self._retry.pop(key, None)
         with self._lock:
             old = self._readers.get(rank)
             self._readers[rank] = (entry.pid, client)

@@ -61,6 +61,7 @@ class JobApp(TdbgBaseApp):
         self.notices: list[str] = []
         self.node_lines: list[str] = []  # an ssh job's nodes that are not read, version mismatch
         self.job_profile: JobProfile | None = None  # the last `p` on the job screen
+        self._rank_screen: RankScreen | None = None  # the one rank screen, re-pointed on Enter
         # The bell on the first finding of each kind (TDBG_BELL=0 or --no-bell: off); a job
         # replayed from recordings never rings: nothing in it is news.
         self.ringer = FindingRinger()
@@ -214,7 +215,12 @@ class JobApp(TdbgBaseApp):
         state = self.job.ranks.get(rank)
         if state is None:
             return
-        screen = RankScreen(rank)
+        screen = self._rank_screen
+        if screen is None:  # built once; installed, so that Esc keeps it for the next Enter
+            screen = self._rank_screen = RankScreen(rank, id="rank")
+            self.install_screen(screen, "rank")
+        else:
+            screen.point_at(rank)
         self.push_screen(screen)
         screen.show(state)
 

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -22,6 +23,8 @@ from tdbg.model.job_table import JobSummary, rank_rows, summarize
 from tdbg.model.straggler_history import WINDOW, StragglerHistory
 from tdbg.tui.colours import meaning
 from tdbg.tui.screens.monitor import MonitorScreen
+from tdbg.tui.widgets.activation_table import ActivationTable
+from tdbg.tui.widgets.deep_panel import DeepPanel
 from tdbg.tui.widgets.rank_table import RankTable
 from tdbg.tui.widgets.steady_footer import SteadyFooter
 
@@ -184,13 +187,43 @@ def alert_text(alerts: JobAlerts, app: Any) -> Text:
 
 
 class RankScreen(MonitorScreen):
-    """One rank's full single-run screen inside the job; Esc goes back to the job."""
+    """One rank's full single-run screen inside the job; Esc goes back to the job.
+
+    The job app keeps one, installed, and points it at each rank opened (``point_at``):
+    composing and mounting its ~60 widgets again on each Enter, and laying them out afresh,
+    was most of Enter's time (benchmarks/README.md, job_tui.py)."""
 
     BINDINGS = [Binding("escape", "back", "Job")]
 
     def __init__(self, rank: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.rank = rank
+        self._styled_for: tuple[int, int] | None = None
+
+    def point_at(self, rank: int) -> None:
+        """Show ``rank`` from now on: nothing of the rank shown before stays (the inspect
+        cursor, a charted metric, a zoomed panel, the dives followed); the view chosen (heatmap,
+        sort, chart window and scales) stays, as it does between runs."""
+        self.rank = rank
+        if not self.is_mounted:
+            return  # composed at its first push: nothing shown yet
+        self._forget_run()
+        if self.maximized is not None:
+            self.minimize()
+        self.set_class(False, "-cursor")
+        self.query_one(DeepPanel).forget()
+        self.query_one(ActivationTable).show(None)
+
+    def _on_screen_resume(self, event: events.ScreenResume) -> None:
+        # Textual restyles a pushed screen's whole tree (~75 ms for this one on the 2-core VM)
+        # in case the theme or the stylesheet changed while it was off the stack; the app's
+        # count of CSS changes (a theme or palette switch) and the stylesheet's sources say
+        # whether they did. (Textual's own check, App.switch_mode, reads the same count.)
+        styled = (self.app._css_update_count, len(self.app.stylesheet.source))
+        if styled == self._styled_for:
+            event.refresh_styles = False
+        super()._on_screen_resume(event)
+        self._styled_for = styled
 
     def action_back(self) -> None:
         self.app.pop_screen()

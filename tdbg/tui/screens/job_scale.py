@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from tdbg.format import fmt_loss, fmt_us
 from tdbg.model.job_alerts import JobAlerts
@@ -22,6 +22,7 @@ from tdbg.model.job_nodes import NodesJob
 from tdbg.model.job_scale import NodeRow, Spread, node_rows, spreads, worst_rows
 from tdbg.tui.screens.job import alert_text, judged_words, slowest_text
 from tdbg.tui.widgets.rank_table import RankTable
+from tdbg.tui.widgets.steady_footer import SteadyFooter
 
 NODE_COLUMNS = ("node", "ranks", "steps", "step time", "slowest rank", "trouble")
 
@@ -130,7 +131,7 @@ class ScaleJobScreen(Screen[None]):
                 yield Static("no job alerts", id="job-alert-list")
             with Vertical(id="job-slowest", classes="panel"):
                 yield Static(id="job-slowest-list")
-        yield Footer()
+        yield SteadyFooter()  # not rebuilt on each return from a rank or the help
 
     def on_mount(self) -> None:
         self.query_one("#job-spread").border_title = "Across the ranks (! outliers)"
@@ -151,7 +152,7 @@ class ScaleJobScreen(Screen[None]):
         line.display = bool(lines)
 
     def show(self, nodes: NodesJob, alerts: JobAlerts) -> bool:
-        if not self.is_mounted or not self.query(Footer):
+        if not self.is_mounted or not self.query(SteadyFooter):
             return False
         try:
             self.query_one("#job-line", Static).update(_job_line(nodes))

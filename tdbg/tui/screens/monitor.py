@@ -133,10 +133,17 @@ class MonitorScreen(Screen[None]):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.cursor_step: int | None = None  # the inspect cursor's step, while it is on
-        self._loss_words: list[Part] = []  # the loss panel's bottom line, less its scale
         self.heatmap_updates = False  # the heatmap shows update ratios, not norms (u)
         self.heatmap = False
+        # Other runs' states to overlay on the loss chart, with the names their legend shows.
+        self.baselines: list[tuple[str, RunState]] = []
+        self._forget_run()
+
+    def _forget_run(self) -> None:
+        """What the screen knows of the run it shows (not the user's choices of view): a
+        screen re-pointed at another run (a job's ranks) starts from here again."""
+        self.cursor_step: int | None = None  # the inspect cursor's step, while it is on
+        self._loss_words: list[Part] = []  # the loss panel's bottom line, less its scale
         self._grads_at = 0.0
         self._chart_at = 0.0
         self._chart_revision = -1  # the state's revision the charts last showed
@@ -144,8 +151,6 @@ class MonitorScreen(Screen[None]):
         self._state: RunState | None = None
         self._acts_shown: object = None
         self.chart_metric: str | None = None  # a metric charted in the loss panel (enter)
-        # Other runs' states to overlay on the loss chart, with the names their legend shows.
-        self.baselines: list[tuple[str, RunState]] = []
         # The newest dive when x closed the deep-dive panel: it stays closed until a newer one.
         self._deep_closed: object = None
 

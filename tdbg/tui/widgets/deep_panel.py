@@ -53,6 +53,11 @@ class DeepPanel(Vertical):
         """The newest dive's job and the newest refusal's id: what a closed panel waits past."""
         return self._followed
 
+    def forget(self) -> None:
+        """Back to the first view, following no dive: the screen shows another run now."""
+        self._followed = (None, None)
+        self.switch(VIEWS[0])
+
     def switch(self, view: str) -> None:
         self.query_one(ContentSwitcher).current = view
 
