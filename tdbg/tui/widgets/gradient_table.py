@@ -362,12 +362,12 @@ class GradientTable(LayerFilter, FastCells):
         for row in rows:
             key = row.key
             norm, bar, trend = self._cells(int(str(key.value)))
-            self.update_cell(key, "norm", norm)
+            self.write(key, "norm", norm)
             for column, cell in (("bar", bar), ("trend", trend)):
                 if column in self._optional:
-                    self.update_cell(key, column, cell)
+                    self.write(key, column, cell)
             if self._has_updates:
-                self.update_cell(key, "update", self._update_cell(int(str(key.value))))
+                self.write(key, "update", self._update_cell(int(str(key.value))))
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
