@@ -200,7 +200,13 @@ def _cpu(process: psutil.Process) -> float:
 
 
 def one_run(layers: int, args: argparse.Namespace, workdir: Path) -> Result:
-    env = {"TDBG_RUNTIME_DIR": str(workdir / "runs"), "PYTHONPATH": str(args.source)}
+    env = {
+        "TDBG_RUNTIME_DIR": str(workdir / "runs"),
+        "PYTHONPATH": str(args.source),
+        # The viewer keeps its view (table or heatmap, sort, scales) in the user's settings:
+        # a run must start from the defaults, not from what the last run's keys left there.
+        "XDG_CONFIG_HOME": str(workdir / f"config-{layers}-{time.monotonic_ns()}"),
+    }
     probe = subprocess.Popen(
         [PYTHON, __file__, "--serve", str(layers), "--rate", str(args.rate)],
         stdout=subprocess.PIPE,

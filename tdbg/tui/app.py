@@ -30,6 +30,7 @@ from tdbg.tui.screens.compare_picker import (
     nearby_recordings,
     search_directories,
 )
+from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.screens.picker import RunPickerScreen
 from tdbg.tui.screens.waiting import WaitingScreen
@@ -294,6 +295,12 @@ class TdbgApp(TdbgBaseApp):
             return
         if not self.screen_stack:
             return  # the app is shutting down: its screens are gone before its timers
+        if isinstance(self.screen, HelpScreen):
+            # The opaque help covers every panel: they are painted at the first tick after it
+            # closes, not under it (painted there, each came back changed and all were drawn
+            # again at once as Escape closed it). A first alert still rings.
+            self._ring()
+            return
         with self.batch_update():
             # Nothing new arrived: only the header's clocks (elapsed, stalled for) move.
             if not self.monitor.repaint(clock_only=unchanged and self._painted >= 0):

@@ -14,6 +14,8 @@ from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.settings import PALETTES, load_settings, save_settings, settings_path
 from tdbg.tui.sources.base import Stoppable
 
+HELP = "help"  # the installed help screen's name
+
 
 class TdbgBaseApp(App[int]):
     """The run monitor and the job view are both this: a source read by a worker thread, state
@@ -114,8 +116,13 @@ class TdbgBaseApp(App[int]):
             driver.write(sequence)
 
     def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+        # Built once and kept (installed), shown and hidden after that: composing, styling and
+        # laying out its widgets again at each ? was most of the key's time (benchmarks/tui.py).
+        if isinstance(self.screen, HelpScreen):
+            return
+        if not self.is_screen_installed(HELP):
+            self.install_screen(HelpScreen(), HELP)
+        self.push_screen(HELP)
 
     async def action_quit(self) -> None:
         self.source.close()

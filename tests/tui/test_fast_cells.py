@@ -93,3 +93,19 @@ async def test_a_cell_is_drawn_again_only_when_its_value_is_replaced() -> None:
         fast.update_cell("0", fast.ordered_columns[1].key, Text("fresh"))
         _lines(fast)
         assert drawn == [(0, 1)], drawn
+
+
+async def test_write_leaves_a_cell_that_draws_the_same_alone() -> None:
+    app = Pair()
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        table = app.query_one(FastCells)
+        before = table._update_count
+        # The same words and styles in a new Text: nothing to redraw, the caches stay.
+        assert not table.write("1", table.ordered_columns[1].key, Text("styled", style="bold red"))
+        assert table._update_count == before
+        # Another base style (rich's Text equality leaves it out) is a change.
+        assert table.write("1", table.ordered_columns[1].key, Text("styled", style="bold blue"))
+        assert table._update_count == before + 1
+        assert str(table.get_cell("1", table.ordered_columns[1].key)) == "styled"
+        assert table.get_cell("1", table.ordered_columns[1].key).style == "bold blue"

@@ -96,5 +96,9 @@ class HelpScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.query_one("#help-box").focus()
 
+    def on_screen_resume(self) -> None:
+        # The screen is kept between showings (see action_help): it opens at its top each time.
+        self.query_one("#help-box").scroll_home(animate=False)
+
     async def action_dismiss(self, result: None = None) -> None:
         self.dismiss(None)

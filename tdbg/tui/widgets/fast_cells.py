@@ -9,8 +9,19 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
 
 MAX_KEPT = 20_000  # drawn cells kept: a 1,000-layer table's rows several times over
+
+
+def _same(a: Text, b: Text) -> bool:
+    """Whether two Texts draw the same (rich's Text equality leaves the base style out)."""
+    return (
+        a.plain == b.plain
+        and a.spans == b.spans
+        and str(a.style) == str(b.style)
+        and a.justify == b.justify
+    )
 
 
 class FastCells(DataTable[Any]):
@@ -26,6 +37,19 @@ class FastCells(DataTable[Any]):
         super().__init__(*args, **kwargs)
         # key -> (the value drawn: the cell's identity, its lines)
         self._kept: dict[tuple[Any, ...], tuple[object, list[list[Segment]]]] = {}
+
+    def write(self, row_key: Any, column_key: Any, value: Text) -> bool:
+        """``update_cell`` unless the cell already draws the same: each write moves the table's
+        update counter, which empties DataTable's row and line caches and repaints it all, so
+        the rows rewritten at each tick with the same figures were drawn again for nothing.
+        True when the cell changed."""
+        old = self._data.get(RowKey(row_key) if isinstance(row_key, str) else row_key, {}).get(
+            ColumnKey(column_key) if isinstance(column_key, str) else column_key
+        )
+        if isinstance(old, Text) and _same(old, value):
+            return False
+        self.update_cell(row_key, column_key, value)
+        return True
 
     def notify_style_update(self) -> None:
         super().notify_style_update()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -362,12 +363,12 @@ class GradientTable(LayerFilter, FastCells):
         for row in rows:
             key = row.key
             norm, bar, trend = self._cells(int(str(key.value)))
-            self.update_cell(key, "norm", norm)
+            self.write(key, "norm", norm)
             for column, cell in (("bar", bar), ("trend", trend)):
                 if column in self._optional:
-                    self.update_cell(key, column, cell)
+                    self.write(key, column, cell)
             if self._has_updates:
-                self.update_cell(key, "update", self._update_cell(int(str(key.value))))
+                self.write(key, "update", self._update_cell(int(str(key.value))))
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
@@ -384,22 +385,29 @@ class GradientTable(LayerFilter, FastCells):
             return
         if self.sort_mode == "name":
             # Model order, as the probe sent it (grouped by model when several are watched).
-            self.sort("name", key=lambda cell: cell.layer)
+            self._sort_by(lambda i: i)
             self._refresh_visible()
             return
         values = self._norms if self.sort_mode == "norm" else self._trends
         absent = self._absent
 
-        def key(cell: LayerName) -> tuple[int, float]:
-            i = cell.layer
+        def key(i: int) -> tuple[int, float]:
             if i < len(absent) and absent[i]:
                 return (2, 0.0)  # no norm (a layer gone or not yet come): last
             v = float(values[i]) if i < len(values) else math.nan
             # Non-finite first: a NaN gradient is the most urgent row on the screen.
             return (0, 0.0) if not math.isfinite(v) else (1, -v)
 
-        self.sort("name", key=key)
+        self._sort_by(key)
         self._refresh_visible()  # the rows now on screen may be others
+
+    def _sort_by(self, key: Callable[[int], Any]) -> None:
+        """Sort the rows by ``key`` of their layer, unless they are in that order already:
+        DataTable's sort empties its caches and repaints the whole table, and the rows were
+        sorted at each update (by name, the order they already had)."""
+        current = [int(str(row.key.value)) for row in self.ordered_rows]
+        if sorted(current, key=key) != current:  # stable, as DataTable's sort
+            self.sort("name", key=lambda cell: key(cell.layer))
 
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         column = str(event.column_key.value)

@@ -12,17 +12,18 @@ from typing import Any, ClassVar
 
 from rich.text import Text
 from textual.coordinate import Coordinate
-from textual.widgets import DataTable
 
 from tdbg.format import fmt, fmt_loss
 from tdbg.model.cursor import metric_at
 from tdbg.model.metrics import MetricSeries, MetricStore, loss_like
+from tdbg.tui.widgets.fast_cells import FastCells
 from tdbg.tui.widgets.glyphs import spark
 
 TREND = 12
+COLUMNS = ("name", "value", "step", "min", "max", "trend")
 
 
-class MetricTable(DataTable[Any]):
+class MetricTable(FastCells):
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "metric-table--nonfinite",
         "metric-table--loss",
@@ -95,13 +96,9 @@ class MetricTable(DataTable[Any]):
         for name in self._names[top : top + max(1, self.size.height)]:
             if name not in store:
                 continue
-            _, value, step, lo, hi, trend = self._cells(store[name])
-            self.update_cell(name, "name", _)
-            self.update_cell(name, "value", value)
-            self.update_cell(name, "step", step)
-            self.update_cell(name, "min", lo)
-            self.update_cell(name, "max", hi)
-            self.update_cell(name, "trend", trend)
+            cells = self._cells(store[name])
+            for column, cell in zip(COLUMNS, cells, strict=True):
+                self.write(name, column, cell)  # unchanged cells are left alone
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
