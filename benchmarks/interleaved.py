@@ -24,11 +24,15 @@ that).
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -38,7 +42,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from models import MAKERS, Batch, Task  # noqa: E402
 from overhead import POOL  # noqa: E402
 from thread_cpu import (  # noqa: E402
-    AGAIN,
     ARMS,
     UNWATCHED,
     WATCHED,
@@ -67,6 +70,40 @@ def rehook_with_pre_hook(probe: tdbg.Probe) -> None:
         rehook(probe)
     finally:
         forward_tap.wrappable = wrappable
+
+
+# --old-hooks REV: the probe with REV's optimizer step hooks (hooks.py's _StepStart/_StepEnd as
+# REV has them, loaded as a module of their own), its other hooks as they are now.
+OLD_HOOKS = "watched, old update hooks"
+HOOKS = "tdbg/probe/training/hooks.py"
+
+
+def old_update_hooks(revision: str) -> Any:
+    """REV's hooks.py as a module of its own (it must import what the working tree has)."""
+    source = subprocess.run(
+        ["git", "show", f"{revision}:{HOOKS}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    spec = importlib.util.spec_from_loader(f"old_hooks_{revision}", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(source, f"{revision}:{HOOKS}", "exec"), module.__dict__)
+    return module
+
+
+def rehook_with_old_update_hooks(probe: tdbg.Probe, old: Any) -> None:
+    """The probe's hooks and taps back on, its optimizer step hooks replaced in place (same
+    slots in torch's hook dicts, so the same order) by ``old``'s."""
+    rehook(probe)
+    hooks = probe._hooks
+    # What REV's pre-hook calls on a step without a closure.
+    hooks._on_optimizer_step = functools.partial(  # type: ignore[attr-defined]
+        probe._sampler.on_optimizer_pre, grads_ready=True
+    )
+    for key, (pre, post) in hooks._by_optimizer.items():
+        for handle, hook_class in ((pre, old._StepStart), (post, old._StepEnd)):
+            hook_dict = handle.hooks_dict_ref()
+            assert hook_dict is not None and handle.id in hook_dict
+            hook_dict[handle.id] = hook_class.owned_by(hooks, key)
 
 
 def turn(
@@ -122,6 +159,9 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     for i in range(50):  # the interval settles, plans are built
         probe.step(task.train_step(*pool[i % POOL]), samples=task.batch_size, tokens=task.tokens)
     arms = (*ARMS, HOOKED) if args.hook_arm else ARMS
+    old = old_update_hooks(args.old_hooks) if args.old_hooks else None
+    if old is not None:
+        arms = (*arms, OLD_HOOKS)
     per_step: dict[str, list[float]] = {arm: [] for arm in arms}
     intervals: list[int] = []
     started = time.perf_counter()
@@ -130,11 +170,13 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         order = list(arms)
         rng.shuffle(order)
         for arm in order:
-            watched = arm in (WATCHED, HOOKED)
+            watched = arm in (WATCHED, HOOKED, OLD_HOOKS)
             if on != (arm if watched else None):
                 if on is not None:
                     unhook(probe)
-                if arm == HOOKED:
+                if arm == OLD_HOOKS:
+                    rehook_with_old_update_hooks(probe, old)
+                elif arm == HOOKED:
                     rehook_with_pre_hook(probe)
                 elif watched:
                     rehook(probe)
@@ -157,10 +199,12 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         f" ({time.perf_counter() - started:.0f} s), unwatched"
         f" {statistics.median(base) * 1e3:.2f} ms CPU/step"
     )
-    for arm in (AGAIN, WATCHED, HOOKED) if args.hook_arm else (AGAIN, WATCHED):
+    for arm in arms[1:]:
         print(f"  {arm:<17} - unwatched: {paired(per_step[arm], base)}")
     if args.hook_arm:
         print(f"  {WATCHED} - {HOOKED}: {paired(per_step[WATCHED], per_step[HOOKED])}")
+    if old is not None:
+        print(f"  {WATCHED} - {OLD_HOOKS}: {paired(per_step[WATCHED], per_step[OLD_HOOKS])}")
     print(
         f"  probe's own cost_fraction (last {recent} steps): {fraction * 100:.2f} %"
         f" ({reported_us:.1f} us/step reported);"
@@ -178,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         "--hook-arm",
         action="store_true",
         help="a fourth arm: the probe with its forward marked by a pre-hook (before issue 36)",
+    )
+    p.add_argument(
+        "--old-hooks",
+        metavar="REV",
+        help="one more arm: the probe with REV's optimizer step hooks (a git revision)",
     )
     add_pace(p)
     add_grad_every(p)

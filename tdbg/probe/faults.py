@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 # point -> the (part, attribute) pairs it replaces. A part is a Probe attribute ("_sampler") or
 # "module:" + a module whose global the point is (a function the probe thread calls by name).
 POINTS: dict[str, tuple[tuple[str, str], ...]] = {
-    # The training thread's optimizer pre-step work (both the sampler's and the hooks' entry).
-    "optimizer_step": (("_sampler", "on_optimizer_step"), ("_hooks", "_on_optimizer_step")),
+    # The training thread's gradient pass at an update (the sampler's entries for it; the
+    # step pre-hook calls on_grads_ready where a pass is due).
+    "optimizer_step": (("_sampler", "on_optimizer_step"), ("_sampler", "on_grads_ready")),
     # The step's loss bookkeeping in probe.step(loss), on the training thread.
     "step_losses": (("_sampler", "_step_losses"),),
     # What the training thread tells the probe thread (a one-line note, e.g. a retried step).

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,20 @@ import tdbg
 from tdbg.probe import faults
 from tdbg.probe import watch as watch_module
 from tdbg.probe.alerts import AlertRules
+from tdbg.probe.training import hooks as hooks_module
 from tdbg.probe.training.gradients import GradientStats, find_layers
 from tdbg.protocol import framing, messages
 from tdbg.protocol.steps import StepRecord
+
+
+def counted_ops(call: Callable[..., Any], calls: list[str]) -> Callable[..., Any]:
+    """``call`` with the torch ops it dispatches recorded in ``calls``."""
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        with CountOps(calls):
+            return call(*args, **kwargs)
+
+    return counted
 
 
 class CountOps(TorchDispatchMode):
@@ -360,20 +372,9 @@ def test_a_cpu_loss_is_read_before_its_backward_not_at_the_update(
     model, opt = loop.model, loop.optimizer
     probe = tdbg.watch(model, opt, name="warm-read", grad_every=10**9)
     sent = handed_over(probe, monkeypatch)
-    grads_ready = probe._hooks._on_optimizer_step  # what the step pre-hook runs
-
-    def counted(index: int) -> None:
-        with CountOps(calls):
-            grads_ready(index)
-
-    monkeypatch.setattr(probe._hooks, "_on_optimizer_step", counted)
-    post = probe._sampler.on_optimizer_post
-
-    def counted_post(index: int) -> None:
-        with CountOps(calls):
-            post(index)
-
-    monkeypatch.setattr(probe._sampler, "on_optimizer_post", counted_post)
+    # The probe's step pre-hook and post-hook (the sampler's work is written into them).
+    for hook_class in (hooks_module._StepStart, hooks_module._StepEnd):
+        monkeypatch.setattr(hook_class, "__call__", counted_ops(hook_class.__call__, calls))
     per_step: list[list[str]] = []
     try:
         for step in range(3):

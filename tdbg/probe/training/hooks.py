@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable
@@ -87,7 +86,8 @@ class StepTimeline:
 
 
 class OptimizerEvents(Protocol):
-    """What the sampler hears from the optimizer hooks (``index``: the optimizer's slot)."""
+    """What the sampler hears from the optimizer hooks (``index``: the optimizer's slot) on
+    any update but a usual one, whose work the hooks do themselves on the sampler's state."""
 
     def on_optimizer_pre(self, index: int, grads_ready: bool = False) -> None: ...
 
@@ -147,11 +147,9 @@ class PhaseHooks:
         # forward-hook dict (DataParallel's replicas share it): from an evaluation's first
         # forward to the end of a step without any (each costs every forward meanwhile).
         self._no_grad_ends: dict[int, RemovableHandle] = {}
+        # The sampler: the optimizer hooks do its usual work themselves (one frame each side
+        # of an update), and hand it anything else.
         self._events = events
-        # What a step without a closure runs at its pre-hook: on_optimizer_pre, then
-        # on_grads_ready where it has anything to do, in one Python call (a partial is C):
-        # this runs right after the backward, where each function entered costs microseconds.
-        self._on_optimizer_step = functools.partial(events.on_optimizer_pre, grads_ready=True)
         self._on_error = on_error
         # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
         self.handles: list[RemovableHandle | forward_tap.ForwardWrap] = []
@@ -322,8 +320,11 @@ class _NoGradEnd(ForwardHook):
 
 
 class _StepStart(WeakHook):
-    """PhaseHooks' optimizer step pre-hook, its work written into ``__call__`` (it runs right
-    after the backward, where each Python frame costs microseconds)."""
+    """PhaseHooks' optimizer step pre-hook, the sampler's work at the step's start written into
+    its ``__call__``: it runs right after the backward, where each Python frame costs
+    microseconds (``benchmarks/probe_calls.py`` counts them), so a usual update (no closure, the
+    learning rates plain floats, no AMP skip to forget) is one frame here, not this hook and
+    then the sampler's :meth:`~GradientPasses.on_optimizer_pre`. Anything else goes there."""
 
     __slots__ = ()
 
@@ -333,23 +334,49 @@ class _StepStart(WeakHook):
         hooks = self._owner()
         if hooks is None or not hooks.active:
             return None
-        index = self._args[0]
+        key = self._args[0]
         try:
             t0 = perf()  # the whole hook is the probe's cost, not just its mark
-            if hooks.timeline.optimizer_start is None:
-                hooks.timeline.optimizer_start = t0 if hooks.host_marks else hooks._mark()
+            timeline = hooks.timeline
+            if timeline.optimizer_start is None:
+                timeline.optimizer_start = t0 if hooks.host_marks else hooks._mark()
+            sampler = hooks._events
             # torch passes step()'s own arguments: (optimizer, closure?, ...), {closure?}.
             closure = args[1] if len(args) > 1 else kwargs.get("closure")
             if callable(closure):
                 # The closure computes this step's gradients inside step(): read them after it.
-                hooks._events.on_optimizer_pre(index)
-                wrapped = hooks._closure(index, closure)
+                sampler.on_optimizer_pre(key)
+                wrapped = hooks._closure(key, closure)
                 hooks.seconds += perf() - t0
                 if len(args) > 1:
                     return (args[0], wrapped, *args[2:]), kwargs
                 return args, {**kwargs, "closure": wrapped}
             hooks.updating = True
-            hooks._on_optimizer_step(index)
+            slot = sampler._by_key.get(key)
+            if slot is not None:
+                # GradientPasses.on_optimizer_pre(key, grads_ready=True) for a usual update,
+                # written out (tests/probe/test_optimizer_hooks.py holds the two to the same
+                # state): the learning rates the update uses, read before a scheduler
+                # changes them.
+                lrs: list[float] | None = []
+                for group in slot.optimizer.param_groups:
+                    lr = group.get("lr")
+                    if type(lr) is not float:
+                        lrs = None  # a tensor, a number of another type: the whole way
+                        break
+                    lrs.append(lr)  # type: ignore[union-attr]
+                if lrs is None or sampler._amp_skip:
+                    sampler.on_optimizer_pre(key, grads_ready=True)
+                else:
+                    slot.in_step = True
+                    slot.closure_loss = None
+                    slot.closure_nonfinite = False
+                    slot.lr = lrs
+                    if slot.guard is not None or (
+                        slot.sample is None
+                        and (sampler._sample_now or sampler._forced or sampler._pending_nonfinite)
+                    ):
+                        sampler.on_grads_ready(key)
             hooks.seconds += perf() - t0
         except Exception as exc:
             hooks._on_error(exc)
@@ -357,8 +384,10 @@ class _StepStart(WeakHook):
 
 
 class _StepEnd(WeakHook):
-    """PhaseHooks' optimizer step post-hook, its work written into ``__call__`` (it runs right
-    after the update, where each Python frame costs microseconds)."""
+    """PhaseHooks' optimizer step post-hook, the sampler's work at the update's end written
+    into its ``__call__`` (it runs right after the update, where each Python frame costs
+    microseconds): a usual update (no closure's loss, no stray scalar, no update ratios being
+    measured) is one frame here; anything else goes to :meth:`LossTally.on_optimizer_post`."""
 
     __slots__ = ()
 
@@ -372,7 +401,28 @@ class _StepEnd(WeakHook):
             t0 = perf()
             hooks.timeline.optimizer_end = t0 if hooks.host_marks else hooks._mark()
             hooks.updating = False
-            hooks._events.on_optimizer_post(self._args[0])
+            sampler = hooks._events
+            key = self._args[0]
+            slot = sampler._by_key.get(key)
+            if slot is None:
+                pass
+            elif slot.measuring or slot.closure_loss is not None or sampler._stray is not None:
+                sampler.on_optimizer_post(key)
+            else:
+                # LossTally.on_optimizer_post for a usual update, written out (its comments say
+                # why each line is there; tests/probe/test_optimizer_hooks.py holds the two to
+                # the same state).
+                slot.in_step = False
+                sampler._updated = True
+                slot.closure_nonfinite = sampler._pending_nonfinite = False
+                micro = slot.micro = sampler._micro
+                sampler._micro = 0
+                last = sampler._last_backward
+                if last is not None:
+                    sampler._last_backward = last.detach() if micro > 1 else None
+                    HELD.append(last)  # its graph freed once the hook's timer stopped
+                slot.loss = sampler._pending_loss
+                sampler._pending_loss = None
             hooks.seconds += perf() - t0
             if HELD:
                 HELD.clear()  # a scalar the bookkeeping let go of: freed outside the timer
