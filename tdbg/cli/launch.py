@@ -96,11 +96,12 @@ def launch(
     """``tdbg-tui [TARGET | URL [URL ...]] [--compare FILE ...]``: the app for the TARGETs
     (``app_for``), with the recordings to compare drawn under its loss, until the user quits;
     its exit code, or one line on stderr and exit code 2 when it cannot start."""
-    from tdbg.model.recordings import load_run
-    from tdbg.tui.replay_app import ReplayApp
-
     try:
-        baselines = [(Path(path).name, load_run(path)) for path in compare]
+        baselines = []
+        if compare:  # imported for --compare only: a live run's first frame does not wait
+            from tdbg.model.recordings import load_run
+
+            baselines = [(Path(path).name, load_run(path)) for path in compare]
         app, source = app_for(target, more, ssh_options, remote_tdbg)
     except (ConnectError, RecordingError) as exc:
         return error(str(exc))
@@ -111,6 +112,8 @@ def launch(
             return error("--compare draws under one run's loss: not on a job's screen")
         app.compare_with(baselines)
     code = _run(app, source)
+    from tdbg.tui.replay_app import ReplayApp  # loaded already where the app is one
+
     if isinstance(app, ReplayApp) and app.timeline.note:
         print(f"tdbg-tui: {app.timeline.note}", file=sys.stderr)
     return code
