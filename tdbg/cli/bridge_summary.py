@@ -93,7 +93,6 @@ class SummaryBridge(JobBridge):
             return
         with self._lock:
             self._retry.pop(key, None)
-        with self._lock:
             old = self._readers.get(rank)
             self._readers[rank] = (entry.pid, client)
         if old is not None:

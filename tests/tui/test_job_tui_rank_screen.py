@@ -76,27 +76,26 @@ async def test_rank_b_after_rank_a_shows_b_only_on_the_same_screen() -> None:
         assert second.cursor_step is None and second.chart_metric is None
         assert not second.has_class("-cursor")
 
-        def b_only() -> str | None:
-            text = screen_text(app)
-            return text if all(w in text for w in words(1)) else None
-
-        text = await wait_for(pilot, b_only, "B's figures")
-        for word in words(0):
-            assert word not in text, f"rank 0's {word!r} still on rank 1's screen"
+        await shows_only(pilot, app, 1, 0)
         shown = [str(row[0]) for row in map(second.query_one(GradientTable).get_row_at, [0, 1])]
         assert all("beta" in cell for cell in shown), shown
 
         await pilot.press("escape")  # and A again: A's figures, none of B's
         await wait_for(pilot, lambda: not isinstance(app.screen, RankScreen), "the job again")
         assert await open_row(pilot, app, 0) is first
+        await shows_only(pilot, app, 0, 1)
 
-        def a_again() -> str | None:
-            text = screen_text(app)
-            return text if all(w in text for w in words(0)) else None
 
-        text = await wait_for(pilot, a_again, "A's figures again")
-        for word in words(1):
-            assert word not in text, f"rank 1's {word!r} still on rank 0's screen"
+async def shows_only(pilot: Any, app: JobApp, rank: int, other: int) -> None:
+    """Wait for rank ``rank``'s figures on its screen, then none of rank ``other``'s may be."""
+
+    def shown() -> str | None:
+        text = screen_text(app)
+        return text if all(w in text for w in words(rank)) else None
+
+    text = await wait_for(pilot, shown, f"rank {rank}'s figures")
+    for word in words(other):
+        assert word not in text, f"rank {other}'s {word!r} still on rank {rank}'s screen"
 
 
 async def test_a_large_jobs_rank_b_shows_nothing_of_a_before_its_stream_comes() -> None:
