@@ -164,6 +164,7 @@ class Probe:
             directory=opts.directory,
             frozen=frozen,
             on_grad_device_time=self._on_grad_device_time,
+            on_costs=self._on_costs,
             recorder=recorder,
             layer_models=self._layer_models if several else None,
             layer_types=[layer.module_type for layer in self._layers],
@@ -318,6 +319,10 @@ class Probe:
     def _on_grad_device_time(self, seconds: float) -> None:
         """From the probe thread (the sampler is made after the server, which needs this)."""
         self._sampler.on_grad_device_time(seconds)
+
+    def _on_costs(self, costs: list[tuple[int, float, float, bool]]) -> None:
+        """From the probe thread, once a tick: its steps' costs for the interval's averages."""
+        self._sampler.fold_costs(costs)
 
     @property
     def steps(self) -> int:

@@ -165,7 +165,7 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
     # has (interleaved.py: the fixed work costs the training thread 2.4 times what the probe
     # times of it): the step's probe_time, which the interval and cost_fraction go by, counts
     # the fixed work at that. The fake clock makes the timed part exact.
-    from tdbg.probe.training import budget, cost_model
+    from tdbg.probe.training import budget
 
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
@@ -174,8 +174,9 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
         sent = handed_over(probe, monkeypatch)
         loop.run(6, probe)
         counted = [p.probe_time for p in sent[2:]]
-        monkeypatch.setattr(cost_model, "FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
-        monkeypatch.setattr(cost_model, "PER_STEP", 0.0)  # FIXED_PER_STEP 0
+        scale, per_step = budget.FIXED_SCALE, budget.FIXED_PER_STEP
+        monkeypatch.setattr(budget, "FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(budget, "FIXED_PER_STEP", 0.0)
         loop.run(6, probe)
         timed = [p.probe_time for p in sent[8:]]
     finally:
@@ -183,7 +184,8 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
     # The same path each step, the same reads of the clock: the same time.
     assert timed[0] > 0 and timed == pytest.approx([timed[0]] * len(timed))
     # (and the probe thread's work each step, which no timer on this thread sees)
-    expected = timed[0] * (1 + budget.FIXED_UNTIMED) + budget.FIXED_PER_STEP
+    assert scale == 1 + budget.FIXED_UNTIMED
+    expected = timed[0] * scale + per_step
     assert counted == pytest.approx([expected] * len(counted))
 
 
@@ -193,7 +195,7 @@ def test_work_the_probe_times_whole_is_not_scaled(
     # The 2.4x is for the hooks' few cold lines, not for work whose timers see all of it: the
     # skip_nonfinite guard's read of every gradient (here made to take 1 ms of the fake clock)
     # is counted once, with or without the factor.
-    from tdbg.probe.training import cost_model, guard
+    from tdbg.probe.training import budget, guard
 
     check = guard.NonfiniteGuard.check_and_skip
 
@@ -208,8 +210,8 @@ def test_work_the_probe_times_whole_is_not_scaled(
         probe._hooks._mark = probe._sampler._mark = fake_clock
         sent = handed_over(probe, monkeypatch)
         loop.run(4, probe)
-        monkeypatch.setattr(cost_model, "FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
-        monkeypatch.setattr(cost_model, "PER_STEP", 0.0)  # FIXED_PER_STEP 0
+        monkeypatch.setattr(budget, "FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(budget, "FIXED_PER_STEP", 0.0)
         loop.run(4, probe)
     finally:
         probe.close()
@@ -249,9 +251,9 @@ def test_the_interval_s_cost_model_is_the_cost_the_probe_reports(
         probe._hooks._mark = probe._sampler._mark = fake_clock
         sent = handed_over(probe, monkeypatch)
         loop.run(12 * k, probe)
-        _, grad, fixed, _ = probe._sampler.measured_costs()
     finally:
-        probe.close()
+        probe.close()  # its thread's last tick counts the last steps' costs
+    _, grad, fixed, _ = probe._sampler.measured_costs()
     last = [p.probe_time for p in sent[-8 * k :]]
     with_pass = [t for p, t in zip(sent[-8 * k :], last, strict=True) if p.grads is not None]
     without = [t for p, t in zip(sent[-8 * k :], last, strict=True) if p.grads is None]
@@ -314,12 +316,17 @@ def test_releasing_the_loop_s_graph_is_not_the_probe_s_cost(
 def test_the_usual_step_s_short_way_keeps_the_whole_way_s_figures(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
 ) -> None:
-    # probe.step() hands a usual CPU step over in one frame, with CostModel._account written
-    # out (each function entered right after the update costs microseconds). The same loop
-    # with every step taken the whole way: the same steps sampled, and to the exact clock the
-    # same probe_time, step time, running averages and interval at every step. (What a
-    # gradient pass costs is partly on the real clock, so only the steps without one.)
-    from tdbg.probe.training import sampler
+    # probe.step() hands a usual CPU step over as its clock readings; the probe thread works
+    # out its probe_time and step time and, past the first steps (counted on the training
+    # thread), counts them into the interval's running averages in bulk at its ticks. The same
+    # loop with every step taken the whole way (CostModel._account on the training thread):
+    # to the exact clock the same probe_time at every step without a gradient pass (a pass's
+    # cost is partly on the real clock), the same step time to one tick of the fake clock (the
+    # short way reads the clock once, where the whole way reads it again for the step's end),
+    # and once the probe thread has counted every step (at close), the same running averages.
+    # The passes every 4 steps, fixed: an adaptive interval would follow the probe thread's
+    # ticks.
+    from tdbg.probe.training import cost_model, sampler
 
     whole_way = sampler.StepSampler._step_whole
     taken: list[int] = []
@@ -328,34 +335,55 @@ def test_the_usual_step_s_short_way_keeps_the_whole_way_s_figures(
         taken.append(self.step_count)
         whole_way(self, *args)
 
-    runs: list[tuple[list[tuple[int, int, bool]], list[float]]] = []
+    runs: list[tuple[list[float], list[float], float, float]] = []
     for whole in (False, True):
         monkeypatch.setattr(sampler.StepSampler, "_step_whole", counted)
         if whole:
             monkeypatch.setattr(sampler.StepSampler, "step", whole_way)
         loop = Loop()
-        probe = tdbg.watch(loop.model, loop.opt)
-        plan: list[tuple[int, int, bool]] = []
-        costs: list[float] = []
+        probe = tdbg.watch(loop.model, loop.opt, grad_every=4)
         try:
             probe._hooks._mark = probe._sampler._mark = fake_clock
             sent = handed_over(probe, monkeypatch)
-            for _ in range(40):
-                loop.step(probe)
-                s = probe._sampler
-                plan.append((s.step_count, s.grad_interval, s._sample_now))
-                step, _grad, fixed, _spent = s.measured_costs()  # (a pass's: not on this clock)
-                costs.extend((step, fixed))
+            loop.run(3 * cost_model.COUNTED_HERE, probe)
         finally:
-            probe.close()
-        assert len(sent) == 40 and any(r.grads is not None for r in sent)
-        for record in sent[1:]:
-            if record.grads is None:
-                costs.extend((record.probe_time, record.step_time))
-        runs.append((plan, costs))
+            probe.close()  # its thread's last tick counts the last steps' costs
+        s = probe._sampler
+        assert len(sent) == 3 * cost_model.COUNTED_HERE and any(r.grads is not None for r in sent)
+        assert s._costs_through == len(sent) - 1  # every step counted, once
+        usual = [r for r in sent[1:] if r.grads is None]
+        step, _grad, fixed, _spent = s.measured_costs()
+        runs.append(([r.probe_time for r in usual], [r.step_time for r in usual], fixed, step))
         if not whole:
             # The short way took the usual steps: the whole way only the sampled ones.
-            assert 0 < len(taken) < 20
-    (plan, costs), (whole_plan, whole_costs) = runs
-    assert plan == whole_plan
-    assert costs == pytest.approx(whole_costs, rel=1e-9, abs=1e-12)
+            assert 0 < len(taken) <= len(sent) // 4
+    (probe_times, step_times, fixed, step), (whole_probe, whole_step, whole_fixed, whole_ema) = runs
+    tick = 1e-6  # the fake clock's
+    assert probe_times == pytest.approx(whole_probe, rel=1e-9, abs=1e-12)
+    assert fixed == pytest.approx(whole_fixed, rel=1e-9, abs=1e-12) and fixed > 0
+    assert step_times == pytest.approx(whole_step, abs=1.01 * tick)
+    assert step == pytest.approx(whole_ema, abs=1.01 * tick) and step > 0
+
+
+def test_the_probe_thread_counts_the_steps_after_the_first_in_step_order() -> None:
+    # fold_costs (from the probe thread, once a tick) skips the steps the training thread
+    # counted itself and counts the rest in order: the same averages as one step at a time.
+    from tdbg.probe.training.cost_model import COUNTED_HERE, EMA
+
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
+    probe.close()
+    s = probe._sampler
+    s._fixed_cost = s._step_ema = 0.0
+    costs = [(n, 1e-5 * (1 + n % 3), 1e-3 * (1 + n % 5), n % 4 == 0) for n in range(40)]
+    s.fold_costs(costs[:25])
+    s.fold_costs(costs[25:])
+    fixed = step = 0.0
+    for n, probe_time, step_time, sampled in costs[COUNTED_HERE:]:
+        if not sampled:
+            fixed = probe_time if fixed == 0.0 else (1 - EMA) * fixed + EMA * probe_time
+        step = step_time if step == 0.0 else (1 - EMA) * step + EMA * step_time
+    assert (s._fixed_cost, s._step_ema) == pytest.approx((fixed, step), rel=1e-12)
+    assert s._costs_through == 39
+    s.fold_costs(costs[:COUNTED_HERE])  # the training thread's own: nothing changes
+    assert (s._fixed_cost, s._step_ema, s._costs_through) == pytest.approx((fixed, step, 39))

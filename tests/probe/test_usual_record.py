@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from tdbg.probe.training import budget
 from tdbg.probe.training.hooks import StepTimeline
 from tdbg.probe.training.pending import usual_record, usual_step
 
@@ -50,12 +51,14 @@ def same(a: Any, b: Any) -> bool:
 @pytest.mark.parametrize("marks", list(TIMELINES), ids=list(TIMELINES))
 @pytest.mark.parametrize("loss", list(LOSSES), ids=list(LOSSES))
 @pytest.mark.parametrize(
-    "counts", [(None, None, 0, None), (8, 4096.0, 3, 9.0)], ids=["bare", "counted"]
+    "counts",
+    [(None, None, 0, None, None), (8, 4096.0, 3, 9.0, 1_000.0 - 0.0125)],
+    ids=["bare", "counted"],
 )
 def test_a_usual_step_resolves_to_the_same_record_either_way(
-    marks: str, loss: str, counts: tuple[Any, Any, int, Any]
+    marks: str, loss: str, counts: tuple[Any, Any, int, Any, Any]
 ) -> None:
-    samples, tokens, micro, previous_end = counts
+    samples, tokens, micro, previous_end, last_start = counts
     raw = (
         41,  # step
         1_000.0,  # probe.step()'s start (perf clock)
@@ -64,11 +67,13 @@ def test_a_usual_step_resolves_to_the_same_record_either_way(
         samples,
         tokens,
         [0.1, 0.01],
-        0.0125,  # step time
+        last_start,  # the step before's start (None: the first step)
         TIMELINES[marks],
         previous_end,
         2.0,  # epoch
-        3e-5,  # probe time
+        1_000.0 + 4e-6,  # probe.step()'s end
+        5e-6,  # the hooks' and taps' seconds
+        1e-6,  # of which timed whole
     )
     resolved = usual_step(raw).resolve()
     assert resolved is not None
@@ -80,3 +85,10 @@ def test_a_usual_step_resolves_to_the_same_record_either_way(
             assert short.time == pytest.approx(whole.time, abs=0.5)
             continue
         assert same(getattr(short, field), getattr(whole, field)), field
+    # Worked out on the probe thread from the readings handed over: start to start, and what
+    # the step timed of itself counted as the cost model counts it.
+    assert same(short.step_time, NAN if last_start is None else 0.0125)
+    assert short.probe_time == pytest.approx(budget.probe_seconds(4e-6 + 5e-6, 1e-6))
+    assert short.probe_time == pytest.approx(
+        1e-6 + 8e-6 * (1 + budget.FIXED_UNTIMED) + budget.FIXED_PER_STEP
+    )

@@ -92,6 +92,7 @@ class ProbeServer(ClientLoop):
         directory: Any = None,
         frozen: list[int] | None = None,
         on_grad_device_time: Callable[[float], None] | None = None,
+        on_costs: Callable[[list[tuple[int, float, float, bool]]], None] | None = None,
         recorder: Recorder | None = None,
         layer_models: list[int] | None = None,
         layer_types: list[str] | None = None,
@@ -122,6 +123,8 @@ class ProbeServer(ClientLoop):
             layer_names, frozen or [], lr_groups=(layer_facts or {}).get("lr_group", ())
         )
         self._on_grad_device_time = on_grad_device_time
+        # The steps' costs, for the gradient interval's running averages: once a tick, in bulk.
+        self._on_costs = on_costs
         self.endpoint = Endpoint(rank, run_info, directory)
         self._stats = stats
         self._on_error = on_error
@@ -566,6 +569,8 @@ class ProbeServer(ClientLoop):
         # thread's GIL time.
         observe, check_step = self.nan_origin.observe, self.rules.check_step
         add_cost = self.recent_costs.append
+        costs: list[tuple[int, float, float, bool]] = []  # for the interval's running averages
+        add_step_cost = costs.append
         for (record, missing), pending in zip(resolved, extras, strict=True):
             if pending.skipped_layers is not None:
                 alerts.append(
@@ -602,6 +607,11 @@ class ProbeServer(ClientLoop):
                 if counted is not None:
                     sampled.append(("histograms", counted.to_wire()))
             add_cost((record.probe_time, record.step_time))
+            add_step_cost(
+                (record.step, record.probe_time, record.step_time, pending.grads is not None)
+            )
+        if costs and self._on_costs is not None:
+            self._on_costs(costs)
         if resolved:
             self.last_step = resolved[-1][0].step
         if not resolved and self.last_step is not None:

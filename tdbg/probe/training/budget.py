@@ -30,6 +30,16 @@ FIXED_UNTIMED = 1.4
 # its own CPU a step). Negligible on 10 ms steps (0.04 %), it is what the scale alone left out
 # on sub-millisecond ones: the tiny model's cost was reported 24 % under the measured.
 FIXED_PER_STEP = 4e-6
+FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
+
+
+def probe_seconds(timed: float, whole: float) -> float:
+    """What a step's probe work cost the loop: ``timed``, all the probe timed of itself on the
+    training thread, of which ``whole`` was work timed whole (a gradient pass, the guard's
+    check: counted as timed); the rest, the fixed work, at FIXED_SCALE times its timing; and
+    FIXED_PER_STEP for the probe thread's work on the step."""
+    untimed = timed - whole
+    return whole + (untimed * FIXED_SCALE + FIXED_PER_STEP if untimed > 0.0 else FIXED_PER_STEP)
 
 
 def gradient_interval(

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
-from tdbg.probe.training.budget import FIXED_PER_STEP, FIXED_UNTIMED, gradient_interval
+from tdbg.probe.training import budget
+from tdbg.probe.training.budget import gradient_interval
 from tdbg.probe.training.gradients import GradSample
 from tdbg.probe.training.hooks import PhaseHooks, perf
 from tdbg.probe.training.sampler_state import NAN, SamplerState
 from tdbg.protocol.steps import MAX_PHASE_GAP
 
-FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
-PER_STEP = FIXED_PER_STEP  # and what each step costs it beyond that (the probe thread's work)
 EMA = 0.1  # weight of the newest value in the running averages of step time and costs
 # Weight of the newest step in the probe's spent fraction (its time over the step's): ~100
 # steps' memory, like the 200-step window of the cost_fraction it reports.
@@ -24,6 +24,12 @@ MARK_EVERY_STEP_FROM = 0.02
 # The mean distance between timed steps is at most this: random distances up to twice it
 # less one stay within MAX_PHASE_GAP.
 MAX_MEAN_GAP = MAX_PHASE_GAP // 2
+# The running averages of the first this many steps are kept on the training thread, at each
+# step (the interval has something to go by from the second step, not from the probe thread's
+# first tick, up to 100 ms of passes on every step later); every later step's on the probe
+# thread, in bulk at its ticks (fold_costs), in step order: probe.step()'s usual step
+# then only hands its clock readings over.
+COUNTED_HERE = 16
 
 
 class CostModel(SamplerState):
@@ -58,7 +64,8 @@ class CostModel(SamplerState):
         # (budget.FIXED_PER_STEP). Work timed whole is counted as timed.
         # (A conditional, not max(): a builtin's first call here costs microseconds.)
         untimed = timed - self._grad_seconds
-        fixed = untimed * FIXED_SCALE + PER_STEP if untimed > 0.0 else PER_STEP
+        per_step = budget.FIXED_PER_STEP
+        fixed = untimed * budget.FIXED_SCALE + per_step if untimed > 0.0 else per_step
         probe_time = host_time = self._grad_seconds + fixed
         if hidden and (sample is None or self._grad_device_cost > 0.0):
             # A GPU-bound step: the host's work costs the step nothing (the device sets its
@@ -69,18 +76,12 @@ class CostModel(SamplerState):
             probe_time = self._grad_device_cost if sample is not None else 0.0
         self._grad_seconds = 0.0
         # The interval's model of the cost: what every step pays (the running average over
-        # steps without a gradient pass) plus, every k steps, what a step with one pays on top
-        # of that: the pass and all that comes with it (its staging, its share of the fixed
-        # work, the weights where a NaN was found), so that the model's cost is the one the
-        # probe reports. (The pass's own time alone left out the rest: 1.2-1.3 % measured for
-        # a 1 % budget on the cnn demo's paced steps.)
-        if sample is None:
-            self._fixed_cost = (
-                probe_time
-                if self._fixed_cost == 0.0
-                else ((1 - EMA) * self._fixed_cost + EMA * probe_time)
-            )
-        elif not self._replanned:
+        # steps without a gradient pass, kept by fold_costs after the first steps) plus, every
+        # k steps, what a step with one pays on top of that: the pass and all that comes with
+        # it (its staging, its share of the fixed work, the weights where a NaN was found), so
+        # that the model's cost is the one the probe reports. (The pass's own time alone left
+        # out the rest: 1.2-1.3 % measured for a 1 % budget on the cnn demo's paced steps.)
+        if sample is not None and not self._replanned:
             # A pass's host time, hidden or not: how much room the host has left behind the
             # device is not known, and passes as often as their device time alone allows could
             # make the host the bottleneck (then its work counts again, and the interval would
@@ -89,19 +90,10 @@ class CostModel(SamplerState):
             cost = self._grad_cost
             self._grad_cost = surplus if cost == 0.0 else (1 - EMA) * cost + EMA * surplus
         self._replanned = False
-        # The running averages the interval goes by, written out (this runs after the update,
-        # where each function entered costs microseconds); the interval itself is worked out
-        # when a pass may be due, after one, and every 8 steps (an interval that the costs
-        # have since shortened takes effect within 8 steps).
         if sample is not None:
             self._last_sampled = self.step_count - 1
-        if step_time == step_time and step_time > 0:
-            ema = self._step_ema
-            self._step_ema = step_time if ema == 0.0 else (1 - EMA) * ema + EMA * step_time
-            # Every step's whole probe time, the gradient passes and what each step pays,
-            # against the step's: the cost the budget is about, as the probe reports it.
-            self._spent_probe = (1 - SPENT_EMA) * self._spent_probe + SPENT_EMA * probe_time
-            self._spent_step = (1 - SPENT_EMA) * self._spent_step + SPENT_EMA * step_time
+        if self.step_count <= COUNTED_HERE:
+            self._fold(((self.step_count - 1, probe_time, step_time, sample is not None),))
         since = self.step_count - self._last_sampled
         if self.grad_every is not None:
             self.grad_interval = self.grad_every
@@ -109,6 +101,61 @@ class CostModel(SamplerState):
             self._replan()
         self._sample_now = since >= self.grad_interval
         return probe_time
+
+    def fold_costs(self, costs: list[tuple[int, float, float, bool]]) -> None:
+        """From the probe thread, once a tick: count the steps it resolved into the running
+        averages the interval goes by, in step order, each (step, probe time, step time,
+        whether it carried a gradient pass); not the first COUNTED_HERE, which the training
+        thread counted as they ended (their averages stored before any later step was handed
+        over: the two threads never write them at once); then the interval from them."""
+        if costs and costs[0][0] < COUNTED_HERE:
+            costs = [cost for cost in costs if cost[0] >= COUNTED_HERE]
+        if costs:
+            self._fold(costs)
+            if self.grad_every is None:
+                # The interval from the averages just stored (the training thread works it out
+                # again after a pass and when one is due: either's is from stored averages).
+                self._replan()
+
+    def _fold_here(
+        self,
+        step: int,
+        t0: float,
+        last_host: float | None,
+        end: float,
+        hook_seconds: float,
+        whole: float,
+    ) -> None:
+        """One of the first COUNTED_HERE steps, on the training thread, from the readings its
+        short way hands over (the probe thread works out the same: pending.usual_record)."""
+        step_time = NAN if last_host is None else t0 - last_host
+        probe_time = budget.probe_seconds((end - t0) + hook_seconds, whole)
+        self._fold(((step, probe_time, step_time, False),))
+
+    def _fold(self, costs: Iterable[tuple[int, float, float, bool]]) -> None:
+        """Count ``costs`` (see :meth:`fold_costs`) into the running averages: worked in locals
+        and stored at the end, so a reader never sees one step half-counted."""
+        fixed, step, spent_probe, spent_step = (
+            self._fixed_cost,
+            self._step_ema,
+            self._spent_probe,
+            self._spent_step,
+        )
+        last = self._costs_through
+        for number, probe_time, step_time, sampled in costs:
+            last = number
+            if not sampled:
+                # What every step pays: the running average over steps without a pass.
+                fixed = probe_time if fixed == 0.0 else (1 - EMA) * fixed + EMA * probe_time
+            if step_time == step_time and step_time > 0:
+                step = step_time if step == 0.0 else (1 - EMA) * step + EMA * step_time
+                # Every step's whole probe time, the gradient passes and what each step pays,
+                # against the step's: the cost the budget is about, as the probe reports it.
+                spent_probe = (1 - SPENT_EMA) * spent_probe + SPENT_EMA * probe_time
+                spent_step = (1 - SPENT_EMA) * spent_step + SPENT_EMA * step_time
+        self._fixed_cost, self._step_ema = fixed, step
+        self._spent_probe, self._spent_step = spent_probe, spent_step
+        self._costs_through = last
 
     def _replan(self) -> None:
         """Work the gradient interval out again from the running averages."""

@@ -7,18 +7,35 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from tdbg.probe.training import budget
 from tdbg.probe.training.gradients import GradSample
 from tdbg.probe.training.histograms import HistogramPart
 from tdbg.probe.training.hooks import Mark, StepTimeline, host_time, perf, span
 from tdbg.protocol.steps import NAN, StepRecord
 
 # The usual step of a CPU run as the training thread hands it over (StepSampler.step), its
-# values as they are: (step, probe.step()'s start on the perf clock, loss (a number, or a CPU
-# scalar tensor without a graph), micro-batches, samples= and tokens= (None or plain counts),
-# learning rates, step time, timeline, previous step's end, epoch, probe time). The probe
-# thread makes it a PendingStep (usual_step): the work the training thread is spared.
+# values as they are, read and stored, nothing worked out: (step, probe.step()'s start on the
+# perf clock, loss (a number, or a CPU scalar tensor without a graph), micro-batches, samples=
+# and tokens= (None or plain counts), learning rates, the step before's start (None: none),
+# timeline, previous step's end, epoch, probe.step()'s end, the hooks' and taps' seconds since
+# the last step, the seconds of that work timed whole). The probe thread works out the step's
+# time and probe time from them (budget.probe_seconds) and makes the record (usual_record): the work
+# the training thread is spared.
 UsualStep = tuple[
-    int, float, Any, int, Any, Any, list[float], float, StepTimeline, Mark | None, float, float
+    int,
+    float,
+    Any,
+    int,
+    Any,
+    Any,
+    list[float],
+    float | None,
+    StepTimeline,
+    Mark | None,
+    float,
+    float,
+    float,
+    float,
 ]
 
 
@@ -221,8 +238,10 @@ def usual_record(raw: UsualStep) -> StepRecord:
     figures as ``PendingStep.resolve`` (tests/probe/test_usual_record.py holds them equal),
     written out (no call per phase): this is the probe thread's per-step work on short steps,
     where it competes with the loop for the GIL."""
-    (step, started, loss, micro, samples, tokens, lrs, step_time, timeline, previous_end, epoch,
-     probe_time) = raw  # fmt: skip
+    (step, started, loss, micro, samples, tokens, lrs, last_start, timeline, previous_end, epoch,
+     end, hooks, whole) = raw  # fmt: skip
+    step_time = NAN if last_start is None else started - last_start
+    probe_time = budget.probe_seconds((end - started) + hooks, whole)
     # CPU marks: floats (a usual step is a CPU run's), None where not seen.
     fwd_start: Any = timeline.forward_start
     fwd_end: Any = timeline.forward_end
@@ -262,8 +281,10 @@ def usual_record(raw: UsualStep) -> StepRecord:
 
 def usual_step(raw: UsualStep) -> PendingStep:
     """The PendingStep of a usual step handed over as it was (on the probe thread)."""
-    (step, started, loss, micro, samples, tokens, lrs, step_time, timeline, previous_end, epoch,
-     probe_time) = raw  # fmt: skip
+    (step, started, loss, micro, samples, tokens, lrs, last_start, timeline, previous_end, epoch,
+     end, hooks, whole) = raw  # fmt: skip
+    step_time = NAN if last_start is None else started - last_start
+    probe_time = budget.probe_seconds((end - started) + hooks, whole)
     pending = PendingStep()
     pending.step = step
     # The wall clock at probe.step(): now, less the time since it began (one clock for both).

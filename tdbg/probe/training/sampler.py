@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from tdbg.probe.training import cost_model, taps
-from tdbg.probe.training.cost_model import EMA, SPENT_EMA, CostModel
+from tdbg.probe.training import taps
+from tdbg.probe.training.cost_model import COUNTED_HERE, CostModel
 from tdbg.probe.training.epochs import EpochCounter
 from tdbg.probe.training.grad_passes import GradientPasses
 from tdbg.probe.training.gradients import Layer
@@ -113,11 +113,13 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
 
         The usual step of a CPU run is handed over here, in this one frame, as its values: one
         optimizer updated once, no gradient pass due or forced, nothing rare to hand on, its
-        loss known as a number; the probe thread builds the step from them
-        (pending.usual_step). Each Python function entered and each object touched here, right
-        after the update, costs microseconds (the loop's kernels have evicted them): the
-        bookkeeping (``hooks.take()``, ``CostModel._account``) is written out. Any other step
-        goes the whole way (:meth:`_step_whole`), which also checks what this one assumes."""
+        loss known as a number, past the first COUNTED_HERE steps; the probe thread builds the
+        step from them (pending.usual_record) and counts its costs (CostModel.fold_costs): here
+        the clock is read and the readings stored. Each Python function entered and each object
+        touched here, right after the update, costs microseconds (the loop's kernels have
+        evicted them): the bookkeeping (``hooks.take()``, the rest of ``CostModel._account``)
+        is written out. Any other step goes the whole way (:meth:`_step_whole`), which also
+        checks what this one assumes."""
         slots = self._slots
         if (
             len(slots) != 1
@@ -173,9 +175,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         ):
             self._step_whole(loss, samples, tokens, hooks, t0)
             return
-        # Start to start, so the step includes probe.step() itself.
+        # Start to start, so the step includes probe.step() itself (worked out on the probe
+        # thread, as the probe time is: here the readings are only stored).
         last_host = self._last_host
-        step_time = NAN if last_host is None else t0 - last_host
         self._last_host = t0
         # hooks.take(), written out.
         timeline = hooks.timeline
@@ -191,39 +193,31 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._micro = self._stray_micro = 0
         self._pending_nonfinite = False
         self._last_backward = self._last_kept = self._last_value = None
-        # CostModel._account for a step without a gradient pass, on the CPU, written out (its
-        # comments say why each line is there; tests/probe/test_budget.py holds the two to
-        # the same figures).
+        # CostModel._account for a step without a gradient pass, on the CPU, written out, less
+        # the running averages: the probe thread counts this step into them from what it is
+        # handed (fold_costs; tests/probe/test_budget.py holds the two ways to the same figures).
         self._pass_batches += micro or 1
         count = self.step_count + 1
         self.step_count = count
         hook_seconds, hooks.seconds = hooks.seconds, 0.0
         tap_seconds = self._tap_seconds
-        timed = (perf() - t0) + hook_seconds + tap_seconds[0]
+        hook_seconds += tap_seconds[0]
         tap_seconds[0] = 0.0
-        grad_seconds = self._grad_seconds
-        untimed = timed - grad_seconds
-        per_step = cost_model.PER_STEP
-        probe_time = grad_seconds + (
-            untimed * cost_model.FIXED_SCALE + per_step if untimed > 0.0 else per_step
-        )
-        self._grad_seconds = 0.0
-        fixed_cost = self._fixed_cost
-        self._fixed_cost = (
-            probe_time if fixed_cost == 0.0 else (1 - EMA) * fixed_cost + EMA * probe_time
-        )
+        whole, self._grad_seconds = self._grad_seconds, 0.0
         self._replanned = False
-        if step_time == step_time and step_time > 0:
-            ema = self._step_ema
-            self._step_ema = step_time if ema == 0.0 else (1 - EMA) * ema + EMA * step_time
-            self._spent_probe = (1 - SPENT_EMA) * self._spent_probe + SPENT_EMA * probe_time
-            self._spent_step = (1 - SPENT_EMA) * self._spent_step + SPENT_EMA * step_time
+        # The interval is worked out again by the probe thread as it counts the steps' costs
+        # (fold_costs); here only when a pass is due (the costs may have lengthened it since).
         since = count - self._last_sampled
-        if self.grad_every is not None:
-            self.grad_interval = self.grad_every
-        elif since >= self.grad_interval or count % 8 == 0:
+        if since >= self.grad_interval and self.grad_every is None:
             self._replan()
         self._sample_now = since >= self.grad_interval
+        # The step ends here, after all its timed work (else the rest would count as the next
+        # step's wait for data): the one reading ends both.
+        previous_end = self._previous_end
+        end = self._previous_end = perf()
+        if count <= COUNTED_HERE:
+            # The first steps' running averages, kept here (CostModel.fold_costs says why).
+            self._fold_here(count - 1, t0, last_host, end, hook_seconds, whole)
         # To the probe thread: a bounded deque, never blocks (the oldest dropped when full).
         handoff = self._handoff
         handoff.steps.append(
@@ -235,11 +229,13 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 samples,
                 tokens,
                 lrs,
-                step_time,
+                last_host,
                 timeline,
-                self._previous_end,
+                previous_end,
                 self.epoch,
-                probe_time,
+                end,
+                hook_seconds,
+                whole,
             )
         )
         handoff.appended += 1
@@ -248,9 +244,6 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._last_held = None
         if HELD:
             HELD.clear()  # nothing of the loop's held past its step (normally empty here)
-        # The step ends here, after all its work (else the rest would count as the next
-        # step's wait for data).
-        self._previous_end = perf()
 
     def _step_whole(
         self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float

@@ -81,6 +81,7 @@ class SamplerState:
         "_cuda_device",
         "_dataset",
         "_fixed_cost",
+        "_costs_through",
         "_folded",
         "_forced",
         "_forwards_seen",
@@ -216,6 +217,7 @@ class SamplerState:
         # gradient passes, the guard's check, a forward re-run, staging device values.
         self._grad_seconds = 0.0
         self._fixed_cost = 0.0  # EMA of the probe's cost on a step without a gradient pass
+        self._costs_through = -1  # the last step counted into these running averages
         self._replanned = False  # this step's pass also planned the layout (not typical)
         self._previous_end: Mark | None = None
         self._grad_marks: tuple[Mark, Mark] | None = None
