@@ -7,7 +7,8 @@ lines. Here one watched cnn-demo loop (``grad_every=10**9``: the fixed per-step 
 (``tdbg/probe/training/sampler.py`` at each, loaded as modules of their own), alternating per
 step in A B B A order, and times the whole ``probe.step()`` call of each. Both run against the
 working tree's other modules (the hooks, the server), so the revisions' samplers must share
-their interfaces. The loop's graph is freed after the timed call, as in ``entry_cost.py``.
+their interfaces. The loop's graph is freed after the timed call, as in ``entry_cost.py``, and
+what the step handed the probe thread is dropped there (each revision's hand-off is its own).
 Printed: each version's median and the mean of the paired differences with two standard errors.
 """
 
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 import types
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from models import MAKERS  # noqa: E402
 from overhead import POOL  # noqa: E402
 
 import tdbg  # noqa: E402
+from tdbg.probe.training import budget, cost_model  # noqa: E402
 
 SAMPLER = "tdbg/probe/training/sampler.py"
 # Where the sampler lived before the probe was split into its training and serving sides (a
@@ -104,6 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for i in range(50):
             probe.step(task.train_step(*pool[i % POOL]))
+        # What each step hands over is dropped, after its timed call: the two revisions' hand-
+        # offs may differ (a revision's usual step tuple is its own probe thread's to read), and
+        # the probe thread's work on it is not what is timed here.
+        dropped: deque[Any] = deque()
+        probe._server.handoff.steps = dropped
+        # A revision from before the cost model's constants moved to budget.py reads them here.
+        if not hasattr(cost_model, "PER_STEP"):
+            cost_model.PER_STEP = budget.FIXED_PER_STEP  # type: ignore[attr-defined]
+            cost_model.FIXED_SCALE = budget.FIXED_SCALE  # type: ignore[attr-defined]
         clock = time.perf_counter_ns
         times: list[list[int]] = [[], []]
         for i in range(2 * args.pairs):
@@ -122,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             probe.step(loss, samples=task.batch_size)
             times[version].append(clock() - start)
             del graph
+            dropped.clear()
         probe.close()
     a, b = times
     diffs = [x - y for x, y in zip(a, b, strict=True)]
