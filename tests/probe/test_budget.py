@@ -379,7 +379,7 @@ def test_the_probe_thread_counts_the_steps_after_the_first_in_step_order() -> No
     s.fold_costs(costs[:25])
     s.fold_costs(costs[25:])
     fixed = step = 0.0
-    for n, probe_time, step_time, sampled in costs[COUNTED_HERE:]:
+    for _n, probe_time, step_time, sampled in costs[COUNTED_HERE:]:
         if not sampled:
             fixed = probe_time if fixed == 0.0 else (1 - EMA) * fixed + EMA * probe_time
         step = step_time if step == 0.0 else (1 - EMA) * step + EMA * step_time

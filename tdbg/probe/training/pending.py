@@ -239,9 +239,9 @@ def usual_record(raw: UsualStep) -> StepRecord:
     written out (no call per phase): this is the probe thread's per-step work on short steps,
     where it competes with the loop for the GIL."""
     (step, started, loss, micro, samples, tokens, lrs, last_start, timeline, previous_end, epoch,
-     end, hooks, whole) = raw  # fmt: skip
+     ended, hooks, whole) = raw  # fmt: skip
     step_time = NAN if last_start is None else started - last_start
-    probe_time = budget.probe_seconds((end - started) + hooks, whole)
+    probe_time = budget.probe_seconds((ended - started) + hooks, whole)
     # CPU marks: floats (a usual step is a CPU run's), None where not seen.
     fwd_start: Any = timeline.forward_start
     fwd_end: Any = timeline.forward_end
@@ -282,9 +282,9 @@ def usual_record(raw: UsualStep) -> StepRecord:
 def usual_step(raw: UsualStep) -> PendingStep:
     """The PendingStep of a usual step handed over as it was (on the probe thread)."""
     (step, started, loss, micro, samples, tokens, lrs, last_start, timeline, previous_end, epoch,
-     end, hooks, whole) = raw  # fmt: skip
+     ended, hooks, whole) = raw  # fmt: skip
     step_time = NAN if last_start is None else started - last_start
-    probe_time = budget.probe_seconds((end - started) + hooks, whole)
+    probe_time = budget.probe_seconds((ended - started) + hooks, whole)
     pending = PendingStep()
     pending.step = step
     # The wall clock at probe.step(): now, less the time since it began (one clock for both).
