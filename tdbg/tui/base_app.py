@@ -7,6 +7,7 @@ from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
+from textual.driver import Driver
 from textual.theme import Theme
 
 from tdbg.tui.colours import SUFFIX, base_name, colour_blind
@@ -14,6 +15,7 @@ from tdbg.tui.screens.help import HelpScreen
 from tdbg.tui.settings import PALETTES, load_settings, save_settings, settings_path
 from tdbg.tui.sources.base import Stoppable
 
+LINUX_DRIVER = "textual.drivers.linux_driver"
 HELP = "help"  # the installed help screen's name
 
 
@@ -41,6 +43,17 @@ class TdbgBaseApp(App[int]):
         self._saved = asdict(self.settings)
         self._save_failed = False
         self._applying_theme = False
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver for this platform, its Linux one with tdbg's quicker Esc (the
+        Windows, web and headless drivers as Textual picks them)."""
+        driver_class = super().get_driver_class()
+        # By name: importing the Linux driver to compare would fail on Windows (termios).
+        if (driver_class.__module__, driver_class.__name__) == (LINUX_DRIVER, "LinuxDriver"):
+            from tdbg.tui.driver import TdbgLinuxDriver
+
+            return TdbgLinuxDriver
+        return driver_class
 
     def on_mount(self) -> None:
         self._apply_theme(self.settings.theme, self.settings.palette)
