@@ -71,9 +71,10 @@ class TdbgLinuxDriver(LinuxDriver):
                 self.process_message(event)
 
         def timeout() -> float:
-            # The deadline of a sequence in progress (None: nothing pending); Parser keeps it
-            # in this attribute and ``tick()`` compares it with the same clock.
-            return poll_timeout(parser._timeout_time, get_time())
+            # The deadline of a sequence in progress (None: nothing pending); Textual's Parser
+            # keeps it in this attribute and ``tick()`` compares it with the same clock. A
+            # Textual without it polls as its own driver does.
+            return poll_timeout(getattr(parser, "_timeout_time", None), get_time())
 
         try:
             while not self.exit_event.is_set():
