@@ -37,6 +37,10 @@ def read_counts(value: Any) -> tuple[int, ...] | None:
     items = as_list(value)
     if len(items) != N_BINS:
         return None
+    # What the probe sends: plain ints, checked here in one pass (as_int per bin was most of
+    # a 100-layer message's decoding on the viewer's UI thread).
+    if all(type(v) is int and v >= 0 for v in items):
+        return tuple(items)
     counts = [as_int(v) for v in items]
     if any(c is None or c < 0 for c in counts):
         return None
