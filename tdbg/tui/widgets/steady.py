@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.text import Text
 from textual.dom import DOMNode
+from textual.geometry import Region
 from textual.visual import VisualType
 from textual.widget import Widget
 from textual.widgets import Static
@@ -67,9 +68,27 @@ def set_border(widget: Widget, *, title: str | None = None, subtitle: str | None
     Textual repaints the panel on every set, and a repainted container redraws all it holds
     (the gradient panel's frame was set the same subtitle four times a second)."""
     if title is not None and widget.border_title != title:
-        widget.border_title = title
+        _set_border_row(widget, "_border_title", title, top=True)
     if subtitle is not None and widget.border_subtitle != subtitle:
-        widget.border_subtitle = subtitle
+        _set_border_row(widget, "_border_subtitle", subtitle, top=False)
+
+
+def _set_border_row(widget: Widget, attribute: str, text: str, *, top: bool) -> None:
+    """What Textual's ``border_title`` / ``border_subtitle`` setters do, but repainting the one
+    border row the text is drawn on rather than the whole widget: a loss or gradient panel whose
+    subtitle says the latest values re-rendered every line of its frame at each paint (~16 lines
+    twice a second, each through the border and background code) and made the screen's dirty
+    region span the panel."""
+    outer = widget.outer_size
+    if not widget.is_mounted or not outer:
+        setattr(widget, attribute.removeprefix("_"), text)  # the setter: a full repaint
+        return
+    # As the setter stores it (markup rendered, tabs expanded, one line).
+    setattr(widget, attribute, widget.render_str(text).expand_tabs(4).split()[0])
+    # refresh() takes regions in content coordinates: the border row is above or below them.
+    left, above = widget.content_offset
+    row = 0 if top else outer.height - 1
+    widget.refresh(Region(-left, row - above, outer.width, 1))
 
 
 def set_classes(node: DOMNode, wanted: dict[str, bool]) -> None:
