@@ -12,10 +12,17 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 from waiting import wait_for
 
+from tdbg.protocol.steps import pack_steps
 from tdbg.tui.app import TdbgApp, make_app, screen_text
 from tdbg.tui.screens.monitor import MonitorScreen
 from tdbg.tui.sources.base import ReplaySource
-from tdbg.tui.sources.synthetic import RUN, job_messages, profile_result, synthetic_run
+from tdbg.tui.sources.synthetic import (
+    RUN,
+    job_messages,
+    profile_result,
+    step_records,
+    synthetic_run,
+)
 
 NORM = re.compile(r"\d\.\d\de[-+]\d\d")  # a norm as the gradient table prints it: 7.29e-03
 
@@ -162,3 +169,24 @@ async def test_x_closes_the_deep_dive_panel_until_the_next_dive() -> None:
         await wait_for(pilot, lambda: not monitor.has_class("-deep"), "closed again")
         await pilot.press("d")  # d opens it again too
         await wait_for(pilot, lambda: monitor.has_class("-deep"), "reopened by d")
+
+
+async def test_panels_hidden_by_a_zoom_are_not_painted_until_it_ends() -> None:
+    source = FeedSource()
+    app = make_app(source)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(pilot, app, source)
+        monitor = app.monitor
+        grads = monitor.query_one("#grad-panel")
+        await wait_for(pilot, lambda: "step 119" in str(grads.border_subtitle), "grads at 119")
+        await pilot.press("z")  # nothing focused: the loss panel
+        loss = monitor.query_one("#loss-panel")
+        await wait_for(pilot, lambda: monitor.maximized is loss, "the loss zoomed")
+        source.feed(pack_steps(step_records(120, 40, n_layers=6), 6))
+        # The zoomed panel follows the run; the gradient panel under it is left alone.
+        await wait_for(pilot, lambda: "0–159" in screen_text(app), "the loss at step 159")
+        assert "step 119" in str(grads.border_subtitle)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: monitor.maximized is None, "the zoom ended")
+        # Back, every panel is painted at once (not at the next data).
+        await wait_for(pilot, lambda: "step 159" in str(grads.border_subtitle), "grads at 159")

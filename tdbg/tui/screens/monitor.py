@@ -428,7 +428,6 @@ class MonitorScreen(Screen[None]):
                 shown = self.has_class("-deep")
                 panel = self.query_one("#profiler-panel" if shown else "#loss-panel")
             self.maximize(panel, container=False)
-        self.repaint(force=True)  # compact panels (memory, metrics) show their full form
 
     def _watch_maximized(self, previously: Widget | None, maximized: Widget | None) -> None:
         """Textual's own watcher sets the screen's ``-maximized-view`` class with a restyle of
@@ -442,6 +441,9 @@ class MonitorScreen(Screen[None]):
             previously.remove_class("-maximized")
         if maximized is not None:
             maximized.add_class("-maximized")
+        # Zoomed: the panel alone, in its full form (memory, metrics are compact beside the
+        # others). Back: every panel, none of which was painted while hidden.
+        self.repaint(force=True)
 
     def action_close_deep(self) -> None:
         """Close the deep-dive panel, giving its rows back, until the next dive (d reopens)."""
@@ -499,44 +501,73 @@ class MonitorScreen(Screen[None]):
         now = time.monotonic()
         wanted = {"-diverged": state.diverged, "-ended": state.ended}
         set_classes(self, {**wanted, "-input-bound": state.input_bound})
+        shows = self._shows
         short = self.size.height < SHORT
-        self.query_one(RunHeader).show(state, two_lines=not short)
+        if shows("header"):
+            self.query_one(RunHeader).show(state, two_lines=not short)
         charts_due = now - self._chart_at >= CHART_INTERVAL
         if clock_only and not force:
             # Data that came within CHART_INTERVAL of the last chart paint (a run's last batch)
             # is drawn at the next tick, not left off the charts until more data comes.
             if charts_due and self._chart_revision != state.revision:
                 self._paint_charts(state, now)
+            self._paint_grads_due(state, now, force)  # the same for the gradient panel
             return True
-        self.query_one(AnatomyBar).show(state, compact=short)
+        if shows("anatomy"):
+            self.query_one(AnatomyBar).show(state, compact=short)
         if force or charts_due:
             self._paint_charts(state, now)
-        self.query_one(LearningRates).show(state, self.cursor_step)
-        lr_panel = self.query_one("#lr-panel")
-        groups = state.param_groups
-        capped = f"showing {state.lr_groups} of {groups}" if state.lr_columns_capped else ""
-        set_border(lr_panel, subtitle=capped)
+        if shows("lr-panel"):
+            self.query_one(LearningRates).show(state, self.cursor_step)
+            lr_panel = self.query_one("#lr-panel")
+            groups = state.param_groups
+            capped = f"showing {state.lr_groups} of {groups}" if state.lr_columns_capped else ""
+            set_border(lr_panel, subtitle=capped)
         self.set_class(bool(len(state.metrics)), "-metrics")
-        self.query_one(AlertList).show(state)
-        set_border(self.query_one("#alerts-panel"), subtitle=f"{state.alert_count} total")
-        zoomed = self.query_one("#memory-panel").has_class("-maximized")
-        self.query_one(MemoryPanel).show(state, compact=short and not zoomed)
-        self.query_one(ProbeStatus).show(state)
+        if shows("alerts-panel"):
+            self.query_one(AlertList).show(state)
+            set_border(self.query_one("#alerts-panel"), subtitle=f"{state.alert_count} total")
+        if shows("memory-panel"):
+            zoomed = self.query_one("#memory-panel").has_class("-maximized")
+            self.query_one(MemoryPanel).show(state, compact=short and not zoomed)
+        if shows("status"):
+            self.query_one(ProbeStatus).show(state)
         self._paint_deep(state)
+        self._paint_grads_due(state, now, force)
+        return True
+
+    def _paint_grads_due(self, state: RunState, now: float, force: bool) -> None:
+        """The gradient panel, when its norms changed and GRAD_INTERVAL has passed since it
+        was last painted (or ``force``), and it is on screen."""
         grads_changed = state.grads_revision != self._grad_revision
-        if (force or grads_changed) and (force or now - self._grads_at >= GRAD_INTERVAL):
+        if not (force or grads_changed) or not (force or now - self._grads_at >= GRAD_INTERVAL):
+            return
+        if self._shows("grad-panel"):
             self._grads_at = now
             self._grad_revision = state.grads_revision
             self._paint_grads(state)
-        return True
+
+    def _shows(self, widget_id: str) -> bool:
+        """Whether the screen shows the widget (a panel, the header) with this id: all of them
+        unless one is zoomed (z), and then that one alone. Those hidden by a zoom are not
+        painted at all (each was drawn at every tick under the zoomed panel); the zoom's end
+        repaints them all (``_watch_maximized``)."""
+        zoomed = self.maximized
+        if zoomed is None:
+            return True
+        # Textual's own maximize (the palette's) can zoom a widget inside a panel.
+        return zoomed.id == widget_id or any(node.id == widget_id for node in zoomed.ancestors)
 
     def _paint_charts(self, state: RunState, now: float) -> None:
         self._chart_at = now
         self._chart_revision = state.revision
-        self._paint_loss(state)
-        self._paint_metrics(state)
+        if self._shows("loss-panel"):
+            self._paint_loss(state)
+        if self._shows("metrics-panel"):
+            self._paint_metrics(state)
         # Every step's clip figures, not only the sampled steps' norms: at the chart rate.
-        self._paint_grad_summary(state)
+        if self._shows("grad-panel"):
+            self._paint_grad_summary(state)
 
     def _paint_deep(self, state: RunState) -> None:
         deep = state.deep
