@@ -17,6 +17,7 @@ import contextlib
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,10 @@ from tdbg.protocol.framing import ProtocolError
 
 POLL_INTERVAL = 0.5  # seconds between discovery polls while waiting for a run
 MAX_BATCH = 4096  # messages handed to the UI at once; a full replay arrives in a few batches
+# Seconds: reading what a run sent on attaching, before the first frame, stops once the socket
+# is quiet this long (a run at 20 steps/s sends every 50 ms), or after ARRIVED_MOST in all.
+ARRIVED_IDLE = 0.02
+ARRIVED_MOST = 0.1
 
 
 class SourceMessage(Message):
@@ -131,6 +136,11 @@ class Source(Stoppable):
     def batches(self) -> Iterator[list[dict[str, Any]]]:
         """Yield message batches until the connection ends."""
         return iter(())
+
+    def arrived(self) -> list[dict[str, Any]]:
+        """What an attached source has already received, read without waiting for more (the
+        first frame's data); ``batches()`` goes on after it. Nothing for most sources."""
+        return []
 
     def reattach(self, notify: Notify) -> bool:
         """Wait for the run to come back and attach; False when this source cannot."""
@@ -291,6 +301,28 @@ class SocketSource(Source):
         self._close_client(client)
         if self.end_reason is None:
             self.end_reason = "connection closed"
+
+    def arrived(self) -> list[dict[str, Any]]:
+        """The run's history as the probe sent it on attaching (already in the socket by the
+        time the app mounts), read until the socket is quiet for ARRIVED_IDLE or ARRIVED_MOST
+        has passed: the first frame then shows data instead of an empty screen drawn first
+        and the data at the next frame. Called before the reader starts (one reader only)."""
+        client = self.client
+        if client is None or client.closed or client.peer_closed:
+            return []
+        out: list[dict[str, Any]] = []
+        deadline = time.monotonic() + ARRIVED_MOST
+        try:
+            for message in client.messages(timeout=ARRIVED_IDLE):
+                out.append(message)
+                if message.get("type") == "bye":  # as batches() would have read it
+                    self.end_reason = str(message.get("reason") or "closed")
+                if len(out) >= MAX_BATCH or time.monotonic() > deadline:
+                    break
+        except Exception as exc:  # a protocol error: batches() reports the end of the connection
+            out.append({"type": "error", "code": "CLIENT", "message": str(exc)})
+            client.peer_closed = True
+        return out
 
     def _candidates(self) -> list[RunEntry]:
         return discover(self.directory)
