@@ -125,12 +125,14 @@ class TdbgApp(TdbgBaseApp):
 
     def on_mount(self) -> None:
         self.monitor.baselines = self.baselines  # the same list: what changes it, changes both
-        # What the run sent on attaching is in the first frame, not drawn a frame later.
+        # What the run sent on attaching, painted right after the first frame (the panels
+        # have their sizes then), not after the reader's thread has started and posted it.
         first = self.source.arrived()
         if first:
             self.state.apply_many(first)
             self.batches_applied += 1
             self._shown_data = True
+            self.call_after_refresh(self._repaint)
         self.monitor.show(self.state)
         self.set_interval(REPAINT_INTERVAL, self._repaint)
         self.start_reading()

@@ -200,9 +200,6 @@ class MonitorScreen(Screen[None]):
         for panel_id, title in titles.items():
             self.query_one(f"#{panel_id}").border_title = title
         self._restore()
-        # The data the app read before this screen mounted (Source.arrived) in the first frame:
-        # its panels are mounted now, the screen counts as mounted once this returns.
-        self._paint(force=True)
 
     # --- actions --------------------------------------------------------------------------
 
@@ -498,14 +495,8 @@ class MonitorScreen(Screen[None]):
         False when there is nothing to paint yet: the repaint timer can fire between the
         screen's mount and its panels' (seen at start-up under load), and must not crash the app.
         """
-        if not self.is_mounted:
-            return False
-        return self._paint(force, clock_only)
-
-    def _paint(self, force: bool = False, clock_only: bool = False) -> bool:
-        """``repaint`` once the screen's panels are there (from its own mount on)."""
         state = self._state
-        if state is None or not self.query(ProbeStatus):
+        if state is None or not self.is_mounted or not self.query(ProbeStatus):
             return False  # ProbeStatus is composed last: when it is there, every panel is
         now = time.monotonic()
         wanted = {"-diverged": state.diverged, "-ended": state.ended}
