@@ -139,7 +139,8 @@ class Source(Stoppable):
 
     def arrived(self) -> list[dict[str, Any]]:
         """What an attached source has already received, read without waiting for more (the
-        first frame's data); ``batches()`` goes on after it. Nothing for most sources."""
+        data painted after the first frame); ``batches()`` goes on after it. Nothing for most
+        sources."""
         return []
 
     def reattach(self, notify: Notify) -> bool:
@@ -305,8 +306,9 @@ class SocketSource(Source):
     def arrived(self) -> list[dict[str, Any]]:
         """The run's history as the probe sent it on attaching (already in the socket by the
         time the app mounts), read until the socket is quiet for ARRIVED_IDLE or ARRIVED_MOST
-        has passed: the first frame then shows data instead of an empty screen drawn first
-        and the data at the next frame. Called before the reader starts (one reader only)."""
+        has passed: the app paints it right after its first frame instead of waiting for the
+        reader thread to start, read and post it. Called before the reader starts (one reader
+        only)."""
         client = self.client
         if client is None or client.closed or client.peer_closed:
             return []
