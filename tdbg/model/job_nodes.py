@@ -65,7 +65,7 @@ class NodesJob:
     # --- what JobAlerts reads ------------------------------------------------------------------
     def windowed(self) -> NodeWindows:
         """The job as the record of the slowest rank over time reads it."""
-        return NodeWindows(self.figures, self.rank_node, self.lost, self.windows)
+        return NodeWindows(self.figures, self.rank_node, self.lost, self.windows, self.world_size)
 
     @property
     def world_size(self) -> int:

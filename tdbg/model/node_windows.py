@@ -13,6 +13,9 @@ from tdbg.protocol.messages.node_summary import RankFigures, RankWindow
 # Windows kept a rank: the record judges a window once every rank has passed it, so a rank
 # ahead of the slowest keeps the span and a little more (a rank far ahead is judged late).
 KEPT = 2 * SPAN
+# Steps the record waits for the ranks of the job not seen yet before judging without them (a
+# rank that never started): within the span, so the windows it waited over are still judged.
+WAIT_WHOLE = 10 * WINDOW
 
 
 @dataclass
@@ -46,6 +49,7 @@ class NodeWindows:
     rank_node: dict[int, str]
     lost: dict[str, str]  # the nodes not read
     windows: RankWindows
+    world: int = 0  # the job's world size as its ranks say it (0: not said)
 
     def _running(self) -> list[RankFigures]:
         return [
@@ -65,11 +69,19 @@ class NodeWindows:
 
     def first_common(self) -> int | None:
         """The step before the first window every running rank was sent (all ranks', once
-        none runs): the record starts at that window, as from the ranks' own steps."""
+        none runs): the record starts at that window, as from the ranks' own steps. None (not
+        yet) while ranks of the job's world have not been seen, for up to WAIT_WHOLE steps:
+        the nodes' first summaries come seconds apart (128 bridges starting), and windows
+        judged before a node's ranks came would lack them for good (a straggler there was the
+        slowest in 14 % of its windows, not 100 %)."""
         store = self.windows.by_rank
         running = [f.rank for f in self._running() if store.get(f.rank)]
         ranks = running or [r for r in self.figures if store.get(r)]
-        return max((min(store[r]) - 1 for r in ranks), default=None)
+        first = max((min(store[r]) - 1 for r in ranks), default=None)
+        if first is not None and len(self.figures) < self.world:
+            if self.newest() - first < WAIT_WHOLE:
+                return None
+        return first
 
     def judge(self, end: int) -> Window | None:
         store = self.windows.by_rank

@@ -32,8 +32,11 @@ class Bridges:
         self.sent: dict[str, dict[int, int]] = {node: {} for node in self.nodes}
         self.viewer = NodesJob(job.job)
 
-    def summarise(self) -> None:
+    def summarise(self, late: frozenset[str] = frozenset()) -> None:
+        """Every node's summary, but the ``late`` nodes' (their bridges not started yet)."""
         for node, ranks in self.nodes.items():
+            if node in late:
+                continue
             states: Mapping[int, RunState] = {r: self.job.ranks[r] for r in ranks}
             summary = reduce_node(node, self.job.job, states, windows_sent=self.sent[node])
             wire = msgpack.unpackb(msgpack.packb(summary.to_wire()))
@@ -68,6 +71,25 @@ def test_a_straggler_that_comes_and_goes_at_64_ranks_is_named_as_from_the_stream
     assert summaries.line() == streams.line()
     assert summaries.to_json() == streams.to_json()
     assert summaries.line().startswith("rank 37 (intermittent): the slowest in ")
+
+
+def test_a_node_whose_first_summary_comes_late_is_judged_from_the_start() -> None:
+    """128 bridges start seconds apart: the record waits for the job's ranks, so the windows
+    before a late node's first summary are judged with its ranks, not without them."""
+    job = job_of(16)
+    bridges = Bridges(job, 4)
+    streams, summaries = StragglerHistory(), StragglerHistory()
+    base = noise(6)
+    slow = lambda r, s: base(r, s) + (0.030 if r == 13 else 0.0)  # noqa: E731
+    for first in range(0, 300, 5):
+        apply_steps(job, range(first, first + 5), slow)
+        bridges.summarise(late=frozenset({"n12"}) if first < 60 else frozenset())
+        streams.update(job)
+        summaries.update(bridges.viewer.windowed())
+    [named] = summaries.named()
+    assert (named.rank, named.kind) == (13, "persistent")
+    assert summaries.line() == streams.line()
+    assert "the slowest in 100 %" in summaries.line()
 
 
 def test_a_rank_slow_all_along_is_persistent_and_noise_names_none() -> None:
