@@ -14,7 +14,7 @@ from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_nodes import NodesJob
 from tdbg.model.node_reduce import rank_windows, reduce_node
-from tdbg.model.node_windows import KEPT
+from tdbg.model.node_windows import KEPT, WAIT_WHOLE
 from tdbg.model.run_state import RunState
 from tdbg.model.straggler_history import WINDOW, StragglerHistory
 from tdbg.protocol.messages.node_summary import NodeSummary
@@ -32,13 +32,14 @@ class Bridges:
         self.sent: dict[str, dict[int, int]] = {node: {} for node in self.nodes}
         self.viewer = NodesJob(job.job)
 
-    def summarise(self, late: frozenset[str] = frozenset()) -> None:
-        """Every node's summary, but the ``late`` nodes' (their bridges not started yet)."""
+    def summarise(self, late: frozenset[str] = frozenset(), now: float | None = None) -> None:
+        """Every node's summary (made at ``now``), but the ``late`` nodes' (their bridges not
+        started yet)."""
         for node, ranks in self.nodes.items():
             if node in late:
                 continue
             states: Mapping[int, RunState] = {r: self.job.ranks[r] for r in ranks}
-            summary = reduce_node(node, self.job.job, states, windows_sent=self.sent[node])
+            summary = reduce_node(node, self.job.job, states, now=now, windows_sent=self.sent[node])
             wire = msgpack.unpackb(msgpack.packb(summary.to_wire()))
             read = NodeSummary.from_wire(wire)
             assert read is not None
@@ -90,6 +91,21 @@ def test_a_node_whose_first_summary_comes_late_is_judged_from_the_start() -> Non
     assert (named.rank, named.kind) == (13, "persistent")
     assert summaries.line() == streams.line()
     assert "the slowest in 100 %" in summaries.line()
+
+
+def test_a_node_that_never_reports_holds_the_record_back_two_minutes_at_most() -> None:
+    job = job_of(16)
+    bridges = Bridges(job, 4)
+    summaries = StragglerHistory()
+    slow = lambda r, s: 0.002 + (0.030 if r == 5 else 0.0)  # noqa: E731
+    for k, first in enumerate(range(0, 300, 5)):
+        apply_steps(job, range(first, first + 5), slow)
+        bridges.summarise(late=frozenset({"n12"}), now=1000.0 + 2.5 * k)  # 2 steps/s
+        summaries.update(bridges.viewer.windowed())
+        if 2.5 * k < WAIT_WHOLE:
+            assert summaries.judged == 0, k
+    [named] = summaries.named()
+    assert (named.rank, named.kind) == (5, "persistent")
 
 
 def test_a_rank_slow_all_along_is_persistent_and_noise_names_none() -> None:
