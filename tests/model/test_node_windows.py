@@ -93,6 +93,24 @@ def test_a_node_whose_first_summary_comes_late_is_judged_from_the_start() -> Non
     assert "the slowest in 100 %" in summaries.line()
 
 
+def test_a_job_hung_before_its_last_node_came_is_judged_when_it_comes() -> None:
+    """The bridges attach to a job already hung (no step will come): the straggler on the node
+    whose first summary came last is named, and the record over its history, once it comes."""
+    job = job_of(16)
+    bridges = Bridges(job, 4)
+    alerts = JobAlerts()
+    apply_steps(job, range(40, 240), lambda r, s: 0.002 + (0.030 if r == 13 else 0.0))
+    bridges.summarise(late=frozenset({"n12"}))
+    alerts.update(bridges.viewer, now=1.0)
+    assert not alerts.active and alerts.history.judged == 0
+    bridges.summarise()
+    raised = alerts.update(bridges.viewer, now=2.0)
+    assert [(a.kind, a.ranks) for a in raised] == [("straggler", [13])]
+    [named] = alerts.history.named()
+    assert (named.rank, named.kind) == (13, "persistent")
+    assert "the slowest in 100 %" in alerts.history.line()
+
+
 def test_a_node_that_never_reports_holds_the_record_back_two_minutes_at_most() -> None:
     job = job_of(16)
     bridges = Bridges(job, 4)
