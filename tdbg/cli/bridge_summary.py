@@ -30,6 +30,7 @@ from tdbg.model.run_state import RunState
 from tdbg.protocol.framing import ProtocolError
 from tdbg.protocol.messages import node_notice
 from tdbg.protocol.messages.node_summary import read_subscribe
+from tdbg.protocol.step_runs import coalesced
 
 SUMMARY_HZ = 2.0  # node summaries a second: the viewer's figures are at most this old
 # Seconds before a rank whose connection or handshake failed is tried again; doubles up to the
@@ -146,6 +147,10 @@ class SummaryBridge(JobBridge):
         due = time.monotonic() + period
         pids: dict[int, int] = {}
         synced: set[int] = set()  # ranks whose history has all arrived (until the first summary)
+        # Each rank's messages since the last summary, folded just before the next one: a run
+        # of step batches is folded as one (at 10 steps/s a rank sends 5 a summary, and each
+        # fold has a fixed cost of ~70 µs).
+        unfolded: dict[int, list[dict[str, Any]]] = {}
         while not self.done.is_set():
             try:
                 rank, pid, message = self._inbox.get(timeout=max(0.0, due - time.monotonic()))
@@ -157,11 +162,10 @@ class SummaryBridge(JobBridge):
                     self.states[rank] = RunState(run)
                     self.states[rank].mark("live")
                     pids[rank] = pid
+                    unfolded.pop(rank, None)  # the old run's: its state is gone
                     self._windows_sent.pop(rank, None)  # a new run of the rank: its own windows
                 elif rank in self.states and pids.get(rank) == pid:  # not an old run's tail
-                    self.states[rank].apply(message)
-                    if message.get("type") == "bye":
-                        self.states[rank].mark("ended", str(message.get("reason") or "closed"))
+                    unfolded.setdefault(rank, []).append(message)
                     if message.get("type") == "synced" and not self.summaries:
                         # The first summary goes as soon as every rank found has sent its
                         # history, not a tick later: the viewer's first frame waits for it.
@@ -170,7 +174,18 @@ class SummaryBridge(JobBridge):
                             due = time.monotonic()
             if time.monotonic() >= due:
                 due = time.monotonic() + period
+                self._fold_in(unfolded)
                 self._summarise()
+
+    def _fold_in(self, unfolded: dict[int, list[dict[str, Any]]]) -> None:
+        """Fold each rank's messages since the last summary into its state, in order."""
+        for rank, messages in unfolded.items():
+            state = self.states[rank]
+            for message in coalesced(messages):
+                state.apply(message)
+                if message.get("type") == "bye":
+                    state.mark("ended", str(message.get("reason") or "closed"))
+        unfolded.clear()
 
     def _summarise(self) -> None:
         if not self.states:
