@@ -49,7 +49,10 @@ async def capture(ranks: int, nodes: int, out: Path, size: tuple[int, int]) -> s
         script.chmod(0o755)
     per_node, procs = ranks // nodes, max(1, ranks // 128)
     share = -(-ranks // procs)
-    hang_at = 200 + int(RATE * 20)  # a hang once the others are named
+    # A hang once the others are named: at 1,024 ranks the 128 bridges' first summaries take a
+    # minute or two on this 2-core machine, and in a job hung before they came every rank is
+    # stalled (no straggler is judged among ranks that do not step).
+    hang_at = 200 + int(RATE * (20 if ranks <= 64 else 150))
     servers = [
         subprocess.Popen(
             ["nice", "-n", "19", sys.executable, str(ROOT / "benchmarks" / "fake_ranks.py"),

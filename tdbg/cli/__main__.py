@@ -2,6 +2,6 @@
 
 import sys
 
-from tdbg.cli.main import main
+from tdbg.cli.entry import main
 
 sys.exit(main())

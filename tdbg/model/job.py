@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tdbg.model.health import open_stall
+from tdbg.model.medians import median
 from tdbg.model.run_state import RunState
 from tdbg.model.unwatched import UNWATCHED_AFTER, unwatched
 from tdbg.protocol.steps import MAX_PHASE_GAP, PHASE_WORDS, PHASES
@@ -411,7 +412,7 @@ def grad_rows(state: RunState) -> dict[int, np.ndarray]:
 
 def median_of_enough(values: np.ndarray) -> float | None:
     """The median of a rank's recent values, when there are at least half of RECENT of them."""
-    return float(np.median(values)) if values.size >= RECENT // 2 else None
+    return median(values) if values.size >= RECENT // 2 else None
 
 
 def recent_median(state: RunState, column: str, end: int | None = None) -> float | None:

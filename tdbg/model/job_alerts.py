@@ -105,14 +105,18 @@ class JobAlerts:
     history: StragglerHistory = field(default_factory=StragglerHistory)
     _stragglers: dict[int, _Pending] = field(default_factory=dict)
     _step: int | None = None
+    _seen: int = 0  # the ranks with a step at the last judgement
 
     def update(self, job: JudgedJob, now: float | None = None) -> list[JobAlert]:
         """Judge the job at its current step; the alerts raised or cleared by this call."""
         now = _time.time() if now is None else now
-        step = max(job.rank_steps(), default=0)
+        steps = job.rank_steps()
+        step = max(steps, default=0)
         out: list[JobAlert] = []
-        if self._step is None or step > self._step:
-            self._step = step
+        # Judged again at a new step, or when ranks came (nodes' first summaries come seconds
+        # apart: in a job hung before the last came, the step never moves again).
+        if self._step is None or step > self._step or len(steps) > self._seen:
+            self._step, self._seen = step, len(steps)
             # The record over time first (from the ranks' own steps, or from the windows their
             # nodes' bridges sent): a straggler it shows slow all along is raised at once.
             if isinstance(job, Job):

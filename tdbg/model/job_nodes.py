@@ -22,7 +22,7 @@ from tdbg.model.job import (
     is_straggling,
     straggler_finding,
 )
-from tdbg.model.node_windows import NodeWindows, RankWindows
+from tdbg.model.node_windows import WAIT_WHOLE, NodeWindows, RankWindows
 from tdbg.protocol.messages.node_summary import NodeSummary, RankFigures
 
 
@@ -40,12 +40,17 @@ class NodesJob:
     # node -> for each of its gradient steps, how many of its ranks have each distinct row:
     # counted once per summary, not per judgement (at 1,024 ranks that was most of its cost).
     _counts: dict[str, list[Counter[int]]] = field(default_factory=dict, repr=False)
+    _first_time: float | None = field(default=None, repr=False)  # the first summary's time
+    _last_time: float = field(default=0.0, repr=False)  # the newest summary's
 
     def update(self, node: str, summary: NodeSummary) -> None:
         """``node``'s newest summary replaces its last one (a rank gone from it stays, as the
         last figures it had: a rank that died is named, not forgotten)."""
         self.nodes[node] = summary
         self.lost.pop(node, None)
+        if self._first_time is None:
+            self._first_time = summary.time
+        self._last_time = max(self._last_time, summary.time)
         for figures in summary.ranks:
             self.figures[figures.rank] = figures
             self.rank_node[figures.rank] = node
@@ -65,7 +70,11 @@ class NodesJob:
     # --- what JobAlerts reads ------------------------------------------------------------------
     def windowed(self) -> NodeWindows:
         """The job as the record of the slowest rank over time reads it."""
-        return NodeWindows(self.figures, self.rank_node, self.lost, self.windows)
+        missing = len(self.figures) < self.world_size
+        waited = self._last_time - (self._first_time or self._last_time)
+        return NodeWindows(
+            self.figures, self.rank_node, self.lost, self.windows, missing and waited < WAIT_WHOLE
+        )
 
     @property
     def world_size(self) -> int:

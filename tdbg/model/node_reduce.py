@@ -2,160 +2,87 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
 import time
-import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from tdbg.model.ending import ended_words
-from tdbg.model.health import assess
-from tdbg.model.job import (
-    MAX_PHASE_GAP,
-    RECENT,
-    busy_median,
-    grad_rows,
-    recent_median,
-    still_stalled,
-)
-from tdbg.model.job_table import rank_gpu, rank_gpu_util
+from tdbg.model.job import RECENT, grad_rows, still_stalled
+from tdbg.model.node_figures import FigureCache, rank_figures, rank_windows
 from tdbg.model.run_state import RunState
-from tdbg.model.straggler_history import SPAN, WINDOW
 from tdbg.protocol.messages.node_summary import (
     MAX_GRAD_STEPS,
     NodeGrads,
     NodeSummary,
-    RankFigures,
     RankStall,
-    RankWindow,
 )
-from tdbg.protocol.steps import PHASES
 
 ALERTS_SENT = 8  # the node's newest rank alerts in one summary
 
 
+@dataclass
+class NodeCache:
+    """What a bridge keeps from one summary to the next: each rank's step figures, and the
+    node's gradient rows with what they were read from (the ranks' rows and layouts)."""
+
+    figures: FigureCache = field(default_factory=FigureCache)
+    grads: tuple[Any, NodeGrads | None] | None = None
+
+
 def layout_of(state: RunState) -> str:
     """A digest of a rank's watched layers (names and sizes): rows compare within one."""
-    pairs = zip(state.layer_names, state.layer_numel, strict=False)
-    text = "\n".join(f"{n}\t{k}" for n, k in pairs)
+    return _layout(tuple(state.layer_names), tuple(state.layer_numel))
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(names: tuple[str, ...], numel: tuple[int, ...]) -> str:
+    # Read for every rank on every summary; the names change once a run, if ever.
+    text = "\n".join(f"{n}\t{k}" for n, k in zip(names, numel, strict=False))
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
-def rank_windows(state: RunState, after: int | None = None) -> tuple[RankWindow, ...]:
-    """A rank's medians at the end of each window it finished after the one ending at step
-    ``after`` (None: the last SPAN), as the record of the slowest rank over time reads a
-    rank's own steps (straggler_history._judge): the viewer judges the job from these."""
-    if not state.n_steps or state.last_step is None:
-        return ()
-    steps = state.steps.values
-    first = (int(steps[0]) // WINDOW + 1) * WINDOW  # as _first_common starts the record
-    ready = (state.last_step + 1) // WINDOW * WINDOW
-    if after is not None and after > ready:
-        after = None  # the rank is back before what was sent: it restarted; sent afresh
-    start = max(first, ready - (SPAN - 1) * WINDOW)
-    if after is not None:
-        start = max(start, after + WINDOW)
-    ends = np.arange(start, ready + 1, WINDOW)
-    if not ends.size:
-        return ()
-    rows = np.searchsorted(steps, ends)
-    step = state.cols["step_time"].values
-    backward = state.cols["backward_time"].values
-    own = np.where(np.isfinite(backward), step - backward, np.nan)
-    whole = window_medians(step, rows, RECENT)
-    mine = window_medians(own, rows, RECENT * MAX_PHASE_GAP)
-    phases = {
-        p: window_medians(state.cols[p].values, rows, RECENT * MAX_PHASE_GAP)
-        for p in PHASES
-        if p != "backward_time"
-    }
-    return tuple(
-        RankWindow(
-            int(end),
-            _known(whole[k]),
-            _known(mine[k]),
-            {p: _known(values[k]) for p, values in phases.items()},
-        )
-        for k, end in enumerate(ends)
-    )
-
-
-def window_medians(column: np.ndarray, rows: np.ndarray, lookback: int) -> np.ndarray:
-    """For each row in ``rows``, the median of the last RECENT measured values of ``column``
-    among the ``lookback`` before that row (``recent_values``, ``busy_values``), NaN where
-    fewer than half of RECENT: every window at once (one median a window and figure, 64 ranks'
-    backlog of 50 windows, took the first summary ~1.5 s on a busy machine)."""
-    measured = np.flatnonzero(np.isfinite(column))
-    before = np.searchsorted(measured, rows)  # measured values before each row
-    at = before[:, None] - RECENT + np.arange(RECENT)[None, :]  # their positions, the last RECENT
-    where = measured[np.clip(at, 0, None)] if measured.size else np.zeros_like(at)
-    ok = (at >= 0) & (where >= rows[:, None] - lookback)
-    table = np.where(ok, column[where] if column.size else np.nan, np.nan)
-    counts = ok.sum(axis=1)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row: NaN, as meant
-        out = np.nanmedian(table, axis=1)
-    out[counts < RECENT // 2] = np.nan
-    return out
-
-
-def _known(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
-
-
-def rank_figures(
-    rank: int, state: RunState, now: float | None = None, windows_after: int | None = None
-) -> RankFigures:
-    """A rank's few figures: the same medians the straggler rule reads (job.py), and its
-    windows finished after step ``windows_after`` (``rank_windows``)."""
-    grad = state.grad_total.values[-RECENT:]
-    grad = grad[np.isfinite(grad)]  # the latest measured (not every step measures it)
-    status = "live"
-    if state.ended:
-        status = ended_words(state.end_reason)
-    elif assess(state, now, by_arrival=True).word == "stalled":
-        status = "stalled"
-    loss = state.last_loss
-    system = state.system
-    cuda = system.cuda if system is not None else ()
-    gpu = rank_gpu(state)
-    return RankFigures(
-        rank=rank,
-        step=state.last_step,
-        n_steps=state.n_steps,
-        whole=busy_median(state, False),
-        own=busy_median(state, True),
-        phases={p: recent_median(state, p) for p in PHASES},
-        loss=loss,
-        grad=float(grad[-1]) if grad.size else None,
-        state=status,
-        nonfinite=state.diverged,
-        windows=rank_windows(state, windows_after),
-        allocated=_most(d.allocated for d in cuda),
-        reserved=_most(d.reserved for d in cuda),
-        peak=_most(d.peak for d in cuda),
-        rss=system.host.rss if system is not None else None,
-        gpu_mem=None if gpu is None else gpu.mem_used,
-        gpu_util=rank_gpu_util(state),
-        on_gpu=str(state.run.get("device") or "").startswith("cuda"),
-    )
-
-
-def _most(values: Iterable[int | None]) -> int | None:
-    """The largest known value (a rank's devices: the one nearest its limit); None if none."""
-    return max((v for v in values if v is not None), default=None)
-
-
-def node_grads(states: Mapping[int, RunState], names_sent: str | None) -> NodeGrads | None:
-    """The ranks' per-layer rows at their latest common sampled steps, each distinct row once;
-    None when the ranks watch different layers here (the rule then does not apply) or share
-    no sampled step. ``names_sent``: the layout whose names the viewer already has."""
+def node_grads(
+    states: Mapping[int, RunState], names_sent: str | None, cache: NodeCache | None = None
+) -> NodeGrads | None:
+    """The ranks' per-layer rows at their latest common sampled steps, each distinct row once
+    (in the order first met, rank by rank); None when the ranks watch different layers here
+    (the rule then does not apply) or share no sampled step. ``names_sent``: the layout whose
+    names the viewer already has. With ``cache``, read again only when a rank's rows or layers
+    changed since the last call."""
     if not states:
         return None
-    layouts = {layout_of(s) for s in states.values()}
+    layouts = {r: layout_of(s) for r, s in states.items()}
+    key = (
+        names_sent,
+        tuple((r, s, s.grads, s.grads.total_rows, layouts[r]) for r, s in states.items()),
+    )
+    if cache is not None and cache.grads is not None and _same(cache.grads[0], key):
+        return cache.grads[1]
+    grads = _node_grads(states, set(layouts.values()), names_sent)
+    if cache is not None:
+        cache.grads = (key, grads)
+    return grads
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two ``node_grads`` keys are equal: the states and histories by identity."""
+    if a[0] != b[0] or len(a[1]) != len(b[1]):
+        return False
+    return all(
+        x[0] == y[0] and x[1] is y[1] and x[2] is y[2] and x[3:] == y[3:]
+        for x, y in zip(a[1], b[1], strict=True)
+    )
+
+
+def _node_grads(
+    states: Mapping[int, RunState], layouts: set[str], names_sent: str | None
+) -> NodeGrads | None:
     first = next(iter(states.values()))
     if len(layouts) != 1 or not first.layer_names:
         return None
@@ -165,21 +92,22 @@ def node_grads(states: Mapping[int, RunState], names_sent: str | None) -> NodeGr
     if not common:
         return None
     width = min(len(first.layer_names), *(len(rows[r][s]) for r in rows for s in common))
-    distinct: dict[bytes, int] = {}
-    table: list[tuple[float, ...]] = []
-    which: dict[int, tuple[int, ...]] = {}
-    for rank, by_step in rows.items():
-        mine = []
-        for step in common:
-            row = np.ascontiguousarray(by_step[step][:width], float)
-            key = row.tobytes()
-            if key not in distinct:
-                distinct[key] = len(table)
-                table.append(tuple(float(x) for x in row))
-            mine.append(distinct[key])
-        which[rank] = tuple(mine)
     names = None if names_sent == layout else tuple(first.layer_names[:width])
-    return NodeGrads(layout, tuple(common), tuple(table), which, names)
+    # Every rank's rows at the common steps as one (rank x step, layer) array; rows equal to
+    # the byte are one row of the table, numbered in the order first met.
+    flat = np.array([rows[r][s][:width] for r in rows for s in common], dtype=float)
+    if width:
+        keys = np.ascontiguousarray(flat).view(np.dtype((np.void, 8 * width))).ravel()
+        _, first_at, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    else:  # no layer: one empty row
+        first_at, inverse = np.zeros(1, np.intp), np.zeros(len(flat), np.intp)
+    order = np.argsort(first_at, kind="stable")
+    number = np.empty(len(order), np.intp)
+    number[order] = np.arange(len(order))
+    numbered = number[inverse.ravel()].reshape(len(rows), len(common)).tolist()
+    table = tuple(tuple(flat[i].tolist()) for i in first_at[order])
+    which = {r: tuple(numbered[k]) for k, r in enumerate(rows)}
+    return NodeGrads(layout, tuple(common), table, which, names)
 
 
 def reduce_node(
@@ -189,10 +117,12 @@ def reduce_node(
     names_sent: str | None = None,
     now: float | None = None,
     windows_sent: Mapping[int, int] | None = None,
+    cache: NodeCache | None = None,
 ) -> NodeSummary:
     """The node's summary now: every rank's figures, the stalled ranks' collectives, the
     gradient rows and the newest rank alerts. ``windows_sent``: rank -> the end of the last
-    window the viewer has of it (those after it are sent; all of a rank not in it)."""
+    window the viewer has of it (those after it are sent; all of a rank not in it). ``cache``
+    (a bridge's, kept between calls): what did not change since is not read again."""
     sent = windows_sent or {}
     now = time.time() if now is None else now
     stalls = []
@@ -207,14 +137,19 @@ def reduce_node(
         for alert in itertools.islice(state.alerts, 2):  # newest first
             alerts.append((rank, alert.kind, alert.severity, alert.step, alert.headline))
     alerts.sort(key=lambda a: -math.inf if a[3] is None else a[3], reverse=True)
+    figures = None if cache is None else cache.figures
+    if figures is not None:
+        figures.keep(states)
     return NodeSummary(
         host=host,
         job=job,
         time=now,
-        ranks=tuple(rank_figures(r, s, now, sent.get(r)) for r, s in sorted(states.items())),
+        ranks=tuple(
+            rank_figures(r, s, now, sent.get(r), figures) for r, s in sorted(states.items())
+        ),
         stalls=tuple(stalls),
         # An ended rank's rows stop: kept, they would leave no step common to all.
-        grads=node_grads({r: s for r, s in states.items() if not s.ended}, names_sent),
+        grads=node_grads({r: s for r, s in states.items() if not s.ended}, names_sent, cache),
         alerts=tuple(alerts[:ALERTS_SENT]),
         world=max(
             (w for s in states.values() if isinstance(w := s.run.get("world_size"), int)), default=0
@@ -222,4 +157,12 @@ def reduce_node(
     )
 
 
-__all__ = ["RECENT", "layout_of", "node_grads", "rank_figures", "rank_windows", "reduce_node"]
+__all__ = [
+    "RECENT",
+    "NodeCache",
+    "layout_of",
+    "node_grads",
+    "rank_figures",
+    "rank_windows",
+    "reduce_node",
+]

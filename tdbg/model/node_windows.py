@@ -13,6 +13,13 @@ from tdbg.protocol.messages.node_summary import RankFigures, RankWindow
 # Windows kept a rank: the record judges a window once every rank has passed it, so a rank
 # ahead of the slowest keeps the span and a little more (a rank far ahead is judged late).
 KEPT = 2 * SPAN
+# Seconds (the bridges' clocks) from the first summary that the record of the slowest rank
+# waits for ranks of the job not seen yet before it judges without them (a rank that never
+# started). Nodes' first summaries come seconds apart (128 bridges starting on a busy machine:
+# a minute), and windows judged before a node's ranks came would lack them for good: a rank
+# slow all along was named the slowest in 14 % of them, not 100 %. The windows waited over are
+# still judged (the span's), so waiting loses nothing.
+WAIT_WHOLE = 120.0
 
 
 @dataclass
@@ -46,6 +53,9 @@ class NodeWindows:
     rank_node: dict[int, str]
     lost: dict[str, str]  # the nodes not read
     windows: RankWindows
+    # Ranks of the job's world not seen yet, within WAIT_WHOLE seconds of the first summary:
+    # the record does not start (NodesJob.windowed).
+    waiting: bool = False
 
     def _running(self) -> list[RankFigures]:
         return [
@@ -65,7 +75,10 @@ class NodeWindows:
 
     def first_common(self) -> int | None:
         """The step before the first window every running rank was sent (all ranks', once
-        none runs): the record starts at that window, as from the ranks' own steps."""
+        none runs): the record starts at that window, as from the ranks' own steps. None (not
+        yet) while ``waiting`` for ranks of the job not seen yet."""
+        if self.waiting:
+            return None
         store = self.windows.by_rank
         running = [f.rank for f in self._running() if store.get(f.rank)]
         ranks = running or [r for r in self.figures if store.get(r)]

@@ -3,7 +3,6 @@ which phase — so a straggler that stays is told from one that comes and goes, 
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from tdbg.model.job import (
     is_straggling,
     recent_median,
 )
+from tdbg.model.medians import row_medians
 from tdbg.model.run_state import RunState
 from tdbg.protocol.steps import PHASE_WORDS, PHASES
 
@@ -410,8 +410,6 @@ def _medians(values: list[np.ndarray]) -> np.ndarray:
     for k, row in enumerate(values):
         table[k, : row.size] = row
     counts = np.isfinite(table).sum(axis=1)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row: NaN, as meant
-        out = np.nanmedian(table, axis=1)
+    out = row_medians(table)
     out[counts < RECENT // 2] = np.nan
     return out

@@ -16,7 +16,7 @@ from tdbg.model.job_nodes import NodesJob
 from tdbg.model.job_profile import JobProfile
 from tdbg.model.run_state import RunState
 from tdbg.protocol.messages import command_args
-from tdbg.protocol.steps import concat_steps, joinable
+from tdbg.protocol.step_runs import coalesced
 from tdbg.tui.base_app import TdbgBaseApp
 from tdbg.tui.ringer import FindingRinger
 from tdbg.tui.screens.job import JobScreen, RankScreen
@@ -126,7 +126,7 @@ class JobApp(TdbgBaseApp):
         times). Runs with the repaint tick, so the state is at most one tick behind."""
         pending, self._unfolded = self._unfolded, {}
         for rank, messages in pending.items():
-            for message in _coalesced(messages):
+            for message in coalesced(messages):
                 self._fold_one(rank, message)
         summaries = self.source.take_summaries() if self.nodes is not None else {}
         if self.nodes is not None:
@@ -262,36 +262,3 @@ class JobApp(TdbgBaseApp):
             return None
         self.job.ranks[screen.rank].sent(mid, command, args)
         return mid
-
-
-def _coalesced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` in order, each run of consecutive step batches that can be joined byte-wise
-    (same layers, learning-rate groups and history flag) joined into one; a malformed batch is
-    passed on as it came (RunState.apply judges it)."""
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        try:
-            joined = concat_steps(run) if len(run) > 1 else None
-        except (KeyError, TypeError, ValueError):
-            joined = None
-        out.extend([joined] if joined is not None else run)
-        run.clear()
-
-    for message in messages:
-        if message.get("type") != "steps":
-            flush()
-            out.append(message)
-            continue
-        try:
-            fits = not run or (
-                joinable(run[0], message) and run[0].get("history") == message.get("history")
-            )
-        except KeyError:
-            fits = False
-        if not fits:
-            flush()
-        run.append(message)
-    flush()
-    return out

@@ -14,7 +14,7 @@ from tdbg.model.job import Job
 from tdbg.model.job_alerts import JobAlerts
 from tdbg.model.job_nodes import NodesJob
 from tdbg.model.node_reduce import rank_windows, reduce_node
-from tdbg.model.node_windows import KEPT
+from tdbg.model.node_windows import KEPT, WAIT_WHOLE
 from tdbg.model.run_state import RunState
 from tdbg.model.straggler_history import WINDOW, StragglerHistory
 from tdbg.protocol.messages.node_summary import NodeSummary
@@ -32,10 +32,14 @@ class Bridges:
         self.sent: dict[str, dict[int, int]] = {node: {} for node in self.nodes}
         self.viewer = NodesJob(job.job)
 
-    def summarise(self) -> None:
+    def summarise(self, late: frozenset[str] = frozenset(), now: float | None = None) -> None:
+        """Every node's summary (made at ``now``), but the ``late`` nodes' (their bridges not
+        started yet)."""
         for node, ranks in self.nodes.items():
+            if node in late:
+                continue
             states: Mapping[int, RunState] = {r: self.job.ranks[r] for r in ranks}
-            summary = reduce_node(node, self.job.job, states, windows_sent=self.sent[node])
+            summary = reduce_node(node, self.job.job, states, now=now, windows_sent=self.sent[node])
             wire = msgpack.unpackb(msgpack.packb(summary.to_wire()))
             read = NodeSummary.from_wire(wire)
             assert read is not None
@@ -68,6 +72,58 @@ def test_a_straggler_that_comes_and_goes_at_64_ranks_is_named_as_from_the_stream
     assert summaries.line() == streams.line()
     assert summaries.to_json() == streams.to_json()
     assert summaries.line().startswith("rank 37 (intermittent): the slowest in ")
+
+
+def test_a_node_whose_first_summary_comes_late_is_judged_from_the_start() -> None:
+    """128 bridges start seconds apart: the record waits for the job's ranks, so the windows
+    before a late node's first summary are judged with its ranks, not without them."""
+    job = job_of(16)
+    bridges = Bridges(job, 4)
+    streams, summaries = StragglerHistory(), StragglerHistory()
+    base = noise(6)
+    slow = lambda r, s: base(r, s) + (0.030 if r == 13 else 0.0)  # noqa: E731
+    for first in range(0, 300, 5):
+        apply_steps(job, range(first, first + 5), slow)
+        bridges.summarise(late=frozenset({"n12"}) if first < 60 else frozenset())
+        streams.update(job)
+        summaries.update(bridges.viewer.windowed())
+    [named] = summaries.named()
+    assert (named.rank, named.kind) == (13, "persistent")
+    assert summaries.line() == streams.line()
+    assert "the slowest in 100 %" in summaries.line()
+
+
+def test_a_job_hung_before_its_last_node_came_is_judged_when_it_comes() -> None:
+    """The bridges attach to a job already hung (no step will come): the straggler on the node
+    whose first summary came last is named, and the record over its history, once it comes."""
+    job = job_of(16)
+    bridges = Bridges(job, 4)
+    alerts = JobAlerts()
+    apply_steps(job, range(40, 240), lambda r, s: 0.002 + (0.030 if r == 13 else 0.0))
+    bridges.summarise(late=frozenset({"n12"}))
+    alerts.update(bridges.viewer, now=1.0)
+    assert not alerts.active and alerts.history.judged == 0
+    bridges.summarise()
+    raised = alerts.update(bridges.viewer, now=2.0)
+    assert [(a.kind, a.ranks) for a in raised] == [("straggler", [13])]
+    [named] = alerts.history.named()
+    assert (named.rank, named.kind) == (13, "persistent")
+    assert "the slowest in 100 %" in alerts.history.line()
+
+
+def test_a_node_that_never_reports_holds_the_record_back_two_minutes_at_most() -> None:
+    job = job_of(16)
+    bridges = Bridges(job, 4)
+    summaries = StragglerHistory()
+    slow = lambda r, s: 0.002 + (0.030 if r == 5 else 0.0)  # noqa: E731
+    for k, first in enumerate(range(0, 300, 5)):
+        apply_steps(job, range(first, first + 5), slow)
+        bridges.summarise(late=frozenset({"n12"}), now=1000.0 + 2.5 * k)  # 2 steps/s
+        summaries.update(bridges.viewer.windowed())
+        if 2.5 * k < WAIT_WHOLE:
+            assert summaries.judged == 0, k
+    [named] = summaries.named()
+    assert (named.rank, named.kind) == (5, "persistent")
 
 
 def test_a_rank_slow_all_along_is_persistent_and_noise_names_none() -> None:
