@@ -273,6 +273,12 @@ async def test_keys_send_the_commands() -> None:
         assert source.sent[-1][1:] == ("activations", {"enabled": False})
 
 
+def form_open(app: Any) -> bool:
+    """The profile form is the screen and its fields are mounted: the screen is the app's
+    as soon as it is pushed, its fields a message later (later still on a loaded machine)."""
+    return isinstance(app.screen, ProfileFormScreen) and bool(app.screen.query("#profile-steps"))
+
+
 async def test_profile_form_submits_validates_and_cancels() -> None:
     source = FeedSource()
     app = make_app(source)
@@ -286,7 +292,7 @@ async def test_profile_form_submits_validates_and_cancels() -> None:
         assert source.sent == [(1, "profile", PROFILE_ARGS)]
 
         await pilot.press("p")
-        await wait_for(pilot, lambda: isinstance(app.screen, ProfileFormScreen), "form again")
+        await wait_for(pilot, lambda: form_open(app), "form again")
         steps = app.screen.query_one("#profile-steps", Input)
         steps.value = "500"
         await pilot.press("enter")
@@ -672,7 +678,7 @@ async def test_live_profile_from_the_keyboard(runtime_dir: Path) -> None:
             state = app.state
             await wait_for(pilot, lambda: len(state.steps) > 10, "steps", timeout=30)
             await pilot.press("p")
-            await wait_for(pilot, lambda: isinstance(app.screen, ProfileFormScreen), "the form")
+            await wait_for(pilot, lambda: form_open(app), "the form")
             app.screen.query_one("#profile-steps", Input).value = "3"
             await pilot.press("enter")
             await wait_for(pilot, lambda: isinstance(app.screen, MonitorScreen), "form closed")
