@@ -63,7 +63,7 @@ def said(findings: list[JobFinding]) -> list[tuple[object, ...]]:
             for f in findings]  # fmt: skip
 
 
-@pytest.mark.parametrize(("ranks", "per_node"), [(2, 1), (2, 2), (64, 8)])
+@pytest.mark.parametrize(("ranks", "per_node"), [(2, 1), (2, 2), (64, 8), (1024, 8)])
 def test_a_straggler_is_named_with_its_phase_as_from_the_streams(ranks: int, per_node: int) -> None:
     job = job_of(ranks)
     run(job, 40, slow=ranks - 1)
@@ -74,7 +74,7 @@ def test_a_straggler_is_named_with_its_phase_as_from_the_streams(ranks: int, per
     assert said(nodes.findings()) == expected
 
 
-@pytest.mark.parametrize(("ranks", "per_node"), [(2, 1), (2, 2), (3, 3), (64, 8)])
+@pytest.mark.parametrize(("ranks", "per_node"), [(2, 1), (2, 2), (3, 3), (64, 8), (1024, 8)])
 def test_a_diverged_rank_is_named_with_its_layer_and_step(ranks: int, per_node: int) -> None:
     job = job_of(ranks)
     run(job, 40, off=1)
@@ -101,7 +101,7 @@ def stall(seq: int, where: str) -> dict[str, object]:
     return message
 
 
-@pytest.mark.parametrize(("ranks", "per_node"), [(2, 1), (64, 8)])
+@pytest.mark.parametrize(("ranks", "per_node"), [(2, 1), (64, 8), (1024, 8)])
 def test_a_hung_rank_is_named_with_the_collective_and_stacks(ranks: int, per_node: int) -> None:
     job = job_of(ranks)
     run(job, 30)
@@ -112,7 +112,7 @@ def test_a_hung_rank_is_named_with_the_collective_and_stacks(ranks: int, per_nod
     assert said(through_nodes(job, per_node).findings()) == expected
 
 
-@pytest.mark.parametrize(("ranks", "per_node"), [(2, 1), (64, 8)])
+@pytest.mark.parametrize(("ranks", "per_node"), [(2, 1), (64, 8), (1024, 8)])
 def test_nan_on_some_ranks_and_a_dead_rank(ranks: int, per_node: int) -> None:
     job = job_of(ranks)
     run(job, 30)
