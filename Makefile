@@ -20,12 +20,17 @@ demo: setup
 
 # The suite starts a few hundred interpreters (training jobs, the CLI, the TUI): they share
 # compiled bytecode even where the environment turns writing it off (PYTHONDONTWRITEBYTECODE).
+# It is CPU-bound on one core run serially: two pytest-xdist workers, each test file run whole
+# by one (its module fixtures start once; tests/conftest.py). TEST_WORKERS=0 runs it serially.
+TEST_WORKERS ?= 2
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: setup
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
+	$(PYTEST)
 
 # The quick subset while working: everything but the end-to-end tests marked slow (CI runs all).
 test-fast: setup
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # The CUDA paths on a real GPU (no added sync, NVML, allocator, snapshot, profile, cost);
 # says so and exits 0 on a machine without CUDA.
