@@ -51,6 +51,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # is not).
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # An xdist worker starts with COLUMNS=80 and LINES=24 in its environment (no terminal's):
+    # the CLI's tables and the children's terminal sizes would read them, as a serial run's
+    # never do (tests/probe/test_console.py gives its script a 91x33 pty).
+    if hasattr(config, "workerinput"):
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
     # A default runtime directory of this process's own (each xdist worker's, and the children
     # it starts inherit it): a test that serves or discovers runs without its runtime_dir never
     # sees another worker's runs, nor another checkout's suite, in the shared /tmp/tdbg-<uid>.
