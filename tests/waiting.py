@@ -63,14 +63,6 @@ class _Deadline:
         return f"the condition at {code.co_filename}:{code.co_firstlineno}"
 
 
-def _pause(interval: float, spent: float) -> float:
-    """The wait before the next poll: ``interval``, or twice what the condition just took (up to
-    a quarter second) where that is longer. A costly condition (the TUI's screen text is a
-    ~30 ms screenshot, a tmux pane a process) then takes at most a third of a core and leaves
-    the rest to what it waits for: in a coroutine, the app it polls shares its thread."""
-    return max(interval, min(2 * spent, 0.25))
-
-
 def wait_until(
     condition: Callable[[], T | None],
     timeout: float = TIMEOUT,
@@ -83,13 +75,12 @@ def wait_until(
     ``timeout`` seconds naming ``what`` (and ``detail()``, e.g. the output so far)."""
     deadline = _Deadline(condition, timeout, what, detail)
     while True:
-        started = time.monotonic()
         value = condition()
         if value:
             return value
         if deadline.passed():
             raise deadline.failure()
-        time.sleep(_pause(interval, time.monotonic() - started))
+        time.sleep(interval)
 
 
 async def until(
@@ -105,29 +96,15 @@ async def until(
     ``pilot.pause`` when a Textual Pilot is given, so that the app handles what is pending)."""
     deadline = _Deadline(condition, timeout, what, detail)
     while True:
-        started = time.monotonic()
         value = condition()
         if value:
             return value
         if deadline.passed():
             raise deadline.failure()
-        pause = _pause(interval, time.monotonic() - started)
         if pilot is not None:
-            await pilot.pause(pause)
+            await pilot.pause(interval)
         else:
-            await asyncio.sleep(pause)
-
-
-def on_screen(app: Any, *needles: str) -> Callable[[], str | None]:
-    """A condition for ``wait_for``: the app's screen text once every needle is on it. One
-    screenshot a poll, not one a needle (each is ~30 ms of CPU)."""
-    from tdbg.tui.app import screen_text  # textual only for the tests that run the TUI
-
-    def shown() -> str | None:
-        text = screen_text(app)
-        return text if all(needle in text for needle in needles) else None
-
-    return shown
+            await asyncio.sleep(interval)
 
 
 async def wait_for(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import fresh_runtime_dir
 from processes import torchrun_job
-from waiting import on_screen, wait_for, wait_until
+from waiting import wait_for, wait_until
 
 from tdbg.cli.tui_entry import _job_recordings
 from tdbg.model.job import Job
@@ -113,7 +113,7 @@ async def test_a_hang_is_named_on_the_job_screen_with_its_collective_and_stacks(
         parts = ("hang: rank 1 never entered", "ranks 0, 2 wait in", "rank 1 at ")
         await wait_for(
             pilot,
-            on_screen(app, *parts),
+            lambda: all(part in screen_text(app) for part in parts),
             "the hang, who waits, and rank 1's innermost frame on screen",
         )
 

@@ -21,7 +21,7 @@ import pytest
 import sshd as sshd_helper
 from conftest import wait_until
 from demo_job import demo_job
-from waiting import TIMEOUT, on_screen, until
+from waiting import TIMEOUT, until
 
 from tdbg.connect.runtime import write_private_json
 from tdbg.connect.ssh import LIST_TIMEOUT
@@ -305,7 +305,7 @@ def _notifications(app) -> str:
 
 
 async def test_tui_lists_runs_of_several_nodes(sshd: sshd_helper.Sshd, runtime_dir: Path) -> None:
-    from tdbg.tui.app import make_app
+    from tdbg.tui.app import make_app, screen_text
     from tdbg.tui.screens.picker import RunPickerScreen
     from tdbg.tui.sources.remote import RemoteRunEntry, remote_source
 
@@ -328,7 +328,7 @@ async def test_tui_lists_runs_of_several_nodes(sshd: sshd_helper.Sshd, runtime_d
                 assert len(entries) == 2 and all(isinstance(e, RemoteRunEntry) for e in entries)
                 shown = (f"127.0.0.1:{sshd.port}", f"localhost:{sshd.port}", "elsewhere", "mlp")
                 await until(
-                    on_screen(app, *shown),
+                    lambda: all(s in screen_text(app) for s in shown),
                     what=f"{shown} on the picker",
                     pilot=pilot,
                 )

@@ -20,7 +20,7 @@ import sshd as sshd_helper
 from jobs import pretend_rank
 from processes import torchrun_job
 from textual.widgets import Static
-from waiting import on_screen, wait_for, wait_until
+from waiting import wait_for, wait_until
 
 from tdbg.connect.runtime import discover
 from tdbg.connect.target_errors import TargetError
@@ -149,7 +149,7 @@ async def test_a_job_across_two_nodes(
             )
             assert _rows(table) == {"0": name_a, "1": name_a, "2": name_b, "3": name_b}
             header = (f"job 127.0.0.1:{port}", "of 4 ranks")
-            await wait_for(pilot, on_screen(app, *header), "the job")
+            await wait_for(pilot, lambda: all(h in screen_text(app) for h in header), "the job")
             # The node that is down is a warning on the job screen, the others shown meanwhile.
             nodes = app.screen.query_one("#job-nodes", Static)
             await wait_for(

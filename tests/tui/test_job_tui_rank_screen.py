@@ -8,7 +8,7 @@ from typing import Any
 
 from test_job_bell import FeedJobSource
 from test_job_scale import PER_NODE, SummaryFeed, summaries
-from waiting import on_screen, wait_for
+from waiting import wait_for
 
 from tdbg.protocol.steps import StepRecord, pack_steps
 from tdbg.tui.app import screen_text
@@ -64,7 +64,7 @@ async def test_rank_b_after_rank_a_shows_b_only_on_the_same_screen() -> None:
         await wait_for(pilot, lambda: "2 of 2 ranks" in screen_text(app), "both ranks")
 
         first = await open_row(pilot, app, 0)
-        await wait_for(pilot, on_screen(app, *words(0)), "A's figures")
+        await wait_for(pilot, lambda: all(w in screen_text(app) for w in words(0)), "A's figures")
         await pilot.press("e")  # the inspect cursor on A's chart
         assert first.cursor_step is not None
         first.chart_metric = "acc"  # as enter on A's metric would leave it
@@ -112,7 +112,7 @@ async def test_a_large_jobs_rank_b_shows_nothing_of_a_before_its_stream_comes() 
         first = await open_row(pilot, app, a)
         name, layers, loss = FIGURES[0]
         source.feed(a, *stream(a, name, layers, loss))
-        await wait_for(pilot, on_screen(app, *words(0)), "A's figures")
+        await wait_for(pilot, lambda: all(w in screen_text(app) for w in words(0)), "A's figures")
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, ScaleJobScreen), "the job again")
         assert source.given_back == [a]
@@ -127,4 +127,4 @@ async def test_a_large_jobs_rank_b_shows_nothing_of_a_before_its_stream_comes() 
 
         name, layers, loss = FIGURES[1]
         source.feed(b, *stream(b, name, layers, loss))
-        await wait_for(pilot, on_screen(app, *words(1)), "B's figures")
+        await wait_for(pilot, lambda: all(w in screen_text(app) for w in words(1)), "B's figures")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_recording import record_until_killed, synthetic_recording
 from textual.pilot import Pilot
-from waiting import on_screen, wait_for
+from waiting import wait_for
 
 from tdbg.format import fmt_loss
 from tdbg.model.timeline import Timeline
@@ -128,7 +128,7 @@ async def test_deep_dive_keys_say_a_recording_cannot_run_commands(tmp_path: Path
         # The help is taller than the terminal: its end lists the replay keys.
         await pilot.press("end")
         keys = ("Replay (tdbg-tui replay FILE", "one recorded step back / forward")
-        await wait_for(pilot, on_screen(app, *keys), "replay keys")
+        await wait_for(pilot, lambda: all(k in screen_text(app) for k in keys), "replay keys")
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.pilot import Pilot
 from textual.widgets import ContentSwitcher, Static
-from waiting import on_screen, wait_for
+from waiting import wait_for
 
 from tdbg.cli.launch import launch
 from tdbg.protocol import framing, messages
@@ -53,7 +53,8 @@ async def ended(pilot: Pilot[Any], app: TdbgApp) -> None:
 
 async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str) -> str:
     """Wait until every needle is on screen; return the screen text."""
-    return await wait_for(pilot, on_screen(app, *needles), f"{needles}")
+    await wait_for(pilot, lambda: all(n in screen_text(app) for n in needles), f"{needles}")
+    return screen_text(app)
 
 
 async def test_panels_show_the_run() -> None:

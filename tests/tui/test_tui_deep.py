@@ -20,7 +20,7 @@ import pytest
 from demo_job import demo_job
 from textual.pilot import Pilot
 from textual.widgets import Input
-from waiting import TIMEOUT, on_screen, wait_for
+from waiting import TIMEOUT, wait_for
 
 from tdbg.connect.client import ProbeClient
 from tdbg.model.deep import MAX_JOBS, DeepState
@@ -89,7 +89,13 @@ class FeedSource(Source):
 
 async def shows(pilot: Pilot[Any], app: TdbgApp, *needles: str, timeout: float = TIMEOUT) -> str:
     """Wait until every needle is on screen; return the screen text."""
-    return await wait_for(pilot, on_screen(app, *needles), f"{needles} on screen", timeout)
+    await wait_for(
+        pilot,
+        lambda: all(n in screen_text(app) for n in needles),
+        f"{needles} on screen",
+        timeout,
+    )
+    return screen_text(app)
 
 
 def notifications(app: TdbgApp) -> list[str]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from demo_job import demo_job
 from textual.widgets import ContentSwitcher
-from waiting import on_screen, wait_for
+from waiting import wait_for
 
 from tdbg.tui.app import make_app, screen_text
 from tdbg.tui.screens.monitor import MonitorScreen
@@ -24,7 +24,9 @@ async def test_panels_show_live_run(runtime_dir: Path) -> None:
             )
             # One wait for all: a frame read as soon as the layer names show may be a panel behind.
             panels = ("head", f"pid {proc.pid}", "Loss", "Gradient norms", "Memory")
-            await wait_for(pilot, on_screen(app, *panels), what=f"{panels}")
+            await wait_for(
+                pilot, lambda: all(p in screen_text(app) for p in panels), what=f"{panels}"
+            )
             # No GPU here: once the first system sample arrives the memory panel says so in one
             # dim line, not in orange n/a lines.
             await wait_for(pilot, lambda: "no GPU" in screen_text(app), what="the CPU-run line")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
-from waiting import on_screen, wait_for
+from waiting import wait_for
 
 from tdbg.protocol.framing import pack
 from tdbg.protocol.messages import metrics_message
@@ -25,7 +25,8 @@ SIZE = (120, 40)
 
 async def shows(pilot: Pilot[Any], app: TdbgApp | ReplayApp, *needles: str) -> str:
     """Wait until every needle is on screen; return the screen text."""
-    return await wait_for(pilot, on_screen(app, *needles), f"{needles}")
+    await wait_for(pilot, lambda: all(n in screen_text(app) for n in needles), f"{needles}")
+    return screen_text(app)
 
 
 def live(**kwargs: Any) -> TdbgApp:

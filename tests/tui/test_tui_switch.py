@@ -6,7 +6,7 @@ from pathlib import Path
 
 from demo_job import demo_job
 from textual.widgets import OptionList
-from waiting import on_screen, wait_for
+from waiting import wait_for
 
 from tdbg.tui.app import make_app, screen_text
 from tdbg.tui.screens.monitor import MonitorScreen
@@ -36,7 +36,7 @@ async def test_r_opens_the_picker_with_each_run_s_figures_and_switches(runtime_d
                 assert glance.health is not None and glance.health.word == "live"
             # The rows repaint once peeked: wait for the frame that shows them.
             shown = ("← on screen", "● live", " ago", "loss ", "step ")
-            await wait_for(pilot, on_screen(app, *shown), f"{shown}")
+            await wait_for(pilot, lambda: all(s in screen_text(app) for s in shown), f"{shown}")
 
             # Escape stays on the run shown.
             await pilot.press("escape")
