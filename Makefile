@@ -20,12 +20,18 @@ demo: setup
 
 # The suite starts a few hundred interpreters (training jobs, the CLI, the TUI): they share
 # compiled bytecode even where the environment turns writing it off (PYTHONDONTWRITEBYTECODE).
+# Serially it is CPU-bound on one core. TEST_WORKERS=2 runs it on two pytest-xdist workers, each
+# test file whole on one (its module fixtures start once; tests/conftest.py): not the default
+# until seen green twice in a row, once beside two CPU burners (README, Development).
+TEST_WORKERS ?=
+PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadfile)
+
 test: setup
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
+	$(PYTEST)
 
 # The quick subset while working: everything but the end-to-end tests marked slow (CI runs all).
 test-fast: setup
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # The CUDA paths on a real GPU (no added sync, NVML, allocator, snapshot, profile, cost);
 # says so and exits 0 on a machine without CUDA.

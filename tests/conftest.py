@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from tdbg.protocol.messages import RunInfo
 
 
+_RUNTIME = pytest.StashKey[Path]()  # this process's default runtime directory
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes seconds (spawned interpreters); -m 'not slow'")
     # Started in the background by a shell without job control (`make test &` in a script, some
@@ -47,6 +51,26 @@ def pytest_configure(config: pytest.Config) -> None:
     # is not).
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # An xdist worker starts with COLUMNS=80 and LINES=24 in its environment (no terminal's):
+    # the CLI's tables and the children's terminal sizes would read them, as a serial run's
+    # never do (tests/probe/test_console.py gives its script a 91x33 pty).
+    if hasattr(config, "workerinput"):
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+    # A default runtime directory of this process's own (each xdist worker's, and the children
+    # it starts inherit it): a test that serves or discovers runs without its runtime_dir never
+    # sees another worker's runs, nor another checkout's suite, in the shared /tmp/tdbg-<uid>.
+    # Tests that need a fresh one still take runtime_dir.
+    runtime = Path(tempfile.mkdtemp(prefix="tdbg-s-", dir="/tmp"))
+    os.chmod(runtime, 0o700)
+    os.environ["TDBG_RUNTIME_DIR"] = str(runtime)
+    config.stash[_RUNTIME] = runtime
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    runtime = config.stash.get(_RUNTIME, None)
+    if runtime is not None:
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 # Whole modules of end-to-end tests (sshd, tmux, real frameworks, demo jobs in subprocesses):
@@ -67,10 +91,72 @@ SLOW_MODULES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if isinstance(item, pytest.Function) and item.module.__name__ in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):  # an xdist worker: say where a unit misses a sharer
+        for module, names in session_fixture_users(items).items():
+            if module not in ONE_UNIT:
+                warnings.warn(
+                    f"{module} reads the session's {', '.join(names)}: list it in conftest's "
+                    "ONE_UNIT, or each xdist worker that draws it starts the fixture again",
+                    stacklevel=1,
+                )
+
+
+# Under pytest-xdist (`make test TEST_WORKERS=2`: -n 2 --dist loadfile) a test file is one unit
+# of work, run whole by one worker in its order, so that a module-scoped fixture (a demo job, an
+# sshd) starts once, as in a serial run. These files also read one session-scoped fixture (the
+# straggler job: a 3-rank torchrun job, ~20 s): one unit together, so that it runs once too.
+ONE_UNIT = {
+    module: "straggler_job"
+    for module in (
+        "tests/cli/test_report.py",
+        "tests/e2e/test_job_scenarios.py",
+        "tests/model/test_recordings.py",
+        "tests/probe/test_zero_code.py",
+    )
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without the plugin
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the files of :data:`ONE_UNIT` one unit each group."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileSharing(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return ONE_UNIT.get(module, module)
+
+    return LoadFileSharing(config, log)
+
+
+def session_fixture_users(items: list[pytest.Item]) -> dict[str, list[str]]:
+    """Each test file whose tests take a session-scoped fixture of the suite's own (not
+    pytest's or a plugin's), with those fixtures' names."""
+    users: dict[str, list[str]] = {}
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        for name in info.names_closure:
+            definitions = info.name2fixturedefs.get(name, ())
+            fixture = definitions[-1] if definitions else None  # a module's own overrides
+            if fixture is not None and fixture.scope == "session" and _ours(fixture.func):
+                names = users.setdefault(item.nodeid.split("::", 1)[0], [])
+                if name not in names:
+                    names.append(name)
+    return users
+
+
+def _ours(func: Callable[..., Any]) -> bool:
+    """Whether a fixture function is defined under tests/ (not pytest's or a plugin's)."""
+    code = getattr(func, "__code__", None)
+    return code is not None and Path(code.co_filename).resolve().is_relative_to(_TESTS)
 
 
 @contextlib.contextmanager

@@ -115,6 +115,9 @@ class Sshd:
         def listening() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"sshd exited {proc.returncode}: {self.log.read_text()}")
+            # Its own word first: whatever else took the port would accept the connect below.
+            if f"Server listening on 127.0.0.1 port {self.port}" not in self.log.read_text():
+                return False
             with socket.socket() as s:
                 s.settimeout(0.2)
                 try:
@@ -155,10 +158,28 @@ def available() -> bool:
 def running_sshd() -> Iterator[Sshd]:
     base = Path(tempfile.mkdtemp(prefix="tdbg-sshd-", dir="/tmp"))
     os.chmod(base, 0o700)
-    server = Sshd(base)
-    server.start()
     try:
-        yield server
+        server = _started(base)
+        try:
+            yield server
+        finally:
+            server.stop()
     finally:
-        server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _started(base: Path, tries: int = 3) -> Sshd:
+    """A started Sshd in ``base``; on another port when its free port was taken before sshd
+    could bind it (by another process of the machine: an xdist worker's job, another suite)."""
+    for attempt in range(tries):
+        own = base / f"try{attempt}"  # fresh keys and config: ssh-keygen overwrites nothing
+        own.mkdir(mode=0o700)
+        server = Sshd(own)
+        try:
+            server.start()
+        except RuntimeError as exc:
+            if "Address already in use" not in str(exc) or attempt == tries - 1:
+                raise
+            continue
+        return server
+    raise AssertionError("unreachable")

@@ -760,8 +760,9 @@ def test_nan_hunt_names_the_module(runtime_dir: Path, tmp_path: Path) -> None:
     )
     hunt = None
     try:
+        # A torch import on a busy machine: the 60 s a demo job gets (tests/demo_job.py).
         wait_until(
-            lambda: job.poll() is not None or list(runtime_dir.glob("*.sock")), what="the run"
+            lambda: job.poll() is not None or list(runtime_dir.glob("*.sock")), 60, "the run"
         )
         assert job.poll() is None, job.communicate()[1]
         hunt = subprocess.Popen(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,13 +21,27 @@ from tdbg.cli.run import child_env, missing_ranks
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "launchers"
 PY = sys.executable
 TDBG = [PY, "-m", "tdbg.cli"]
-_ports = iter(range(29610 + (os.getpid() % 200) * 10, 65000))
+# Each pytest process (each xdist worker) its own 50 ports, below the ephemeral range (32768 on)
+# that gloo's own connections draw from; a port something listens on now is passed over.
+_ports = iter(range(29610 + (os.getpid() % 40) * 50, 32768))
+
+
+def next_port() -> int:
+    """The next port of this process's range that nothing has bound."""
+    for port in _ports:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port left in this process's range")
 
 
 def launch(command: list[str], runtime: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """``command`` (argv after tdbg run's own options; a leading "tdbg" is `tdbg run`) to its
     end, in a session of its own, killed whole should it outlive 4 minutes."""
-    full = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime), LAUNCH_PORT=str(next(_ports)), **env)
+    full = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime), LAUNCH_PORT=str(next_port()), **env)
     full["PATH"] = f"{SCRIPTS}{os.pathsep}{full.get('PATH', '')}"  # the srun stand-in
     proc = subprocess.Popen(
         command,
@@ -137,7 +152,7 @@ def test_mp_spawn_ranks_are_shown_live_as_one_job(tmp_path: Path, runtime_dir: P
 
     hold = tmp_path / "hold"
     env = dict(os.environ, TDBG_RUNTIME_DIR=str(runtime_dir), LAUNCH_HOLD=str(hold))
-    env["LAUNCH_PORT"] = str(next(_ports))
+    env["LAUNCH_PORT"] = str(next_port())
     proc = subprocess.Popen(
         [*TDBG, "run", PY, "spawn_ddp.py"],
         cwd=SCRIPTS,
@@ -220,11 +235,11 @@ def test_accelerate_and_torch_distributed_run_watch_every_rank(
     torch.distributed.run`, an Accelerate loop on the CPU: both ranks, one job."""
     port = ["--main_process_port" if "accelerate" in launcher[1] else "--master_port", "0"]
     if "accelerate" in launcher[1]:
-        port[1] = str(next(_ports))
+        port[1] = str(next_port())
         launcher = [*launcher, "--num_machines", "1", "--mixed_precision", "no"]
         launcher = [*launcher, "--dynamo_backend", "no"]
     else:
-        port = [f"--master_port={next(_ports)}"]
+        port = [f"--master_port={next_port()}"]
     command = tdbg_run(records / "job.tdbg", PY, *launcher, *port, "accelerate_train.py")
     done = launch(command, runtime_dir)
     assert done.returncode == 0, done.stderr[-3000:]

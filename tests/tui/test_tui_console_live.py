@@ -117,6 +117,10 @@ async def test_a_live_run_s_lines_are_shown_and_searched(tmp_path: Path, runtime
 
 async def test_a_late_tui_gets_the_tail_of_a_burst(tmp_path: Path, runtime_dir: Path) -> None:
     with training(tmp_path, runtime_dir, "7000") as (_, entry):
+        # Late indeed: attached once the burst is all written (the loop's first warning comes
+        # after it). Attached as soon as the run served, a starved script was still mid-burst.
+        log = tmp_path / "stderr.log"
+        wait_until(lambda: "WARNING: step 0 " in log.read_text(), 60, "the burst written")
         app = make_app(SocketSource(path=str(entry.socket)))
         async with app.run_test(size=(120, 40)) as pilot:
             state = app.state
