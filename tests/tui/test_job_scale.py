@@ -153,3 +153,35 @@ async def test_the_scale_screen_fits_80x24() -> None:
         # Every panel and the footer: nothing pushed off the bottom.
         text = await wait_for(pilot, ready, "the scale screen, every panel and the footer")
         assert "64 of 64 ranks on 8 nodes" in text
+
+
+async def test_the_node_table_s_cursor_stays_on_the_worst_until_moved_then_follows_its_node() -> (
+    None
+):
+    # Nodes' first summaries come seconds apart: a cursor that followed the first node to come
+    # scrolled the worst nodes out of sight (seen at 128 nodes) though nobody had moved it.
+    from textual.app import App, ComposeResult
+
+    from tdbg.model.job_scale import NodeRow
+
+    def rows(*names: str) -> list[NodeRow]:
+        return [NodeRow(n, "host", 8, 1, 1, 0.5, (0, 0.25), 0) for n in names]
+
+    class OneTable(App[None]):
+        def compose(self) -> ComposeResult:
+            yield NodeTable()
+
+    app = OneTable()
+    async with app.run_test(size=(80, 12)) as pilot:
+        table = app.query_one(NodeTable)
+        table.show(rows("n7"))
+        await pilot.pause()
+        table.show(rows("n2", "n5", "n7"))  # worse nodes came: the top row is still the worst
+        await pilot.pause()
+        assert (table.cursor_row, table.selected_node) == (0, "n2")
+        table.focus()
+        await pilot.press("down")
+        assert table.selected_node == "n5"
+        table.show(rows("n1", "n2", "n5", "n7"))  # a cursor moved off the top follows its node
+        await pilot.pause()
+        assert (table.cursor_row, table.selected_node) == (2, "n5")

@@ -56,7 +56,10 @@ class NodeTable(DataTable[Text]):
                         self.update_cell(node, column, after)
             self._shown = cells
             return
-        keep = self.selected_node
+        # The cursor follows its node to its new row, unless it is on the top row: there it
+        # stays on the worst node. (Followed from the start, it kept whichever node's summary
+        # came first and scrolled the worst nodes out of sight as the others arrived.)
+        keep = self.selected_node if self.cursor_row > 0 else None
         self.clear()
         for row, row_cells in zip(rows, cells, strict=True):
             self.add_row(*row_cells, key=row.node)

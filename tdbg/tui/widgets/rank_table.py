@@ -41,7 +41,8 @@ def _gpu_util(row: RankRow) -> Text:
 
 
 class RankTable(DataTable[Text]):
-    """Dumb view: ``show(rows)`` puts the rows on screen, keeping the cursor on the same rank.
+    """Dumb view: ``show(rows)`` puts the rows on screen, keeping a cursor moved off the top
+    row on the same rank.
 
     Rows in the same order as last time get only their changed cells rewritten: clearing and
     re-adding 64 rows re-measured every cell each frame (benchmarks/job_tui.py)."""
@@ -68,7 +69,9 @@ class RankTable(DataTable[Text]):
                         self.update_cell(str(rank), column, after, update_width=wider)
             self._shown = cells
             return
-        keep = self.selected_rank
+        # The cursor follows its rank to its new row, unless it is on the top row: there it
+        # stays on the worst rank (a cursor nobody moved started there and is not a choice).
+        keep = self.selected_rank if self.cursor_row > 0 else None
         self.clear()
         for rank, row_cells in zip(order, cells, strict=True):
             self.add_row(*row_cells, key=str(rank))
