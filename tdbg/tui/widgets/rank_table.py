@@ -28,6 +28,9 @@ COLUMNS = (
     "alerts",
 )
 BAD_ALERTS = frozenset({"hang", "rank_divergence", "nonfinite_ranks"})  # the rest: warnings
+# Left out in this order when the panel is too narrow for every column, so that no horizontal
+# scrollbar takes a row and hides the alerts; a rank's own screen (Enter) shows them all.
+DROP_ORDER = ("GPU util", "memory", "data wait", "fwd/bwd/opt", "grad norm", "node")
 
 
 def _time(seconds: float | None) -> str:
@@ -42,7 +45,7 @@ def _gpu_util(row: RankRow) -> Text:
 
 class RankTable(DataTable[Text]):
     """Dumb view: ``show(rows)`` puts the rows on screen, keeping a cursor moved off the top
-    row on the same rank.
+    row on the same rank, and leaves out the columns the panel is too narrow for.
 
     Rows in the same order as last time get only their changed cells rewritten: clearing and
     re-adding 64 rows re-measured every cell each frame (benchmarks/job_tui.py)."""
@@ -52,16 +55,72 @@ class RankTable(DataTable[Text]):
         self.zebra_stripes = True
         self._shown: list[list[Text]] = []
         self._order: list[int] = []
+        self._visible: tuple[str, ...] = COLUMNS
         for name in COLUMNS:
             self.add_column(name, key=name)
+
+    def on_resize(self) -> None:
+        self._fit()
+
+    def watch_show_vertical_scrollbar(self, shown: bool) -> None:
+        # A vertical scrollbar that comes or goes changes the width without a Resize.
+        self.call_after_refresh(self._fit)
+
+    def _fit(self) -> None:
+        """The columns that fit the panel now, the table rebuilt if they changed."""
+        if self.is_mounted and self._columns_that_fit(self._shown) != self._visible:
+            self._rebuild(self._order, self._shown)
+
+    def _columns_that_fit(self, cells: list[list[Text]]) -> tuple[str, ...]:
+        """COLUMNS less those of DROP_ORDER, in turn, that the panel's width cannot hold with
+        ``cells`` in them (all of them before the table has a width)."""
+        avail = self.scrollable_content_region.width
+        if not avail:
+            return self._visible
+        pad = 2 * self.cell_padding
+        # A shown column is as wide as its widest cell since it was added (show() widens, never
+        # narrows it): that is the width it takes.
+        drawn = {str(key.value): column.content_width for key, column in self.columns.items()}
+        need = {
+            name: max([cell_len(name), drawn.get(name, 0), *(row[i].cell_len for row in cells)])
+            + pad
+            for i, name in enumerate(COLUMNS)
+        }
+        visible = list(COLUMNS)
+        for name in DROP_ORDER:
+            if sum(need[column] for column in visible) <= avail:
+                break
+            visible.remove(name)
+        return tuple(visible)
+
+    def _rebuild(self, order: list[int], cells: list[list[Text]]) -> None:
+        """Every row again, in ``order``, under the columns that fit; the cursor as in show()."""
+        # The cursor follows its rank to its new row, unless it is on the top row: there it
+        # stays on the worst rank (a cursor nobody moved started there and is not a choice).
+        keep = self.selected_rank if self.cursor_row > 0 else None
+        visible = self._columns_that_fit(cells)
+        if visible != self._visible:
+            self._visible = visible
+            self.clear(columns=True)
+            for name in visible:
+                self.add_column(name, key=name)
+        else:
+            self.clear()
+        shown = [COLUMNS.index(name) for name in visible]
+        for rank, row_cells in zip(order, cells, strict=True):
+            self.add_row(*(row_cells[i] for i in shown), key=str(rank))
+        self._order, self._shown = order, cells
+        if keep is not None and keep in order:
+            self.move_cursor(row=order.index(keep))
 
     def show(self, rows: list[RankRow]) -> None:
         order = [r.rank for r in rows]
         cells = [self._cells(r, self.app) for r in rows]
-        if order == self._order:
+        if order == self._order and self._columns_that_fit(cells) == self._visible:
+            visible = set(self._visible)
             for rank, old, new in zip(order, self._shown, cells, strict=True):
                 for column, before, after in zip(COLUMNS, old, new, strict=True):
-                    if before != after:
+                    if before != after and column in visible:
                         # Only a wider cell widens its column: a narrower one made Textual
                         # re-measure the whole column (every row), each frame.
                         width = self.columns[ColumnKey(column)].content_width
@@ -69,15 +128,7 @@ class RankTable(DataTable[Text]):
                         self.update_cell(str(rank), column, after, update_width=wider)
             self._shown = cells
             return
-        # The cursor follows its rank to its new row, unless it is on the top row: there it
-        # stays on the worst rank (a cursor nobody moved started there and is not a choice).
-        keep = self.selected_rank if self.cursor_row > 0 else None
-        self.clear()
-        for rank, row_cells in zip(order, cells, strict=True):
-            self.add_row(*row_cells, key=str(rank))
-        self._order, self._shown = order, cells
-        if keep is not None and keep in order:
-            self.move_cursor(row=order.index(keep))
+        self._rebuild(order, cells)
 
     @property
     def selected_rank(self) -> int | None:

@@ -1,0 +1,47 @@
+"""The job screen's rank table leaves out columns by priority rather than scroll sideways."""
+
+from __future__ import annotations
+
+from textual.app import App, ComposeResult
+
+from tdbg.model.job_table import RankRow
+from tdbg.tui.widgets.rank_table import COLUMNS, DROP_ORDER, RankTable
+
+
+def rows(alerts: list[str]) -> list[RankRow]:
+    return [
+        RankRow(rank, f"node{rank // 8:03d}", 499, 0.5, 0.05, 0.135, 0.248, 0.045, 0.5795,
+                1.063, 13 << 30, 87.0, True, alerts if rank == 21 else [], "stalled")
+        for rank in (21, 0, 1, 2)
+    ]  # fmt: skip
+
+
+class OneTable(App[None]):
+    def compose(self) -> ComposeResult:
+        yield RankTable()
+
+
+def shown_columns(table: RankTable) -> list[str]:
+    return [str(column.label) for column in table.ordered_columns]
+
+
+async def test_a_narrow_panel_drops_columns_in_order_and_never_scrolls_sideways() -> None:
+    app = OneTable()
+    async with app.run_test(size=(200, 12)) as pilot:
+        table = app.query_one(RankTable)
+        table.show(rows(["straggler", "rank_divergence"]))
+        await pilot.pause()
+        assert shown_columns(table) == list(COLUMNS)  # wide: every column
+        for width, dropped in ((118, 1), (80, 4), (64, 6)):
+            await pilot.resize_terminal(width, 12)
+            await pilot.pause()
+            await pilot.pause()
+            shown = shown_columns(table)
+            assert shown == [c for c in COLUMNS if c not in DROP_ORDER[:dropped]], width
+            assert not table.show_horizontal_scrollbar, (width, shown)
+            assert str(table.get_row("21")[-1]) == "straggler rank_divergence"
+        await pilot.resize_terminal(200, 12)  # wide again: every column back, in its place
+        await pilot.pause()
+        await pilot.pause()
+        assert shown_columns(table) == list(COLUMNS)
+        assert [str(c) for c in table.get_row_at(0)][:2] == ["21", "node002"]
