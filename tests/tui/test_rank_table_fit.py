@@ -45,3 +45,18 @@ async def test_a_narrow_panel_drops_columns_in_order_and_never_scrolls_sideways(
         await pilot.pause()
         assert shown_columns(table) == list(COLUMNS)
         assert [str(c) for c in table.get_row_at(0)][:2] == ["21", "node002"]
+
+
+async def test_columns_come_back_when_a_long_alert_goes() -> None:
+    # A column is widened for a wider cell and never narrowed in place: a long alert that has
+    # gone must not keep the columns it pushed out away.
+    app = OneTable()
+    async with app.run_test(size=(118, 12)) as pilot:
+        table = app.query_one(RankTable)
+        table.show(rows(["straggler", "rank_divergence", "nonfinite_ranks"]))
+        await pilot.pause()
+        assert shown_columns(table) == [c for c in COLUMNS if c not in DROP_ORDER[:3]]
+        table.show(rows(["straggler"]))
+        await pilot.pause()
+        assert shown_columns(table) == list(COLUMNS)
+        assert not table.show_horizontal_scrollbar

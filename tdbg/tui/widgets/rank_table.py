@@ -78,12 +78,8 @@ class RankTable(DataTable[Text]):
         if not avail:
             return self._visible
         pad = 2 * self.cell_padding
-        # A shown column is as wide as its widest cell since it was added (show() widens, never
-        # narrows it): that is the width it takes.
-        drawn = {str(key.value): column.content_width for key, column in self.columns.items()}
         need = {
-            name: max([cell_len(name), drawn.get(name, 0), *(row[i].cell_len for row in cells)])
-            + pad
+            name: max([cell_len(name), *(row[i].cell_len for row in cells)]) + pad
             for i, name in enumerate(COLUMNS)
         }
         visible = list(COLUMNS)
@@ -127,8 +123,17 @@ class RankTable(DataTable[Text]):
                         wider = cell_len(after.plain) > width
                         self.update_cell(str(rank), column, after, update_width=wider)
             self._shown = cells
-            return
+            if not self._too_wide():
+                return
         self._rebuild(order, cells)
+
+    def _too_wide(self) -> bool:
+        """The columns as drawn overflow the panel: show() widens a column for a wider cell and
+        never narrows it (that re-measures every row), so a cell that was long once (an alert
+        since gone) keeps its column wide until the table is built again."""
+        avail = self.scrollable_content_region.width
+        pad = 2 * self.cell_padding
+        return bool(avail) and sum(c.content_width + pad for c in self.columns.values()) > avail
 
     @property
     def selected_rank(self) -> int | None:
