@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from textual.app import App, ComposeResult
+from waiting import wait_for
 
 from tdbg.model.job_table import RankRow
 from tdbg.tui.widgets.rank_table import COLUMNS, DROP_ORDER, RankTable
@@ -34,16 +35,14 @@ async def test_a_narrow_panel_drops_columns_in_order_and_never_scrolls_sideways(
         assert shown_columns(table) == list(COLUMNS)  # wide: every column
         for width, dropped in ((118, 1), (80, 4), (64, 6)):
             await pilot.resize_terminal(width, 12)
+            expected = [c for c in COLUMNS if c not in DROP_ORDER[:dropped]]
+            fitted = f"fitted to {width}"
+            await wait_for(pilot, lambda e=expected: shown_columns(table) == e, fitted)
             await pilot.pause()
-            await pilot.pause()
-            shown = shown_columns(table)
-            assert shown == [c for c in COLUMNS if c not in DROP_ORDER[:dropped]], width
-            assert not table.show_horizontal_scrollbar, (width, shown)
+            assert not table.show_horizontal_scrollbar, (width, expected)
             assert str(table.get_row("21")[-1]) == "straggler rank_divergence"
         await pilot.resize_terminal(200, 12)  # wide again: every column back, in its place
-        await pilot.pause()
-        await pilot.pause()
-        assert shown_columns(table) == list(COLUMNS)
+        await wait_for(pilot, lambda: shown_columns(table) == list(COLUMNS), "every column")
         assert [str(c) for c in table.get_row_at(0)][:2] == ["21", "node002"]
 
 

@@ -123,17 +123,25 @@ class RankTable(DataTable[Text]):
                         wider = cell_len(after.plain) > width
                         self.update_cell(str(rank), column, after, update_width=wider)
             self._shown = cells
-            if not self._too_wide():
+            if not self._too_wide(cells):
                 return
         self._rebuild(order, cells)
 
-    def _too_wide(self) -> bool:
-        """The columns as drawn overflow the panel: show() widens a column for a wider cell and
-        never narrows it (that re-measures every row), so a cell that was long once (an alert
-        since gone) keeps its column wide until the table is built again."""
+    def _too_wide(self, cells: list[list[Text]]) -> bool:
+        """The columns as drawn overflow the panel and building the table again would narrow
+        one: show() widens a column for a wider cell and never narrows it (that re-measures
+        every row), so a cell that was long once (an alert since gone) keeps its column wide.
+        (A panel too narrow even for the columns that always stay is left as it is, not built
+        again at every show.)"""
         avail = self.scrollable_content_region.width
         pad = 2 * self.cell_padding
-        return bool(avail) and sum(c.content_width + pad for c in self.columns.values()) > avail
+        drawn = {str(key.value): column.content_width for key, column in self.columns.items()}
+        if not avail or sum(width + pad for width in drawn.values()) <= avail:
+            return False
+        return any(
+            width > max([cell_len(name), *(row[COLUMNS.index(name)].cell_len for row in cells)])
+            for name, width in drawn.items()
+        )
 
     @property
     def selected_rank(self) -> int | None:
