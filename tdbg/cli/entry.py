@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
-
-EXIT_INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -24,20 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _bridge(args: list[str]) -> int:
     from tdbg.cli.args import OneLineParser
     from tdbg.cli.bridge import add_bridge_parser, cmd_bridge
+    from tdbg.cli.ending import run_command
 
     parser = OneLineParser(prog="tdbg")
     add_bridge_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     parsed = parser.parse_args(args)
-    try:
-        return int(cmd_bridge(parsed, sys.stdout))
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader went away: not an error; silence the flush at exit (as tdbg.cli.main).
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_command(lambda: cmd_bridge(parsed, sys.stdout), "tdbg")

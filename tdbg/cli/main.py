@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ from tdbg.cli.dives import (
 )
 from tdbg.cli.dump import Window, dump_events, job_event, windowed
 from tdbg.cli.dump_console import event_line
+from tdbg.cli.ending import run_command
 from tdbg.cli.errors import CliError
 from tdbg.cli.export import add_export_parser
 from tdbg.cli.job_dives import cmd_job_dive, rank_list
@@ -54,10 +54,6 @@ from tdbg.connect.nodes import node_targets
 from tdbg.connect.runtime import discover, runtime_dir
 from tdbg.connect.targets import Job, Recording, resolve
 from tdbg.format import fmt_span, number
-from tdbg.protocol.framing import ProtocolError
-
-EXIT_FAILED = 1  # a deep-dive job ended failed or cancelled (its reason is on stderr)
-EXIT_INTERRUPTED = 130
 
 __all__ = ["CliError", "job_event", "main", "run", "tui_main"]
 
@@ -369,21 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: Sequence[str], prog: str = "tdbg") -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args, sys.stdout))
-    except (CliError, ConnectError, ProtocolError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except JobFailed as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader went away (`tdbg dump | head`): not an error; silence the flush at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
+    return run_command(lambda: args.func(args, sys.stdout), prog, failed=(JobFailed,))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from textual.app import App, ComposeResult
 from waiting import wait_for
 
@@ -26,6 +28,10 @@ def shown_columns(table: RankTable) -> list[str]:
     return [str(column.label) for column in table.ordered_columns]
 
 
+def fitted_to(table: RankTable, expected: list[str]) -> Callable[[], bool]:
+    return lambda: shown_columns(table) == expected
+
+
 async def test_a_narrow_panel_drops_columns_in_order_and_never_scrolls_sideways() -> None:
     app = OneTable()
     async with app.run_test(size=(200, 12)) as pilot:
@@ -36,8 +42,7 @@ async def test_a_narrow_panel_drops_columns_in_order_and_never_scrolls_sideways(
         for width, dropped in ((118, 1), (80, 4), (64, 6)):
             await pilot.resize_terminal(width, 12)
             expected = [c for c in COLUMNS if c not in DROP_ORDER[:dropped]]
-            fitted = f"fitted to {width}"
-            await wait_for(pilot, lambda e=expected: shown_columns(table) == e, fitted)
+            await wait_for(pilot, fitted_to(table, expected), f"fitted to {width}")
             await pilot.pause()
             assert not table.show_horizontal_scrollbar, (width, expected)
             assert str(table.get_row("21")[-1]) == "straggler rank_divergence"
