@@ -68,8 +68,11 @@ class RankTable(DataTable[Text]):
 
     def _fit(self) -> None:
         """The columns that fit the panel now, the table rebuilt if they changed."""
-        if self.is_mounted and self._columns_that_fit(self._shown) != self._visible:
-            self._rebuild(self._order, self._shown)
+        if not self.is_mounted:
+            return
+        visible = self._columns_that_fit(self._shown)
+        if visible != self._visible:
+            self._rebuild(self._order, self._shown, visible)
 
     def _columns_that_fit(self, cells: list[list[Text]]) -> tuple[str, ...]:
         """COLUMNS less those of DROP_ORDER, in turn, that the panel's width cannot hold with
@@ -89,12 +92,12 @@ class RankTable(DataTable[Text]):
             visible.remove(name)
         return tuple(visible)
 
-    def _rebuild(self, order: list[int], cells: list[list[Text]]) -> None:
-        """Every row again, in ``order``, under the columns that fit; the cursor as in show()."""
+    def _rebuild(self, order: list[int], cells: list[list[Text]], visible: tuple[str, ...]) -> None:
+        """Every row again, in ``order``, under the ``visible`` columns (those that fit); the
+        cursor as in show()."""
         # The cursor follows its rank to its new row, unless it is on the top row: there it
         # stays on the worst rank (a cursor nobody moved started there and is not a choice).
         keep = self.selected_rank if self.cursor_row > 0 else None
-        visible = self._columns_that_fit(cells)
         if visible != self._visible:
             self._visible = visible
             self.clear(columns=True)
@@ -112,11 +115,12 @@ class RankTable(DataTable[Text]):
     def show(self, rows: list[RankRow]) -> None:
         order = [r.rank for r in rows]
         cells = [self._cells(r, self.app) for r in rows]
-        if order == self._order and self._columns_that_fit(cells) == self._visible:
-            visible = set(self._visible)
+        visible = self._columns_that_fit(cells)
+        if order == self._order and visible == self._visible:
+            drawn = set(visible)
             for rank, old, new in zip(order, self._shown, cells, strict=True):
                 for column, before, after in zip(COLUMNS, old, new, strict=True):
-                    if before != after and column in visible:
+                    if before != after and column in drawn:
                         # Only a wider cell widens its column: a narrower one made Textual
                         # re-measure the whole column (every row), each frame.
                         width = self.columns[ColumnKey(column)].content_width
@@ -125,7 +129,7 @@ class RankTable(DataTable[Text]):
             self._shown = cells
             if not self._too_wide(cells):
                 return
-        self._rebuild(order, cells)
+        self._rebuild(order, cells, visible)
 
     def _too_wide(self, cells: list[list[Text]]) -> bool:
         """The columns as drawn overflow the panel and building the table again would narrow
