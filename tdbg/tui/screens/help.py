@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+
+from rich.console import Console, ConsoleOptions
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -39,13 +44,14 @@ w            the last 500 steps / every step
 , .          older / newer steps (← → too, outside a replay); at the newest
              the window follows the run
 f            y-range: fitted to the steps shown / all of it
-v            loss / step time of each step in ms (the caption gives steps/s)
+v            loss / step time of each step in ms (the caption gives steps/s);
              a red line and "NaN at step N" mark the first non-finite loss
 
 Alerts (tab to them): the first alert of each kind on top, in the order
 the kinds came (the first is usually the cause), repeats folded as ×N;
 then later alerts with other messages, newest first.
-↑ ↓ PgUp PgDn Home End   move     enter   the alert in full (escape closes)
+↑ ↓ PgUp PgDn  move between the alerts; Home End: the first / last
+enter        the alert in full (escape closes)
 
 Deep dives (the probe runs them in the training process at the next step boundary):
 p            profile the next steps: a form (steps, time cap, shapes / memory / stack)
@@ -80,6 +86,65 @@ $XDG_CONFIG_HOME/tdbg/settings.json (~/.config/tdbg/...).
 ↑ ↓ PgUp PgDn Home End scroll this help; escape or ? closes it."""
 
 
+KEY_WIDTH = 13  # the key column of KEYS: a description starts after it
+INDENT = KEY_WIDTH + 2  # where a description starts on screen (the longest key, two spaces)
+MIN_TEXT = 24  # narrower than this beside the keys: each key on a line of its own
+_ENTRY = re.compile(r"^(\S(?:.*?\S)?)\s{2,}(\S.*)$")
+
+
+def help_blocks(text: str) -> list[tuple[str, str] | str | None]:
+    """KEYS as what it says: (key, description) for a key's line and the lines under it that
+    go on with its description, a paragraph's joined text for other lines, None for a blank
+    line. The text is written for a wide terminal; these are re-flowed to any width."""
+    blocks: list[tuple[str, str] | str | None] = []
+    for line in text.splitlines():
+        last = blocks[-1] if blocks else None
+        entry = _ENTRY.match(line)
+        if not line.strip():
+            blocks.append(None)
+        elif line.startswith(" " * KEY_WIDTH) and isinstance(last, tuple):
+            blocks[-1] = (last[0], f"{last[1]} {line.strip()}")
+        elif entry is not None and len(entry.group(1)) <= KEY_WIDTH:
+            blocks.append((entry.group(1), entry.group(2)))
+        elif isinstance(last, str):
+            blocks[-1] = f"{last} {line.strip()}"
+        else:
+            blocks.append(line.strip())
+    return blocks
+
+
+class KeyHelp:
+    """The keys, wrapped to the width they are drawn at: a description's lines stay to the
+    right of its key (a terminal narrower than KEYS's lines wrapped them to the left edge)."""
+
+    def __init__(self, text: str) -> None:
+        self.blocks = help_blocks(text)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Text]:
+        for line in self._lines(console, max(1, options.max_width)):
+            line.rstrip()  # the space a line was broken at
+            yield line
+
+    def _lines(self, console: Console, width: int) -> Iterator[Text]:
+        beside = width - INDENT >= MIN_TEXT
+        for block in self.blocks:
+            if block is None:
+                yield Text("")
+            elif isinstance(block, str):
+                yield from Text(block).wrap(console, width)
+            else:
+                key, description = block
+                if beside:
+                    lines = Text(description).wrap(console, width - INDENT)
+                    for i, line in enumerate(lines):
+                        lead = key.ljust(INDENT) if i == 0 else " " * INDENT
+                        yield Text(lead) + line
+                else:
+                    yield Text(key)
+                    for line in Text(description).wrap(console, max(1, width - 2)):
+                        yield Text("  ") + line
+
+
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [
         Binding("escape", "dismiss", "Close"),
@@ -91,7 +156,7 @@ class HelpScreen(ModalScreen[None]):
         # A focused VerticalScroll: its keys scroll the help on a terminal too short for it.
         with VerticalScroll(id="help-box"):
             yield Static("tdbg — keys", id="help-title")
-            yield Static(KEYS, id="help-keys", markup=False)
+            yield Static(KeyHelp(KEYS), id="help-keys")
 
     def on_mount(self) -> None:
         self.query_one("#help-box").focus()
