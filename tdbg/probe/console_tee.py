@@ -76,6 +76,7 @@ class ConsoleTee(ConsoleRing):
         self._finish_open = False
         self.running = False
         self.failed: str | None = None  # why capture stopped early (the reader died)
+        self._blind = False  # keeping the lines failed: bytes pass through, nothing kept
         self.users = 0  # probes holding it (capture / release)
         self.pinned = False  # held until exit (tdbg run)
 
@@ -200,9 +201,17 @@ class ConsoleTee(ConsoleRing):
     # --- the reader thread -----------------------------------------------------------------
     def _read_loop(self) -> None:
         try:
-            self._pump()
+            try:
+                self._pump()
+            except Exception as exc:
+                # Keeping the lines failed: the bytes still go through, in order, nothing kept,
+                # until stop() gives the fds back. Giving them back here instead would let the
+                # writes made after it reach the terminal before those still in the pipe.
+                self.failed = f"{type(exc).__name__}: {exc}"
+                self._blind = True
+                self._pump()
         except BaseException as exc:  # never leave the writers on a pipe nobody reads
-            self.failed = f"{type(exc).__name__}: {exc}"
+            self.failed = self.failed or f"{type(exc).__name__}: {exc}"
             self.running = False
             self._restore()
             self._drain_blind()
@@ -211,7 +220,7 @@ class ConsoleTee(ConsoleRing):
 
     def _pump(self) -> None:
         poller = select.poll()
-        by_fd = {c.read_fd: c for c in self._channels}
+        by_fd = {c.read_fd: c for c in self._channels if c.open}
         for fd in by_fd:
             poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
@@ -238,9 +247,10 @@ class ConsoleTee(ConsoleRing):
                 got = True
                 short = short or (not channel.tty and len(data) < BATCH_BYTES)
                 _write_all(channel.saved, data)  # the terminal first, as it was
-                self._take(channel, data)
+                if not self._blind:
+                    self._take(channel, data)
             if not got and settling:
-                if self._finish_open:
+                if self._finish_open and not self._blind:
                     for channel in by_fd.values():
                         if channel.pending:
                             self._take(channel, b"\n")
@@ -266,7 +276,7 @@ class ConsoleTee(ConsoleRing):
 
     def _finish(self, channel: _Channel) -> None:
         """Every writer let go of a channel: its last unfinished line is a line."""
-        if channel.pending:
+        if channel.pending and not self._blind:
             self._take(channel, b"\n")
         channel.open = False
         for fd in (channel.read_fd, channel.saved):
