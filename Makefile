@@ -20,10 +20,10 @@ demo: setup
 
 # The suite starts a few hundred interpreters (training jobs, the CLI, the TUI): they share
 # compiled bytecode even where the environment turns writing it off (PYTHONDONTWRITEBYTECODE).
-# Serially it is CPU-bound on one core. TEST_WORKERS=2 runs it on two pytest-xdist workers, each
-# test file whole on one (its module fixtures start once; tests/conftest.py): not the default
-# until seen green twice in a row, once beside two CPU burners (README, Development).
-TEST_WORKERS ?=
+# Serially it is CPU-bound on one core: it runs on two pytest-xdist workers, each test file
+# whole on one (its module fixtures start once; tests/conftest.py). TEST_WORKERS= (empty) runs
+# it serially, TEST_WORKERS=N on N workers.
+TEST_WORKERS ?= 2
 PYTEST := PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadfile)
 
 test: setup

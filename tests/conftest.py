@@ -105,7 +105,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 )
 
 
-# Under pytest-xdist (`make test TEST_WORKERS=2`: -n 2 --dist loadfile) a test file is one unit
+# Under pytest-xdist (`make test`: -n 2 --dist loadfile) a test file is one unit
 # of work, run whole by one worker in its order, so that a module-scoped fixture (a demo job, an
 # sshd) starts once, as in a serial run. These files also read one session-scoped fixture (the
 # straggler job: a 3-rank torchrun job, ~20 s): one unit together, so that it runs once too.
