@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "demos"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from interleaved import turn  # noqa: E402
 from models import MAKERS, Batch, Task  # noqa: E402
 from thread_cpu import rehook, run_models, unhook  # noqa: E402
 
@@ -145,23 +146,6 @@ class Floor:
 
     def close(self) -> None:
         self._stop.set()
-
-
-def turn(task: Task, pool: list[Batch], steps: int, stepper: Any, at: int) -> float:
-    """CPU seconds per step of ``steps`` steps after one untimed step (interleaved.turn)."""
-    batches = [pool[(at + i) % len(pool)] for i in range(steps + 1)]
-    if isinstance(stepper, tdbg.Probe):
-        stepper._sampler._last_host = None  # the other arms' steps are not this probe's
-    loss = task.train_step(*batches[0])
-    if stepper is not None:
-        stepper.step(loss, samples=task.batch_size, tokens=task.tokens)
-    clock = time.thread_time_ns
-    t0 = clock()
-    for inputs, targets in batches[1:]:
-        loss = task.train_step(inputs, targets)
-        if stepper is not None:
-            stepper.step(loss, samples=task.batch_size, tokens=task.tokens)
-    return (clock() - t0) / 1e9 / steps
 
 
 def paired(values: list[float], base: list[float]) -> str:

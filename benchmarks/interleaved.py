@@ -111,16 +111,18 @@ def turn(
     task: Task,
     pool: list[Batch],
     steps: int,
-    probe: tdbg.Probe | None,
+    probe: Any,
     at: int,
     pace: float = 0.0,
 ) -> float:
     """CPU seconds per step of ``steps`` steps of ``task`` after one untimed step; ``at``:
     which batch of the pool to start from; ``pace``: seconds slept between each update and
-    ``probe.step()`` (a paced loop: the probe's step then runs with cold caches)."""
+    ``probe.step()`` (a paced loop: the probe's step then runs with cold caches). ``probe``: a
+    ``tdbg.Probe``, None, or anything with the same ``step(loss, samples=, tokens=)``."""
     batches = [pool[(at + i) % len(pool)] for i in range(steps + 1)]
-    if probe is not None:
-        probe._sampler._last_host = None  # the other arms' steps are not this probe's
+    sampler = getattr(probe, "_sampler", None)
+    if sampler is not None:
+        sampler._last_host = None  # the other arms' steps are not this probe's
     loss = task.train_step(*batches[0])  # absorbs what the previous arm left behind
     if pace:
         time.sleep(pace)
