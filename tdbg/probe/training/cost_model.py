@@ -62,7 +62,9 @@ class CostModel(SamplerState):
         # what the probe timed of it: torch's calls into the hooks and their cold entry,
         # outside any timer (budget.FIXED_UNTIMED), and the probe thread's per-step work
         # (budget.FIXED_PER_STEP). Work timed whole is counted as timed.
-        # (A conditional, not max(): a builtin's first call here costs microseconds.)
+        # budget.probe_seconds written out (on a GPU run every step comes here, and a call on
+        # the training thread costs microseconds cold; tests/probe/test_budget.py holds the two
+        # equal). A conditional, not max(): a builtin's first call here costs microseconds.
         untimed = timed - self._grad_seconds
         per_step = budget.FIXED_PER_STEP
         fixed = untimed * budget.FIXED_SCALE + per_step if untimed > 0.0 else per_step
