@@ -129,10 +129,7 @@ class TdbgApp(TdbgBaseApp):
         # have their sizes then), not after the reader's thread has started and posted it.
         first = self.source.arrived()
         if first:
-            self.state.apply_many(first)
-            self.batches_applied += 1
-            self._shown_data = True
-            self.call_after_refresh(self._repaint)
+            self._apply_batch(first)
         self.monitor.show(self.state)
         self.set_interval(REPAINT_INTERVAL, self._repaint)
         self.start_reading()
@@ -195,14 +192,17 @@ class TdbgApp(TdbgBaseApp):
             return True
         return False
 
-    def on_tdbg_app_events_received(self, event: EventsReceived) -> None:
-        if self._stale(event):
-            return
-        self.state.apply_many(event.batch)
+    def _apply_batch(self, batch: list[dict[str, Any]]) -> None:
+        self.state.apply_many(batch)
         self.batches_applied += 1
         if not self._shown_data:  # the first data: on screen now, not at the next 4 Hz tick
             self._shown_data = True
             self.call_after_refresh(self._repaint)
+
+    def on_tdbg_app_events_received(self, event: EventsReceived) -> None:
+        if self._stale(event):
+            return
+        self._apply_batch(event.batch)
         for notice in self.state.deep.drain_notices():
             severity: SeverityLevel = "information"
             if notice.severity in ("warning", "error"):
