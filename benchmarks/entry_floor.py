@@ -13,7 +13,9 @@ one untimed step, the order shuffled per cycle, training-thread CPU): ``unwatche
 ``unwatched again`` (the noise), ``floor``, ``floor, no optimizer hooks``, ``floor, no
 .item()`` (what those parts of the structure cost), and ``probe`` (one long-lived
 ``tdbg.watch(grad_every=10**9)``: its fixed per-step work, no gradient pass; its hooks and
-taps off for the other arms, as ``thread_cpu.unhook`` takes them off).
+taps off for the other arms, as ``thread_cpu.unhook`` takes them off), and ``probe, every
+step timed`` (the same probe with its hooks and taps timing themselves on every step, not one
+in ``self_timing.TIMED_EVERY``: what sampling its own timing saves).
 
 The default model, ``micro`` (one ``Linear(4, 4)`` at batch 1, Adam: a ~0.25 ms CPU step that
 is mostly the optimizer's Python), varies less from step to step than the demos' ``tiny``
@@ -54,15 +56,17 @@ optimizer_mod = importlib.import_module("torch.optim.optimizer")
 perf = time.perf_counter
 POOL = 64
 
-UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE = (
+UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED = (
     "unwatched",
     "unwatched again",
     "floor",
     "floor, no optimizer hooks",
     "floor, no .item()",
     "probe",
+    "probe, every step timed",
 )
-ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE)
+ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED)
+sampler_mod = importlib.import_module("tdbg.probe.training.sampler")
 
 
 def make_micro(*, seed: int = 0) -> Task:
@@ -167,6 +171,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         probe.step(task.train_step(*pool[i % POOL]), samples=task.batch_size)
     unhook(probe)
     floor = Floor(task)
+    timed_every = sampler_mod.TIMED_EVERY
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
     started = time.perf_counter()
     for _ in range(args.cycles):
@@ -174,16 +179,18 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         rng.shuffle(order)
         for arm in order:
             stepper: Any = None
-            if arm == PROBE:
+            if arm in (PROBE, ALL_TIMED):
                 rehook(probe)
                 stepper = probe
+                # What timing itself on every step would cost (self_timing: one in N).
+                sampler_mod.TIMED_EVERY = 1 if arm == ALL_TIMED else timed_every
             elif arm in (FLOOR, NO_OPT, NO_ITEM):
                 floor.on(optimizer_hooks=arm != NO_OPT, read_item=arm != NO_ITEM)
                 stepper = floor
             try:
                 per_step[arm].append(turn(task, pool, args.turn, stepper, rng.randrange(POOL)))
             finally:
-                if arm == PROBE:
+                if stepper is probe:
                     unhook(probe)
                 elif stepper is floor:
                     floor.off()
@@ -198,6 +205,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     for arm in ARMS[1:]:
         print(f"  {arm:<26} - unwatched: {paired(per_step[arm], base)}")
     print(f"  {PROBE:<26} - floor:     {paired(per_step[PROBE], per_step[FLOOR])}")
+    print(f"  {PROBE:<26} - timed:     {paired(per_step[PROBE], per_step[ALL_TIMED])}")
 
 
 def main(argv: list[str] | None = None) -> int:

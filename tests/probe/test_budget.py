@@ -158,6 +158,15 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     return clock
 
 
+@pytest.fixture
+def every_step_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every usual step times its hooks and taps (not one in TIMED_EVERY past the first): for
+    figures the fake clock makes exact, step by step (the clock is read more on timed steps)."""
+    from tdbg.probe.training import sampler
+
+    monkeypatch.setattr(sampler, "TIMED_EVERY", 1)
+
+
 def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
     runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
 ) -> None:
@@ -221,7 +230,10 @@ def test_work_the_probe_times_whole_is_not_scaled(
 
 
 def test_the_interval_s_cost_model_is_the_cost_the_probe_reports(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
+    runtime_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_clock: Callable[[], float],
+    every_step_timed: None,
 ) -> None:
     # The interval goes by (what every step pays) + (what a step with a gradient pass pays on
     # top) / k. A step with a pass carries more than the pass: its staging and its share of
@@ -314,7 +326,10 @@ def test_releasing_the_loop_s_graph_is_not_the_probe_s_cost(
 
 
 def test_the_usual_step_s_short_way_keeps_the_whole_way_s_figures(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
+    runtime_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_clock: Callable[[], float],
+    every_step_timed: None,
 ) -> None:
     # probe.step() hands a usual CPU step over as its clock readings; the probe thread works
     # out its probe_time and step time and, past the first steps (counted on the training
@@ -387,3 +402,40 @@ def test_the_probe_thread_counts_the_steps_after_the_first_in_step_order() -> No
     assert s._costs_through == 39
     s.fold_costs(costs[:COUNTED_HERE])  # the training thread's own: nothing changes
     assert (s._fixed_cost, s._step_ema, s._costs_through) == pytest.approx((fixed, step, 39))
+
+
+def test_usual_steps_time_themselves_one_in_timed_every_and_count_the_rest_at_the_average(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
+) -> None:
+    # Timing itself costs the loop (a clock read and a float per hook and tap, in the cold
+    # moments around the update): past the first COUNTED_HERE steps a usual step's hooks and
+    # taps time themselves one step in TIMED_EVERY, and the others are counted at the running
+    # average of the timed ones. With the exact clock every step's fixed work takes the same
+    # time: the untimed steps read the clock less, and report the timed steps' probe_time.
+    from tdbg.probe.training import cost_model, self_timing
+
+    every = self_timing.TIMED_EVERY
+    first = cost_model.COUNTED_HERE
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
+    reads: list[int] = []
+    try:
+        probe._hooks._mark = probe._sampler._mark = fake_clock
+        sent = handed_over(probe, monkeypatch)
+        for _ in range(first + 4 * every):
+            before = fake_clock.ticks[0]  # type: ignore[attr-defined]
+            loop.run(1, probe)
+            reads.append(round((fake_clock.ticks[0] - before) / 1e-6))  # type: ignore[attr-defined]
+    finally:
+        probe.close()
+    assert len(sent) == len(reads) and all(p.grads is None for p in sent[1:])
+    timed = [n % every == 0 or n < first for n in range(len(reads))]  # step n (0-based)
+    later = range(2, len(reads))  # past the first two (the step before a first has no start)
+    timed_reads = {reads[n] for n in later if timed[n]}
+    untimed_reads = {reads[n] for n in later if not timed[n]}
+    assert len(timed_reads) == 1 and len(untimed_reads) == 1, (timed_reads, untimed_reads)
+    # Each hook and tap that times itself reads the clock once more to do it.
+    assert timed_reads.pop() > untimed_reads.pop()
+    assert sum(not t for t in timed) == 4 * (every - 1)
+    costs = [sent[n].probe_time for n in later]
+    assert costs[0] > 0 and costs == pytest.approx([costs[0]] * len(costs), rel=1e-9)

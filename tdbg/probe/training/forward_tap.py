@@ -31,6 +31,7 @@ from torch import nn
 
 from tdbg.probe.training import state_tap
 from tdbg.probe.training.hook_refs import COMPILE_STATE, FORWARD_MARK, is_compiling, is_tdbg_forward
+from tdbg.probe.training.self_timing import TIMED
 
 perf = time.perf_counter
 _object_reduce = object.__reduce__
@@ -106,7 +107,8 @@ def _function(cls: type, owner: weakref.ref[Any]) -> Callable[..., Any]:
                     elif hooks.timeline.forward_start is None:
                         # An evaluation (or a rollout) between the steps: see _ForwardStart.
                         hooks.mark_no_grad(self)
-                    hooks.seconds += perf() - t0
+                    if TIMED[0]:  # a sampled step (self_timing)
+                        hooks.seconds += perf() - t0
                 except Exception as exc:
                     hooks._on_error(exc)
         return type(self).forward(self, *args, **kwargs)

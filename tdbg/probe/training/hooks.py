@@ -15,6 +15,7 @@ from tdbg.probe.device_copy import recorded_event
 from tdbg.probe.training import forward_tap, state_tap
 from tdbg.probe.training.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
 from tdbg.probe.training.release import HELD
+from tdbg.probe.training.self_timing import TIMED
 
 perf = time.perf_counter
 _thread_id = threading.get_ident
@@ -255,7 +256,8 @@ class PhaseHooks:
                     t0 = perf()
                     self.timeline.optimizer_start = t0 if self.host_marks else self._mark()
                     self._events.on_grads_ready(index)
-                    self.seconds += perf() - t0
+                    if TIMED[0]:
+                        self.seconds += perf() - t0
                 except Exception as exc:
                     self._on_error(exc)
             return out
@@ -295,7 +297,8 @@ class _ForwardStart(ForwardHook):
                 # No training forward runs without grad: an evaluation (or a rollout) between
                 # the steps, which the data phase would otherwise take for a wait on input.
                 hooks.mark_no_grad(module)
-            hooks.seconds += perf() - t0
+            if TIMED[0]:  # a sampled step (self_timing)
+                hooks.seconds += perf() - t0
         except Exception as exc:
             hooks._on_error(exc)
         return None
@@ -347,7 +350,8 @@ class _StepStart(WeakHook):
                 # The closure computes this step's gradients inside step(): read them after it.
                 sampler.on_optimizer_pre(key)
                 wrapped = hooks._closure(key, closure)
-                hooks.seconds += perf() - t0
+                if TIMED[0]:
+                    hooks.seconds += perf() - t0
                 if len(args) > 1:
                     return (args[0], wrapped, *args[2:]), kwargs
                 return args, {**kwargs, "closure": wrapped}
@@ -377,7 +381,8 @@ class _StepStart(WeakHook):
                         and (sampler._sample_now or sampler._forced or sampler._pending_nonfinite)
                     ):
                         sampler.on_grads_ready(key)
-            hooks.seconds += perf() - t0
+            if TIMED[0]:  # a sampled step (self_timing)
+                hooks.seconds += perf() - t0
         except Exception as exc:
             hooks._on_error(exc)
         return None
@@ -423,7 +428,8 @@ class _StepEnd(WeakHook):
                     HELD.append(last)  # its graph freed once the hook's timer stopped
                 slot.loss = sampler._pending_loss
                 sampler._pending_loss = None
-            hooks.seconds += perf() - t0
+            if TIMED[0]:  # a sampled step (self_timing)
+                hooks.seconds += perf() - t0
             if HELD:
                 HELD.clear()  # a scalar the bookkeeping let go of: freed outside the timer
         except Exception as exc:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from tdbg.probe.training import taps
-from tdbg.probe.training.cost_model import COUNTED_HERE, CostModel
+from tdbg.probe.training.cost_model import COUNTED_HERE, EMA, CostModel
 from tdbg.probe.training.epochs import EpochCounter
 from tdbg.probe.training.grad_passes import GradientPasses
 from tdbg.probe.training.gradients import Layer
@@ -21,6 +21,7 @@ from tdbg.probe.training.loss_tally import LossTally
 from tdbg.probe.training.pending import PendingStep
 from tdbg.probe.training.release import HELD
 from tdbg.probe.training.sampler_state import NAN
+from tdbg.probe.training.self_timing import TIMED, TIMED_EVERY
 from tdbg.probe.training.step_values import (
     MAX_COUNT,
     PLAIN_COUNTS,
@@ -199,10 +200,22 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._pass_batches += micro or 1
         count = self.step_count + 1
         self.step_count = count
-        hook_seconds, hooks.seconds = hooks.seconds, 0.0
-        tap_seconds = self._tap_seconds
-        hook_seconds += tap_seconds[0]
-        tap_seconds[0] = 0.0
+        if TIMED[0]:
+            # The hooks and taps timed themselves on this step (self_timing): their time, and
+            # the running average an untimed step is counted at.
+            hook_seconds, hooks.seconds = hooks.seconds, 0.0
+            tap_seconds = self._tap_seconds
+            hook_seconds += tap_seconds[0]
+            tap_seconds[0] = 0.0
+            average = self._hook_average
+            self._hook_average = (
+                hook_seconds if average == 0.0 else average + EMA * (hook_seconds - average)
+            )
+        else:
+            hook_seconds = self._hook_average
+        # The next step times itself if it is one of the first (the interval's first figures
+        # come from timed steps) or one in TIMED_EVERY.
+        TIMED[0] = count < COUNTED_HERE or count % TIMED_EVERY == 0
         whole, self._grad_seconds = self._grad_seconds, 0.0
         self._replanned = False
         # The interval is worked out again by the probe thread as it counts the steps' costs
@@ -251,6 +264,12 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         """Any step that is not a usual CPU one, the whole way (see :meth:`step`)."""
         if self._iterating is not None:
             self._note_loader()
+        if not TIMED[0]:
+            # Its hooks and taps did not time themselves (a usual step came before: see
+            # self_timing): their fixed work at the timed steps' average, plus the work timed
+            # whole they ran (a gradient pass: always timed).
+            hooks.seconds = self._hook_average + self._grad_seconds
+            TIMED[0] = True  # and the next step times itself
         if not self._handoff.open:
             self._drop_unread_step(hooks)
             return

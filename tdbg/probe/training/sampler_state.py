@@ -19,6 +19,7 @@ from tdbg.probe.training.histograms import HistogramPart, LayerHistograms
 from tdbg.probe.training.hooks import Mark, PhaseHooks, marker
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.pending import SkippedUpdate
+from tdbg.probe.training.self_timing import TIMED
 from tdbg.probe.training.update_ratio import UpdateRatios
 
 NAN = float("nan")
@@ -90,6 +91,7 @@ class SamplerState:
         "_grad_device_cost",
         "_grad_marks",
         "_grad_seconds",
+        "_hook_average",
         "_iterating",
         "_last_backward",
         "_last_held",
@@ -216,6 +218,11 @@ class SamplerState:
         # This step's work timed whole (not scaled by FIXED_UNTIMED: its timers see it all):
         # gradient passes, the guard's check, a forward re-run, staging device values.
         self._grad_seconds = 0.0
+        # The running average of what the hooks and taps timed of themselves on a usual step
+        # (0 until one is): what a step whose fixed work is not timed is counted at. The first
+        # steps time themselves (self_timing), whatever a probe before this one left.
+        self._hook_average = 0.0
+        TIMED[0] = True
         self._fixed_cost = 0.0  # EMA of the probe's cost on a step without a gradient pass
         self._costs_through = -1  # the last step counted into these running averages
         self._replanned = False  # this step's pass also planned the layout (not typical)

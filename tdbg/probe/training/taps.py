@@ -24,6 +24,7 @@ import torch
 from tdbg.probe.training import forward_tap
 from tdbg.probe.training.hook_refs import is_compiling, is_tdbg_forward
 from tdbg.probe.training.release import HELD
+from tdbg.probe.training.self_timing import TIMED
 
 
 class Listener(Protocol):
@@ -233,7 +234,7 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             # when passed back). A backward that raises is taken back.
             # The usual call (``loss.backward()`` on a CPU float loss) is written out: each
             # function entered here costs microseconds (cold caches), not nanoseconds.
-            t0 = _perf()
+            t0 = _perf() if TIMED[0] else 0.0  # a sampled step (self_timing)
             if type(tensors) is _Tensor and _scaled is None:
                 loss = tensors
                 value = None
@@ -255,7 +256,8 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                 loss = _scalar(tensors)
                 if loss is not None:
                     _notify("on_backward", loss, host_value(loss))
-            tap_seconds[0] += _perf() - t0
+            if t0:
+                tap_seconds[0] += _perf() - t0
             if HELD:
                 HELD.clear()  # the previous scalar's graph: freed outside the timer
         if loss is None:
