@@ -144,6 +144,14 @@ def test_hello_is_preamble_plus_one_frame() -> None:
     assert validate_client_message(msg)["args"]["client_version"] == "tdbg test"
 
 
+def test_unknown_fields_of_mixed_key_types_are_a_protocol_error() -> None:
+    # Found by test_fuzz: a str and a bytes key (both unknown) could not be sorted, and the
+    # TypeError reached the connection instead of the client's error reply.
+    message = {"type": "ping", "id": 1, "args": {"zz": 1, b"\x00": 2, 3: 4}}
+    with pytest.raises(ProtocolError, match=r"unknown field\(s\) for ping: .*'zz'"):
+        validate_client_message(message)
+
+
 @pytest.mark.parametrize("bad", [b"X", b"TDBX", b"HTTP/1.1", b"GET / HTTP/1.1\r\n\r\n"])
 def test_garbage_magic_is_rejected_at_once(bad: bytes) -> None:
     with pytest.raises(ProtocolError, match="bad magic"):

@@ -188,9 +188,10 @@ def validate_client_message(message: dict[str, Any]) -> dict[str, Any]:
         raise ProtocolError("args must be a map", ErrorCode.BAD_MESSAGE)
     unknown = set(args) - CLIENT_TYPES[mtype]
     if unknown:
-        raise ProtocolError(
-            f"unknown field(s) for {mtype}: {sorted(unknown)}", ErrorCode.BAD_MESSAGE
-        )
+        # Named by repr, sorted as text: the keys may be of any types msgpack decodes (a
+        # str beside a bytes one is not orderable).
+        named = ", ".join(sorted(repr(key) for key in unknown))
+        raise ProtocolError(f"unknown field(s) for {mtype}: {named}", ErrorCode.BAD_MESSAGE)
     if mtype == "hello":
         for key in ("proto_min", "proto_max"):
             value = args.get(key)
