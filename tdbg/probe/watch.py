@@ -263,6 +263,7 @@ class Probe:
 
     def _oom_view(self) -> tuple[int, str, list[tuple[int, int, str, str]]]:
         """At an out-of-memory error: the step, where in it, and the tensors the probe names."""
+        self._sampler.settle()  # a lean step's readings into the timeline read here
         hooks = self._hooks
         timeline = hooks.timeline
         if hooks.updating or timeline.optimizer_start is not None:
@@ -362,6 +363,7 @@ class Probe:
             self._hooks.training_thread = ident  # whose forwards without grad are the loop's
         if self._sampler.layout_dirty:
             try:
+                self._sampler.settle()  # the step so far, counted with the layers it ran on
                 self._relayout()  # rare: kept out of the per-step cost the interval goes by
             except Exception as exc:
                 self._count_error(exc)

@@ -341,8 +341,10 @@ def test_the_usual_step_s_short_way_keeps_the_whole_way_s_figures(
     # and once the probe thread has counted every step (at close), the same running averages.
     # The passes every 4 steps, fixed: an adaptive interval would follow the probe thread's
     # ticks.
-    from tdbg.probe.training import cost_model, sampler
+    from tdbg.probe.training import cost_model, lean, sampler
 
+    # The short way as it was before lean steps (test_lean.py holds those to the whole way's).
+    monkeypatch.setattr(lean, "ENABLED", False)
     whole_way = sampler.StepSampler._step_whole
     taken: list[int] = []
 

@@ -75,7 +75,11 @@ def _run(
 ) -> tuple[list[dict[str, Any]], list[tuple[str, Any, float | None]]]:
     """A real loop (accumulating ``micro`` micro-batches, a scheduler stepped after the update,
     a NaN loss at step 4) watched with the hooks as they are or the old way; each step's state
-    after the update and what was handed to the probe thread."""
+    after the update and what was handed to the probe thread. No lean steps (lean.py: their
+    hooks write the state only when a step turns out not to be one)."""
+    from tdbg.probe.training import lean
+
+    monkeypatch.setattr(lean, "ENABLED", False)
     if through_sampler:
         monkeypatch.setattr(hooks_module._StepStart, "__call__", _through_the_sampler_start)
         monkeypatch.setattr(hooks_module._StepEnd, "__call__", _through_the_sampler_end)

@@ -14,6 +14,7 @@ from torch.utils.hooks import RemovableHandle
 from tdbg.probe.device_copy import recorded_event
 from tdbg.probe.training import forward_tap, state_tap
 from tdbg.probe.training.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
+from tdbg.probe.training.lean import LeanStep
 from tdbg.probe.training.release import HELD
 from tdbg.probe.training.self_timing import TIMED
 
@@ -151,6 +152,9 @@ class PhaseHooks:
         # The sampler: the optimizer hooks do its usual work themselves (one frame each side
         # of an update), and hand it anything else.
         self._events = events
+        # The sampler's record of a lean step (lean.py), which the hooks write while it is on.
+        lean = getattr(events, "lean", None)
+        self.lean: LeanStep = lean if isinstance(lean, LeanStep) else LeanStep()
         self._on_error = on_error
         # Weak and inert when copied: the model stays as picklable and copyable as without tdbg.
         self.handles: list[RemovableHandle | forward_tap.ForwardWrap] = []
@@ -196,6 +200,8 @@ class PhaseHooks:
         forward hook marks where each such forward ends, until a step without any (a loop
         that runs the model without grad every step keeps it): the phase ends at the last of
         them, so what the loop does after (fetching the next batch) is still data."""
+        if self.lean.on:
+            self.lean.settle()  # a lean step has no no-grad phase: the whole way from here
         timeline = self.timeline
         replica = module is not None and getattr(module, "_is_replica", False)
         if (
@@ -218,6 +224,8 @@ class PhaseHooks:
 
     def end_no_grad(self, replica: bool = False) -> None:
         """A forward without grad (or a framework's evaluation) ended."""
+        if self.lean.on:
+            self.lean.settle()
         timeline = self.timeline
         if (
             timeline.no_grad_start is not None
@@ -283,9 +291,24 @@ class _ForwardStart(ForwardHook):
         if is_compiling() or COMPILE_STATE._is_compiling_flag:  # ForwardHook's check
             return None
         hooks = self._owner()
-        if hooks is None or not hooks.active:
+        if hooks is None:
+            return None
+        lean = hooks.lean
+        if lean.on and lean.loss is None and torch.is_grad_enabled():
+            # A lean step's forward before its backward: as the forward wrapper's (forward_tap).
+            t0 = perf()
+            if lean.forward_start is None:
+                lean.forward_start = t0
+            if hooks.capture_inputs:
+                hooks.last_inputs = (module, args, kwargs)
+            if TIMED[0]:
+                hooks.seconds += perf() - t0
+            return None
+        if not hooks.active:
             return None
         try:
+            if lean.on:
+                lean.settle()  # not the usual pattern: the whole way from here
             t0 = perf()  # the whole hook is the probe's cost, not just its mark
             if torch.is_grad_enabled():
                 hooks.forward_pending = True
@@ -338,7 +361,31 @@ class _StepStart(WeakHook):
         if hooks is None or not hooks.active:
             return None
         key = self._args[0]
+        lean = hooks.lean
         try:
+            if lean.on:
+                if (
+                    lean.opt_start is None
+                    and lean.loss is not None
+                    and len(args) == 1
+                    and not kwargs
+                ):
+                    # A lean step's update (lean.py): no closure; the learning rates it uses,
+                    # read before a scheduler changes them, when they are floats.
+                    t0 = perf()
+                    rates: list[float] = []
+                    for group in optimizer.param_groups:
+                        rate = group.get("lr")
+                        if type(rate) is not float:
+                            break
+                        rates.append(rate)
+                    else:
+                        lean.lrs = rates
+                        lean.opt_start = t0
+                        if TIMED[0]:
+                            hooks.seconds += perf() - t0
+                        return None
+                lean.settle()  # not the usual pattern: the whole way from here
             t0 = perf()  # the whole hook is the probe's cost, not just its mark
             timeline = hooks.timeline
             if timeline.optimizer_start is None:
@@ -402,7 +449,15 @@ class _StepEnd(WeakHook):
         hooks = self._owner()
         if hooks is None or not hooks.active:
             return None
+        lean = hooks.lean
         try:
+            if lean.on:
+                if lean.opt_start is not None and lean.opt_end is None:
+                    t0 = lean.opt_end = perf()  # a lean step's update ended (lean.py)
+                    if TIMED[0]:
+                        hooks.seconds += perf() - t0
+                    return None
+                lean.settle()  # not the usual pattern: the whole way from here
             t0 = perf()
             hooks.timeline.optimizer_end = t0 if hooks.host_marks else hooks._mark()
             hooks.updating = False

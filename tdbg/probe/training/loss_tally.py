@@ -62,11 +62,15 @@ class LossTally(SamplerState):
         )
 
     # --- taps (taps.Listener) ------------------------------------------------------------------
-    def on_backward(self, loss: torch.Tensor, value: float | None = None) -> None:
+    def on_backward(
+        self, loss: torch.Tensor, value: float | None = None, at: float | None = None
+    ) -> None:
         """A scalar about to be backpropagated (the tap calls this before the backward).
         ``value``: a CPU scalar's value, read by the tap: kept instead of the tensor (nothing
         to detach, and whether it is NaN or Inf is known without a sync); a device scalar is
-        kept detached (float32 or wider). A sum is made only under gradient accumulation."""
+        kept detached (float32 or wider). A sum is made only under gradient accumulation.
+        ``at``: the clock when the backward began, where read already (a lean step replayed,
+        lean.py); else read here."""
         # The step's forward ends where its backward starts (the loss is part of it): the
         # last micro-batch's under accumulation, the closure's first evaluation's; not a
         # backward after the update began (another model's, trained after the step).
@@ -108,7 +112,7 @@ class LossTally(SamplerState):
                     self._pending_nonfinite = True
                 return
             if timeline.optimizer_start is None:
-                timeline.forward_end = self._mark()
+                timeline.forward_end = self._mark() if at is None else at
         if self._amp_skip:
             self._forget_amp_skip()  # a new iteration: that skip got no probe.step() of its own
         # The loop's own tensor, as the last scalar backpropagated until the update; a CPU

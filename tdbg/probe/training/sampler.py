@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from tdbg.probe.training import lean as lean_switch
 from tdbg.probe.training import taps
 from tdbg.probe.training.cost_model import COUNTED_HERE, EMA, CostModel
 from tdbg.probe.training.epochs import EpochCounter
@@ -121,6 +122,32 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         evicted them): the bookkeeping (``hooks.take()``, the rest of ``CostModel._account``)
         is written out. Any other step goes the whole way (:meth:`_step_whole`), which also
         checks what this one assumes."""
+        lean = self.lean
+        if lean.on:
+            # The loss: what was backpropagated (None, or that very tensor), a number, or a
+            # CPU scalar without a graph (``loss.detach()``, read on the probe thread).
+            if (
+                lean.opt_end is not None
+                and (
+                    loss is None
+                    or loss is lean.loss
+                    or type(loss) is float
+                    or (
+                        type(loss) is _Tensor
+                        and loss.is_cpu
+                        and not loss.requires_grad
+                        and loss.numel() == 1
+                    )
+                )
+                and (
+                    samples is None or (type(samples) in PLAIN_COUNTS and 0 <= samples <= MAX_COUNT)
+                )
+                and (tokens is None or (type(tokens) in PLAIN_COUNTS and 0 <= tokens <= MAX_COUNT))
+                and self._handoff.open
+            ):
+                self._hand_lean_step(loss, samples, tokens, t0)
+                return
+            self.settle()  # not the usual pattern after all: the whole way
         slots = self._slots
         if (
             len(slots) != 1
@@ -257,6 +284,128 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._last_held = None
         if HELD:
             HELD.clear()  # nothing of the loop's held past its step (normally empty here)
+        self._arm_lean(hooks)
+
+    def _hand_lean_step(self, loss: Any, samples: Any, tokens: Any, t0: float) -> None:
+        """Hand over a lean step (lean.py) from its readings, as the usual step's short way
+        hands one over (the probe thread builds it: pending.usual_record): one optimizer
+        updated once, one micro-batch, a finite CPU loss, no pass."""
+        lean = self.lean
+        last_host = self._last_host
+        self._last_host = t0
+        count = self.step_count + 1
+        self.step_count = count
+        self._pass_batches += 1
+        self._updated = True  # what the update's post-hook tells an AMP scaler's tap
+        if TIMED[0]:
+            hooks = self.phases
+            hook_seconds = 0.0
+            if hooks is not None:
+                hook_seconds, hooks.seconds = hooks.seconds, 0.0
+            tap_seconds = self._tap_seconds
+            hook_seconds += tap_seconds[0]
+            tap_seconds[0] = 0.0
+            average = self._hook_average
+            self._hook_average = (
+                hook_seconds if average == 0.0 else average + EMA * (hook_seconds - average)
+            )
+        else:
+            hook_seconds = self._hook_average
+        TIMED[0] = count < COUNTED_HERE or count % TIMED_EVERY == 0
+        whole, self._grad_seconds = self._grad_seconds, 0.0
+        since = count - self._last_sampled
+        if since >= self.grad_interval and self.grad_every is None:
+            self._replan()
+        due = since >= self.grad_interval
+        self._sample_now = due
+        timeline = StepTimeline()
+        timeline.forward_start = lean.forward_start
+        timeline.forward_end = lean.forward_end
+        timeline.optimizer_start = lean.opt_start
+        timeline.optimizer_end = lean.opt_end
+        previous_end = self._previous_end
+        end = self._previous_end = perf()
+        if count <= COUNTED_HERE:
+            # The first steps' running averages, kept here (CostModel.fold_costs says why).
+            self._fold_here(count - 1, t0, last_host, end, hook_seconds, whole)
+        handoff = self._handoff
+        handoff.steps.append(
+            (
+                count - 1,
+                t0,
+                lean.value if loss is None or loss is lean.loss else loss,
+                1,
+                samples,
+                tokens,
+                lean.lrs,  # type: ignore[arg-type]  # set with opt_start
+                last_host,
+                timeline,
+                previous_end,
+                self.epoch,
+                end,
+                hook_seconds,
+                whole,
+            )
+        )
+        handoff.appended += 1
+        lean.forward_start = lean.forward_end = lean.loss = lean.value = lean.lrs = None
+        lean.opt_start = lean.opt_end = None
+        lean.on = not due  # the next step lean, unless it carries a gradient pass
+
+    def _arm_lean(self, hooks: PhaseHooks) -> None:
+        """Whether the next step starts lean (lean.py): a CPU run's one optimizer, past the
+        first steps, no pass due, nothing the full bookkeeping has to do on its way."""
+        slots = self._slots
+        self.lean.on = (
+            lean_switch.ENABLED
+            and self._cuda_device is None
+            and len(slots) == 1
+            and not self._sample_now
+            and not self._forced
+            and slots[0].guard is None
+            and self._rest is None
+            and self._iterating is None
+            and self._forwards_seen
+            and not self.layout_dirty
+            and self._handoff.open
+            and hooks.active
+            and not hooks._no_grad_ends
+            and taps.lean_record() is self.lean
+        )
+
+    def settle(self) -> None:
+        """A lean step is not one after all (lean.py): what the hooks and taps wrote of it so
+        far goes into the full bookkeeping, in order, with the readings they took, as their
+        whole way would have put it; the step goes on the whole way."""
+        lean = self.lean
+        if not lean.on:
+            return
+        lean.on = False
+        hooks = self.phases
+        try:
+            if hooks is None:
+                return
+            timeline = hooks.timeline
+            if lean.forward_start is not None:
+                timeline.forward_start = lean.forward_start
+                hooks.forward_pending = True
+            if lean.loss is not None:
+                self.on_backward(lean.loss, lean.value, lean.forward_end)
+            if lean.opt_start is not None and self._slots:
+                # _StepStart's usual update (nothing due, no guard: the step was lean).
+                slot = self._slots[0]
+                timeline.optimizer_start = lean.opt_start
+                hooks.updating = True
+                slot.in_step = True
+                slot.closure_loss = None
+                slot.closure_nonfinite = False
+                slot.lr = lean.lrs
+                if lean.opt_end is not None:
+                    timeline.optimizer_end = lean.opt_end
+                    hooks.updating = False
+                    self.on_optimizer_post(slot.key)
+        finally:
+            lean.clear()
 
     def _step_whole(
         self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float
@@ -283,6 +432,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         if self._cuda_device is not None:
             self._plan_marks(hooks)
         self._previous_end = end if end is not None else self._mark()
+        self._arm_lean(hooks)
 
     def _drop_unread_step(self, hooks: PhaseHooks) -> None:
         """Nobody can ever read what this step would record: keep nothing, compute nothing."""
@@ -473,6 +623,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         """Drop what the probe holds of the step in progress (the loop's last scalar and its
         graph included): a step nobody can read, a ``probe.step()`` that failed, a probe
         closed or switched off."""
+        self.lean.on = False
+        self.lean.clear()
         for slot in self._slots:
             slot.sample = slot.loss = slot.lr = None
             slot.micro = 0

@@ -18,6 +18,7 @@ from tdbg.probe.training.guard import NonfiniteGuard
 from tdbg.probe.training.histograms import HistogramPart, LayerHistograms
 from tdbg.probe.training.hooks import Mark, PhaseHooks, marker
 from tdbg.probe.training.inbox import Inbox
+from tdbg.probe.training.lean import LeanStep
 from tdbg.probe.training.pending import SkippedUpdate
 from tdbg.probe.training.self_timing import TIMED
 from tdbg.probe.training.update_ratio import UpdateRatios
@@ -137,6 +138,7 @@ class SamplerState:
         "epoch_given",
         "grad_every",
         "grad_interval",
+        "lean",
         "layout_dirty",
         "new_optimizers",
         "unplaced_optimizers",
@@ -223,6 +225,9 @@ class SamplerState:
         # steps time themselves (self_timing), whatever a probe before this one left.
         self._hook_average = 0.0
         TIMED[0] = True
+        # What the hooks and taps write while a step is lean (lean.py), and replay it into
+        # this state when it is not (settle).
+        self.lean = LeanStep(self.settle)
         self._fixed_cost = 0.0  # EMA of the probe's cost on a step without a gradient pass
         self._costs_through = -1  # the last step counted into these running averages
         self._replanned = False  # this step's pass also planned the layout (not typical)
@@ -279,6 +284,9 @@ class SamplerState:
         self._amp_micro = 0
         self._amp_forward: tuple[str, str, int] | None = None
         self.amp_skipped_steps = 0
+
+    def settle(self) -> None:
+        """A lean step's readings into this state (StepSampler's; lean.py)."""
 
     def report_once(self, key: str, message: str) -> None:
         """Tell the user once (stderr and an alert) about a problem with what the loop passes.

@@ -23,6 +23,7 @@ import torch
 
 from tdbg.probe.training import forward_tap
 from tdbg.probe.training.hook_refs import is_compiling, is_tdbg_forward
+from tdbg.probe.training.lean import LeanStep
 from tdbg.probe.training.release import HELD
 from tdbg.probe.training.self_timing import TIMED
 
@@ -47,6 +48,9 @@ _listeners: weakref.WeakSet[Any] = weakref.WeakSet()
 # What the taps call, rebuilt at attach/detach: iterating a WeakSet on every backward and
 # optimizer step costs microseconds where the loop's caches are cold (right after backward).
 _snapshot: tuple[weakref.ref[Any], ...] = ()
+# The lean step record (lean.py) of the one listener, when there is exactly one: the backward
+# tap writes a lean step's backward there. None with several (each takes the whole way).
+_lean: LeanStep | None = None
 _lock = threading.Lock()
 # Seconds the per-step taps (backward, every optimizer step) spent since a probe last took them:
 # part of what the probe costs the loop, which its own timer does not see. probe.step() reads
@@ -62,11 +66,12 @@ _told: dict[int, weakref.ref[Any]] = {}
 
 
 def attach(listener: Listener) -> None:
-    global _snapshot
+    global _snapshot, _lean
     with _lock:
         _told.clear()
         _listeners.add(listener)
         _snapshot = tuple(weakref.ref(each, _forget_dead) for each in _listeners)
+        _lean = _only_lean(_snapshot)
         if not _restore:
             _install()
 
@@ -86,10 +91,11 @@ def installed() -> bool:
 
 
 def detach(listener: Listener) -> None:
-    global _snapshot
+    global _snapshot, _lean
     with _lock:
         _listeners.discard(listener)
         _snapshot = tuple(weakref.ref(each, _forget_dead) for each in _listeners)
+        _lean = _only_lean(_snapshot)
         if not _listeners:
             while _restore:
                 _restore.pop()()
@@ -102,12 +108,26 @@ def take_seconds() -> float:
     return seconds
 
 
+def lean_record() -> LeanStep | None:
+    """The record the backward tap writes a lean step's backward into (None: none)."""
+    return _lean
+
+
+def _only_lean(snapshot: tuple[weakref.ref[Any], ...]) -> LeanStep | None:
+    """The lean record of the only listener in ``snapshot``; None with several or none."""
+    if len(snapshot) != 1:
+        return None
+    lean = getattr(snapshot[0](), "lean", None)
+    return lean if isinstance(lean, LeanStep) else None
+
+
 def _forget_dead(_: Any) -> None:
     """A listener dropped without detach(): the taps stop calling it. (From the garbage
     collector, on any thread: no lock; one tuple assignment is atomic.)"""
-    global _snapshot
+    global _snapshot, _lean
     try:
         _snapshot = tuple(ref for ref in _snapshot if ref() is not None)
+        _lean = _only_lean(_snapshot)
     except Exception:  # at interpreter exit the module's globals may be gone: nothing to do
         pass
 
@@ -115,6 +135,12 @@ def _forget_dead(_: Any) -> None:
 def _notify(event: str, *args: Any) -> None:
     """Call ``listener.<event>(*args)`` on every live listener (a method name, not a lambda:
     one Python call fewer per tap, in the cold moments around an update)."""
+    lean = _lean
+    if lean is not None and lean.on:
+        try:
+            lean.settle()  # a lean step hears of anything else the whole way (lean.py)
+        except Exception:
+            pass
     for ref in _snapshot:
         listener = ref()
         if listener is None:
@@ -234,6 +260,35 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             # when passed back). A backward that raises is taken back.
             # The usual call (``loss.backward()`` on a CPU float loss) is written out: each
             # function entered here costs microseconds (cold caches), not nanoseconds.
+            lean = _lean
+            if lean is not None and lean.on:
+                if (
+                    type(tensors) is _Tensor
+                    and _scaled is None
+                    and lean.loss is None
+                    and lean.forward_start is not None
+                    and tensors.is_cpu
+                ):
+                    # A lean step's one backward (lean.py): a finite CPU scalar's value read,
+                    # the tensor kept until probe.step().
+                    t0 = _perf()
+                    try:
+                        value = tensors.item()
+                    except (RuntimeError, TypeError, ValueError, OverflowError):
+                        value = None
+                    if type(value) is float and value - value == 0.0:
+                        lean.loss, lean.value, lean.forward_end = tensors, value, t0
+                        if TIMED[0]:
+                            tap_seconds[0] += _perf() - t0
+                        try:
+                            return original(tensors, grad_tensors, *args, **kwargs)
+                        except BaseException:
+                            _notify("on_backward_failed", tensors)  # settled first: taken back
+                            raise
+                try:
+                    lean.settle()  # not the usual pattern: the whole way from here
+                except Exception:
+                    pass
             t0 = _perf() if TIMED[0] else 0.0  # a sampled step (self_timing)
             if type(tensors) is _Tensor and _scaled is None:
                 loss = tensors

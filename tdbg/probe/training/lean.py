@@ -1,0 +1,49 @@
+"""The usual step's record: what the hooks and taps write while a step follows the usual pattern.
+
+A usual CPU step is one forward (or several) with grad, one backward of a finite CPU scalar,
+one update without a closure whose learning rates are floats, then ``probe.step()``. Right
+after the loop's kernels each bytecode the probe runs costs tens of nanoseconds (its code and
+data are cold): the full bookkeeping of such a step (the hooks' timeline, the loss tally, the
+optimizer's slot, about 870 bytecodes) cost ~20 us a step on the micro model. While a step is
+*lean* (``on``, armed at the end of the step before when nothing rare is pending) each entry
+point writes only its reading here, and ``probe.step()`` hands the step over from it.
+
+Anything else (a second backward, a clip, a closure, a NaN, a forward without grad, a new
+optimizer, an AMP iteration, any tap's rare event) first *settles* the record: the sampler
+replays what it holds into the full bookkeeping, in order, with the readings taken at the
+time (``StepSampler.settle``), and the step goes on the whole way, exactly as if it had never
+been lean (tests/probe/test_lean.py holds the two to the same records).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+# Lean steps on (tests turn them off to compare the two ways).
+ENABLED = True
+
+
+def _nothing() -> None:
+    return None
+
+
+class LeanStep:
+    """One step's readings while it is lean; reused from step to step (no allocation)."""
+
+    __slots__ = ("on", "forward_start", "forward_end", "loss", "value", "lrs", "opt_start",
+                 "opt_end", "settle")  # fmt: skip
+
+    def __init__(self, settle: Callable[[], None] = _nothing) -> None:
+        self.on = False  # this step is lean: the entry points write here
+        self.settle = settle  # the sampler's replay into the full bookkeeping
+        self.clear()
+
+    def clear(self) -> None:
+        self.forward_start: float | None = None  # the first forward with grad began
+        self.forward_end: float | None = None  # the backward began
+        self.loss: Any = None  # the scalar backpropagated (a CPU tensor)
+        self.value: float | None = None  # its value, read before its backward (finite)
+        self.lrs: list[float] | None = None  # the update's learning rates, at its pre-hook
+        self.opt_start: float | None = None
+        self.opt_end: float | None = None

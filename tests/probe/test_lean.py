@@ -1,0 +1,219 @@
+"""Lean steps hand over what the whole way would: the same records, settled exactly when not."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import handed_over
+from torch import nn
+
+import tdbg
+from tdbg.probe.training import lean as lean_switch
+from tdbg.probe.training import sampler as sampler_module
+
+STEPS = 24
+
+
+def _loop(variant: str) -> Callable[[Any], list[Any]]:
+    """A real loop of STEPS steps, ordinary except where ``variant`` makes some steps not
+    lean: it returns what the probe handed its thread."""
+
+    def run(monkeypatch: Any) -> list[Any]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+        probe = tdbg.watch(model, opt, name="lean", grad_every=10**9)
+        sent = handed_over(probe, monkeypatch)
+        try:
+            for step in range(STEPS):
+                if variant == "eval" and step % 5 == 2:
+                    with torch.no_grad():
+                        model(x)  # an evaluation between the steps
+                opt.zero_grad()
+                micro = 3 if variant == "accumulation" and step % 4 == 1 else 1
+                for _ in range(micro):
+                    loss = ((model(x) - y) ** 2).mean() / micro
+                    if variant == "nan" and step == 9:
+                        loss = loss * float("nan")
+                    loss.backward()
+                if variant == "stray" and step % 6 == 3:
+                    aside = (torch.randn(3, requires_grad=True) ** 2).sum()
+                    aside.backward()  # a backward of no watched forward
+                if variant == "clip" and step % 3 == 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+                if variant == "closure" and step % 5 == 4:
+
+                    def closure() -> torch.Tensor:
+                        opt.zero_grad()
+                        again = ((model(x) - y) ** 2).mean()
+                        again.backward()
+                        return again
+
+                    opt.step(closure)
+                else:
+                    opt.step()
+                schedule.step()
+                if variant == "detached":
+                    probe.step(loss.detach(), samples=16)
+                elif variant == "number":
+                    probe.step(loss.item(), tokens=64)
+                elif variant == "none":
+                    probe.step()
+                elif variant == "other" and step % 4 == 2:
+                    # Not the scalar backpropagated: settled at probe.step(), all four readings.
+                    probe.step(loss * 2.0)
+                else:
+                    probe.step(loss)
+                if variant == "nan" and step == 9:
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.nan_to_num_(0.0)
+        finally:
+            probe.close()
+        assert probe.errors == 0, probe.last_error
+        return sent
+
+    return run
+
+
+def _seen(sent: list[Any]) -> list[tuple[Any, ...]]:
+    """What users see of each step handed over, less the clock's readings: which phases were
+    marked stands in for their times."""
+
+    def number(value: Any) -> Any:
+        value = float(value) if value is not None else math.nan
+        return "nan" if math.isnan(value) else round(value, 9)
+
+    seen = []
+    for s in sent:
+        record, _ = s.resolve()
+        tl = s.timeline
+        marks = tuple(
+            getattr(tl, name) is not None
+            for name in ("forward_start", "forward_end", "optimizer_start", "optimizer_end")
+        ) + (tl.no_grad_start is not None,)
+        seen.append(
+            (
+                record.step,
+                number(record.loss),
+                tuple(record.lr),
+                number(record.micro_batches),
+                number(record.samples),
+                number(record.tokens),
+                number(record.clip_norm),
+                record.grad_norms is not None,
+                marks,
+                record.step_time == record.step_time,
+                record.probe_time > 0,
+            )
+        )
+    return seen
+
+
+VARIANTS = [
+    "plain",
+    "detached",
+    "number",
+    "none",
+    "eval",
+    "accumulation",
+    "stray",
+    "clip",
+    "closure",
+    "nan",
+    "other",
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lean_steps_hand_over_what_the_whole_way_does(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    # The same loop with lean steps and without (every step's bookkeeping the whole way): the
+    # same losses, learning rates of the updates, micro-batches, counts, clips, gradient
+    # passes and marked phases. Steps that are not lean (an accumulation, a clip, a closure,
+    # an evaluation's forward, a stray backward, a NaN) settle what the lean hooks had read
+    # and go on the whole way, as if the step had never been lean.
+    taken: list[int] = []
+    hand_lean = sampler_module.StepSampler._hand_lean_step
+
+    def counted(self: Any, *args: Any) -> None:
+        taken.append(self.step_count)
+        hand_lean(self, *args)
+
+    monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_step", counted)
+    run = _loop(variant)
+    with monkeypatch.context() as whole:
+        whole.setattr(lean_switch, "ENABLED", False)
+        without = _seen(run(whole))
+    assert not taken
+    with_lean = _seen(run(monkeypatch))
+    assert with_lean == without
+    assert len(with_lean) == STEPS
+    # Lean steps there were: all but the first (a gradient pass) where every step is usual,
+    # some where the variant breaks the pattern on some steps.
+    if variant in ("plain", "detached", "number", "none"):
+        assert taken == list(range(1, STEPS))
+    else:
+        assert 0 < len(taken) < STEPS - 1
+
+
+def test_a_lean_step_s_phases_are_timed_in_order(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lean step's readings are the marks of its phases: forward, backward and optimizer
+    # times, each positive, and the step's time from start to start.
+    sent = _loop("plain")(monkeypatch)
+    for s in sent[2:]:
+        record, _ = s.resolve()
+        phases = (record.forward_time, record.backward_time, record.optimizer_time)
+        assert all(p > 0 for p in phases), phases
+        assert record.step_time > sum(phases)
+
+
+def test_a_failed_lean_backward_is_taken_back(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loop that skips a batch whose backward raised (out of memory) goes on: that scalar was
+    # not backpropagated, on a lean step as on any.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 4)
+    probe = tdbg.watch(model, opt, name="failed", grad_every=10**9)
+    sent = handed_over(probe, monkeypatch)
+
+    class Fails(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, value: torch.Tensor) -> torch.Tensor:
+            return value.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("out of memory (made up)")
+
+    try:
+        for step in range(6):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            if step == 3:
+                assert probe._sampler.lean.on
+                with pytest.raises(RuntimeError, match="made up"):
+                    Fails.apply(loss).backward()
+                loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            probe.step()
+    finally:
+        probe.close()
+    assert probe.errors == 0, probe.last_error
+    records = [s.resolve()[0] for s in sent]
+    assert [r.micro_batches for r in records] == [1.0] * 6
+    assert all(r.loss == r.loss and r.loss > 0 for r in records)
