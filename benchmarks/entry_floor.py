@@ -15,7 +15,8 @@ one untimed step, the order shuffled per cycle, training-thread CPU): ``unwatche
 ``tdbg.watch(grad_every=10**9)``: its fixed per-step work, no gradient pass; its hooks and
 taps off for the other arms, as ``thread_cpu.unhook`` takes them off), and ``probe, every
 step timed`` (the same probe with its hooks and taps timing themselves on every step, not one
-in ``self_timing.TIMED_EVERY``: what sampling its own timing saves).
+in ``self_timing.TIMED_EVERY``: what sampling its own timing saves), and ``probe, no lean
+steps`` (every step's bookkeeping the whole way, ``lean.ENABLED`` off: what lean steps save).
 
 The default model, ``micro`` (one ``Linear(4, 4)`` at batch 1, Adam: a ~0.25 ms CPU step that
 is mostly the optimizer's Python), varies less from step to step than the demos' ``tiny``
@@ -56,7 +57,7 @@ optimizer_mod = importlib.import_module("torch.optim.optimizer")
 perf = time.perf_counter
 POOL = 64
 
-UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED = (
+UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN = (
     "unwatched",
     "unwatched again",
     "floor",
@@ -64,9 +65,11 @@ UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED = (
     "floor, no .item()",
     "probe",
     "probe, every step timed",
+    "probe, no lean steps",
 )
-ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED)
+ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN)
 sampler_mod = importlib.import_module("tdbg.probe.training.sampler")
+lean_mod = importlib.import_module("tdbg.probe.training.lean")
 
 
 def make_micro(*, seed: int = 0) -> Task:
@@ -179,11 +182,13 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         rng.shuffle(order)
         for arm in order:
             stepper: Any = None
-            if arm in (PROBE, ALL_TIMED):
+            if arm in (PROBE, ALL_TIMED, NOT_LEAN):
                 rehook(probe)
                 stepper = probe
-                # What timing itself on every step would cost (self_timing: one in N).
+                # What timing itself on every step would cost (self_timing: one in N), and
+                # every step's bookkeeping the whole way (lean.py).
                 sampler_mod.TIMED_EVERY = 1 if arm == ALL_TIMED else timed_every
+                lean_mod.ENABLED = arm != NOT_LEAN
             elif arm in (FLOOR, NO_OPT, NO_ITEM):
                 floor.on(optimizer_hooks=arm != NO_OPT, read_item=arm != NO_ITEM)
                 stepper = floor
@@ -206,6 +211,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         print(f"  {arm:<26} - unwatched: {paired(per_step[arm], base)}")
     print(f"  {PROBE:<26} - floor:     {paired(per_step[PROBE], per_step[FLOOR])}")
     print(f"  {PROBE:<26} - timed:     {paired(per_step[PROBE], per_step[ALL_TIMED])}")
+    print(f"  {PROBE:<26} - not lean:  {paired(per_step[PROBE], per_step[NOT_LEAN])}")
 
 
 def main(argv: list[str] | None = None) -> int:

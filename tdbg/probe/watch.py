@@ -361,6 +361,7 @@ class Probe:
         if self._server.training_thread != ident:
             self._server.training_thread = ident  # where a stall's stack is read
             self._hooks.training_thread = ident  # whose forwards without grad are the loop's
+            self._sampler.lean.thread = ident  # where a lean step's record is settled from
         if self._sampler.layout_dirty:
             try:
                 self._sampler.settle()  # the step so far, counted with the layers it ran on

@@ -34,7 +34,13 @@ from tdbg.probe.serving.stacks import last_collective, stuck_where, thread_stack
 from tdbg.probe.serving.system import SystemSampler
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.metrics import MetricsHistory, PendingMetrics
-from tdbg.probe.training.pending import USUAL_EXTRAS, PendingStep, UsualStep, usual_record
+from tdbg.probe.training.pending import (
+    USUAL_EXTRAS,
+    LeanHanded,
+    PendingStep,
+    UsualStep,
+    usual_record,
+)
 from tdbg.protocol.framing import ProtocolError, negotiate, pack
 from tdbg.protocol.messages import (
     Layers,
@@ -100,7 +106,7 @@ class ProbeServer(ClientLoop):
     ) -> None:
         # The one hand-off from the training thread; its queues by the names this thread reads.
         self.handoff = Inbox()
-        self.inbox: deque[PendingStep | UsualStep] = self.handoff.steps
+        self.inbox: deque[PendingStep | UsualStep | LeanHanded] = self.handoff.steps
         self.consumed = 0  # written by the probe thread only
         self.layer_names = layer_names
         self.layer_numel = layer_numel

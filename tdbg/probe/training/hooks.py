@@ -345,6 +345,17 @@ class _NoGradEnd(ForwardHook):
         return None
 
 
+def _float_rates(groups: list[dict[str, Any]]) -> list[float] | None:
+    """The learning rates of ``groups`` when each is a float; else None."""
+    rates = []
+    for group in groups:
+        rate = group.get("lr")
+        if type(rate) is not float:
+            return None
+        rates.append(rate)
+    return rates
+
+
 class _StepStart(WeakHook):
     """PhaseHooks' optimizer step pre-hook, the sampler's work at the step's start written into
     its ``__call__``: it runs right after the backward, where each Python frame costs
@@ -358,33 +369,36 @@ class _StepStart(WeakHook):
         if is_compiling():
             return _step_start_outside_graph(self, optimizer, args, kwargs)
         hooks = self._owner()
-        if hooks is None or not hooks.active:
+        if hooks is None:
+            return None
+        lean = hooks.lean
+        if lean.on and lean.opt_start is None and lean.loss is not None and not kwargs:
+            # A lean step's update (lean.py), without a closure: the learning rates it uses,
+            # read before a scheduler changes them, when they are floats.
+            t0 = perf()
+            rates: list[float] | None = None
+            try:
+                groups = optimizer.param_groups
+                if len(args) != 1:
+                    pass  # a closure passed by position: the whole way
+                elif len(groups) == 1:
+                    rate = groups[0].get("lr")
+                    rates = [rate] if type(rate) is float else None
+                else:
+                    rates = _float_rates(groups)
+            except Exception:  # an optimizer of its own kind: the whole way says what
+                pass
+            if rates is not None:
+                lean.lrs = rates
+                lean.opt_start = t0
+                if TIMED[0]:
+                    hooks.seconds += perf() - t0
+                return None
+        if not hooks.active:
             return None
         key = self._args[0]
-        lean = hooks.lean
         try:
             if lean.on:
-                if (
-                    lean.opt_start is None
-                    and lean.loss is not None
-                    and len(args) == 1
-                    and not kwargs
-                ):
-                    # A lean step's update (lean.py): no closure; the learning rates it uses,
-                    # read before a scheduler changes them, when they are floats.
-                    t0 = perf()
-                    rates: list[float] = []
-                    for group in optimizer.param_groups:
-                        rate = group.get("lr")
-                        if type(rate) is not float:
-                            break
-                        rates.append(rate)
-                    else:
-                        lean.lrs = rates
-                        lean.opt_start = t0
-                        if TIMED[0]:
-                            hooks.seconds += perf() - t0
-                        return None
                 lean.settle()  # not the usual pattern: the whole way from here
             t0 = perf()  # the whole hook is the probe's cost, not just its mark
             timeline = hooks.timeline
@@ -447,16 +461,18 @@ class _StepEnd(WeakHook):
         if is_compiling():
             return _step_end_outside_graph(self, optimizer, args, kwargs)
         hooks = self._owner()
-        if hooks is None or not hooks.active:
+        if hooks is None:
             return None
         lean = hooks.lean
+        if lean.on and lean.opt_start is not None and lean.opt_end is None:
+            t0 = lean.opt_end = perf()  # a lean step's update ended (lean.py)
+            if TIMED[0]:
+                hooks.seconds += perf() - t0
+            return None
+        if not hooks.active:
+            return None
         try:
             if lean.on:
-                if lean.opt_start is not None and lean.opt_end is None:
-                    t0 = lean.opt_end = perf()  # a lean step's update ended (lean.py)
-                    if TIMED[0]:
-                        hooks.seconds += perf() - t0
-                    return None
                 lean.settle()  # not the usual pattern: the whole way from here
             t0 = perf()
             hooks.timeline.optimizer_end = t0 if hooks.host_marks else hooks._mark()

@@ -6,7 +6,7 @@ from collections import deque
 
 from tdbg.probe.training.metrics import MAX_PENDING as MAX_PENDING_METRICS
 from tdbg.probe.training.metrics import PendingMetrics
-from tdbg.probe.training.pending import PendingStep, UsualStep
+from tdbg.probe.training.pending import LeanHanded, PendingStep, UsualStep
 from tdbg.protocol.messages.alert import Alert
 
 STEPS_SIZE = 4096  # pending steps the training thread may run ahead of the probe thread
@@ -25,7 +25,7 @@ class Inbox:
     __slots__ = ("steps", "appended", "metrics", "alerts", "open")
 
     def __init__(self) -> None:
-        self.steps: deque[PendingStep | UsualStep] = deque(maxlen=STEPS_SIZE)
+        self.steps: deque[PendingStep | UsualStep | LeanHanded] = deque(maxlen=STEPS_SIZE)
         self.appended = 0  # written by the training thread only
         # probe.log()'s batches, read off the training thread as steps are.
         self.metrics: deque[PendingMetrics] = deque(maxlen=MAX_PENDING_METRICS)

@@ -32,14 +32,22 @@ class LeanStep:
     """One step's readings while it is lean; reused from step to step (no allocation)."""
 
     __slots__ = ("on", "forward_start", "forward_end", "loss", "value", "lrs", "opt_start",
-                 "opt_end", "settle")  # fmt: skip
+                 "opt_end", "settle", "thread")  # fmt: skip
 
     def __init__(self, settle: Callable[[], None] = _nothing) -> None:
         self.on = False  # this step is lean: the entry points write here
         self.settle = settle  # the sampler's replay into the full bookkeeping
+        # The thread that calls probe.step() (None: not yet): the taps' rare events settle
+        # the record from there only; another thread's (an actor's optimizer seen for the
+        # first time) would race the training thread's writes, and what they change is
+        # looked at in probe.step() (layout_dirty, a DataLoader's new pass) anyway.
+        self.thread: int | None = None
         self.clear()
 
     def clear(self) -> None:
+        """Nothing read yet. (A lean step's hand-over resets only what the hooks test:
+        ``forward_start``, ``loss``, ``opt_start`` and ``opt_end``; each other reading is written
+        with one of those, before anything reads it.)"""
         self.forward_start: float | None = None  # the first forward with grad began
         self.forward_end: float | None = None  # the backward began
         self.loss: Any = None  # the scalar backpropagated (a CPU tensor)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tdbg.probe.training import budget
 from tdbg.probe.training.gradients import GradSample
@@ -37,6 +37,32 @@ UsualStep = tuple[
     float,
     float,
 ]
+
+
+# A lean step (lean.py) as the training thread hands it over: (step, probe.step()'s start,
+# loss, samples=, tokens=, learning rates, the step before's start, forward start, backward
+# start, optimizer start and end, the previous step's end, epoch, probe.step()'s end, the
+# hooks' and taps' seconds). One micro-batch, no work timed whole, no no-grad phase: the probe
+# thread makes it a UsualStep (as_usual).
+LeanHanded = tuple[
+    int, float, Any, Any, Any, list[float], float | None, float | None, float | None,
+    float | None, float | None, Mark | None, float, float, float,
+]  # fmt: skip
+
+
+def as_usual(raw: UsualStep | LeanHanded) -> UsualStep:
+    """A usual step handed over either way, as a UsualStep (on the probe thread)."""
+    if len(raw) == 14:
+        return cast(UsualStep, raw)
+    (step, started, loss, samples, tokens, lrs, last_start, forward_start, forward_end,
+     opt_start, opt_end, previous_end, epoch, ended, hooks) = cast(LeanHanded, raw)  # fmt: skip
+    timeline = StepTimeline()
+    timeline.forward_start = forward_start
+    timeline.forward_end = forward_end
+    timeline.optimizer_start = opt_start
+    timeline.optimizer_end = opt_end
+    return (step, started, loss, 1, samples, tokens, lrs, last_start, timeline, previous_end,
+            epoch, ended, hooks, 0.0)  # fmt: skip
 
 
 class SkippedUpdate(list[int]):
@@ -232,14 +258,14 @@ class PendingStep:
 USUAL_EXTRAS = PendingStep()
 
 
-def usual_record(raw: UsualStep) -> StepRecord:
+def usual_record(handed: UsualStep | LeanHanded) -> StepRecord:
     """The finished record of a usual CPU step handed over as it was (on the probe thread),
     without a PendingStep: its marks are host clock readings, nothing is in flight. The same
     figures as ``PendingStep.resolve`` (tests/probe/test_usual_record.py holds them equal),
     written out (no call per phase): this is the probe thread's per-step work on short steps,
     where it competes with the loop for the GIL."""
     (step, started, loss, micro, samples, tokens, lrs, last_start, timeline, previous_end, epoch,
-     ended, hooks, whole) = raw  # fmt: skip
+     ended, hooks, whole) = as_usual(handed)  # fmt: skip
     step_time = NAN if last_start is None else started - last_start
     probe_time = budget.probe_seconds((ended - started) + hooks, whole)
     # CPU marks: floats (a usual step is a CPU run's), None where not seen.
@@ -279,10 +305,10 @@ def usual_record(raw: UsualStep) -> StepRecord:
     )
 
 
-def usual_step(raw: UsualStep) -> PendingStep:
+def usual_step(handed: UsualStep | LeanHanded) -> PendingStep:
     """The PendingStep of a usual step handed over as it was (on the probe thread)."""
     (step, started, loss, micro, samples, tokens, lrs, last_start, timeline, previous_end, epoch,
-     ended, hooks, whole) = raw  # fmt: skip
+     ended, hooks, whole) = as_usual(handed)  # fmt: skip
     step_time = NAN if last_start is None else started - last_start
     probe_time = budget.probe_seconds((ended - started) + hooks, whole)
     pending = PendingStep()

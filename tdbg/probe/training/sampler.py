@@ -45,12 +45,14 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
 
     It also listens to the process-wide taps (:mod:`tdbg.probe.training.taps`): the scalars
     backpropagated since the last update (summed: gradient accumulation; the first inside a
+    ``step(closure)``), GradScaler's skipped updates, clips, a DataLoader's passes.
 
     The parts, one job each: :class:`LossTally` (what was backpropagated for the update),
     :class:`GradientPasses` (when the gradient pass runs and over what), :class:`EpochCounter`,
     :class:`CostModel` (what the probe costs, the interval) and :class:`StepValues` (reading
     what the loop passes); their state is :class:`SamplerState`'s slots. Here: the step itself,
-    the usual one by its own short path (:meth:`_hand_usual_step`), any other the whole way.
+    a lean one from its record (:meth:`_hand_lean_step`, lean.py), another usual one by its own
+    short path, any other the whole way.
     """
 
     __slots__ = ()
@@ -113,7 +115,10 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         ``t0``: when the caller's ``probe.step()`` began (its clock: ``perf``), the start of
         the probe's cost and of the step's time.
 
-        The usual step of a CPU run is handed over here, in this one frame, as its values: one
+        A lean step (lean.py: its hooks wrote only their readings) is handed over from its
+        record (:meth:`_hand_lean_step`), or settled first when it turns out not to be one.
+
+        Any other usual step of a CPU run is handed over here, in this one frame, as its values: one
         optimizer updated once, no gradient pass due or forced, nothing rare to hand on, its
         loss known as a number, past the first COUNTED_HERE steps; the probe thread builds the
         step from them (pending.usual_record) and counts its costs (CostModel.fold_costs): here
@@ -144,6 +149,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 )
                 and (tokens is None or (type(tokens) in PLAIN_COUNTS and 0 <= tokens <= MAX_COUNT))
                 and self._handoff.open
+                and self._iterating is None  # a DataLoader's pass began (on another thread)
             ):
                 self._hand_lean_step(loss, samples, tokens, t0)
                 return
@@ -312,49 +318,47 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         else:
             hook_seconds = self._hook_average
         TIMED[0] = count < COUNTED_HERE or count % TIMED_EVERY == 0
-        whole, self._grad_seconds = self._grad_seconds, 0.0
+        # (No work timed whole on a lean step: no pass, no guard, nothing staged.)
         since = count - self._last_sampled
         if since >= self.grad_interval and self.grad_every is None:
             self._replan()
         due = since >= self.grad_interval
         self._sample_now = due
-        timeline = StepTimeline()
-        timeline.forward_start = lean.forward_start
-        timeline.forward_end = lean.forward_end
-        timeline.optimizer_start = lean.opt_start
-        timeline.optimizer_end = lean.opt_end
         previous_end = self._previous_end
         end = self._previous_end = perf()
         if count <= COUNTED_HERE:
             # The first steps' running averages, kept here (CostModel.fold_costs says why).
-            self._fold_here(count - 1, t0, last_host, end, hook_seconds, whole)
+            self._fold_here(count - 1, t0, last_host, end, hook_seconds, 0.0)
+        # To the probe thread as its readings (pending.LeanHanded): it builds the rest.
         handoff = self._handoff
         handoff.steps.append(
             (
                 count - 1,
                 t0,
                 lean.value if loss is None or loss is lean.loss else loss,
-                1,
                 samples,
                 tokens,
                 lean.lrs,  # type: ignore[arg-type]  # set with opt_start
                 last_host,
-                timeline,
+                lean.forward_start,
+                lean.forward_end,
+                lean.opt_start,
+                lean.opt_end,
                 previous_end,
                 self.epoch,
                 end,
                 hook_seconds,
-                whole,
             )
         )
         handoff.appended += 1
-        lean.forward_start = lean.forward_end = lean.loss = lean.value = lean.lrs = None
-        lean.opt_start = lean.opt_end = None
+        # What the hooks test (the rest is written before it is read: lean.py).
+        lean.forward_start = lean.loss = lean.opt_start = lean.opt_end = None
         lean.on = not due  # the next step lean, unless it carries a gradient pass
 
     def _arm_lean(self, hooks: PhaseHooks) -> None:
-        """Whether the next step starts lean (lean.py): a CPU run's one optimizer, past the
-        first steps, no pass due, nothing the full bookkeeping has to do on its way."""
+        """Whether the next step starts lean (lean.py): a CPU run's one optimizer, no pass due,
+        no guard, nothing else the full bookkeeping has to do on its way, this probe the only
+        one listening to the taps."""
         slots = self._slots
         self.lean.on = (
             lean_switch.ENABLED

@@ -57,6 +57,7 @@ _lock = threading.Lock()
 # and zeroes it in place (take_seconds(), written out where a call costs microseconds).
 tap_seconds = [0.0]
 _perf = time.perf_counter
+_thread_id = threading.get_ident
 _Tensor = torch.Tensor
 _restore: list[Callable[[], None]] = []
 _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale's last (out, in)
@@ -136,7 +137,7 @@ def _notify(event: str, *args: Any) -> None:
     """Call ``listener.<event>(*args)`` on every live listener (a method name, not a lambda:
     one Python call fewer per tap, in the cold moments around an update)."""
     lean = _lean
-    if lean is not None and lean.on:
+    if lean is not None and lean.on and lean.thread == _thread_id():
         try:
             lean.settle()  # a lean step hears of anything else the whole way (lean.py)
         except Exception:
