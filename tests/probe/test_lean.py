@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,14 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
                 if variant == "stray" and step % 6 == 3:
                     aside = (torch.randn(3, requires_grad=True) ** 2).sum()
                     aside.backward()  # a backward of no watched forward
+                if variant == "loader-thread" and step % 7 == 3:
+                    # A DataLoader's new pass, begun on another thread mid-step: the tap's event
+                    # does not settle the training thread's record from there; probe.step()
+                    # sees the pass and takes the step the whole way.
+                    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2)
+                    aside = threading.Thread(target=list, args=(loader,))
+                    aside.start()
+                    aside.join()
                 if variant == "clip" and step % 3 == 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
                 if variant == "closure" and step % 5 == 4:
@@ -108,6 +117,7 @@ def _seen(sent: list[Any]) -> list[tuple[Any, ...]]:
                 number(record.samples),
                 number(record.tokens),
                 number(record.clip_norm),
+                number(record.epoch),
                 record.grad_norms is not None,
                 marks,
                 record.step_time == record.step_time,
@@ -129,6 +139,7 @@ VARIANTS = [
     "closure",
     "nan",
     "other",
+    "loader-thread",
 ]
 
 
