@@ -51,10 +51,11 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
                     # A DataLoader's new pass, begun on another thread mid-step: the tap's event
                     # does not settle the training thread's record from there; probe.step()
                     # sees the pass and takes the step the whole way.
-                    loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2)
-                    aside = threading.Thread(target=list, args=(loader,))
-                    aside.start()
-                    aside.join()
+                    data = torch.utils.data.TensorDataset(torch.arange(4.0))
+                    loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(data)
+                    reader = threading.Thread(target=list, args=(loader,))
+                    reader.start()
+                    reader.join()
                 if variant == "clip" and step % 3 == 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
                 if variant == "closure" and step % 5 == 4:
