@@ -167,15 +167,21 @@ def every_step_timed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sampler, "TIMED_EVERY", 1)
 
 
+@pytest.mark.parametrize("lean_steps", [False, True])
 def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, fake_clock: Callable[[], float]
+    runtime_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_clock: Callable[[], float],
+    lean_steps: bool,
 ) -> None:
     # torch's calls into the hooks and their cold entry are outside every timer the probe
     # has (interleaved.py: the fixed work costs the training thread 2.4 times what the probe
-    # times of it): the step's probe_time, which the interval and cost_fraction go by, counts
-    # the fixed work at that. The fake clock makes the timed part exact.
-    from tdbg.probe.training import budget
+    # times of it; a lean step's, whose hooks do less outside their timers, 1.5 times): the
+    # step's probe_time, which the interval and cost_fraction go by, counts the fixed work at
+    # that. The fake clock makes the timed part exact.
+    from tdbg.probe.training import budget, lean
 
+    monkeypatch.setattr(lean, "ENABLED", lean_steps)
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, grad_every=10**9)
     try:
@@ -183,8 +189,10 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
         sent = handed_over(probe, monkeypatch)
         loop.run(6, probe)
         counted = [p.probe_time for p in sent[2:]]
-        scale, per_step = budget.FIXED_SCALE, budget.FIXED_PER_STEP
+        scale = budget.LEAN_SCALE if lean_steps else budget.FIXED_SCALE
+        per_step = budget.FIXED_PER_STEP
         monkeypatch.setattr(budget, "FIXED_SCALE", 1.0)  # FIXED_UNTIMED 0
+        monkeypatch.setattr(budget, "LEAN_SCALE", 1.0)
         monkeypatch.setattr(budget, "FIXED_PER_STEP", 0.0)
         loop.run(6, probe)
         timed = [p.probe_time for p in sent[8:]]
@@ -193,7 +201,7 @@ def test_the_probe_counts_its_fixed_work_at_what_it_costs_the_loop(
     # The same path each step, the same reads of the clock: the same time.
     assert timed[0] > 0 and timed == pytest.approx([timed[0]] * len(timed))
     # (and the probe thread's work each step, which no timer on this thread sees)
-    assert scale == 1 + budget.FIXED_UNTIMED
+    assert scale == (1.5 if lean_steps else 1 + budget.FIXED_UNTIMED)
     expected = timed[0] * scale + per_step
     assert counted == pytest.approx([expected] * len(counted))
 

@@ -92,3 +92,35 @@ def test_a_usual_step_resolves_to_the_same_record_either_way(
     assert short.probe_time == pytest.approx(
         1e-6 + 8e-6 * (1 + budget.FIXED_UNTIMED) + budget.FIXED_PER_STEP
     )
+
+
+@pytest.mark.parametrize("loss", list(LOSSES), ids=list(LOSSES))
+def test_a_lean_step_s_readings_are_the_usual_step_they_stand_for(loss: str) -> None:
+    # A lean step (lean.py) is handed over as its readings: the probe thread makes the usual
+    # step of one micro-batch, no work timed whole and no no-grad phase, its fixed work
+    # counted at the lean scale; either way of resolving it gives the same record.
+    lean = (
+        41,  # step
+        1_000.0,  # probe.step()'s start
+        LOSSES[loss],
+        8,  # samples
+        None,  # tokens
+        [0.1],
+        1_000.0 - 0.0125,  # the step before's start
+        *FULL.values(),  # forward start, backward start, optimizer start and end
+        9.0,  # the previous step's end
+        2.0,  # epoch
+        1_000.0 + 4e-6,  # probe.step()'s end
+        5e-6,  # the hooks' and taps' seconds
+    )
+    resolved = usual_step(lean).resolve()
+    assert resolved is not None
+    whole, _ = resolved
+    short = usual_record(lean)
+    for field in whole.__slots__:
+        if field != "time":
+            assert same(getattr(short, field), getattr(whole, field)), field
+    assert short.micro_batches == 1.0 and short.samples == 8.0 and math.isnan(short.tokens)
+    assert short.forward_time == pytest.approx(0.5) and short.optimizer_time == pytest.approx(0.25)
+    assert short.data_time == pytest.approx(1.0) and short.no_grad_time == 0.0
+    assert short.probe_time == pytest.approx(9e-6 * budget.LEAN_SCALE + budget.FIXED_PER_STEP)

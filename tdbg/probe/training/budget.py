@@ -31,15 +31,25 @@ FIXED_UNTIMED = 1.4
 # on sub-millisecond ones: the tiny model's cost was reported 24 % under the measured.
 FIXED_PER_STEP = 4e-6
 FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per second it timed
+# A lean step's (lean.py) hooks do less outside their timers than the full bookkeeping did:
+# one flag test before each timer starts, no frames of the sampler's. Measured with
+# benchmarks/interleaved.py (2026-11-29 17:18-17:24, load ~1), the tiny model (its interval
+# 1,000: the passes a few hundredths of its cost) in four runs, less FIXED_PER_STEP: 1.60,
+# 1.30, 1.39 and 1.58 times what its hooks and probe.step() timed (15-17 us a step), mean 1.47;
+# the cnn demo's fixed work +64 +- 28 us against 35.8 timed (1.7 +- 0.8).
+LEAN_SCALE = 1.5
 
 
-def probe_seconds(timed: float, whole: float) -> float:
+def probe_seconds(timed: float, whole: float, scale: float | None = None) -> float:
     """What a step's probe work cost the loop: ``timed``, all the probe timed of itself on the
     training thread, of which ``whole`` was work timed whole (a gradient pass, the guard's
-    check: counted as timed); the rest, the fixed work, at FIXED_SCALE times its timing; and
+    check: counted as timed); the rest, the fixed work, at ``scale`` times its timing
+    (FIXED_SCALE; a lean step's LEAN_SCALE); and
     FIXED_PER_STEP for the probe thread's work on the step."""
     untimed = timed - whole
-    return whole + (untimed * FIXED_SCALE + FIXED_PER_STEP if untimed > 0.0 else FIXED_PER_STEP)
+    if scale is None:
+        scale = FIXED_SCALE
+    return whole + (untimed * scale + FIXED_PER_STEP if untimed > 0.0 else FIXED_PER_STEP)
 
 
 def gradient_interval(

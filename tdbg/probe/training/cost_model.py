@@ -127,11 +127,13 @@ class CostModel(SamplerState):
         end: float,
         hook_seconds: float,
         whole: float,
+        scale: float | None = None,
     ) -> None:
         """One of the first COUNTED_HERE steps, on the training thread, from the readings its
-        short way hands over (the probe thread works out the same: pending.usual_record)."""
+        short way hands over (the probe thread works out the same: pending.usual_record);
+        ``scale``: its fixed work's (budget.probe_seconds)."""
         step_time = NAN if last_host is None else t0 - last_host
-        probe_time = budget.probe_seconds((end - t0) + hook_seconds, whole)
+        probe_time = budget.probe_seconds((end - t0) + hook_seconds, whole, scale)
         self._fold(((step, probe_time, step_time, False),))
 
     def _fold(self, costs: Iterable[tuple[int, float, float, bool]]) -> None:

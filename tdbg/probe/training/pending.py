@@ -50,9 +50,12 @@ LeanHanded = tuple[
 ]  # fmt: skip
 
 
+LEAN_LENGTH = 15  # a LeanHanded's (a UsualStep has 14)
+
+
 def as_usual(raw: UsualStep | LeanHanded) -> UsualStep:
     """A usual step handed over either way, as a UsualStep (on the probe thread)."""
-    if len(raw) == 14:
+    if len(raw) != LEAN_LENGTH:
         return cast(UsualStep, raw)
     (step, started, loss, samples, tokens, lrs, last_start, forward_start, forward_end,
      opt_start, opt_end, previous_end, epoch, ended, hooks) = cast(LeanHanded, raw)  # fmt: skip
@@ -267,7 +270,8 @@ def usual_record(handed: UsualStep | LeanHanded) -> StepRecord:
     (step, started, loss, micro, samples, tokens, lrs, last_start, timeline, previous_end, epoch,
      ended, hooks, whole) = as_usual(handed)  # fmt: skip
     step_time = NAN if last_start is None else started - last_start
-    probe_time = budget.probe_seconds((ended - started) + hooks, whole)
+    scale = budget.LEAN_SCALE if len(handed) == LEAN_LENGTH else budget.FIXED_SCALE
+    probe_time = budget.probe_seconds((ended - started) + hooks, whole, scale)
     # CPU marks: floats (a usual step is a CPU run's), None where not seen.
     fwd_start: Any = timeline.forward_start
     fwd_end: Any = timeline.forward_end
@@ -310,7 +314,8 @@ def usual_step(handed: UsualStep | LeanHanded) -> PendingStep:
     (step, started, loss, micro, samples, tokens, lrs, last_start, timeline, previous_end, epoch,
      ended, hooks, whole) = as_usual(handed)  # fmt: skip
     step_time = NAN if last_start is None else started - last_start
-    probe_time = budget.probe_seconds((ended - started) + hooks, whole)
+    scale = budget.LEAN_SCALE if len(handed) == LEAN_LENGTH else budget.FIXED_SCALE
+    probe_time = budget.probe_seconds((ended - started) + hooks, whole, scale)
     pending = PendingStep()
     pending.step = step
     # The wall clock at probe.step(): now, less the time since it began (one clock for both).

@@ -11,6 +11,7 @@ import torch
 
 from tdbg.probe.training import lean as lean_switch
 from tdbg.probe.training import taps
+from tdbg.probe.training.budget import LEAN_SCALE
 from tdbg.probe.training.cost_model import COUNTED_HERE, EMA, CostModel
 from tdbg.probe.training.epochs import EpochCounter
 from tdbg.probe.training.grad_passes import GradientPasses
@@ -328,7 +329,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         end = self._previous_end = perf()
         if count <= COUNTED_HERE:
             # The first steps' running averages, kept here (CostModel.fold_costs says why).
-            self._fold_here(count - 1, t0, last_host, end, hook_seconds, 0.0)
+            self._fold_here(count - 1, t0, last_host, end, hook_seconds, 0.0, LEAN_SCALE)
         # To the probe thread as its readings (pending.LeanHanded): it builds the rest.
         handoff = self._handoff
         handoff.steps.append(
