@@ -6,8 +6,10 @@ loop's kernels have just flushed the caches: an empty call right after ``backwar
 how much the probe runs there. Timings of that size drown in this VM's noise; counts do not.
 Per demo model, the same loop runs unwatched and watched (``grad_every=10**9``: no gradient
 pass, the fixed per-step work only), once under ``sys.setprofile`` (Python frames and C calls
-entered on the training thread) and once under a counting ``TorchDispatchMode`` (ops dispatched);
-the table is watched minus unwatched, per step. The same figures on any machine: a change that
+entered on the training thread), once under ``sys.settrace`` with opcode events (the bytecodes
+the probe's own functions run: right after the update each costs tens of nanoseconds, its code
+and data cold) and once under a counting ``TorchDispatchMode`` (ops dispatched); the table is
+watched minus unwatched, per step. The same figures on any machine: a change that
 moves them moves the probe's fixed cost.
 """
 
@@ -31,7 +33,13 @@ from models import MAKERS  # noqa: E402
 
 import tdbg  # noqa: E402
 
-Counts = tuple[collections.Counter[str], collections.Counter[str], collections.Counter[str]]
+Counts = tuple[
+    collections.Counter[str],
+    collections.Counter[str],
+    collections.Counter[str],
+    collections.Counter[str],
+]
+TDBG = str(Path(tdbg.__file__).resolve().parent)
 
 
 class OpCounter(TorchDispatchMode):
@@ -45,7 +53,8 @@ class OpCounter(TorchDispatchMode):
 
 
 def counted(name: str, watched: bool, steps: int, clip: bool) -> Counts:
-    """(Python frames, C calls, ops) entered over ``steps`` steps of the demo ``name``;
+    """(Python frames, C calls, ops, the probe's bytecodes by function) over ``steps`` steps
+    of the demo ``name``;
     ``clip``: the loop clips the gradients (``clip_grad_norm_(model.parameters(), 1.0)``)."""
     task = MAKERS[name](seed=0)
     pool = [task.batch() for _ in range(4)]
@@ -79,9 +88,29 @@ def counted(name: str, watched: bool, steps: int, clip: bool) -> Counts:
     ops: collections.Counter[str] = collections.Counter()
     with OpCounter(ops):
         run(steps)
+    bytecodes: collections.Counter[str] = collections.Counter()
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if not frame.f_code.co_filename.startswith(TDBG):
+            return None
+        frame.f_trace_opcodes = True
+        name = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_qualname}"
+
+        def opcode(frame: Any, event: str, arg: Any) -> Any:
+            if event == "opcode":
+                bytecodes[name] += 1
+            return opcode
+
+        return opcode
+
+    sys.settrace(trace)
+    try:
+        run(steps)
+    finally:
+        sys.settrace(None)
     if probe is not None:
         probe.close()
-    return frames, calls, ops
+    return frames, calls, ops, bytecodes
 
 
 def added(
@@ -109,17 +138,22 @@ def main(argv: list[str] | None = None) -> int:
         f"tdbg {tdbg.__version__}, torch {torch.__version__}; per unsampled step, watched minus"
         " unwatched"
     )
-    print(f"{'model':<12} {'Python frames':>14} {'C calls':>8} {'torch ops':>10}")
+    print(
+        f"{'model':<12} {'Python frames':>14} {'C calls':>8} {'torch ops':>10}"
+        f" {'probe bytecodes':>16}"
+    )
     for name in models:
         plain = counted(name, False, args.steps, args.clip)
         watched = counted(name, True, args.steps, args.clip)
-        frames, calls, ops = (added(w, u, args.steps) for w, u in zip(watched, plain, strict=True))
+        frames, calls, ops, bytecodes = (
+            added(w, u, args.steps) for w, u in zip(watched, plain, strict=True)
+        )
         print(
             f"{name:<12} {sum(frames.values()):>14.1f} {sum(calls.values()):>8.1f}"
-            f" {sum(ops.values()):>10.1f}"
+            f" {sum(ops.values()):>10.1f} {sum(bytecodes.values()):>16.1f}"
         )
         if args.verbose:
-            for rows in (frames, ops):
+            for rows in (frames, ops, bytecodes):
                 for key, value in sorted(rows.items()):
                     print(f"    {value:+5.1f} {key}")
     return 0
