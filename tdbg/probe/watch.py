@@ -364,7 +364,6 @@ class Probe:
             self._sampler.lean.thread = ident  # where a lean step's record is settled from
         if self._sampler.layout_dirty:
             try:
-                self._sampler.settle()  # the step so far, counted with the layers it ran on
                 self._relayout()  # rare: kept out of the per-step cost the interval goes by
             except Exception as exc:
                 self._count_error(exc)
@@ -450,6 +449,7 @@ class Probe:
         ``inside_step``: it came from the closure of an ``optimizer.step(closure)`` already
         running (its pre-hook came before the probe did)."""
         try:
+            self._sampler.settle()  # (a lean step, if one is under way: lean.py)
             if isinstance(loss, torch.Tensor) and loss.numel() == 1:
                 if inside_step:
                     self._sampler.on_optimizer_pre(0)
@@ -599,6 +599,7 @@ class Probe:
         parameters left the model is *gone* (no norms, no alerts); an optimizer that no longer
         updates any of it is unhooked and a new one is hooked. Clients get a new ``layers``."""
         sampler = self._sampler
+        sampler.settle()  # a lean step so far, counted with the layers it ran on (lean.py)
         sampler.layout_dirty = False
         index_of = {layer.name: i for i, layer in enumerate(self._layers)}
         layers = list(self._layers)

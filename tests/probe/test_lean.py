@@ -30,6 +30,8 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
         x, y = torch.randn(16, 4), torch.randn(16, 1)
+        second = nn.Linear(4, 1)
+        second_opt = torch.optim.SGD(second.parameters(), lr=0.01)
         probe = tdbg.watch(model, opt, name="lean", grad_every=10**9)
         sent = handed_over(probe, monkeypatch)
         try:
@@ -56,6 +58,11 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
                     reader = threading.Thread(target=list, args=(loader,))
                     reader.start()
                     reader.join()
+                if variant == "add" and step == 8:
+                    # A second model and optimizer watched from inside a lean step (tdbg run
+                    # adds a GAN's second pair from an optimizer's pre-hook): the step so far
+                    # is settled with the layers it ran on.
+                    probe.add(second, second_opt)
                 if variant == "clip" and step % 3 == 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
                 if variant == "closure" and step % 5 == 4:
@@ -69,6 +76,10 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
                     opt.step(closure)
                 else:
                     opt.step()
+                if variant == "add" and step >= 8:
+                    second_opt.zero_grad()
+                    second(x).pow(2).mean().backward()
+                    second_opt.step()
                 schedule.step()
                 if variant == "detached":
                     probe.step(loss.detach(), samples=16)
@@ -141,6 +152,7 @@ VARIANTS = [
     "nan",
     "other",
     "loader-thread",
+    "add",
 ]
 
 
