@@ -85,14 +85,16 @@ def test_a_finding_that_arises_while_following_is_printed_live(runtime_dir: Path
         reader.start()
         seen: list[dict[str, Any]] = []
 
+        # Other findings may come first: on a loaded machine one of the two identical ranks can
+        # truly lag the other for a while (a straggler), which is not what this test is about.
         def alerted() -> bool:
             while not lines.empty():
                 seen.append(json.loads(lines.get()))
-            return any(e["type"] == "job_alert" for e in seen)
+            return any(e["type"] == "job_alert" and e["kind"] == "nonfinite_ranks" for e in seen)
 
-        wait_until(alerted, 120, "a job_alert event")
-    found = next(e for e in seen if e["type"] == "job_alert")
-    assert (found["kind"], found["ranks"]) == ("nonfinite_ranks", [1])
+        wait_until(alerted, 120, "a nonfinite_ranks job_alert event")
+    found = next(e for e in seen if e["type"] == "job_alert" and e["kind"] == "nonfinite_ranks")
+    assert found["ranks"] == [1]
     assert "history" not in found
     steps = [e["step"] for e in seen if e["type"] == "step" and e.get("rank") == 1]
     assert steps and min(steps) < 1500  # the dump was there before the NaN
