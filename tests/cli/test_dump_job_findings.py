@@ -32,7 +32,9 @@ def test_nan_on_one_rank_only_is_a_job_alert_in_the_dump(runtime_dir: Path) -> N
     evs = events(dump.stdout)
     found = [e for e in evs if e["type"] == "job_alert"]
     assert found, [e["type"] for e in evs][-20:]
-    first = found[0]
+    # (A straggler finding may be there too: after its NaN rank 1 takes a forced pass every
+    # step and can truly lag rank 0 by the time the dump attaches.)
+    first = next((e for e in found if e["kind"] == "nonfinite_ranks"), found[0])
     assert (first["job"], first["kind"], first["ranks"]) == ("jobN", "nonfinite_ranks", [1])
     assert first["severity"] in ("warning", "error") and not first["cleared"]
     assert first["history"] is True  # judged on what the ranks replayed, not live
