@@ -135,7 +135,6 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     from tdbg.probe import watch
     from tdbg.probe.training import (
         cost_model,
-        forward_tap,
         grad_passes,
         hooks,
         sampler,
@@ -151,7 +150,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
             ticks[0] += 1e-6
         return ticks[0]
 
-    for module in (hooks, forward_tap, sampler, watch, cost_model, grad_passes, step_values):
+    for module in (hooks, sampler, watch, cost_model, grad_passes, step_values):
         monkeypatch.setattr(module, "perf", clock)
     monkeypatch.setattr(taps, "_perf", clock)
     clock.ticks = ticks  # type: ignore[attr-defined]

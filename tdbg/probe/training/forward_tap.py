@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import time
 import types
 import weakref
 from collections.abc import Callable
@@ -31,9 +30,7 @@ from torch import nn
 
 from tdbg.probe.training import state_tap
 from tdbg.probe.training.hook_refs import COMPILE_STATE, FORWARD_MARK, is_compiling, is_tdbg_forward
-from tdbg.probe.training.self_timing import TIMED
 
-perf = time.perf_counter
 _object_reduce = object.__reduce__
 _object_reduce_ex = object.__reduce_ex__
 
@@ -88,45 +85,15 @@ def wrap(module: nn.Module, hooks: Any) -> ForwardWrap:
 
 
 def _function(cls: type, owner: weakref.ref[Any]) -> Callable[..., Any]:
-    """The wrapper's function for a module of ``cls`` (its work is PhaseHooks' forward
-    pre-hook's, written out); ``owner``: the probe's PhaseHooks, weakly."""
+    """The wrapper's function for a module of ``cls`` (its work: PhaseHooks.forward_began,
+    as the forward pre-hook's); ``owner``: the probe's PhaseHooks, weakly."""
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         # Traced (torch.compile, torch.export): a constant to dynamo, nothing of the probe's.
         if not (is_compiling() or COMPILE_STATE._is_compiling_flag):
             hooks = owner()
             if hooks is not None:
-                lean = hooks.lean
-                if lean.on and lean.loss is None and torch.is_grad_enabled():
-                    # A lean step's forward before its backward (see lean.py): its start, and the
-                    # inputs a NaN's forward is re-run on.
-                    t0 = perf()
-                    if lean.forward_start is None:
-                        lean.forward_start = t0
-                    if hooks.capture_inputs:
-                        hooks.last_inputs = (self, args, kwargs)
-                    if TIMED[0]:
-                        hooks.seconds += perf() - t0
-                elif hooks.active:
-                    try:
-                        if lean.on:
-                            lean.settle()  # not the usual pattern: the whole way from here
-                        t0 = perf()  # the whole wrapper is the probe's cost, not just its mark
-                        if torch.is_grad_enabled():
-                            hooks.forward_pending = True
-                            if hooks.timeline.forward_start is None:
-                                hooks.timeline.forward_start = (
-                                    t0 if hooks.host_marks else hooks._mark()
-                                )
-                            if hooks.capture_inputs and not hooks.updating:
-                                hooks.last_inputs = (self, args, kwargs)
-                        elif hooks.timeline.forward_start is None:
-                            # An evaluation (or a rollout) between the steps: see _ForwardStart.
-                            hooks.mark_no_grad(self)
-                        if TIMED[0]:  # a sampled step (self_timing)
-                            hooks.seconds += perf() - t0
-                    except Exception as exc:
-                        hooks._on_error(exc)
+                hooks.forward_began(self, args, kwargs)
         return type(self).forward(self, *args, **kwargs)
 
     # A code object of its own per watched model: dynamo keeps its compiled frames (and their

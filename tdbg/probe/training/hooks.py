@@ -192,6 +192,43 @@ class PhaseHooks:
             if handle in self.handles:
                 self.handles.remove(handle)
 
+    def forward_began(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """A watched root module's forward begins (the forward wrapper's work, forward_tap,
+        and the pre-hook's where the forward cannot be wrapped): on a lean step before its
+        backward its start and the inputs a NaN's forward is re-run on (lean.py); otherwise,
+        the lean record settled first, the step's forward start or an evaluation's (a forward
+        without grad) begun."""
+        lean = self.lean
+        if lean.on and lean.loss is None and torch.is_grad_enabled():
+            t0 = perf()
+            if lean.forward_start is None:
+                lean.forward_start = t0
+            if self.capture_inputs:
+                self.last_inputs = (module, args, kwargs)
+            if TIMED[0]:
+                self.seconds += perf() - t0
+            return
+        if not self.active:
+            return
+        try:
+            if lean.on:
+                lean.settle()  # not the usual pattern: the whole way from here
+            t0 = perf()  # the whole call is the probe's cost, not just its mark
+            if torch.is_grad_enabled():
+                self.forward_pending = True
+                if self.timeline.forward_start is None:
+                    self.timeline.forward_start = t0 if self.host_marks else self._mark()
+                if self.capture_inputs and not self.updating:
+                    self.last_inputs = (module, args, kwargs)
+            elif self.timeline.forward_start is None:
+                # No training forward runs without grad: an evaluation (or a rollout) between
+                # the steps, which the data phase would otherwise take for a wait on input.
+                self.mark_no_grad(module)
+            if TIMED[0]:  # a sampled step (self_timing)
+                self.seconds += perf() - t0
+        except Exception as exc:
+            self._on_error(exc)
+
     def mark_no_grad(self, module: nn.Module | None = None) -> None:
         """A forward without grad of ``module`` begins, or (None) a framework's evaluation: the
         no-grad phase starts at the first of them, before the step's own forward, on the
@@ -282,8 +319,7 @@ class PhaseHooks:
 
 class _ForwardStart(ForwardHook):
     """PhaseHooks' forward pre-hook, where the forward cannot be wrapped (forward_tap, whose
-    wrapper does the same work), its work written into ``__call__``: one forward, one hook
-    frame (and one compile check of one frame, not two)."""
+    wrapper does the same work): PhaseHooks.forward_began after one compile check."""
 
     __slots__ = ()
 
@@ -291,39 +327,8 @@ class _ForwardStart(ForwardHook):
         if is_compiling() or COMPILE_STATE._is_compiling_flag:  # ForwardHook's check
             return None
         hooks = self._owner()
-        if hooks is None:
-            return None
-        lean = hooks.lean
-        if lean.on and lean.loss is None and torch.is_grad_enabled():
-            # A lean step's forward before its backward: as the forward wrapper's (forward_tap).
-            t0 = perf()
-            if lean.forward_start is None:
-                lean.forward_start = t0
-            if hooks.capture_inputs:
-                hooks.last_inputs = (module, args, kwargs)
-            if TIMED[0]:
-                hooks.seconds += perf() - t0
-            return None
-        if not hooks.active:
-            return None
-        try:
-            if lean.on:
-                lean.settle()  # not the usual pattern: the whole way from here
-            t0 = perf()  # the whole hook is the probe's cost, not just its mark
-            if torch.is_grad_enabled():
-                hooks.forward_pending = True
-                if hooks.timeline.forward_start is None:
-                    hooks.timeline.forward_start = t0 if hooks.host_marks else hooks._mark()
-                if hooks.capture_inputs and not hooks.updating:
-                    hooks.last_inputs = (module, args, kwargs)
-            elif hooks.timeline.forward_start is None:
-                # No training forward runs without grad: an evaluation (or a rollout) between
-                # the steps, which the data phase would otherwise take for a wait on input.
-                hooks.mark_no_grad(module)
-            if TIMED[0]:  # a sampled step (self_timing)
-                hooks.seconds += perf() - t0
-        except Exception as exc:
-            hooks._on_error(exc)
+        if hooks is not None:
+            hooks.forward_began(module, args, kwargs)
         return None
 
 
