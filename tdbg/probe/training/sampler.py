@@ -152,7 +152,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 and self._handoff.open
                 and self._iterating is None  # a DataLoader's pass began (on another thread)
             ):
-                self._hand_lean_step(loss, samples, tokens, t0)
+                self._hand_lean_step(loss, samples, tokens, hooks, t0)
                 return
             self.settle()  # not the usual pattern after all: the whole way
         slots = self._slots
@@ -234,19 +234,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._pass_batches += micro or 1
         count = self.step_count + 1
         self.step_count = count
-        if TIMED[0]:
-            # The hooks and taps timed themselves on this step (self_timing): their time, and
-            # the running average an untimed step is counted at.
-            hook_seconds, hooks.seconds = hooks.seconds, 0.0
-            tap_seconds = self._tap_seconds
-            hook_seconds += tap_seconds[0]
-            tap_seconds[0] = 0.0
-            average = self._hook_average
-            self._hook_average = (
-                hook_seconds if average == 0.0 else average + EMA * (hook_seconds - average)
-            )
-        else:
-            hook_seconds = self._hook_average
+        hook_seconds = self._take_timed(hooks) if TIMED[0] else self._hook_average
         # The next step times itself if it is one of the first (the interval's first figures
         # come from timed steps) or one in TIMED_EVERY.
         TIMED[0] = count < COUNTED_HERE or count % TIMED_EVERY == 0
@@ -293,7 +281,22 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             HELD.clear()  # nothing of the loop's held past its step (normally empty here)
         self._arm_lean(hooks)
 
-    def _hand_lean_step(self, loss: Any, samples: Any, tokens: Any, t0: float) -> None:
+    def _take_timed(self, hooks: PhaseHooks) -> float:
+        """On a step whose hooks and taps timed themselves (self_timing): their seconds,
+        taken, and counted into the running average an untimed step is counted at."""
+        hook_seconds, hooks.seconds = hooks.seconds, 0.0
+        tap_seconds = self._tap_seconds
+        hook_seconds += tap_seconds[0]
+        tap_seconds[0] = 0.0
+        average = self._hook_average
+        self._hook_average = (
+            hook_seconds if average == 0.0 else average + EMA * (hook_seconds - average)
+        )
+        return hook_seconds
+
+    def _hand_lean_step(
+        self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float
+    ) -> None:
         """Hand over a lean step (lean.py) from its readings, as the usual step's short way
         hands one over (the probe thread builds it: pending.usual_record): one optimizer
         updated once, one micro-batch, a finite CPU loss, no pass."""
@@ -304,20 +307,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self.step_count = count
         self._pass_batches += 1
         self._updated = True  # what the update's post-hook tells an AMP scaler's tap
-        if TIMED[0]:
-            hooks = self.phases
-            hook_seconds = 0.0
-            if hooks is not None:
-                hook_seconds, hooks.seconds = hooks.seconds, 0.0
-            tap_seconds = self._tap_seconds
-            hook_seconds += tap_seconds[0]
-            tap_seconds[0] = 0.0
-            average = self._hook_average
-            self._hook_average = (
-                hook_seconds if average == 0.0 else average + EMA * (hook_seconds - average)
-            )
-        else:
-            hook_seconds = self._hook_average
+        hook_seconds = self._take_timed(hooks) if TIMED[0] else self._hook_average
         TIMED[0] = count < COUNTED_HERE or count % TIMED_EVERY == 0
         # (No work timed whole on a lean step: no pass, no guard, nothing staged.)
         since = count - self._last_sampled
