@@ -32,8 +32,20 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
         x, y = torch.randn(16, 4), torch.randn(16, 1)
         second = nn.Linear(4, 1)
         second_opt = torch.optim.SGD(second.parameters(), lr=0.01)
-        probe = tdbg.watch(model, opt, name="lean", grad_every=10**9)
+        probe = tdbg.watch(model, opt, name="lean", grad_every=4 if variant == "passes" else 10**9)
         sent = handed_over(probe, monkeypatch)
+        if variant == "post-hook":
+            # probe.step() from a post-hook registered after the probe's (tdbg run's way): in
+            # the middle of torch's loop over the post-hooks, which nothing may change.
+            opt.register_step_post_hook(lambda *_: probe.step())
+        if variant == "clip-in-update":
+            # A pre-hook after the probe's that clips on some steps: inside the update, once
+            # its end is to be stamped (update_stamp), the record is settled.
+            def clip_some(*_: Any) -> None:
+                if step % 3 == 1:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+
+            opt.register_step_pre_hook(clip_some)
         try:
             for step in range(STEPS):
                 if variant == "eval" and step % 5 == 2:
@@ -87,6 +99,8 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
                     probe.step(loss.item(), tokens=64)
                 elif variant == "none":
                     probe.step()
+                elif variant == "post-hook":
+                    pass  # stepped by the post-hook
                 elif variant == "other" and step % 4 == 2:
                     # Not the scalar backpropagated: settled at probe.step(), all four readings.
                     probe.step(loss * 2.0)
@@ -153,6 +167,9 @@ VARIANTS = [
     "other",
     "loader-thread",
     "add",
+    "post-hook",
+    "clip-in-update",
+    "passes",
 ]
 
 
@@ -183,7 +200,7 @@ def test_lean_steps_hand_over_what_the_whole_way_does(
     assert len(with_lean) == STEPS
     # Lean steps there were: all but the first (a gradient pass) where every step is usual,
     # some where the variant breaks the pattern on some steps.
-    if variant in ("plain", "detached", "number", "none"):
+    if variant in ("plain", "detached", "number", "none", "post-hook"):
         assert taken == list(range(1, STEPS))
     else:
         assert 0 < len(taken) < STEPS - 1
