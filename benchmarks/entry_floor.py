@@ -16,7 +16,9 @@ one untimed step, the order shuffled per cycle, training-thread CPU): ``unwatche
 taps off for the other arms, as ``thread_cpu.unhook`` takes them off), and ``probe, every
 step timed`` (the same probe with its hooks and taps timing themselves on every step, not one
 in ``self_timing.TIMED_EVERY``: what sampling its own timing saves), and ``probe, no lean
-steps`` (every step's bookkeeping the whole way, ``lean.ENABLED`` off: what lean steps save).
+steps`` (every step's bookkeeping the whole way, ``lean.ENABLED`` off: what lean steps save),
+and ``probe, pre-hook kept`` (lean steps with the optimizer's own step pre-hook left in its
+dict, ``hooks.PRE_OUT`` off: what taking it out for the process-wide tap to do its work saves).
 
 The default model, ``micro`` (one ``Linear(4, 4)`` at batch 1, Adam: a ~0.25 ms CPU step that
 is mostly the optimizer's Python), varies less from step to step than the demos' ``tiny``
@@ -57,7 +59,7 @@ optimizer_mod = importlib.import_module("torch.optim.optimizer")
 perf = time.perf_counter
 POOL = 64
 
-UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN = (
+UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT = (
     "unwatched",
     "unwatched again",
     "floor",
@@ -66,10 +68,12 @@ UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN = (
     "probe",
     "probe, every step timed",
     "probe, no lean steps",
+    "probe, pre-hook kept",
 )
-ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN)
+ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT)
 sampler_mod = importlib.import_module("tdbg.probe.training.sampler")
 lean_mod = importlib.import_module("tdbg.probe.training.lean")
+hooks_mod = importlib.import_module("tdbg.probe.training.hooks")
 
 
 def make_micro(*, seed: int = 0) -> Task:
@@ -182,13 +186,14 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         rng.shuffle(order)
         for arm in order:
             stepper: Any = None
-            if arm in (PROBE, ALL_TIMED, NOT_LEAN):
+            if arm in (PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT):
                 rehook(probe)
                 stepper = probe
                 # What timing itself on every step would cost (self_timing: one in N), and
                 # every step's bookkeeping the whole way (lean.py).
                 sampler_mod.TIMED_EVERY = 1 if arm == ALL_TIMED else timed_every
                 lean_mod.ENABLED = arm != NOT_LEAN
+                hooks_mod.PRE_OUT = arm != PRE_KEPT
             elif arm in (FLOOR, NO_OPT, NO_ITEM):
                 floor.on(optimizer_hooks=arm != NO_OPT, read_item=arm != NO_ITEM)
                 stepper = floor
@@ -212,6 +217,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     print(f"  {PROBE:<26} - floor:     {paired(per_step[PROBE], per_step[FLOOR])}")
     print(f"  {PROBE:<26} - timed:     {paired(per_step[PROBE], per_step[ALL_TIMED])}")
     print(f"  {PROBE:<26} - not lean:  {paired(per_step[PROBE], per_step[NOT_LEAN])}")
+    print(f"  {PROBE:<26} - pre kept:  {paired(per_step[PROBE], per_step[PRE_KEPT])}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,9 @@ class Parts:
     def __init__(self, probe: tdbg.Probe, model: torch.nn.Module, opt: torch.optim.Optimizer):
         self.probe, self.model, self.opt = probe, model, opt
         self._back: Callable[[], None] | None = None
+        # Turns on which the probe's step pre-hook was out of its dict already (lean steps:
+        # the process-wide optimizer tap does its work, PhaseHooks.take_pre_out).
+        self.pre_held_out = 0
 
     def take_out(self, part: str) -> None:
         mine = {h.id for h in self.probe._hooks.handles}
@@ -76,6 +79,9 @@ class Parts:
             table = hooks[part]
             # The process-wide optimizer tap is the probe's only global step pre-hook here.
             ids = list(table) if part == "any optimizer" else [i for i in table if i in mine]
+            if not ids and part == "optimizer pre" and self.probe._hooks._pre_out is not None:
+                self.pre_held_out += 1  # nothing to take out: the arm is the whole probe
+                return
             if not ids:  # else the arm would silently be the whole probe
                 raise SystemExit(f"{part}: the probe has no such hook here; this torch differs")
             order = list(table)
@@ -177,6 +183,11 @@ def bench(name: str, cycles: int, steps: int, seed: int) -> None:
     print(f"  {'watched - unwatched':<40} {paired(whole, base)}  (the whole probe)")
     for part in PARTS:
         print(f"  {'watched - (watched - ' + part + ')':<40} {paired(whole, per_step[part])}")
+        if part == "optimizer pre" and parts.pre_held_out:
+            print(
+                f"    ({parts.pre_held_out} of {cycles} turns began on a lean step, the hook out"
+                " of its dict: the process-wide tap, 'any optimizer', did its work)"
+            )
     print(f"  {'watched - ' + IDLE:<40} {paired(whole, per_step[IDLE])}")
 
 

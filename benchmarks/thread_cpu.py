@@ -125,6 +125,9 @@ def rehook(probe: tdbg.Probe) -> None:
     """The probe's hooks and taps back on, as ``watch()`` put them."""
     probe._hooks = probe._make_hooks(probe.options)
     taps.attach(probe._sampler)
+    # The next step the whole way, as after watch(): at its end lean steps are armed on the
+    # new hooks (which takes the optimizer's pre-hook out of its dict, PhaseHooks.take_pre_out).
+    probe._sampler.forget_step()
 
 
 def spread(values: list[float]) -> str:

@@ -152,11 +152,19 @@ def test_the_hooks_leave_the_state_the_sampler_s_own_methods_leave(
     ]
 
 
-def test_one_python_frame_each_side_of_a_usual_update(runtime_dir: Path) -> None:
+@pytest.mark.parametrize("lean_steps", [False, True])
+def test_one_python_frame_each_side_of_a_usual_update(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, lean_steps: bool
+) -> None:
     """A usual update enters the probe's pre-hook and post-hook and nothing of the sampler's
-    (on_optimizer_pre / on_optimizer_post are for closures, AMP, strays, update ratios)."""
+    (on_optimizer_pre / on_optimizer_post are for closures, AMP, strays, update ratios). On a
+    lean step the optimizer's own pre-hook is out of the way: the process-wide optimizer tap,
+    which torch calls first, does its work."""
     import sys
 
+    from tdbg.probe.training import lean
+
+    monkeypatch.setattr(lean, "ENABLED", lean_steps)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -174,6 +182,7 @@ def test_one_python_frame_each_side_of_a_usual_update(runtime_dir: Path) -> None
             ((model(x) - y) ** 2).mean().backward()
             if step == 3:
                 sys.setprofile(profile)
+                assert len(opt._optimizer_step_pre_hooks) == (0 if lean_steps else 1)
             try:
                 opt.step()
             finally:
@@ -181,5 +190,9 @@ def test_one_python_frame_each_side_of_a_usual_update(runtime_dir: Path) -> None
             probe.step()
     finally:
         probe.close()
-    # The process-wide optimizer tap (taps), then the probe's own two hooks.
-    assert entered == ["_on_optimizer_step", "_StepStart.__call__", "_StepEnd.__call__"]
+    assert not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks
+    # The process-wide optimizer tap (taps), then the probe's own hooks.
+    if lean_steps:
+        assert entered == ["_on_optimizer_step", "_StepEnd.__call__"]
+    else:
+        assert entered == ["_on_optimizer_step", "_StepStart.__call__", "_StepEnd.__call__"]

@@ -379,23 +379,26 @@ def test_the_activations_dive_on_a_compiled_model_says_it_saw_nothing(
     reader.close()
 
 
+@pytest.mark.parametrize("grad_every", [1, 10**9])
 def test_a_compiled_optimizer_step_still_runs_the_probe_hooks(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, grad_every: int
 ) -> None:
     """``torch.compile(optimizer.step)`` (the compiled-optimizer recipe): the step hooks run
     eagerly around the compiled update, so each step has its LR, its gradient pass before the
     update and its optimizer phase; no probe error. (The hooks skip dynamo's wrapper in eager
-    mode and go through it only while dynamo traces them.)"""
+    mode and go through it only while dynamo traces them.) Without gradient passes the steps
+    would be lean, the optimizer's pre-hook out of its dict: the optimizer tap hands the
+    traced update to it."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    probe = tdbg.watch(model, opt, name="compiled-step", grad_every=1)
+    probe = tdbg.watch(model, opt, name="compiled-step", grad_every=grad_every)
     sent = handed_over(probe, monkeypatch)
     try:
         step = torch.compile(opt.step, backend="eager")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for _ in range(4):
+            for _ in range(4 if grad_every == 1 else 8):
                 opt.zero_grad()
                 loss = ((model(torch.randn(16, 4)) - torch.randn(16, 1)) ** 2).mean()
                 loss.backward()
@@ -403,10 +406,10 @@ def test_a_compiled_optimizer_step_still_runs_the_probe_hooks(
                 probe.step(loss)
         # dynamo never traced the probe's hooks or taps (it warned about their clock reads)
         assert not [w for w in caught if "Dynamo" in str(w.message)], caught
-        assert len(sent) == 4
+        assert len(sent) == (4 if grad_every == 1 else 8)
         for pending in sent:
             assert pending.lr == [0.01]
-            assert pending.grads is not None
+            assert (pending.grads is not None) == (grad_every == 1 or pending is sent[0])
             assert pending.timeline.optimizer_start is not None
             assert pending.timeline.optimizer_end is not None
         assert probe.errors == 0, probe.last_error

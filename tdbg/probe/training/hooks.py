@@ -12,13 +12,16 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from tdbg.probe.device_copy import recorded_event
-from tdbg.probe.training import forward_tap, state_tap
+from tdbg.probe.training import forward_tap, state_tap, taps
 from tdbg.probe.training.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
-from tdbg.probe.training.lean import LeanStep
+from tdbg.probe.training.lean import LeanStep, float_rates
 from tdbg.probe.training.release import HELD
 from tdbg.probe.training.self_timing import TIMED
 
 perf = time.perf_counter
+# The step pre-hook taken out on lean steps (PhaseHooks.take_pre_out; benchmarks/entry_floor.py
+# turns it off to measure what it saves).
+PRE_OUT = True
 _thread_id = threading.get_ident
 
 
@@ -171,6 +174,9 @@ class PhaseHooks:
             self.handles.append(model.register_forward_pre_hook(hook, with_kwargs=True))
             state_tap.cover(model)
         self._by_optimizer: dict[int, list[RemovableHandle]] = {}
+        # The step pre-hook taken out of its optimizer's hook dict while steps are lean (its
+        # handle), the hook itself: see take_pre_out.
+        self._pre_out: tuple[RemovableHandle, _StepStart] | None = None
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
 
@@ -185,8 +191,47 @@ class PhaseHooks:
         self._by_optimizer[key] = [pre, post]
         self.handles.extend((pre, post))
 
+    def take_pre_out(self, key: int, optimizer: Any) -> None:
+        """Steps are lean from here: the step pre-hook of the optimizer ``key`` out of its hook
+        dict, the process-wide optimizer tap doing its lean work (taps), one Python call fewer
+        right after the backward (``benchmarks/entry_floor.py``). Only where it runs first of
+        that optimizer's pre-hooks (the tap runs before them all: a script's hook before it
+        may set the learning rate it reads). Called at a step's end, never while torch
+        iterates over the hooks; :meth:`put_pre_back` undoes it."""
+        handles = self._by_optimizer.get(key)
+        if self._pre_out is not None or not handles or optimizer is None or not PRE_OUT:
+            return
+        handle = handles[0]
+        hooks = handle.hooks_dict_ref()
+        if hooks is None or next(iter(hooks), None) != handle.id:
+            return
+        hook = hooks.pop(handle.id)
+        self._pre_out = (handle, hook)
+        self.lean.optimizer = optimizer
+        self.lean.pre_hook = hook
+        taps.hold_out(self.lean)
+
+    def put_pre_back(self) -> None:
+        """The step pre-hook back, first of its optimizer's (where it was), the tap's lean work
+        off. Never while torch iterates over the pre-hooks: before the update's tap began it, at
+        a step's end, or from the tap itself (torch iterates over the process-wide hooks
+        first)."""
+        out, self._pre_out = self._pre_out, None
+        if out is None:
+            return
+        self.lean.optimizer = self.lean.pre_hook = None
+        taps.hold_out(None)
+        handle, hook = out
+        hooks = handle.hooks_dict_ref()
+        if hooks is not None:
+            hooks[handle.id] = hook
+            hooks.move_to_end(handle.id, last=False)
+
     def remove_optimizer(self, key: int) -> None:
         """Unhook the optimizer ``key`` (at a step boundary, never from inside its hooks)."""
+        handles = self._by_optimizer.get(key)
+        if handles and self._pre_out is not None and self._pre_out[0] is handles[0]:
+            self._let_pre_go()
         for handle in self._by_optimizer.pop(key, []):
             handle.remove()
             if handle in self.handles:
@@ -310,11 +355,19 @@ class PhaseHooks:
         return run_closure
 
     def remove(self) -> None:
+        self._let_pre_go()
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
         self._by_optimizer.clear()
         self.drop_no_grad_ends()
+
+    def _let_pre_go(self) -> None:
+        """The pre-hook taken out stays out: its handle is being removed."""
+        if self._pre_out is not None:
+            self._pre_out = None
+            self.lean.optimizer = self.lean.pre_hook = None
+            taps.hold_out(None)
 
 
 class _ForwardStart(ForwardHook):
@@ -350,17 +403,6 @@ class _NoGradEnd(ForwardHook):
         return None
 
 
-def _float_rates(groups: list[dict[str, Any]]) -> list[float] | None:
-    """The learning rates of ``groups`` when each is a float; else None."""
-    rates = []
-    for group in groups:
-        rate = group.get("lr")
-        if type(rate) is not float:
-            return None
-        rates.append(rate)
-    return rates
-
-
 class _StepStart(WeakHook):
     """PhaseHooks' optimizer step pre-hook, the sampler's work at the step's start written into
     its ``__call__``: it runs right after the backward, where each Python frame costs
@@ -390,7 +432,7 @@ class _StepStart(WeakHook):
                     rate = groups[0].get("lr")
                     rates = [rate] if type(rate) is float else None
                 else:
-                    rates = _float_rates(groups)
+                    rates = float_rates(groups)
             except Exception:  # an optimizer of its own kind: the whole way says what
                 pass
             if rates is not None:

@@ -6,7 +6,9 @@ after the loop's kernels each bytecode the probe runs costs tens of nanoseconds 
 data are cold): the full bookkeeping of such a step (the hooks' timeline, the loss tally, the
 optimizer's slot, about 870 bytecodes) cost ~20 us a step on the micro model. While a step is
 *lean* (``on``, armed at the end of the step before when nothing rare is pending) each entry
-point writes only its reading here, and ``probe.step()`` hands the step over from it.
+point writes only its reading here, and ``probe.step()`` hands the step over from it. (The
+optimizer's own step pre-hook is then out of the way: the process-wide optimizer tap reads
+the update's start and learning rates here, PhaseHooks.take_pre_out.)
 
 Anything else (a second backward, a clip, a closure, a NaN, a forward without grad, a new
 optimizer, an AMP iteration, any tap's rare event) first *settles* the record: the sampler
@@ -32,7 +34,7 @@ class LeanStep:
     """One step's readings while it is lean; reused from step to step (no allocation)."""
 
     __slots__ = ("on", "forward_start", "forward_end", "loss", "value", "lrs", "opt_start",
-                 "opt_end", "settle", "thread")  # fmt: skip
+                 "opt_end", "settle", "thread", "optimizer", "pre_hook")  # fmt: skip
 
     def __init__(self, settle: Callable[[], None] = _nothing) -> None:
         self.on = False  # this step is lean: the entry points write here
@@ -42,6 +44,11 @@ class LeanStep:
         # first time) would race the training thread's writes, and what they change is
         # looked at in probe.step() (layout_dirty, a DataLoader's new pass) anyway.
         self.thread: int | None = None
+        # While the optimizer's own step pre-hook is out of its hook dict (PhaseHooks.take_pre
+        # _out): that optimizer, whose lean updates the process-wide optimizer tap starts
+        # (taps), and the hook it hands anything else to. None while the hook is in place.
+        self.optimizer: Any = None
+        self.pre_hook: Callable[[Any, Any, Any], Any] | None = None
         self.clear()
 
     def clear(self) -> None:
@@ -55,3 +62,14 @@ class LeanStep:
         self.lrs: list[float] | None = None  # the update's learning rates, at its pre-hook
         self.opt_start: float | None = None
         self.opt_end: float | None = None
+
+
+def float_rates(groups: list[dict[str, Any]]) -> list[float] | None:
+    """The learning rates of ``groups`` when each is a float; else None."""
+    rates = []
+    for group in groups:
+        rate = group.get("lr")
+        if type(rate) is not float:
+            return None
+        rates.append(rate)
+    return rates

@@ -344,7 +344,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         handoff.appended += 1
         # What the hooks test (the rest is written before it is read: lean.py).
         lean.forward_start = lean.loss = lean.opt_start = lean.opt_end = None
-        lean.on = not due  # the next step lean, unless it carries a gradient pass
+        if due:  # the next step carries a gradient pass: not lean
+            lean.on = False
+            hooks.put_pre_back()
 
     def _arm_lean(self, hooks: PhaseHooks) -> None:
         """Whether the next step starts lean (lean.py): a CPU run's one optimizer, no pass due,
@@ -367,6 +369,12 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             and not hooks._no_grad_ends
             and taps.lean_record() is self.lean
         )
+        # The step pre-hook out of the way while steps are lean, back when not (PhaseHooks).
+        if self.lean.on:
+            if self.lean.optimizer is None:
+                hooks.take_pre_out(slots[0].key, slots[0].optimizer)
+        elif self.lean.optimizer is not None:
+            hooks.put_pre_back()
 
     def settle(self) -> None:
         """A lean step is not one after all (lean.py): what the hooks and taps wrote of it so
@@ -380,6 +388,11 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         try:
             if hooks is None:
                 return
+            if lean.opt_start is None:
+                # Its update has not begun: the step pre-hook back where it was, to run next.
+                # (Once begun, torch may be iterating over the pre-hooks: back at the step's
+                # end then, and the optimizer tap hands it anything before that.)
+                hooks.put_pre_back()
             timeline = hooks.timeline
             if lean.forward_start is not None:
                 timeline.forward_start = lean.forward_start
@@ -620,6 +633,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         closed or switched off."""
         self.lean.on = False
         self.lean.clear()
+        if self.phases is not None:
+            self.phases.put_pre_back()
         for slot in self._slots:
             slot.sample = slot.loss = slot.lr = None
             slot.micro = 0

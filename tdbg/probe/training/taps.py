@@ -23,7 +23,7 @@ import torch
 
 from tdbg.probe.training import forward_tap
 from tdbg.probe.training.hook_refs import is_compiling, is_tdbg_forward
-from tdbg.probe.training.lean import LeanStep
+from tdbg.probe.training.lean import LeanStep, float_rates
 from tdbg.probe.training.release import HELD
 from tdbg.probe.training.self_timing import TIMED
 
@@ -64,6 +64,15 @@ _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale
 # Optimizers every listener has heard of, by id (checked against the weakref: ids are reused).
 # Emptied when a listener attaches, so that it hears of each one too.
 _told: dict[int, weakref.ref[Any]] = {}
+# The lean record whose optimizer's own step pre-hook is out of its dict (PhaseHooks.take_pre
+# _out): the optimizer tap does that hook's lean work, or hands the update to it.
+_held_out: LeanStep | None = None
+
+
+def hold_out(lean: LeanStep | None) -> None:
+    """``lean``'s optimizer pre-hook is out of its dict (None: back, or let go)."""
+    global _held_out
+    _held_out = lean
 
 
 def attach(listener: Listener) -> None:
@@ -209,18 +218,66 @@ def _on_module_registered(module: Any, name: str, value: Any) -> None:
         _notify("on_module_change", module)
 
 
-def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> Any:
     """Every optimizer's step: the listeners hear of each optimizer once (a new one may update
     a watched model); for one they have heard of, the usual case on every step, the tap
     returns after one dict lookup, before asking whether dynamo traces it (a Python call, where
     each costs microseconds: right after the backward). Traced, the lookup is what dynamo
-    reads too; an optimizer not yet told goes to the listeners outside the graph."""
+    reads too; an optimizer not yet told goes to the listeners outside the graph.
+
+    While steps are lean the watched optimizer's own pre-hook is out of its dict (PhaseHooks.
+    take_pre_out) and this tap, which torch calls first, does its lean work: the learning
+    rates the update uses and its start (as ``_StepStart``'s lean path); anything else goes to
+    that hook (:func:`_not_lean_update`)."""
+    lean = _held_out
+    if lean is not None and optimizer is lean.optimizer:
+        if (
+            not is_compiling()  # first: dynamo reads (and guards on) nothing of the record
+            and lean.on
+            and lean.opt_start is None
+            and lean.loss is not None
+            and not kwargs
+            and len(args) == 1  # no closure passed by position
+        ):
+            t0 = _perf()
+            rates: list[float] | None = None
+            try:
+                groups = optimizer.param_groups
+                if len(groups) == 1:
+                    rate = groups[0].get("lr")
+                    rates = [rate] if type(rate) is float else None
+                else:
+                    rates = float_rates(groups)
+            except Exception:  # an optimizer of its own kind: the whole way says what
+                pass
+            if rates is not None:
+                lean.lrs = rates
+                lean.opt_start = t0
+                if TIMED[0]:
+                    tap_seconds[0] += _perf() - t0
+                return None
+        return _not_lean_update(lean, optimizer, args, kwargs)
     told = _told.get(id(optimizer))
     if told is not None and told() is optimizer:
         return None
     if is_compiling():
         return _tell_outside_graph(optimizer)
     return _tell(optimizer)
+
+
+def _not_lean_update(lean: LeanStep, optimizer: Any, args: Any, kwargs: Any) -> Any:
+    """The watched optimizer's update is not a lean one while its pre-hook is out: the record
+    settled (which puts the hook back, to run next in torch's loop) or, where the record had
+    begun this update already (a second update in one step), the hook called from here."""
+    hook = lean.pre_hook
+    if not is_compiling() and lean.on:
+        try:
+            lean.settle()
+        except Exception:  # the listener counts its own errors
+            pass
+    if lean.optimizer is optimizer and hook is not None:
+        return hook(optimizer, args, kwargs)
+    return None
 
 
 def _tell(optimizer: Any) -> None:
