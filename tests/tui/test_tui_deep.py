@@ -518,6 +518,9 @@ async def test_help_lists_the_deep_dive_keys() -> None:
             if "escape or ? closes it" in text:
                 break
             await pilot.press("pagedown")
+            # The page scrolls animated: a frame read mid-scroll would skip the lines between
+            # it and where the scroll ends (the next page goes on from there).
+            await pilot.wait_for_scheduled_animations()
 
             def next_page(shown: str = page) -> str:
                 return _screen_unlike(app, shown)
