@@ -176,6 +176,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     for i in range(20):  # optimizer state, allocator
         task.train_step(*pool[i % POOL])
     probe = tdbg.watch(task.model, task.optimizer, name=name, grad_every=args.grad_every)
+    client = attach_client(probe) if args.attached else None
     for i in range(50):  # the interval settles, plans are built
         probe.step(task.train_step(*pool[i % POOL]), samples=task.batch_size, tokens=task.tokens)
     reported_total = count_reported(probe)
@@ -213,7 +214,11 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     fraction, recent = own_cost(probe)
     reported = [p for p, s in probe._server.recent_costs if p == p and s == s]
     reported_us = statistics.fmean(reported) * 1e6 if reported else float("nan")
+    clients = len(probe._server.clients) if client is not None else 0
     probe.close()
+    if client is not None:
+        client.kill()
+        client.wait()
     base = per_step[UNWATCHED]
     print(
         f"\n=== {name}: {args.cycles} cycles x {args.turn} timed steps per arm"
@@ -231,10 +236,27 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         f" ({reported_us:.1f} us/step reported);"
         f" grad_interval every 50 cycles: {intervals}"
     )
+    if client is not None:
+        print(f"  a client attached throughout (`tdbg dump --follow`): {clients} at the end")
     if reported_total[1]:
         # Every watched step's, not the last ~200's: the figure to hold against the measured.
         mean = reported_total[0] / reported_total[1] * 1e6
         print(f"  reported over the run: {mean:.1f} us/step ({reported_total[1]} steps)")
+
+
+def attach_client(probe: tdbg.Probe) -> subprocess.Popen[bytes]:
+    """A client in a process of its own reading everything the probe sends, as a TUI would
+    (``tdbg dump --follow``, its output discarded); back once the probe has it."""
+    assert probe.socket_path is not None, "the probe is not serving"
+    code = "import sys; from tdbg.cli.entry import main; sys.exit(main())"
+    command = [sys.executable, "-c", code, "dump", "--follow", probe.socket_path]
+    client = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not probe._server.clients:  # its hello answered: attached
+        if client.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("interleaved: the client did not attach")
+        time.sleep(0.05)
+    return client
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         "--old-hooks",
         metavar="REV",
         help="one more arm: the probe with REV's optimizer step hooks (a git revision)",
+    )
+    p.add_argument(
+        "--attached",
+        action="store_true",
+        help="a client (tdbg dump --follow, a process of its own) reads the probe throughout",
     )
     add_pace(p)
     add_grad_every(p)
