@@ -3,7 +3,8 @@
 On a usual CPU step torch enters the probe six times: the forward wrapper on the watched
 model, the backward tap on ``torch.autograd.backward`` (which reads the CPU loss), the
 process-wide optimizer step pre-hook, the optimizer's own step pre-hook and post-hook, and
-``probe.step()`` (five on a lean step: the process-wide hook does the step pre-hook's work). The *floor* arm puts entry points of the same kinds in the same places with
+``probe.step()`` (five on a lean step: the process-wide hook does the step pre-hook's work).
+The *floor* arm puts entry points of the same kinds in the same places with
 minimal bodies: a clock read and a store each, ``loss.item()`` in the backward tap, one tuple
 appended to a bounded deque in ``step()`` (a thread drains it at 10 Hz, as the probe thread
 does). What the probe costs beyond the floor is what its bodies cost, not being called at all.
