@@ -270,11 +270,15 @@ def _not_lean_update(lean: LeanStep, optimizer: Any, args: Any, kwargs: Any) -> 
     settled (which puts the hook back, to run next in torch's loop) or, where the record had
     begun this update already (a second update in one step), the hook called from here."""
     hook = lean.pre_hook
-    if not is_compiling() and lean.on:
-        try:
-            lean.settle()
-        except Exception:  # the listener counts its own errors
-            pass
+    if not is_compiling():
+        told = _told.get(id(optimizer))
+        if told is None or told() is not optimizer:
+            _tell(optimizer)  # a listener attached since (it empties _told): it hears of it
+        if lean.on:
+            try:
+                lean.settle()
+            except Exception:  # the listener counts its own errors
+                pass
     if lean.optimizer is optimizer and hook is not None:
         return hook(optimizer, args, kwargs)
     return None
