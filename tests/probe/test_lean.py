@@ -86,10 +86,12 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
                         return again
 
                     opt.step(closure)
+                elif variant == "closure-none":
+                    opt.step(None)  # accelerate's way: no closure, passed by position
                 else:
                     if variant == "twice" and step % 5 == 3:
                         # Two updates in one step: the second's pre-hook, out of its dict while
-                        # the step was lean, is handed the update by the optimizer tap.
+                        # the step was lean, is put back by the optimizer tap to run.
                         opt.step()
                     opt.step()
                 if variant == "add" and step >= 8:
@@ -175,6 +177,7 @@ VARIANTS = [
     "clip-in-update",
     "passes",
     "twice",
+    "closure-none",
 ]
 
 
@@ -205,7 +208,7 @@ def test_lean_steps_hand_over_what_the_whole_way_does(
     assert len(with_lean) == STEPS
     # Lean steps there were: all but the first (a gradient pass) where every step is usual,
     # some where the variant breaks the pattern on some steps.
-    if variant in ("plain", "detached", "number", "none", "post-hook"):
+    if variant in ("plain", "detached", "number", "none", "post-hook", "closure-none"):
         assert taken == list(range(1, STEPS))
     else:
         assert 0 < len(taken) < STEPS - 1

@@ -118,3 +118,35 @@ def test_a_second_probe_in_the_process_puts_the_hook_back(
     assert len(sent) == 8 and all(p.lr == [0.05] for p in sent)
     assert all(p.timeline.optimizer_start is not None for p in sent)
     assert probe.errors == 0, probe.last_error
+
+
+def test_a_process_wide_pre_hook_registered_later_sets_what_the_probe_reads(
+    runtime_dir: Path, monkeypatch: Any
+) -> None:
+    # torch runs the process-wide pre-hooks before an optimizer's own: one registered after the
+    # probe's tap (here mid-run, on a lean step) runs between the tap and the probe's hook, and
+    # sets the rate each update uses. The probe reads what it set, from that step on.
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    model, opt, x, y = _setup()
+    probe = tdbg.watch(model, opt, name="global", grad_every=10**9)
+    sent = handed_over(probe, monkeypatch)
+    rates = iter([0.01 * (i + 1) for i in range(8)])
+
+    def warm_up(optimizer: Any, args: Any, kwargs: Any) -> None:
+        optimizer.param_groups[0]["lr"] = next(rates)
+
+    handle = None
+    try:
+        for step in range(12):
+            if step == 4:
+                assert not opt._optimizer_step_pre_hooks  # lean: out
+                handle = register_optimizer_step_pre_hook(warm_up)
+            _train(model, opt, x, y, probe)
+        assert len(opt._optimizer_step_pre_hooks) == 1  # back, and kept there
+    finally:
+        if handle is not None:
+            handle.remove()
+        probe.close()
+    assert [p.lr[0] for p in sent] == [0.05] * 4 + [0.01 * (i + 1) for i in range(8)]
+    assert probe.errors == 0, probe.last_error

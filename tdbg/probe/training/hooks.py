@@ -177,6 +177,10 @@ class PhaseHooks:
         # The step pre-hook taken out of its optimizer's hook dict while steps are lean (its
         # handle), the hook itself: see take_pre_out.
         self._pre_out: tuple[RemovableHandle, _StepStart] | None = None
+        # The optimizer tap had to put it back for an update that was not a lean one (a
+        # closure, a tensor rate): it stays in until an update goes its lean way through it, so
+        # a loop that is never lean at the optimizer does not take it out and back every step.
+        self.pre_stays = False
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
 
@@ -194,28 +198,33 @@ class PhaseHooks:
     def take_pre_out(self, key: int, optimizer: Any) -> None:
         """Steps are lean from here: the step pre-hook of the optimizer ``key`` out of its hook
         dict, the process-wide optimizer tap doing its lean work (taps), one Python call fewer
-        right after the backward (``benchmarks/entry_floor.py``). Only where it runs first of
-        that optimizer's pre-hooks (the tap runs before them all: a script's hook before it
-        may set the learning rate it reads). Called at a step's end, never while torch
-        iterates over the hooks; :meth:`put_pre_back` undoes it."""
+        right after the backward (``benchmarks/entry_floor.py``). Only where nothing of the
+        script's runs between the two (a hook before it may set the learning rate it reads):
+        it is first of that optimizer's pre-hooks and the tap last of torch's process-wide
+        ones (the tap puts it back when one is registered since). Called at a step's end,
+        never while torch iterates over the hooks; :meth:`put_pre_back` undoes it."""
         handles = self._by_optimizer.get(key)
         if self._pre_out is not None or not handles or optimizer is None or not PRE_OUT:
             return
+        if self.pre_stays:
+            return
         handle = handles[0]
         hooks = handle.hooks_dict_ref()
-        if hooks is None or next(iter(hooks), None) != handle.id:
-            return
+        if hooks is None or next(iter(hooks), None) != handle.id or not taps.tap_is_last():
+            return  # a hook of the script's would run between the tap and this one
         hook = hooks.pop(handle.id)
         self._pre_out = (handle, hook)
         self.lean.optimizer = optimizer
         self.lean.pre_hook = hook
-        taps.hold_out(self.lean)
+        taps.hold_out(self.lean, self.put_pre_back)
 
-    def put_pre_back(self) -> None:
+    def put_pre_back(self, stay: bool = False) -> None:
         """The step pre-hook back, first of its optimizer's (where it was), the tap's lean work
-        off. Never while torch iterates over the pre-hooks: before the update's tap began it, at
-        a step's end, or from the tap itself (torch iterates over the process-wide hooks
-        first)."""
+        off (``stay``: until an update goes its lean way through it). Never while torch
+        iterates over the pre-hooks: before the update's tap began it, at a step's end, or from
+        the tap itself (torch iterates over the process-wide hooks first)."""
+        if stay:
+            self.pre_stays = True
         out, self._pre_out = self._pre_out, None
         if out is None:
             return
@@ -426,7 +435,7 @@ class _StepStart(WeakHook):
             rates: list[float] | None = None
             try:
                 groups = optimizer.param_groups
-                if len(args) != 1:
+                if len(args) != 1 and (len(args) != 2 or args[1] is not None):
                     pass  # a closure passed by position: the whole way
                 elif len(groups) == 1:
                     rate = groups[0].get("lr")
@@ -438,6 +447,7 @@ class _StepStart(WeakHook):
             if rates is not None:
                 lean.lrs = rates
                 lean.opt_start = t0
+                hooks.pre_stays = False  # the tap may do this again (PhaseHooks.take_pre_out)
                 if TIMED[0]:
                     hooks.seconds += perf() - t0
                 return None

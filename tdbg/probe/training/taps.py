@@ -65,14 +65,30 @@ _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale
 # Emptied when a listener attaches, so that it hears of each one too.
 _told: dict[int, weakref.ref[Any]] = {}
 # The lean record whose optimizer's own step pre-hook is out of its dict (PhaseHooks.take_pre
-# _out): the optimizer tap does that hook's lean work, or hands the update to it.
+# _out): the optimizer tap does that hook's lean work, or puts it back to run; how to put it
+# back; how many process-wide pre-hooks torch had then (one registered since runs after the tap
+# and before the optimizer's own hooks: it may set the learning rate the probe reads).
 _held_out: LeanStep | None = None
+_put_back: Callable[[bool], None] | None = None
+_held_globals = -1
+# torch's process-wide optimizer pre-hooks, and the tap's key there (once installed).
+_global_pre: Any = None
+_tap_id = -1
 
 
-def hold_out(lean: LeanStep | None) -> None:
-    """``lean``'s optimizer pre-hook is out of its dict (None: back, or let go)."""
-    global _held_out
-    _held_out = lean
+def hold_out(lean: LeanStep | None, put_back: Callable[[bool], None] | None = None) -> None:
+    """``lean``'s optimizer pre-hook is out of its dict, ``put_back`` puts it back (None: back,
+    or let go)."""
+    global _held_out, _put_back, _held_globals
+    _held_out, _put_back = lean, put_back
+    _held_globals = len(_global_pre) if lean is not None and _global_pre is not None else -1
+
+
+def tap_is_last() -> bool:
+    """The optimizer tap is the last of torch's process-wide optimizer pre-hooks: nothing runs
+    between it and an optimizer's own pre-hooks."""
+    hooks = _global_pre
+    return hooks is not None and next(reversed(hooks), None) == _tap_id
 
 
 def attach(listener: Listener) -> None:
@@ -205,10 +221,13 @@ def _install() -> None:
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optimizer_mod
 
+    global _global_pre, _tap_id
+    tap = optimizer_mod.register_optimizer_step_pre_hook(_on_optimizer_step)
+    _global_pre, _tap_id = tap.hooks_dict_ref(), tap.id
     for handle in (
         module_mod.register_module_module_registration_hook(_on_module_registered),
         module_mod.register_module_parameter_registration_hook(_on_module_registered),
-        optimizer_mod.register_optimizer_step_pre_hook(_on_optimizer_step),
+        tap,
     ):
         _restore.append(handle.remove)
 
@@ -237,7 +256,8 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> Any:
             and lean.opt_start is None
             and lean.loss is not None
             and not kwargs
-            and len(args) == 1  # no closure passed by position
+            and (len(args) == 1 or (len(args) == 2 and args[1] is None))  # no closure passed
+            and len(_global_pre) == _held_globals  # none registered since, to run after this
         ):
             t0 = _perf()
             rates: list[float] | None = None
@@ -267,20 +287,23 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> Any:
 
 def _not_lean_update(lean: LeanStep, optimizer: Any, args: Any, kwargs: Any) -> Any:
     """The watched optimizer's update is not a lean one while its pre-hook is out: the record
-    settled (which puts the hook back, to run next in torch's loop) or, where the record had
-    begun this update already (a second update in one step), the hook called from here."""
-    hook = lean.pre_hook
-    if not is_compiling():
-        told = _told.get(id(optimizer))
-        if told is None or told() is not optimizer:
-            _tell(optimizer)  # a listener attached since (it empties _told): it hears of it
-        if lean.on:
-            try:
-                lean.settle()
-            except Exception:  # the listener counts its own errors
-                pass
-    if lean.optimizer is optimizer and hook is not None:
-        return hook(optimizer, args, kwargs)
+    settled and the hook put back in its dict, where torch calls it next, after the
+    process-wide pre-hooks (it is not iterating over the optimizer's own yet). Traced by
+    dynamo, the hook is called from here instead (its compiled path: nothing is changed)."""
+    if is_compiling():
+        hook = lean.pre_hook
+        return None if hook is None else hook(optimizer, args, kwargs)
+    told = _told.get(id(optimizer))
+    if told is None or told() is not optimizer:
+        _tell(optimizer)  # a listener attached since (it empties _told): it hears of it
+    put_back = _put_back
+    if _held_out is lean and put_back is not None:
+        put_back(True)  # and kept there while updates are not lean ones (PhaseHooks)
+    if lean.on:
+        try:
+            lean.settle()
+        except Exception:  # the listener counts its own errors
+            pass
     return None
 
 
