@@ -298,7 +298,10 @@ def _not_lean_update(lean: LeanStep, optimizer: Any, args: Any, kwargs: Any) -> 
         _tell(optimizer)  # a listener attached since (it empties _told): it hears of it
     put_back = _put_back
     if _held_out is lean and put_back is not None:
-        put_back(True)  # and kept there while updates are not lean ones (PhaseHooks)
+        try:
+            put_back(True)  # and kept there while updates are not lean ones (PhaseHooks)
+        except Exception:  # a tap never raises into the loop
+            pass
     if lean.on:
         try:
             lean.settle()
