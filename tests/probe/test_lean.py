@@ -14,6 +14,7 @@ from conftest import handed_over
 from torch import nn
 
 import tdbg
+from tdbg.probe.training import hooks as hooks_module
 from tdbg.probe.training import lean as lean_switch
 from tdbg.probe.training import sampler as sampler_module
 
@@ -181,15 +182,18 @@ VARIANTS = [
 ]
 
 
+@pytest.mark.parametrize("pre_out", [True, False], ids=["pre-hook out", "pre-hook in place"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_lean_steps_hand_over_what_the_whole_way_does(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, variant: str
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, variant: str, pre_out: bool
 ) -> None:
     # The same loop with lean steps and without (every step's bookkeeping the whole way): the
     # same losses, learning rates of the updates, micro-batches, counts, clips, gradient
     # passes and marked phases. Steps that are not lean (an accumulation, a clip, a closure,
     # an evaluation's forward, a stray backward, a NaN) settle what the lean hooks had read
-    # and go on the whole way, as if the step had never been lean.
+    # and go on the whole way, as if the step had never been lean. Either way of starting a
+    # lean update: the optimizer tap with the step pre-hook out of its dict, or the hook.
+    monkeypatch.setattr(hooks_module, "PRE_OUT", pre_out)
     taken: list[int] = []
     hand_lean = sampler_module.StepSampler._hand_lean_step
 

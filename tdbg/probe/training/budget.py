@@ -43,15 +43,13 @@ FIXED_SCALE = 1.0 + FIXED_UNTIMED  # what the fixed work costs the loop per seco
 LEAN_SCALE = 1.8
 
 
-def probe_seconds(timed: float, whole: float, scale: float | None = None) -> float:
+def probe_seconds(timed: float, whole: float, scale: float = FIXED_SCALE) -> float:
     """What a step's probe work cost the loop: ``timed``, all the probe timed of itself on the
     training thread, of which ``whole`` was work timed whole (a gradient pass, the guard's
     check: counted as timed); the rest, the fixed work, at ``scale`` times its timing
     (FIXED_SCALE; a lean step's LEAN_SCALE); and
     FIXED_PER_STEP for the probe thread's work on the step."""
     untimed = timed - whole
-    if scale is None:
-        scale = FIXED_SCALE
     return whole + (untimed * scale + FIXED_PER_STEP if untimed > 0.0 else FIXED_PER_STEP)
 
 

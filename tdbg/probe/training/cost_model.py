@@ -127,7 +127,7 @@ class CostModel(SamplerState):
         end: float,
         hook_seconds: float,
         whole: float,
-        scale: float | None = None,
+        scale: float = budget.FIXED_SCALE,
     ) -> None:
         """One of the first COUNTED_HERE steps, on the training thread, from the readings its
         short way hands over (the probe thread works out the same: pending.usual_record);

@@ -14,7 +14,7 @@ from torch.utils.hooks import RemovableHandle
 from tdbg.probe.device_copy import recorded_event
 from tdbg.probe.training import forward_tap, state_tap, taps
 from tdbg.probe.training.hook_refs import COMPILE_STATE, ForwardHook, WeakHook, is_compiling
-from tdbg.probe.training.lean import LeanStep, float_rates
+from tdbg.probe.training.lean import LeanStep, update_rates
 from tdbg.probe.training.release import HELD
 from tdbg.probe.training.self_timing import TIMED
 
@@ -204,9 +204,7 @@ class PhaseHooks:
         ones (the tap puts it back when one is registered since). Called at a step's end,
         never while torch iterates over the hooks; :meth:`put_pre_back` undoes it."""
         handles = self._by_optimizer.get(key)
-        if self._pre_out is not None or not handles or optimizer is None or not PRE_OUT:
-            return
-        if self.pre_stays:
+        if self._pre_out is not None or self.pre_stays or not handles or not PRE_OUT:
             return
         handle = handles[0]
         hooks = handle.hooks_dict_ref()
@@ -428,22 +426,11 @@ class _StepStart(WeakHook):
         if hooks is None:
             return None
         lean = hooks.lean
-        if lean.on and lean.opt_start is None and lean.loss is not None and not kwargs:
-            # A lean step's update (lean.py), without a closure: the learning rates it uses,
-            # read before a scheduler changes them, when they are floats.
+        if lean.on and lean.opt_start is None and lean.loss is not None:
+            # A lean step's update (lean.py) while this hook is in place (the optimizer tap
+            # does this where it is out: PhaseHooks.take_pre_out).
             t0 = perf()
-            rates: list[float] | None = None
-            try:
-                groups = optimizer.param_groups
-                if len(args) != 1 and (len(args) != 2 or args[1] is not None):
-                    pass  # a closure passed by position: the whole way
-                elif len(groups) == 1:
-                    rate = groups[0].get("lr")
-                    rates = [rate] if type(rate) is float else None
-                else:
-                    rates = float_rates(groups)
-            except Exception:  # an optimizer of its own kind: the whole way says what
-                pass
+            rates = update_rates(optimizer, args, kwargs)
             if rates is not None:
                 lean.lrs = rates
                 lean.opt_start = t0

@@ -64,6 +64,23 @@ class LeanStep:
         self.opt_end: float | None = None
 
 
+def update_rates(optimizer: Any, args: Any, kwargs: Any) -> list[float] | None:
+    """The learning rates a lean update uses, read before a scheduler changes them: its
+    optimizer's, when each is a float and ``step()`` was given no closure (``step(None)``,
+    accelerate's call, is none); else None, and the whole way says what. (The optimizer tap
+    writes this out: it is the first Python after the backward, where a frame costs.)"""
+    if kwargs or (len(args) != 1 and (len(args) != 2 or args[1] is not None)):
+        return None
+    try:
+        groups = optimizer.param_groups
+        if len(groups) == 1:
+            rate = groups[0].get("lr")
+            return [rate] if type(rate) is float else None
+        return float_rates(groups)
+    except Exception:  # an optimizer of its own kind
+        return None
+
+
 def float_rates(groups: list[dict[str, Any]]) -> list[float] | None:
     """The learning rates of ``groups`` when each is a float; else None."""
     rates = []
