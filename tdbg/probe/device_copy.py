@@ -57,3 +57,14 @@ def host_copy(vector: torch.Tensor, timing: bool = False) -> tuple[torch.Tensor,
     if vector.device.type == "cuda":
         return vector.to("cpu", non_blocking=True), recorded_event(vector.device, timing)
     return vector.to("cpu"), None
+
+
+def device_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values, device=device)`` (int64) without a host-device sync: on CUDA a
+    copy from pageable memory waits for the device's queue to drain (sync debug mode calls
+    it synchronizing), so the values go through pinned memory and are copied asynchronously
+    (torch's pinned allocator keeps the buffer until the copy is done)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.int64, device=device)
+    pinned = torch.tensor(values, dtype=torch.int64).pin_memory()
+    return pinned.to(device, non_blocking=True)

@@ -8,6 +8,7 @@ from time import perf_counter
 
 import torch
 
+from tdbg.probe.device_copy import device_tensor
 from tdbg.probe.training.gradients import GradientStats
 from tdbg.protocol.messages.histograms import (
     LOW_DECADE,
@@ -230,8 +231,8 @@ def _row_counts(
     device = magnitudes.device
     # Each element's row, as an offset into the flat counts.
     offsets = torch.repeat_interleave(
-        torch.tensor(rows, device=device) * N_BINS,
-        torch.tensor([t.numel() for t in parts], device=device),
+        device_tensor([row * N_BINS for row in rows], device),
+        device_tensor([t.numel() for t in parts], device),
         output_size=magnitudes.numel(),
     )
     codes = bin_codes(magnitudes).add_(offsets)

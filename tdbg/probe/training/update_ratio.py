@@ -8,6 +8,7 @@ from time import perf_counter
 
 import torch
 
+from tdbg.probe.device_copy import device_tensor
 from tdbg.probe.training.gradients import GradientStats
 
 # The most weight bytes copied on one sampled step (a transient copy, freed at the update's
@@ -94,7 +95,7 @@ class UpdateRatios:
                 params.extend(layer_params)
                 used += size
                 k = (k + 1) % len(self._layers)
-            where = torch.tensor(owner, dtype=torch.int64, device=params[0].device)
+            where = device_tensor(owner, params[0].device)
             plan = self._plans[start] = (chosen, params, where, k)
         chosen, params, where, self._next = plan
         with torch.no_grad():
