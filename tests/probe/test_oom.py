@@ -80,6 +80,18 @@ def test_the_alert_names_who_held_the_memory() -> None:
     assert report.layers == ("0",)
 
 
+def test_what_torch_held_is_counted_from_the_snapshot_not_the_device_total() -> None:
+    # The allocator tells its observers the device's whole memory (or the process's allowed
+    # share), not what torch held: on an 80 GiB card with 64 MiB of activations allocated,
+    # the alert must say 64 MiB, not 80 GiB (an H200 read "140 GiB allocated and 139 free").
+    total = 80 << 30
+    report = oom.post_mortem(
+        0, 100 << 30, total, 79 << 30, _segments([], 64 * MiB), [], 5, "in the forward"
+    )
+    assert "with 64 MiB allocated by torch and 79 GiB of 80 GiB free;" in report.message
+    assert "held by activations and other tensors 64 MiB;" in report.message
+
+
 def test_a_run_that_runs_out_of_memory_records_where(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -93,7 +93,7 @@ def user_frames(frames: Any) -> str:
 
 
 def attach(observer: Callable[[int, int, int, int], None]) -> bool:
-    """Register ``observer`` with the CUDA allocator (device, requested bytes, bytes allocated,
+    """Register ``observer`` with the CUDA allocator (device, requested bytes, the device's total,
     bytes free); False where there is no CUDA allocator to observe."""
     hook = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     if hook is None or not torch.cuda.is_available():
@@ -138,7 +138,7 @@ def tensor_owners(
 def post_mortem(
     device: int,
     requested: int,
-    allocated: int,
+    total: int,
     free: int,
     segments: list[dict[str, Any]],
     owners: Iterable[tuple[int, int, str, str]],
@@ -147,7 +147,9 @@ def post_mortem(
 ) -> Alert:
     """The alert for an out-of-memory error: where it happened, what was asked, and what held the
     memory — by kind (parameters, gradients, optimizer state, the rest) and the largest blocks
-    with their owners. ``segments``: ``torch.cuda.memory_snapshot()``."""
+    with their owners. ``total``: the device's memory (or the share the process is allowed,
+    ``set_per_process_memory_fraction``), as the allocator tells its observers; what torch held
+    allocated is summed from ``segments``: ``torch.cuda.memory_snapshot()``."""
     found: list[tuple[int, int, str]] = []  # (address, size, user frames) of allocated blocks
     for segment in segments:
         if segment.get("device", device) != device:
@@ -160,6 +162,7 @@ def post_mortem(
                 found.append((start, size, user_frames(block.get("frames"))))
             address += size
     found.sort()
+    allocated = sum(size for _, size, _ in found)
     blocks = [(a, size) for a, size, _ in found]
     starts = [a for a, _ in blocks]
     held: dict[int, list[str]] = {}  # block index -> the owners of tensors in it
@@ -181,8 +184,8 @@ def post_mortem(
     kinds = ", ".join(f"{kind} {fmt_bytes(size)}" for kind, size in by_kind.items() if size)
     message = (
         f"CUDA out of memory at step {step} ({phase}): asked for {fmt_bytes(requested)} on "
-        f"cuda:{device} with {fmt_bytes(allocated)} allocated and {fmt_bytes(free)} free; "
-        f"held by {kinds}"
+        f"cuda:{device} with {fmt_bytes(allocated)} allocated by torch and {fmt_bytes(free)} of"
+        f" {fmt_bytes(total)} free; held by {kinds}"
     )
     if named:
         message += "; largest blocks: " + "; ".join(named)
@@ -210,14 +213,16 @@ class OomWitness:
         self._snapshot = snapshot
         self.told = 0
 
-    def __call__(self, device: int, requested: int, allocated: int, free: int) -> None:
+    def __call__(self, device: int, requested: int, total: int, free: int) -> None:
+        # (torch's observer arguments: the device, the bytes asked for, the device's memory or
+        # the process's allowed share of it, and the bytes the driver has free.)
         try:
             describe = self._describe() if self._describe is not None else self._plain
             if describe is None:
                 return  # the probe is gone
             step, phase, owners = describe()
             report = post_mortem(
-                device, requested, allocated, free, self._snapshot(), owners, step, phase
+                device, requested, total, free, self._snapshot(), owners, step, phase
             )
             self._tell(report)
             self.told += 1
