@@ -4,12 +4,13 @@ and allocator figures against nvidia-smi and torch, a memory snapshot and a prof
 times, and the probe's cost. On a machine without CUDA it says so and lists what it would
 check, exit 0 (tests/probe/test_gpu_check.py runs that path in CI).
 
-    make gpu-check        (or: .venv/bin/python benchmarks/gpu_check.py)
+    make gpu-check        (or: .venv/bin/python benchmarks/gpu_check.py [PART ...])
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -38,6 +39,7 @@ from tdbg.connect.client import ProbeClient  # noqa: E402
 from tdbg.recording.reader import Recording  # noqa: E402
 
 STEPS = 60
+TORCH = str(Path(torch.__file__).resolve().parent)
 results: list[tuple[str, bool, str]] = []
 
 
@@ -403,9 +405,14 @@ def out_of_memory_stacks(device: torch.device) -> None:
     """The same with ``watch(oom_stacks=True)``: the post-mortem's largest blocks name the code
     that allocated them (this file's frames: the model and its data are made here), and the
     allocator's stack record is off again after close()."""
+    gc.collect()
+    torch.cuda.empty_cache()  # the earlier parts' blocks, allocated before any stack was kept
     model, opt, x, y = model_and_data(device)
     path = Path(tempfile.mkdtemp()) / "oom-stacks.tdbg"
     probe = tdbg.watch(model, opt, name="gpu-oom-stacks", serve=False, record=path, oom_stacks=True)
+    # The largest block then: one this file allocates while the stacks are kept (a cache the
+    # script holds), larger than anything an earlier part may have left alive.
+    held = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     for _ in range(3):
         probe.step(train_step(model, opt, x, y))
     try:
@@ -414,6 +421,7 @@ def out_of_memory_stacks(device: torch.device) -> None:
     except torch.OutOfMemoryError:
         pass
     probe.close()
+    del held
     alerts = [m for m in Recording(path).messages() if m.get("type") == "alert"]
     found = [a for a in alerts if a.get("kind") == "oom"]
     message = found[0]["message"] if found else "no oom alert"
@@ -524,10 +532,15 @@ def syncs_from_tdbg() -> Iterator[list[str]]:
         if "synchronizing CUDA operation" not in str(message):
             shown(message, category, filename, lineno, file, line)
             return
-        stack = traceback.extract_stack()
-        tdbg_frames = [f for f in stack if f.filename.startswith(package)]
-        if tdbg_frames:
-            ours.append(f"{tdbg_frames[-1].filename}:{tdbg_frames[-1].lineno} ({message})")
+        # The code that made the syncing call: the innermost frame outside torch (and outside
+        # this handler and the warnings machinery). A sync inside the loop's own forward, which
+        # tdbg's forward wrapper calls, is the model's, not tdbg's.
+        stack = traceback.extract_stack()[:-1]
+        callers = [
+            f for f in stack if not f.filename.startswith(TORCH) and "warnings" not in f.filename
+        ]
+        if callers and callers[-1].filename.startswith(package):
+            ours.append(f"{callers[-1].filename}:{callers[-1].lineno} ({message})")
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -655,14 +668,22 @@ PARTS = (
 )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Every part, or the parts named on the command line (a rerun of the ones that failed)."""
+    names = sys.argv[1:] if argv is None else argv
+    known = {part.__name__: part for part in PARTS}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        print(f"gpu-check: no part {', '.join(unknown)}; the parts: {', '.join(known)}")
+        return 2
+    parts = [known[name] for name in names] or list(PARTS)
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device on this machine: nothing to check (exit 0)")
         print(f"gpu-check: on a CUDA machine it runs {', '.join(p.__name__ for p in PARTS)}")
         return 0
     device = torch.device("cuda", torch.cuda.current_device())
     print(f"gpu-check: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
-    for part in PARTS:
+    for part in parts:
         try:
             part(device)
         except Exception as exc:  # one failing part must not hide the others' results
