@@ -73,6 +73,9 @@ STOP_SECONDS = 10.0
 # milliseconds each): what the run took before it ended reaches the clients and the recording
 # instead of being dropped (a short run on a busy machine lost its last samples), within R54's 1 s.
 DRAIN_SECONDS = 0.5
+# How long stopping waits for the last steps' device copies (a GPU run's losses are read back
+# a tick late, loss_ring.py): normally a millisecond or two; within R54's 1 s with the above.
+FINAL_COPY_SECONDS = 0.3
 # How long a run that ended keeps serving for a client waiting for a run here that has not
 # attached yet (its note, connect/runtime.py): a client that got no CPU for the run's whole
 # life still gets it whole. Within the 1 s an exit may take (R54), and only while such a
@@ -375,6 +378,13 @@ class ProbeServer(ClientLoop):
         self._work_drained.wait(DRAIN_SECONDS + 0.5)
         with contextlib.suppress(Exception):
             self._tick(time.monotonic())
+            # Steps whose device values are still being copied (a GPU run's last batch of
+            # losses starts its copy in the tick just run): waited for, briefly, so that the
+            # run's last steps are recorded rather than dropped.
+            deadline = time.monotonic() + FINAL_COPY_SECONDS
+            while self.inbox and time.monotonic() < deadline:
+                time.sleep(0.005)
+                self._tick(time.monotonic())
             # The run's last word on the probe: closed cleanly (or switched off by errors).
             self._broadcast_stats(time.monotonic())
 

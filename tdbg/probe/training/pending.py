@@ -11,6 +11,7 @@ from tdbg.probe.training import budget
 from tdbg.probe.training.gradients import GradSample
 from tdbg.probe.training.histograms import HistogramPart
 from tdbg.probe.training.hooks import Mark, StepTimeline, host_time, perf, span
+from tdbg.probe.training.loss_ring import LossBatch
 from tdbg.protocol.steps import NAN, StepRecord
 
 # The usual step of a CPU run as the training thread hands it over (StepSampler.step), its
@@ -118,6 +119,10 @@ class PendingStep:
     histograms: HistogramPart | None = None
     histogram_count: int = 0
     histogram_values: list[float] | None = None
+    # A usual GPU step's loss, kept on the device in this batch at this place and read back
+    # with the batch's others (loss_ring.py); None: the loss is in ``values`` or on the host.
+    loss_batch: LossBatch | None = None
+    loss_index: int = 0
     # A GPU step whose phases were not timed (only one in a few short steps is: each CUDA
     # event costs microseconds of host time): its phase columns are NaN, its marks host times.
     unmarked: bool = False
@@ -192,6 +197,12 @@ class PendingStep:
         """The finished record, or None while device work is pending. Never blocks."""
         if self.ready is not None and not self.ready.query():
             return None
+        batch = self.loss_batch
+        if batch is not None:
+            losses = batch.read()  # the first step of a batch to come here starts its copy
+            if losses is None:
+                return None
+            self.loss = losses[self.loss_index]
         phases = (NAN, NAN, NAN, NAN, NAN) if self.unmarked else self._phases()
         if phases is None:
             return None

@@ -19,6 +19,7 @@ from tdbg.probe.training.gradients import Layer
 from tdbg.probe.training.histograms import HistogramPart
 from tdbg.probe.training.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, perf
 from tdbg.probe.training.inbox import Inbox
+from tdbg.probe.training.loss_ring import RING_FROM, LossRing
 from tdbg.probe.training.loss_tally import LossTally
 from tdbg.probe.training.pending import PendingStep
 from tdbg.probe.training.release import HELD
@@ -461,13 +462,16 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         Returns the mark whose CUDA event ends the step, when its copy records one."""
         slots = self._slots
         timeline = hooks.take()
-        hidden = False
+        hidden = self._hidden
         previous = self._previous_end
         if type(previous) is CudaMark:
             # The device has not finished the step before while the host is done with this
             # one: the host runs a step or more ahead (the GPU is the bottleneck), and its
-            # work, the probe's with it, hides behind the device's. Asked, not waited for.
-            hidden = not previous.event.query()
+            # work, the probe's with it, hides behind the device's. Asked, not waited for;
+            # only where the step before ended in an event (a timed step's neighbours): the
+            # steps between are taken to be as the last one asked (each query costs ~15 us
+            # of host time on an H200).
+            hidden = self._hidden = not previous.event.query()
         # Where the backward ends when no optimizer hook marked it (optimizer=None, manual
         # updates); otherwise not made: on a GPU each mark is an event, microseconds a step.
         step_mark = self._mark() if timeline.optimizer_start is None else None
@@ -563,15 +567,21 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             scalars["clip_norm"] = clip[1]
         updates = self._take_updates(pending)
         histograms = self._take_histograms(pending)
-        if (
+        usual = (
             sample is None
             and updates is None
             and histograms is None
             and pending.update_ratios is None
             and len(scalars) == 1
             and loss_tensor is not None
-            and loss_tensor.is_cpu
-        ):
+        )
+        ring = self._loss_ring
+        if usual and ring is not None and self._keep_loss(loss, loss_tensor, ring):
+            # The usual GPU step: its loss kept on the device, read back with the others of
+            # its tick in one copy (loss_ring.py): no CUDA call here.
+            pending.loss_batch, pending.loss_index = ring.add(loss_tensor)  # type: ignore[arg-type]
+            end = None
+        elif usual and loss_tensor.is_cpu:  # type: ignore[union-attr]
             pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
             end = None
         elif scalars or sample is not None or updates is not None or histograms is not None:
@@ -588,6 +598,19 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         handoff.steps.append(pending)
         handoff.appended += 1
         return end
+
+    def _keep_loss(self, loss: Any, tensor: Any, ring: LossRing) -> bool:
+        """Whether a GPU step's loss ``tensor`` (``loss`` as the step gave it, detached) goes
+        into ``ring`` rather than being copied now: the tensor is on the ring's device, the
+        first RING_FROM steps are past, and ``loss`` is not the tensor the step before gave
+        (a loop that passes the same one every step changes it in place: an accumulator; its
+        losses are copied at their step from then on)."""
+        last = self._ring_last
+        if last is not None and last() is loss:
+            self._loss_ring = self._ring_last = None
+            return False
+        self._ring_last = weakref.ref(loss)
+        return self.step_count >= RING_FROM and tensor.device == ring.device
 
     def _take_updates(self, pending: PendingStep) -> torch.Tensor | None:
         """This step's update ratios: the layers go on ``pending``; ratios on the host are kept

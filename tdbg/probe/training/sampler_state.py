@@ -19,6 +19,7 @@ from tdbg.probe.training.histograms import HistogramPart, LayerHistograms
 from tdbg.probe.training.hooks import Mark, PhaseHooks, marker
 from tdbg.probe.training.inbox import Inbox
 from tdbg.probe.training.lean import LeanStep
+from tdbg.probe.training.loss_ring import LossRing
 from tdbg.probe.training.pending import SkippedUpdate
 from tdbg.probe.training.self_timing import TIMED
 from tdbg.probe.training.update_ratio import UpdateRatios
@@ -115,6 +116,9 @@ class SamplerState:
         "_pending_loss",
         "_pending_nonfinite",
         "_previous_end",
+        "_hidden",
+        "_loss_ring",
+        "_ring_last",
         "_reported",
         "_replanned",
         "_rest",
@@ -232,6 +236,13 @@ class SamplerState:
         self._costs_through = -1  # the last step counted into these running averages
         self._replanned = False  # this step's pass also planned the layout (not typical)
         self._previous_end: Mark | None = None
+        # Whether the host ran ahead of the device when last asked (a step ending in a CUDA
+        # event: the timed ones); the steps between are taken to be as that one was.
+        self._hidden = False
+        # A GPU run's usual steps' losses, read back a tick later in one copy (loss_ring.py);
+        # None on the CPU, and for good once a loop passes the same loss tensor twice.
+        self._loss_ring = LossRing(cuda_device) if cuda_device is not None else None
+        self._ring_last: weakref.ref[Any] | None = None  # the last loss kept there, weakly
         self._grad_marks: tuple[Mark, Mark] | None = None
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
         self._spent_probe = self._spent_step = 0.0  # slow EMAs of probe and step seconds

@@ -1,0 +1,128 @@
+"""A GPU run's usual-step losses kept on the device and read back once a tick (loss_ring.py):
+every step's loss still recorded, exactly, in order, the run's last ones too; a loop that
+passes the same tensor every step (an accumulator) copied at each step instead. Proven on the
+CPU with the ring keeping CPU tensors (no CUDA here; gpu_check.py runs it on a GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import Loop, handed_over
+from test_phase_marks import on_a_fake_gpu
+
+import tdbg
+from tdbg.probe.training import loss_ring
+from tdbg.probe.training.loss_ring import RING_FROM, LossRing
+from tdbg.protocol.steps import unpack_steps
+from tdbg.recording.reader import Recording
+
+CPU = torch.device("cpu")
+
+
+def cpu_ring() -> LossRing:
+    return LossRing(CPU, stream_of=lambda device: None)
+
+
+def test_a_batch_is_read_back_whole_after_its_copy_began() -> None:
+    ring = cpu_ring()
+    losses = [torch.tensor(float(k) / 3) for k in range(5)]
+    places = [ring.add(loss) for loss in losses]
+    batch = places[0][0]
+    assert all(b is batch for b, _ in places) and [i for _, i in places] == list(range(5))
+    assert batch.read() is None  # the first read closes the batch and starts its copy
+    later, index = ring.add(torch.tensor(9.0))  # a closed batch takes no more
+    assert later is not batch and index == 0
+    assert batch.read() == pytest.approx([float(t) for t in losses], rel=1e-7)
+    assert batch.read() is batch.read()  # read once, kept
+
+
+def test_losses_of_several_shapes_and_dtypes_in_one_batch() -> None:
+    ring = cpu_ring()
+    losses = [torch.tensor(1.5), torch.tensor([2.5]), torch.tensor(3.5, dtype=torch.bfloat16)]
+    batch = [ring.add(loss) for loss in losses][0][0]
+    assert batch.read() is None
+    assert batch.read() == [1.5, 2.5, 3.5]
+
+
+def test_a_full_batch_starts_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loss_ring, "CAPACITY", 3)
+    ring = cpu_ring()
+    batches = [ring.add(torch.tensor(float(k)))[0] for k in range(7)]
+    assert [len({id(b) for b in batches[i : i + 3]}) for i in (0, 3)] == [1, 1]
+    assert len({id(b) for b in batches}) == 3
+
+
+def watched_as_on_a_gpu(loop: Loop, path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A probe recording to ``path``, its sampler as on a GPU run with a loss ring (of CPU
+    tensors), and the list of steps it hands its thread."""
+    probe = tdbg.watch(loop.model, loop.opt, name="ring", serve=False, record=path)
+    on_a_fake_gpu(probe)
+    probe._sampler._loss_ring = cpu_ring()
+    return probe, handed_over(probe, monkeypatch)
+
+
+def run(loop: Loop, probe: Any, steps: int) -> None:
+    """``steps`` steps of ``loop``, each passing probe.step() a tensor of its own, as a GPU
+    loop's loss is (on the CPU the probe reads a backpropagated scalar at its backward: that
+    one would come back as a number)."""
+    for _ in range(steps):
+        loop.model.zero_grad(set_to_none=True)
+        loss = loop.loss()
+        loss.backward()
+        loop.optimizer.step()
+        probe.step(loss.detach().clone())
+        loop.losses.append(loss.item())
+
+
+def recorded_losses(path: Path) -> list[tuple[int, float | None]]:
+    steps = [r for m in Recording(path).messages() if m["type"] == "steps" for r in unpack_steps(m)]
+    return [(r.step, r.loss) for r in steps]
+
+
+def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = Loop(seed=5)
+    path = tmp_path / "ring.tdbg"
+    probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
+    run(loop, probe, 120)
+    probe.close()  # right after the last step: its batch is read back at close
+    kept = [p for p in sent if p.loss_batch is not None]
+    assert [p.step for p in sent if p.loss_batch is None][:RING_FROM] == list(range(RING_FROM))
+    assert len(kept) > 100  # the usual steps (not the sampled ones: their values are copied)
+    # Read back a tick's steps at a time, each batch a run of consecutive steps.
+    batches: dict[int, list[int]] = {}
+    for p in kept:
+        batches.setdefault(id(p.loss_batch), []).append(p.loss_index)
+    assert len(batches) < len(kept)
+    assert all(places == list(range(len(places))) for places in batches.values())
+    recorded = recorded_losses(path)
+    assert [step for step, _ in recorded] == list(range(120))
+    for (_, loss), expected in zip(recorded, loop.losses, strict=True):
+        assert loss == pytest.approx(expected, rel=1e-6)
+    assert probe.errors == 0
+
+
+def test_a_loop_passing_one_tensor_every_step_is_copied_at_each_step(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An accumulator the loop changes in place and passes again: a reference kept until the
+    tick would read a later value, so the ring is dropped for the run at the second pass,
+    before any step of the tensor was kept in it (the first RING_FROM steps never are)."""
+    loop = Loop(seed=6)
+    probe, sent = watched_as_on_a_gpu(loop, tmp_path / "acc.tdbg", monkeypatch)
+    running = torch.zeros(())
+    for _ in range(30):
+        loop.model.zero_grad(set_to_none=True)
+        loss = loop.loss()
+        loss.backward()
+        loop.optimizer.step()
+        running.mul_(0.9).add_(loss.detach(), alpha=0.1)  # changed in place, passed again
+        probe.step(running)
+    assert probe._sampler._loss_ring is None
+    assert all(p.loss_batch is None for p in sent)
+    probe.close()
+    assert probe.errors == 0
