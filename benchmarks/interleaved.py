@@ -19,6 +19,11 @@ on its data: the sleep is not CPU time, the cold caches it leaves are). CPU time
 ``time.thread_time_ns()`` of the training thread with ``torch.set_num_threads(1)`` (every op
 of the step runs on it); the probe thread's work is not in it (``thread_cpu.py`` reports
 that).
+
+``--device cuda`` runs the same on a GPU: there a launch-bound step's thread CPU time is the
+host's work, kernel launches and the probe's alike (the device's own time is not in it), the
+figure the probe's "host time per step" is held to; the device's queue is drained before each
+turn so that no arm waits on another's kernels.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Any
+
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -120,6 +127,8 @@ def turn(
     ``probe.step()`` (a paced loop: the probe's step then runs with cold caches). ``probe``: a
     ``tdbg.Probe``, None, or anything with the same ``step(loss, samples=, tokens=)``."""
     batches = [pool[(at + i) % len(pool)] for i in range(steps + 1)]
+    if batches[0][0].is_cuda:
+        torch.cuda.synchronize()  # no arm waits on the kernels another arm queued
     sampler = getattr(probe, "_sampler", None)
     if sampler is not None:
         sampler._last_host = None  # the other arms' steps are not this probe's
@@ -172,7 +181,10 @@ def count_reported(probe: tdbg.Probe) -> list[float]:
 
 def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     task = MAKERS[name](seed=args.seed)
-    pool = [task.batch() for _ in range(POOL)]
+    device = torch.device(args.device)
+    task.model.to(device)  # the optimizer holds the same parameters, now on the device
+    pool = [(inputs.to(device), targets.to(device)) for inputs, targets in (
+        task.batch() for _ in range(POOL))]  # fmt: skip
     for i in range(20):  # optimizer state, allocator
         task.train_step(*pool[i % POOL])
     probe = tdbg.watch(task.model, task.optimizer, name=name, grad_every=args.grad_every)
@@ -221,7 +233,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         client.wait()
     base = per_step[UNWATCHED]
     print(
-        f"\n=== {name}: {args.cycles} cycles x {args.turn} timed steps per arm"
+        f"\n=== {name} ({device}): {args.cycles} cycles x {args.turn} timed steps per arm"
         f" ({time.perf_counter() - started:.0f} s), unwatched"
         f" {statistics.median(base) * 1e3:.2f} ms CPU/step"
     )
@@ -280,9 +292,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a client (tdbg dump --follow, a process of its own) reads the probe throughout",
     )
+    p.add_argument("--device", default="cpu", help="default cpu (cuda: the host's CPU time)")
     add_pace(p)
     add_grad_every(p)
     args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("interleaved: no CUDA device on this machine: nothing to measure (exit 0)")
+        return 0
     if args.cycles < 2 or args.turn < 1 or not args.pace_ms >= 0:
         p.error("--cycles: at least 2; --turn: at least 1; --pace-ms: at least 0")
     models = chosen_models(args.models)

@@ -40,6 +40,7 @@ Counts = tuple[
     collections.Counter[str],
 ]
 TDBG = str(Path(tdbg.__file__).resolve().parent)
+CPU = torch.device("cpu")
 
 
 class OpCounter(TorchDispatchMode):
@@ -52,12 +53,13 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def counted(name: str, watched: bool, steps: int, clip: bool) -> Counts:
+def counted(name: str, watched: bool, steps: int, clip: bool, device: torch.device = CPU) -> Counts:
     """(Python frames, C calls, ops, the probe's bytecodes by function) over ``steps`` steps
-    of the demo ``name``;
+    of the demo ``name`` on ``device``;
     ``clip``: the loop clips the gradients (``clip_grad_norm_(model.parameters(), 1.0)``)."""
     task = MAKERS[name](seed=0)
-    pool = [task.batch() for _ in range(4)]
+    task.model.to(device)  # the optimizer holds the same parameters, now on the device
+    pool = [(x.to(device), y.to(device)) for x, y in (task.batch() for _ in range(4))]
     probe = tdbg.watch(task.model, task.optimizer, name=name, grad_every=10**9) if watched else None
 
     def clip_grads() -> None:
@@ -126,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--clip", action="store_true", help="the loop clips the gradients")
     p.add_argument("--verbose", action="store_true", help="list the probe's frames and ops")
+    p.add_argument("--device", default="cpu", help="default cpu (cuda: a GPU run's usual step)")
     args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("probe_calls: no CUDA device on this machine: nothing to count (exit 0)")
+        return 0
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MAKERS]
     if unknown:
@@ -143,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         f" {'probe bytecodes':>16}"
     )
     for name in models:
-        plain = counted(name, False, args.steps, args.clip)
-        watched = counted(name, True, args.steps, args.clip)
+        plain = counted(name, False, args.steps, args.clip, device)
+        watched = counted(name, True, args.steps, args.clip, device)
         frames, calls, ops, bytecodes = (
             added(w, u, args.steps) for w, u in zip(watched, plain, strict=True)
         )
