@@ -11,19 +11,24 @@ from typing import Any
 import pytest
 import torch
 from conftest import handed_over
+from test_loss_ring import as_on_a_gpu
 from torch import nn
 
 import tdbg
+from tdbg.probe.training import cost_model
 from tdbg.probe.training import hooks as hooks_module
 from tdbg.probe.training import lean as lean_switch
 from tdbg.probe.training import sampler as sampler_module
+from tdbg.probe.training.loss_ring import RING_FROM
 
 STEPS = 24
 
 
-def _loop(variant: str) -> Callable[[Any], list[Any]]:
+def _loop(variant: str, device: bool = False) -> Callable[[Any], list[Any]]:
     """A real loop of STEPS steps, ordinary except where ``variant`` makes some steps not
-    lean: it returns what the probe handed its thread."""
+    lean: it returns what the probe handed its thread. ``device``: the probe as on a GPU run
+    (test_loss_ring.as_on_a_gpu: its losses kept unread in a loss ring, its phases timed on
+    one step in a few)."""
 
     def run(monkeypatch: Any) -> list[Any]:
         torch.manual_seed(0)
@@ -34,6 +39,11 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
         second = nn.Linear(4, 1)
         second_opt = torch.optim.SGD(second.parameters(), lr=0.01)
         probe = tdbg.watch(model, opt, name="lean", grad_every=4 if variant == "passes" else 10**9)
+        if device:
+            as_on_a_gpu(probe, monkeypatch)
+            # One step in MAX_MEAN_GAP timed, whatever the steps' length: both ways time the
+            # same steps (the distances come from the probe's own seeded generator).
+            monkeypatch.setattr(cost_model, "MARK_EVERY_STEP_FROM", 1e9)
         sent = handed_over(probe, monkeypatch)
         if variant == "post-hook":
             # probe.step() from a post-hook registered after the probe's (tdbg run's way): in
@@ -125,9 +135,10 @@ def _loop(variant: str) -> Callable[[Any], list[Any]]:
     return run
 
 
-def _seen(sent: list[Any]) -> list[tuple[Any, ...]]:
+def _seen(sent: list[Any], device: bool = False) -> list[tuple[Any, ...]]:
     """What users see of each step handed over, less the clock's readings: which phases were
-    marked stands in for their times."""
+    marked stands in for their times (``device``: which were timed, a GPU step's phases being
+    timed on one step in a few and the others' marks not read)."""
 
     def number(value: Any) -> Any:
         value = float(value) if value is not None else math.nan
@@ -135,12 +146,20 @@ def _seen(sent: list[Any]) -> list[tuple[Any, ...]]:
 
     seen = []
     for s in sent:
-        record, _ = s.resolve()
+        resolved = s.resolve() or s.resolve()  # (a loss ring's first read starts its copy)
+        assert resolved is not None
+        record, _ = resolved
         tl = s.timeline
-        marks = tuple(
-            getattr(tl, name) is not None
-            for name in ("forward_start", "forward_end", "optimizer_start", "optimizer_end")
-        ) + (tl.no_grad_start is not None,)
+        if device:
+            marks = tuple(
+                getattr(record, name) == getattr(record, name)
+                for name in ("data_time", "forward_time", "backward_time", "optimizer_time")
+            )
+        else:
+            marks = tuple(
+                getattr(tl, name) is not None
+                for name in ("forward_start", "forward_end", "optimizer_start", "optimizer_end")
+            ) + (tl.no_grad_start is not None,)
         seen.append(
             (
                 record.step,
@@ -182,10 +201,11 @@ VARIANTS = [
 ]
 
 
+@pytest.mark.parametrize("device", [False, True], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("pre_out", [True, False], ids=["pre-hook out", "pre-hook in place"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_lean_steps_hand_over_what_the_whole_way_does(
-    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, variant: str, pre_out: bool
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, variant: str, pre_out: bool, device: bool
 ) -> None:
     # The same loop with lean steps and without (every step's bookkeeping the whole way): the
     # same losses, learning rates of the updates, micro-batches, counts, clips, gradient
@@ -202,17 +222,20 @@ def test_lean_steps_hand_over_what_the_whole_way_does(
         hand_lean(self, *args)
 
     monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_step", counted)
-    run = _loop(variant)
+    run = _loop(variant, device)
     with monkeypatch.context() as whole:
         whole.setattr(lean_switch, "ENABLED", False)
-        without = _seen(run(whole))
+        without = _seen(run(whole), device)
     assert not taken
-    with_lean = _seen(run(monkeypatch))
+    with_lean = _seen(run(monkeypatch), device)
     assert with_lean == without
     assert len(with_lean) == STEPS
     # Lean steps there were: all but the first (a gradient pass) where every step is usual,
     # some where the variant breaks the pattern on some steps.
-    if variant in ("plain", "detached", "number", "none", "post-hook", "closure-none"):
+    if device:
+        # On a GPU run not the first RING_FROM steps, nor the ones whose phases are timed.
+        assert taken and min(taken) >= RING_FROM and len(taken) < STEPS - RING_FROM
+    elif variant in ("plain", "detached", "number", "none", "post-hook", "closure-none"):
         assert taken == list(range(1, STEPS))
     else:
         assert 0 < len(taken) < STEPS - 1

@@ -14,7 +14,7 @@ from conftest import Loop, handed_over
 from test_phase_marks import on_a_fake_gpu
 
 import tdbg
-from tdbg.probe.training import loss_ring
+from tdbg.probe.training import lean, loss_ring, taps
 from tdbg.probe.training.loss_ring import RING_FROM, LossRing
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording
@@ -55,19 +55,29 @@ def test_a_full_batch_starts_another(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len({id(b) for b in batches}) == 3
 
 
-def watched_as_on_a_gpu(loop: Loop, path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A probe recording to ``path``, its sampler as on a GPU run with a loss ring (of CPU
-    tensors), and the list of steps it hands its thread."""
-    probe = tdbg.watch(loop.model, loop.opt, name="ring", serve=False, record=path)
+def as_on_a_gpu(probe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``probe`` as on a GPU run: its marks CUDA ones on the steps it times (a fake event:
+    test_phase_marks.on_a_fake_gpu), a loss ring (of CPU tensors, which the taps keep unread,
+    as a device's), the backward's scalar kept unread on lean steps."""
+    monkeypatch.setattr(taps, "READ_ON_HOST", False)
     on_a_fake_gpu(probe)
     probe._sampler._loss_ring = cpu_ring()
+    probe._sampler.lean.device_loss = True
+
+
+def watched_as_on_a_gpu(loop: Loop, path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A probe recording to ``path``, as on a GPU run, and the list of steps it hands its
+    thread."""
+    probe = tdbg.watch(loop.model, loop.opt, name="ring", serve=False, record=path)
+    as_on_a_gpu(probe, monkeypatch)
     return probe, handed_over(probe, monkeypatch)
 
 
-def run(loop: Loop, probe: Any, steps: int) -> None:
-    """``steps`` steps of ``loop``, each passing probe.step() a tensor of its own, as a GPU
-    loop's loss is (on the CPU the probe reads a backpropagated scalar at its backward: that
-    one would come back as a number)."""
+def run(loop: Loop, probe: Any, steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``steps`` steps of ``loop``, each passing probe.step() a scalar of its own (not the one
+    backpropagated), the whole way: on a GPU such a scalar is a device one, which a lean step
+    does not take (here, a CPU one, it would)."""
+    monkeypatch.setattr(lean, "ENABLED", False)
     for _ in range(steps):
         loop.model.zero_grad(set_to_none=True)
         loss = loop.loss()
@@ -88,7 +98,7 @@ def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
     loop = Loop(seed=5)
     path = tmp_path / "ring.tdbg"
     probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
-    run(loop, probe, 120)
+    run(loop, probe, 120, monkeypatch)
     probe.close()  # right after the last step: its batch is read back at close
     kept = [p for p in sent if p.loss_batch is not None]
     assert [p.step for p in sent if p.loss_batch is None][:RING_FROM] == list(range(RING_FROM))
@@ -115,6 +125,7 @@ def test_a_loop_passing_one_tensor_every_step_is_copied_at_each_step(
     loop = Loop(seed=6)
     probe, sent = watched_as_on_a_gpu(loop, tmp_path / "acc.tdbg", monkeypatch)
     running = torch.zeros(())
+    monkeypatch.setattr(lean, "ENABLED", False)  # (a device tensor passed: never lean)
     for _ in range(30):
         loop.model.zero_grad(set_to_none=True)
         loss = loop.loss()
@@ -125,4 +136,45 @@ def test_a_loop_passing_one_tensor_every_step_is_copied_at_each_step(
     assert probe._sampler._loss_ring is None
     assert all(p.loss_batch is None for p in sent)
     probe.close()
+    assert probe.errors == 0
+
+
+def test_lean_gpu_steps_keep_their_loss_in_the_ring_and_their_phases_unmarked(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``probe.step(loss)`` with the scalar just backpropagated, as a GPU loop calls it: the
+    steps between the timed ones are lean (lean.py), their loss kept unread in the ring and
+    their phases NaN (an untimed GPU step's); the timed ones go the whole way with all four
+    phases; every step's loss recorded, exactly."""
+    loop = Loop(seed=8)
+    path = tmp_path / "lean-gpu.tdbg"
+    probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
+    probe._sampler.grad_every = 10**9  # no gradient pass after the first: lean in between
+    loop.run(200, probe)
+    probe.close()
+    lean_steps = [
+        p
+        for p in sent
+        if p.loss_batch is not None and p.unmarked and p.timeline.forward_start is None
+    ]
+    assert len(lean_steps) > 100
+    recorded = recorded_losses(path)
+    assert [step for step, _ in recorded] == list(range(200))
+    for (_, loss), expected in zip(recorded, loop.losses, strict=True):
+        assert loss == pytest.approx(expected, rel=1e-6)
+    steps = {
+        r.step: r
+        for m in Recording(path).messages()
+        if m["type"] == "steps"
+        for r in unpack_steps(m)
+    }
+    timed = [s for s, r in steps.items() if r.forward_time == r.forward_time]
+    assert 200 / 32 < len(timed) < 200 / 4  # one in a few, as on a GPU
+    for p in lean_steps:
+        record = steps[p.step]
+        assert all(
+            getattr(record, name) != getattr(record, name)
+            for name in ("data_time", "forward_time", "backward_time", "optimizer_time")
+        )
+        assert record.step_time > 0 and record.probe_time > 0
     assert probe.errors == 0

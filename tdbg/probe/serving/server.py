@@ -39,6 +39,7 @@ from tdbg.probe.training.pending import (
     LeanHanded,
     PendingStep,
     UsualStep,
+    usual_ready,
     usual_record,
 )
 from tdbg.protocol.framing import ProtocolError, negotiate, pack
@@ -511,8 +512,8 @@ class ProbeServer(ClientLoop):
             handed = inbox[0]
             result: tuple[StepRecord, Sequence[int]] | None
             try:
-                if isinstance(handed, tuple):  # a usual CPU step, handed over as it was
-                    result = (usual_record(handed), ())
+                if isinstance(handed, tuple):  # a usual step, handed over as it was
+                    result = (usual_record(handed), ()) if usual_ready(handed) else None
                     pending = USUAL_EXTRAS
                 else:
                     pending = handed

@@ -34,7 +34,7 @@ class LeanStep:
     """One step's readings while it is lean; reused from step to step (no allocation)."""
 
     __slots__ = ("on", "forward_start", "forward_end", "loss", "value", "lrs", "opt_start",
-                 "opt_end", "settle", "thread", "optimizer", "pre_hook")  # fmt: skip
+                 "opt_end", "settle", "thread", "optimizer", "pre_hook", "device_loss")  # fmt: skip
 
     def __init__(self, settle: Callable[[], None] = _nothing) -> None:
         self.on = False  # this step is lean: the entry points write here
@@ -49,6 +49,10 @@ class LeanStep:
         # (taps), and the hook it hands anything else to. None while the hook is in place.
         self.optimizer: Any = None
         self.pre_hook: Callable[[Any, Any, Any], Any] | None = None
+        # A GPU run's: the backward's scalar may be a device one, kept unread (reading it
+        # waits for the device); its value comes back a tick later with its neighbours'
+        # (loss_ring.py). On a CPU run a device scalar is not the usual pattern.
+        self.device_loss = False
         self.clear()
 
     def clear(self) -> None:
@@ -57,8 +61,9 @@ class LeanStep:
         with one of those, before anything reads it.)"""
         self.forward_start: float | None = None  # the first forward with grad began
         self.forward_end: float | None = None  # the backward began
-        self.loss: Any = None  # the scalar backpropagated (a CPU tensor)
-        self.value: float | None = None  # its value, read before its backward (finite)
+        self.loss: Any = None  # the scalar backpropagated
+        # Its value, read before its backward (finite); None for a device scalar (a GPU run's).
+        self.value: float | None = None
         self.lrs: list[float] | None = None  # the update's learning rates, at its pre-hook
         self.opt_start: float | None = None
         self.opt_end: float | None = None

@@ -272,6 +272,26 @@ class PendingStep:
 USUAL_EXTRAS = PendingStep()
 
 
+def usual_ready(handed: UsualStep | LeanHanded) -> bool:
+    """Whether a usual step's record can be made now: always, but for a GPU lean step's
+    loss, which is ready once its batch is back from the device (its first call here starts
+    the batch's copy; loss_ring.py). Never blocks."""
+    loss = handed[2]
+    return type(loss) is not tuple or loss[0].read() is not None
+
+
+def _loss_value(loss: Any) -> float | None:
+    """A usual step's loss as handed over, not a float: a CPU scalar tensor (read: a memory
+    load), a GPU lean step's place in the loss ring (read back: see usual_ready), or None."""
+    if loss is None:
+        return None
+    if type(loss) is tuple:
+        batch, index = loss
+        losses = batch.read()
+        return None if losses is None else losses[index]
+    return float(loss)
+
+
 def usual_record(handed: UsualStep | LeanHanded) -> StepRecord:
     """The finished record of a usual CPU step handed over as it was (on the probe thread),
     without a PendingStep: its marks are host clock readings, nothing is in flight. The same
@@ -302,7 +322,7 @@ def usual_record(handed: UsualStep | LeanHanded) -> StepRecord:
         step,
         # The wall clock at probe.step(): now, less the time since it began (one clock for both).
         time.time() - (perf() - started),
-        loss if type(loss) is float else float(loss),
+        loss if type(loss) is float else _loss_value(loss),
         list(lrs),
         step_time,
         NAN if samples is None else float(samples),
@@ -341,7 +361,10 @@ def usual_step(handed: UsualStep | LeanHanded) -> PendingStep:
     pending.previous_end = previous_end
     if type(loss) is float:
         pending.loss = loss
-    else:
+    elif type(loss) is tuple:  # a GPU lean step's place in the loss ring
+        pending.loss_batch, pending.loss_index = loss
+        pending.unmarked = True
+    elif loss is not None:
         pending.host_scalars = {"loss": loss}  # a CPU scalar: read when resolved
     if micro:
         pending.micro_batches = float(micro)

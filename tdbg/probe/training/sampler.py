@@ -300,7 +300,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
     ) -> None:
         """Hand over a lean step (lean.py) from its readings, as the usual step's short way
         hands one over (the probe thread builds it: pending.usual_record): one optimizer
-        updated once, one micro-batch, a finite CPU loss, no pass."""
+        updated once, one micro-batch, a finite CPU loss (or a GPU run's device one), no
+        pass."""
         lean = self.lean
         last_host = self._last_host
         self._last_host = t0
@@ -321,33 +322,87 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         if count <= COUNTED_HERE:
             # The first steps' running averages, kept here (CostModel.fold_costs says why).
             self._fold_here(count - 1, t0, last_host, end, hook_seconds, 0.0, LEAN_SCALE)
-        # To the probe thread as its readings (pending.LeanHanded): it builds the rest.
+        value = lean.value if loss is None or loss is lean.loss else loss
+        if self._cuda_device is not None:
+            self._hand_lean_device_step(
+                count, t0, value, samples, tokens, last_host, end, hook_seconds, hooks
+            )
+            due = due or self._marked  # the next step's phases timed: the whole way
+        else:
+            # To the probe thread as its readings (pending.LeanHanded): it builds the rest.
+            handoff = self._handoff
+            handoff.steps.append(
+                (
+                    count - 1,
+                    t0,
+                    value,
+                    samples,
+                    tokens,
+                    lean.lrs,  # type: ignore[arg-type]  # set with opt_start
+                    last_host,
+                    lean.forward_start,
+                    lean.forward_end,
+                    lean.opt_start,
+                    lean.opt_end,
+                    previous_end,
+                    self.epoch,
+                    end,
+                    hook_seconds,
+                )
+            )
+            handoff.appended += 1
+        # What the hooks test (the rest is written before it is read: lean.py).
+        lean.forward_start = lean.loss = lean.opt_start = lean.opt_end = None
+        if due:  # the next step carries a gradient pass (or is timed): not lean
+            lean.on = False
+            hooks.put_pre_back()
+
+    def _hand_lean_device_step(
+        self,
+        count: int,
+        t0: float,
+        value: Any,
+        samples: Any,
+        tokens: Any,
+        last_host: float | None,
+        end: float,
+        hook_seconds: float,
+        hooks: PhaseHooks,
+    ) -> None:
+        """A GPU run's lean step: its loss (``value``: None for the device scalar the backward
+        kept unread) into the loss ring, the step handed over with its phases unmarked (an
+        untimed GPU step's are NaN: the host's clock is not the device's), and the next
+        step's marks planned, as the whole way plans them."""
+        lean = self.lean
+        loss = lean.loss
+        place: Any = value
+        ring = self._loss_ring
+        if value is None and loss is not None and ring is not None:
+            place = ring.add(loss.detach() if loss.requires_grad else loss)
         handoff = self._handoff
         handoff.steps.append(
             (
                 count - 1,
                 t0,
-                lean.value if loss is None or loss is lean.loss else loss,
+                place,
                 samples,
                 tokens,
                 lean.lrs,  # type: ignore[arg-type]  # set with opt_start
                 last_host,
-                lean.forward_start,
-                lean.forward_end,
-                lean.opt_start,
-                lean.opt_end,
-                previous_end,
+                None,
+                None,
+                None,
+                None,
+                None,
                 self.epoch,
                 end,
                 hook_seconds,
             )
         )
         handoff.appended += 1
-        # What the hooks test (the rest is written before it is read: lean.py).
-        lean.forward_start = lean.loss = lean.opt_start = lean.opt_end = None
-        if due:  # the next step carries a gradient pass: not lean
-            lean.on = False
-            hooks.put_pre_back()
+        self._plan_marks(hooks)
+        if self._marked:
+            self._previous_end = self._mark()  # the next step's data gap starts here
 
     def _arm_lean(self, hooks: PhaseHooks) -> None:
         """Whether the next step starts lean (lean.py): a CPU run's one optimizer, no pass due,
@@ -356,7 +411,17 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         slots = self._slots
         self.lean.on = (
             lean_switch.ENABLED
-            and self._cuda_device is None
+            and (
+                self._cuda_device is None
+                # A GPU run's steps between its timed ones, where the host sets the pace (the
+                # whole way's host time is hidden behind the device's where it does not).
+                or (
+                    self._loss_ring is not None
+                    and not self._marked
+                    and not self._hidden
+                    and self.step_count >= RING_FROM
+                )
+            )
             and len(slots) == 1
             and not self._sample_now
             and not self._forced

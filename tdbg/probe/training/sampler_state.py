@@ -242,6 +242,7 @@ class SamplerState:
         # A GPU run's usual steps' losses, read back a tick later in one copy (loss_ring.py);
         # None on the CPU, and for good once a loop passes the same loss tensor twice.
         self._loss_ring = LossRing(cuda_device) if cuda_device is not None else None
+        self.lean.device_loss = cuda_device is not None
         self._ring_last: weakref.ref[Any] | None = None  # the last loss kept there, weakly
         self._grad_marks: tuple[Mark, Mark] | None = None
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)

@@ -60,6 +60,9 @@ _perf = time.perf_counter
 _thread_id = threading.get_ident
 _Tensor = torch.Tensor
 _restore: list[Callable[[], None]] = []
+# A CPU scalar about to be backpropagated is read there (a memory load, no sync). Tests of a
+# GPU run's paths on the CPU turn it off, so that CPU scalars are kept unread as a device's.
+READ_ON_HOST = True
 _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale's last (out, in)
 # Optimizers every listener has heard of, by id (checked against the weakref: ids are reused).
 # Emptied when a listener attaches, so that it hears of each one too.
@@ -356,16 +359,22 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                     and _scaled is None
                     and lean.loss is None
                     and lean.forward_start is not None
-                    and tensors.is_cpu
                 ):
                     # A lean step's one backward (lean.py): a finite CPU scalar's value read,
-                    # the tensor kept until probe.step().
+                    # the tensor kept until probe.step(); on a GPU run a device scalar kept
+                    # unread (its value comes back with its tick's: loss_ring.py).
                     t0 = _perf()
-                    try:
-                        value = tensors.item()
-                    except (RuntimeError, TypeError, ValueError, OverflowError):
-                        value = None
-                    if type(value) is float and value - value == 0.0:
+                    value = None
+                    kept = False
+                    if tensors.is_cpu and READ_ON_HOST:
+                        try:
+                            value = tensors.item()
+                        except (RuntimeError, TypeError, ValueError, OverflowError):
+                            pass
+                        kept = type(value) is float and value - value == 0.0
+                    elif lean.device_loss and tensors.numel() == 1:
+                        kept = True
+                    if kept:
                         lean.loss, lean.value, lean.forward_end = tensors, value, t0
                         if TIMED[0]:
                             tap_seconds[0] += _perf() - t0
@@ -382,7 +391,7 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             if type(tensors) is _Tensor and _scaled is None:
                 loss = tensors
                 value = None
-                if loss.is_cpu:
+                if loss.is_cpu and READ_ON_HOST:
                     try:
                         value = loss.item()
                         if type(value) is not float:  # an int or bool loss (float(): a call)
@@ -420,7 +429,7 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 def host_value(tensor: torch.Tensor) -> float | None:
     """The value of a CPU scalar (one memory read); None for a device tensor (reading it would
     wait for the device) and for anything that is not one real number."""
-    if not tensor.is_cpu:
+    if not tensor.is_cpu or not READ_ON_HOST:
         return None
     try:
         return float(tensor.item())
