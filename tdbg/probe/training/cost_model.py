@@ -17,10 +17,11 @@ EMA = 0.1  # weight of the newest value in the running averages of step time and
 # steps' memory, like the 200-step window of the cost_fraction it reports.
 SPENT_EMA = 0.01
 # A GPU run's steps at least this long (seconds) each have their phases timed with CUDA events;
-# shorter ones one step in ceil(this / step) on average, at most MAX_PHASE_GAP apart: the ~5
-# events a timed step records cost tens of microseconds of host time, several percent of a
-# 2 ms launch-bound step (benchmarks/HISTORY.md, "On a GPU").
-MARK_EVERY_STEP_FROM = 0.02
+# shorter ones one step in ceil(this / step) on average (at most MAX_MEAN_GAP), at random
+# distances under MAX_PHASE_GAP. The 5 events a timed step records cost ~150 us of host time
+# on an H200 (each ~20-35 us: benchmarks/gpu_parts.py), so timing costs at most ~0.15 % of
+# any step's time; at 20 ms (before 2026-11-29) it cost up to 0.75 %.
+MARK_EVERY_STEP_FROM = 0.1
 # The mean distance between timed steps is at most this: random distances up to twice it
 # less one stay within MAX_PHASE_GAP.
 MAX_MEAN_GAP = MAX_PHASE_GAP // 2
