@@ -116,16 +116,18 @@ def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
     assert probe.errors == 0
 
 
+@pytest.mark.parametrize("lean_steps", [True, False], ids=["lean", "whole way"])
 def test_a_loop_passing_one_tensor_every_step_is_copied_at_each_step(
-    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lean_steps: bool
 ) -> None:
     """An accumulator the loop changes in place and passes again: a reference kept until the
     tick would read a later value, so the ring is dropped for the run at the second pass,
     before any step of the tensor was kept in it (the first RING_FROM steps never are)."""
     loop = Loop(seed=6)
     probe, sent = watched_as_on_a_gpu(loop, tmp_path / "acc.tdbg", monkeypatch)
+    probe._sampler.grad_every = 10**9
     running = torch.zeros(())
-    monkeypatch.setattr(lean, "ENABLED", False)  # (a device tensor passed: never lean)
+    monkeypatch.setattr(lean, "ENABLED", lean_steps)
     for _ in range(30):
         loop.model.zero_grad(set_to_none=True)
         loss = loop.loss()
@@ -135,7 +137,34 @@ def test_a_loop_passing_one_tensor_every_step_is_copied_at_each_step(
         probe.step(running)
     assert probe._sampler._loss_ring is None
     assert all(p.loss_batch is None for p in sent)
+    assert not probe._sampler.lean.on  # no lean step on a GPU run without its ring
     probe.close()
+    assert probe.errors == 0
+
+
+def test_a_detached_loss_passed_is_kept_on_lean_steps(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``probe.step(loss.detach())`` (the demos' way, a device scalar of its own on a GPU):
+    the steps between the timed ones are lean, that scalar kept in the ring."""
+    loop = Loop(seed=9)
+    path = tmp_path / "detached.tdbg"
+    probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
+    probe._sampler.grad_every = 10**9
+    for _ in range(100):
+        loop.model.zero_grad(set_to_none=True)
+        loss = loop.loss()
+        loss.backward()
+        loop.optimizer.step()
+        probe.step(loss.detach())
+        loop.losses.append(loss.item())
+    probe.close()
+    lean_steps = [p for p in sent if p.loss_batch is not None and p.timeline.forward_start is None]
+    assert len(lean_steps) > 50
+    recorded = recorded_losses(path)
+    assert [step for step, _ in recorded] == list(range(100))
+    for (_, value), expected in zip(recorded, loop.losses, strict=True):
+        assert value == pytest.approx(expected, rel=1e-6)
     assert probe.errors == 0
 
 

@@ -19,7 +19,7 @@ from tdbg.probe.training.gradients import Layer
 from tdbg.probe.training.histograms import HistogramPart
 from tdbg.probe.training.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, perf
 from tdbg.probe.training.inbox import Inbox
-from tdbg.probe.training.loss_ring import RING_FROM, LossRing
+from tdbg.probe.training.loss_ring import RING_FROM
 from tdbg.probe.training.loss_tally import LossTally
 from tdbg.probe.training.pending import PendingStep
 from tdbg.probe.training.release import HELD
@@ -132,7 +132,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         lean = self.lean
         if lean.on:
             # The loss: what was backpropagated (None, or that very tensor), a number, or a
-            # CPU scalar without a graph (``loss.detach()``, read on the probe thread).
+            # CPU scalar without a graph (``loss.detach()``, read on the probe thread); on a
+            # GPU run a device one too (kept in the loss ring), unless it is the tensor the
+            # step before passed (an accumulator: the whole way copies it at its step).
             if (
                 lean.opt_end is not None
                 and (
@@ -141,9 +143,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                     or type(loss) is float
                     or (
                         type(loss) is _Tensor
-                        and loss.is_cpu
                         and not loss.requires_grad
                         and loss.numel() == 1
+                        and (self._passed_anew(loss) if lean.device_loss else loss.is_cpu)
                     )
                 )
                 and (
@@ -374,11 +376,17 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         untimed GPU step's are NaN: the host's clock is not the device's), and the next
         step's marks planned, as the whole way plans them."""
         lean = self.lean
-        loss = lean.loss
         place: Any = value
+        device_loss: Any = None  # what goes into the ring: a device scalar without a graph
+        if value is None:
+            loss = lean.loss  # the backward's device scalar, kept unread
+            if loss is not None:
+                device_loss = loss.detach() if loss.requires_grad else loss
+        elif type(value) is _Tensor and not (value.is_cpu and taps.READ_ON_HOST):
+            device_loss = value  # a device scalar passed (``loss.detach()``)
         ring = self._loss_ring
-        if value is None and loss is not None and ring is not None:
-            place = ring.add(loss.detach() if loss.requires_grad else loss)
+        if device_loss is not None and ring is not None:
+            place = ring.add(device_loss)
         handoff = self._handoff
         handoff.steps.append(
             (
@@ -641,7 +649,10 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             and loss_tensor is not None
         )
         ring = self._loss_ring
-        if usual and ring is not None and self._keep_loss(loss, loss_tensor, ring):
+        # Every tensor passed is noted (an accumulator passed again turns the ring off before
+        # any of its steps was kept there), whether this step's goes into the ring or not.
+        keep = ring is not None and type(loss) is _Tensor and self._keep_loss(loss)
+        if usual and keep and ring is not None and loss_tensor.device == ring.device:  # type: ignore[union-attr]
             # The usual GPU step: its loss kept on the device, read back with the others of
             # its tick in one copy (loss_ring.py): no CUDA call here.
             pending.loss_batch, pending.loss_index = ring.add(loss_tensor)  # type: ignore[arg-type]
@@ -664,18 +675,29 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         handoff.appended += 1
         return end
 
-    def _keep_loss(self, loss: Any, tensor: Any, ring: LossRing) -> bool:
-        """Whether a GPU step's loss ``tensor`` (``loss`` as the step gave it, detached) goes
-        into ``ring`` rather than being copied now: the tensor is on the ring's device, the
-        first RING_FROM steps are past, and ``loss`` is not the tensor the step before gave
-        (a loop that passes the same one every step changes it in place: an accumulator; its
-        losses are copied at their step from then on)."""
+    def _passed_anew(self, loss: Any) -> bool:
+        """On a GPU run's lean step: ``loss``, a scalar without a graph passed to probe.step(),
+        is not the tensor the step before passed (noted, weakly, for the next step). One passed
+        again is an accumulator changed in place: the step settles and the whole way turns the
+        loss ring off (:meth:`_keep_loss`), its losses copied at their step from then on."""
+        last = self._ring_last
+        if last is not None and last() is loss:
+            return False
+        self._ring_last = weakref.ref(loss)
+        return True
+
+    def _keep_loss(self, loss: torch.Tensor) -> bool:
+        """Whether a GPU step's loss (``loss`` as the step gave it) may go into the loss ring
+        rather than be copied now: the first RING_FROM steps are past, and ``loss`` is not the
+        tensor the step before gave (a loop that passes the same one every step changes it in
+        place: an accumulator; the ring is turned off for good, its losses copied at their
+        step from then on). Notes ``loss``, weakly, for the next step."""
         last = self._ring_last
         if last is not None and last() is loss:
             self._loss_ring = self._ring_last = None
             return False
         self._ring_last = weakref.ref(loss)
-        return self.step_count >= RING_FROM and tensor.device == ring.device
+        return self.step_count >= RING_FROM
 
     def _take_updates(self, pending: PendingStep) -> torch.Tensor | None:
         """This step's update ratios: the layers go on ``pending``; ratios on the host are kept
