@@ -47,6 +47,46 @@ def test_losses_of_several_shapes_and_dtypes_in_one_batch() -> None:
     assert batch.read() == [1.5, 2.5, 3.5]
 
 
+def test_a_loss_sharing_the_memory_of_the_one_before_is_not_read() -> None:
+    """Two losses kept at one address (a buffer rewritten in place, passed as a new view each
+    step): the earlier one's memory holds the later value by the copy, so it is left unread
+    (None, not a wrong number) and the ring is spoiled; the later one is read."""
+    ring = cpu_ring()
+    buffer = torch.zeros(())
+    first = ring.add(torch.tensor(1.0))
+    buffer.fill_(2.0)
+    ring.add(buffer.detach())
+    buffer.fill_(3.0)
+    ring.add(buffer.detach())
+    batch = first[0]
+    assert ring.spoiled and "share their memory" in ring.spoiled
+    assert batch.read() is None
+    assert batch.read() == [1.0, None, 3.0]
+
+
+def test_a_loss_changed_in_place_after_its_step_is_not_read() -> None:
+    ring = cpu_ring()
+    kept = [torch.tensor(float(k)) for k in range(3)]
+    batch = [ring.add(t) for t in kept][0][0]
+    kept[1].add_(10.0)  # after its step, before the copy: its version counter moves
+    assert batch.read() is None
+    assert batch.read() == [0.0, None, 2.0]
+    assert ring.spoiled and "changed in place" in ring.spoiled
+
+
+def test_a_copy_that_fails_leaves_its_steps_without_a_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def out_of_memory(vector: torch.Tensor, timing: bool = False) -> Any:
+        raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+
+    monkeypatch.setattr(loss_ring, "host_copy", out_of_memory)
+    ring = cpu_ring()
+    batch = [ring.add(torch.tensor(float(k))) for k in range(4)][0][0]
+    assert batch.read() == [None, None, None, None]  # never raises into the probe thread
+    assert ring.spoiled and "OutOfMemoryError" in ring.spoiled
+
+
 def test_a_full_batch_starts_another(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loss_ring, "CAPACITY", 3)
     ring = cpu_ring()
@@ -62,7 +102,7 @@ def as_on_a_gpu(probe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(taps, "READ_ON_HOST", False)
     on_a_fake_gpu(probe)
     probe._sampler._loss_ring = cpu_ring()
-    probe._sampler.lean.device_loss = True
+    probe._sampler.lean.device_loss = CPU
 
 
 def watched_as_on_a_gpu(loop: Loop, path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -206,4 +246,54 @@ def test_lean_gpu_steps_keep_their_loss_in_the_ring_and_their_phases_unmarked(
             for name in ("data_time", "forward_time", "backward_time", "optimizer_time")
         )
         assert record.step_time > 0 and record.probe_time > 0
+    assert probe.errors == 0
+
+
+def test_a_loop_passing_views_of_one_buffer_is_copied_at_each_step(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``buffer.copy_(loss); probe.step(buffer.detach())``: a new tensor each step at one
+    address (a CUDA graph's static output is the same). Seen in the first steps, before the
+    ring keeps any: it is given up, said once, no lean GPU step."""
+    loop = Loop(seed=10)
+    path = tmp_path / "views.tdbg"
+    probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
+    probe._sampler.grad_every = 10**9
+    buffer = torch.zeros(())
+    for _ in range(30):
+        loop.model.zero_grad(set_to_none=True)
+        loss = loop.loss()
+        loss.backward()
+        loop.optimizer.step()
+        buffer.copy_(loss.detach())
+        probe.step(buffer.detach())
+    assert probe._sampler._loss_ring is None
+    assert all(p.loss_batch is None for p in sent)
+    probe.close()
+    alerts = [m for m in Recording(path).messages() if m.get("type") == "alert"]
+    told = [a["message"] for a in alerts if "share their memory" in a["message"]]
+    assert len(told) == 1 and "copied to the host at its step" in told[0]
+    assert probe.errors == 0
+
+
+def test_a_count_the_lean_step_cannot_take_does_not_give_the_ring_up(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose ``samples=`` is not a plain number settles; the loss it passed was not
+    noted by the lean check (it comes last), so the whole way does not take it for one passed
+    twice."""
+    numpy = pytest.importorskip("numpy")
+    loop = Loop(seed=11)
+    probe, sent = watched_as_on_a_gpu(loop, tmp_path / "counts.tdbg", monkeypatch)
+    probe._sampler.grad_every = 10**9
+    for step in range(60):
+        loop.model.zero_grad(set_to_none=True)
+        loss = loop.loss()
+        loss.backward()
+        loop.optimizer.step()
+        samples = numpy.int64(32) if step % 7 == 3 else 32
+        probe.step(loss.detach(), samples=samples)
+    assert probe._sampler._loss_ring is not None
+    assert sum(p.loss_batch is not None for p in sent) > 30
+    probe.close()
     assert probe.errors == 0

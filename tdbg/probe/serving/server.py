@@ -75,7 +75,8 @@ STOP_SECONDS = 10.0
 # instead of being dropped (a short run on a busy machine lost its last samples), within R54's 1 s.
 DRAIN_SECONDS = 0.5
 # How long stopping waits for the last steps' device copies (a GPU run's losses are read back
-# a tick late, loss_ring.py): normally a millisecond or two; within R54's 1 s with the above.
+# a tick late, loss_ring.py): normally a millisecond or two; never past the drain's second
+# above (R54: the whole stop within 1 s).
 FINAL_COPY_SECONDS = 0.3
 # How long a run that ended keeps serving for a client waiting for a run here that has not
 # attached yet (its note, connect/runtime.py): a client that got no CPU for the run's whole
@@ -376,13 +377,14 @@ class ProbeServer(ClientLoop):
                 self._on_error(exc)
                 time.sleep(TICK_SECONDS)
         # What the sampler thread finishes at stop (the last samples) is in this last tick.
+        stopping = time.monotonic()
         self._work_drained.wait(DRAIN_SECONDS + 0.5)
         with contextlib.suppress(Exception):
             self._tick(time.monotonic())
             # Steps whose device values are still being copied (a GPU run's last batch of
             # losses starts its copy in the tick just run): waited for, briefly, so that the
-            # run's last steps are recorded rather than dropped.
-            deadline = time.monotonic() + FINAL_COPY_SECONDS
+            # run's last steps are recorded rather than dropped; within the drain's second.
+            deadline = min(time.monotonic() + FINAL_COPY_SECONDS, stopping + DRAIN_SECONDS + 0.5)
             while self.inbox and time.monotonic() < deadline:
                 time.sleep(0.005)
                 self._tick(time.monotonic())

@@ -49,10 +49,11 @@ class LeanStep:
         # (taps), and the hook it hands anything else to. None while the hook is in place.
         self.optimizer: Any = None
         self.pre_hook: Callable[[Any, Any, Any], Any] | None = None
-        # A GPU run's: the backward's scalar may be a device one, kept unread (reading it
-        # waits for the device); its value comes back a tick later with its neighbours'
-        # (loss_ring.py). On a CPU run a device scalar is not the usual pattern.
-        self.device_loss = False
+        # A GPU run's device (its loss ring's): a scalar on it backpropagated or passed is
+        # kept unread (reading it waits for the device); its value comes back a tick later
+        # with its neighbours' (loss_ring.py). None on a CPU run: there a device scalar is
+        # not the usual pattern.
+        self.device_loss: Any = None
         self.clear()
 
     def clear(self) -> None:

@@ -19,7 +19,7 @@ from tdbg.probe.training.gradients import Layer
 from tdbg.probe.training.histograms import HistogramPart
 from tdbg.probe.training.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, perf
 from tdbg.probe.training.inbox import Inbox
-from tdbg.probe.training.loss_ring import RING_FROM
+from tdbg.probe.training.loss_ring import RING_FROM, copied_now
 from tdbg.probe.training.loss_tally import LossTally
 from tdbg.probe.training.pending import PendingStep
 from tdbg.probe.training.release import HELD
@@ -145,7 +145,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                         type(loss) is _Tensor
                         and not loss.requires_grad
                         and loss.numel() == 1
-                        and (self._passed_anew(loss) if lean.device_loss else loss.is_cpu)
+                        and (lean.device_loss is not None or loss.is_cpu)
                     )
                 )
                 and (
@@ -154,6 +154,13 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 and (tokens is None or (type(tokens) in PLAIN_COUNTS and 0 <= tokens <= MAX_COUNT))
                 and self._handoff.open
                 and self._iterating is None  # a DataLoader's pass began (on another thread)
+                # Last: it notes the tensor (a step that settled would see it twice).
+                and (
+                    lean.device_loss is None
+                    or type(loss) is not _Tensor
+                    or loss is lean.loss
+                    or self._keep_loss(loss)
+                )
             ):
                 self._hand_lean_step(loss, samples, tokens, hooks, t0)
                 return
@@ -326,10 +333,13 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             self._fold_here(count - 1, t0, last_host, end, hook_seconds, 0.0, LEAN_SCALE)
         value = lean.value if loss is None or loss is lean.loss else loss
         if self._cuda_device is not None:
-            self._hand_lean_device_step(
-                count, t0, value, samples, tokens, last_host, end, hook_seconds, hooks
+            # The next step's phases timed (or the ring given up): the whole way.
+            due = (
+                not self._hand_lean_device_step(
+                    count, t0, value, samples, tokens, last_host, end, hook_seconds, hooks
+                )
+                or due
             )
-            due = due or self._marked  # the next step's phases timed: the whole way
         else:
             # To the probe thread as its readings (pending.LeanHanded): it builds the rest.
             handoff = self._handoff
@@ -370,12 +380,14 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         end: float,
         hook_seconds: float,
         hooks: PhaseHooks,
-    ) -> None:
+    ) -> bool:
         """A GPU run's lean step: its loss (``value``: None for the device scalar the backward
         kept unread) into the loss ring, the step handed over with its phases unmarked (an
         untimed GPU step's are NaN: the host's clock is not the device's), and the next
-        step's marks planned, as the whole way plans them."""
+        step's marks planned, as the whole way plans them. Whether the next step may be lean
+        (not timed, the ring still kept)."""
         lean = self.lean
+        on = True
         place: Any = value
         device_loss: Any = None  # what goes into the ring: a device scalar without a graph
         if value is None:
@@ -384,9 +396,15 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 device_loss = loss.detach() if loss.requires_grad else loss
         elif type(value) is _Tensor and not (value.is_cpu and taps.READ_ON_HOST):
             device_loss = value  # a device scalar passed (``loss.detach()``)
-        ring = self._loss_ring
-        if device_loss is not None and ring is not None:
-            place = ring.add(device_loss)
+        if device_loss is not None:
+            ring = self._loss_ring
+            if ring is not None and ring.spoiled is None:
+                place = ring.add(device_loss)
+            else:
+                place = copied_now(device_loss)  # (the ring given up during this step)
+            if ring is None or ring.spoiled is not None:
+                self._drop_ring()
+                on = False  # the whole way from the next step (a GPU's lean step needs a ring)
         handoff = self._handoff
         handoff.steps.append(
             (
@@ -411,6 +429,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._plan_marks(hooks)
         if self._marked:
             self._previous_end = self._mark()  # the next step's data gap starts here
+        return on and not self._marked
 
     def _arm_lean(self, hooks: PhaseHooks) -> None:
         """Whether the next step starts lean (lean.py): a CPU run's one optimizer, no pass due,
@@ -425,6 +444,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 # whole way's host time is hidden behind the device's where it does not).
                 or (
                     self._loss_ring is not None
+                    and self._loss_ring.spoiled is None
                     and not self._marked
                     and not self._hidden
                     and self.step_count >= RING_FROM
@@ -648,11 +668,11 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             and len(scalars) == 1
             and loss_tensor is not None
         )
+        # Every tensor passed is noted (one sharing the memory of the one before gives the ring
+        # up before any of its steps was kept there), whether it goes into the ring or not.
+        keep = self._loss_ring is not None and type(loss) is _Tensor and self._keep_loss(loss)
         ring = self._loss_ring
-        # Every tensor passed is noted (an accumulator passed again turns the ring off before
-        # any of its steps was kept there), whether this step's goes into the ring or not.
-        keep = ring is not None and type(loss) is _Tensor and self._keep_loss(loss)
-        if usual and keep and ring is not None and loss_tensor.device == ring.device:  # type: ignore[union-attr]
+        if usual and keep and ring is not None:
             # The usual GPU step: its loss kept on the device, read back with the others of
             # its tick in one copy (loss_ring.py): no CUDA call here.
             pending.loss_batch, pending.loss_index = ring.add(loss_tensor)  # type: ignore[arg-type]
@@ -675,29 +695,36 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         handoff.appended += 1
         return end
 
-    def _passed_anew(self, loss: Any) -> bool:
-        """On a GPU run's lean step: ``loss``, a scalar without a graph passed to probe.step(),
-        is not the tensor the step before passed (noted, weakly, for the next step). One passed
-        again is an accumulator changed in place: the step settles and the whole way turns the
-        loss ring off (:meth:`_keep_loss`), its losses copied at their step from then on."""
-        last = self._ring_last
-        if last is not None and last() is loss:
-            return False
-        self._ring_last = weakref.ref(loss)
-        return True
-
     def _keep_loss(self, loss: torch.Tensor) -> bool:
-        """Whether a GPU step's loss (``loss`` as the step gave it) may go into the loss ring
-        rather than be copied now: the first RING_FROM steps are past, and ``loss`` is not the
-        tensor the step before gave (a loop that passes the same one every step changes it in
-        place: an accumulator; the ring is turned off for good, its losses copied at their
-        step from then on). Notes ``loss``, weakly, for the next step."""
-        last = self._ring_last
-        if last is not None and last() is loss:
-            self._loss_ring = self._ring_last = None
+        """Whether a GPU step's loss (a scalar the step passed) may go into the loss ring rather
+        than be copied now: the ring is kept, the first RING_FROM steps are past, the scalar is
+        on the ring's device, and it does not share its memory with the one the step before
+        passed (both alive: the same address is the same memory). One that does is written
+        again after its step (an accumulator changed in place, a CUDA graph's static output):
+        the ring is given up for good, each step's loss copied at its step from then on (said
+        once). Notes ``loss`` (detached) for the next step."""
+        ring = self._loss_ring
+        if ring is None:
             return False
-        self._ring_last = weakref.ref(loss)
-        return self.step_count >= RING_FROM
+        tensor = loss.detach() if loss.requires_grad else loss
+        last, self._ring_last = self._ring_last, tensor
+        if ring.spoiled is None and last is not None and last.data_ptr() == tensor.data_ptr():
+            ring.spoil("the losses passed to probe.step() share their memory from step to step")
+        if ring.spoiled is not None:
+            self._drop_ring()
+            return False
+        return self.step_count >= RING_FROM and tensor.device == ring.device
+
+    def _drop_ring(self) -> None:
+        """Give the loss ring up (it says why): each GPU step's loss copied at its step."""
+        ring, self._loss_ring, self._ring_last = self._loss_ring, None, None
+        why = ring.spoiled if ring is not None else None
+        if why:
+            self.report_once(
+                "loss-ring",
+                f"tdbg: {why}: each step's loss is copied to the host at its step from now on"
+                " (about 100 us of host time a step on a GPU)",
+            )
 
     def _take_updates(self, pending: PendingStep) -> torch.Tensor | None:
         """This step's update ratios: the layers go on ``pending``; ratios on the host are kept

@@ -242,8 +242,10 @@ class SamplerState:
         # A GPU run's usual steps' losses, read back a tick later in one copy (loss_ring.py);
         # None on the CPU, and for good once a loop passes the same loss tensor twice.
         self._loss_ring = LossRing(cuda_device) if cuda_device is not None else None
-        self.lean.device_loss = cuda_device is not None
-        self._ring_last: weakref.ref[Any] | None = None  # the last loss kept there, weakly
+        self.lean.device_loss = cuda_device
+        # The last tensor a GPU step passed (detached: no graph), kept so that a loss at its
+        # address is known to share its memory (StepSampler._keep_loss).
+        self._ring_last: torch.Tensor | None = None
         self._grad_marks: tuple[Mark, Mark] | None = None
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
         self._spent_probe = self._spent_step = 0.0  # slow EMAs of probe and step seconds

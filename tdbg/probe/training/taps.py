@@ -372,7 +372,11 @@ def _wrap_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                         except (RuntimeError, TypeError, ValueError, OverflowError):
                             pass
                         kept = type(value) is float and value - value == 0.0
-                    elif lean.device_loss and tensors.numel() == 1:
+                    elif (
+                        lean.device_loss is not None
+                        and tensors.numel() == 1
+                        and tensors.device == lean.device_loss
+                    ):
                         kept = True
                     if kept:
                         lean.loss, lean.value, lean.forward_end = tensors, value, t0
