@@ -297,3 +297,27 @@ def test_a_count_the_lean_step_cannot_take_does_not_give_the_ring_up(
     assert sum(p.loss_batch is not None for p in sent) > 30
     probe.close()
     assert probe.errors == 0
+
+
+def test_a_scalar_the_ring_cannot_take_does_not_give_it_up(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lean step given a scalar on another device than the ring's (a CPU one on a GPU run,
+    here a ring on the meta device) settles and goes the whole way, which reads it as a CPU
+    scalar: the scalar is looked at twice, and must not be taken for one passed twice."""
+    loop = Loop(seed=12)
+    probe, sent = watched_as_on_a_gpu(loop, tmp_path / "elsewhere.tdbg", monkeypatch)
+    probe._sampler._loss_ring = LossRing(torch.device("meta"), stream_of=lambda device: None)
+    probe._sampler.grad_every = 10**9
+    for _ in range(40):
+        loop.model.zero_grad(set_to_none=True)
+        loss = loop.loss()
+        loss.backward()
+        loop.optimizer.step()
+        probe.step(loss.detach())
+        loop.losses.append(loss.item())
+    ring = probe._sampler._loss_ring
+    assert ring is not None and ring.spoiled is None
+    assert all(p.loss_batch is None for p in sent)
+    probe.close()
+    assert probe.errors == 0

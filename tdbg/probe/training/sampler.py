@@ -154,12 +154,11 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 and (tokens is None or (type(tokens) in PLAIN_COUNTS and 0 <= tokens <= MAX_COUNT))
                 and self._handoff.open
                 and self._iterating is None  # a DataLoader's pass began (on another thread)
-                # Last: it notes the tensor (a step that settled would see it twice).
                 and (
                     lean.device_loss is None
                     or type(loss) is not _Tensor
                     or loss is lean.loss
-                    or self._keep_loss(loss)
+                    or self._ring_takes(loss)
                 )
             ):
                 self._hand_lean_step(loss, samples, tokens, hooks, t0)
@@ -397,6 +396,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         elif type(value) is _Tensor and not (value.is_cpu and taps.READ_ON_HOST):
             device_loss = value  # a device scalar passed (``loss.detach()``)
         if device_loss is not None:
+            self._ring_last = device_loss  # (what _keep_loss and _ring_takes compare with)
             ring = self._loss_ring
             if ring is not None and ring.spoiled is None:
                 place = ring.add(device_loss)
@@ -695,6 +695,20 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         handoff.appended += 1
         return end
 
+    def _ring_takes(self, loss: torch.Tensor) -> bool:
+        """On a GPU run's lean step: whether ``loss``, a scalar without a graph passed to
+        probe.step(), can go into the loss ring: the ring is kept, the scalar is on its device
+        and not at the address of the one noted before (:meth:`_keep_loss`). Notes nothing: a
+        step that settles is noted by the whole way, once."""
+        ring = self._loss_ring
+        last = self._ring_last
+        return (
+            ring is not None
+            and ring.spoiled is None
+            and loss.device == ring.device
+            and (last is None or last.data_ptr() != loss.data_ptr())
+        )
+
     def _keep_loss(self, loss: torch.Tensor) -> bool:
         """Whether a GPU step's loss (a scalar the step passed) may go into the loss ring rather
         than be copied now: the ring is kept, the first RING_FROM steps are past, the scalar is
@@ -722,7 +736,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         if why:
             self.report_once(
                 "loss-ring",
-                f"tdbg: {why}: each step's loss is copied to the host at its step from now on"
+                f"{why}: each step's loss is copied to the host at its step from now on"
                 " (about 100 us of host time a step on a GPU)",
             )
 
