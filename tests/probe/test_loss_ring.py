@@ -5,6 +5,7 @@ CPU with the ring keeping CPU tensors (no CUDA here; gpu_check.py runs it on a G
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,18 +114,29 @@ def watched_as_on_a_gpu(loop: Loop, path: Path, monkeypatch: pytest.MonkeyPatch)
     return probe, handed_over(probe, monkeypatch)
 
 
-def run(loop: Loop, probe: Any, steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``steps`` steps of ``loop``, each passing probe.step() a scalar of its own (not the one
-    backpropagated), the whole way: on a GPU such a scalar is a device one, which a lean step
-    does not take (here, a CPU one, it would)."""
-    monkeypatch.setattr(lean, "ENABLED", False)
-    for _ in range(steps):
+def train(
+    loop: Loop,
+    probe: Any,
+    steps: int,
+    passed: Callable[[torch.Tensor], Any] = torch.Tensor.detach,
+    samples: Callable[[int], Any] = lambda step: None,
+) -> None:
+    """``steps`` steps of ``loop``, each passing probe.step() ``passed(loss)`` (by default
+    ``loss.detach()``, a GPU loop's usual call) and ``samples(step)``; each loss noted."""
+    for step in range(steps):
         loop.model.zero_grad(set_to_none=True)
         loss = loop.loss()
         loss.backward()
         loop.optimizer.step()
-        probe.step(loss.detach().clone())
+        probe.step(passed(loss), samples=samples(step))
         loop.losses.append(loss.item())
+
+
+def run(loop: Loop, probe: Any, steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``steps`` steps of ``loop``, each passing probe.step() a scalar of its own (not the one
+    backpropagated), the whole way: lean steps off (the tests of lean steps are below)."""
+    monkeypatch.setattr(lean, "ENABLED", False)
+    train(loop, probe, steps, lambda loss: loss.detach().clone())
 
 
 def recorded_losses(path: Path) -> list[tuple[int, float | None]]:
@@ -168,13 +180,11 @@ def test_a_loop_passing_one_tensor_every_step_is_copied_at_each_step(
     probe._sampler.grad_every = 10**9
     running = torch.zeros(())
     monkeypatch.setattr(lean, "ENABLED", lean_steps)
-    for _ in range(30):
-        loop.model.zero_grad(set_to_none=True)
-        loss = loop.loss()
-        loss.backward()
-        loop.optimizer.step()
-        running.mul_(0.9).add_(loss.detach(), alpha=0.1)  # changed in place, passed again
-        probe.step(running)
+
+    def accumulated(loss: torch.Tensor) -> torch.Tensor:
+        return running.mul_(0.9).add_(loss.detach(), alpha=0.1)  # changed in place, passed again
+
+    train(loop, probe, 30, accumulated)
     assert probe._sampler._loss_ring is None
     assert all(p.loss_batch is None for p in sent)
     assert not probe._sampler.lean.on  # no lean step on a GPU run without its ring
@@ -191,13 +201,7 @@ def test_a_detached_loss_passed_is_kept_on_lean_steps(
     path = tmp_path / "detached.tdbg"
     probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
     probe._sampler.grad_every = 10**9
-    for _ in range(100):
-        loop.model.zero_grad(set_to_none=True)
-        loss = loop.loss()
-        loss.backward()
-        loop.optimizer.step()
-        probe.step(loss.detach())
-        loop.losses.append(loss.item())
+    train(loop, probe, 100)
     probe.close()
     lean_steps = [p for p in sent if p.loss_batch is not None and p.timeline.forward_start is None]
     assert len(lean_steps) > 50
@@ -260,13 +264,7 @@ def test_a_loop_passing_views_of_one_buffer_is_copied_at_each_step(
     probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
     probe._sampler.grad_every = 10**9
     buffer = torch.zeros(())
-    for _ in range(30):
-        loop.model.zero_grad(set_to_none=True)
-        loss = loop.loss()
-        loss.backward()
-        loop.optimizer.step()
-        buffer.copy_(loss.detach())
-        probe.step(buffer.detach())
+    train(loop, probe, 30, lambda loss: buffer.copy_(loss.detach()).detach())
     assert probe._sampler._loss_ring is None
     assert all(p.loss_batch is None for p in sent)
     probe.close()
@@ -286,13 +284,7 @@ def test_a_count_the_lean_step_cannot_take_does_not_give_the_ring_up(
     loop = Loop(seed=11)
     probe, sent = watched_as_on_a_gpu(loop, tmp_path / "counts.tdbg", monkeypatch)
     probe._sampler.grad_every = 10**9
-    for step in range(60):
-        loop.model.zero_grad(set_to_none=True)
-        loss = loop.loss()
-        loss.backward()
-        loop.optimizer.step()
-        samples = numpy.int64(32) if step % 7 == 3 else 32
-        probe.step(loss.detach(), samples=samples)
+    train(loop, probe, 60, samples=lambda step: numpy.int64(32) if step % 7 == 3 else 32)
     assert probe._sampler._loss_ring is not None
     assert sum(p.loss_batch is not None for p in sent) > 30
     probe.close()
@@ -309,13 +301,7 @@ def test_a_scalar_the_ring_cannot_take_does_not_give_it_up(
     probe, sent = watched_as_on_a_gpu(loop, tmp_path / "elsewhere.tdbg", monkeypatch)
     probe._sampler._loss_ring = LossRing(torch.device("meta"), stream_of=lambda device: None)
     probe._sampler.grad_every = 10**9
-    for _ in range(40):
-        loop.model.zero_grad(set_to_none=True)
-        loss = loop.loss()
-        loss.backward()
-        loop.optimizer.step()
-        probe.step(loss.detach())
-        loop.losses.append(loss.item())
+    train(loop, probe, 40)
     ring = probe._sampler._loss_ring
     assert ring is not None and ring.spoiled is None
     assert all(p.loss_batch is None for p in sent)
