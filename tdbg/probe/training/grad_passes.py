@@ -108,10 +108,16 @@ class GradientPasses(SamplerState):
             if sample is not None:  # checked once, where it was read (a clip reads it first)
                 sample, nonfinite = self._check_host(slot.grads, sample)
             slot.sample = sample
+            before_extras = self._grad_seconds
             if self._sample_now and slot.updates is not None and not slot.measuring:
                 self._begin_updates(slot, pass_seconds)
             if self._sample_now and slot.histograms is not None:
                 self._count_histograms(slot, pass_seconds)
+            marks = self._grad_marks
+            if marks is not None and self._grad_seconds != before_extras:
+                # The weight copy and the histograms ran on the device right after the pass:
+                # their kernels are the probe's device time too (a GPU-bound step's cost).
+                self._grad_marks = (marks[0], self._cuda_mark(), *marks[2:])
         if slot.guard is not None:
             # One sync per update, the price of keeping the model intact (README). Timed whole,
             # as a pass is: a read of every gradient, not the hooks' few cold lines.
@@ -255,8 +261,8 @@ class GradientPasses(SamplerState):
             # Host time is only the launch cost on a GPU: the probe thread times the kernels
             # with these events and reports back (on_grad_device_time).
             after = self._cuda_mark()
-            start = before if self._grad_marks is None else self._grad_marks[0]
-            self._grad_marks = (start, after)
+            marks = self._grad_marks
+            self._grad_marks = (before, after) if marks is None else (marks[0], after, *marks[2:])
         self._grad_seconds += perf() - t0
         if stats.replanned:  # a replanning pass also built index tensors: not typical
             self._replanned = True

@@ -36,7 +36,14 @@ class LossTally(SamplerState):
         if slot.measuring and slot.updates is not None:
             # The update is done: its layers' ratios (a sampled step only; timed whole).
             slot.measuring = False
-            slot.update_result, took = slot.updates.finish()
+            marks = self._grad_marks  # (a GPU run's: its pass's device time)
+            if marks is None:
+                slot.update_result, took = slot.updates.finish()
+            else:
+                # Its kernels, after the update: a span of the probe's device time of its own.
+                before = self._cuda_mark()
+                slot.update_result, took = slot.updates.finish()
+                self._grad_marks = (*marks, before, self._cuda_mark())
             self._grad_seconds += took
         closure, slot.closure_loss = slot.closure_loss, None
         pending, self._pending_loss = self._pending_loss, None

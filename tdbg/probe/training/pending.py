@@ -140,7 +140,10 @@ class PendingStep:
     ready: Any = None
     grads: GradSample | None = None  # this step's sample, when gradients were sampled
     missing_layers: Sequence[int] = ()
-    grad_marks: tuple[Mark, Mark] | None = None  # around the gradient pass, on a GPU
+    # On a GPU: (start, end) pairs around the probe's device work of a sampled step (the
+    # gradient pass with the weight copy and histograms that follow it; the update ratios'
+    # measurement after the update).
+    grad_marks: tuple[Mark, ...] | None = None
     grad_device_time: float | None = None  # what the pass took on the device, once resolved
     weight_nonfinite: list[int] | None = None  # layers with NaN/Inf weights (sampled steps)
     forward_origin: tuple[str, str, int] | None = None  # a non-finite forward, re-run in place
@@ -207,10 +210,14 @@ class PendingStep:
         if phases is None:
             return None
         data, no_grad, forward, backward, optimizer = phases
-        if self.grad_marks is not None:
-            grad_time = span(*self.grad_marks)
-            if grad_time is None:
-                return None
+        marks = self.grad_marks
+        if marks is not None:
+            grad_time = 0.0
+            for k in range(0, len(marks) - 1, 2):
+                part = span(marks[k], marks[k + 1])
+                if part is None:
+                    return None
+                grad_time += part
             self.grad_device_time = grad_time
         grad_total: float | None = None
         grad_norms: array | None = None

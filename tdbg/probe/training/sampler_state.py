@@ -246,7 +246,7 @@ class SamplerState:
         # The last tensor a GPU step passed (detached: no graph), kept so that a loss at its
         # address is known to share its memory (StepSampler._keep_loss).
         self._ring_last: torch.Tensor | None = None
-        self._grad_marks: tuple[Mark, Mark] | None = None
+        self._grad_marks: tuple[Mark, ...] | None = None  # (start, end) pairs: pending.py
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
         self._spent_probe = self._spent_step = 0.0  # slow EMAs of probe and step seconds
         self._tap_seconds = taps.tap_seconds  # the taps' time, taken at each step
