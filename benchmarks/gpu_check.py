@@ -491,8 +491,7 @@ def demo_on_the_gpu(
 ) -> None:
     """The batches are made and copied to the GPU first: a copy from pageable host memory is
     a sync of the demo's own, not the probe's."""
-    task.model.to(device)  # the optimizer holds the same parameters, now on the GPU
-    batches = [tuple(t.to(device) for t in task.batch()) for _ in range(4)]
+    batches = task.on_device(device, 4)
     probe = tdbg.watch(task.model, task.optimizer, grad_every=1, name=f"gpu-{label}")
 
     def step(i: int) -> None:

@@ -142,8 +142,7 @@ def block(
 def bench(name: str, args: argparse.Namespace, device: torch.device, rng: random.Random) -> None:
     sizes = {"batch_size": args.batch_size} if args.batch_size else {}
     task = MAKERS[name](seed=args.seed, **sizes)
-    task.model.to(device)  # the optimizer holds the same parameters, now on the device
-    pool = [tuple(t.to(device) for t in task.batch()) for _ in range(POOL)]
+    pool = task.on_device(device, POOL)
     block(task, pool, 20, None, device)  # optimizer state, allocator, cuBLAS/cuDNN handles
     wall, _ = block(task, pool, 10, None, device)
     steps = max(10, round(args.block_seconds / wall))

@@ -143,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tdbg {tdbg.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}")
     for name in args.models.split(","):
         task = MAKERS[name.strip()](seed=0)
-        task.model.to(device)
-        pool = [(x.to(device), y.to(device)) for x, y in (task.batch() for _ in range(POOL))]
+        pool = task.on_device(device, POOL)
         for i in range(20):
             task.train_step(*pool[i % POOL])
         print(f"\n=== {name} (batch {task.batch_size})")

@@ -182,9 +182,7 @@ def count_reported(probe: tdbg.Probe) -> list[float]:
 def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     task = MAKERS[name](seed=args.seed)
     device = torch.device(args.device)
-    task.model.to(device)  # the optimizer holds the same parameters, now on the device
-    pool = [(inputs.to(device), targets.to(device)) for inputs, targets in (
-        task.batch() for _ in range(POOL))]  # fmt: skip
+    pool = task.on_device(device, POOL)
     for i in range(20):  # optimizer state, allocator
         task.train_step(*pool[i % POOL])
     probe = tdbg.watch(task.model, task.optimizer, name=name, grad_every=args.grad_every)

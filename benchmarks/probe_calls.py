@@ -58,8 +58,7 @@ def counted(name: str, watched: bool, steps: int, clip: bool, device: torch.devi
     of the demo ``name`` on ``device``;
     ``clip``: the loop clips the gradients (``clip_grad_norm_(model.parameters(), 1.0)``)."""
     task = MAKERS[name](seed=0)
-    task.model.to(device)  # the optimizer holds the same parameters, now on the device
-    pool = [(x.to(device), y.to(device)) for x, y in (task.batch() for _ in range(4))]
+    pool = task.on_device(device, 4)
     probe = tdbg.watch(task.model, task.optimizer, name=name, grad_every=10**9) if watched else None
 
     def clip_grads() -> None:

@@ -45,6 +45,14 @@ class Task:
             self.scheduler.step()
         return loss.detach()
 
+    def on_device(self, device: torch.device, batches: int) -> list[Batch]:
+        """The model moved to ``device`` (the optimizer holds the same parameters, moved with
+        it) and ``batches`` fresh batches there, made first: copying a batch from pageable host
+        memory waits for the device, a sync of the loop's own that no timed step should pay."""
+        self.model.to(device)
+        return [(inputs.to(device), targets.to(device)) for inputs, targets in (
+            self.batch() for _ in range(batches))]  # fmt: skip
+
 
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
