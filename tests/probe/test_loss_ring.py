@@ -16,7 +16,7 @@ from test_phase_marks import on_a_fake_gpu
 
 import tdbg
 from tdbg.probe.training import lean, loss_ring, taps
-from tdbg.probe.training.loss_ring import RING_FROM, LossRing
+from tdbg.probe.training.loss_ring import RING_FROM, LossRing, copied_now
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording
 
@@ -86,6 +86,15 @@ def test_a_copy_that_fails_leaves_its_steps_without_a_loss(
     batch = [ring.add(torch.tensor(float(k))) for k in range(4)][0][0]
     assert batch.read() == [None, None, None, None]  # never raises into the probe thread
     assert ring.spoiled and "OutOfMemoryError" in ring.spoiled
+
+
+def test_a_loss_copied_at_its_step_reads_as_a_kept_one() -> None:
+    """Where the ring was given up during a lean step, its loss is copied at once, as a batch
+    of its own read the same way (bfloat16 and a shape [1] loss too)."""
+    for loss in (torch.tensor(2.5), torch.tensor([1.5]), torch.tensor(0.75, dtype=torch.bfloat16)):
+        batch, place = copied_now(loss)
+        losses = batch.read()
+        assert losses is not None and losses[place] == float(loss)
 
 
 def test_a_full_batch_starts_another(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -113,9 +113,10 @@ class LossBatch:
 def copied_now(loss: torch.Tensor) -> tuple[LossBatch, int]:
     """``loss`` copied at its step, as a batch of its own (where the ring is not used any
     more): the same place a kept loss has, read the same way."""
-    batch = LossBatch(None, None)
+    batch = LossBatch(None, None)  # (no stream: the current one, as the step's own work)
     batch.tensors = None
-    batch.values, batch.ready = host_copy(loss.detach().reshape(1).float())
+    batch.versions.append(loss._version)
+    batch._copy([loss])
     return batch, 0
 
 

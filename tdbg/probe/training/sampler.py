@@ -701,13 +701,18 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         and not at the address of the one noted before (:meth:`_keep_loss`). Notes nothing: a
         step that settles is noted by the whole way, once."""
         ring = self._loss_ring
-        last = self._ring_last
         return (
             ring is not None
             and ring.spoiled is None
             and loss.device == ring.device
-            and (last is None or last.data_ptr() != loss.data_ptr())
+            and not self._shares_memory(loss)
         )
+
+    def _shares_memory(self, tensor: torch.Tensor) -> bool:
+        """``tensor`` is at the address of the scalar noted before it: both alive, the same
+        memory, written again since that one's step."""
+        last = self._ring_last
+        return last is not None and last.data_ptr() == tensor.data_ptr()
 
     def _keep_loss(self, loss: torch.Tensor) -> bool:
         """Whether a GPU step's loss (a scalar the step passed) may go into the loss ring rather
@@ -721,9 +726,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         if ring is None:
             return False
         tensor = loss.detach() if loss.requires_grad else loss
-        last, self._ring_last = self._ring_last, tensor
-        if ring.spoiled is None and last is not None and last.data_ptr() == tensor.data_ptr():
+        if ring.spoiled is None and self._shares_memory(tensor):
             ring.spoil("the losses passed to probe.step() share their memory from step to step")
+        self._ring_last = tensor
         if ring.spoiled is not None:
             self._drop_ring()
             return False
