@@ -191,6 +191,78 @@ def lone_loss(device: torch.device) -> None:
         cost_model.MARK_EVERY_STEP_FROM = timed_from
 
 
+def rewritten_loss(device: torch.device) -> None:
+    """A loop that passes memory it writes again after the step, in the ways no version
+    counter sees: a CUDA graph's static output (replayed each step: the next replay
+    overwrites it), and two buffers in turn written through ``.data``, doubled in place after
+    ``probe.step()`` (as an in-place all-reduce would). Each step's loss is copied into the
+    loss ring at its step (loss_ring.py): every recorded loss is the step's own, no sync, the
+    ring kept (not given up)."""
+    from tdbg.protocol.steps import unpack_steps
+
+    model, opt, x, y = model_and_data(device)
+    static_in = torch.zeros(1, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up before capture, as torch.cuda.graph asks
+            static_out = (static_in * 2.0).sum()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = (static_in * 2.0).sum()
+    buffers = [torch.zeros((), device=device), torch.zeros((), device=device)]
+    probe = tdbg.watch(model, opt, name="gpu-rewritten")
+    assert probe.socket_path
+    client = ProbeClient.connect(probe.socket_path)
+    truth: list[torch.Tensor] = []
+
+    def step(k: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        truth.append(loss.detach().clone())
+        if k % 3 == 0:
+            static_in.copy_(loss.detach().reshape(1) / 2.0)
+            graph.replay()  # static_out = the loss, written without a version bump
+            probe.step(static_out)
+        else:
+            buffer = buffers[k % 2]
+            buffer.data.copy_(loss.detach())
+            probe.step(buffer.detach())
+            buffer.data.mul_(2.0)  # after its step, in place, no version bump
+
+    for k in range(5):
+        step(k)
+    with sync_is_an_error() as caught:
+        for k in range(5, 5 + STEPS):
+            step(k)
+    values = [float(v) for v in truth]  # read after the loop: these syncs are ours
+    got: dict[int, Any] = {}
+    deadline = time.monotonic() + 20
+    while len(got) < len(values) and time.monotonic() < deadline:
+        for m in client.messages(timeout=0.5):
+            if m.get("type") == "steps":
+                got.update((r.step, r) for r in unpack_steps(m))
+    ring = probe._sampler._loss_ring
+    kept = ring is not None and ring.spoiled is None
+    client.close()
+    probe.close()
+    wrong = [
+        f"step {s}: {r.loss} vs {values[s]}"
+        for s, r in sorted(got.items())
+        if not (r.loss == r.loss and math.isclose(r.loss, values[s], rel_tol=1e-6))
+    ]
+    check(
+        "a graph's static output and buffers written again after the step: each step's own loss",
+        len(got) == len(values) and not wrong and not caught and kept,
+        f"{len(got)} of {len(values)} steps, ring kept: {kept}",
+        *caught,
+        *wrong[:3],
+    )
+
+
 def lone_loss_of(device: torch.device, dtype: torch.dtype, every_step: bool) -> None:
     from tdbg.protocol.steps import MAX_PHASE_GAP, unpack_steps
 
@@ -659,6 +731,7 @@ PARTS = (
     huggingface_on_the_gpu,
     norms_right,
     lone_loss,
+    rewritten_loss,
     figures_and_dives,
     activation_histograms,
     out_of_memory,

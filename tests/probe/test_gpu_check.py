@@ -29,6 +29,7 @@ def test_without_cuda_it_says_so_and_exits_0() -> None:
         "huggingface_on_the_gpu",
         "norms_right",
         "lone_loss",
+        "rewritten_loss",
         "figures_and_dives",
         "activation_histograms",
         "out_of_memory",

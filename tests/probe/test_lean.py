@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +20,92 @@ from tdbg.probe.training import cost_model
 from tdbg.probe.training import hooks as hooks_module
 from tdbg.probe.training import lean as lean_switch
 from tdbg.probe.training import sampler as sampler_module
-from tdbg.probe.training.loss_ring import RING_FROM
 
 STEPS = 24
 
 
-def _loop(variant: str, device: bool = False) -> Callable[[Any], list[Any]]:
-    """A real loop of STEPS steps, ordinary except where ``variant`` makes some steps not
+class Plan:
+    """What a loop does beyond the ordinary: ``at(step)`` the oddities of that step (by name:
+    see _loop), ``modes`` those of the whole run, ``grad_every`` its gradient passes."""
+
+    def __init__(
+        self,
+        at: Callable[[int], set[str]] = lambda step: set(),
+        modes: frozenset[str] = frozenset(),
+        grad_every: int = 10**9,
+        steps: int = STEPS,
+    ) -> None:
+        self.at, self.modes, self.grad_every, self.steps = at, modes, grad_every, steps
+
+
+def _every(name: str, period: int = 1, phase: int = 0) -> Callable[[int], set[str]]:
+    return lambda step: {name} if step % period == phase else set()
+
+
+PLANS = {
+    "plain": Plan(),
+    "detached": Plan(_every("detached")),
+    "number": Plan(_every("number")),
+    "none": Plan(_every("none")),
+    "eval": Plan(_every("eval", 5, 2)),
+    "accumulation": Plan(_every("accumulation", 4, 1)),
+    "stray": Plan(_every("stray", 6, 3)),
+    "clip": Plan(_every("clip", 3, 0)),
+    "closure": Plan(_every("closure", 5, 4)),
+    "nan": Plan(lambda step: {"nan"} if step == 9 else set()),
+    "other": Plan(_every("other", 4, 2)),
+    "loader-thread": Plan(_every("loader-thread", 7, 3)),
+    "add": Plan(lambda step: {"add"} if step == 8 else set()),
+    "post-hook": Plan(modes=frozenset({"post-hook"})),
+    "clip-in-update": Plan(_every("clip-in-update", 3, 1), frozenset({"clip-in-update"})),
+    "passes": Plan(grad_every=4),
+    "twice": Plan(_every("twice", 5, 3)),
+    "closure-none": Plan(_every("closure-none")),
+}
+VARIANTS = list(PLANS)
+
+
+def _mixed(seed: int) -> Plan:
+    """A loop whose oddities come at random steps, several in one step and one after another
+    (the variants above each keep to one kind): what a real script's mix looks like."""
+    rng = random.Random(seed)
+    modes = {mode for mode in ("post-hook", "clip-in-update") if rng.random() < 0.25}
+    grad_every = rng.choice([3, 7, 10**9])
+    steps = 40
+    add_at = rng.randrange(3, steps) if rng.random() < 0.3 else -1
+    plan: list[set[str]] = []
+    for step in range(steps):
+        now = {name for name, p in ODDS if rng.random() < p}
+        if "post-hook" in modes:
+            now -= {"twice", "detached", "number", "other"}  # probe.step() is the hook's
+        else:
+            now.add(
+                rng.choices(["loss", "detached", "number", "none", "other"], [4, 2, 1, 2, 1])[0]
+            )
+        now.add(rng.choices(["step", "closure", "closure-none", "twice"], [7, 1, 1, 1])[0])
+        if step == add_at:
+            now.add("add")
+        if "twice" in now and "post-hook" in modes:
+            now.discard("twice")
+        plan.append(now)
+    return Plan(lambda step: plan[step], frozenset(modes), grad_every, steps)
+
+
+# Each step's chance of each oddity in a mixed loop.
+ODDS = (
+    ("eval", 0.1),
+    ("accumulation", 0.15),
+    ("stray", 0.05),
+    ("clip", 0.15),
+    ("clip-in-update", 0.15),  # (only where that mode registered its hook)
+    ("nan", 0.03),
+    ("loader-thread", 0.03),
+    ("schedule-after", 0.15),
+)
+
+
+def _loop(plan: Plan, device: bool = False) -> Callable[[Any], list[Any]]:
+    """A real loop of ``plan.steps`` steps, ordinary except where ``plan`` makes some steps not
     lean: it returns what the probe handed its thread. ``device``: the probe as on a GPU run
     (test_loss_ring.as_on_a_gpu: its losses kept unread in a loss ring, its phases timed on
     one step in a few)."""
@@ -38,57 +118,61 @@ def _loop(variant: str, device: bool = False) -> Callable[[Any], list[Any]]:
         x, y = torch.randn(16, 4), torch.randn(16, 1)
         second = nn.Linear(4, 1)
         second_opt = torch.optim.SGD(second.parameters(), lr=0.01)
-        probe = tdbg.watch(model, opt, name="lean", grad_every=4 if variant == "passes" else 10**9)
+        added = False
+        # The loop's dataset, made once (a new one at each pass could take a freed one's id).
+        data = torch.utils.data.TensorDataset(torch.arange(4.0))
+        probe = tdbg.watch(model, opt, name="lean", grad_every=plan.grad_every)
         if device:
             as_on_a_gpu(probe, monkeypatch)
             # One step in MAX_MEAN_GAP timed, whatever the steps' length: both ways time the
             # same steps (the distances come from the probe's own seeded generator).
             monkeypatch.setattr(cost_model, "MARK_EVERY_STEP_FROM", 1e9)
         sent = handed_over(probe, monkeypatch)
-        if variant == "post-hook":
+        if "post-hook" in plan.modes:
             # probe.step() from a post-hook registered after the probe's (tdbg run's way): in
             # the middle of torch's loop over the post-hooks, which nothing may change.
             opt.register_step_post_hook(lambda *_: probe.step())
-        if variant == "clip-in-update":
+        if "clip-in-update" in plan.modes:
             # A pre-hook after the probe's that clips on some steps: inside the update, once
             # its end is to be stamped (update_stamp), the record is settled.
             def clip_some(*_: Any) -> None:
-                if step % 3 == 1:
+                if "clip-in-update" in now:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
 
             opt.register_step_pre_hook(clip_some)
         try:
-            for step in range(STEPS):
-                if variant == "eval" and step % 5 == 2:
+            for step in range(plan.steps):
+                now = plan.at(step)
+                if "eval" in now:
                     with torch.no_grad():
                         model(x)  # an evaluation between the steps
                 opt.zero_grad()
-                micro = 3 if variant == "accumulation" and step % 4 == 1 else 1
+                micro = 3 if "accumulation" in now else 1
                 for _ in range(micro):
                     loss = ((model(x) - y) ** 2).mean() / micro
-                    if variant == "nan" and step == 9:
+                    if "nan" in now:
                         loss = loss * float("nan")
                     loss.backward()
-                if variant == "stray" and step % 6 == 3:
+                if "stray" in now:
                     aside = (torch.randn(3, requires_grad=True) ** 2).sum()
                     aside.backward()  # a backward of no watched forward
-                if variant == "loader-thread" and step % 7 == 3:
+                if "loader-thread" in now:
                     # A DataLoader's new pass, begun on another thread mid-step: the tap's event
                     # does not settle the training thread's record from there; probe.step()
                     # sees the pass and takes the step the whole way.
-                    data = torch.utils.data.TensorDataset(torch.arange(4.0))
                     loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(data)
                     reader = threading.Thread(target=list, args=(loader,))
                     reader.start()
                     reader.join()
-                if variant == "add" and step == 8:
+                if "add" in now:
                     # A second model and optimizer watched from inside a lean step (tdbg run
                     # adds a GAN's second pair from an optimizer's pre-hook): the step so far
                     # is settled with the layers it ran on.
                     probe.add(second, second_opt)
-                if variant == "clip" and step % 3 == 0:
+                    added = True
+                if "clip" in now:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-                if variant == "closure" and step % 5 == 4:
+                if "closure" in now:
 
                     def closure() -> torch.Tensor:
                         opt.zero_grad()
@@ -97,33 +181,36 @@ def _loop(variant: str, device: bool = False) -> Callable[[Any], list[Any]]:
                         return again
 
                     opt.step(closure)
-                elif variant == "closure-none":
+                elif "closure-none" in now:
                     opt.step(None)  # accelerate's way: no closure, passed by position
                 else:
-                    if variant == "twice" and step % 5 == 3:
+                    if "twice" in now:
                         # Two updates in one step: the second's pre-hook, out of its dict while
                         # the step was lean, is put back by the optimizer tap to run.
                         opt.step()
                     opt.step()
-                if variant == "add" and step >= 8:
+                if added:
                     second_opt.zero_grad()
                     second(x).pow(2).mean().backward()
                     second_opt.step()
-                schedule.step()
-                if variant == "detached":
+                if "schedule-after" not in now:
+                    schedule.step()
+                if "detached" in now:
                     probe.step(loss.detach(), samples=16)
-                elif variant == "number":
+                elif "number" in now:
                     probe.step(loss.item(), tokens=64)
-                elif variant == "none":
+                elif "none" in now:
                     probe.step()
-                elif variant == "post-hook":
+                elif "post-hook" in plan.modes:
                     pass  # stepped by the post-hook
-                elif variant == "other" and step % 4 == 2:
+                elif "other" in now:
                     # Not the scalar backpropagated: settled at probe.step(), all four readings.
                     probe.step(loss * 2.0)
                 else:
                     probe.step(loss)
-                if variant == "nan" and step == 9:
+                if "schedule-after" in now:
+                    schedule.step()  # after probe.step(): the next update's rate
+                if "nan" in now:
                     with torch.no_grad():
                         for p in model.parameters():
                             p.nan_to_num_(0.0)
@@ -179,28 +266,6 @@ def _seen(sent: list[Any], device: bool = False) -> list[tuple[Any, ...]]:
     return seen
 
 
-VARIANTS = [
-    "plain",
-    "detached",
-    "number",
-    "none",
-    "eval",
-    "accumulation",
-    "stray",
-    "clip",
-    "closure",
-    "nan",
-    "other",
-    "loader-thread",
-    "add",
-    "post-hook",
-    "clip-in-update",
-    "passes",
-    "twice",
-    "closure-none",
-]
-
-
 @pytest.mark.parametrize("device", [False, True], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("pre_out", [True, False], ids=["pre-hook out", "pre-hook in place"])
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -222,7 +287,7 @@ def test_lean_steps_hand_over_what_the_whole_way_does(
         hand_lean(self, *args)
 
     monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_step", counted)
-    run = _loop(variant, device)
+    run = _loop(PLANS[variant], device)
     with monkeypatch.context() as whole:
         whole.setattr(lean_switch, "ENABLED", False)
         without = _seen(run(whole), device)
@@ -233,12 +298,45 @@ def test_lean_steps_hand_over_what_the_whole_way_does(
     # Lean steps there were: all but the first (a gradient pass) where every step is usual,
     # some where the variant breaks the pattern on some steps.
     if device:
-        # On a GPU run not the first RING_FROM steps, nor the ones whose phases are timed.
-        assert taken and min(taken) >= RING_FROM and len(taken) < STEPS - RING_FROM
+        # On a GPU run not the ones whose phases are timed.
+        assert taken and len(taken) < STEPS - 1
     elif variant in ("plain", "detached", "number", "none", "post-hook", "closure-none"):
         assert taken == list(range(1, STEPS))
     else:
         assert 0 < len(taken) < STEPS - 1
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("seed", range(16))
+def test_a_mixed_loop_hands_over_what_the_whole_way_does(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, seed: int, device: bool
+) -> None:
+    # Oddities at random steps, several in a step and back to back (an evaluation, then a
+    # NaN in an accumulated step with a clip and a closure, a scheduler stepped after
+    # probe.step(), a second model added mid-run): a lean step settled by one of them, the
+    # next armed again or not, each step's records the whole way's.
+    monkeypatch.setattr(hooks_module, "PRE_OUT", seed % 2 == 0)
+    plan = _mixed(seed)
+    taken: list[int] = []
+    hand_lean = sampler_module.StepSampler._hand_lean_step
+
+    def counted(self: Any, *args: Any) -> None:
+        taken.append(self.step_count)
+        hand_lean(self, *args)
+
+    monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_step", counted)
+    run = _loop(plan, device)
+    with monkeypatch.context() as whole:
+        whole.setattr(lean_switch, "ENABLED", False)
+        without = _seen(run(whole), device)
+    assert not taken
+    with_lean = _seen(run(monkeypatch), device)
+    assert len(with_lean) == plan.steps
+    for step, (lean_way, whole_way) in enumerate(zip(with_lean, without, strict=True)):
+        assert lean_way == whole_way, (step, sorted(plan.at(step)), plan.modes)
+    if not device and not any("add" in plan.at(step) for step in range(plan.steps)):
+        # (Never with a second optimizer; on a GPU run not on its first or timed steps.)
+        assert taken
 
 
 def test_a_lean_step_s_phases_are_timed_in_order(
@@ -246,7 +344,7 @@ def test_a_lean_step_s_phases_are_timed_in_order(
 ) -> None:
     # A lean step's readings are the marks of its phases: forward, backward and optimizer
     # times, each positive, and the step's time from start to start.
-    sent = _loop("plain")(monkeypatch)
+    sent = _loop(PLANS["plain"])(monkeypatch)
     for s in sent[2:]:
         record, _ = s.resolve()
         phases = (record.forward_time, record.backward_time, record.optimizer_time)

@@ -1,7 +1,7 @@
 """A GPU run's usual-step losses kept on the device and read back once a tick (loss_ring.py):
-every step's loss still recorded, exactly, in order, the run's last ones too; a loop that
-passes the same tensor every step (an accumulator) copied at each step instead. Proven on the
-CPU with the ring keeping CPU tensors (no CUDA here; gpu_check.py runs it on a GPU)."""
+every step's loss still recorded, exactly, in order, the run's last ones too, whatever the
+loop writes into the loss's memory after its step. Proven on the CPU with a ring of CPU
+tensors (no CUDA here; gpu_check.py runs it on a GPU)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from test_phase_marks import on_a_fake_gpu
 
 import tdbg
 from tdbg.probe.training import lean, loss_ring, taps
-from tdbg.probe.training.loss_ring import RING_FROM, LossRing, copied_now
+from tdbg.probe.training.loss_ring import LossBatch, LossRing, copied_now
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording
 
@@ -24,55 +24,75 @@ CPU = torch.device("cpu")
 
 
 def cpu_ring() -> LossRing:
-    return LossRing(CPU, stream_of=lambda device: None)
+    return LossRing(CPU, stream_of=lambda device: None, key_of=lambda device: None)
 
 
 def test_a_batch_is_read_back_whole_after_its_copy_began() -> None:
     ring = cpu_ring()
     losses = [torch.tensor(float(k) / 3) for k in range(5)]
     places = [ring.add(loss) for loss in losses]
-    batch = places[0][0]
-    assert all(b is batch for b, _ in places) and [i for _, i in places] == list(range(5))
+    assert all(place is not None for place in places)
+    batch = places[0][0]  # type: ignore[index]
+    assert all(b is batch for b, _ in places) and [i for _, i in places] == list(range(5))  # type: ignore[misc]
     assert batch.read() is None  # the first read closes the batch and starts its copy
-    later, index = ring.add(torch.tensor(9.0))  # a closed batch takes no more
-    assert later is not batch and index == 0
+    later = ring.add(torch.tensor(9.0))  # a closed batch takes no more
+    assert later is not None and later[0] is not batch and later[1] == 0
     assert batch.read() == pytest.approx([float(t) for t in losses], rel=1e-7)
     assert batch.read() is batch.read()  # read once, kept
 
 
+def kept(ring: LossRing, loss: torch.Tensor) -> tuple[LossBatch, int]:
+    place = ring.add(loss)
+    assert place is not None
+    return place
+
+
 def test_losses_of_several_shapes_and_dtypes_in_one_batch() -> None:
     ring = cpu_ring()
-    losses = [torch.tensor(1.5), torch.tensor([2.5]), torch.tensor(3.5, dtype=torch.bfloat16)]
-    batch = [ring.add(loss) for loss in losses][0][0]
+    losses = [
+        torch.tensor(1.5),
+        torch.tensor([2.5]),
+        torch.tensor([[4.5]]),
+        torch.tensor(3.5, dtype=torch.bfloat16),
+        torch.tensor(0.1, dtype=torch.float64),
+    ]
+    batch = [kept(ring, loss) for loss in losses][0][0]
     assert batch.read() is None
-    assert batch.read() == [1.5, 2.5, 3.5]
+    assert batch.read() == [1.5, 2.5, 4.5, 3.5, 0.1]  # (float64 slots: each exactly)
 
 
-def test_a_loss_sharing_the_memory_of_the_one_before_is_not_read() -> None:
-    """Two losses kept at one address (a buffer rewritten in place, passed as a new view each
-    step): the earlier one's memory holds the later value by the copy, so it is left unread
-    (None, not a wrong number) and the ring is spoiled; the later one is read."""
+def test_each_step_s_loss_is_its_own_whatever_the_loop_writes_after() -> None:
+    """The loss's memory written again before the tick's copy, in every way a loop does: a
+    buffer rewritten and passed as a new view each step (a CUDA graph's static output), two
+    such buffers in turn (two graphs), an accumulator changed in place, writes through
+    ``.data`` that move no version counter (as a graph's replay or an in-place all-reduce do
+    not): each step's value is the one it had at its step."""
     ring = cpu_ring()
-    buffer = torch.zeros(())
-    first = ring.add(torch.tensor(1.0))
-    buffer.fill_(2.0)
-    ring.add(buffer.detach())
-    buffer.fill_(3.0)
-    ring.add(buffer.detach())
-    batch = first[0]
-    assert ring.spoiled and "share their memory" in ring.spoiled
+    one, two, running = torch.zeros(()), torch.zeros(()), torch.zeros(())
+    places, expected = [], []
+    for step in range(12):
+        value = float(step) + 0.25
+        if step % 4 == 0:
+            one.fill_(value)
+            passed = one.detach()
+        elif step % 4 == 1:
+            two.data.copy_(torch.tensor(value))  # no version counter moved
+            passed = two.detach()
+        elif step % 4 == 2:
+            passed = running.mul_(0.5).add_(value)  # the same tensor, changed in place
+            value = float(running)
+        else:
+            one.data.fill_(value)
+            passed = one.detach()
+        places.append(kept(ring, passed))
+        expected.append(value)
+    for buffer in (one, two, running):
+        buffer.data.fill_(-1.0)  # all written again before the copy
+    batch = places[0][0]
+    assert all(b is batch for b, _ in places)
     assert batch.read() is None
-    assert batch.read() == [1.0, None, 3.0]
-
-
-def test_a_loss_changed_in_place_after_its_step_is_not_read() -> None:
-    ring = cpu_ring()
-    kept = [torch.tensor(float(k)) for k in range(3)]
-    batch = [ring.add(t) for t in kept][0][0]
-    kept[1].add_(10.0)  # after its step, before the copy: its version counter moves
-    assert batch.read() is None
-    assert batch.read() == [0.0, None, 2.0]
-    assert ring.spoiled and "changed in place" in ring.spoiled
+    assert batch.read() == expected
+    assert ring.spoiled is None
 
 
 def test_a_copy_that_fails_leaves_its_steps_without_a_loss(
@@ -83,25 +103,66 @@ def test_a_copy_that_fails_leaves_its_steps_without_a_loss(
 
     monkeypatch.setattr(loss_ring, "host_copy", out_of_memory)
     ring = cpu_ring()
-    batch = [ring.add(torch.tensor(float(k))) for k in range(4)][0][0]
+    batch = [kept(ring, torch.tensor(float(k))) for k in range(4)][0][0]
     assert batch.read() == [None, None, None, None]  # never raises into the probe thread
     assert ring.spoiled and "OutOfMemoryError" in ring.spoiled
 
 
+def test_a_loss_the_buffer_cannot_take_gives_the_ring_up() -> None:
+    ring = cpu_ring()
+    assert ring.add(torch.tensor(1.0)) is not None
+    assert ring.add(torch.empty((), device="meta")) is None  # (no data to copy)
+    assert ring.spoiled and "could not be kept" in ring.spoiled
+
+
 def test_a_loss_copied_at_its_step_reads_as_a_kept_one() -> None:
-    """Where the ring was given up during a lean step, its loss is copied at once, as a batch
-    of its own read the same way (bfloat16 and a shape [1] loss too)."""
+    """Where the ring is not used for a step, its loss is copied at once, as a batch of its
+    own read the same way (bfloat16 and a shape [1] loss too)."""
     for loss in (torch.tensor(2.5), torch.tensor([1.5]), torch.tensor(0.75, dtype=torch.bfloat16)):
         batch, place = copied_now(loss)
         losses = batch.read()
         assert losses is not None and losses[place] == float(loss)
 
 
-def test_a_full_batch_starts_another(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loss_ring, "CAPACITY", 3)
+def test_a_slot_is_written_again_only_once_its_batch_is_copied_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ring of 4 slots: a probe thread that falls a whole ring behind has the steps copy
+    their own losses (add: None) until it copies a batch out; a batch never runs past the
+    buffer's end, and values written after the wrap are the later steps'."""
+    monkeypatch.setattr(loss_ring, "CAPACITY", 4)
     ring = cpu_ring()
-    batches = [ring.add(torch.tensor(float(k)))[0] for k in range(7)]
-    assert [len({id(b) for b in batches[i : i + 3]}) for i in (0, 3)] == [1, 1]
+    first = [kept(ring, torch.tensor(float(k))) for k in range(3)]
+    assert first[0][0].read() is None  # copied out: slots 0-2 free again
+    second = kept(ring, torch.tensor(3.0))  # slot 3
+    third = [kept(ring, torch.tensor(float(k))) for k in (4, 5, 6)]  # slots 0-2: a new batch
+    assert second[0] is not first[0][0] and third[0][0] is not second[0]
+    assert [place for _, place in third] == [0, 1, 2]
+    assert ring.add(torch.tensor(7.0)) is None  # slot 3 is the second batch's, not copied out
+    assert ring.spoiled is None
+    assert second[0].read() is None
+    fourth = kept(ring, torch.tensor(7.0))  # slot 3 again: the open batch goes on there
+    assert fourth == (third[0][0], 3)
+    assert third[0][0].read() is None
+    assert first[0][0].read() == [0.0, 1.0, 2.0]
+    assert second[0].read() == [3.0]
+    assert third[0][0].read() == [4.0, 5.0, 6.0, 7.0]
+    assert kept(ring, torch.tensor(8.0))[1] == 0  # past the end: a new batch at slot 0
+
+
+def test_a_new_stream_starts_a_new_batch() -> None:
+    """The losses of one batch are copied out on one stream, after their writes: a loop that
+    makes another stream current between steps starts another batch there."""
+    streams = iter(["a", "a", "b", "b", "a"])
+    current: list[str] = []
+
+    def key_of(device: torch.device) -> str:
+        current.append(next(streams))
+        return current[-1]
+
+    ring = LossRing(CPU, stream_of=lambda device: None, key_of=key_of)
+    batches = [kept(ring, torch.tensor(float(k)))[0] for k in range(5)]
+    assert [len({id(b) for b in batches[i:j]}) for i, j in ((0, 2), (2, 4))] == [1, 1]
     assert len({id(b) for b in batches}) == 3
 
 
@@ -162,8 +223,8 @@ def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
     run(loop, probe, 120, monkeypatch)
     probe.close()  # right after the last step: its batch is read back at close
     kept = [p for p in sent if p.loss_batch is not None]
-    assert [p.step for p in sent if p.loss_batch is None][:RING_FROM] == list(range(RING_FROM))
     assert len(kept) > 100  # the usual steps (not the sampled ones: their values are copied)
+    assert all(p.grads is None for p in kept)
     # Read back a tick's steps at a time, each batch a run of consecutive steps.
     batches: dict[int, list[int]] = {}
     for p in kept:
@@ -177,27 +238,56 @@ def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
     assert probe.errors == 0
 
 
+@pytest.mark.parametrize("on_gpu", [True, False], ids=["gpu", "cpu"])
 @pytest.mark.parametrize("lean_steps", [True, False], ids=["lean", "whole way"])
-def test_a_loop_passing_one_tensor_every_step_is_copied_at_each_step(
-    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lean_steps: bool
-) -> None:
-    """An accumulator the loop changes in place and passes again: a reference kept until the
-    tick would read a later value, so the ring is dropped for the run at the second pass,
-    before any step of the tensor was kept in it (the first RING_FROM steps never are)."""
+@pytest.mark.parametrize("passing", ["accumulator", "views", "two buffers"])
+def test_a_loop_rewriting_what_it_passed_gets_each_step_s_own_loss(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lean_steps: bool,
+    passing: str, on_gpu: bool,
+) -> None:  # fmt: skip
+    """A loop that passes the same memory every step and writes it again after the step: an
+    accumulator changed in place, a buffer passed as a new view each step (a CUDA graph's
+    static output), two buffers in turn written through ``.data`` (two graphs; no version
+    counter moves). Each step's loss is copied into the ring at its step (a CPU run's read
+    at its step), so the record is each step's own value; on a GPU the ring is kept, the
+    steps lean between the timed ones."""
     loop = Loop(seed=6)
-    probe, sent = watched_as_on_a_gpu(loop, tmp_path / "acc.tdbg", monkeypatch)
+    path = tmp_path / "rewritten.tdbg"
+    if on_gpu:
+        probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
+    else:
+        probe = tdbg.watch(loop.model, loop.opt, name="rewritten", serve=False, record=path)
+        sent = handed_over(probe, monkeypatch)
     probe._sampler.grad_every = 10**9
-    running = torch.zeros(())
     monkeypatch.setattr(lean, "ENABLED", lean_steps)
+    running, buffers = torch.zeros(()), [torch.zeros(()), torch.zeros(())]
+    passed_values: list[float] = []
 
-    def accumulated(loss: torch.Tensor) -> torch.Tensor:
-        return running.mul_(0.9).add_(loss.detach(), alpha=0.1)  # changed in place, passed again
+    def rewritten(loss: torch.Tensor) -> torch.Tensor:
+        if passing == "accumulator":
+            tensor = running.mul_(0.9).add_(loss.detach(), alpha=0.1)
+        else:
+            buffer = buffers[0] if passing == "views" else buffers[len(passed_values) % 2]
+            buffer.data.copy_(loss.detach())
+            tensor = buffer.detach()
+        passed_values.append(float(tensor))
+        return tensor
 
-    train(loop, probe, 30, accumulated)
-    assert probe._sampler._loss_ring is None
-    assert all(p.loss_batch is None for p in sent)
-    assert not probe._sampler.lean.on  # no lean step on a GPU run without its ring
+    def write_again(*_: Any) -> None:  # the next step's forward begins: the memory rewritten
+        for tensor in (running, *buffers):
+            tensor.data.fill_(-1.0)
+
+    loop.model.register_forward_pre_hook(write_again)
+    train(loop, probe, 40, rewritten)
+    if on_gpu:
+        ring = probe._sampler._loss_ring
+        assert ring is not None and ring.spoiled is None
+        assert sum(p.loss_batch is not None for p in sent) > 20
     probe.close()
+    recorded = recorded_losses(path)
+    assert [step for step, _ in recorded] == list(range(40))
+    for (_, value), expected in zip(recorded, passed_values, strict=True):
+        assert value == pytest.approx(expected, rel=1e-6)
     assert probe.errors == 0
 
 
@@ -262,27 +352,6 @@ def test_lean_gpu_steps_keep_their_loss_in_the_ring_and_their_phases_unmarked(
     assert probe.errors == 0
 
 
-def test_a_loop_passing_views_of_one_buffer_is_copied_at_each_step(
-    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``buffer.copy_(loss); probe.step(buffer.detach())``: a new tensor each step at one
-    address (a CUDA graph's static output is the same). Seen in the first steps, before the
-    ring keeps any: it is given up, said once, no lean GPU step."""
-    loop = Loop(seed=10)
-    path = tmp_path / "views.tdbg"
-    probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
-    probe._sampler.grad_every = 10**9
-    buffer = torch.zeros(())
-    train(loop, probe, 30, lambda loss: buffer.copy_(loss.detach()).detach())
-    assert probe._sampler._loss_ring is None
-    assert all(p.loss_batch is None for p in sent)
-    probe.close()
-    alerts = [m for m in Recording(path).messages() if m.get("type") == "alert"]
-    told = [a["message"] for a in alerts if "share their memory" in a["message"]]
-    assert len(told) == 1 and "copied to the host at its step" in told[0]
-    assert probe.errors == 0
-
-
 def test_a_count_the_lean_step_cannot_take_does_not_give_the_ring_up(
     runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -308,7 +377,9 @@ def test_a_scalar_the_ring_cannot_take_does_not_give_it_up(
     scalar: the scalar is looked at twice, and must not be taken for one passed twice."""
     loop = Loop(seed=12)
     probe, sent = watched_as_on_a_gpu(loop, tmp_path / "elsewhere.tdbg", monkeypatch)
-    probe._sampler._loss_ring = LossRing(torch.device("meta"), stream_of=lambda device: None)
+    probe._sampler._loss_ring = LossRing(
+        torch.device("meta"), stream_of=lambda device: None, key_of=lambda device: None
+    )
     probe._sampler.grad_every = 10**9
     train(loop, probe, 40)
     ring = probe._sampler._loss_ring

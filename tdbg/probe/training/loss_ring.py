@@ -1,30 +1,28 @@
-"""A GPU run's step losses kept on the device and read back in one copy a tick, not one a step.
+"""A GPU run's step losses copied into a buffer on the device and read back in one copy a tick.
 
 On a GPU every CUDA call the probe makes costs the training thread host time: on an H200 (a
 VM, as cloud GPUs are) a device-to-host copy of the loss with its event took ~90-110 us and
 each further event ~20-30 us, against 1-8 ms launch-bound steps (benchmarks/gpu_parts.py). So a
-usual step's loss is not copied where it is handed over: the training thread only keeps a
-reference to it in the current :class:`LossBatch` (no CUDA call, no allocation on the device).
-The probe thread, when it comes to resolve the first step of a batch (once a tick, every
-~100 ms), closes the batch and copies all of its losses at once: one ``stack``, one
-non-blocking copy into pinned memory and one event, on the stream the losses were made on
-(CUDA streams are not tied to a thread). The records follow a tick later, every loss in
-them as it was: the TUI is at most a tick or two behind, as it already was.
+usual step's loss is not copied to the host where it is handed over: the training thread
+copies it into the next slot of the ring's own buffer on the device (one ``copy_``, queued on
+the current stream: no sync, no allocation), and the step goes on. The probe thread, when it
+comes to resolve the first step of a batch (once a tick, every ~100 ms), closes the batch and
+copies its slots to the host at once: one non-blocking copy into pinned memory and one event,
+on the stream the slots were written on. The records follow a tick later, every loss in them
+as it was at its step: the TUI is at most a tick or two behind, as it already was.
 
-What a reference does not survive is a loss whose memory is written again after its step: an
-accumulator changed in place (passed again, or through a new view such as ``acc.detach()``),
-or the static output of a CUDA graph's replay (``torch.compile(mode="reduce-overhead")``),
-which the next replay overwrites. The ring sees each: a loss at the address of the one kept
-before it (both alive, so the same memory), or one whose version counter moved between its
-step and the copy. Such a loss is not read (its step's record says no loss: a wrong number
-would be worse), and the ring is *spoiled*: the sampler copies each step's loss at its step
-from then on, and says so once. The first steps of a run are copied at once (RING_FROM), so
-a loop that does this from its start is seen before any of its losses is kept. A copy that
-fails (the device out of memory, say) spoils it too, its batch's steps recorded without a loss.
+The copy at the step is what makes the value the step's: the loss's own memory may be written
+again before the tick (an accumulator changed in place, a buffer passed as a new view each
+step, a CUDA graph's static output that the next replay overwrites, an in-place all-reduce
+after ``probe.step()``), and some of those writes move no version counter, so a reference
+kept until the tick could read a later step's value without any way to tell.
 
-The losses are stacked on the stream that was current when their batch began: a loop that
-computes its loss on another stream than the one current at ``probe.step()`` needs the
-stream's work ordered there, as any later use of that tensor would.
+A slot is written again only once the copy of the batch it last held was queued (the ring
+counts both); a probe thread a whole ring behind makes the step copy its loss to the host
+itself (``add`` returns None). A batch is the slots written on one stream: a loop that changes
+the current stream between steps starts a new one, so that each batch's copy is queued after
+its slots' writes. A copy that fails (the device out of memory, say) gives the ring up, its
+batch's steps recorded without a loss.
 """
 
 from __future__ import annotations
@@ -35,31 +33,29 @@ from typing import Any
 
 import torch
 
-from tdbg.probe.device_copy import current_stream, host_copy
+from tdbg.probe.device_copy import current_stream, host_copy, stream_key
 
-# The losses one batch holds at most (a batch is normally one probe tick's steps): past it a
-# new batch starts, so a probe thread that falls behind never holds an unbounded list.
-CAPACITY = 1024
-# The steps of a run copied at their step before any is kept (see the module's docstring).
-RING_FROM = 4
+# Slots in the ring (a tick's steps are normally far fewer: a probe thread this far behind
+# makes the steps copy their own losses until it catches up). 8 bytes each, on the device.
+CAPACITY = 4096
 
 
 class LossBatch:
-    """Consecutive steps' losses on one device, copied to the host together."""
+    """Consecutive steps' losses in consecutive slots of one ring, copied to the host together."""
 
-    __slots__ = ("_ring", "tensors", "versions", "stream", "values", "ready", "losses", "unread")
+    __slots__ = ("_ring", "first", "count", "key", "stream", "closed", "values", "ready", "losses")
 
-    def __init__(self, ring: LossRing | None, stream: Any) -> None:
+    def __init__(self, ring: LossRing | None, first: int, key: Any, stream: Any) -> None:
         self._ring = ring
-        self.tensors: list[torch.Tensor] | None = []  # None once closed (copied)
-        self.versions: list[int] = []  # each tensor's version counter when it was kept
-        self.stream = stream  # the training thread's stream when the batch began
+        self.first = first  # the ring's count of slots written when this batch began
+        self.count = 0  # its slots (its steps' places are 0 .. count - 1)
+        self.key = key  # the stream its slots are written on (device_copy.stream_key)
+        self.stream = stream  # that stream, where their copy to the host is queued
+        self.closed = False  # no more steps go into it (its copy queued, or about to be)
         self.values: torch.Tensor | None = None  # the host copy, in flight
         self.ready: Any = None  # the event recorded after the copy
-        # Read back: a float each, None where the loss could not be read (its memory
-        # written again after its step, or the copy failed).
+        # Read back: a float each, None where the copy failed.
         self.losses: list[float | None] | None = None
-        self.unread: set[int] = set()  # places whose memory was written again
 
     def read(self) -> list[float | None] | None:
         """On the probe thread: every loss of the batch as a float (None: not readable), or
@@ -67,104 +63,126 @@ class LossBatch:
         their copy). Never blocks, never raises."""
         if self.losses is not None:
             return self.losses
-        if self.values is None:
+        if not self.closed:
             ring = self._ring
-            tensors = ring.close(self) if ring is not None else []
+            if ring is None:  # (copied_now's batch is closed at birth)
+                self.losses = []
+                return self.losses
             try:
-                self._copy(tensors)
-            except Exception as exc:  # the device out of memory, a graph's freed output
-                if ring is not None:
-                    ring.spoil(f"copying the kept losses failed ({type(exc).__name__}: {exc})")
-                self.losses = [None] * len(tensors)
+                ring.copy_out(self)
+            except Exception as exc:  # the device out of memory, say
+                ring.spoil(f"copying the kept losses failed ({type(exc).__name__}: {exc})")
+                self.losses = [None] * self.count
+                self.values = self.ready = None
                 return self.losses
-            if self.values is None:
-                return self.losses
-            return None
+            if self.values is not None:
+                return None  # just queued: not there yet (a CPU ring's too, as a GPU's)
         if self.ready is not None and not self.ready.query():
             return None
-        values: list[float | None] = self.values.reshape(-1).tolist()
-        for place in self.unread:
-            values[place] = None
-        self.losses = values
+        values = self.values
+        self.losses = [] if values is None else values.tolist()
         self.values = self.ready = None
-        return values
-
-    def _copy(self, tensors: list[torch.Tensor]) -> None:
-        """One copy of ``tensors`` (closed: the training thread adds to a new batch now); the
-        ones whose memory was written since their step are left unread."""
-        if not tensors:
-            self.losses = []
-            return
-        with torch.cuda.stream(self.stream):  # the stream the losses were made on
-            first = tensors[0]
-            if all(t.shape == first.shape and t.dtype == first.dtype for t in tensors):
-                vector = torch.stack(tensors).float()
-            else:  # losses of several shapes or dtypes in one run: rare, one op each
-                vector = torch.cat([t.reshape(1).float() for t in tensors])
-            self.values, self.ready = host_copy(vector)
-        # After the copy was queued: a write queued before it moved the counter by now.
-        for place, (tensor, version) in enumerate(zip(tensors, self.versions, strict=True)):
-            if tensor._version != version:
-                self.unread.add(place)
-        if self.unread and self._ring is not None:
-            self._ring.spoil("a loss passed to probe.step() was changed in place after its step")
+        return self.losses
 
 
 def copied_now(loss: torch.Tensor) -> tuple[LossBatch, int]:
-    """``loss`` copied at its step, as a batch of its own (where the ring is not used any
-    more): the same place a kept loss has, read the same way."""
-    batch = LossBatch(None, None)  # (no stream: the current one, as the step's own work)
-    batch.tensors = None
-    batch.versions.append(loss._version)
-    batch._copy([loss])
+    """``loss`` copied to the host at its step, as a batch of its own (where the ring is not
+    used: given up, or a whole ring behind): the same place a kept loss has, read the same way."""
+    batch = LossBatch(None, 0, None, None)
+    batch.closed = True
+    batch.count = 1
+    vector = loss.detach().reshape(1).to(torch.float64)
+    batch.values, batch.ready = host_copy(vector)
+    if batch.ready is None:  # on the host already (a CPU tensor: the loss's own memory)
+        batch.losses = batch.values.tolist()
+        batch.values = None
     return batch, 0
 
 
 class LossRing:
     """Where a GPU run's training thread keeps its usual steps' losses (see the module)."""
 
-    __slots__ = ("_lock", "_batch", "device", "_stream_of", "spoiled")
+    __slots__ = (
+        "_lock",
+        "_batch",
+        "device",
+        "_stream_of",
+        "_key_of",
+        "spoiled",
+        "_buffer",
+        "_slots",
+        "_written",
+        "_queued",
+    )
 
     def __init__(
-        self, device: torch.device, stream_of: Callable[[torch.device], Any] = current_stream
+        self,
+        device: torch.device,
+        stream_of: Callable[[torch.device], Any] = current_stream,
+        key_of: Callable[[torch.device], Any] = stream_key,
     ) -> None:
-        self._lock = threading.Lock()  # add() on the training thread, close() on the probe's
+        self._lock = threading.Lock()  # add() on the training thread, copy_out() on the probe's
         self._batch: LossBatch | None = None
         self.device = device  # the losses it keeps are on this device
         self._stream_of = stream_of  # (tests keep CPU tensors: no stream)
+        self._key_of = key_of
         # Why the ring is not to be used any more (see the module), or None. Set on either
         # thread; the sampler reads it and copies each step's loss at its step from then on.
         self.spoiled: str | None = None
+        self._buffer: torch.Tensor | None = None  # made at the first add, on the device
+        self._slots: list[torch.Tensor] = []  # its elements as views, one per slot
+        self._written = 0  # slots written since the start (slot: this modulo CAPACITY)
+        self._queued = 0  # ... of which the copy to the host is queued
 
     def spoil(self, why: str) -> None:
         if self.spoiled is None:
             self.spoiled = why
 
-    def add(self, loss: torch.Tensor) -> tuple[LossBatch, int]:
-        """Keep ``loss`` (a scalar on this ring's device, no graph); its batch and place. A
-        loss at the address of the one kept before it shares its memory (both are alive):
-        that one's step is then left unread, and the ring spoiled."""
+    def add(self, loss: torch.Tensor) -> tuple[LossBatch, int] | None:
+        """Copy ``loss`` (a one-element tensor without a graph, on this ring's device) into the
+        next slot, on the current stream; its batch and place. None where it is not kept: the
+        probe thread is a whole ring behind (or the write failed: the ring is given up then),
+        and the caller copies it to the host at its step."""
+        key = self._key_of(self.device)
         with self._lock:
+            written = self._written
+            if written - self._queued >= CAPACITY:
+                return None  # its slot's last batch is not copied out yet
+            slot = written % CAPACITY
             batch = self._batch
-            tensors = None if batch is None else batch.tensors
-            if batch is None or tensors is None or len(tensors) >= CAPACITY:
-                # The stream current now, as the losses of this batch are made on it: looked
-                # up once a batch, not once a step.
-                batch = self._batch = LossBatch(self, self._stream_of(self.device))
-                batch.tensors = [loss]
-                batch.versions.append(loss._version)
-                return batch, 0
-            if tensors[-1].data_ptr() == loss.data_ptr():
-                batch.unread.add(len(tensors) - 1)
-                self.spoil("the losses passed to probe.step() share their memory from step to step")
-            tensors.append(loss)
-            batch.versions.append(loss._version)
-            return batch, len(tensors) - 1
+            if batch is None or batch.closed or slot == 0 or batch.key != key:
+                # A batch is a run of slots on one stream, never past the buffer's end.
+                batch = self._batch = LossBatch(self, written, key, self._stream_of(self.device))
+            try:
+                if not self._slots:
+                    self._buffer = torch.empty(CAPACITY, dtype=torch.float64, device=self.device)
+                    self._slots = list(self._buffer.unsqueeze(1).unbind(0))
+                if loss.requires_grad:  # (the callers pass none: a graph on the buffer)
+                    loss = loss.detach()
+                self._slots[slot].copy_(loss if loss.dim() <= 1 else loss.reshape(1))
+            except Exception as exc:  # a loss the buffer cannot take: copied at each step
+                self.spoil(f"a loss could not be kept on the device ({type(exc).__name__}: {exc})")
+                return None
+            self._written = written + 1
+            place = batch.count
+            batch.count = place + 1
+            return batch, place
 
-    def close(self, batch: LossBatch) -> list[torch.Tensor]:
-        """From the probe thread: no more losses go into ``batch``; the ones it holds."""
+    def copy_out(self, batch: LossBatch) -> None:
+        """From the probe thread: close ``batch`` (no more losses go into it) and queue its
+        slots' copy to the host, on the stream they were written on. Under the lock, so that
+        no slot of it is written again before its copy is queued."""
         with self._lock:
             if self._batch is batch:
                 self._batch = None
-            tensors, batch.tensors = batch.tensors, None
-        return tensors or []
+            batch.closed = True
+            if batch.count and self._buffer is not None:
+                start = batch.first % CAPACITY
+                vector = self._buffer[start : start + batch.count]
+                if vector.device.type != "cuda":  # (the tests' CPU ring: a copy, not a view)
+                    vector = vector.clone()
+                with torch.cuda.stream(batch.stream):  # (None: a no-op)
+                    batch.values, batch.ready = host_copy(vector)
+            # Batches are copied out in order (steps resolve in order); one dropped unread
+            # (its steps lost in a full hand-off) is passed by the next.
+            self._queued = max(self._queued, batch.first + batch.count)

@@ -19,7 +19,7 @@ from tdbg.probe.training.gradients import Layer
 from tdbg.probe.training.histograms import HistogramPart
 from tdbg.probe.training.hooks import CudaMark, Mark, PhaseHooks, StepTimeline, perf
 from tdbg.probe.training.inbox import Inbox
-from tdbg.probe.training.loss_ring import RING_FROM, copied_now
+from tdbg.probe.training.loss_ring import copied_now
 from tdbg.probe.training.loss_tally import LossTally
 from tdbg.probe.training.pending import PendingStep
 from tdbg.probe.training.release import HELD
@@ -132,9 +132,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         lean = self.lean
         if lean.on:
             # The loss: what was backpropagated (None, or that very tensor), a number, or a
-            # CPU scalar without a graph (``loss.detach()``, read on the probe thread); on a
-            # GPU run a device one too (kept in the loss ring), unless it is the tensor the
-            # step before passed (an accumulator: the whole way copies it at its step).
+            # CPU scalar without a graph (``loss.detach()``, read here: the loop may write it
+            # again after its step); on a GPU run a device one too, on the loss ring's device
+            # (copied into it).
             if (
                 lean.opt_end is not None
                 and (
@@ -197,10 +197,10 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             else:
                 value = loss
         lrs = slot.lr
-        # A CPU scalar tensor without a graph (``loss.detach()``) is read on the probe thread,
-        # as the whole way's is; one with a graph goes the whole way (detached there). So do
-        # counts that are not plain ones, and a loss that is not a scalar: what is reported of
-        # them says the step it came with.
+        # A CPU scalar tensor without a graph (``loss.detach()``) is read here, as the whole
+        # way's is (the loop may write it again after its step: an accumulator); one with a
+        # graph goes the whole way (detached there). So do counts that are not plain ones, and
+        # a loss that is not a scalar: what is reported of them says the step it came with.
         if not (
             lrs is not None
             and len(lrs) <= MAX_LR_COLUMNS
@@ -219,6 +219,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         ):
             self._step_whole(loss, samples, tokens, hooks, t0)
             return
+        if type(value) is _Tensor:
+            value = value.item()
         # Start to start, so the step includes probe.step() itself (worked out on the probe
         # thread, as the probe time is: here the readings are only stored).
         last_host = self._last_host
@@ -340,6 +342,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 or due
             )
         else:
+            if type(value) is _Tensor:
+                value = value.item()  # a CPU scalar passed: its value at its step
             # To the probe thread as its readings (pending.LeanHanded): it builds the rest.
             handoff = self._handoff
             handoff.steps.append(
@@ -396,12 +400,10 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         elif type(value) is _Tensor and not (value.is_cpu and taps.READ_ON_HOST):
             device_loss = value  # a device scalar passed (``loss.detach()``)
         if device_loss is not None:
-            self._ring_last = device_loss  # (what _keep_loss and _ring_takes compare with)
             ring = self._loss_ring
-            if ring is not None and ring.spoiled is None:
-                place = ring.add(device_loss)
-            else:
-                place = copied_now(device_loss)  # (the ring given up during this step)
+            kept = ring.add(device_loss) if ring is not None and ring.spoiled is None else None
+            # Not kept: the ring given up during this step, or its slots not copied out yet.
+            place = kept if kept is not None else copied_now(device_loss)
             if ring is None or ring.spoiled is not None:
                 self._drop_ring()
                 on = False  # the whole way from the next step (a GPU's lean step needs a ring)
@@ -447,7 +449,6 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                     and self._loss_ring.spoiled is None
                     and not self._marked
                     and not self._hidden
-                    and self.step_count >= RING_FROM
                 )
             )
             and len(slots) == 1
@@ -668,17 +669,18 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             and len(scalars) == 1
             and loss_tensor is not None
         )
-        # Every tensor passed is noted (one sharing the memory of the one before gives the ring
-        # up before any of its steps was kept there), whether it goes into the ring or not.
-        keep = self._loss_ring is not None and type(loss) is _Tensor and self._keep_loss(loss)
-        ring = self._loss_ring
-        if usual and keep and ring is not None:
-            # The usual GPU step: its loss kept on the device, read back with the others of
-            # its tick in one copy (loss_ring.py): no CUDA call here.
-            pending.loss_batch, pending.loss_index = ring.add(loss_tensor)  # type: ignore[arg-type]
+        kept = (
+            self._keep_loss(loss_tensor)  # type: ignore[arg-type]
+            if usual and self._loss_ring is not None and type(loss) is _Tensor
+            else None
+        )
+        if kept is not None:
+            # The usual GPU step: its loss copied into the ring on the device, read back with
+            # the others of its tick in one copy (loss_ring.py): no copy to the host here.
+            pending.loss_batch, pending.loss_index = kept
             end = None
         elif usual and loss_tensor.is_cpu:  # type: ignore[union-attr]
-            pending.host_scalars = scalars  # the usual CPU step: the loss, kept as it is
+            pending.loss = float(loss_tensor.item())  # type: ignore[union-attr]  # a usual CPU step
             end = None
         elif scalars or sample is not None or updates is not None or histograms is not None:
             staged = perf()  # device values and a sampled step's norms: timed whole
@@ -697,46 +699,29 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
 
     def _ring_takes(self, loss: torch.Tensor) -> bool:
         """On a GPU run's lean step: whether ``loss``, a scalar without a graph passed to
-        probe.step(), can go into the loss ring: the ring is kept, the scalar is on its device
-        and not at the address of the one noted before (:meth:`_keep_loss`). Notes nothing: a
-        step that settles is noted by the whole way, once."""
+        probe.step(), can go into the loss ring: the ring is kept and the scalar is on its
+        device."""
         ring = self._loss_ring
-        return (
-            ring is not None
-            and ring.spoiled is None
-            and loss.device == ring.device
-            and not self._shares_memory(loss)
-        )
+        return ring is not None and ring.spoiled is None and loss.device == ring.device
 
-    def _shares_memory(self, tensor: torch.Tensor) -> bool:
-        """``tensor`` is at the address of the scalar noted before it: both alive, the same
-        memory, written again since that one's step."""
-        last = self._ring_last
-        return last is not None and last.data_ptr() == tensor.data_ptr()
-
-    def _keep_loss(self, loss: torch.Tensor) -> bool:
-        """Whether a GPU step's loss (a scalar the step passed) may go into the loss ring rather
-        than be copied now: the ring is kept, the first RING_FROM steps are past, the scalar is
-        on the ring's device, and it does not share its memory with the one the step before
-        passed (both alive: the same address is the same memory). One that does is written
-        again after its step (an accumulator changed in place, a CUDA graph's static output):
-        the ring is given up for good, each step's loss copied at its step from then on (said
-        once). Notes ``loss`` (detached) for the next step."""
+    def _keep_loss(self, loss: torch.Tensor) -> tuple[Any, int] | None:
+        """A usual GPU step's loss (a scalar the step passed) copied into the loss ring: its
+        batch and place. None where it is copied to the host at its step instead: the ring
+        given up (said once) or a whole ring behind, or the scalar on another device."""
         ring = self._loss_ring
         if ring is None:
-            return False
-        tensor = loss.detach() if loss.requires_grad else loss
-        if ring.spoiled is None and self._shares_memory(tensor):
-            ring.spoil("the losses passed to probe.step() share their memory from step to step")
-        self._ring_last = tensor
+            return None
+        if ring.spoiled is None and loss.device == ring.device:
+            kept = ring.add(loss.detach() if loss.requires_grad else loss)
+            if kept is not None:
+                return kept
         if ring.spoiled is not None:
             self._drop_ring()
-            return False
-        return self.step_count >= RING_FROM and tensor.device == ring.device
+        return None
 
     def _drop_ring(self) -> None:
         """Give the loss ring up (it says why): each GPU step's loss copied at its step."""
-        ring, self._loss_ring, self._ring_last = self._loss_ring, None, None
+        ring, self._loss_ring = self._loss_ring, None
         why = ring.spoiled if ring is not None else None
         if why:
             self.report_once(

@@ -118,7 +118,6 @@ class SamplerState:
         "_previous_end",
         "_hidden",
         "_loss_ring",
-        "_ring_last",
         "_reported",
         "_replanned",
         "_rest",
@@ -240,12 +239,9 @@ class SamplerState:
         # event: the timed ones); the steps between are taken to be as that one was.
         self._hidden = False
         # A GPU run's usual steps' losses, read back a tick later in one copy (loss_ring.py);
-        # None on the CPU, and for good once a loop passes the same loss tensor twice.
+        # None on the CPU, and for good once a copy into it or out of it failed.
         self._loss_ring = LossRing(cuda_device) if cuda_device is not None else None
         self.lean.device_loss = cuda_device
-        # The last tensor a GPU step passed (detached: no graph), kept so that a loss at its
-        # address is known to share its memory (StepSampler._keep_loss).
-        self._ring_last: torch.Tensor | None = None
         self._grad_marks: tuple[Mark, ...] | None = None  # (start, end) pairs: pending.py
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
         self._spent_probe = self._spent_step = 0.0  # slow EMAs of probe and step seconds

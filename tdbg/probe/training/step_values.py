@@ -128,7 +128,8 @@ def stage_values(
 ) -> CudaMark | None:
     """Put the step's device values (loss, clip norm, per-optimizer losses, per-parameter
     norms, the update ratios ``updates``, the histograms' counts last) on their way to the
-    host: CPU values are kept as they are (reading them later never syncs); device ones join
+    host: CPU values are read now (the loop may write their memory again after the step: an
+    accumulator passed as the loss); device ones join
     the step's one copy. Returns the mark whose event tells the copy is done when it was
     recorded on ``cuda_device``: it also ends the step (the next step's data gap starts
     there), one event fewer a step."""
@@ -143,6 +144,8 @@ def stage_values(
         if not isinstance(value, torch.Tensor) or value.is_cpu:
             if pending.host_scalars is None:
                 pending.host_scalars = {}
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
             pending.host_scalars[name] = value
             continue
         if pending.device_scalars is None:
