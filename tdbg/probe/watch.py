@@ -367,16 +367,22 @@ class Probe:
                 self._relayout()  # rare: kept out of the per-step cost the interval goes by
             except Exception as exc:
                 self._count_error(exc)
+        sampler = self._sampler
+        count = sampler.step_count
         t0 = perf()  # from here: this call is the probe's cost (its step time starts here too)
         try:
-            self._sampler.step(loss, samples, tokens, self._hooks, t0)
+            sampler.step(loss, samples, tokens, self._hooks, t0)
         except Exception as exc:
             self._count_error(exc)
             with contextlib.suppress(Exception):
-                self._sampler.forget_step()  # the failed step's tensors are not held on
+                sampler.forget_step()  # the failed step's tensors are not held on
+            if sampler.step_count == count:
+                # The failed step keeps its number (missing from the records, as a dropped
+                # step is): the later ones keep the loop's count.
+                sampler.step_count = count + 1
         if self._dives.busy:  # the one flag read per step while no command is armed
             try:
-                self._dives.at_boundary(self._sampler.step_count - 1)
+                self._dives.at_boundary(sampler.step_count - 1)
             except Exception as exc:
                 self._count_error(exc)
 

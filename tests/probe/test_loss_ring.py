@@ -49,16 +49,20 @@ def kept(ring: LossRing, loss: torch.Tensor) -> tuple[LossBatch, int]:
 
 def test_losses_of_several_shapes_and_dtypes_in_one_batch() -> None:
     ring = cpu_ring()
+    with torch.inference_mode():  # (a tensor without a version counter to read)
+        inferred = torch.tensor(5.5)
     losses = [
         torch.tensor(1.5),
         torch.tensor([2.5]),
         torch.tensor([[4.5]]),
         torch.tensor(3.5, dtype=torch.bfloat16),
         torch.tensor(0.1, dtype=torch.float64),
+        inferred,
     ]
     batch = [kept(ring, loss) for loss in losses][0][0]
     assert batch.read() is None
-    assert batch.read() == [1.5, 2.5, 4.5, 3.5, 0.1]  # (float64 slots: each exactly)
+    assert batch.read() == [1.5, 2.5, 4.5, 3.5, 0.1, 5.5]  # (float64 slots: each exactly)
+    assert ring.spoiled is None
 
 
 def test_each_step_s_loss_is_its_own_whatever_the_loop_writes_after() -> None:

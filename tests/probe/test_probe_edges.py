@@ -729,6 +729,34 @@ def test_a_step_the_probe_thread_cannot_build_costs_only_itself(
         reader.close()
 
 
+def test_a_step_that_fails_on_the_training_thread_keeps_its_number(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch, probe_reader: OpenReader
+) -> None:
+    """probe.step() failing inside (an internal error, counted) loses that step only: the
+    later steps keep the loop's count, not one less for each failure."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, name="one-failed", grad_every=10**9)
+    sampler = probe._sampler
+    step = type(sampler).step
+
+    def fails_at_step_5(self: Any, *args: Any) -> Any:
+        if self.step_count == 5:
+            raise RuntimeError("this step fails in the probe")
+        return step(self, *args)
+
+    monkeypatch.setattr(type(sampler), "step", fails_at_step_5)
+    assert probe.socket_path
+    reader = probe_reader(probe)
+    try:
+        loop.run(20, probe)
+        reader.wait(lambda r: len(r.records()) == 19)
+        assert [r.step for r in reader.records()] == [s for s in range(20) if s != 5]
+        assert probe.errors == 1 and probe.steps == 20
+    finally:
+        probe.close()
+        reader.close()
+
+
 def test_every_declared_fault_point_names_a_live_part(runtime_dir: Path) -> None:
     """The fault points the tests inject through (tdbg.probe.faults) resolve on a real probe,
     and an injection is undone to the very callable it replaced."""
