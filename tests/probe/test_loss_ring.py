@@ -218,6 +218,13 @@ def recorded_losses(path: Path) -> list[tuple[int, float | None]]:
     return [(r.step, r.loss) for r in steps]
 
 
+def in_the_ring(steps: list[Any]) -> None:
+    """``steps``' losses went into the loss ring (not each copied to the host at its step):
+    batches of the ring's, each shared by several steps."""
+    assert all(p.loss_batch._ring is not None for p in steps)
+    assert len({id(p.loss_batch) for p in steps}) < len(steps) / 2
+
+
 def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
     runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,6 +236,7 @@ def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
     kept = [p for p in sent if p.loss_batch is not None]
     assert len(kept) > 100  # the usual steps (not the sampled ones: their values are copied)
     assert all(p.grads is None for p in kept)
+    in_the_ring(kept)
     # Read back a tick's steps at a time, each batch a run of consecutive steps.
     batches: dict[int, list[int]] = {}
     for p in kept:
@@ -308,6 +316,7 @@ def test_a_detached_loss_passed_is_kept_on_lean_steps(
     probe.close()
     lean_steps = [p for p in sent if p.loss_batch is not None and p.timeline.forward_start is None]
     assert len(lean_steps) > 50
+    in_the_ring(lean_steps)
     recorded = recorded_losses(path)
     assert [step for step, _ in recorded] == list(range(100))
     for (_, value), expected in zip(recorded, loop.losses, strict=True):
@@ -334,6 +343,7 @@ def test_lean_gpu_steps_keep_their_loss_in_the_ring_and_their_phases_unmarked(
         if p.loss_batch is not None and p.unmarked and p.timeline.forward_start is None
     ]
     assert len(lean_steps) > 100
+    in_the_ring(lean_steps)
     recorded = recorded_losses(path)
     assert [step for step, _ in recorded] == list(range(200))
     for (_, loss), expected in zip(recorded, loop.losses, strict=True):
