@@ -16,7 +16,7 @@ from test_loss_ring import as_on_a_gpu
 from torch import nn
 
 import tdbg
-from tdbg.probe.training import cost_model
+from tdbg.probe.training import cost_model, loss_ring
 from tdbg.probe.training import hooks as hooks_module
 from tdbg.probe.training import lean as lean_switch
 from tdbg.probe.training import sampler as sampler_module
@@ -316,6 +316,10 @@ def test_a_mixed_loop_hands_over_what_the_whole_way_does(
     # probe.step(), a second model added mid-run): a lean step settled by one of them, the
     # next armed again or not, each step's records the whole way's.
     monkeypatch.setattr(hooks_module, "PRE_OUT", seed % 2 == 0)
+    if device and seed % 2:
+        # A ring of a few slots: full before the probe thread reads it back, its steps then
+        # copied at their step, its slots written again after the wrap.
+        monkeypatch.setattr(loss_ring, "CAPACITY", 6)
     plan = _mixed(seed)
     taken: list[int] = []
     hand_lean = sampler_module.StepSampler._hand_lean_step

@@ -128,30 +128,92 @@ def test_a_loss_copied_at_its_step_reads_as_a_kept_one() -> None:
         assert losses is not None and losses[place] == float(loss)
 
 
-def test_a_slot_is_written_again_only_once_its_batch_is_copied_out(
+def test_a_slot_is_written_again_only_once_its_batch_is_read_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A ring of 4 slots: a probe thread that falls a whole ring behind has the steps copy
-    their own losses (add: None) until it copies a batch out; a batch never runs past the
+    their own losses (add: None) until it reads a batch back; a batch never runs past the
     buffer's end, and values written after the wrap are the later steps'."""
     monkeypatch.setattr(loss_ring, "CAPACITY", 4)
     ring = cpu_ring()
-    first = [kept(ring, torch.tensor(float(k))) for k in range(3)]
-    assert first[0][0].read() is None  # copied out: slots 0-2 free again
-    second = kept(ring, torch.tensor(3.0))  # slot 3
-    third = [kept(ring, torch.tensor(float(k))) for k in (4, 5, 6)]  # slots 0-2: a new batch
-    assert second[0] is not first[0][0] and third[0][0] is not second[0]
+    first = [kept(ring, torch.tensor(float(k))) for k in range(3)][0][0]
+    assert first.read() is None and first.read() == [0.0, 1.0, 2.0]  # slots 0-2 free again
+    second = kept(ring, torch.tensor(3.0))  # slot 3: a new batch (the first was closed)
+    third = [kept(ring, torch.tensor(float(k))) for k in (4, 5, 6)]  # slots 0-2: another
+    assert second[0] is not first and third[0][0] is not second[0]
     assert [place for _, place in third] == [0, 1, 2]
-    assert ring.add(torch.tensor(7.0)) is None  # slot 3 is the second batch's, not copied out
+    assert ring.add(torch.tensor(7.0)) is None  # slot 3 is the second batch's, not back yet
     assert ring.spoiled is None
-    assert second[0].read() is None
-    fourth = kept(ring, torch.tensor(7.0))  # slot 3 again: the open batch goes on there
-    assert fourth == (third[0][0], 3)
-    assert third[0][0].read() is None
-    assert first[0][0].read() == [0.0, 1.0, 2.0]
+    assert second[0].read() is None  # (queues the third batch too)
     assert second[0].read() == [3.0]
-    assert third[0][0].read() == [4.0, 5.0, 6.0, 7.0]
+    fourth = kept(ring, torch.tensor(7.0))  # slot 3 again, in a batch of its own
+    assert fourth[1] == 0 and fourth[0] is not third[0][0]
+    assert third[0][0].read() == [4.0, 5.0, 6.0]
+    assert fourth[0].read() is None and fourth[0].read() == [7.0]
     assert kept(ring, torch.tensor(8.0))[1] == 0  # past the end: a new batch at slot 0
+
+
+class LateCopy:
+    """A copy to the host that lands when its event is first asked after the first time (a
+    DMA that takes a while): what it reads is the slots as they are then."""
+
+    def __init__(self, vector: torch.Tensor) -> None:
+        self.vector, self.asked = vector, 0
+
+    def query(self) -> bool:
+        self.asked += 1
+        return self.asked > 1
+
+
+def late_copy(vector: torch.Tensor, timing: bool = False) -> tuple[torch.Tensor, LateCopy]:
+    return vector, LateCopy(vector)  # (the buffer's own memory: read when it lands)
+
+
+def test_a_slot_is_not_written_again_before_its_copy_lands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A copy queued is not a copy done: a slot's next write (on any stream) waits for its
+    batch to be back on the host, or the copy would read the later step's value."""
+    monkeypatch.setattr(loss_ring, "CAPACITY", 4)
+    monkeypatch.setattr(loss_ring, "host_copy", late_copy)
+    ring = cpu_ring()
+    first = [kept(ring, torch.tensor(float(k))) for k in range(4)]
+    batch = first[0][0]
+    assert batch.read() is None  # queued
+    assert batch.read() is None  # not landed yet
+    assert ring.add(torch.tensor(9.0)) is None  # slot 0 not free: copied at its step instead
+    assert batch.read() == [0.0, 1.0, 2.0, 3.0]  # landed, every value its step's
+    assert kept(ring, torch.tensor(4.0))[1] == 0  # now slot 0 is free
+
+
+def test_one_read_queues_every_batch_written_so_far() -> None:
+    """A loop that changes the current stream every step makes a batch a step: the first read
+    of any queues them all, so a tick later all are back (not one batch a tick)."""
+    streams = iter(["a", "b"] * 10)
+    ring = LossRing(CPU, stream_of=lambda device: None, key_of=lambda device: next(streams))
+    places = [kept(ring, torch.tensor(float(k))) for k in range(10)]
+    assert len({id(b) for b, _ in places}) == 10
+    assert places[0][0].read() is None  # queues all ten
+    assert [b.read() for b, _ in places[1:]] == [[float(k)] for k in range(1, 10)]
+    assert places[0][0].read() == [0.0]
+
+
+def test_reading_an_older_batch_frees_only_its_own_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches on two streams: the older one read back frees its slots, not the newer's."""
+    monkeypatch.setattr(loss_ring, "CAPACITY", 4)
+    keys = iter(["a", "b", "b", "b", "b", "b", "b"])
+    ring = LossRing(CPU, stream_of=lambda device: None, key_of=lambda device: next(keys))
+    older = kept(ring, torch.tensor(0.0))  # slot 0, stream a
+    newer = kept(ring, torch.tensor(1.0))  # slot 1, stream b: a batch of its own
+    kept(ring, torch.tensor(2.0))  # slot 2
+    assert older[0].read() is None  # (queues both batches)
+    assert older[0].read() == [0.0]  # back: slot 0 free, not 1-2
+    assert kept(ring, torch.tensor(3.0))[1] == 0  # slot 3, a new batch (the last was closed)
+    assert kept(ring, torch.tensor(4.0))[1] == 0  # slot 0 again, past the end: another
+    assert ring.add(torch.tensor(5.0)) is None  # slot 1 is the newer batch's, not back yet
+    assert newer[0].read() == [1.0, 2.0]
 
 
 def test_a_new_stream_starts_a_new_batch() -> None:

@@ -17,12 +17,16 @@ step, a CUDA graph's static output that the next replay overwrites, an in-place 
 after ``probe.step()``), and some of those writes move no version counter, so a reference
 kept until the tick could read a later step's value without any way to tell.
 
-A slot is written again only once the copy of the batch it last held was queued (the ring
-counts both); a probe thread a whole ring behind makes the step copy its loss to the host
-itself (``add`` returns None). A batch is the slots written on one stream: a loop that changes
-the current stream between steps starts a new one, so that each batch's copy is queued after
-its slots' writes. A copy that fails (the device out of memory, say) gives the ring up, its
-batch's steps recorded without a loss.
+A slot is written again only once the batch it last held is back on the host (the ring counts
+slots written and slots read back), so a slot's next write, on whatever stream, never races
+its copy; a probe thread a whole ring behind makes the step copy its loss to the host itself
+(``add`` returns None). A batch is the slots written on one stream: a loop that changes the
+current stream between steps starts a new one, so that each batch's copy is queued after its
+slots' writes, on theirs; the first read of any batch queues the copies of every batch
+written so far, so a loop that changes streams each step is read back a tick later too. A
+copy that fails (the device out of memory, say) gives the ring up, its batch's steps recorded
+without a loss. (A loss made on another stream than the one current at ``probe.step()``
+needs that stream's work ordered there, as any other use of the tensor on it would.)
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ CAPACITY = 4096
 class LossBatch:
     """Consecutive steps' losses in consecutive slots of one ring, copied to the host together."""
 
-    __slots__ = ("_ring", "first", "count", "key", "stream", "closed", "values", "ready", "losses")
+    __slots__ = (
+        "_ring", "first", "count", "key", "stream", "closed", "failed", "values", "ready", "losses"
+    )  # fmt: skip
 
     def __init__(self, ring: LossRing | None, first: int, key: Any, stream: Any) -> None:
         self._ring = ring
@@ -52,6 +58,7 @@ class LossBatch:
         self.key = key  # the stream its slots are written on (device_copy.stream_key)
         self.stream = stream  # that stream, where their copy to the host is queued
         self.closed = False  # no more steps go into it (its copy queued, or about to be)
+        self.failed = False  # its copy could not be queued: its steps have no loss
         self.values: torch.Tensor | None = None  # the host copy, in flight
         self.ready: Any = None  # the event recorded after the copy
         # Read back: a float each, None where the copy failed.
@@ -63,25 +70,24 @@ class LossBatch:
         their copy). Never blocks, never raises."""
         if self.losses is not None:
             return self.losses
+        ring = self._ring
         if not self.closed:
-            ring = self._ring
             if ring is None:  # (copied_now's batch is closed at birth)
                 self.losses = []
                 return self.losses
-            try:
-                ring.copy_out(self)
-            except Exception as exc:  # the device out of memory, say
-                ring.spoil(f"copying the kept losses failed ({type(exc).__name__}: {exc})")
-                self.losses = [None] * self.count
-                self.values = self.ready = None
-                return self.losses
-            if self.values is not None:
+            ring.copy_out()  # this batch's copy and every other one written so far
+            if self.count and not self.failed:
                 return None  # just queued: not there yet (a CPU ring's too, as a GPU's)
+        if self.failed:
+            self.losses = [None] * self.count
+            return self.losses
         if self.ready is not None and not self.ready.query():
             return None
         values = self.values
         self.losses = [] if values is None else values.tolist()
         self.values = self.ready = None
+        if ring is not None:
+            ring.read_back(self)
         return self.losses
 
 
@@ -105,6 +111,7 @@ class LossRing:
     __slots__ = (
         "_lock",
         "_batch",
+        "_unqueued",
         "device",
         "_stream_of",
         "_key_of",
@@ -112,7 +119,7 @@ class LossRing:
         "_buffer",
         "_slots",
         "_written",
-        "_queued",
+        "_done",
     )
 
     def __init__(
@@ -122,7 +129,8 @@ class LossRing:
         key_of: Callable[[torch.device], Any] = stream_key,
     ) -> None:
         self._lock = threading.Lock()  # add() on the training thread, copy_out() on the probe's
-        self._batch: LossBatch | None = None
+        self._batch: LossBatch | None = None  # the batch steps go into now
+        self._unqueued: list[LossBatch] = []  # batches written, their copy not queued yet
         self.device = device  # the losses it keeps are on this device
         self._stream_of = stream_of  # (tests keep CPU tensors: no stream)
         self._key_of = key_of
@@ -130,9 +138,11 @@ class LossRing:
         # thread; the sampler reads it and copies each step's loss at its step from then on.
         self.spoiled: str | None = None
         self._buffer: torch.Tensor | None = None  # made at the first add, on the device
-        self._slots: list[torch.Tensor] = []  # its elements as views, one per slot
+        # Its elements as one-element views, made as the first lap of the ring reaches them
+        # (one slice a step then, none after: all 4096 at once took ~7 ms on a CPU).
+        self._slots: list[torch.Tensor] = []
         self._written = 0  # slots written since the start (slot: this modulo CAPACITY)
-        self._queued = 0  # ... of which the copy to the host is queued
+        self._done = 0  # ... of which the batch is back on the host (the slot free again)
 
     def spoil(self, why: str) -> None:
         if self.spoiled is None:
@@ -146,17 +156,20 @@ class LossRing:
         key = self._key_of(self.device)
         with self._lock:
             written = self._written
-            if written - self._queued >= CAPACITY:
-                return None  # its slot's last batch is not copied out yet
+            if written - self._done >= CAPACITY:
+                return None  # its slot's last batch is not back on the host yet
             slot = written % CAPACITY
             batch = self._batch
-            if batch is None or batch.closed or slot == 0 or batch.key != key:
-                # A batch is a run of slots on one stream, never past the buffer's end.
-                batch = self._batch = LossBatch(self, written, key, self._stream_of(self.device))
             try:
-                if not self._slots:
-                    self._buffer = torch.empty(CAPACITY, dtype=torch.float64, device=self.device)
-                    self._slots = list(self._buffer.unsqueeze(1).unbind(0))
+                if batch is None or batch.closed or slot == 0 or batch.key != key:
+                    # A batch is a run of slots on one stream, never past the buffer's end.
+                    batch = self._new_batch(written, key)
+                if slot == len(self._slots):  # the first lap: this slot's view made now
+                    if self._buffer is None:
+                        self._buffer = torch.empty(
+                            CAPACITY, dtype=torch.float64, device=self.device
+                        )
+                    self._slots.append(self._buffer[slot : slot + 1])
                 if loss.requires_grad:  # (the callers pass none: a graph on the buffer)
                     loss = loss.detach()
                 self._slots[slot].copy_(loss if loss.dim() <= 1 else loss.reshape(1))
@@ -168,21 +181,46 @@ class LossRing:
             batch.count = place + 1
             return batch, place
 
-    def copy_out(self, batch: LossBatch) -> None:
-        """From the probe thread: close ``batch`` (no more losses go into it) and queue its
-        slots' copy to the host, on the stream they were written on. Under the lock, so that
-        no slot of it is written again before its copy is queued."""
+    def _new_batch(self, written: int, key: Any) -> LossBatch:
+        """(Under the lock.) The batch the next steps go into, from slot ``written``."""
+        stream = self._stream_of(self.device)
+        buffer = self._buffer
+        if stream is not None and buffer is not None:
+            # The buffer used on this stream too: not handed out again by the allocator while
+            # a write or copy queued here is pending, should the ring be freed meanwhile.
+            buffer.record_stream(stream)
+        batch = self._batch = LossBatch(self, written, key, stream)
+        self._unqueued.append(batch)
+        return batch
+
+    def copy_out(self) -> None:
+        """From the probe thread: close every batch written so far (no more losses go into
+        them) and queue each one's copy to the host, on the stream its slots were written on.
+        The lock is held only to take them: their slots are not written again before they
+        are read back (:meth:`read_back`), so the copies are queued without it."""
         with self._lock:
-            if self._batch is batch:
-                self._batch = None
-            batch.closed = True
-            if batch.count and self._buffer is not None:
+            batches, self._unqueued, self._batch = self._unqueued, [], None
+            for batch in batches:
+                batch.closed = True
+            buffer = self._buffer
+        for batch in batches:
+            if not batch.count or buffer is None:
+                continue
+            try:
                 start = batch.first % CAPACITY
-                vector = self._buffer[start : start + batch.count]
-                if vector.device.type != "cuda":  # (the tests' CPU ring: a copy, not a view)
-                    vector = vector.clone()
+                vector = buffer[start : start + batch.count]
                 with torch.cuda.stream(batch.stream):  # (None: a no-op)
-                    batch.values, batch.ready = host_copy(vector)
-            # Batches are copied out in order (steps resolve in order); one dropped unread
-            # (its steps lost in a full hand-off) is passed by the next.
-            self._queued = max(self._queued, batch.first + batch.count)
+                    values, ready = host_copy(vector)
+                if ready is None:  # on the host already: the buffer's own memory (a CPU ring)
+                    values = values.clone()
+                batch.values, batch.ready = values, ready
+            except Exception as exc:  # the device out of memory, say
+                self.spoil(f"copying the kept losses failed ({type(exc).__name__}: {exc})")
+                batch.failed = True
+
+    def read_back(self, batch: LossBatch) -> None:
+        """From the probe thread: ``batch`` is back on the host; its slots may be written
+        again. (Batches are read back in order, steps resolving in order; one dropped unread,
+        its steps lost in a full hand-off, is passed by the next.)"""
+        with self._lock:
+            self._done = max(self._done, batch.first + batch.count)
