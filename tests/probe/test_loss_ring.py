@@ -5,6 +5,7 @@ tensors (no CUDA here; gpu_check.py runs it on a GPU)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -462,4 +463,31 @@ def test_a_scalar_the_ring_cannot_take_does_not_give_it_up(
     assert ring is not None and ring.spoiled is None
     assert all(p.loss_batch is None for p in sent)
     probe.close()
+    assert probe.errors == 0
+
+
+def test_a_lean_gpu_step_s_ring_copy_is_counted_in_its_probe_time(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loss's copy into the ring is a CUDA call on the training thread: part of what the
+    probe costs the step (its probe time, hence cost_fraction), not of the loop's own time."""
+    loop = Loop(seed=13)
+    probe, sent = watched_as_on_a_gpu(loop, tmp_path / "counted.tdbg", monkeypatch)
+    probe._sampler.grad_every = 10**9
+    add = LossRing.add
+
+    def slow_add(self: LossRing, loss: torch.Tensor) -> Any:
+        deadline = time.perf_counter() + 0.002  # a launch that takes 2 ms
+        while time.perf_counter() < deadline:
+            pass
+        return add(self, loss)
+
+    monkeypatch.setattr(LossRing, "add", slow_add)
+    train(loop, probe, 60)
+    probe.close()
+    lean_steps = [p for p in sent if p.loss_batch is not None and p.timeline.forward_start is None]
+    assert len(lean_steps) > 20
+    for p in lean_steps:
+        record, _ = p.resolve()
+        assert record.probe_time >= 0.002, (p.step, record.probe_time)
     assert probe.errors == 0

@@ -327,20 +327,23 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             self._replan()
         due = since >= self.grad_interval
         self._sample_now = due
+        value = lean.value if loss is None or loss is lean.loss else loss
+        ring_kept = True
+        if self._cuda_device is not None:
+            # The loss into the ring before the step's end is read: its CUDA call is the
+            # probe's time, as the whole way's copy is.
+            value, ring_kept = self._ring_place(value)
         previous_end = self._previous_end
         end = self._previous_end = perf()
         if count <= COUNTED_HERE:
             # The first steps' running averages, kept here (CostModel.fold_costs says why).
             self._fold_here(count - 1, t0, last_host, end, hook_seconds, 0.0, LEAN_SCALE)
-        value = lean.value if loss is None or loss is lean.loss else loss
         if self._cuda_device is not None:
             # The next step's phases timed (or the ring given up): the whole way.
-            due = (
-                not self._hand_lean_device_step(
-                    count, t0, value, samples, tokens, last_host, end, hook_seconds, hooks
-                )
-                or due
+            self._hand_lean_device_step(
+                count, t0, value, samples, tokens, last_host, end, hook_seconds, hooks
             )
+            due = due or not ring_kept or self._marked
         else:
             if type(value) is _Tensor:
                 value = value.item()  # a CPU scalar passed: its value at its step
@@ -372,26 +375,12 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             lean.on = False
             hooks.put_pre_back()
 
-    def _hand_lean_device_step(
-        self,
-        count: int,
-        t0: float,
-        value: Any,
-        samples: Any,
-        tokens: Any,
-        last_host: float | None,
-        end: float,
-        hook_seconds: float,
-        hooks: PhaseHooks,
-    ) -> bool:
-        """A GPU run's lean step: its loss (``value``: None for the device scalar the backward
-        kept unread) into the loss ring, the step handed over with its phases unmarked (an
-        untimed GPU step's are NaN: the host's clock is not the device's), and the next
-        step's marks planned, as the whole way plans them. Whether the next step may be lean
-        (not timed, the ring still kept)."""
+    def _ring_place(self, value: Any) -> tuple[Any, bool]:
+        """A GPU run's lean step's loss (``value``: None for the device scalar the backward
+        kept unread) copied into the loss ring: its place there (or its batch of its own where
+        the ring did not keep it), else ``value`` as it is; and whether the ring is still
+        kept (a GPU's lean step needs one)."""
         lean = self.lean
-        on = True
-        place: Any = value
         device_loss: Any = None  # what goes into the ring: a device scalar without a graph
         if value is None:
             loss = lean.loss  # the backward's device scalar, kept unread
@@ -399,14 +388,33 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 device_loss = loss.detach() if loss.requires_grad else loss
         elif type(value) is _Tensor and not (value.is_cpu and taps.READ_ON_HOST):
             device_loss = value  # a device scalar passed (``loss.detach()``)
-        if device_loss is not None:
-            ring = self._loss_ring
-            kept = ring.add(device_loss) if ring is not None and ring.spoiled is None else None
-            # Not kept: the ring given up during this step, or its slots not copied out yet.
-            place = kept if kept is not None else copied_now(device_loss)
-            if ring is None or ring.spoiled is not None:
-                self._drop_ring()
-                on = False  # the whole way from the next step (a GPU's lean step needs a ring)
+        if device_loss is None:
+            return value, True
+        ring = self._loss_ring
+        kept = ring.add(device_loss) if ring is not None and ring.spoiled is None else None
+        # Not kept: the ring given up during this step, or its slots not read back yet.
+        place = kept if kept is not None else copied_now(device_loss)
+        if ring is None or ring.spoiled is not None:
+            self._drop_ring()
+            return place, False
+        return place, True
+
+    def _hand_lean_device_step(
+        self,
+        count: int,
+        t0: float,
+        place: Any,
+        samples: Any,
+        tokens: Any,
+        last_host: float | None,
+        end: float,
+        hook_seconds: float,
+        hooks: PhaseHooks,
+    ) -> None:
+        """A GPU run's lean step handed over, its loss in the ring (``place``: _ring_place),
+        its phases unmarked (an untimed GPU step's are NaN: the host's clock is not the
+        device's), and the next step's marks planned, as the whole way plans them."""
+        lean = self.lean
         handoff = self._handoff
         handoff.steps.append(
             (
@@ -431,7 +439,6 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         self._plan_marks(hooks)
         if self._marked:
             self._previous_end = self._mark()  # the next step's data gap starts here
-        return on and not self._marked
 
     def _arm_lean(self, hooks: PhaseHooks) -> None:
         """Whether the next step starts lean (lean.py): a CPU run's one optimizer, no pass due,
