@@ -263,6 +263,68 @@ def rewritten_loss(device: torch.device) -> None:
     )
 
 
+def loss_on_streams(device: torch.device) -> None:
+    """A loop whose steps run on two streams in turn (each waiting for the other's last
+    step), through a loss ring of 8 slots: batches a step each, slots written again on the
+    other stream after the wrap (loss_ring.py: a slot is rewritten once its batch is back on
+    the host). Every recorded loss is its step's own, no sync, the ring kept."""
+    from tdbg.probe.training import loss_ring
+    from tdbg.protocol.steps import unpack_steps
+
+    model, opt, x, y = model_and_data(device)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    capacity, loss_ring.CAPACITY = loss_ring.CAPACITY, 8
+    try:
+        probe = tdbg.watch(model, opt, name="gpu-streams")
+        assert probe.socket_path
+        client = ProbeClient.connect(probe.socket_path)
+        truth: list[torch.Tensor] = []
+
+        def step(k: int) -> None:
+            stream = streams[k % 2]
+            stream.wait_stream(streams[(k + 1) % 2])  # the other stream's step first
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                opt.zero_grad(set_to_none=True)
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                truth.append(loss.detach().clone())
+                probe.step(loss)
+
+        for k in range(5):
+            step(k)
+        with sync_is_an_error() as caught:
+            for k in range(5, 5 + STEPS):
+                step(k)
+        torch.cuda.synchronize()  # (ours, after the loop)
+        values = [float(v) for v in truth]
+        got: dict[int, Any] = {}
+        deadline = time.monotonic() + 20
+        while len(got) < len(values) and time.monotonic() < deadline:
+            for m in client.messages(timeout=0.5):
+                if m.get("type") == "steps":
+                    got.update((r.step, r) for r in unpack_steps(m))
+        ring = probe._sampler._loss_ring
+        kept = ring is not None and ring.spoiled is None
+        client.close()
+        probe.close()
+    finally:
+        loss_ring.CAPACITY = capacity
+    wrong = [
+        f"step {s}: {r.loss} vs {values[s]}"
+        for s, r in sorted(got.items())
+        if not (r.loss == r.loss and math.isclose(r.loss, values[s], rel_tol=1e-6))
+    ]
+    check(
+        "steps on two streams in turn, a ring of 8 slots: each step's own loss",
+        len(got) == len(values) and not wrong and not caught and kept,
+        f"{len(got)} of {len(values)} steps, ring kept: {kept}",
+        *caught,
+        *wrong[:3],
+    )
+
+
 def lone_loss_of(device: torch.device, dtype: torch.dtype, every_step: bool) -> None:
     from tdbg.protocol.steps import MAX_PHASE_GAP, unpack_steps
 
@@ -732,6 +794,7 @@ PARTS = (
     norms_right,
     lone_loss,
     rewritten_loss,
+    loss_on_streams,
     figures_and_dives,
     activation_histograms,
     out_of_memory,

@@ -30,6 +30,7 @@ def test_without_cuda_it_says_so_and_exits_0() -> None:
         "norms_right",
         "lone_loss",
         "rewritten_loss",
+        "loss_on_streams",
         "figures_and_dives",
         "activation_histograms",
         "out_of_memory",
