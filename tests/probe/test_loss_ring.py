@@ -491,3 +491,30 @@ def test_a_lean_gpu_step_s_ring_copy_is_counted_in_its_probe_time(
         record, _ = p.resolve()
         assert record.probe_time >= 0.002, (p.step, record.probe_time)
     assert probe.errors == 0
+
+
+class NeverBack:
+    """A copy to the host that never lands (a GPU-bound run's queue longer than the stop)."""
+
+    def query(self) -> bool:
+        return False
+
+
+def test_steps_whose_losses_are_not_back_at_close_are_counted_dropped(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At close the probe waits a moment for the last copies (within the stop's second); the
+    steps still waiting then are not recorded, and the probe's last word counts them dropped."""
+    loop = Loop(seed=14)
+    path = tmp_path / "never.tdbg"
+    probe, _ = watched_as_on_a_gpu(loop, path, monkeypatch)
+    probe._sampler.grad_every = 10**9
+    monkeypatch.setattr(loss_ring, "host_copy", lambda vector, timing=False: (vector, NeverBack()))
+    train(loop, probe, 30)
+    probe.close()
+    messages = list(Recording(path).messages())
+    recorded = [r.step for m in messages if m["type"] == "steps" for r in unpack_steps(m)]
+    last_word = [m for m in messages if m["type"] == "probe"][-1]
+    assert len(recorded) < 30  # (the first step, a gradient pass, is copied at its step)
+    assert last_word["dropped"] == 30 - len(recorded)
+    assert probe.errors == 0

@@ -388,6 +388,9 @@ class ProbeServer(ClientLoop):
             while self.inbox and time.monotonic() < deadline:
                 time.sleep(0.005)
                 self._tick(time.monotonic())
+            # Steps still waiting for the device (a GPU-bound run's queue longer than that):
+            # counted as dropped in the last word, not left out of it unsaid.
+            self.inbox.clear()
             # The run's last word on the probe: closed cleanly (or switched off by errors).
             self._broadcast_stats(time.monotonic())
 
