@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT / "demos"))
 from models import MAKERS, Task  # noqa: E402
 
 import tdbg  # noqa: E402
-from tdbg.probe.device_copy import current_stream, host_copy, recorded_event  # noqa: E402
+from tdbg.probe.device_copy import current_stream, host_copy, recorded_event, stream_key  # noqa: E402
+from tdbg.probe.training.loss_ring import LossRing  # noqa: E402
 
 POOL = 8
 HANDED_ON = {"forward", "backward"}  # the loop's calls the probe's wrappers make for it
@@ -50,6 +51,10 @@ def primitives(device: torch.device) -> dict[str, Callable[[torch.Tensor], Any]]
     def copy_and_event(loss: torch.Tensor) -> Any:
         return host_copy(loss, timing=True)
 
+    ring = LossRing(device)  # (its slots never read back: the rounds stay under CAPACITY)
+    slot64 = torch.empty(1, dtype=torch.float64, device=device)
+    slot32 = torch.empty(1, dtype=torch.float32, device=device)
+
     return {
         "nothing (the timer's own cost)": lambda loss: None,
         "current_stream (tdbg's cached lookup)": lambda loss: current_stream(device),
@@ -62,6 +67,10 @@ def primitives(device: torch.device) -> dict[str, Callable[[torch.Tensor], Any]]
         "loss.detach()": lambda loss: loss.detach(),
         "host_copy(loss): the copy and its event": copy_and_event,
         "torch.empty(1, pin_memory=True)": lambda loss: torch.empty(1, pin_memory=True),
+        "stream_key (the ring's stream check)": lambda loss: stream_key(device),
+        "slot.copy_(loss) into float64": lambda loss: slot64.copy_(loss),
+        "slot.copy_(loss) into the loss's dtype": lambda loss: slot32.copy_(loss),
+        "LossRing.add(loss): a usual step's ring copy": lambda loss: ring.add(loss.detach()),
     }
 
 
