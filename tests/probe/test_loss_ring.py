@@ -269,11 +269,14 @@ def train(
         loop.losses.append(loss.item())
 
 
-def run(loop: Loop, probe: Any, steps: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def run(
+    loop: Loop, probe: Any, steps: int, monkeypatch: pytest.MonkeyPatch, passed: bool = True
+) -> None:
     """``steps`` steps of ``loop``, each passing probe.step() a scalar of its own (not the one
-    backpropagated), the whole way: lean steps off (the tests of lean steps are below)."""
+    backpropagated; ``passed`` False: nothing, the scalar backpropagated taken, as ``tdbg
+    run`` does), the whole way: lean steps off (the tests of lean steps are below)."""
     monkeypatch.setattr(lean, "ENABLED", False)
-    train(loop, probe, steps, lambda loss: loss.detach().clone())
+    train(loop, probe, steps, (lambda loss: loss.detach().clone()) if passed else lambda _: None)
 
 
 def recorded_losses(path: Path) -> list[tuple[int, float | None]]:
@@ -288,13 +291,14 @@ def in_the_ring(steps: list[Any]) -> None:
     assert len({id(p.loss_batch) for p in steps}) < len(steps) / 2
 
 
+@pytest.mark.parametrize("passed", [True, False], ids=["passed", "backpropagated"])
 def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
-    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, passed: bool
 ) -> None:
     loop = Loop(seed=5)
     path = tmp_path / "ring.tdbg"
     probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
-    run(loop, probe, 120, monkeypatch)
+    run(loop, probe, 120, monkeypatch, passed)
     probe.close()  # right after the last step: its batch is read back at close
     kept = [p for p in sent if p.loss_batch is not None]
     assert len(kept) > 100  # the usual steps (not the sampled ones: their values are copied)

@@ -678,7 +678,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         )
         kept = (
             self._keep_loss(loss_tensor)  # type: ignore[arg-type]
-            if usual and self._loss_ring is not None and type(loss) is _Tensor
+            if usual and self._loss_ring is not None
             else None
         )
         if kept is not None:
