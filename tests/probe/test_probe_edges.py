@@ -739,8 +739,11 @@ def test_a_step_that_fails_on_the_training_thread_keeps_its_number(
     sampler = probe._sampler
     step = type(sampler).step
 
+    failed_at: list[float] = []
+
     def fails_at_step_5(self: Any, *args: Any) -> Any:
         if self.step_count == 5:
+            failed_at.append(args[-1])  # its probe.step()'s start
             raise RuntimeError("this step fails in the probe")
         return step(self, *args)
 
@@ -748,7 +751,10 @@ def test_a_step_that_fails_on_the_training_thread_keeps_its_number(
     assert probe.socket_path
     reader = probe_reader(probe)
     try:
-        loop.run(20, probe)
+        loop.run(6, probe)
+        # The next step's time starts at the failed step's start, not the one before it.
+        assert failed_at and sampler._last_host == failed_at[0]
+        loop.run(14, probe)
         reader.wait(lambda r: len(r.records()) == 19)
         assert [r.step for r in reader.records()] == [s for s in range(20) if s != 5]
         assert probe.errors == 1 and probe.steps == 20
