@@ -198,8 +198,6 @@ def rewritten_loss(device: torch.device) -> None:
     ``probe.step()`` (as an in-place all-reduce would). Each step's loss is copied into the
     loss ring at its step (loss_ring.py): every recorded loss is the step's own, no sync, the
     ring kept (not given up)."""
-    from tdbg.protocol.steps import unpack_steps
-
     model, opt, x, y = model_and_data(device)
     static_in = torch.zeros(1, device=device)
     side = torch.cuda.Stream()
@@ -213,8 +211,6 @@ def rewritten_loss(device: torch.device) -> None:
         static_out = (static_in * 2.0).sum()
     buffers = [torch.zeros((), device=device), torch.zeros((), device=device)]
     probe = tdbg.watch(model, opt, name="gpu-rewritten")
-    assert probe.socket_path
-    client = ProbeClient.connect(probe.socket_path)
     truth: list[torch.Tensor] = []
 
     def step(k: int) -> None:
@@ -233,12 +229,30 @@ def rewritten_loss(device: torch.device) -> None:
             probe.step(buffer.detach())
             buffer.data.mul_(2.0)  # after its step, in place, no version bump
 
+    each_step_s_own_loss(
+        "a graph's static output and buffers written again after the step: each step's own loss",
+        probe,
+        step,
+        truth,
+    )
+
+
+def each_step_s_own_loss(
+    what: str, probe: tdbg.Probe, step: Callable[[int], None], truth: list[torch.Tensor]
+) -> None:
+    """``step(k)`` run 5 times, then STEPS times with syncs an error, ``truth`` getting each
+    step's loss: every recorded loss is its step's own, no sync, the loss ring kept."""
+    from tdbg.protocol.steps import unpack_steps
+
+    assert probe.socket_path
+    client = ProbeClient.connect(probe.socket_path)
     for k in range(5):
         step(k)
     with sync_is_an_error() as caught:
         for k in range(5, 5 + STEPS):
             step(k)
-    values = [float(v) for v in truth]  # read after the loop: these syncs are ours
+    torch.cuda.synchronize()  # (ours, after the loop)
+    values = [float(v) for v in truth]
     got: dict[int, Any] = {}
     deadline = time.monotonic() + 20
     while len(got) < len(values) and time.monotonic() < deadline:
@@ -255,7 +269,7 @@ def rewritten_loss(device: torch.device) -> None:
         if not (r.loss == r.loss and math.isclose(r.loss, values[s], rel_tol=1e-6))
     ]
     check(
-        "a graph's static output and buffers written again after the step: each step's own loss",
+        what,
         len(got) == len(values) and not wrong and not caught and kept,
         f"{len(got)} of {len(values)} steps, ring kept: {kept}",
         *caught,
@@ -269,15 +283,12 @@ def loss_on_streams(device: torch.device) -> None:
     other stream after the wrap (loss_ring.py: a slot is rewritten once its batch is back on
     the host). Every recorded loss is its step's own, no sync, the ring kept."""
     from tdbg.probe.training import loss_ring
-    from tdbg.protocol.steps import unpack_steps
 
     model, opt, x, y = model_and_data(device)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     capacity, loss_ring.CAPACITY = loss_ring.CAPACITY, 8
     try:
         probe = tdbg.watch(model, opt, name="gpu-streams")
-        assert probe.socket_path
-        client = ProbeClient.connect(probe.socket_path)
         truth: list[torch.Tensor] = []
 
         def step(k: int) -> None:
@@ -292,37 +303,14 @@ def loss_on_streams(device: torch.device) -> None:
                 truth.append(loss.detach().clone())
                 probe.step(loss)
 
-        for k in range(5):
-            step(k)
-        with sync_is_an_error() as caught:
-            for k in range(5, 5 + STEPS):
-                step(k)
-        torch.cuda.synchronize()  # (ours, after the loop)
-        values = [float(v) for v in truth]
-        got: dict[int, Any] = {}
-        deadline = time.monotonic() + 20
-        while len(got) < len(values) and time.monotonic() < deadline:
-            for m in client.messages(timeout=0.5):
-                if m.get("type") == "steps":
-                    got.update((r.step, r) for r in unpack_steps(m))
-        ring = probe._sampler._loss_ring
-        kept = ring is not None and ring.spoiled is None
-        client.close()
-        probe.close()
+        each_step_s_own_loss(
+            "steps on two streams in turn, a ring of 8 slots: each step's own loss",
+            probe,
+            step,
+            truth,
+        )
     finally:
         loss_ring.CAPACITY = capacity
-    wrong = [
-        f"step {s}: {r.loss} vs {values[s]}"
-        for s, r in sorted(got.items())
-        if not (r.loss == r.loss and math.isclose(r.loss, values[s], rel_tol=1e-6))
-    ]
-    check(
-        "steps on two streams in turn, a ring of 8 slots: each step's own loss",
-        len(got) == len(values) and not wrong and not caught and kept,
-        f"{len(got)} of {len(values)} steps, ring kept: {kept}",
-        *caught,
-        *wrong[:3],
-    )
 
 
 def lone_loss_of(device: torch.device, dtype: torch.dtype, every_step: bool) -> None:

@@ -266,6 +266,19 @@ def _seen(sent: list[Any], device: bool = False) -> list[tuple[Any, ...]]:
     return seen
 
 
+def lean_steps_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The steps handed over lean from now on (each one's count before it), as a list."""
+    taken: list[int] = []
+    hand_lean = sampler_module.StepSampler._hand_lean_step
+
+    def counted(self: Any, *args: Any) -> None:
+        taken.append(self.step_count)
+        hand_lean(self, *args)
+
+    monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_step", counted)
+    return taken
+
+
 @pytest.mark.parametrize("device", [False, True], ids=["cpu", "gpu"])
 @pytest.mark.parametrize("pre_out", [True, False], ids=["pre-hook out", "pre-hook in place"])
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -279,14 +292,7 @@ def test_lean_steps_hand_over_what_the_whole_way_does(
     # and go on the whole way, as if the step had never been lean. Either way of starting a
     # lean update: the optimizer tap with the step pre-hook out of its dict, or the hook.
     monkeypatch.setattr(hooks_module, "PRE_OUT", pre_out)
-    taken: list[int] = []
-    hand_lean = sampler_module.StepSampler._hand_lean_step
-
-    def counted(self: Any, *args: Any) -> None:
-        taken.append(self.step_count)
-        hand_lean(self, *args)
-
-    monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_step", counted)
+    taken = lean_steps_counted(monkeypatch)
     run = _loop(PLANS[variant], device)
     with monkeypatch.context() as whole:
         whole.setattr(lean_switch, "ENABLED", False)
@@ -321,14 +327,7 @@ def test_a_mixed_loop_hands_over_what_the_whole_way_does(
         # copied at their step, its slots written again after the wrap.
         monkeypatch.setattr(loss_ring, "CAPACITY", 6)
     plan = _mixed(seed)
-    taken: list[int] = []
-    hand_lean = sampler_module.StepSampler._hand_lean_step
-
-    def counted(self: Any, *args: Any) -> None:
-        taken.append(self.step_count)
-        hand_lean(self, *args)
-
-    monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_step", counted)
+    taken = lean_steps_counted(monkeypatch)
     run = _loop(plan, device)
     with monkeypatch.context() as whole:
         whole.setattr(lean_switch, "ENABLED", False)
