@@ -376,12 +376,7 @@ class Probe:
             self._count_error(exc)
             with contextlib.suppress(Exception):
                 sampler.forget_step()  # the failed step's tensors are not held on
-            if sampler.step_count == count:
-                # The failed step keeps its number (missing from the records, as a dropped
-                # step is): the later ones keep the loop's count; the next step's time starts
-                # here, not a step earlier.
-                sampler.step_count = count + 1
-                sampler._last_host = t0
+            sampler.step_failed(count, t0)  # (plain stores: it does not raise)
         if self._dives.busy:  # the one flag read per step while no command is armed
             try:
                 self._dives.at_boundary(sampler.step_count - 1)

@@ -775,6 +775,15 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             return None
         return joined.values
 
+    def step_failed(self, count: int, t0: float) -> None:
+        """``probe.step()`` raised (an internal error, counted) with ``count`` steps before it
+        and its start at ``t0``: the step keeps its number where it was not counted (missing
+        from the records, as a dropped step is), so the later ones keep the loop's count, and
+        the next step's time starts at this one's start, not a step earlier."""
+        if self.step_count == count:
+            self.step_count = count + 1
+            self._last_host = t0
+
     def forget_step(self) -> None:
         """Drop what the probe holds of the step in progress (the loop's last scalar and its
         graph included): a step nobody can read, a ``probe.step()`` that failed, a probe

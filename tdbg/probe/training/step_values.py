@@ -129,10 +129,9 @@ def stage_values(
     """Put the step's device values (loss, clip norm, per-optimizer losses, per-parameter
     norms, the update ratios ``updates``, the histograms' counts last) on their way to the
     host: CPU values are read now (the loop may write their memory again after the step: an
-    accumulator passed as the loss); device ones join
-    the step's one copy. Returns the mark whose event tells the copy is done when it was
-    recorded on ``cuda_device``: it also ends the step (the next step's data gap starts
-    there), one event fewer a step."""
+    accumulator passed as the loss); device ones join the step's one copy. Returns the mark
+    whose event tells the copy is done when it was recorded on ``cuda_device``: it also ends
+    the step (the next step's data gap starts there), one event fewer a step."""
     values: list[torch.Tensor] = []
     device: torch.device | None = None
     grads = sample.values if sample is not None else None
