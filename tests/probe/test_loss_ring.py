@@ -279,6 +279,14 @@ def run(
     train(loop, probe, steps, (lambda loss: loss.detach().clone()) if passed else lambda _: None)
 
 
+def each_step_recorded(path: Path, losses: list[float]) -> None:
+    """The recording at ``path`` has every step, in order, each with its own loss."""
+    recorded = recorded_losses(path)
+    assert [step for step, _ in recorded] == list(range(len(losses)))
+    for (_, value), expected in zip(recorded, losses, strict=True):
+        assert value == pytest.approx(expected, rel=1e-6)
+
+
 def recorded_losses(path: Path) -> list[tuple[int, float | None]]:
     steps = [r for m in Recording(path).messages() if m["type"] == "steps" for r in unpack_steps(m)]
     return [(r.step, r.loss) for r in steps]
@@ -310,10 +318,7 @@ def test_every_step_loss_is_recorded_from_the_ring_the_last_ones_too(
         batches.setdefault(id(p.loss_batch), []).append(p.loss_index)
     assert len(batches) < len(kept)
     assert all(places == list(range(len(places))) for places in batches.values())
-    recorded = recorded_losses(path)
-    assert [step for step, _ in recorded] == list(range(120))
-    for (_, loss), expected in zip(recorded, loop.losses, strict=True):
-        assert loss == pytest.approx(expected, rel=1e-6)
+    each_step_recorded(path, loop.losses)
     assert probe.errors == 0
 
 
@@ -363,10 +368,7 @@ def test_a_loop_rewriting_what_it_passed_gets_each_step_s_own_loss(
         assert ring is not None and ring.spoiled is None
         assert sum(p.loss_batch is not None for p in sent) > 20
     probe.close()
-    recorded = recorded_losses(path)
-    assert [step for step, _ in recorded] == list(range(40))
-    for (_, value), expected in zip(recorded, passed_values, strict=True):
-        assert value == pytest.approx(expected, rel=1e-6)
+    each_step_recorded(path, passed_values)
     assert probe.errors == 0
 
 
@@ -384,10 +386,7 @@ def test_a_detached_loss_passed_is_kept_on_lean_steps(
     lean_steps = [p for p in sent if p.loss_batch is not None and p.timeline.forward_start is None]
     assert len(lean_steps) > 50
     in_the_ring(lean_steps)
-    recorded = recorded_losses(path)
-    assert [step for step, _ in recorded] == list(range(100))
-    for (_, value), expected in zip(recorded, loop.losses, strict=True):
-        assert value == pytest.approx(expected, rel=1e-6)
+    each_step_recorded(path, loop.losses)
     assert probe.errors == 0
 
 
@@ -411,10 +410,7 @@ def test_lean_gpu_steps_keep_their_loss_in_the_ring_and_their_phases_unmarked(
     ]
     assert len(lean_steps) > 100
     in_the_ring(lean_steps)
-    recorded = recorded_losses(path)
-    assert [step for step, _ in recorded] == list(range(200))
-    for (_, loss), expected in zip(recorded, loop.losses, strict=True):
-        assert loss == pytest.approx(expected, rel=1e-6)
+    each_step_recorded(path, loop.losses)
     steps = {
         r.step: r
         for m in Recording(path).messages()

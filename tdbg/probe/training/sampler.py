@@ -718,7 +718,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         ring = self._loss_ring
         if ring is None:
             return None
-        if ring.spoiled is None and loss.device == ring.device:
+        if self._ring_takes(loss):
             kept = ring.add(loss.detach() if loss.requires_grad else loss)
             if kept is not None:
                 return kept
