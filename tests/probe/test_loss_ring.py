@@ -5,7 +5,10 @@ tensors (no CUDA here; gpu_check.py runs it on a GPU)."""
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,8 +17,12 @@ import pytest
 import torch
 from conftest import Loop, handed_over
 from test_phase_marks import on_a_fake_gpu
+from waiting import TIMEOUT, wait_until
 
 import tdbg
+from tdbg.probe.serving import server as server_module
+from tdbg.probe.serving.server import ProbeServer
+from tdbg.probe.training import inbox as inbox_module
 from tdbg.probe.training import lean, loss_ring, taps
 from tdbg.probe.training.loss_ring import LossBatch, LossRing, copied_now
 from tdbg.protocol.steps import unpack_steps
@@ -118,6 +125,19 @@ def test_a_loss_the_buffer_cannot_take_gives_the_ring_up() -> None:
     assert ring.add(torch.tensor(1.0)) is not None
     assert ring.add(torch.empty((), device="meta")) is None  # (no data to copy)
     assert ring.spoiled and "could not be kept" in ring.spoiled
+
+
+def test_a_ring_first_written_in_inference_mode_is_written_outside_it_too() -> None:
+    """The buffer is made at the first step's write: made under ``torch.inference_mode()`` (an
+    evaluation's loss passed), it would be an inference tensor, which no later step outside
+    that mode could write (the ring given up for the run)."""
+    ring = cpu_ring()
+    with torch.inference_mode():
+        first = kept(ring, torch.tensor(1.5))
+    second = kept(ring, torch.tensor(2.5))
+    assert ring.spoiled is None
+    assert first[0] is second[0] and first[0].read() is None
+    assert first[0].read() == [1.5, 2.5]
 
 
 def test_a_loss_copied_at_its_step_reads_as_a_kept_one() -> None:
@@ -239,7 +259,7 @@ def as_on_a_gpu(probe: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     as a device's), the backward's scalar kept unread on lean steps."""
     monkeypatch.setattr(taps, "READ_ON_HOST", False)
     on_a_fake_gpu(probe)
-    probe._sampler._loss_ring = cpu_ring()
+    probe._sampler._loss_ring = probe._server.handoff.ring = cpu_ring()
     probe._sampler.lean.device_loss = CPU
 
 
@@ -518,3 +538,138 @@ def test_steps_whose_losses_are_not_back_at_close_are_counted_dropped(
     assert len(recorded) < 30  # (the first step, a gradient pass, is copied at its step)
     assert last_word["dropped"] == 30 - len(recorded)
     assert probe.errors == 0
+
+
+def test_a_ring_whose_steps_were_all_dropped_is_freed_and_used_again(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe thread held up long enough (a recording's writes blocked, say) that the ring
+    fills and then its steps are all pushed out of the full hand-off by the steps that copied
+    their own: once it runs again it frees the ring's slots though no step asks for them
+    (LossRing.reclaim), and the steps after go into the ring again, not each copied to the
+    host for the rest of the run."""
+    monkeypatch.setattr(loss_ring, "CAPACITY", 8)
+    monkeypatch.setattr(inbox_module, "STEPS_SIZE", 8)  # the hand-off as deep as the ring
+    held = threading.Event()
+    drain = ProbeServer._drain_inbox
+
+    def drain_unless_held(server: ProbeServer) -> Any:
+        return [] if held.is_set() else drain(server)
+
+    monkeypatch.setattr(ProbeServer, "_drain_inbox", drain_unless_held)
+    held.set()
+    loop = Loop(seed=21)
+    path = tmp_path / "held.tdbg"
+    probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
+    probe._sampler.grad_every = 10**9
+    train(loop, probe, 30)  # 8 fill the ring, 22 copy their own; the hand-off keeps 8 of them
+    ring = probe._sampler._loss_ring
+    assert ring._written == 8 and ring._done == 0
+    assert all(p.loss_batch._ring is None for p in sent[-8:])
+    held.clear()
+    wait_until(lambda: ring._done == 8 and not probe._server.inbox, what="the ring freed")
+    before = len(sent)
+    train(loop, probe, 40)
+    probe.close()
+    # The ring's 8 slots taken again at least once (the steps come faster than its ticks:
+    # each time it is full they copy their own until the next tick frees it).
+    in_ring = [p for p in sent[before:] if p.loss_batch is not None and p.loss_batch._ring]
+    assert len(in_ring) >= 8 and ring.spoiled is None
+    # Each later step recorded (the hand-off of 8 drops some) with its own loss.
+    later = [(step, value) for step, value in recorded_losses(path) if step >= 30]
+    assert len(later) >= 8
+    for step, value in later:
+        assert value == pytest.approx(loop.losses[step], rel=1e-6)
+
+
+def test_the_last_steps_are_recorded_when_the_stop_s_other_work_is_slow(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe thread's stop waits up to a second for the sampler thread's last work, then
+    reads the last steps: their losses' copies from the device are queued before that wait,
+    so they are back for the last tick (queued after it, they were not, and the run's last
+    steps were dropped)."""
+    loop = Loop(seed=31)
+    path = tmp_path / "slow-stop.tdbg"
+    probe, _ = watched_as_on_a_gpu(loop, path, monkeypatch)
+    probe._sampler.grad_every = 10**9
+    train(loop, probe, 30)
+    started = threading.Event()
+
+    def slow_statistics() -> None:  # a sample's statistics, a profiler's table: over 1 s
+        started.set()
+        time.sleep(1.2)
+
+    probe._server.submit_work(slow_statistics, at_stop=True)
+    assert started.wait(TIMEOUT)
+    probe.close()
+    each_step_recorded(path, loop.losses)
+
+
+class Sharded(torch.Tensor):
+    """A tensor subclass whose ``copy_`` into a plain tensor raises, as a DTensor's does
+    (tensor parallel's loss, FSDP2's outputs)."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.Tensor.copy_:
+            raise AssertionError("a sharded tensor copied into a plain one")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_loss_of_a_tensor_subclass_does_not_give_the_ring_up(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subclass's loss passed goes the whole way's own copy; the ring stays for the steps
+    after (given up, every later step of the run would copy its loss at its step)."""
+    loop = Loop(seed=41)
+    path = tmp_path / "sharded.tdbg"
+    probe, sent = watched_as_on_a_gpu(loop, path, monkeypatch)
+    probe._sampler.grad_every = 10**9
+    monkeypatch.setattr(lean, "ENABLED", False)  # the whole way: a subclass is never lean
+    train(loop, probe, 5, lambda loss: loss.detach().clone().as_subclass(Sharded))
+    train(loop, probe, 20)
+    probe.close()
+    ring = probe._sampler._loss_ring
+    assert ring is not None and ring.spoiled is None and probe.errors == 0
+    in_the_ring([p for p in sent[5:] if p.loss_batch is not None])
+    each_step_recorded(path, loop.losses)
+
+
+def test_a_step_pushed_out_of_the_full_hand_off_while_read_is_not_recorded(
+    runtime_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training thread appending to the full hand-off while the probe thread reads its
+    oldest step drops that step: it is the one dropped (not recorded), and the step after it
+    is recorded (it was the one taken instead, lost unsaid)."""
+    monkeypatch.setattr(inbox_module, "STEPS_SIZE", 5)
+    loop = Loop(seed=51)
+    probe = tdbg.watch(loop.model, loop.opt, name="race", serve=False)
+    probe._server.handoff.open = True  # (no probe thread: the steps stay in the hand-off)
+    train(loop, probe, 25)
+    steps = [handed for handed in probe._server.inbox if isinstance(handed, tuple)]
+    probe.close()
+    assert len(steps) == 5  # usual steps, as handed over
+    inbox = collections.deque(steps[:4], maxlen=4)
+    appended: list[Any] = []
+    ready = server_module.usual_ready
+
+    def the_training_thread_appends(handed: Any) -> bool:
+        if not appended:  # while the probe thread reads the oldest step
+            appended.append(steps[4])
+            inbox.append(steps[4])  # full: the oldest dropped
+        return ready(handed)
+
+    monkeypatch.setattr(server_module, "usual_ready", the_training_thread_appends)
+    reader = types.SimpleNamespace(
+        inbox=inbox,
+        consumed=0,
+        handoff=types.SimpleNamespace(ring=None),
+        _step_points=[],
+        _on_grad_device_time=None,
+        _on_error=pytest.fail,
+    )
+    resolved = ProbeServer._drain_inbox(reader)  # type: ignore[arg-type]
+    first = steps[0][0]
+    assert [record.step for record, _ in resolved] == [first + k for k in range(1, 5)]
+    assert reader.consumed == 4 and not inbox

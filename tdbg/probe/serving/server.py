@@ -378,6 +378,11 @@ class ProbeServer(ClientLoop):
                 time.sleep(TICK_SECONDS)
         # What the sampler thread finishes at stop (the last samples) is in this last tick.
         stopping = time.monotonic()
+        # The steps so far first: a GPU run's last losses start their copy from the device
+        # here (loss_ring.py), before a wait that may take the drain's whole second, and are
+        # back on the host for the last tick after it.
+        with contextlib.suppress(Exception):
+            self._tick(stopping)
         self._work_drained.wait(DRAIN_SECONDS + 0.5)
         with contextlib.suppress(Exception):
             self._tick(time.monotonic())
@@ -527,12 +532,18 @@ class ProbeServer(ClientLoop):
                 # A step that cannot be read must not block every later one, nor cost the
                 # steps resolved before it in this tick: dropped, and on to the next. One
                 # error a tick is counted (as when a failed tick was), however many failed.
-                inbox.popleft()
-                self.consumed += 1
+                if inbox and inbox[0] is handed:
+                    inbox.popleft()
+                    self.consumed += 1
                 failed = failed or exc
                 continue
             if result is None:
                 break  # device work still in flight: keep order, try next tick
+            if not inbox or inbox[0] is not handed:
+                # The training thread appended to the full hand-off meanwhile, which dropped
+                # this step as its oldest: dropped, as the others it drops (popping now would
+                # take the next step instead, lost unsaid).
+                continue
             inbox.popleft()
             if pending.grad_device_time is not None and self._on_grad_device_time is not None:
                 self._on_grad_device_time(pending.grad_device_time)
@@ -540,6 +551,12 @@ class ProbeServer(ClientLoop):
             resolved.append(result)
             self._extras.append(pending)
             self._step_points.extend(pending.points)
+        ring = self.handoff.ring
+        if ring is not None:
+            try:
+                ring.reclaim()  # a full ring's slots freed where no step asks for them
+            except Exception as exc:
+                failed = failed or exc
         if failed is not None:
             self._on_error(failed)
         return resolved

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from tdbg.probe.training.loss_ring import LossRing
 from tdbg.probe.training.metrics import MAX_PENDING as MAX_PENDING_METRICS
 from tdbg.probe.training.metrics import PendingMetrics
 from tdbg.probe.training.pending import LeanHanded, PendingStep, UsualStep
@@ -22,7 +23,7 @@ class Inbox:
     it is False the training side keeps nothing (a step nobody can ever read costs nothing).
     """
 
-    __slots__ = ("steps", "appended", "metrics", "alerts", "open")
+    __slots__ = ("steps", "appended", "metrics", "alerts", "open", "ring")
 
     def __init__(self) -> None:
         self.steps: deque[PendingStep | UsualStep | LeanHanded] = deque(maxlen=STEPS_SIZE)
@@ -31,3 +32,6 @@ class Inbox:
         self.metrics: deque[PendingMetrics] = deque(maxlen=MAX_PENDING_METRICS)
         self.alerts: deque[Alert] = deque(maxlen=ALERTS_SIZE)  # the training side's own alerts
         self.open = False
+        # A GPU run's loss ring (loss_ring.py), which the probe thread frees where no step
+        # asks for its slots (LossRing.reclaim); None on the CPU and once it is given up.
+        self.ring: LossRing | None = None

@@ -31,6 +31,7 @@ needs that stream's work ordered there, as any other use of the tensor on it wou
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +41,8 @@ import torch
 from tdbg.probe.device_copy import current_stream, host_copy, stream_key
 
 # Slots in the ring (a tick's steps are normally far fewer: a probe thread this far behind
-# makes the steps copy their own losses until it catches up). 8 bytes each, on the device.
+# makes the steps copy their own losses until it frees slots again, LossRing.reclaim).
+# 8 bytes each, on the device.
 CAPACITY = 4096
 
 
@@ -120,6 +122,7 @@ class LossRing:
         "_slots",
         "_written",
         "_done",
+        "_queued",
     )
 
     def __init__(
@@ -143,6 +146,9 @@ class LossRing:
         self._slots: list[torch.Tensor] = []
         self._written = 0  # slots written since the start (slot: this modulo CAPACITY)
         self._done = 0  # ... of which the batch is back on the host (the slot free again)
+        # Batches whose copy is queued and whose slots are not free yet, oldest first (the
+        # probe thread's own: copy_out, read_back and reclaim run there).
+        self._queued: collections.deque[LossBatch] = collections.deque()
 
     def spoil(self, why: str) -> None:
         if self.spoiled is None:
@@ -166,9 +172,12 @@ class LossRing:
                     batch = self._new_batch(written, key)
                 if slot == len(self._slots):  # the first lap: this slot's view made now
                     if self._buffer is None:
-                        self._buffer = torch.empty(
-                            CAPACITY, dtype=torch.float64, device=self.device
-                        )
+                        # Not an inference tensor, whatever mode the first step runs in (one
+                        # could not be written outside inference mode: the ring given up).
+                        with torch.inference_mode(False):
+                            self._buffer = torch.empty(
+                                CAPACITY, dtype=torch.float64, device=self.device
+                            )
                     self._slots.append(self._buffer[slot : slot + 1])
                 if loss.requires_grad:  # (the callers pass none: a graph on the buffer)
                     loss = loss.detach()
@@ -206,6 +215,7 @@ class LossRing:
         for batch in batches:
             if not batch.count or buffer is None:
                 continue
+            self._queued.append(batch)
             try:
                 start = batch.first % CAPACITY
                 vector = buffer[start : start + batch.count]
@@ -223,4 +233,20 @@ class LossRing:
         again. (Batches are read back in order, steps resolving in order; one dropped unread,
         its steps lost in a full hand-off, is passed by the next.)"""
         with self._lock:
-            self._done = max(self._done, batch.first + batch.count)
+            done = self._done = max(self._done, batch.first + batch.count)
+        queued = self._queued
+        while queued and queued[0].first + queued[0].count <= done:
+            queued.popleft()  # read back, or passed by a later one (its steps dropped)
+
+    def reclaim(self) -> None:
+        """From the probe thread, once a tick: where the ring is full, its batches read back,
+        oldest first, as far as their copies have landed, whether or not a step still asks
+        for them. A probe thread that fell a whole ring behind may have seen their steps
+        dropped from the full hand-off; nothing else would read them, and every later step
+        would copy its own loss for the rest of the run."""
+        if self._written - self._done < CAPACITY:
+            return
+        self.copy_out()
+        for batch in list(self._queued):
+            if batch.read() is None:
+                return  # its copy still in flight: the next tick

@@ -707,9 +707,15 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
     def _ring_takes(self, loss: torch.Tensor) -> bool:
         """On a GPU run's lean step: whether ``loss``, a scalar without a graph passed to
         probe.step(), can go into the loss ring: the ring is kept and the scalar is on its
-        device."""
+        device, and a plain tensor (a subclass's ``copy_`` may raise, a DTensor's does: it
+        goes the whole way's own copy instead, the ring kept for the other steps)."""
         ring = self._loss_ring
-        return ring is not None and ring.spoiled is None and loss.device == ring.device
+        return (
+            ring is not None
+            and ring.spoiled is None
+            and type(loss) is _Tensor
+            and loss.device == ring.device
+        )
 
     def _keep_loss(self, loss: torch.Tensor) -> tuple[Any, int] | None:
         """A usual GPU step's loss (a scalar the step passed) copied into the loss ring: its
@@ -729,6 +735,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
     def _drop_ring(self) -> None:
         """Give the loss ring up (it says why): each GPU step's loss copied at its step."""
         ring, self._loss_ring = self._loss_ring, None
+        self._handoff.ring = None
         why = ring.spoiled if ring is not None else None
         if why:
             self.report_once(

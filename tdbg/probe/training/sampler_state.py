@@ -241,6 +241,7 @@ class SamplerState:
         # A GPU run's usual steps' losses, read back a tick later in one copy (loss_ring.py);
         # None on the CPU, and for good once a copy into it or out of it failed.
         self._loss_ring = LossRing(cuda_device) if cuda_device is not None else None
+        handoff.ring = self._loss_ring  # the probe thread frees its slots (LossRing.reclaim)
         self.lean.device_loss = cuda_device
         self._grad_marks: tuple[Mark, ...] | None = None  # (start, end) pairs: pending.py
         self._grad_device_cost = 0.0  # EMA of the gradient pass's device time (GPU runs)
