@@ -75,10 +75,11 @@ def aborted_after_training(done: subprocess.CompletedProcess[str], ranks: int) -
     interpreter ended ("terminate called without an active exception", SIGABRT): PyTorch's
     own abort at a rank's end (docs/distributed.md, "At exit"; pytorch/pytorch#179291: Gloo's
     worker threads can still hold work when the interpreter is torn down, even after the group
-    is destroyed, as `tdbg run` does at exit). Seen in the Accelerate job once in about fifteen CI runs
-    (a loaded 2-core machine) and once in 35 runs of this test beside two CPU burners; not in
-    100 runs of the job from a shell. A test that has seen it runs the job once more, and
-    that run must end well (an abort tdbg caused every time, or most times, still fails)."""
+    is destroyed, as `tdbg run` does at exit). Seen in the Accelerate job once in about
+    fifteen CI runs (a loaded 2-core machine) and once in 35 runs of this test beside two CPU
+    burners; not in 100 runs of the job from a shell. A test that has seen it runs the job
+    once more, and that run must end well (an abort tdbg caused every time, or most times,
+    still fails)."""
     return (
         done.returncode != 0
         and "terminate called without an active exception" in done.stderr
