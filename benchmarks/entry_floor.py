@@ -12,7 +12,10 @@ does). What the probe costs beyond the floor is what its bodies cost, not being 
 Arms alternate in one process as in ``interleaved.py`` (a turn of ``--turn`` timed steps after
 one untimed step, the order shuffled per cycle, training-thread CPU): ``unwatched``,
 ``unwatched again`` (the noise), ``floor``, ``floor, no optimizer hooks``, ``floor, no
-.item()`` (what those parts of the structure cost), and ``probe`` (one long-lived
+.item()`` (what those parts of the structure cost), ``floor, step() alone`` (no hook at all:
+``step()`` reads the loss passed with ``.item()``, its clock and appends: the floor of a
+probe whose usual steps run ``probe.step()`` alone, issue 36's "physical floor"), and
+``probe`` (one long-lived
 ``tdbg.watch(grad_every=10**9)``: its fixed per-step work, no gradient pass; its hooks and
 taps off for the other arms, as ``thread_cpu.unhook`` takes them off), and ``probe, every
 step timed`` (the same probe with its hooks and taps timing themselves on every step, not one
@@ -60,18 +63,19 @@ optimizer_mod = importlib.import_module("torch.optim.optimizer")
 perf = time.perf_counter
 POOL = 64
 
-UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT = (
+UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, STEP_ONLY, PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT = (
     "unwatched",
     "unwatched again",
     "floor",
     "floor, no optimizer hooks",
     "floor, no .item()",
+    "floor, step() alone",
     "probe",
     "probe, every step timed",
     "probe, no lean steps",
     "probe, pre-hook kept",
 )
-ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT)
+ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, STEP_ONLY, PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT)
 sampler_mod = importlib.import_module("tdbg.probe.training.sampler")
 lean_mod = importlib.import_module("tdbg.probe.training.lean")
 hooks_mod = importlib.import_module("tdbg.probe.training.hooks")
@@ -99,6 +103,7 @@ class Floor:
         self.marks: list[Any] = [None] * 6
         self.handed: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=4096)
         self.read_item = True
+        self.alone = False  # step() the only entry point: it reads the loss itself
         self._handles: list[Any] = []
         self._backward = torch.autograd.backward
         self._stop = threading.Event()
@@ -110,9 +115,12 @@ class Floor:
             for _ in range(len(handed)):
                 handed.popleft()
 
-    def on(self, optimizer_hooks: bool, read_item: bool) -> None:
+    def on(self, optimizer_hooks: bool, read_item: bool, alone: bool = False) -> None:
         marks = self.marks
         self.read_item = read_item
+        self.alone = alone
+        if alone:
+            return
         original = self._backward
         floor = self
 
@@ -154,6 +162,8 @@ class Floor:
 
     def step(self, loss: Any, *, samples: Any = None, tokens: Any = None) -> None:
         marks = self.marks
+        if self.alone and type(loss) is torch.Tensor:
+            loss = loss.item()  # no backward tap read it
         self.handed.append((perf(), loss, samples, tokens, *marks))
 
     def close(self) -> None:
@@ -195,8 +205,12 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
                 sampler_mod.TIMED_EVERY = 1 if arm == ALL_TIMED else timed_every
                 lean_mod.ENABLED = arm != NOT_LEAN
                 hooks_mod.PRE_OUT = arm != PRE_KEPT
-            elif arm in (FLOOR, NO_OPT, NO_ITEM):
-                floor.on(optimizer_hooks=arm != NO_OPT, read_item=arm != NO_ITEM)
+            elif arm in (FLOOR, NO_OPT, NO_ITEM, STEP_ONLY):
+                floor.on(
+                    optimizer_hooks=arm not in (NO_OPT, STEP_ONLY),
+                    read_item=arm != NO_ITEM,
+                    alone=arm == STEP_ONLY,
+                )
                 stepper = floor
             try:
                 per_step[arm].append(turn(task, pool, args.turn, stepper, rng.randrange(POOL)))
