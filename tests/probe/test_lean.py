@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import queue
 import random
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,12 +16,15 @@ import torch
 from conftest import handed_over
 from test_loss_ring import as_on_a_gpu
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from waiting import TIMEOUT
 
 import tdbg
 from tdbg.probe.training import cost_model, loss_ring
 from tdbg.probe.training import hooks as hooks_module
 from tdbg.probe.training import lean as lean_switch
 from tdbg.probe.training import sampler as sampler_module
+from tdbg.protocol.steps import MAX_LR_COLUMNS
 
 STEPS = 24
 
@@ -394,3 +399,182 @@ def test_a_failed_lean_backward_is_taken_back(
     records = [s.resolve()[0] for s in sent]
     assert [r.micro_batches for r in records] == [1.0] * 6
     assert all(r.loss == r.loss and r.loss > 0 for r in records)
+
+
+Body = Callable[[int, nn.Module, torch.optim.Optimizer, Any], None]
+
+
+def both_ways(
+    monkeypatch: pytest.MonkeyPatch,
+    steps: int,
+    body: Body,
+    make: Callable[[], tuple[nn.Module, torch.optim.Optimizer]] | None = None,
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[int]]:
+    """``steps`` steps of ``body(step, model, optimizer, probe)`` (the model and optimizer
+    ``make()``'s, by default a small MLP with SGD), run the whole way and then with lean
+    steps: what each way handed over (_seen), and the steps handed over lean."""
+    taken = lean_steps_counted(monkeypatch)
+    seen = []
+    for lean_on in (False, True):
+        with monkeypatch.context() as way:
+            way.setattr(lean_switch, "ENABLED", lean_on)
+            torch.manual_seed(0)
+            if make is None:
+                model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+                opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+            else:
+                model, opt = make()
+            probe = tdbg.watch(model, opt, name="ways", grad_every=10**9)
+            sent = handed_over(probe, way)
+            try:
+                for step in range(steps):
+                    body(step, model, opt, probe)
+            finally:
+                probe.close()
+            assert probe.errors == 0, probe.last_error
+            seen.append(_seen(sent))
+        if not lean_on:
+            assert not taken
+    return seen[0], seen[1], taken
+
+
+X, Y = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)), torch.ones(16, 1)
+
+
+def test_another_thread_s_forward_without_grad_leaves_the_loop_s_step_as_it_is(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor's (or an evaluation server's) forward without grad of the watched model on
+    another thread, run while the loop's backward tap reads the loss (``.item()`` lets the
+    GIL go): not the loop's, it settles nothing (settled from there, the tap's write after it
+    lost the step's loss and micro-batch, and the next step showed both steps' losses)."""
+    fired: list[int] = []
+
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, probe: Any) -> None:
+        def actor() -> None:
+            with torch.no_grad():
+                model(torch.randn(2, 4))
+
+        def in_the_tap(frame: Any, event: str, arg: Any) -> None:
+            if (
+                event == "c_call"
+                and getattr(arg, "__name__", "") == "item"
+                and frame.f_code.co_name == "backward"
+                and step == 3
+            ):
+                fired.append(step)
+                thread = threading.Thread(target=actor)
+                thread.start()
+                thread.join()
+
+        opt.zero_grad()
+        loss = ((model(X) - Y) ** 2).mean()
+        sys.setprofile(in_the_tap)
+        try:
+            loss.backward()
+        finally:
+            sys.setprofile(None)
+        opt.step()
+        probe.step()
+
+    whole, lean_way, taken = both_ways(monkeypatch, 6, body)
+    assert fired == [3, 3]  # once each way
+    assert lean_way == whole
+    assert 3 in taken  # the step stayed lean
+
+
+def test_a_clip_on_the_loop_s_thread_reaches_a_probe_step_on_another(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop on a worker thread, ``probe.step()`` on the main one after each update (a
+    queue to the thread that logs): each step's clip is recorded, as the whole way does (the
+    lean hand-over left it behind: no clip recorded, and no later one either)."""
+    go: queue.Queue[None] = queue.Queue()
+    done: queue.Queue[torch.Tensor] = queue.Queue()
+
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, probe: Any) -> None:
+        if step == 0:
+
+            def worker() -> None:
+                for _ in range(8):
+                    go.get()
+                    opt.zero_grad()
+                    loss = ((model(X) - Y) ** 2).mean()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+                    opt.step()
+                    done.put(loss)
+
+            threading.Thread(target=worker, daemon=True).start()
+        go.put(None)
+        probe.step(done.get(timeout=TIMEOUT))
+
+    whole, lean_way, _ = both_ways(monkeypatch, 8, body)
+    assert lean_way == whole
+    assert all(clip != "nan" for _, _, _, _, _, _, clip, *_ in whole)
+
+
+def test_a_learning_rate_hook_registered_in_place_of_another_is_read_after(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process-wide optimizer pre-hook that sets the learning rate, registered mid-run as
+    another (registered before the probe) is removed: the update's rate is the one it set
+    (the hooks counted as many as before, the lean read came before it: one update late)."""
+    handles: list[Any] = []
+
+    def make() -> tuple[nn.Module, torch.optim.Optimizer]:
+        while handles:  # the way before's
+            handles.pop().remove()
+        handles.append(register_optimizer_step_pre_hook(lambda *_: None))
+        model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+        return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, probe: Any) -> None:
+        if step == 4:
+            handles.pop().remove()
+
+            def warm_up(optimizer: Any, args: Any, kwargs: Any) -> None:
+                for group in optimizer.param_groups:
+                    group["lr"] = 0.001 * (step_now[0] + 1)
+
+            handles.append(register_optimizer_step_pre_hook(warm_up))
+        step_now[0] = step
+        opt.zero_grad()
+        loss = ((model(X) - Y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+
+    step_now = [0]
+    try:
+        whole, lean_way, _ = both_ways(monkeypatch, 10, body, make)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert [lrs for _, _, lrs, *_ in whole][4:] == [(0.001 * (k + 1),) for k in range(4, 10)]
+    assert lean_way == whole
+
+
+def test_more_param_groups_than_a_step_carries_are_recorded_as_the_whole_way_does(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An optimizer of more than MAX_LR_COLUMNS param groups (a group per parameter, as
+    layer-wise learning-rate decay makes): its steps go the whole way, which records the
+    first rates and says so once (handed over lean, every rate, no step could be sent: all
+    were lost, and the probe switched itself off)."""
+
+    def make() -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(33)])  # 66 parameters
+        groups = [{"params": [p], "lr": 0.01} for p in model.parameters()]
+        return model, torch.optim.SGD(groups)
+
+    def body(step: int, model: nn.Module, opt: torch.optim.Optimizer, probe: Any) -> None:
+        opt.zero_grad()
+        loss = model(X).pow(2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+
+    whole, lean_way, taken = both_ways(monkeypatch, 12, body, make)
+    assert lean_way == whole and not taken
+    assert {len(lrs) for _, _, lrs, *_ in whole} == {MAX_LR_COLUMNS}

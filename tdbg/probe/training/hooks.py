@@ -263,8 +263,11 @@ class PhaseHooks:
         if not self.active:
             return
         try:
-            if lean.on:
-                lean.settle()  # not the usual pattern: the whole way from here
+            if lean.on and self._on_training_thread():
+                # Not the usual pattern: the whole way from here. (Another thread's forward,
+                # an actor's or an evaluation server's, is not the loop's: settled from there
+                # it would race the training thread's own writes into the record.)
+                lean.settle()
             t0 = perf()  # the whole call is the probe's cost, not just its mark
             if torch.is_grad_enabled():
                 self.forward_pending = True
@@ -289,7 +292,7 @@ class PhaseHooks:
         forward hook marks where each such forward ends, until a step without any (a loop
         that runs the model without grad every step keeps it): the phase ends at the last of
         them, so what the loop does after (fetching the next batch) is still data."""
-        if self.lean.on:
+        if self.lean.on and self._on_training_thread():
             self.lean.settle()  # a lean step has no no-grad phase: the whole way from here
         timeline = self.timeline
         replica = module is not None and getattr(module, "_is_replica", False)
@@ -313,7 +316,7 @@ class PhaseHooks:
 
     def end_no_grad(self, replica: bool = False) -> None:
         """A forward without grad (or a framework's evaluation) ended."""
-        if self.lean.on:
+        if self.lean.on and self._on_training_thread():
             self.lean.settle()
         timeline = self.timeline
         if (

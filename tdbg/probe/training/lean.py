@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tdbg.protocol.steps import MAX_LR_COLUMNS
+
 # Lean steps on (tests turn them off to compare the two ways).
 ENABLED = True
 
@@ -88,7 +90,10 @@ def update_rates(optimizer: Any, args: Any, kwargs: Any) -> list[float] | None:
 
 
 def float_rates(groups: list[dict[str, Any]]) -> list[float] | None:
-    """The learning rates of ``groups`` when each is a float; else None."""
+    """The learning rates of ``groups`` when each is a float and a step can carry them all;
+    else None (more than a step's columns: the whole way keeps the first ones and says so)."""
+    if len(groups) > MAX_LR_COLUMNS:
+        return None
     rates = []
     for group in groups:
         rate = group.get("lr")

@@ -154,6 +154,11 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 and (tokens is None or (type(tokens) in PLAIN_COUNTS and 0 <= tokens <= MAX_COUNT))
                 and self._handoff.open
                 and self._iterating is None  # a DataLoader's pass began (on another thread)
+                # What another thread's taps left for the whole way (a clip, a stray scalar:
+                # the loop on another thread than probe.step()'s, which never settles it).
+                and self._clip is None
+                and self._stray is None
+                and self._pending_loss is None
                 and (
                     lean.device_loss is None
                     or type(loss) is not _Tensor
@@ -542,6 +547,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         if self._cuda_device is not None:
             self._plan_marks(hooks)
         self._previous_end = end if end is not None else self._mark()
+        # Nothing left over in the record (a tap on another thread may write it after a
+        # settle): a step armed lean starts from nothing.
+        self.lean.clear()
         self._arm_lean(hooks)
 
     def _drop_unread_step(self, hooks: PhaseHooks) -> None:

@@ -69,11 +69,10 @@ _scaled: tuple[weakref.ref[Any], torch.Tensor] | None = None  # GradScaler.scale
 _told: dict[int, weakref.ref[Any]] = {}
 # The lean record whose optimizer's own step pre-hook is out of its dict (PhaseHooks.take_pre
 # _out): the optimizer tap does that hook's lean work, or puts it back to run; how to put it
-# back; how many process-wide pre-hooks torch had then (one registered since runs after the tap
-# and before the optimizer's own hooks: it may set the learning rate the probe reads).
+# back. (A process-wide pre-hook registered since runs after the tap and before the
+# optimizer's own hooks: it may set the learning rate the probe reads; the tap looks.)
 _held_out: LeanStep | None = None
 _put_back: Callable[[bool], None] | None = None
-_held_globals = -1
 # torch's process-wide optimizer pre-hooks, and the tap's key there (once installed).
 _global_pre: Any = None
 _tap_id = -1
@@ -82,9 +81,8 @@ _tap_id = -1
 def hold_out(lean: LeanStep | None, put_back: Callable[[bool], None] | None = None) -> None:
     """``lean``'s optimizer pre-hook is out of its dict, ``put_back`` puts it back (None: back,
     or let go)."""
-    global _held_out, _put_back, _held_globals
+    global _held_out, _put_back
     _held_out, _put_back = lean, put_back
-    _held_globals = len(_global_pre) if lean is not None and _global_pre is not None else -1
 
 
 def tap_is_last() -> bool:
@@ -260,7 +258,9 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> Any:
             and lean.loss is not None
             and not kwargs
             and (len(args) == 1 or (len(args) == 2 and args[1] is None))  # no closure passed
-            and len(_global_pre) == _held_globals  # none registered since, to run after this
+            # None registered since, to run after this one (handle ids only grow: a count
+            # would miss one removed and another registered).
+            and next(reversed(_global_pre), None) == _tap_id
         ):
             # lean.update_rates written out: a frame fewer, right after the backward.
             t0 = _perf()
