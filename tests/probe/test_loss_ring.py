@@ -22,8 +22,8 @@ from waiting import TIMEOUT, wait_until
 import tdbg
 from tdbg.probe.serving import server as server_module
 from tdbg.probe.serving.server import ProbeServer
-from tdbg.probe.training import inbox as inbox_module
 from tdbg.probe.training import cost_model, lean, loss_ring, taps
+from tdbg.probe.training import inbox as inbox_module
 from tdbg.probe.training.loss_ring import LossBatch, LossRing, copied_now
 from tdbg.protocol.steps import unpack_steps
 from tdbg.recording.reader import Recording
