@@ -420,7 +420,7 @@ def both_ways(
             way.setattr(lean_switch, "ENABLED", lean_on)
             torch.manual_seed(0)
             if make is None:
-                model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+                model: nn.Module = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
                 opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
             else:
                 model, opt = make()
