@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ import torch
 from conftest import linear_at
 from torch import nn
 
+import tdbg
+from tdbg.probe.training import lean as lean_switch
 from tdbg.probe.training.guard import NonfiniteGuard, find_forward_origin
 
 OPTIMIZERS: dict[str, Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = {
@@ -114,6 +117,50 @@ def test_large_finite_gradients_are_not_skipped() -> None:
     guard = NonfiniteGuard([p, h])
     assert guard.check_and_skip() is False
     assert p.grad is not None and h.grad is not None
+
+
+def test_large_finite_float64_gradients_are_not_skipped() -> None:
+    """A float64 gradient whose 2-norm overflows float64 (values near 1e200) is finite: not a
+    skip (its 2-norm in float64 read inf)."""
+    p = nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    p.grad = torch.full((4,), 1e200, dtype=torch.float64)
+    guard = NonfiniteGuard([p])
+    assert guard.check_and_skip() is False and p.grad is not None
+    p.grad = torch.tensor([1e200, float("inf"), 0.0, 1.0], dtype=torch.float64)
+    assert guard.check_and_skip() is True and p.grad is None
+
+
+@pytest.mark.parametrize("lean_on", [True, False], ids=["lean", "whole way"])
+def test_a_parameter_the_optimizer_holds_outside_the_model_is_guarded_too(
+    runtime_dir: Path, probe_reader: Any, monkeypatch: pytest.MonkeyPatch, lean_on: bool
+) -> None:
+    """``watch(model, opt, skip_nonfinite=True)`` where ``opt`` also updates a parameter the
+    model does not hold (CLIP's logit scale, a learnable temperature): a non-finite update is
+    skipped for it too, and the alert names it (only the model's was: the update wrote NaN
+    into it, every later step's gradient was NaN, and every later update was skipped)."""
+    monkeypatch.setattr(lean_switch, "ENABLED", lean_on)
+    model = net()
+    temperature = nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([*model.parameters(), temperature], lr=0.05)
+    probe = tdbg.watch(model, opt, name="guarded", grad_every=1, skip_nonfinite=True)
+    reader = probe_reader(probe)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(16, 4, generator=g), torch.randn(16, 2, generator=g)
+    for step in range(5):
+        opt.zero_grad()
+        scale = temperature * (float("nan") if step == 2 else 1.0)
+        loss = ((model(x) * scale - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        probe.step(loss)
+    reader.wait(lambda r: len(r.records()) >= 5)
+    reader.settle()
+    probe.close()
+    assert torch.isfinite(temperature).all() and temperature.item() != 1.0  # stepped, finite
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    skipped = [a for a in reader.of("alert") if a["kind"] == "skipped_nonfinite"]
+    assert [a["step"] for a in skipped] == [2]  # the NaN update only
+    assert "parameters outside the watched model" in skipped[0]["message"]
 
 
 def test_no_gradients_is_not_a_skip() -> None:

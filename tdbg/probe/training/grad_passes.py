@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from tdbg.probe.training.gradients import GradientStats, GradSample, Layer
-from tdbg.probe.training.guard import NonfiniteGuard, find_forward_origin
+from tdbg.probe.training.guard import find_forward_origin, guard_of
 from tdbg.probe.training.histograms import LayerHistograms
 from tdbg.probe.training.hooks import perf
 from tdbg.probe.training.pending import SkippedUpdate
@@ -48,7 +48,7 @@ class GradientPasses(SamplerState):
             slot.histograms = LayerHistograms(stats)
             slot.histogram_result = None
             if self.skip_nonfinite:
-                slot.guard = NonfiniteGuard(stats.params, stats.param_layer)
+                slot.guard = guard_of(optimizer, stats.params, stats.param_layer)
             slots.append(slot)
         self._slots = slots
         self._by_key = {slot.key: slot for slot in slots}

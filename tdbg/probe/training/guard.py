@@ -5,11 +5,12 @@ update reads the gradients. Cost per step: per (device, dtype) group one fused
 ``torch._foreach_norm`` — on a GPU with ``ord=inf`` (the largest magnitude: finite exactly when
 every element is, and it cannot overflow the way a 2-norm of large finite values can); on the
 CPU, where the inf-norm kernel is some 15x slower than the 2-norm, the 2-norm accumulated in
-float64 (finite for any float32 values) — a stack and a sum on the device, and ONE host-device
+float64 (finite for any float32 values; a float64 gradient takes the inf-norm there too) — a stack and a sum on the device, and ONE host-device
 sync (``.item()``): the price of deciding on the host whether the update may run. Only on a
 skipped step a second sync reads which layers were non-finite.
 
-Skipping: every watched parameter's ``.grad`` is set to None. torch's optimizers (SGD with
+Skipping: the ``.grad`` of every parameter the optimizer updates is set to None, the watched
+model's and any other it holds (:func:`guard_of`). torch's optimizers (SGD with
 momentum and weight decay, Adam, AdamW, and the others built on ``_init_group``) leave a
 parameter whose grad is None untouched, its state included, so the update is a no-op.
 (The lr scheduler still steps; GradScaler does the same.)
@@ -32,13 +33,17 @@ from torch.utils.hooks import RemovableHandle
 from tdbg.probe.module_paths import user_paths
 
 INF = float("inf")
+# The layer a skip names for a parameter the optimizer updates outside the watched model (a
+# learnable temperature beside it, a second model on the same optimizer).
+UNWATCHED = -1
 
 
 class NonfiniteGuard:
     """Checks the watched parameters' gradients with one sync; clears them all if non-finite.
 
-    ``params``: the parameters the optimizer updates (the watched ones). ``layer_index``: for
-    each parameter, the index of its layer (the probe's layer order), so that a skip can say
+    ``params``: the parameters the optimizer updates (:func:`guard_of`: all of them, the
+    watched ones and any other). ``layer_index``: for each parameter, the index of its layer
+    (the probe's layer order; UNWATCHED outside the watched model), so that a skip can say
     which layers were non-finite; by default each parameter is its own layer.
     """
 
@@ -74,7 +79,8 @@ class NonfiniteGuard:
         per_group: list[torch.Tensor] = []
         for entries in groups.values():
             grads = [g for _, g in entries]
-            if grads[0].device.type == "cuda":
+            if grads[0].device.type == "cuda" or grads[0].element_size() > 4:
+                # (A float64 gradient's 2-norm can overflow while every element is finite.)
                 norms = torch._foreach_norm(grads, INF)
             else:
                 norms = torch._foreach_norm(grads, 2, dtype=torch.float64)
@@ -93,6 +99,26 @@ class NonfiniteGuard:
             p.grad = None
         self.skipped += 1
         return True
+
+
+def guard_of(
+    optimizer: Any, params: Sequence[nn.Parameter], param_layer: Sequence[int]
+) -> NonfiniteGuard:
+    """A guard over every parameter ``optimizer`` updates: the watched ones (``params``, each
+    in its layer ``param_layer``) and any other (UNWATCHED). A skip that cleared the model's
+    gradients only would still let the update write a non-finite gradient into a parameter
+    outside it, and from there into every later step's."""
+    layer_of = {id(p): layer for p, layer in zip(params, param_layer, strict=True)}
+    everything: list[nn.Parameter] = []
+    layers: list[int] = []
+    seen: set[int] = set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                everything.append(p)
+                layers.append(layer_of.get(id(p), UNWATCHED))
+    return NonfiniteGuard(everything, layers)
 
 
 def _floating(value: Any) -> list[torch.Tensor]:
