@@ -5,9 +5,10 @@ update reads the gradients. Cost per step: per (device, dtype) group one fused
 ``torch._foreach_norm`` — on a GPU with ``ord=inf`` (the largest magnitude: finite exactly when
 every element is, and it cannot overflow the way a 2-norm of large finite values can); on the
 CPU, where the inf-norm kernel is some 15x slower than the 2-norm, the 2-norm accumulated in
-float64 (finite for any float32 values; a float64 gradient takes the inf-norm there too) — a stack and a sum on the device, and ONE host-device
-sync (``.item()``): the price of deciding on the host whether the update may run. Only on a
-skipped step a second sync reads which layers were non-finite.
+float64 (finite for any float32 values; a float64 gradient takes the inf-norm there too) — a
+stack and a sum on the device, and ONE host-device sync (``.item()``): the price of deciding
+on the host whether the update may run. Only on a skipped step a second sync reads which
+layers were non-finite.
 
 Skipping: the ``.grad`` of every parameter the optimizer updates is set to None, the watched
 model's and any other it holds (:func:`guard_of`). torch's optimizers (SGD with
