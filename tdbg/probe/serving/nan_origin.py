@@ -217,19 +217,18 @@ class NanOrigin:
 SKIPPED_KIND = "skipped_nonfinite"
 
 
+def _skipped_layer_name(layer_names: Sequence[str], index: int) -> str:
+    if index < 0:  # guard.UNWATCHED: the optimizer's others (a temperature beside the model)
+        return "parameters outside the watched model"
+    return layer_names[index] if index < len(layer_names) else f"layer {index}"
+
+
 def skipped_alert(
     step: int, layer_names: Sequence[str], layers: Sequence[int], skipped: int
 ) -> AlertMessage:
     """The alert for an update ``watch(skip_nonfinite=True)`` skipped (a warning: the model is
     intact). ``layers``: :attr:`NonfiniteGuard.nonfinite_layers`; ``skipped``: its count so far."""
-    names = [
-        layer_names[i]
-        if 0 <= i < len(layer_names)
-        else "parameters outside the watched model"
-        if i < 0  # guard.UNWATCHED: the optimizer's others (a temperature beside the model)
-        else f"layer {i}"
-        for i in layers
-    ]
+    names = [_skipped_layer_name(layer_names, i) for i in layers]
     shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
     where = f" in {shown}" if names else ""
     return alert(
