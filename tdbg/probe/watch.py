@@ -94,6 +94,7 @@ class Probe:
         self._dives, desk = self._make_dives(run_info, unavailable, opts)
         # Hooks last: nothing above can leave them registered behind a failed watch().
         self._hooks = self._make_hooks(opts)
+        self._lean = self._sampler.lean  # the lean step's record (lean.py): read first per step
         self._begin(opts, record, desk)
 
     # --- the pieces of watch(), in order ----------------------------------------------------
@@ -347,6 +348,26 @@ class Probe:
 
         ``samples`` / ``tokens``: how many this step processed, for samples/s and tokens/s.
         """
+        lean = self._lean
+        if (
+            lean.on
+            and lean.thread == _thread_id()
+            and not self._disabled
+            and not self._sampler.layout_dirty
+        ):
+            # A lean CPU step in the steady state: handed over from its record in one call
+            # (False: it is not one after all, and goes the way below).
+            sampler = self._sampler
+            count = sampler.step_count
+            t0 = perf()
+            try:
+                if sampler.hand_lean_cpu_step(loss, samples, tokens, self._hooks, t0):
+                    if self._dives.busy:
+                        self._at_boundary()
+                    return
+            except Exception as exc:
+                self._step_failed(exc, count, t0)
+                return
         if self._disabled:
             if self._hooks.handles and not self.closed:
                 # Switched off by the circuit breaker: remove the hooks here, at a step
@@ -373,15 +394,24 @@ class Probe:
         try:
             sampler.step(loss, samples, tokens, self._hooks, t0)
         except Exception as exc:
-            self._count_error(exc)
-            with contextlib.suppress(Exception):
-                sampler.forget_step()  # the failed step's tensors are not held on
-            sampler.step_failed(count, t0)  # (plain stores: it does not raise)
+            self._step_failed(exc, count, t0)
         if self._dives.busy:  # the one flag read per step while no command is armed
-            try:
-                self._dives.at_boundary(sampler.step_count - 1)
-            except Exception as exc:
-                self._count_error(exc)
+            self._at_boundary()
+
+    def _step_failed(self, exc: Exception, count: int, t0: float) -> None:
+        """The step's hand-over raised: counted, and nothing of the failed step held on."""
+        self._count_error(exc)
+        sampler = self._sampler
+        with contextlib.suppress(Exception):
+            sampler.forget_step()  # the failed step's tensors are not held on
+        sampler.step_failed(count, t0)  # (plain stores: it does not raise)
+
+    def _at_boundary(self) -> None:
+        """A dive armed or running: its work at this step boundary."""
+        try:
+            self._dives.at_boundary(self._sampler.step_count - 1)
+        except Exception as exc:
+            self._count_error(exc)
 
     def log(
         self, metrics: Mapping[str, Any] | None = None, /, *, step: Any = None, **scalars: Any

@@ -135,6 +135,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     from tdbg.probe import watch
     from tdbg.probe.training import (
         cost_model,
+        forward_tap,
         grad_passes,
         hooks,
         sampler,
@@ -153,6 +154,7 @@ def fake_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[], float]:
     for module in (hooks, sampler, watch, cost_model, grad_passes, step_values):
         monkeypatch.setattr(module, "perf", clock)
     monkeypatch.setattr(taps, "_perf", clock)
+    monkeypatch.setattr(forward_tap, "_perf", clock)  # the forward wrapper's lean mark
     clock.ticks = ticks  # type: ignore[attr-defined]
     return clock
 

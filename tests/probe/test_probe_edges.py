@@ -737,17 +737,20 @@ def test_a_step_that_fails_on_the_training_thread_keeps_its_number(
     loop = Loop()
     probe = tdbg.watch(loop.model, loop.opt, name="one-failed", grad_every=10**9)
     sampler = probe._sampler
-    step = type(sampler).step
-
     failed_at: list[float] = []
 
-    def fails_at_step_5(self: Any, *args: Any) -> Any:
-        if self.step_count == 5:
-            failed_at.append(args[-1])  # its probe.step()'s start
-            raise RuntimeError("this step fails in the probe")
-        return step(self, *args)
+    def failing_at_step_5(way: Callable[..., Any]) -> Callable[..., Any]:
+        def fails_at_step_5(self: Any, *args: Any) -> Any:
+            if self.step_count == 5:
+                failed_at.append(args[-1])  # its probe.step()'s start
+                raise RuntimeError("this step fails in the probe")
+            return way(self, *args)
 
-    monkeypatch.setattr(type(sampler), "step", fails_at_step_5)
+        return fails_at_step_5
+
+    # Either way a step is handed over: the whole way's, or a lean step's straight one.
+    for way in ("step", "hand_lean_cpu_step"):
+        monkeypatch.setattr(type(sampler), way, failing_at_step_5(getattr(type(sampler), way)))
     assert probe.socket_path
     reader = probe_reader(probe)
     try:

@@ -310,6 +310,86 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         )
         return hook_seconds
 
+    def hand_lean_cpu_step(
+        self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float
+    ) -> bool:
+        """A CPU run's lean step (lean.py) handed over in the steady state, straight from
+        ``probe.step()`` (Probe.step checked ``lean.on``, the thread and the layout): True when
+        it was; False when the step is not that, and goes :meth:`step`'s way, which checks it
+        all again. The same hand-over as :meth:`_hand_lean_step` (one frame less, and none of
+        its GPU branches: right after the update each frame and bytecode costs tens of
+        nanoseconds): the loss the very scalar backpropagated, None, a float, or a CPU scalar
+        without a graph."""
+        lean = self.lean
+        if loss is None or loss is lean.loss:
+            value = lean.value
+        elif type(loss) is float:
+            value = loss
+        elif (
+            type(loss) is _Tensor
+            and loss.is_cpu
+            and not loss.requires_grad
+            and loss.numel() == 1
+            and lean.opt_end is not None
+        ):
+            value = loss.item()  # a CPU scalar without a graph: read now (the loop may reuse it)
+        else:
+            return False
+        if not (
+            lean.opt_end is not None
+            and lean.device_loss is None
+            and (samples is None or (type(samples) in PLAIN_COUNTS and 0 <= samples <= MAX_COUNT))
+            and (tokens is None or (type(tokens) in PLAIN_COUNTS and 0 <= tokens <= MAX_COUNT))
+            and self._handoff.open
+            and self._iterating is None
+            and self._clip is None
+            and self._stray is None
+            and self._pending_loss is None
+        ):
+            return False
+        last_host = self._last_host
+        self._last_host = t0
+        count = self.step_count + 1
+        self.step_count = count
+        self._pass_batches += 1
+        self._updated = True  # what the update's post-hook tells an AMP scaler's tap
+        hook_seconds = self._take_timed(hooks) if TIMED[0] else self._hook_average
+        TIMED[0] = count < COUNTED_HERE or count % TIMED_EVERY == 0
+        since = count - self._last_sampled
+        if since >= self.grad_interval and self.grad_every is None:
+            self._replan()
+        due = self._sample_now = since >= self.grad_interval
+        previous_end = self._previous_end
+        end = self._previous_end = perf()
+        if count <= COUNTED_HERE:
+            self._fold_here(count - 1, t0, last_host, end, hook_seconds, 0.0, LEAN_SCALE)
+        handoff = self._handoff
+        handoff.steps.append(
+            (
+                count - 1,
+                t0,
+                value,
+                samples,
+                tokens,
+                lean.lrs,  # type: ignore[arg-type]  # set with opt_start
+                last_host,
+                lean.forward_start,
+                lean.forward_end,
+                lean.opt_start,
+                lean.opt_end,
+                previous_end,
+                self.epoch,
+                end,
+                hook_seconds,
+            )
+        )
+        handoff.appended += 1
+        lean.forward_start = lean.loss = lean.opt_start = lean.opt_end = None
+        if due:  # the next step carries a gradient pass: not lean
+            lean.on = False
+            hooks.put_pre_back()
+        return True
+
     def _hand_lean_step(
         self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float
     ) -> None:

@@ -259,8 +259,9 @@ def _on_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> Any:
             and not kwargs
             and (len(args) == 1 or (len(args) == 2 and args[1] is None))  # no closure passed
             # None registered since, to run after this one (handle ids only grow: a count
-            # would miss one removed and another registered).
-            and next(reversed(_global_pre), None) == _tap_id
+            # would miss one removed and another registered). The tap alone there, the usual
+            # case, is asked without an iterator made on every step.
+            and (len(_global_pre) == 1 or next(reversed(_global_pre), None) == _tap_id)
         ):
             # lean.update_rates written out: a frame fewer, right after the backward.
             t0 = _perf()
