@@ -22,7 +22,9 @@ step timed`` (the same probe with its hooks and taps timing themselves on every 
 in ``self_timing.TIMED_EVERY``: what sampling its own timing saves), and ``probe, no lean
 steps`` (every step's bookkeeping the whole way, ``lean.ENABLED`` off: what lean steps save),
 and ``probe, pre-hook kept`` (lean steps with the optimizer's own step pre-hook left in its
-dict, ``hooks.PRE_OUT`` off: what taking it out for the process-wide tap to do its work saves).
+dict, ``hooks.PRE_OUT`` off: what taking it out for the process-wide tap to do its work saves),
+and ``probe, through the sampler`` (a lean CPU step handed over through ``StepSampler.step``,
+not straight from ``Probe.step``: what the straight way saves).
 
 The default model, ``micro`` (one ``Linear(4, 4)`` at batch 1, Adam: a ~0.25 ms CPU step that
 is mostly the optimizer's Python), varies less from step to step than the demos' ``tiny``
@@ -63,19 +65,24 @@ optimizer_mod = importlib.import_module("torch.optim.optimizer")
 perf = time.perf_counter
 POOL = 64
 
-UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, STEP_ONLY, PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT = (
+UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, STEP_ONLY = (
     "unwatched",
     "unwatched again",
     "floor",
     "floor, no optimizer hooks",
     "floor, no .item()",
     "floor, step() alone",
+)
+PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT, THROUGH = (
     "probe",
     "probe, every step timed",
     "probe, no lean steps",
     "probe, pre-hook kept",
+    "probe, through the sampler",
 )
 ARMS = (UNWATCHED, AGAIN, FLOOR, NO_OPT, NO_ITEM, STEP_ONLY, PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT)
+ARMS += (THROUGH,)
+PROBE_ARMS = (PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT, THROUGH)
 sampler_mod = importlib.import_module("tdbg.probe.training.sampler")
 lean_mod = importlib.import_module("tdbg.probe.training.lean")
 hooks_mod = importlib.import_module("tdbg.probe.training.hooks")
@@ -189,6 +196,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         probe.step(task.train_step(*pool[i % POOL]), samples=task.batch_size)
     unhook(probe)
     floor = Floor(task)
+    off_record = lean_mod.LeanStep()
     timed_every = sampler_mod.TIMED_EVERY
     per_step: dict[str, list[float]] = {arm: [] for arm in ARMS}
     started = time.perf_counter()
@@ -197,9 +205,12 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
         rng.shuffle(order)
         for arm in order:
             stepper: Any = None
-            if arm in (PROBE, ALL_TIMED, NOT_LEAN, PRE_KEPT):
+            if arm in PROBE_ARMS:
                 rehook(probe)
                 stepper = probe
+                # Probe.step's straight way for a lean CPU step off (a record never lean
+                # where it looks): the step goes through StepSampler.step, two frames more.
+                probe._lean = off_record if arm == THROUGH else probe._sampler.lean
                 # What timing itself on every step would cost (self_timing: one in N), and
                 # every step's bookkeeping the whole way (lean.py).
                 sampler_mod.TIMED_EVERY = 1 if arm == ALL_TIMED else timed_every
@@ -233,6 +244,7 @@ def bench(name: str, args: argparse.Namespace, rng: random.Random) -> None:
     print(f"  {PROBE:<26} - timed:     {paired(per_step[PROBE], per_step[ALL_TIMED])}")
     print(f"  {PROBE:<26} - not lean:  {paired(per_step[PROBE], per_step[NOT_LEAN])}")
     print(f"  {PROBE:<26} - pre kept:  {paired(per_step[PROBE], per_step[PRE_KEPT])}")
+    print(f"  {PROBE:<26} - through:   {paired(per_step[PROBE], per_step[THROUGH])}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -274,7 +274,7 @@ def _seen(sent: list[Any], device: bool = False) -> list[tuple[Any, ...]]:
 def lean_steps_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The steps handed over lean from now on (each one's count before it), as a list."""
     taken: list[int] = []
-    hand_lean = sampler_module.StepSampler._hand_lean_step
+    hand_lean = sampler_module.StepSampler._hand_lean_gpu_step
     hand_fast = sampler_module.StepSampler.hand_lean_cpu_step
 
     def counted(self: Any, *args: Any) -> None:
@@ -284,11 +284,11 @@ def lean_steps_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     def counted_fast(self: Any, *args: Any) -> bool:
         count = self.step_count
         handed = hand_fast(self, *args)
-        if handed:  # the steady state's way straight from probe.step()
+        if handed:  # a CPU run's (straight from probe.step() or through StepSampler.step)
             taken.append(count)
         return handed
 
-    monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_step", counted)
+    monkeypatch.setattr(sampler_module.StepSampler, "_hand_lean_gpu_step", counted)
     monkeypatch.setattr(sampler_module.StepSampler, "hand_lean_cpu_step", counted_fast)
     return taken
 

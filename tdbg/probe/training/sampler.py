@@ -53,8 +53,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
     :class:`GradientPasses` (when the gradient pass runs and over what), :class:`EpochCounter`,
     :class:`CostModel` (what the probe costs, the interval) and :class:`StepValues` (reading
     what the loop passes); their state is :class:`SamplerState`'s slots. Here: the step itself,
-    a lean one from its record (:meth:`_hand_lean_step`, lean.py), another usual one by its own
-    short path, any other the whole way.
+    a lean one from its record (:meth:`hand_lean_cpu_step`, :meth:`_hand_lean_gpu_step`,
+    lean.py), another usual one by its own short path, any other the whole way.
     """
 
     __slots__ = ()
@@ -118,7 +118,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         the probe's cost and of the step's time.
 
         A lean step (lean.py: its hooks wrote only their readings) is handed over from its
-        record (:meth:`_hand_lean_step`), or settled first when it turns out not to be one.
+        record (:meth:`hand_lean_cpu_step`, which Probe.step calls first in the steady state;
+        :meth:`_hand_lean_gpu_step`), or settled first when it turns out not to be one.
 
         Any other usual step of a CPU run is handed over here, in this one frame, as its values: one
         optimizer updated once, no gradient pass due or forced, nothing rare to hand on, its
@@ -131,11 +132,13 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         checks what this one assumes."""
         lean = self.lean
         if lean.on:
-            # The loss: what was backpropagated (None, or that very tensor), a number, or a
-            # CPU scalar without a graph (``loss.detach()``, read here: the loop may write it
-            # again after its step); on a GPU run a device one too, on the loss ring's device
-            # (copied into it).
-            if (
+            if lean.device_loss is None:
+                # A CPU run's: the one lean hand-over (also Probe.step's straight way).
+                if self.hand_lean_cpu_step(loss, samples, tokens, hooks, t0):
+                    return
+            # A GPU run's loss: what was backpropagated (None, or that very tensor), a number,
+            # or a scalar without a graph on the loss ring's device (copied into it).
+            elif (
                 lean.opt_end is not None
                 and (
                     loss is None
@@ -145,7 +148,7 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                         type(loss) is _Tensor
                         and not loss.requires_grad
                         and loss.numel() == 1
-                        and (lean.device_loss is not None or loss.is_cpu)
+                        and self._ring_takes(loss)
                     )
                 )
                 and (
@@ -159,14 +162,8 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
                 and self._clip is None
                 and self._stray is None
                 and self._pending_loss is None
-                and (
-                    lean.device_loss is None
-                    or type(loss) is not _Tensor
-                    or loss is lean.loss
-                    or self._ring_takes(loss)
-                )
             ):
-                self._hand_lean_step(loss, samples, tokens, hooks, t0)
+                self._hand_lean_gpu_step(loss, samples, tokens, hooks, t0)
                 return
             self.settle()  # not the usual pattern after all: the whole way
         slots = self._slots
@@ -313,13 +310,15 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
     def hand_lean_cpu_step(
         self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float
     ) -> bool:
-        """A CPU run's lean step (lean.py) handed over in the steady state, straight from
-        ``probe.step()`` (Probe.step checked ``lean.on``, the thread and the layout): True when
-        it was; False when the step is not that, and goes :meth:`step`'s way, which checks it
-        all again. The same hand-over as :meth:`_hand_lean_step` (one frame less, and none of
-        its GPU branches: right after the update each frame and bytecode costs tens of
-        nanoseconds): the loss the very scalar backpropagated, None, a float, or a CPU scalar
-        without a graph."""
+        """A CPU run's lean step (lean.py) handed over from its readings (the probe thread
+        builds it: pending.usual_record): one optimizer updated once, one micro-batch, a finite
+        CPU loss, no pass. True when it was; False when the step is not one after all (the
+        caller settles it, or :meth:`step` does). Called straight from ``probe.step()`` in the
+        steady state (Probe.step checked ``lean.on``, the thread and the layout), two Python
+        frames fewer than through :meth:`step`: right after the update each frame and
+        bytecode costs tens of nanoseconds. The loss passed: the very scalar backpropagated,
+        None (that one's), a float, or a CPU scalar without a graph (read here: the loop may
+        write it again after its step)."""
         lean = self.lean
         if loss is None or loss is lean.loss:
             value = lean.value
@@ -390,13 +389,12 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             hooks.put_pre_back()
         return True
 
-    def _hand_lean_step(
+    def _hand_lean_gpu_step(
         self, loss: Any, samples: Any, tokens: Any, hooks: PhaseHooks, t0: float
     ) -> None:
-        """Hand over a lean step (lean.py) from its readings, as the usual step's short way
-        hands one over (the probe thread builds it: pending.usual_record): one optimizer
-        updated once, one micro-batch, a finite CPU loss (or a GPU run's device one), no
-        pass."""
+        """Hand over a GPU run's lean step (lean.py) from its readings, as a CPU run's is
+        (:meth:`hand_lean_cpu_step`), its loss into the loss ring: one optimizer updated once,
+        one micro-batch, a device loss, no pass."""
         lean = self.lean
         last_host = self._last_host
         self._last_host = t0
@@ -412,51 +410,24 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             self._replan()
         due = since >= self.grad_interval
         self._sample_now = due
-        value = lean.value if loss is None or loss is lean.loss else loss
-        ring_kept = True
-        if self._cuda_device is not None:
-            # The loss into the ring before the step's end is read: its CUDA call is the
-            # probe's time, as the whole way's copy is.
-            value, ring_kept = self._ring_place(value)
+        # The loss into the ring before the step's end is read: its CUDA call is the probe's
+        # time, as the whole way's copy is.
+        value, ring_kept = self._ring_place(
+            lean.value if loss is None or loss is lean.loss else loss
+        )
         previous_end = self._previous_end
         end = self._previous_end = perf()
         if count <= COUNTED_HERE:
             # The first steps' running averages, kept here (CostModel.fold_costs says why).
             self._fold_here(count - 1, t0, last_host, end, hook_seconds, 0.0, LEAN_SCALE)
-        if self._cuda_device is not None:
-            # The next step's phases timed (or the ring given up): the whole way.
-            self._hand_lean_device_step(
-                count, t0, value, samples, tokens, last_host, end, hook_seconds, hooks
-            )
-            due = due or not ring_kept or self._marked
-        else:
-            if type(value) is _Tensor:
-                value = value.item()  # a CPU scalar passed: its value at its step
-            # To the probe thread as its readings (pending.LeanHanded): it builds the rest.
-            handoff = self._handoff
-            handoff.steps.append(
-                (
-                    count - 1,
-                    t0,
-                    value,
-                    samples,
-                    tokens,
-                    lean.lrs,  # type: ignore[arg-type]  # set with opt_start
-                    last_host,
-                    lean.forward_start,
-                    lean.forward_end,
-                    lean.opt_start,
-                    lean.opt_end,
-                    previous_end,
-                    self.epoch,
-                    end,
-                    hook_seconds,
-                )
-            )
-            handoff.appended += 1
+        self._hand_lean_device_step(
+            count, t0, value, samples, tokens, last_host, end, hook_seconds, hooks
+        )
         # What the hooks test (the rest is written before it is read: lean.py).
         lean.forward_start = lean.loss = lean.opt_start = lean.opt_end = None
-        if due:  # the next step carries a gradient pass (or is timed): not lean
+        # The next step carries a gradient pass or has its phases timed, or the ring was
+        # given up: not lean.
+        if due or not ring_kept or self._marked:
             lean.on = False
             hooks.put_pre_back()
 
