@@ -31,6 +31,7 @@ from torch import nn
 
 from tdbg.probe.training import state_tap
 from tdbg.probe.training.hook_refs import COMPILE_STATE, FORWARD_MARK, is_compiling, is_tdbg_forward
+from tdbg.probe.training.lean import LeanStep
 from tdbg.probe.training.self_timing import TIMED
 
 _object_reduce = object.__reduce__
@@ -83,32 +84,35 @@ def wrap(module: nn.Module, hooks: Any) -> ForwardWrap:
     does, rebinds it too), ``inspect.signature`` drops ``self`` from the class forward's
     (``__wrapped__``). The module holds it and it holds the module: while watched the probe
     holds the model anyway, and unwatching takes it off."""
-    wrapper = types.MethodType(_function(type(module), weakref.ref(hooks)), module)
+    wrapper = types.MethodType(_function(type(module), weakref.ref(hooks), hooks.lean), module)
     module.__dict__["forward"] = wrapper
     return ForwardWrap(module, wrapper)
 
 
-def _function(cls: type, owner: weakref.ref[Any]) -> Callable[..., Any]:
+def _function(cls: type, owner: weakref.ref[Any], lean: LeanStep) -> Callable[..., Any]:
     """The wrapper's function for a module of ``cls`` (its work: PhaseHooks.forward_began,
-    as the forward pre-hook's); ``owner``: the probe's PhaseHooks, weakly."""
+    as the forward pre-hook's); ``owner``: the probe's PhaseHooks, weakly; ``lean``: its lean
+    step record (which holds nothing of the probe's strongly)."""
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         # Traced (torch.compile, torch.export): a constant to dynamo, nothing of the probe's.
         if not (is_compiling() or COMPILE_STATE._is_compiling_flag):
-            hooks = owner()
-            if hooks is not None:
-                lean = hooks.lean
-                if lean.on and lean.loss is None and _grad_enabled():
-                    # PhaseHooks.forward_began's lean branch written out: a frame fewer on
-                    # every step (tests/probe/test_lean.py holds both to the same records).
-                    t0 = _perf()
-                    if lean.forward_start is None:
-                        lean.forward_start = t0
-                    if hooks.capture_inputs:
-                        hooks.last_inputs = (self, args, kwargs)
-                    if TIMED[0]:
+            if lean.on and lean.loss is None and _grad_enabled():
+                # PhaseHooks.forward_began's lean branch written out, on the lean record
+                # alone: each object touched right after the loop's kernels costs cache
+                # misses (tests/probe/test_lean.py holds both ways to the same records).
+                t0 = _perf()
+                if lean.forward_start is None:
+                    lean.forward_start = t0
+                if lean.capture:
+                    lean.inputs = (self, args, kwargs)
+                if TIMED[0]:
+                    hooks = owner()
+                    if hooks is not None:
                         hooks.seconds += _perf() - t0
-                else:
+            else:
+                hooks = owner()
+                if hooks is not None:
                     hooks.forward_began(self, args, kwargs)
         return type(self).forward(self, *args, **kwargs)
 

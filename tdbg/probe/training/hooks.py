@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -137,14 +137,9 @@ class PhaseHooks:
         # From the gradients' being ready to the step's end: forwards and backwards in there
         # (LBFGS evaluating its closure again) are the optimizer's work, not the step's.
         self.updating = False
-        # The root module and arguments of the latest forward with grad, when asked for: a
-        # non-finite step's forward is re-run on them (the weights still intact) to name the
-        # module that overflowed. One reference to a batch, nothing copied.
-        self.capture_inputs = False
         # A watched forward with grad ran since the last backward the sampler heard of: that
         # backward's scalar is the watched model's (one that ran before probe.step() too).
         self.forward_pending = False
-        self.last_inputs: tuple[nn.Module, Any, Any] | None = None
         # The thread that calls probe.step() (None until it first does): forwards without grad
         # on other threads are not the loop's evaluation.
         self.training_thread: int | None = None
@@ -184,6 +179,24 @@ class PhaseHooks:
         for index, optimizer in enumerate(optimizers):
             self.add_optimizer(index, optimizer)
 
+    # The root module and arguments of the latest forward with grad, when asked for (kept in
+    # the lean record, where a lean step's forward wrapper writes them: LeanStep.inputs).
+    @property
+    def capture_inputs(self) -> bool:
+        return self.lean.capture
+
+    @capture_inputs.setter
+    def capture_inputs(self, value: bool) -> None:
+        self.lean.capture = value
+
+    @property
+    def last_inputs(self) -> tuple[nn.Module, Any, Any] | None:
+        return self.lean.inputs
+
+    @last_inputs.setter
+    def last_inputs(self, value: tuple[nn.Module, Any, Any] | None) -> None:
+        self.lean.inputs = value
+
     def add_optimizer(self, key: int, optimizer: torch.optim.Optimizer) -> None:
         """Hook ``optimizer``; its events name it ``key`` (the sampler's slot key). Its own
         step hooks, not a process-wide one: they run after the pre-hooks registered before
@@ -191,7 +204,9 @@ class PhaseHooks:
         starts the probe: the probe reads what the update uses) and before those registered
         later (``tdbg run``'s post-hook that calls ``probe.step()``)."""
         pre = optimizer.register_step_pre_hook(_StepStart.owned_by(self, key))
-        post = optimizer.register_step_post_hook(_StepEnd.owned_by(self, key))
+        end = cast(_StepEnd, _StepEnd.owned_by(self, key))
+        end._lean = self.lean  # its lean work reads the record alone
+        post = optimizer.register_step_post_hook(end)
         self._by_optimizer[key] = [pre, post]
         self.handles.extend((pre, post))
 
@@ -502,21 +517,24 @@ class _StepEnd(WeakHook):
     microseconds): a usual update (no closure's loss, no stray scalar, no update ratios being
     measured) is one frame here; anything else goes to :meth:`LossTally.on_optimizer_post`."""
 
-    __slots__ = ()
+    # The lean record, held (it holds nothing of the probe's strongly: LeanStep): a lean
+    # update's end is written there without the probe's objects touched.
+    __slots__ = ("_lean",)
+    _lean: LeanStep
 
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():
             return _step_end_outside_graph(self, optimizer, args, kwargs)
-        hooks = self._owner()
-        if hooks is None:
-            return None
-        lean = hooks.lean
+        lean = self._lean
         if lean.on and lean.opt_start is not None and lean.opt_end is None:
             t0 = lean.opt_end = perf()  # a lean step's update ended (lean.py)
             if TIMED[0]:
-                hooks.seconds += perf() - t0
+                hooks = self._owner()
+                if hooks is not None:
+                    hooks.seconds += perf() - t0
             return None
-        if not hooks.active:
+        hooks = self._owner()
+        if hooks is None or not hooks.active:
             return None
         try:
             if lean.on:

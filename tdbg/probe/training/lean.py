@@ -19,6 +19,7 @@ been lean (tests/probe/test_lean.py holds the two to the same records).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -36,11 +37,24 @@ class LeanStep:
     """One step's readings while it is lean; reused from step to step (no allocation)."""
 
     __slots__ = ("on", "forward_start", "forward_end", "loss", "value", "lrs", "opt_start",
-                 "opt_end", "settle", "thread", "optimizer", "pre_hook", "device_loss")  # fmt: skip
+                 "opt_end", "_settle", "thread", "optimizer", "pre_hook", "device_loss",
+                 "capture", "inputs")  # fmt: skip
 
     def __init__(self, settle: Callable[[], None] = _nothing) -> None:
         self.on = False  # this step is lean: the entry points write here
-        self.settle = settle  # the sampler's replay into the full bookkeeping
+        # The sampler's replay into the full bookkeeping, weakly (a bound method's: the hooks
+        # hold this record, and a hook never keeps the probe alive; hook_refs.WeakHook).
+        self._settle: Callable[[], Callable[[], None] | None] = (
+            weakref.WeakMethod(settle) if hasattr(settle, "__self__") else lambda: settle
+        )
+        # Whether a forward's root module and arguments are kept (``capture``), and the latest
+        # ones with grad (``inputs``; PhaseHooks.last_inputs): a non-finite step's forward is
+        # re-run on them (its weights still intact) to name the module that overflowed. One
+        # reference to a batch, nothing copied. Here, where a lean step's forward wrapper
+        # writes them, not in PhaseHooks: the usual step's entry points touch this record
+        # alone (each object touched right after the loop's kernels costs cache misses).
+        self.capture = False
+        self.inputs: tuple[Any, Any, Any] | None = None
         # The thread that calls probe.step() (None: not yet): the taps' rare events settle
         # the record from there only; another thread's (an actor's optimizer seen for the
         # first time) would race the training thread's writes, and what they change is
@@ -57,6 +71,13 @@ class LeanStep:
         # not the usual pattern.
         self.device_loss: Any = None
         self.clear()
+
+    def settle(self) -> None:
+        """Replay what this step's record holds into the full bookkeeping (the sampler's
+        ``settle``; nothing once the sampler is gone)."""
+        settle = self._settle()
+        if settle is not None:
+            settle()
 
     def clear(self) -> None:
         """Nothing read yet. (A lean step's hand-over resets only what the hooks test:

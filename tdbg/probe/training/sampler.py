@@ -415,7 +415,6 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         value, ring_kept = self._ring_place(
             lean.value if loss is None or loss is lean.loss else loss
         )
-        previous_end = self._previous_end
         end = self._previous_end = perf()
         if count <= COUNTED_HERE:
             # The first steps' running averages, kept here (CostModel.fold_costs says why).
