@@ -204,9 +204,7 @@ class PhaseHooks:
         starts the probe: the probe reads what the update uses) and before those registered
         later (``tdbg run``'s post-hook that calls ``probe.step()``)."""
         pre = optimizer.register_step_pre_hook(_StepStart.owned_by(self, key))
-        end = cast(_StepEnd, _StepEnd.owned_by(self, key))
-        end._lean = self.lean  # its lean work reads the record alone
-        post = optimizer.register_step_post_hook(end)
+        post = optimizer.register_step_post_hook(_StepEnd.owned_by(self, key))
         self._by_optimizer[key] = [pre, post]
         self.handles.extend((pre, post))
 
@@ -521,6 +519,13 @@ class _StepEnd(WeakHook):
     # update's end is written there without the probe's objects touched.
     __slots__ = ("_lean",)
     _lean: LeanStep
+
+    @classmethod
+    def owned_by(cls, owner: Any, *args: Any) -> WeakHook:
+        """As every WeakHook, and the owner's (PhaseHooks') lean record with it."""
+        hook = cast(_StepEnd, super().owned_by(owner, *args))
+        hook._lean = owner.lean
+        return hook
 
     def __call__(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if is_compiling():
