@@ -361,12 +361,13 @@ class Probe:
             count = sampler.step_count
             t0 = perf()
             try:
-                if sampler.hand_lean_cpu_step(loss, samples, tokens, self._hooks, t0):
-                    if self._dives.busy:
-                        self._at_boundary()
-                    return
+                handed = sampler.hand_lean_cpu_step(loss, samples, tokens, self._hooks, t0)
             except Exception as exc:
                 self._step_failed(exc, count, t0)
+                handed = True  # a boundary all the same: the step is not handed over twice
+            if handed:
+                if self._dives.busy:
+                    self._at_boundary()
                 return
         if self._disabled:
             if self._hooks.handles and not self.closed:
@@ -375,6 +376,7 @@ class Probe:
                 self._hooks.remove()
                 taps.detach(self._sampler)
                 self._sampler.forget_step()  # nothing of the loop's held on
+                self._lean.forget()  # its last batch neither
                 self._dives.close("the probe switched itself off")
                 self._release_console()  # nobody takes the lines any more: stop keeping them
             return
@@ -542,6 +544,8 @@ class Probe:
         taps.detach(self._sampler)
         try:
             self._sampler.forget_step()  # the loop's last scalar (and its graph) not held on
+            # Nor its last batch: a wrapper another put over the probe's forward outlives it.
+            self._lean.forget()
             if os.getpid() == self._pid:
                 self._dives.close()  # the profiler stopped, hooks removed, anomaly mode off
             self._hooks.remove()

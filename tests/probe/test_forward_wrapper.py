@@ -240,3 +240,51 @@ def test_a_torch_nn_model_compiled_while_watched_still_compiles_once_unwatched()
     probe.close()
     assert "forward" not in model.__dict__
     assert torch.allclose(compiled(x), model(x))
+
+
+def test_a_wrapper_put_over_the_probe_s_keeps_no_batch_once_the_probe_is_closed() -> None:
+    # Another wrapper put on the model's forward after watch() (accelerate's prepare() with
+    # mixed precision does) leaves the probe's under it at close: inert, and holding nothing
+    # of the loop's (the inputs a NaN's forward is re-run on are dropped).
+    import gc
+    import weakref
+
+    model, opt, probe = _watched()
+    inner = model.forward
+
+    def outer(*args: Any, **kwargs: Any) -> Any:
+        return inner(*args, **kwargs)
+
+    model.forward = outer  # type: ignore[method-assign]
+    batch = torch.randn(5, 4)
+    for _ in range(20):
+        loss = model(batch).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        probe.step(loss)
+    assert probe._hooks.last_inputs is not None  # a CPU run keeps the latest batch
+    kept = weakref.ref(batch)
+    probe.close()
+    del batch, loss
+    gc.collect()
+    assert kept() is None  # the closed probe (still referenced) keeps none of it
+    model(torch.randn(5, 4))  # the wrapper left under the other still runs the model
+    assert probe._hooks.last_inputs is None
+
+
+def test_a_lean_record_whose_probe_is_gone_holds_nothing() -> None:
+    # A probe dropped without close(): the record its hooks hold is off, and lets go of the
+    # loop's last batch (a wrapper another put over the probe's outlives the probe).
+    from tdbg.probe.training.lean import LeanStep
+
+    class Owner:
+        def settle(self) -> None:
+            raise AssertionError("not settled once gone")
+
+    owner = Owner()
+    lean = LeanStep(owner.settle)
+    lean.on, lean.inputs = True, (None, (torch.ones(1),), {})
+    del owner
+    assert not lean.on and lean.inputs is None
+    lean.settle()  # a no-op now

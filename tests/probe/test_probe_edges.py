@@ -766,6 +766,31 @@ def test_a_step_that_fails_on_the_training_thread_keeps_its_number(
         reader.close()
 
 
+def test_a_lean_step_whose_hand_over_fails_is_still_a_dive_s_step_boundary(
+    runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command armed or a dive running sees every step's boundary, the one whose hand-over
+    raised too (counted; the step keeps its number)."""
+    loop = Loop()
+    probe = tdbg.watch(loop.model, loop.opt, name="boundary", grad_every=10**9)
+    try:
+        loop.run(20, probe)
+        assert probe._lean.on  # the steady state: the straight way from probe.step()
+
+        def fails(*_: Any) -> bool:
+            raise RuntimeError("this hand-over fails")
+
+        boundaries: list[int] = []
+        monkeypatch.setattr(type(probe._sampler), "hand_lean_cpu_step", fails)
+        monkeypatch.setattr(probe._dives, "busy", True)
+        monkeypatch.setattr(probe._dives, "at_boundary", boundaries.append)
+        loop.run(1, probe)
+        assert probe.errors == 1 and probe.steps == 21
+        assert boundaries == [20]
+    finally:
+        probe.close()
+
+
 def test_every_declared_fault_point_names_a_live_part(runtime_dir: Path) -> None:
     """The fault points the tests inject through (tdbg.probe.faults) resolve on a real probe,
     and an injection is undone to the very callable it replaced."""

@@ -378,6 +378,9 @@ class PhaseHooks:
         return run_closure
 
     def remove(self) -> None:
+        """Every hook off; inert from here (a wrapper another put over the probe's forward
+        stays on the model under it: it marks and keeps nothing)."""
+        self.active = False
         self._let_pre_go()
         for handle in self.handles:
             handle.remove()

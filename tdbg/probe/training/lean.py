@@ -19,6 +19,7 @@ been lean (tests/probe/test_lean.py holds the two to the same records).
 
 from __future__ import annotations
 
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -38,14 +39,18 @@ class LeanStep:
 
     __slots__ = ("on", "forward_start", "forward_end", "loss", "value", "lrs", "opt_start",
                  "opt_end", "_settle", "thread", "optimizer", "pre_hook", "device_loss",
-                 "capture", "inputs")  # fmt: skip
+                 "capture", "inputs", "__weakref__")  # fmt: skip
 
     def __init__(self, settle: Callable[[], None] = _nothing) -> None:
         self.on = False  # this step is lean: the entry points write here
         # The sampler's replay into the full bookkeeping, weakly (a bound method's: the hooks
-        # hold this record, and a hook never keeps the probe alive; hook_refs.WeakHook).
+        # hold this record, and a hook never keeps the probe alive; hook_refs.WeakHook). Once
+        # the sampler is gone (a probe dropped without close()), the record is off and holds
+        # nothing of the loop's: a wrapper left on the model writes nothing here.
         self._settle: Callable[[], Callable[[], None] | None] = (
-            weakref.WeakMethod(settle) if hasattr(settle, "__self__") else lambda: settle
+            weakref.WeakMethod(settle, _gone_with(weakref.ref(self)))
+            if isinstance(settle, types.MethodType)
+            else lambda: settle
         )
         # Whether a forward's root module and arguments are kept (``capture``), and the latest
         # ones with grad (``inputs``; PhaseHooks.last_inputs): a non-finite step's forward is
@@ -79,6 +84,14 @@ class LeanStep:
         if settle is not None:
             settle()
 
+    def forget(self) -> None:
+        """Off, and nothing of the loop's held: the step's readings, the inputs kept for a
+        NaN's forward (a probe closed or gone: a wrapper another one put over the probe's
+        outlives it)."""
+        self.on = False
+        self.inputs = None
+        self.clear()
+
     def clear(self) -> None:
         """Nothing read yet. (A lean step's hand-over resets only what the hooks test:
         ``forward_start``, ``loss``, ``opt_start`` and ``opt_end``; each other reading is written
@@ -91,6 +104,17 @@ class LeanStep:
         self.lrs: list[float] | None = None  # the update's learning rates, at its pre-hook
         self.opt_start: float | None = None
         self.opt_end: float | None = None
+
+
+def _gone_with(record: weakref.ref[LeanStep]) -> Callable[[Any], None]:
+    """What a record does when its sampler is gone: off, and nothing of the loop's held."""
+
+    def gone(_: Any) -> None:
+        lean = record()
+        if lean is not None:
+            lean.forget()
+
+    return gone
 
 
 def update_rates(optimizer: Any, args: Any, kwargs: Any) -> list[float] | None:
