@@ -394,7 +394,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
     ) -> None:
         """Hand over a GPU run's lean step (lean.py) from its readings, as a CPU run's is
         (:meth:`hand_lean_cpu_step`), its loss into the loss ring: one optimizer updated once,
-        one micro-batch, a device loss, no pass."""
+        one micro-batch, a device loss, no pass. (Its count and plans are the CPU one's, which
+        has them written out rather than in a shared call: a frame there is paid every step;
+        tests/probe/test_lean.py holds both to the whole way's records.)"""
         lean = self.lean
         last_host = self._last_host
         self._last_host = t0
