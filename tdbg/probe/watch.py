@@ -349,71 +349,58 @@ class Probe:
         ``samples`` / ``tokens``: how many this step processed, for samples/s and tokens/s.
         """
         lean = self._lean
-        if (
+        # A CPU run's lean step in the steady state (lean.py): handed over from its record in
+        # one call below; the checks and bookkeeping before it are for the other steps.
+        straight = (
             lean.on
+            and lean.device_loss is None
             and lean.thread == _thread_id()
             and not self._disabled
             and not self._sampler.layout_dirty
-        ):
-            # A lean CPU step in the steady state: handed over from its record in one call
-            # (False: it is not one after all, and goes the way below).
-            sampler = self._sampler
-            count = sampler.step_count
-            t0 = perf()
-            try:
-                handed = sampler.hand_lean_cpu_step(loss, samples, tokens, self._hooks, t0)
-            except Exception as exc:
-                self._step_failed(exc, count, t0)
-                handed = True  # a boundary all the same: the step is not handed over twice
-            if handed:
-                if self._dives.busy:
-                    self._at_boundary()
+        )
+        if not straight:
+            if self._disabled:
+                if self._hooks.handles and not self.closed:
+                    # Switched off by the circuit breaker: remove the hooks here, at a step
+                    # boundary, never from inside a hook while torch iterates over them.
+                    self._hooks.remove()
+                    taps.detach(self._sampler)
+                    self._sampler.forget_step()  # nothing of the loop's held on
+                    self._lean.forget()  # its last batch neither
+                    self._dives.close("the probe switched itself off")
+                    self._release_console()  # nobody takes the lines any more
                 return
-        if self._disabled:
-            if self._hooks.handles and not self.closed:
-                # Switched off by the circuit breaker: remove the hooks here, at a step
-                # boundary, never from inside a hook while torch iterates over them.
-                self._hooks.remove()
-                taps.detach(self._sampler)
-                self._sampler.forget_step()  # nothing of the loop's held on
-                self._lean.forget()  # its last batch neither
-                self._dives.close("the probe switched itself off")
-                self._release_console()  # nobody takes the lines any more: stop keeping them
-            return
-        ident = _thread_id()
-        if self._server.training_thread != ident:
-            self._server.training_thread = ident  # where a stall's stack is read
-            self._hooks.training_thread = ident  # whose forwards without grad are the loop's
-            self._sampler.lean.thread = ident  # where a lean step's record is settled from
-        if self._sampler.layout_dirty:
-            try:
-                self._relayout()  # rare: kept out of the per-step cost the interval goes by
-            except Exception as exc:
-                self._count_error(exc)
+            ident = _thread_id()
+            if self._server.training_thread != ident:
+                self._server.training_thread = ident  # where a stall's stack is read
+                self._hooks.training_thread = ident  # whose forwards without grad are the loop's
+                self._sampler.lean.thread = ident  # where a lean step's record is settled from
+            if self._sampler.layout_dirty:
+                try:
+                    self._relayout()  # rare: kept out of the per-step cost the interval goes by
+                except Exception as exc:
+                    self._count_error(exc)
         sampler = self._sampler
         count = sampler.step_count
         t0 = perf()  # from here: this call is the probe's cost (its step time starts here too)
         try:
-            sampler.step(loss, samples, tokens, self._hooks, t0)
-        except Exception as exc:
-            self._step_failed(exc, count, t0)
-        if self._dives.busy:  # the one flag read per step while no command is armed
-            self._at_boundary()
-
-    def _step_failed(self, exc: Exception, count: int, t0: float) -> None:
-        """The step's hand-over raised: counted, and nothing of the failed step held on."""
-        self._count_error(exc)
-        sampler = self._sampler
-        with contextlib.suppress(Exception):
-            sampler.forget_step()  # the failed step's tensors are not held on
-        sampler.step_failed(count, t0)  # (plain stores: it does not raise)
-
-    def _at_boundary(self) -> None:
-        """A dive armed or running: its work at this step boundary."""
-        try:
-            self._dives.at_boundary(self._sampler.step_count - 1)
+            if not straight:
+                sampler.step(loss, samples, tokens, self._hooks, t0)
+            elif not sampler.hand_lean_cpu_step(loss, samples, tokens, self._hooks, t0):
+                # Not a lean step after all: the whole way from its record (settled here, so
+                # StepSampler.step does not ask hand_lean_cpu_step again).
+                sampler.settle()
+                sampler.step(loss, samples, tokens, self._hooks, t0)
         except Exception as exc:
             self._count_error(exc)
+            with contextlib.suppress(Exception):
+                sampler.forget_step()  # the failed step's tensors are not held on
+            sampler.step_failed(count, t0)  # (plain stores: it does not raise)
+        if self._dives.busy:  # the one flag read per step while no command is armed
+            try:
+                self._dives.at_boundary(sampler.step_count - 1)
+            except Exception as exc:
+                self._count_error(exc)
 
     def log(
         self, metrics: Mapping[str, Any] | None = None, /, *, step: Any = None, **scalars: Any

@@ -313,8 +313,9 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
         """A CPU run's lean step (lean.py) handed over from its readings (the probe thread
         builds it: pending.usual_record): one optimizer updated once, one micro-batch, a finite
         CPU loss, no pass. True when it was; False when the step is not one after all (the
-        caller settles it, or :meth:`step` does). Called straight from ``probe.step()`` in the
-        steady state (Probe.step checked ``lean.on``, the thread and the layout), two Python
+        caller settles it, or :meth:`step` does). A CPU run's record only (``lean.device_loss``
+        None: the callers check it). Called straight from ``probe.step()`` in the steady state
+        (Probe.step checked ``lean.on``, the run, the thread and the layout), two Python
         frames fewer than through :meth:`step`: right after the update each frame and
         bytecode costs tens of nanoseconds. The loss passed: the very scalar backpropagated,
         None (that one's), a float, or a CPU scalar without a graph (read here: the loop may
@@ -336,7 +337,6 @@ class StepSampler(LossTally, GradientPasses, EpochCounter, CostModel, StepValues
             return False
         if not (
             lean.opt_end is not None
-            and lean.device_loss is None
             and (samples is None or (type(samples) in PLAIN_COUNTS and 0 <= samples <= MAX_COUNT))
             and (tokens is None or (type(tokens) in PLAIN_COUNTS and 0 <= tokens <= MAX_COUNT))
             and self._handoff.open
